@@ -1,0 +1,162 @@
+// Command gangrun is a distributed-training launcher and rendezvous coordinator: it
+// reserves GPUs across nodes as a gang, hands every worker torchrun's environment, and
+// restarts the whole gang from its latest complete checkpoint when anything fails.
+//
+// This package is CLI glue only: it parses flags, calls a package and prints. The
+// stable command line is documented in DESIGN.md and the README.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/pflag"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+// Exit codes shared by every subcommand (DESIGN.md, "Exit codes").
+const (
+	exitOK       = 0
+	exitFailure  = 1   // a failure the command reports
+	exitUsage    = 2   // usage error: nothing was started
+	exitNotFound = 127 // the command to launch does not exist (as in POSIX shells)
+)
+
+// env is what a subcommand may touch of the outside world. Tests build their own.
+type env struct {
+	stdout io.Writer
+	stderr io.Writer
+	getenv func(string) string
+	// signals delivers the signals gangrun forwards or acts on; nil in tests that do
+	// not need them.
+	signals <-chan os.Signal
+}
+
+// command is one `gangrun NAME` subcommand.
+type command struct {
+	name    string
+	summary string
+	run     func(ctx context.Context, e *env, args []string) int
+}
+
+func commands() []command {
+	return []command{
+		{"run", "launch and supervise a training command on this node or a gang of nodes", runRun},
+		{"topo", "show this node's GPUs, links and RDMA NICs (like nvidia-smi topo -m)", runTopo},
+		{"agent", "register this node with Consul and keep it alive", runAgent},
+		{"nodes", "list the cluster's nodes and free GPUs (like sinfo)", runNodes},
+		{"alloc", "reserve a gang of GPUs across nodes, all or nothing (like salloc)", runAlloc},
+		{"queue", "list grants and pending requests (like squeue)", runQueue},
+		{"show", "show one grant or request (like scontrol show job)", runShow},
+		{"cancel", "release a grant or withdraw a request (like scancel)", runCancel},
+		{"drain", "mark a node drained: no new grants land on it", runDrain},
+		{"resume", "return a drained node to service", runResume},
+		{"ckpt", "find, list, verify and prune checkpoints", runCkpt},
+		{"bench", "benchmark collectives across the gang (nccl-tests figures)", runBench},
+		{"hostlist", "expand or compress Slurm hostlists", runHostlist},
+		{"version", "print gangrun's version", runVersion},
+	}
+}
+
+func main() {
+	sigs := make(chan os.Signal, 16)
+	// The signals gangrun forwards to its workers (issue: process control). SIGPIPE is
+	// not among them: a closed stdout must not kill the supervisor mid-teardown.
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGUSR1, syscall.SIGUSR2)
+	signal.Ignore(syscall.SIGPIPE)
+	e := &env{stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv, signals: sigs}
+	os.Exit(dispatch(context.Background(), e, os.Args[1:]))
+}
+
+// dispatch runs the subcommand named by args[0] and returns the process exit code.
+func dispatch(ctx context.Context, e *env, args []string) int {
+	if len(args) == 0 {
+		usage(e.stderr)
+		return exitUsage
+	}
+	switch args[0] {
+	case "-h", "--help", "help":
+		usage(e.stdout)
+		return exitOK
+	case "-v", "--version":
+		return runVersion(ctx, e, nil)
+	}
+	for _, c := range commands() {
+		if c.name == args[0] {
+			return c.run(ctx, e, args[1:])
+		}
+	}
+	fmt.Fprintf(e.stderr, "gangrun: unknown command %q (run 'gangrun help' for the list)\n", args[0])
+	return exitUsage
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "usage: gangrun COMMAND [FLAGS] [-- COMMAND ARGS...]")
+	fmt.Fprintln(w)
+	for _, c := range commands() {
+		fmt.Fprintf(w, "  %-9s %s\n", c.name, c.summary)
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "Run 'gangrun COMMAND --help' for a command's flags.")
+}
+
+func runVersion(_ context.Context, e *env, _ []string) int {
+	fmt.Fprintf(e.stdout, "gangrun %s\n", version)
+	return exitOK
+}
+
+// newFlagSet returns a pflag set that reports errors instead of exiting, and whose
+// --help prints the command's usage line and flags to stdout.
+func newFlagSet(e *env, name, synopsis string) *pflag.FlagSet {
+	fs := pflag.NewFlagSet("gangrun "+name, pflag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.SortFlags = false
+	fs.Usage = func() {
+		fmt.Fprintf(e.stdout, "usage: gangrun %s %s\n\n", name, synopsis)
+		fs.SetOutput(e.stdout)
+		fs.PrintDefaults()
+		fs.SetOutput(io.Discard)
+	}
+	return fs
+}
+
+// parseFlags parses args into fs. It returns done=true with the exit code to use when
+// the command must stop: after --help (0) or on a usage error (2, one line on stderr).
+func parseFlags(e *env, fs *pflag.FlagSet, args []string) (done bool, code int) {
+	err := fs.Parse(args)
+	if errors.Is(err, pflag.ErrHelp) {
+		fs.Usage()
+		return true, exitOK
+	}
+	if err != nil {
+		fmt.Fprintf(e.stderr, "%s: %s\n", fs.Name(), oneLine(err.Error()))
+		return true, exitUsage
+	}
+	return false, exitOK
+}
+
+// usageErr prints a one-line usage error for cmd and returns exit code 2.
+func usageErr(e *env, cmd string, format string, a ...any) int {
+	fmt.Fprintf(e.stderr, "gangrun %s: %s\n", cmd, oneLine(fmt.Sprintf(format, a...)))
+	return exitUsage
+}
+
+// failErr prints a one-line failure for cmd and returns exit code 1.
+func failErr(e *env, cmd string, err error) int {
+	fmt.Fprintf(e.stderr, "gangrun %s: %s\n", cmd, oneLine(err.Error()))
+	return exitFailure
+}
+
+// oneLine folds a possibly multi-line message onto one line.
+func oneLine(s string) string {
+	s = strings.TrimSpace(s)
+	return strings.Join(strings.Fields(strings.ReplaceAll(s, "\n", " ")), " ")
+}
