@@ -17,6 +17,8 @@ import (
 	"syscall"
 
 	"github.com/spf13/pflag"
+
+	"github.com/gangrun/gangrun/internal/proc"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -29,6 +31,10 @@ const (
 	exitUsage    = 2   // usage error: nothing was started
 	exitNotFound = 127 // the command to launch does not exist (as in POSIX shells)
 )
+
+// guardianCommand is the hidden subcommand `gangrun run` starts as its guardian process
+// (internal/proc.Guardian): it kills the workers' process groups if gangrun dies.
+const guardianCommand = "__guardian"
 
 // env is what a subcommand may touch of the outside world. Tests build their own.
 type env struct {
@@ -88,6 +94,13 @@ func dispatch(ctx context.Context, e *env, args []string) int {
 		return exitOK
 	case "-v", "--version":
 		return runVersion(ctx, e, nil)
+	}
+	if args[0] == guardianCommand {
+		if err := proc.RunGuardian(os.Stdin); err != nil {
+			fmt.Fprintf(e.stderr, "gangrun guardian: %v\n", err)
+			return exitFailure
+		}
+		return exitOK
 	}
 	for _, c := range commands() {
 		if c.name == args[0] {

@@ -1,0 +1,196 @@
+package launcher
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/gangrun/gangrun/rendezvous"
+)
+
+// RoleName is the worker role gangrun reports (ROLE_NAME). torchrun's default role is
+// "default" (torch/distributed/run.py, --role).
+const RoleName = "default"
+
+// EnvConfig is the node-wide input of the worker environment.
+type EnvConfig struct {
+	// Base is the environment gangrun inherited, as "KEY=VALUE" entries (os.Environ()).
+	Base []string
+	// Extra holds the --env KEY=VALUE entries; they override Base.
+	Extra []string
+	// NCCL holds this node's NCCL_* settings from its topology ("KEY=VALUE"). Each is
+	// applied only when neither Base nor Extra sets that variable: the user's own
+	// NCCL_* always win.
+	NCCL []string
+	// CUDAVisibleDevices lists the GPUs gangrun chose for this node (indices or UUIDs),
+	// in local-rank order; nil when gangrun did not choose (every GPU is visible).
+	CUDAVisibleDevices []string
+	// MaxRestarts is the restart budget (TORCHELASTIC_MAX_RESTARTS).
+	MaxRestarts int
+	// NodeName is this node's name (GANGRUN_NODE_NAME).
+	NodeName string
+	// CheckpointDir is --checkpoint-dir (GANGRUN_CHECKPOINT_DIR); "" when not given.
+	CheckpointDir string
+}
+
+// reservedVar reports whether name is set by gangrun for every worker, so --env may not
+// set it: torchrun's worker contract (torch/distributed/elastic/agent/server/
+// local_elastic_agent.py, _start_workers) plus gangrun's own GANGRUN_* variables.
+func reservedVar(name string) bool {
+	switch name {
+	case "RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME",
+		"WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE",
+		"MASTER_ADDR", "MASTER_PORT",
+		"TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
+		"TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE":
+		return true
+	}
+	return strings.HasPrefix(name, "GANGRUN_")
+}
+
+// ParseEnvFlag checks one --env KEY=VALUE entry: KEY must be a valid variable name and
+// not one gangrun sets per worker. It returns the entry unchanged.
+func ParseEnvFlag(kv string) (string, error) {
+	name, _, ok := strings.Cut(kv, "=")
+	if !ok {
+		return "", fmt.Errorf("--env %q: want KEY=VALUE", kv)
+	}
+	if !validName(name) {
+		return "", fmt.Errorf("--env %q: %q is not a valid variable name", kv, name)
+	}
+	if reservedVar(name) {
+		return "", fmt.Errorf("--env %q: %s is set by gangrun for every worker", kv, name)
+	}
+	return kv, nil
+}
+
+func validName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i, c := range s {
+		switch {
+		case c == '_', c >= 'A' && c <= 'Z', c >= 'a' && c <= 'z':
+		case c >= '0' && c <= '9' && i > 0:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// envMap is an environment under construction.
+type envMap map[string]string
+
+func newEnvMap(entries ...[]string) envMap {
+	m := envMap{}
+	for _, list := range entries {
+		for _, kv := range list {
+			if k, v, ok := strings.Cut(kv, "="); ok && k != "" {
+				m[k] = v
+			}
+		}
+	}
+	return m
+}
+
+func (m envMap) setDefault(k, v string) {
+	if _, ok := m[k]; !ok {
+		m[k] = v
+	}
+}
+
+// list returns the environment as sorted "KEY=VALUE" entries.
+func (m envMap) list() []string {
+	out := make([]string, 0, len(m))
+	for k, v := range m {
+		out = append(out, k+"="+v)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// nodeEnv sets what every process gangrun starts on this node gets, worker or torchrun.
+func nodeEnv(c EnvConfig, a rendezvous.Assignment) envMap {
+	m := newEnvMap(c.Base, c.Extra)
+	for _, kv := range c.NCCL {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			m.setDefault(k, v)
+		}
+	}
+	if c.CUDAVisibleDevices != nil {
+		m["CUDA_VISIBLE_DEVICES"] = strings.Join(c.CUDAVisibleDevices, ",")
+		m["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+	}
+	m["GANGRUN_JOB_ID"] = a.JobID
+	m["GANGRUN_NODE_NAME"] = c.NodeName
+	m["GANGRUN_ATTEMPT"] = strconv.Itoa(a.Round)
+	delete(m, "GANGRUN_CHECKPOINT_DIR")
+	if c.CheckpointDir != "" {
+		m["GANGRUN_CHECKPOINT_DIR"] = c.CheckpointDir
+	}
+	delete(m, "GANGRUN_RESUME_FROM")
+	if a.ResumeFrom != "" {
+		m["GANGRUN_RESUME_FROM"] = a.ResumeFrom
+	}
+	return m
+}
+
+// WorkerEnv returns the complete environment of the worker at localRank on this node,
+// as sorted "KEY=VALUE" entries: torchrun's worker contract exactly (the variables and
+// values of torch/distributed/elastic/agent/server/local_elastic_agent.py and
+// torch/distributed/run.py) plus GANGRUN_JOB_ID, GANGRUN_NODE_NAME, GANGRUN_ATTEMPT,
+// GANGRUN_CHECKPOINT_DIR and GANGRUN_RESUME_FROM (the last two only when set).
+//
+//   - TORCH_NCCL_ASYNC_ERROR_HANDLING keeps an inherited value, else "1";
+//   - OMP_NUM_THREADS is "1" when unset and the node runs more than one worker;
+//   - NCCL_* come from the node's topology unless the user set them;
+//   - CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER=PCI_BUS_ID only when gangrun chose
+//     the GPUs.
+//
+// errorFile is the worker's TORCHELASTIC_ERROR_FILE.
+func WorkerEnv(c EnvConfig, a rendezvous.Assignment, localRank int, errorFile string) []string {
+	m := nodeEnv(c, a)
+	lws := a.LocalWorldSize()
+	rank := a.RankOffset() + localRank
+	world := a.WorldSize()
+	m["RANK"] = strconv.Itoa(rank)
+	m["LOCAL_RANK"] = strconv.Itoa(localRank)
+	m["GROUP_RANK"] = strconv.Itoa(a.NodeRank)
+	m["ROLE_RANK"] = strconv.Itoa(rank)
+	m["ROLE_NAME"] = RoleName
+	m["LOCAL_WORLD_SIZE"] = strconv.Itoa(lws)
+	m["WORLD_SIZE"] = strconv.Itoa(world)
+	m["GROUP_WORLD_SIZE"] = strconv.Itoa(a.NNodes())
+	m["ROLE_WORLD_SIZE"] = strconv.Itoa(world)
+	m["MASTER_ADDR"] = a.MasterAddr
+	m["MASTER_PORT"] = strconv.Itoa(a.MasterPort)
+	m["TORCHELASTIC_RESTART_COUNT"] = strconv.Itoa(a.RestartCount)
+	m["TORCHELASTIC_MAX_RESTARTS"] = strconv.Itoa(c.MaxRestarts)
+	m["TORCHELASTIC_RUN_ID"] = a.JobID
+	m["TORCHELASTIC_USE_AGENT_STORE"] = "False"
+	m["TORCHELASTIC_ERROR_FILE"] = errorFile
+	m.setDefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+	if lws > 1 {
+		m.setDefault("OMP_NUM_THREADS", "1")
+	}
+	return m.list()
+}
+
+// TorchrunEnv returns the environment of a wrapped torchrun process: the node-wide part
+// of WorkerEnv (NCCL_*, CUDA_*, GANGRUN_*) and TORCHELASTIC_ERROR_FILE, into which
+// torchrun's @record main copies its root-cause worker's error. The per-worker variables
+// are left to torchrun, which sets them for its own workers; any inherited from
+// gangrun's environment are removed so they cannot confuse it.
+func TorchrunEnv(c EnvConfig, a rendezvous.Assignment, errorFile string) []string {
+	m := nodeEnv(c, a)
+	for _, k := range []string{"RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME",
+		"WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE",
+		"MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
+		"TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE"} {
+		delete(m, k)
+	}
+	m["TORCHELASTIC_ERROR_FILE"] = errorFile
+	return m.list()
+}

@@ -1,0 +1,199 @@
+package launcher
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/gangrun/gangrun/internal/proc"
+)
+
+// pumpGrace bounds how long a stopped group's output readers may wait for the last
+// lines once every process of the group is dead; only a process that left the group
+// (setsid) can still hold the pipes open by then.
+const pumpGrace = 2 * time.Second
+
+// workerSpec is one process to start.
+type workerSpec struct {
+	localRank int
+	rank      int
+	argv      []string
+	env       []string
+	prefix    string // console prefix, "[rank3]: "
+	dir       string // per-attempt, per-rank directory: error file and logs
+	errorFile string // TORCHELASTIC_ERROR_FILE, already in env
+	logFiles  bool   // write stdout.log / stderr.log into dir
+}
+
+// worker is one started process of a group.
+type worker struct {
+	spec    workerSpec
+	p       *proc.Process
+	readers []*os.File
+	files   []*os.File
+	pumps   sync.WaitGroup
+
+	exited   bool
+	status   proc.ExitStatus
+	exitedAt time.Time
+}
+
+// group is one attempt's processes on this node.
+type group struct {
+	workers []*worker
+	// exits receives the index of each worker as its leader exits.
+	exits chan int
+}
+
+// startGroup starts every spec. On error the workers already started are killed and
+// reaped before it returns.
+func startGroup(specs []workerSpec, console, consoleErr *lineWriter, act *activity, guard *proc.Guardian) (*group, error) {
+	g := &group{exits: make(chan int, len(specs))}
+	for i, s := range specs {
+		w, err := startWorker(s, console, consoleErr, act)
+		if err != nil {
+			g.kill(guard)
+			return nil, err
+		}
+		// Should the guardian be gone, the parent-death signal still covers the leader.
+		_ = guard.Watch(w.p.Pid())
+		g.workers = append(g.workers, w)
+		go func(i int, w *worker) {
+			<-w.p.Exited()
+			g.exits <- i
+		}(i, w)
+	}
+	return g, nil
+}
+
+func startWorker(s workerSpec, console, consoleErr *lineWriter, act *activity) (*worker, error) {
+	if err := os.MkdirAll(s.dir, 0o755); err != nil {
+		return nil, fmt.Errorf("rank %d: create %s: %w", s.rank, s.dir, err)
+	}
+	w := &worker{spec: s}
+	// torch's error handler warns about and overwrites a stale file; a stale one from an
+	// earlier run would be misread as this attempt's root cause, so remove it.
+	if err := os.Remove(s.errorFile); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("rank %d: remove stale error file: %w", s.rank, err)
+	}
+	cmd := exec.Command(s.argv[0], s.argv[1:]...)
+	cmd.Env = s.env
+	var childEnds []*os.File
+	closeAll := func() {
+		for _, f := range append(append(childEnds, w.readers...), w.files...) {
+			f.Close()
+		}
+	}
+	for _, name := range []string{"stdout", "stderr"} {
+		r, wr, err := os.Pipe()
+		if err != nil {
+			closeAll()
+			return nil, fmt.Errorf("rank %d: %s pipe: %w", s.rank, name, err)
+		}
+		w.readers = append(w.readers, r)
+		childEnds = append(childEnds, wr)
+		if s.logFiles {
+			f, err := os.Create(filepath.Join(s.dir, name+".log"))
+			if err != nil {
+				closeAll()
+				return nil, fmt.Errorf("rank %d: %w", s.rank, err)
+			}
+			w.files = append(w.files, f)
+		}
+	}
+	cmd.Stdout, cmd.Stderr = childEnds[0], childEnds[1]
+	p, err := proc.Start(cmd)
+	for _, f := range childEnds {
+		f.Close()
+	}
+	childEnds = nil
+	if err != nil {
+		closeAll()
+		return nil, fmt.Errorf("start rank %d (%s): %w", s.rank, s.argv[0], err)
+	}
+	w.p = p
+	sinks := []*lineWriter{console, consoleErr}
+	for i, r := range w.readers {
+		var file io.Writer
+		if s.logFiles {
+			file = w.files[i]
+		}
+		w.pumps.Add(1)
+		go func(r io.Reader, sink *lineWriter, file io.Writer) {
+			defer w.pumps.Done()
+			pump(r, s.prefix, sink, file, act)
+		}(r, sinks[i], file)
+	}
+	return w, nil
+}
+
+// reap kills what is left of w's process group, reaps the leader and records how it
+// ended. Idempotent.
+func (w *worker) reap(guard *proc.Guardian) proc.ExitStatus {
+	if w.exited {
+		return w.status
+	}
+	st, err := w.p.Release()
+	if err != nil {
+		st = proc.ExitStatus{Code: -1}
+	}
+	_ = guard.Forget(w.p.Pid())
+	w.exited, w.status, w.exitedAt = true, st, time.Now()
+	return st
+}
+
+// finishOutput waits for w's output readers (bounded by pumpGrace), then closes its
+// pipes and log files.
+func (w *worker) finishOutput() {
+	done := make(chan struct{})
+	go func() { w.pumps.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(pumpGrace):
+		for _, r := range w.readers {
+			r.Close() // unblocks the pump
+		}
+		<-done
+	}
+	for _, f := range append(w.readers, w.files...) {
+		f.Close()
+	}
+}
+
+// live returns the workers whose leader has not been reaped.
+func (g *group) live() []*worker {
+	var out []*worker
+	for _, w := range g.workers {
+		if !w.exited {
+			out = append(out, w)
+		}
+	}
+	return out
+}
+
+// signal sends sig to every live worker's process group.
+func (g *group) signal(sig syscall.Signal) {
+	for _, w := range g.live() {
+		_ = w.p.Signal(sig)
+	}
+}
+
+// kill SIGKILLs and reaps every worker and closes their output.
+func (g *group) kill(guard *proc.Guardian) {
+	for _, w := range g.workers {
+		w.reap(guard)
+	}
+	for _, w := range g.workers {
+		w.finishOutput()
+	}
+}
+
+// rankPrefix is the console prefix of a worker's lines: "[rank3]: ".
+func rankPrefix(rank int) string { return "[rank" + strconv.Itoa(rank) + "]: " }

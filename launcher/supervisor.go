@@ -1,0 +1,767 @@
+// Package launcher starts a node's training workers with torchrun's environment,
+// supervises them, and restarts the whole gang from its latest complete checkpoint when
+// any worker fails.
+//
+// The Supervisor moves a worker group through the states torch's elastic agent names
+// (torch/distributed/elastic/agent/server/api.py, WorkerState): it joins a rendezvous
+// round, starts the workers (HEALTHY), and watches them until they all succeed
+// (SUCCEEDED), one fails or hangs (FAILED), the round ends elsewhere (UNHEALTHY: another
+// node failed or membership changed), or gangrun is told to stop (STOPPED). After a
+// failure it stops every worker, reports the root cause, and starts a new round while
+// the restart budget lasts.
+package launcher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/gangrun/gangrun/checkpoint"
+	"github.com/gangrun/gangrun/internal/proc"
+	"github.com/gangrun/gangrun/rendezvous"
+)
+
+// Defaults of `gangrun run` (DESIGN.md, the command line).
+const (
+	// DefaultMaxRestarts is --max-restarts: how many failed attempts are retried.
+	DefaultMaxRestarts = 3
+	// DefaultTermTimeout is --term-timeout: the SIGTERM → SIGKILL grace.
+	DefaultTermTimeout = 30 * time.Second
+	// DefaultBackoffInitial and DefaultBackoffMax bound the default exponential
+	// --restart-backoff: 1s before the first restart, doubling up to 30s.
+	DefaultBackoffInitial = time.Second
+	DefaultBackoffMax     = 30 * time.Second
+	// StrikesBeforeFallback is how many attempts in a row may die, from the same
+	// checkpoint, before writing a newer one, before that checkpoint is skipped.
+	StrikesBeforeFallback = 2
+)
+
+// ErrCommandNotFound means the command to launch does not exist or cannot be executed;
+// gangrun exits 127 for it, as POSIX shells do.
+var ErrCommandNotFound = errors.New("command not found")
+
+// Backoff is the wait before each restart: before restart k (1-based) it waits
+// min(Max, Initial × 2^(k−1)). Initial == Max gives a fixed delay; zero values none.
+type Backoff struct {
+	Initial time.Duration
+	Max     time.Duration
+}
+
+// ParseBackoff parses --restart-backoff: "" or "exp" for the default exponential 1s..30s,
+// or a Go duration ("5s", "0s" for none) for a fixed delay.
+func ParseBackoff(s string) (Backoff, error) {
+	if s == "" || s == "exp" {
+		return Backoff{Initial: DefaultBackoffInitial, Max: DefaultBackoffMax}, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d < 0 {
+		return Backoff{}, fmt.Errorf("--restart-backoff %q: want a duration such as 5s (0s for none) or exp", s)
+	}
+	return Backoff{Initial: d, Max: d}, nil
+}
+
+// Delay returns the wait before restart k (k >= 1).
+func (b Backoff) Delay(k int) time.Duration {
+	d := b.Initial
+	for i := 1; i < k && d < b.Max; i++ {
+		d *= 2
+	}
+	if d > b.Max {
+		d = b.Max
+	}
+	return d
+}
+
+// String describes the policy: "exponential 1s..30s", "2s", "none".
+func (b Backoff) String() string {
+	switch {
+	case b.Initial == 0 && b.Max == 0:
+		return "none"
+	case b.Initial == b.Max:
+		return b.Initial.String()
+	}
+	return fmt.Sprintf("exponential %s..%s", b.Initial, b.Max)
+}
+
+// Config is one node's `gangrun run`.
+type Config struct {
+	// Command is the training command: argv[0] is looked up on PATH.
+	Command []string
+	// NProcPerNode is the number of workers on this node (LOCAL_WORLD_SIZE). For a
+	// wrapped torchrun it is passed as --nproc_per_node and one torchrun process runs.
+	NProcPerNode int
+	// NNodesMin and NNodesMax are --nnodes MIN[:MAX]; a wrapped torchrun's own --nnodes
+	// must match. Zero values mean 1.
+	NNodesMin, NNodesMax int
+	// MaxRestarts is how many failed attempts are retried (0: none).
+	MaxRestarts int
+	// Backoff is the wait before each restart.
+	Backoff Backoff
+	// CheckpointDir is where the trainer writes checkpoints; "" disables resuming.
+	CheckpointDir string
+	// ResumeArg, when set, appends "ResumeArg PATH" to the command when resuming.
+	ResumeArg string
+	// LogDir, when set, receives LogDir/attempt_K/rank_N/{stdout,stderr}.log and the
+	// workers' error files.
+	LogDir string
+	// Tee keeps worker output on the console when LogDir is set (without LogDir the
+	// console always gets it).
+	Tee bool
+	// TermTimeout is the SIGTERM → SIGKILL grace when stopping workers.
+	TermTimeout time.Duration
+	// HangTimeout: no output from any rank for this long counts as a failure; 0 is off.
+	HangTimeout time.Duration
+	// LocalRankArg appends --local_rank=N to each worker's command (legacy
+	// torch.distributed.launch scripts).
+	LocalRankArg bool
+	// MasterPort is MASTER_PORT when non-zero; 0 picks a free port for every attempt.
+	MasterPort int
+	// JobID names the job (TORCHELASTIC_RUN_ID, GANGRUN_JOB_ID).
+	JobID string
+	// NodeName is this node's name; Addr the address other nodes reach it at; Switch
+	// its switch label.
+	NodeName string
+	Addr     string
+	Switch   string
+	// Env holds the inherited environment, --env entries, NCCL settings and chosen GPUs.
+	// Its MaxRestarts, NodeName and CheckpointDir are filled in from this Config.
+	Env EnvConfig
+	// Stdout and Stderr receive the workers' prefixed output.
+	Stdout io.Writer
+	Stderr io.Writer
+	// Log receives gangrun's own messages; nil discards them.
+	Log *zap.Logger
+	// Report receives the multi-line failure report (root cause, message, traceback);
+	// nil sends it to Log only.
+	Report io.Writer
+	// GuardianArgv starts the guardian process (proc.Guardian); nil runs without one.
+	GuardianArgv []string
+	// Signals delivers the signals sent to gangrun: SIGINT, SIGTERM and SIGHUP are
+	// forwarded to every worker and stop the run; SIGUSR1 and SIGUSR2 are forwarded only.
+	Signals <-chan os.Signal
+}
+
+// Result is how a run ended.
+type Result struct {
+	// ExitCode is gangrun's exit code: 0 on success; the root-cause worker's code
+	// (128+N for signal N) when restarts ran out; 128+N when gangrun was stopped by
+	// signal N; 127 when the command does not exist; 1 for other failures.
+	ExitCode int
+	// Attempts is the number of rounds that started workers.
+	Attempts int
+	// Failure is the last root cause; nil when none failed.
+	Failure *rendezvous.Failure
+	// Err is the error that ended the run when no worker was to blame.
+	Err error
+}
+
+// Supervisor runs and restarts one node's workers. Create it with New; Run once.
+type Supervisor struct {
+	cfg   Config
+	rdzv  rendezvous.Rendezvous
+	log   *zap.Logger
+	torch *Torchrun // non-nil when wrapping torchrun
+
+	console, consoleErr *lineWriter
+	act                 activity
+	guard               *proc.Guardian
+	scratch             string // per-attempt dirs when there is no LogDir
+
+	excluded []string       // checkpoints skipped after StrikesBeforeFallback failures
+	strikes  map[string]int // failures in a row per checkpoint resumed from
+	unpin    func() error
+	pinned   string
+}
+
+// New validates cfg and returns a Supervisor that joins rounds of rdzv. Errors are the
+// user's: a missing command (wraps ErrCommandNotFound), a torchrun option that
+// conflicts with gangrun's, an unreadable checkpoint directory.
+func New(cfg Config, rdzv rendezvous.Rendezvous) (*Supervisor, error) {
+	if len(cfg.Command) == 0 {
+		return nil, errors.New("no command to run (give it after --)")
+	}
+	if cfg.NProcPerNode < 1 {
+		return nil, fmt.Errorf("--nproc-per-node %d: must be at least 1", cfg.NProcPerNode)
+	}
+	if cfg.MaxRestarts < 0 {
+		return nil, fmt.Errorf("--max-restarts %d: must not be negative", cfg.MaxRestarts)
+	}
+	if _, err := exec.LookPath(cfg.Command[0]); err != nil {
+		return nil, fmt.Errorf("%w: %s", ErrCommandNotFound, cfg.Command[0])
+	}
+	if cfg.CheckpointDir != "" {
+		if err := checkReadableDir(cfg.CheckpointDir); err != nil {
+			return nil, err
+		}
+	}
+	cfg.NNodesMin, cfg.NNodesMax = max(cfg.NNodesMin, 1), max(cfg.NNodesMax, cfg.NNodesMin, 1)
+	if cfg.Log == nil {
+		cfg.Log = zap.NewNop()
+	}
+	if cfg.Stdout == nil {
+		cfg.Stdout = io.Discard
+	}
+	if cfg.Stderr == nil {
+		cfg.Stderr = io.Discard
+	}
+	cfg.Env.MaxRestarts = cfg.MaxRestarts
+	cfg.Env.NodeName = cfg.NodeName
+	cfg.Env.CheckpointDir = cfg.CheckpointDir
+	s := &Supervisor{cfg: cfg, rdzv: rdzv, log: cfg.Log, strikes: map[string]int{}}
+	t, isTorchrun, err := ParseTorchrun(cfg.Command)
+	if err != nil {
+		return nil, err
+	}
+	if isTorchrun {
+		s.torch = t
+		if err := t.CheckStatic(cfg.NNodesMin, cfg.NNodesMax, cfg.NProcPerNode, cfg.MasterPort); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.LogDir == "" || cfg.Tee {
+		s.console = &lineWriter{w: cfg.Stdout}
+		s.consoleErr = &lineWriter{w: cfg.Stderr}
+	}
+	return s, nil
+}
+
+// checkReadableDir accepts a directory that does not exist yet (the trainer creates it)
+// and rejects one that exists but cannot be listed.
+func checkReadableDir(dir string) error {
+	f, err := os.Open(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		if _, lerr := os.Lstat(dir); lerr == nil {
+			return fmt.Errorf("--checkpoint-dir %s: dangling symbolic link", dir)
+		}
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("--checkpoint-dir %s: %w", dir, err)
+	}
+	defer f.Close()
+	if _, err := f.Readdirnames(1); err != nil && !errors.Is(err, io.EOF) {
+		return fmt.Errorf("--checkpoint-dir %s: cannot be read: %w", dir, err)
+	}
+	return nil
+}
+
+// outcomeKind says how monitoring an attempt ended.
+type outcomeKind int
+
+const (
+	outSucceeded outcomeKind = iota // every local worker exited 0
+	outFailed                       // a local worker failed, or the gang hung
+	outEnded                        // the round ended elsewhere
+	outStopped                      // gangrun was told to stop
+)
+
+type outcome struct {
+	kind    outcomeKind
+	failure *rendezvous.Failure
+	sig     syscall.Signal
+}
+
+// Run supervises the job until it succeeds, runs out of restarts, or is stopped, and
+// returns how it ended. It never panics on worker behaviour.
+func (s *Supervisor) Run(ctx context.Context) Result {
+	if len(s.cfg.GuardianArgv) > 0 {
+		g, err := proc.StartGuardian(s.cfg.GuardianArgv)
+		if err != nil {
+			s.log.Warn("no guardian: only parent-death signals protect the workers if gangrun is killed", zap.Error(err))
+		}
+		s.guard = g
+	}
+	defer func() {
+		if err := s.guard.Close(); err != nil {
+			s.log.Warn("guardian", zap.Error(err))
+		}
+	}()
+	if s.cfg.LogDir == "" {
+		dir, err := os.MkdirTemp("", "gangrun-"+safeName(s.cfg.JobID)+"-")
+		if err != nil {
+			return Result{ExitCode: 1, Err: fmt.Errorf("create scratch dir: %w", err)}
+		}
+		s.scratch = dir
+		defer os.RemoveAll(dir)
+	}
+	defer s.pin("")
+
+	res := Result{}
+	for {
+		round, sig, err := s.join(ctx)
+		if sig != 0 {
+			res.ExitCode = 128 + int(sig)
+			return res
+		}
+		if err != nil {
+			res.ExitCode, res.Err = 1, err
+			return res
+		}
+		a := round.Assignment()
+		s.pin(a.ResumeFrom)
+		specs, err := s.specs(a)
+		if err != nil {
+			_ = round.Fail(ctx, rendezvous.Failure{Node: s.cfg.NodeName, Rank: -1, LocalRank: -1, ExitCode: 1, Reason: err.Error()})
+			res.ExitCode, res.Err = 1, err
+			return res
+		}
+		fields := []zap.Field{zap.Int("attempt", a.Round), zap.Int("restarts", a.RestartCount),
+			zap.Int("max_restarts", s.cfg.MaxRestarts), zap.Int("node_rank", a.NodeRank),
+			zap.Int("nnodes", a.NNodes()), zap.Int("world_size", a.WorldSize()),
+			zap.String("master", a.MasterEndpoint())}
+		if a.ResumeFrom != "" {
+			fields = append(fields, zap.String("resume_from", a.ResumeFrom))
+		}
+		s.log.Info("starting workers", fields...)
+		s.act.touch()
+		g, err := startGroup(specs, s.console, s.consoleErr, &s.act, s.guard)
+		if err != nil {
+			_ = round.Fail(ctx, rendezvous.Failure{Node: s.cfg.NodeName, Rank: -1, LocalRank: -1, ExitCode: 1, Reason: err.Error()})
+			res.ExitCode, res.Err = 1, err
+			if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) || errors.Is(err, os.ErrPermission) {
+				res.ExitCode = 127
+			}
+			return res
+		}
+		res.Attempts++
+		out := s.monitor(ctx, g, round, a)
+		switch out.kind {
+		case outSucceeded:
+			s.stop(g, 0)
+			end, sig := s.awaitSuccess(ctx, round)
+			if sig != 0 {
+				res.ExitCode = 128 + int(sig)
+				return res
+			}
+			if end.Kind == rendezvous.Succeeded {
+				s.log.Info("all workers finished", zap.Int("attempt", a.Round))
+				res.ExitCode = 0
+				return res
+			}
+		case outFailed:
+			s.report(a, out.failure)
+			_ = round.Fail(ctx, *out.failure)
+			s.stop(g, syscall.SIGTERM)
+		case outEnded:
+			s.stop(g, syscall.SIGTERM)
+		case outStopped:
+			s.log.Info("stopping workers", zap.String("signal", proc.SignalName(out.sig)), zap.Duration("term_timeout", s.cfg.TermTimeout))
+			s.stop(g, 0) // the signal itself was already forwarded
+			_ = round.Leave(context.WithoutCancel(ctx))
+			res.ExitCode = 128 + int(out.sig)
+			return res
+		}
+
+		end := round.End()
+		switch end.Kind {
+		case rendezvous.Failed:
+			res.Failure = end.Failure
+			if end.Failure != nil && end.Failure.Node != s.cfg.NodeName {
+				s.log.Warn("gang failed on another node", zap.String("root_cause", end.Failure.String()))
+			}
+			used := a.RestartCount + 1
+			if used > s.cfg.MaxRestarts {
+				code := 1
+				if end.Failure != nil && end.Failure.ExitCode != 0 {
+					code = end.Failure.ExitCode
+				}
+				s.log.Error("no restarts left", zap.Int("restarts", a.RestartCount), zap.Int("max_restarts", s.cfg.MaxRestarts), zap.Int("exit_code", code))
+				res.ExitCode = code
+				return res
+			}
+			s.strike(a.ResumeFrom)
+			delay := s.cfg.Backoff.Delay(used)
+			s.log.Info("restarting the gang", zap.Int("restart", used), zap.Int("max_restarts", s.cfg.MaxRestarts), zap.Duration("backoff", delay))
+			if sig := s.sleep(ctx, delay); sig != 0 {
+				res.ExitCode = 128 + int(sig)
+				return res
+			}
+		case rendezvous.MembershipChanged:
+			s.log.Info("gang membership changed: re-forming", zap.String("detail", end.Detail))
+		default:
+			// Succeeded is handled above; a round still running here has been left.
+		}
+	}
+}
+
+// join joins the next round, giving up when gangrun is told to stop.
+func (s *Supervisor) join(ctx context.Context) (rendezvous.Round, syscall.Signal, error) {
+	jctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type joined struct {
+		r   rendezvous.Round
+		err error
+	}
+	ch := make(chan joined, 1)
+	go func() {
+		r, err := s.rdzv.Join(jctx, rendezvous.JoinRequest{
+			Node: s.cfg.NodeName, Addr: s.cfg.Addr, LocalWorldSize: s.cfg.NProcPerNode,
+			Switch: s.cfg.Switch, MasterPort: s.cfg.MasterPort, ChooseResume: s.chooseResume,
+		})
+		ch <- joined{r, err}
+	}()
+	for {
+		select {
+		case j := <-ch:
+			if j.err != nil {
+				return nil, 0, fmt.Errorf("rendezvous: %w", j.err)
+			}
+			return j.r, 0, nil
+		case sig := <-s.cfg.Signals:
+			if ss, ok := sig.(syscall.Signal); ok && terminating(ss) {
+				cancel()
+				if j := <-ch; j.r != nil {
+					_ = j.r.Leave(context.WithoutCancel(ctx))
+				}
+				return nil, ss, nil
+			}
+		case <-ctx.Done():
+			cancel()
+			<-ch
+			return nil, syscall.SIGTERM, nil
+		}
+	}
+}
+
+// awaitSuccess reports this node's success and waits for the whole gang's.
+func (s *Supervisor) awaitSuccess(ctx context.Context, round rendezvous.Round) (rendezvous.End, syscall.Signal) {
+	type result struct {
+		end rendezvous.End
+		err error
+	}
+	ch := make(chan result, 1)
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		end, err := round.Succeed(sctx)
+		ch <- result{end, err}
+	}()
+	for {
+		select {
+		case r := <-ch:
+			if r.err != nil {
+				s.log.Warn("waiting for the other nodes", zap.Error(r.err))
+			}
+			return r.end, 0
+		case sig := <-s.cfg.Signals:
+			if ss, ok := sig.(syscall.Signal); ok && terminating(ss) {
+				cancel()
+				_ = round.Leave(context.WithoutCancel(ctx))
+				return rendezvous.End{}, ss
+			}
+		case <-ctx.Done():
+			return rendezvous.End{}, syscall.SIGTERM
+		}
+	}
+}
+
+// terminating reports whether sig stops gangrun (after forwarding it) rather than only
+// being forwarded.
+func terminating(sig syscall.Signal) bool {
+	return sig == syscall.SIGINT || sig == syscall.SIGTERM || sig == syscall.SIGHUP
+}
+
+// monitor watches one attempt until it ends.
+func (s *Supervisor) monitor(ctx context.Context, g *group, round rendezvous.Round, a rendezvous.Assignment) outcome {
+	var hang <-chan time.Time
+	if s.cfg.HangTimeout > 0 {
+		t := time.NewTicker(hangCheckInterval(s.cfg.HangTimeout))
+		defer t.Stop()
+		hang = t.C
+	}
+	remaining := len(g.workers)
+	for {
+		select {
+		case i := <-g.exits:
+			w := g.workers[i]
+			st := w.reap(s.guard)
+			if !st.Success() {
+				return outcome{kind: outFailed, failure: s.failureOf(a, w)}
+			}
+			remaining--
+			if remaining == 0 {
+				return outcome{kind: outSucceeded}
+			}
+		case <-round.Ended():
+			return outcome{kind: outEnded}
+		case sig := <-s.cfg.Signals:
+			ss, ok := sig.(syscall.Signal)
+			if !ok {
+				continue
+			}
+			s.log.Info("forwarding signal to workers", zap.String("signal", proc.SignalName(ss)))
+			g.signal(ss)
+			if terminating(ss) {
+				return outcome{kind: outStopped, sig: ss}
+			}
+		case <-hang:
+			if idle := s.act.since(); idle >= s.cfg.HangTimeout {
+				return outcome{kind: outFailed, failure: &rendezvous.Failure{
+					Node: s.cfg.NodeName, Rank: -1, LocalRank: -1, ExitCode: 1,
+					Reason: fmt.Sprintf("no output from any rank for %s (--hang-timeout %s)", idle.Round(time.Second), s.cfg.HangTimeout),
+				}}
+			}
+		case <-ctx.Done():
+			g.signal(syscall.SIGTERM)
+			return outcome{kind: outStopped, sig: syscall.SIGTERM}
+		}
+	}
+}
+
+// hangCheckInterval is how often --hang-timeout is checked: a tenth of it, between
+// 100ms and 5s.
+func hangCheckInterval(d time.Duration) time.Duration {
+	return min(max(d/10, 100*time.Millisecond), 5*time.Second)
+}
+
+// stop ends an attempt: it sends sig (when non-zero) to every live worker, waits up to
+// TermTimeout for them to exit, SIGKILLs the rest, reaps everything and drains output.
+// A terminating signal arriving meanwhile kills at once.
+func (s *Supervisor) stop(g *group, sig syscall.Signal) {
+	if sig != 0 {
+		g.signal(sig)
+	}
+	if len(g.live()) > 0 {
+		deadline := time.NewTimer(s.cfg.TermTimeout)
+		defer deadline.Stop()
+	wait:
+		for len(g.live()) > 0 {
+			select {
+			case i := <-g.exits:
+				g.workers[i].reap(s.guard)
+			case <-deadline.C:
+				s.log.Warn("workers still running after the term timeout: sending SIGKILL",
+					zap.Int("workers", len(g.live())), zap.Duration("term_timeout", s.cfg.TermTimeout))
+				break wait
+			case in := <-s.cfg.Signals:
+				ss, ok := in.(syscall.Signal)
+				if ok && terminating(ss) {
+					s.log.Warn("second signal: sending SIGKILL", zap.String("signal", proc.SignalName(ss)))
+					break wait
+				}
+				if ok {
+					g.signal(ss)
+				}
+			}
+		}
+	}
+	g.kill(s.guard)
+}
+
+// sleep waits d, returning early with the signal that stops gangrun.
+func (s *Supervisor) sleep(ctx context.Context, d time.Duration) syscall.Signal {
+	if d <= 0 {
+		return 0
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			return 0
+		case sig := <-s.cfg.Signals:
+			if ss, ok := sig.(syscall.Signal); ok && terminating(ss) {
+				return ss
+			}
+		case <-ctx.Done():
+			return syscall.SIGTERM
+		}
+	}
+}
+
+// specs builds the processes of one attempt.
+func (s *Supervisor) specs(a rendezvous.Assignment) ([]workerSpec, error) {
+	base := s.cfg.LogDir
+	if base == "" {
+		base = s.scratch
+	}
+	attemptDir := filepath.Join(base, "attempt_"+strconv.Itoa(a.Round))
+	resume := []string(nil)
+	if a.ResumeFrom != "" && s.cfg.ResumeArg != "" {
+		resume = []string{s.cfg.ResumeArg, a.ResumeFrom}
+	}
+	if s.torch != nil {
+		v := TorchrunValues{NNodes: a.NNodes(), NodeRank: a.NodeRank, MasterAddr: a.MasterAddr, MasterPort: a.MasterPort, NProcPerNode: s.cfg.NProcPerNode}
+		if err := s.torch.CheckRound(v); err != nil {
+			return nil, err
+		}
+		dir := filepath.Join(attemptDir, "node_"+strconv.Itoa(a.NodeRank))
+		errFile := filepath.Join(dir, "error.json")
+		return []workerSpec{{
+			localRank: -1, rank: -1,
+			argv:   append(s.torch.Command(v), resume...),
+			env:    TorchrunEnv(s.cfg.Env, a, errFile),
+			prefix: "[node" + strconv.Itoa(a.NodeRank) + "]: ",
+			dir:    dir, errorFile: errFile, logFiles: s.cfg.LogDir != "",
+		}}, nil
+	}
+	specs := make([]workerSpec, 0, a.LocalWorldSize())
+	for lr := 0; lr < a.LocalWorldSize(); lr++ {
+		rank := a.RankOffset() + lr
+		dir := filepath.Join(attemptDir, "rank_"+strconv.Itoa(rank))
+		errFile := filepath.Join(dir, "error.json")
+		argv := append(append([]string{}, s.cfg.Command...), resume...)
+		if s.cfg.LocalRankArg {
+			argv = append(argv, "--local_rank="+strconv.Itoa(lr))
+		}
+		specs = append(specs, workerSpec{
+			localRank: lr, rank: rank, argv: argv,
+			env:    WorkerEnv(s.cfg.Env, a, lr, errFile),
+			prefix: rankPrefix(rank), dir: dir, errorFile: errFile, logFiles: s.cfg.LogDir != "",
+		})
+	}
+	return specs, nil
+}
+
+// failureOf describes a failed worker as the root cause.
+func (s *Supervisor) failureOf(a rendezvous.Assignment, w *worker) *rendezvous.Failure {
+	f := &rendezvous.Failure{
+		Node: s.cfg.NodeName, Rank: w.spec.rank, LocalRank: w.spec.localRank,
+		ExitCode: w.status.ShellCode(), Reason: w.status.String(),
+	}
+	if r, ok := ReadErrorFile(w.spec.errorFile); ok {
+		f.Message = r.FirstLine()
+	}
+	return f
+}
+
+// report prints the root cause of a failed attempt: one log line, and a block with
+// the worker's error message and traceback when it wrote an error file.
+func (s *Supervisor) report(a rendezvous.Assignment, f *rendezvous.Failure) {
+	fields := []zap.Field{zap.Int("attempt", a.Round), zap.String("node", f.Node), zap.String("reason", f.Reason), zap.Int("exit_code", f.ExitCode)}
+	if f.Rank >= 0 {
+		fields = append(fields, zap.Int("rank", f.Rank), zap.Int("local_rank", f.LocalRank))
+	}
+	var errFile string
+	if f.Rank >= 0 {
+		errFile = filepath.Join(s.attemptBase(a), "rank_"+strconv.Itoa(f.Rank), "error.json")
+	} else if s.torch != nil {
+		errFile = filepath.Join(s.attemptBase(a), "node_"+strconv.Itoa(a.NodeRank), "error.json")
+	}
+	r, hasReport := ReadErrorFile(errFile)
+	if hasReport {
+		fields = append(fields, zap.String("message", r.FirstLine()))
+		if s.cfg.LogDir != "" {
+			fields = append(fields, zap.String("error_file", errFile))
+		}
+	}
+	s.log.Error("worker failed: root cause", fields...)
+	if s.cfg.Report == nil {
+		return
+	}
+	var b strings.Builder
+	b.WriteString("=== gangrun: root cause of attempt " + strconv.Itoa(a.Round) + " ===\n")
+	who := "node " + f.Node
+	if f.Rank >= 0 {
+		who = fmt.Sprintf("rank %d (local rank %d) on node %s", f.Rank, f.LocalRank, f.Node)
+	}
+	fmt.Fprintf(&b, "  worker:  %s\n  status:  %s\n", who, f.Reason)
+	if hasReport {
+		fmt.Fprintf(&b, "  error:   %s\n", r.Message)
+		if !r.Time.IsZero() {
+			fmt.Fprintf(&b, "  time:    %s\n", r.Time.UTC().Format(time.RFC3339))
+		}
+		if r.Traceback != "" {
+			b.WriteString("  traceback:\n")
+			for _, line := range strings.Split(r.Traceback, "\n") {
+				b.WriteString("    " + line + "\n")
+			}
+		}
+	} else if f.Rank >= 0 {
+		b.WriteString("  (no error file: the worker did not use torch's @record; see its output above)\n")
+	}
+	io.WriteString(s.cfg.Report, b.String())
+}
+
+func (s *Supervisor) attemptBase(a rendezvous.Assignment) string {
+	base := s.cfg.LogDir
+	if base == "" {
+		base = s.scratch
+	}
+	return filepath.Join(base, "attempt_"+strconv.Itoa(a.Round))
+}
+
+// chooseResume picks the checkpoint the gang resumes from: the newest complete one under
+// CheckpointDir, skipping those excluded after repeated failures.
+func (s *Supervisor) chooseResume(_ context.Context) (string, error) {
+	if s.cfg.CheckpointDir == "" {
+		return "", nil
+	}
+	if _, err := os.Stat(s.cfg.CheckpointDir); errors.Is(err, os.ErrNotExist) {
+		return "", nil
+	}
+	c, err := checkpoint.Latest(s.cfg.CheckpointDir, checkpoint.Options{Exclude: s.excluded})
+	if errors.Is(err, checkpoint.ErrNoComplete) {
+		s.log.Info("no complete checkpoint yet: starting from the beginning", zap.String("checkpoint_dir", s.cfg.CheckpointDir))
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	return c.Path, nil
+}
+
+// strike records that an attempt resumed from path failed. When it failed before a newer
+// complete checkpoint appeared StrikesBeforeFallback times in a row, path is skipped from
+// then on: a checkpoint that crashes every load must not burn the whole restart budget.
+func (s *Supervisor) strike(path string) {
+	if path == "" || s.cfg.CheckpointDir == "" {
+		return
+	}
+	latest, err := checkpoint.Latest(s.cfg.CheckpointDir, checkpoint.Options{Exclude: s.excluded})
+	if err == nil && latest.Path != path {
+		// The attempt got past path and wrote a newer checkpoint: not path's fault.
+		delete(s.strikes, path)
+		return
+	}
+	s.strikes[path]++
+	if s.strikes[path] >= StrikesBeforeFallback {
+		s.excluded = append(s.excluded, path)
+		s.log.Warn("attempts failed repeatedly before writing a newer checkpoint: falling back to an earlier one",
+			zap.String("skipped", path), zap.Int("failures", s.strikes[path]))
+	}
+}
+
+// pin keeps the checkpoint the job resumes from out of `gangrun ckpt prune`'s reach,
+// releasing the previous pin; "" releases all.
+func (s *Supervisor) pin(path string) {
+	if path == s.pinned {
+		return
+	}
+	if s.unpin != nil {
+		if err := s.unpin(); err != nil {
+			s.log.Warn("unpin checkpoint", zap.String("path", s.pinned), zap.Error(err))
+		}
+		s.unpin, s.pinned = nil, ""
+	}
+	if path == "" || s.cfg.CheckpointDir == "" {
+		return
+	}
+	release, err := checkpoint.Pin(s.cfg.CheckpointDir, path, s.cfg.JobID+"/"+s.cfg.NodeName)
+	if err != nil {
+		s.log.Warn("pin checkpoint", zap.String("path", path), zap.Error(err))
+		return
+	}
+	s.unpin, s.pinned = release, path
+}
+
+// safeName keeps the characters of s that are safe in a file name.
+func safeName(s string) string {
+	return strings.Map(func(r rune) rune {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '-', r == '_', r == '.':
+			return r
+		}
+		return '_'
+	}, s)
+}

@@ -1,0 +1,222 @@
+// Package rendezvous agrees, round after round, on who is in a training gang and what
+// each node's part is: its node rank, the global ranks it runs, where rank 0's master
+// listens, which NCCL settings it uses, and which checkpoint every node resumes from.
+//
+// A rendezvous round is one attempt of the gang. It opens, nodes join, it closes with an
+// Assignment for each node, and it ends when the gang succeeds, when any node reports a
+// failure (the whole gang restarts in a new round), or when membership changes (a node
+// died, or one is waiting to join). Three implementations share the Round interface:
+//   - Local: one node, in-process, no service (the default);
+//   - Consul: nodes coordinate through Consul sessions, CAS and blocking queries;
+//   - Static: Slurm, where the layout is fixed by SLURM_* variables and no service runs.
+//
+// The vocabulary follows torch.distributed.elastic (torch/distributed/elastic/rendezvous):
+// a node is torch's "agent", node rank is its GROUP_RANK, and the number of nodes is
+// GROUP_WORLD_SIZE.
+package rendezvous
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strconv"
+)
+
+// Member is one node of a closed round.
+type Member struct {
+	// Node is the node's name (--node-name), unique within a job.
+	Node string `json:"node"`
+	// Addr is the address other nodes reach this node at (--advertise-addr).
+	Addr string `json:"addr"`
+	// LocalWorldSize is the number of ranks the node runs (its --nproc-per-node).
+	LocalWorldSize int `json:"local_world_size"`
+	// Switch names the network switch the node hangs off (its "switch" label), used to
+	// place nodes under one switch at adjacent node ranks; "" when unknown.
+	Switch string `json:"switch,omitempty"`
+}
+
+// Assignment is one node's part of a closed rendezvous round: everything its workers'
+// environment is built from.
+type Assignment struct {
+	// JobID identifies the job (TORCHELASTIC_RUN_ID).
+	JobID string
+	// Round is the rendezvous round, counting from 0 for the job's first attempt; it also
+	// names the attempt (GANGRUN_ATTEMPT, the log directory attempt_K).
+	Round int
+	// RestartCount is how many rounds of this job have failed so far: the restarts spent
+	// from the budget (TORCHELASTIC_RESTART_COUNT). Membership changes do not count.
+	RestartCount int
+	// NodeRank is this node's index in Nodes (GROUP_RANK).
+	NodeRank int
+	// Nodes lists the round's members by node rank; len(Nodes) is GROUP_WORLD_SIZE.
+	Nodes []Member
+	// MasterAddr and MasterPort are where rank 0's rendezvous store listens
+	// (MASTER_ADDR, MASTER_PORT).
+	MasterAddr string
+	MasterPort int
+	// ResumeFrom is the checkpoint every node of the round resumes from, chosen once by
+	// node rank 0; "" when the gang starts fresh.
+	ResumeFrom string
+}
+
+// NNodes returns the number of nodes in the round (GROUP_WORLD_SIZE).
+func (a Assignment) NNodes() int { return len(a.Nodes) }
+
+// LocalWorldSize returns the number of ranks this node runs (LOCAL_WORLD_SIZE).
+func (a Assignment) LocalWorldSize() int {
+	if a.NodeRank < 0 || a.NodeRank >= len(a.Nodes) {
+		return 0
+	}
+	return a.Nodes[a.NodeRank].LocalWorldSize
+}
+
+// WorldSize returns the total number of ranks of the round (WORLD_SIZE).
+func (a Assignment) WorldSize() int {
+	n := 0
+	for _, m := range a.Nodes {
+		n += m.LocalWorldSize
+	}
+	return n
+}
+
+// RankOffset returns the global rank of this node's local rank 0: the ranks of lower
+// node ranks come first, as in torch's elastic agent (_assign_worker_ranks).
+func (a Assignment) RankOffset() int {
+	n := 0
+	for i := 0; i < a.NodeRank && i < len(a.Nodes); i++ {
+		n += a.Nodes[i].LocalWorldSize
+	}
+	return n
+}
+
+// MasterEndpoint returns "MASTER_ADDR:MASTER_PORT", bracketing IPv6 addresses.
+func (a Assignment) MasterEndpoint() string {
+	return net.JoinHostPort(a.MasterAddr, strconv.Itoa(a.MasterPort))
+}
+
+// JoinRequest is what a node brings to a round.
+type JoinRequest struct {
+	// Node is this node's name, unique within the job.
+	Node string
+	// Addr is the address the other nodes use for this one ("" lets the implementation
+	// choose; Local uses 127.0.0.1).
+	Addr string
+	// LocalWorldSize is how many ranks this node runs; at least 1.
+	LocalWorldSize int
+	// Switch is the node's switch label, "" when unknown.
+	Switch string
+	// MasterPort is the port rank 0's store listens on when this node becomes node rank
+	// 0; 0 picks a free port afresh for every round.
+	MasterPort int
+	// ChooseResume is called once per round, by node rank 0 only, to choose the
+	// checkpoint the whole gang resumes from ("" for none). It may be nil.
+	ChooseResume func(ctx context.Context) (string, error)
+}
+
+// EndKind says why a round ended.
+type EndKind int
+
+const (
+	// Running means the round has not ended.
+	Running EndKind = iota
+	// Succeeded: every node's workers exited 0.
+	Succeeded
+	// Failed: a node reported a worker failure (or a hang); the gang restarts and the
+	// restart budget is charged.
+	Failed
+	// MembershipChanged: a node left (its session ended) or a node is waiting to join;
+	// the gang re-forms without charging the restart budget.
+	MembershipChanged
+)
+
+// String returns "running", "succeeded", "failed" or "membership changed".
+func (k EndKind) String() string {
+	switch k {
+	case Running:
+		return "running"
+	case Succeeded:
+		return "succeeded"
+	case Failed:
+		return "failed"
+	case MembershipChanged:
+		return "membership changed"
+	}
+	return "EndKind(" + strconv.Itoa(int(k)) + ")"
+}
+
+// Failure describes the root cause of a failed round: the first worker to fail.
+type Failure struct {
+	// Node is the node the failing worker ran on.
+	Node string `json:"node"`
+	// Rank and LocalRank identify the worker; -1 when the failure is not one worker's
+	// (a hang of the whole gang).
+	Rank      int `json:"rank"`
+	LocalRank int `json:"local_rank"`
+	// ExitCode is the worker's exit status as a shell reports it (128+N for signal N).
+	ExitCode int `json:"exit_code"`
+	// Reason is a one-line description: "exit code 1", "signal SIGKILL (9)", "no
+	// output for 5m0s (hang timeout)".
+	Reason string `json:"reason"`
+	// Message is the first line of the worker's error file (torch's record format),
+	// when it wrote one.
+	Message string `json:"message,omitempty"`
+}
+
+// String describes the failure in one line.
+func (f Failure) String() string {
+	s := fmt.Sprintf("rank %d on %s: %s", f.Rank, f.Node, f.Reason)
+	if f.Rank < 0 {
+		s = fmt.Sprintf("%s: %s", f.Node, f.Reason)
+	}
+	if f.Message != "" {
+		s += ": " + f.Message
+	}
+	return s
+}
+
+// End is how a round ended.
+type End struct {
+	Kind EndKind
+	// Failure is the root cause when Kind is Failed.
+	Failure *Failure
+	// Detail explains a membership change ("node b left", "node c is waiting").
+	Detail string
+}
+
+// Round is one closed rendezvous round as a node sees it.
+type Round interface {
+	// Assignment returns this node's part of the round.
+	Assignment() Assignment
+	// Ended is closed when the round ends for a reason this node did not report itself:
+	// another node's failure, a membership change, or every node's success.
+	Ended() <-chan struct{}
+	// End returns how the round ended; Kind is Running while it has not.
+	End() End
+	// Fail reports a failure of this node's workers, ending the round for every node.
+	// The first failure reported wins; later ones are ignored.
+	Fail(ctx context.Context, f Failure) error
+	// Succeed reports that this node's workers all exited 0 and blocks until every node
+	// has, or the round ends otherwise; it returns the round's End.
+	Succeed(ctx context.Context) (End, error)
+	// Leave withdraws this node from the job (on shutdown); the others see a membership
+	// change.
+	Leave(ctx context.Context) error
+}
+
+// Rendezvous hands out rounds.
+type Rendezvous interface {
+	// Join blocks until the next round closes with this node in it.
+	Join(ctx context.Context, req JoinRequest) (Round, error)
+}
+
+// FreePort returns a TCP port that was free on every interface of this host when it
+// was checked, for MASTER_PORT. The port is released before returning, so another
+// process may still take it; torch's TCPStore then fails to bind and the round fails.
+func FreePort() (int, error) {
+	l, err := net.Listen("tcp", ":0")
+	if err != nil {
+		return 0, fmt.Errorf("pick a free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
