@@ -171,8 +171,11 @@ func (p pattern) expand(b *strings.Builder, ends []int) []int {
 	loop = func(depth int) {
 		gi := order[depth]
 		for _, s := range p.groups[gi] {
+			cur[gi] = appendPadded(cur[gi][:0], s.lo, s.width)
 			for n := s.lo; ; n++ {
-				cur[gi] = appendPadded(cur[gi][:0], n, s.width)
+				if n != s.lo {
+					cur[gi] = increment(cur[gi])
+				}
 				if depth == k-1 {
 					b.WriteString(p.lits[0])
 					for i := range k {
@@ -201,6 +204,19 @@ func appendPadded(dst []byte, n uint64, width int) []byte {
 		dst = append(dst, '0')
 	}
 	return append(dst, d...)
+}
+
+// increment adds one to the zero-padded decimal number in d, in place, and
+// returns it: "0099" becomes "0100" and "99" becomes "100".
+func increment(d []byte) []byte {
+	for i := len(d) - 1; i >= 0; i-- {
+		if d[i] != '9' {
+			d[i]++
+			return d
+		}
+		d[i] = '0'
+	}
+	return append([]byte{'1'}, d...)
 }
 
 // digits returns the number of decimal digits of n (1 for 0).
