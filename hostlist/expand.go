@@ -117,16 +117,18 @@ func (p pattern) size() (hosts, bytes uint64) {
 		hosts = mulSat(hosts, counts[i])
 	}
 	// Every host has all the literal text; group i's numbers each appear once
-	// per combination of the other groups.
+	// per combination of the other groups: the product of the counts before i
+	// (before) times that of the counts after i (after[i]).
 	bytes = mulSat(hosts, litLen)
+	after := make([]uint64, len(p.groups)+1)
+	after[len(p.groups)] = 1
+	for i := len(p.groups) - 1; i >= 0; i-- {
+		after[i] = mulSat(after[i+1], counts[i])
+	}
+	before := uint64(1)
 	for i := range p.groups {
-		others := uint64(1)
-		for j := range p.groups {
-			if j != i {
-				others = mulSat(others, counts[j])
-			}
-		}
-		bytes = addSat(bytes, mulSat(lens[i], others))
+		bytes = addSat(bytes, mulSat(lens[i], mulSat(before, after[i+1])))
+		before = mulSat(before, counts[i])
 	}
 	return hosts, bytes
 }
