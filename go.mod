@@ -2,4 +2,14 @@ module github.com/gangrun/gangrun
 
 go 1.26.7
 
-require github.com/spf13/pflag v1.1.0
+require (
+	github.com/Mellanox/rdmamap v1.1.0
+	github.com/NVIDIA/go-nvml v0.13.4-1
+	github.com/spf13/pflag v1.1.0
+)
+
+require (
+	github.com/vishvananda/netlink v1.1.0 // indirect
+	github.com/vishvananda/netns v0.0.0-20191106174202-0a2b9b5464df // indirect
+	golang.org/x/sys v0.0.0-20190606203320-7fc4e5ec1444 // indirect
+)
