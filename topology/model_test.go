@@ -61,11 +61,11 @@ type numaModel struct {
 // pciModel is a PCI function: its sysfs path below /sys/devices (host bridge first)
 // and its identity.
 type pciModel struct {
-	path                                       string // "pci0000:15/0000:15:01.0/.../0000:1b:00.0"
+	path                                        string // "pci0000:15/0000:15:01.0/.../0000:1b:00.0"
 	class, vendor, device, subVendor, subDevice string
-	speed                                      string
-	width                                      int
-	numa                                       int
+	speed                                       string
+	width                                       int
+	numa                                        int
 }
 
 func (p pciModel) busID() string { return filepath.Base(p.path) }
@@ -90,10 +90,10 @@ type nvlinkModel struct {
 }
 
 type migModel struct {
-	uuid, name    string
-	memMiB        uint64
-	gi, ci        int
-	slot          int
+	uuid, name string
+	memMiB     uint64
+	gi, ci     int
+	slot       int
 }
 
 type nicModel struct {
@@ -234,7 +234,7 @@ func hexBus(b int) string { return fmt.Sprintf("%02x", b) }
 func dgxH100() *nodeModel {
 	m := &nodeModel{
 		fixture: "dgx-h100", node: "dgx-h100-01", mockKind: "h100",
-		cpu: cpuModel{vendor: "GenuineIntel", modelName: "Intel(R) Xeon(R) Platinum 8480C", family: 6, model: 143, sockets: 2, threads: 112},
+		cpu:  cpuModel{vendor: "GenuineIntel", modelName: "Intel(R) Xeon(R) Platinum 8480C", family: 6, model: 143, sockets: 2, threads: 112},
 		numa: []numaModel{{0, 0, "0-55,112-167"}, {1, 1, "56-111,168-223"}},
 	}
 	gpuBus := []int{0x1b, 0x43, 0x52, 0x61, 0x9d, 0xc3, 0xd1, 0xdf}
@@ -381,7 +381,7 @@ func pcie2Socket() *nodeModel {
 	}
 	for i, n := range []struct {
 		host, bus, numa int
-		ndev, mac, ip  string
+		ndev, mac, ip   string
 	}{{0x30, 0x32, 0, "ens3np0", "b8:ce:f6:0a:51:20", "10.1.0.11"}, {0xb0, 0xb2, 1, "ens7np0", "b8:ce:f6:0a:52:c0", "10.1.1.11"}} {
 		pci := nicPCI(fmt.Sprintf("pci0000:%s/0000:%s:04.0/0000:%s:00.0", hexBus(n.host), hexBus(n.host), hexBus(n.bus)), n.numa, "0x020000", "0x101d", "16.0 GT/s PCIe")
 		m.nics = append(m.nics, nicModel{name: fmt.Sprintf("mlx5_%d", i), hcaType: "MT4125", fw: "22.36.1010",
@@ -598,7 +598,9 @@ func (m *nodeModel) fillDevice(d *server.Device, i int, devs map[nvml.Device]int
 	g := m.gpus[i]
 	d.UUID, d.PciBusID = g.uuid, strings.ToUpper("0000"+g.pci.busID())
 	d.MigMode = g.migMode
-	d.GetPciInfoFunc = func() (nvml.PciInfo, nvml.Return) { return nvmlPciInfo(g.pci.busID(), g.config.PciDeviceId), nvml.SUCCESS }
+	d.GetPciInfoFunc = func() (nvml.PciInfo, nvml.Return) {
+		return nvmlPciInfo(g.pci.busID(), g.config.PciDeviceId), nvml.SUCCESS
+	}
 	d.GetCpuAffinityFunc = func(words int) ([]uint, nvml.Return) {
 		mask := make([]uint, words)
 		for _, c := range parseCPUListLoose(g.cpus) {
