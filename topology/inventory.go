@@ -347,7 +347,8 @@ func jsonError(data []byte, err error) error {
 	var typ *json.UnmarshalTypeError
 	switch {
 	case errors.As(err, &syn):
-		line, col := lineCol(data, syn.Offset)
+		// Offset counts the bytes read, the offending one included.
+		line, col := lineCol(data, syn.Offset-1)
 		return fmt.Errorf("invalid JSON at line %d, column %d: %w", line, col, err)
 	case errors.As(err, &typ):
 		line, col := lineCol(data, typ.Offset)
@@ -358,9 +359,7 @@ func jsonError(data []byte, err error) error {
 }
 
 func lineCol(data []byte, offset int64) (line, col int) {
-	if offset > int64(len(data)) {
-		offset = int64(len(data))
-	}
+	offset = max(0, min(offset, int64(len(data))))
 	before := data[:offset]
 	line = bytes.Count(before, []byte("\n")) + 1
 	col = int(offset) - bytes.LastIndexByte(before, '\n')

@@ -132,8 +132,9 @@ const maxNCCLListEntries = 32
 
 // ParseNCCLList parses an NCCL list as NCCL does. NCCL itself never rejects a list: a
 // port that is not a number counts as port 0 there (atoi). ParseNCCLList is stricter
-// and returns an error naming a port that is not a non-negative number or a list of
-// more than 32 entries, so gangrun can refuse a value NCCL would silently misread.
+// and returns an error naming a port that is not a non-negative number, an entry with
+// "^" or "=" inside it, or a list of more than 32 entries, so gangrun can refuse a
+// value NCCL would silently misread.
 func ParseNCCLList(s string) (NCCLList, error) {
 	var l NCCLList
 	if strings.HasPrefix(s, "^") {
@@ -148,6 +149,9 @@ func ParseNCCLList(s string) (NCCLList, error) {
 		name, portText, hasPort := strings.Cut(item, ":")
 		if name == "" {
 			continue
+		}
+		if strings.ContainsAny(name, "^=") {
+			return NCCLList{}, fmt.Errorf("NCCL list entry %q: ^ and = may only start the list", item)
 		}
 		e := NCCLListEntry{Name: name, Port: -1}
 		if hasPort {
