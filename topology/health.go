@@ -42,6 +42,7 @@ func (s HealthState) check() error {
 
 // Health is a GPU's state and why it is not healthy.
 type Health struct {
+	// State is healthy, degraded or failed.
 	State HealthState `json:"state"`
 	// Reasons says what made the GPU degraded or failed, one line each, sorted; empty
 	// when healthy.

@@ -149,6 +149,7 @@ const (
 
 // GPULink is the connection between GPUs A and B (A < B) as recorded at probe time.
 type GPULink struct {
+	// A and B are the GPUs' NVML indices, A < B.
 	A int `json:"a"`
 	B int `json:"b"`
 	// NVLinks is the number of NVLinks between the pair; through an NVSwitch fabric it
