@@ -3,9 +3,16 @@ module github.com/gangrun/gangrun
 go 1.26.7
 
 require (
+	github.com/Mellanox/rdmamap v1.1.0
+	github.com/NVIDIA/go-nvml v0.13.4-1
 	github.com/spf13/pflag v1.1.0
 	go.uber.org/zap v1.28.0
 	golang.org/x/sys v0.50.0
 )
 
-require go.uber.org/multierr v1.10.0 // indirect
+require (
+	github.com/google/uuid v1.6.0 // indirect
+	github.com/vishvananda/netlink v1.1.0 // indirect
+	github.com/vishvananda/netns v0.0.0-20191106174202-0a2b9b5464df // indirect
+	go.uber.org/multierr v1.10.0 // indirect
+)

@@ -1,8 +1,86 @@
 package main
 
-import "context"
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
 
-// runTopo is not built yet; its issue replaces this file.
-func runTopo(_ context.Context, e *env, _ []string) int {
-	return usageErr(e, "topo", "not built yet")
+	"github.com/gangrun/gangrun/topology"
+)
+
+const topoSynopsis = "[--json | --nccl-env] [--nccl-topo-xml FILE] [--topology-file FILE]"
+
+// runTopo prints this node's inventory: the nvidia-smi-like matrix by default, the
+// Inventory JSON with --json, the NCCL environment with --nccl-env; --nccl-topo-xml
+// writes an NCCL topology file ("-" for stdout).
+func runTopo(ctx context.Context, e *env, args []string) int {
+	fs := newFlagSet(e, "topo", topoSynopsis)
+	asJSON := fs.Bool("json", false, "print the inventory as JSON (what --topology-file reads)")
+	ncclEnv := fs.Bool("nccl-env", false, "print the NCCL environment for this node, one NAME=value per line")
+	xmlPath := fs.String("nccl-topo-xml", "", "write an NCCL topology file (NCCL_TOPO_FILE format) to `FILE`; - for stdout")
+	file := fs.String("topology-file", "", "read a recorded inventory from `FILE` instead of probing")
+	sysfsRoot := fs.String("sysfs-root", "", "probe /sys and /proc under `DIR` instead of / (for tests)")
+	_ = fs.MarkHidden("sysfs-root")
+	if done, code := parseFlags(e, fs, args); done {
+		return code
+	}
+	if fs.NArg() > 0 {
+		return usageErr(e, "topo", "unexpected argument %q", fs.Arg(0))
+	}
+	if *asJSON && *ncclEnv {
+		return usageErr(e, "topo", "--json and --nccl-env are exclusive")
+	}
+	if *file != "" && *sysfsRoot != "" {
+		return usageErr(e, "topo", "--topology-file and --sysfs-root are exclusive")
+	}
+	if *xmlPath == "-" && (*asJSON || *ncclEnv) {
+		return usageErr(e, "topo", "--nccl-topo-xml - writes to stdout and cannot be combined with --json or --nccl-env")
+	}
+
+	var src topology.Source
+	if *file != "" {
+		src = topology.FileSource(*file)
+	} else {
+		src = topology.NewProber(topology.ProbeOptions{SysfsRoot: *sysfsRoot})
+	}
+	inv, err := src.Inventory(ctx)
+	if err != nil {
+		return failErr(e, "topo", err)
+	}
+
+	if *xmlPath != "" {
+		var buf bytes.Buffer
+		if err := inv.WriteNCCLTopoXML(&buf); err != nil {
+			return failErr(e, "topo", err)
+		}
+		if *xmlPath == "-" {
+			_, err = e.stdout.Write(buf.Bytes())
+		} else if err = os.WriteFile(*xmlPath, buf.Bytes(), 0o644); err != nil {
+			err = fmt.Errorf("write NCCL topology file: %w", err)
+		}
+		if err != nil {
+			return failErr(e, "topo", err)
+		}
+	}
+	switch {
+	case *asJSON:
+		out, err := inv.JSON()
+		if err != nil {
+			return failErr(e, "topo", err)
+		}
+		_, err = e.stdout.Write(out)
+		if err != nil {
+			return failErr(e, "topo", err)
+		}
+	case *ncclEnv:
+		for _, v := range inv.NCCLEnv() {
+			fmt.Fprintln(e.stdout, v.String())
+		}
+	case *xmlPath == "":
+		if err := inv.WriteMatrix(e.stdout); err != nil {
+			return failErr(e, "topo", err)
+		}
+	}
+	return exitOK
 }

@@ -1,0 +1,158 @@
+package launcher
+
+import (
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/gangrun/gangrun/rendezvous"
+)
+
+// envOf turns "KEY=VALUE" entries into a map, failing on duplicates.
+func envOf(t *testing.T, entries []string) map[string]string {
+	t.Helper()
+	m := map[string]string{}
+	for _, kv := range entries {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			t.Fatalf("malformed entry %q", kv)
+		}
+		if _, dup := m[k]; dup {
+			t.Fatalf("duplicate variable %s", k)
+		}
+		m[k] = v
+	}
+	return m
+}
+
+func TestWorkerEnvOneWorker(t *testing.T) {
+	a := rendezvous.Assignment{
+		JobID: "job-1", Round: 0, RestartCount: 0, NodeRank: 0,
+		Nodes:      []rendezvous.Member{{Node: "n0", Addr: "127.0.0.1", LocalWorldSize: 1}},
+		MasterAddr: "127.0.0.1", MasterPort: 29500,
+	}
+	c := EnvConfig{Base: []string{"PATH=/usr/bin", "HOME=/root"}, MaxRestarts: 3, NodeName: "n0"}
+	got := envOf(t, WorkerEnv(c, a, 0, "/tmp/e/error.json"))
+	want := map[string]string{
+		"PATH": "/usr/bin", "HOME": "/root",
+		"RANK": "0", "LOCAL_RANK": "0", "GROUP_RANK": "0", "ROLE_RANK": "0", "ROLE_NAME": "default",
+		"WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "GROUP_WORLD_SIZE": "1", "ROLE_WORLD_SIZE": "1",
+		"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
+		"TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "3",
+		"TORCHELASTIC_RUN_ID": "job-1", "TORCHELASTIC_USE_AGENT_STORE": "False",
+		"TORCHELASTIC_ERROR_FILE":         "/tmp/e/error.json",
+		"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+		"GANGRUN_JOB_ID":                  "job-1", "GANGRUN_NODE_NAME": "n0", "GANGRUN_ATTEMPT": "0",
+		// One worker: OMP_NUM_THREADS stays unset (torch/distributed/run.py sets it only
+		// for nproc_per_node > 1).
+	}
+	assertEnv(t, got, want)
+}
+
+func TestWorkerEnvFourWorkersSecondNode(t *testing.T) {
+	// Node rank 1 of two nodes with 4 workers each, third attempt after two failures,
+	// resuming, with topology NCCL settings of which the user overrides one.
+	a := rendezvous.Assignment{
+		JobID: "llm", Round: 3, RestartCount: 2, NodeRank: 1,
+		Nodes: []rendezvous.Member{
+			{Node: "a", Addr: "10.0.0.1", LocalWorldSize: 4},
+			{Node: "b", Addr: "10.0.0.2", LocalWorldSize: 4},
+		},
+		MasterAddr: "10.0.0.1", MasterPort: 41000, ResumeFrom: "/ckpt/step-120",
+	}
+	c := EnvConfig{
+		Base: []string{"PATH=/bin", "TORCH_NCCL_ASYNC_ERROR_HANDLING=3", "NCCL_SOCKET_IFNAME=eth9",
+			"RANK=99", "GANGRUN_RESUME_FROM=/stale"},
+		Extra:              []string{"FOO=bar", "NCCL_DEBUG=WARN"},
+		NCCL:               []string{"NCCL_IB_HCA==mlx5_0:1,mlx5_1:1", "NCCL_SOCKET_IFNAME=^lo,docker", "NCCL_DEBUG=INFO"},
+		CUDAVisibleDevices: []string{"4", "5", "6", "7"},
+		MaxRestarts:        5, NodeName: "b", CheckpointDir: "/ckpt",
+	}
+	for lr := 0; lr < 4; lr++ {
+		got := envOf(t, WorkerEnv(c, a, lr, "/logs/err.json"))
+		rank := 4 + lr
+		want := map[string]string{
+			"PATH": "/bin", "FOO": "bar",
+			"RANK": strconv.Itoa(rank), "LOCAL_RANK": strconv.Itoa(lr), "GROUP_RANK": "1", "ROLE_RANK": strconv.Itoa(rank),
+			"ROLE_NAME": "default", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4",
+			"GROUP_WORLD_SIZE": "2", "ROLE_WORLD_SIZE": "8",
+			"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "41000",
+			"TORCHELASTIC_RESTART_COUNT": "2", "TORCHELASTIC_MAX_RESTARTS": "5",
+			"TORCHELASTIC_RUN_ID": "llm", "TORCHELASTIC_USE_AGENT_STORE": "False",
+			"TORCHELASTIC_ERROR_FILE":         "/logs/err.json",
+			"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3", // kept
+			"OMP_NUM_THREADS":                 "1",
+			"CUDA_VISIBLE_DEVICES":            "4,5,6,7", "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+			"NCCL_IB_HCA":        "=mlx5_0:1,mlx5_1:1", // from topology
+			"NCCL_SOCKET_IFNAME": "eth9",               // the user's wins over topology
+			"NCCL_DEBUG":         "WARN",               // --env wins over topology
+			"GANGRUN_JOB_ID":     "llm", "GANGRUN_NODE_NAME": "b", "GANGRUN_ATTEMPT": "3",
+			"GANGRUN_CHECKPOINT_DIR": "/ckpt", "GANGRUN_RESUME_FROM": "/ckpt/step-120",
+		}
+		assertEnv(t, got, want)
+	}
+}
+
+func TestWorkerEnvKeepsUserOMPAndDropsStaleResume(t *testing.T) {
+	a := rendezvous.Assignment{JobID: "j", Nodes: []rendezvous.Member{{Node: "n", LocalWorldSize: 2}}, MasterAddr: "127.0.0.1", MasterPort: 1}
+	c := EnvConfig{Base: []string{"OMP_NUM_THREADS=8", "GANGRUN_RESUME_FROM=/old", "GANGRUN_CHECKPOINT_DIR=/old"}}
+	got := envOf(t, WorkerEnv(c, a, 1, "e"))
+	if got["OMP_NUM_THREADS"] != "8" {
+		t.Errorf("OMP_NUM_THREADS = %q, want the user's 8", got["OMP_NUM_THREADS"])
+	}
+	for _, k := range []string{"GANGRUN_RESUME_FROM", "GANGRUN_CHECKPOINT_DIR", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"} {
+		if v, ok := got[k]; ok {
+			t.Errorf("%s = %q, want unset", k, v)
+		}
+	}
+}
+
+func TestTorchrunEnvLeavesPerWorkerVariablesToTorchrun(t *testing.T) {
+	a := rendezvous.Assignment{JobID: "j", Round: 1, Nodes: []rendezvous.Member{{Node: "n", LocalWorldSize: 4}}, MasterAddr: "127.0.0.1", MasterPort: 5}
+	c := EnvConfig{Base: []string{"RANK=3", "WORLD_SIZE=9", "PATH=/bin"}, NCCL: []string{"NCCL_DEBUG=INFO"}, NodeName: "n"}
+	got := envOf(t, TorchrunEnv(c, a, "/e.json"))
+	want := map[string]string{"PATH": "/bin", "NCCL_DEBUG": "INFO", "TORCHELASTIC_ERROR_FILE": "/e.json",
+		"GANGRUN_JOB_ID": "j", "GANGRUN_NODE_NAME": "n", "GANGRUN_ATTEMPT": "1"}
+	assertEnv(t, got, want)
+}
+
+func TestParseEnvFlag(t *testing.T) {
+	for _, tc := range []struct {
+		in      string
+		wantErr string
+	}{
+		{"FOO=bar", ""},
+		{"FOO=", ""},
+		{"FOO=a=b", ""},
+		{"NCCL_DEBUG=INFO", ""},
+		{"FOO", "want KEY=VALUE"},
+		{"=x", "not a valid variable name"},
+		{"1FOO=x", "not a valid variable name"},
+		{"FO-O=x", "not a valid variable name"},
+		{"RANK=3", "RANK is set by gangrun"},
+		{"MASTER_PORT=1", "MASTER_PORT is set by gangrun"},
+		{"GANGRUN_ATTEMPT=1", "GANGRUN_ATTEMPT is set by gangrun"},
+	} {
+		_, err := ParseEnvFlag(tc.in)
+		if tc.wantErr == "" && err != nil {
+			t.Errorf("ParseEnvFlag(%q) = %v, want ok", tc.in, err)
+		}
+		if tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)) {
+			t.Errorf("ParseEnvFlag(%q) = %v, want error containing %q", tc.in, err, tc.wantErr)
+		}
+	}
+}
+
+func assertEnv(t *testing.T, got, want map[string]string) {
+	t.Helper()
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s = %q, want %q", k, got[k], v)
+		}
+	}
+	for k, v := range got {
+		if _, ok := want[k]; !ok {
+			t.Errorf("unexpected variable %s=%q", k, v)
+		}
+	}
+}
