@@ -7,8 +7,8 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"os"
 	"strconv"
+	"strings"
 	"syscall"
 
 	"github.com/gangrun/gangrun/hostlist"
@@ -27,7 +27,11 @@ compress reads hosts or expressions one per line from stdin when no HOST is give
 
 // runHostlist is `gangrun hostlist`: Slurm hostlists expanded, compressed and counted.
 func runHostlist(ctx context.Context, e *env, args []string) int {
-	return hostlistMain(ctx, e, os.Stdin, args)
+	stdin := e.stdin
+	if stdin == nil {
+		stdin = strings.NewReader("")
+	}
+	return hostlistMain(ctx, e, stdin, args)
 }
 
 // hostlistMain is runHostlist with stdin passed in, so tests can feed it.

@@ -38,6 +38,7 @@ const guardianCommand = "__guardian"
 
 // env is what a subcommand may touch of the outside world. Tests build their own.
 type env struct {
+	stdin  io.Reader
 	stdout io.Writer
 	stderr io.Writer
 	getenv func(string) string
@@ -78,7 +79,7 @@ func main() {
 	// not among them: a closed stdout must not kill the supervisor mid-teardown.
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGUSR1, syscall.SIGUSR2)
 	signal.Ignore(syscall.SIGPIPE)
-	e := &env{stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv, signals: sigs}
+	e := &env{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv, signals: sigs}
 	os.Exit(dispatch(context.Background(), e, os.Args[1:]))
 }
 
@@ -146,8 +147,7 @@ func newFlagSet(e *env, name, synopsis string) *pflag.FlagSet {
 func parseFlags(e *env, fs *pflag.FlagSet, args []string) (done bool, code int) {
 	err := fs.Parse(args)
 	if errors.Is(err, pflag.ErrHelp) {
-		fs.Usage()
-		return true, exitOK
+		return true, exitOK // pflag already called fs.Usage
 	}
 	if err != nil {
 		fmt.Fprintf(e.stderr, "%s: %s\n", fs.Name(), oneLine(err.Error()))

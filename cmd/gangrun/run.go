@@ -11,15 +11,18 @@ import (
 	"runtime"
 	"time"
 
+	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
 	"github.com/gangrun/gangrun/launcher"
 	"github.com/gangrun/gangrun/rendezvous"
+	"github.com/gangrun/gangrun/topology"
 )
 
-// runFlags are `gangrun run`'s flags (DESIGN.md, the command line).
-type runFlags struct {
+// gangFlags are the flags of every command that launches a gang (`run`, `bench nccl`):
+// where the gang's nodes meet and what each node runs.
+type gangFlags struct {
 	nnodes        string
 	nproc         string
 	coordinator   string
@@ -27,97 +30,154 @@ type runFlags struct {
 	nodeName      string
 	advertiseAddr string
 	masterPort    int
+	topologyFile  string
+	env           []string
+	termTimeout   time.Duration
+	logFormat     string
+	nprocGiven    bool // --nproc-per-node was on the command line
+}
+
+func (g *gangFlags) register(fs *pflag.FlagSet) {
+	fs.StringVar(&g.nnodes, "nnodes", "1", "number of nodes, N or MIN:MAX")
+	fs.StringVar(&g.nproc, "nproc-per-node", "auto", "workers per node: N, auto (GPUs seen, else 1), gpu or cpu")
+	fs.StringVar(&g.coordinator, "coordinator", "", "embedded (default), consul://HOST:PORT, or slurm (default under srun)")
+	fs.StringVar(&g.jobID, "job-id", "", "job id (default: generated; required with consul)")
+	fs.StringVar(&g.nodeName, "node-name", "", "this node's name (default: hostname)")
+	fs.StringVar(&g.advertiseAddr, "advertise-addr", "", "address the other nodes use for this one")
+	fs.IntVar(&g.masterPort, "master-port", 0, "MASTER_PORT; 0 picks a free port for every attempt")
+	fs.StringVar(&g.topologyFile, "topology-file", "", "use a recorded inventory (gangrun topo --json) instead of probing")
+	fs.StringArrayVar(&g.env, "env", nil, "extra worker environment KEY=VAL (repeatable)")
+	fs.DurationVar(&g.termTimeout, "term-timeout", launcher.DefaultTermTimeout, "SIGTERM to SIGKILL grace when stopping workers")
+	fs.StringVar(&g.logFormat, "log-format", "text", "gangrun's own log lines: text or json")
+}
+
+// trainFlags are `gangrun run`'s flags beyond gangFlags: restarts, checkpoints, logs.
+type trainFlags struct {
 	maxRestarts   int
 	backoff       string
 	checkpointDir string
 	resumeArg     string
 	logDir        string
 	tee           bool
-	termTimeout   time.Duration
 	hangTimeout   time.Duration
 	localRankArg  bool
-	topologyFile  string
-	env           []string
-	logFormat     string
-	nprocGiven    bool // --nproc-per-node was on the command line
+}
+
+func (t *trainFlags) register(fs *pflag.FlagSet) {
+	fs.IntVar(&t.maxRestarts, "max-restarts", launcher.DefaultMaxRestarts, "restarts of the gang after failures")
+	fs.StringVar(&t.backoff, "restart-backoff", "exp", "wait before each restart: exp (1s doubling to 30s) or a duration (0s: none)")
+	fs.StringVar(&t.checkpointDir, "checkpoint-dir", "", "where the trainer writes checkpoints; the newest complete one is resumed from")
+	fs.StringVar(&t.resumeArg, "resume-arg", "", "on resume, append FLAG PATH to the command")
+	fs.StringVar(&t.logDir, "log-dir", "", "write DIR/attempt_K/rank_N/{stdout,stderr}.log")
+	fs.BoolVar(&t.tee, "tee", true, "with --log-dir, also show worker output on the console (--tee=false: files only)")
+	fs.DurationVar(&t.hangTimeout, "hang-timeout", 0, "no output from any rank for this long is a failure; 0 is off")
+	fs.BoolVar(&t.localRankArg, "local-rank-arg", false, "append --local_rank=N (legacy torch.distributed.launch scripts)")
 }
 
 func runRun(ctx context.Context, e *env, args []string) int {
 	fs := newFlagSet(e, "run", "[FLAGS] -- COMMAND [ARGS...]")
 	fs.SetInterspersed(false) // the command's own flags belong to the command
-	var f runFlags
-	fs.StringVar(&f.nnodes, "nnodes", "1", "number of nodes, N or MIN:MAX")
-	fs.StringVar(&f.nproc, "nproc-per-node", "auto", "workers per node: N, auto (GPUs seen, else 1), gpu or cpu")
-	fs.StringVar(&f.coordinator, "coordinator", "", "embedded (default), consul://HOST:PORT, or slurm (default under srun)")
-	fs.StringVar(&f.jobID, "job-id", "", "job id (default: generated; required with consul)")
-	fs.StringVar(&f.nodeName, "node-name", "", "this node's name (default: hostname)")
-	fs.StringVar(&f.advertiseAddr, "advertise-addr", "", "address the other nodes use for this one")
-	fs.IntVar(&f.masterPort, "master-port", 0, "MASTER_PORT; 0 picks a free port for every attempt")
-	fs.IntVar(&f.maxRestarts, "max-restarts", launcher.DefaultMaxRestarts, "restarts of the gang after failures")
-	fs.StringVar(&f.backoff, "restart-backoff", "exp", "wait before each restart: exp (1s doubling to 30s) or a duration (0s: none)")
-	fs.StringVar(&f.checkpointDir, "checkpoint-dir", "", "where the trainer writes checkpoints; the newest complete one is resumed from")
-	fs.StringVar(&f.resumeArg, "resume-arg", "", "on resume, append FLAG PATH to the command")
-	fs.StringVar(&f.logDir, "log-dir", "", "write DIR/attempt_K/rank_N/{stdout,stderr}.log")
-	fs.BoolVar(&f.tee, "tee", true, "with --log-dir, also show worker output on the console (--tee=false: files only)")
-	fs.DurationVar(&f.termTimeout, "term-timeout", launcher.DefaultTermTimeout, "SIGTERM to SIGKILL grace when stopping workers")
-	fs.DurationVar(&f.hangTimeout, "hang-timeout", 0, "no output from any rank for this long is a failure; 0 is off")
-	fs.BoolVar(&f.localRankArg, "local-rank-arg", false, "append --local_rank=N (legacy torch.distributed.launch scripts)")
-	fs.StringVar(&f.topologyFile, "topology-file", "", "use a recorded inventory (gangrun topo --json) instead of probing")
-	fs.StringArrayVar(&f.env, "env", nil, "extra worker environment KEY=VAL (repeatable)")
-	fs.StringVar(&f.logFormat, "log-format", "text", "gangrun's own log lines: text or json")
+	var g gangFlags
+	var t trainFlags
+	g.register(fs)
+	t.register(fs)
 	if done, code := parseFlags(e, fs, args); done {
 		return code
 	}
-	f.nprocGiven = fs.Changed("nproc-per-node")
+	g.nprocGiven = fs.Changed("nproc-per-node")
 	command := fs.Args()
 	if len(command) == 0 {
 		return usageErr(e, "run", "no command to run: give it after --, as in gangrun run -- python train.py")
 	}
-	log, err := newLogger(f.logFormat, e.stderr)
+	if t.maxRestarts < 0 {
+		return usageErr(e, "run", "--max-restarts %d: must not be negative", t.maxRestarts)
+	}
+	if t.hangTimeout < 0 {
+		return usageErr(e, "run", "--hang-timeout %s: must not be negative", t.hangTimeout)
+	}
+	backoff, err := launcher.ParseBackoff(t.backoff)
+	if err != nil {
+		return usageErr(e, "run", "%v", err)
+	}
+	log, err := newLogger(g.logFormat, e.stderr)
 	if err != nil {
 		return usageErr(e, "run", "%v", err)
 	}
 	defer log.Sync() //nolint:errcheck // stderr cannot be synced on some systems
 
-	cfg, code := f.config(e, command, log)
+	gang, code := g.gang(ctx, e, "run", command, log)
 	if code != exitOK {
 		return code
 	}
-	var rdzv rendezvous.Rendezvous = rendezvous.NewLocal(cfg.JobID)
+	cfg := gang.config
+	cfg.MaxRestarts, cfg.Backoff = t.maxRestarts, backoff
+	cfg.CheckpointDir, cfg.ResumeArg = t.checkpointDir, t.resumeArg
+	cfg.LogDir, cfg.Tee, cfg.HangTimeout, cfg.LocalRankArg = t.logDir, t.tee, t.hangTimeout, t.localRankArg
+	return superviseGang(ctx, e, "run", cfg, gang.rdzv, log)
+}
+
+// superviseGang validates cfg, runs the supervisor and returns gangrun's exit code.
+func superviseGang(ctx context.Context, e *env, cmd string, cfg launcher.Config, rdzv rendezvous.Rendezvous, log *zap.Logger) int {
 	sup, err := launcher.New(cfg, rdzv)
 	if errors.Is(err, launcher.ErrCommandNotFound) {
-		fmt.Fprintf(e.stderr, "gangrun run: %s\n", oneLine(err.Error()))
+		fmt.Fprintf(e.stderr, "gangrun %s: %s\n", cmd, oneLine(err.Error()))
 		return exitNotFound
 	}
 	if err != nil {
-		return usageErr(e, "run", "%v", err)
+		return usageErr(e, cmd, "%v", err)
 	}
-	log.Info("gangrun run", zap.String("job_id", cfg.JobID), zap.String("node", cfg.NodeName),
+	log.Info("gangrun "+cmd, zap.String("job_id", cfg.JobID), zap.String("node", cfg.NodeName),
 		zap.Int("nproc_per_node", cfg.NProcPerNode), zap.Int("max_restarts", cfg.MaxRestarts))
 	res := sup.Run(ctx)
 	if res.Err != nil {
-		log.Error("run failed", zap.Error(res.Err))
+		log.Error(cmd+" failed", zap.Error(res.Err))
 	}
 	return res.ExitCode
 }
 
-// config turns the flags into a launcher.Config, or a usage error's exit code.
-func (f *runFlags) config(e *env, command []string, log *zap.Logger) (launcher.Config, int) {
-	fail := func(format string, a ...any) (launcher.Config, int) {
-		return launcher.Config{}, usageErr(e, "run", format, a...)
+// gang is what gangFlags resolve to: a launcher configuration without the training
+// options, and the rendezvous the node joins.
+type gang struct {
+	config    launcher.Config
+	rdzv      rendezvous.Rendezvous
+	inventory *topology.Inventory
+}
+
+// gang resolves the flags for command, or returns a usage error's exit code.
+func (g *gangFlags) gang(ctx context.Context, e *env, cmd string, command []string, log *zap.Logger) (gang, int) {
+	fail := func(format string, a ...any) (gang, int) {
+		return gang{}, usageErr(e, cmd, format, a...)
 	}
-	nmin, nmax, err := launcher.ParseNNodes(f.nnodes)
+	nmin, nmax, err := launcher.ParseNNodes(g.nnodes)
 	if err != nil {
 		return fail("%v", err)
 	}
-	if nmax > 1 && f.coordinator == "" {
-		return fail("--nnodes %s needs a coordinator shared by the nodes: --coordinator consul://HOST:PORT or slurm", f.nnodes)
+	if nmax > 1 && g.coordinator == "" {
+		return fail("--nnodes %s needs a coordinator shared by the nodes: --coordinator consul://HOST:PORT or slurm", g.nnodes)
 	}
-	if f.coordinator != "" && f.coordinator != "embedded" {
-		return fail("--coordinator %q: not supported yet (embedded only)", f.coordinator)
+	if g.coordinator != "" && g.coordinator != "embedded" {
+		return fail("--coordinator %q: not supported yet (embedded only)", g.coordinator)
 	}
-	gpus := 0 // GPUs seen on this node; topology probing plugs in here
-	nproc, err := launcher.ResolveNProcPerNode(f.nproc, gpus, runtime.NumCPU())
+	if g.masterPort < 0 || g.masterPort > 65535 {
+		return fail("--master-port %d: want 0..65535", g.masterPort)
+	}
+	if g.termTimeout < 0 {
+		return fail("--term-timeout %s: must not be negative", g.termTimeout)
+	}
+	for _, kv := range g.env {
+		if _, err := launcher.ParseEnvFlag(kv); err != nil {
+			return fail("%v", err)
+		}
+	}
+	inv, err := nodeInventory(ctx, g.topologyFile, g.nodeName)
+	if err != nil {
+		return fail("%v", err)
+	}
+	for _, note := range inv.Notes {
+		log.Info("topology", zap.String("note", note))
+	}
+	devices := inv.Allocatable()
+	nproc, err := launcher.ResolveNProcPerNode(g.nproc, len(devices), runtime.NumCPU())
 	if err != nil {
 		return fail("%v", err)
 	}
@@ -125,36 +185,15 @@ func (f *runFlags) config(e *env, command []string, log *zap.Logger) (launcher.C
 		return fail("%v", err)
 	} else if ok {
 		// A wrapped torchrun's own --nproc_per_node counts when gangrun's was not given.
-		if v, given := tr.NProcPerNode(); given && !f.nprocGiven {
-			n, err := launcher.ResolveNProcPerNode(v, gpus, runtime.NumCPU())
+		if v, given := tr.NProcPerNode(); given && !g.nprocGiven {
+			n, err := launcher.ResolveNProcPerNode(v, len(devices), runtime.NumCPU())
 			if err != nil {
 				return fail("torchrun --nproc_per_node: %v", err)
 			}
 			nproc = n
 		}
 	}
-	if f.maxRestarts < 0 {
-		return fail("--max-restarts %d: must not be negative", f.maxRestarts)
-	}
-	if f.masterPort < 0 || f.masterPort > 65535 {
-		return fail("--master-port %d: want 0..65535", f.masterPort)
-	}
-	if f.termTimeout < 0 {
-		return fail("--term-timeout %s: must not be negative", f.termTimeout)
-	}
-	if f.hangTimeout < 0 {
-		return fail("--hang-timeout %s: must not be negative", f.hangTimeout)
-	}
-	backoff, err := launcher.ParseBackoff(f.backoff)
-	if err != nil {
-		return fail("%v", err)
-	}
-	for _, kv := range f.env {
-		if _, err := launcher.ParseEnvFlag(kv); err != nil {
-			return fail("%v", err)
-		}
-	}
-	node := f.nodeName
+	node := g.nodeName
 	if node == "" {
 		h, err := os.Hostname()
 		if err != nil {
@@ -162,7 +201,7 @@ func (f *runFlags) config(e *env, command []string, log *zap.Logger) (launcher.C
 		}
 		node = h
 	}
-	jobID := f.jobID
+	jobID := g.jobID
 	if jobID == "" {
 		jobID = newJobID()
 	}
@@ -170,17 +209,50 @@ func (f *runFlags) config(e *env, command []string, log *zap.Logger) (launcher.C
 	if exe, err := os.Executable(); err == nil {
 		guardian = []string{exe, guardianCommand}
 	}
-	return launcher.Config{
+	var nccl []string
+	for _, v := range inv.NCCLEnv() {
+		nccl = append(nccl, v.String())
+	}
+	cfg := launcher.Config{
 		Command: command, NProcPerNode: nproc, NNodesMin: nmin, NNodesMax: nmax,
-		MaxRestarts: f.maxRestarts, Backoff: backoff,
-		CheckpointDir: f.checkpointDir, ResumeArg: f.resumeArg,
-		LogDir: f.logDir, Tee: f.tee, TermTimeout: f.termTimeout, HangTimeout: f.hangTimeout,
-		LocalRankArg: f.localRankArg, MasterPort: f.masterPort, JobID: jobID,
-		NodeName: node, Addr: f.advertiseAddr,
-		Env:    launcher.EnvConfig{Base: os.Environ(), Extra: f.env},
+		TermTimeout: g.termTimeout, MasterPort: g.masterPort, JobID: jobID,
+		NodeName: node, Addr: g.advertiseAddr,
+		Env: launcher.EnvConfig{Base: os.Environ(), Extra: g.env, NCCL: nccl,
+			CUDAVisibleDevices: chosenDevices(inv, devices)},
 		Stdout: e.stdout, Stderr: e.stderr, Log: log, Report: e.stderr,
 		GuardianArgv: guardian, Signals: e.signals,
-	}, exitOK
+	}
+	return gang{config: cfg, rdzv: rendezvous.NewLocal(jobID), inventory: inv}, exitOK
+}
+
+// chosenDevices returns CUDA_VISIBLE_DEVICES when gangrun narrows what the workers see:
+// when some GPU is failed or runs MIG, the allocatable devices in local-rank order;
+// nil when every GPU is allocatable as a whole (the workers see them all).
+func chosenDevices(inv *topology.Inventory, devices []topology.Device) []string {
+	whole := true
+	for _, d := range devices {
+		whole = whole && d.MIGProfile == ""
+	}
+	if whole && len(devices) == len(inv.GPUs) {
+		return nil
+	}
+	ids := make([]string, len(devices))
+	for i, d := range devices {
+		ids[i] = d.ID
+	}
+	return ids
+}
+
+// nodeInventory reads the recorded inventory file, or probes this machine.
+func nodeInventory(ctx context.Context, file, node string) (*topology.Inventory, error) {
+	if file != "" {
+		inv, err := topology.LoadFile(file)
+		if err != nil {
+			return nil, fmt.Errorf("--topology-file: %w", err)
+		}
+		return inv, nil
+	}
+	return topology.NewProber(topology.ProbeOptions{Node: node}).Inventory(ctx)
 }
 
 // newJobID returns a fresh job id such as "gr-3f9a1c0b7d2e".

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"flag"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,9 +12,6 @@ import (
 	"testing"
 )
 
-// -update-topo rewrites testdata/topo/*; it is not called -update so it cannot clash
-// with another command's golden flag in this package.
-var updateTopo = flag.Bool("update-topo", false, "rewrite the golden outputs of gangrun topo")
 
 const inventories = "../../topology/testdata/inventories"
 
@@ -53,7 +49,7 @@ func TestTopoGolden(t *testing.T) {
 					t.Fatalf("exit %d, stderr %q", code, stderr)
 				}
 				golden := filepath.Join("testdata", "topo", fixture+"."+m.ext)
-				if *updateTopo {
+				if *update {
 					if err := os.MkdirAll(filepath.Dir(golden), 0o755); err != nil {
 						t.Fatal(err)
 					}
@@ -63,10 +59,10 @@ func TestTopoGolden(t *testing.T) {
 				}
 				want, err := os.ReadFile(golden)
 				if err != nil {
-					t.Fatalf("%v (run go test ./cmd/gangrun -run TestTopoGolden -update-topo)", err)
+					t.Fatalf("%v (run go test ./cmd/gangrun -run TestTopoGolden -update)", err)
 				}
 				if stdout != string(want) {
-					t.Errorf("output differs from %s (run with -update-topo and review the diff)", golden)
+					t.Errorf("output differs from %s (run with -update and review the diff)", golden)
 				}
 			})
 		}
