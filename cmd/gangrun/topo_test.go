@@ -12,7 +12,6 @@ import (
 	"testing"
 )
 
-
 const inventories = "../../topology/testdata/inventories"
 
 func runCLI(t *testing.T, args ...string) (stdout, stderr string, code int) {
