@@ -113,18 +113,22 @@ func runRun(ctx context.Context, e *env, args []string) int {
 	cfg.MaxRestarts, cfg.Backoff = t.maxRestarts, backoff
 	cfg.CheckpointDir, cfg.ResumeArg = t.checkpointDir, t.resumeArg
 	cfg.LogDir, cfg.Tee, cfg.HangTimeout, cfg.LocalRankArg = t.logDir, t.tee, t.hangTimeout, t.localRankArg
-	return superviseGang(ctx, e, "run", cfg, gang.rdzv, log)
+	return superviseGang(ctx, e, "run", cfg, gang, log)
 }
 
-// superviseGang validates cfg, runs the supervisor and returns gangrun's exit code.
-func superviseGang(ctx context.Context, e *env, cmd string, cfg launcher.Config, rdzv rendezvous.Rendezvous, log *zap.Logger) int {
-	sup, err := launcher.New(cfg, rdzv)
+// superviseGang validates cfg (g's configuration completed by the command), runs the
+// supervisor in g's rendezvous and returns gangrun's exit code.
+func superviseGang(ctx context.Context, e *env, cmd string, cfg launcher.Config, g gang, log *zap.Logger) int {
+	sup, err := launcher.New(cfg, g.rdzv)
 	if errors.Is(err, launcher.ErrCommandNotFound) {
 		fmt.Fprintf(e.stderr, "gangrun %s: %s\n", cmd, oneLine(err.Error()))
 		return exitNotFound
 	}
 	if err != nil {
 		return usageErr(e, cmd, "%v", err)
+	}
+	for _, note := range g.inventory.Notes {
+		log.Info("topology", zap.String("note", note))
 	}
 	log.Info("gangrun "+cmd, zap.String("job_id", cfg.JobID), zap.String("node", cfg.NodeName),
 		zap.Int("nproc_per_node", cfg.NProcPerNode), zap.Int("max_restarts", cfg.MaxRestarts))
@@ -172,9 +176,6 @@ func (g *gangFlags) gang(ctx context.Context, e *env, cmd string, command []stri
 	inv, err := nodeInventory(ctx, g.topologyFile, g.nodeName)
 	if err != nil {
 		return fail("%v", err)
-	}
-	for _, note := range inv.Notes {
-		log.Info("topology", zap.String("note", note))
 	}
 	devices := inv.Allocatable()
 	nproc, err := launcher.ResolveNProcPerNode(g.nproc, len(devices), runtime.NumCPU())

@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 )
@@ -188,16 +187,7 @@ func TestTopoSysfsRoot(t *testing.T) {
 // TestTopoBinaryWithoutDriver builds the gangrun binary (cgo, go-nvml) and runs it:
 // on a machine without libnvidia-ml it must start, and `topo` and `topo --json` exit 0.
 func TestTopoBinaryWithoutDriver(t *testing.T) {
-	goTool := filepath.Join(runtime.GOROOT(), "bin", "go")
-	if _, err := os.Stat(goTool); err != nil {
-		goTool = "go"
-	}
-	bin := filepath.Join(t.TempDir(), "gangrun")
-	build := exec.Command(goTool, "build", "-o", bin, ".")
-	build.Env = append(os.Environ(), "CGO_ENABLED=1", "CGO_CFLAGS=-Wno-deprecated-declarations")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := gangrunBin
 	for _, args := range [][]string{{"topo"}, {"topo", "--json"}} {
 		cmd := exec.Command(bin, args...)
 		var stdout, stderr bytes.Buffer

@@ -13,8 +13,10 @@ temporary directory, renamed into place, then marked complete with a `.complete`
 Resume: from --resume PATH (what `gangrun run --resume-arg --resume` appends), else from
 GANGRUN_RESUME_FROM. Prints "resumed from step N".
 
-Failure injection: --fail-at-step N makes the last rank raise at step N on the first
-attempt only (TORCHELASTIC_RESTART_COUNT == 0), so a restarted gang gets past it.
+Failure injection: --fail-at-step N makes the last rank fail at step N on the first
+attempt only (GANGRUN_ATTEMPT, else TORCHELASTIC_RESTART_COUNT, is 0), so a restarted
+gang gets past it: it raises RuntimeError (recorded in TORCHELASTIC_ERROR_FILE by
+torch's @record), or exits with --fail-exit-code when that is given.
 
 Pre-emption: on SIGUSR1 the gang writes a checkpoint at the next step and goes on; on
 SIGTERM it writes one and exits with 143. All ranks agree on the step through an
@@ -51,6 +53,8 @@ def parse_args():
     p.add_argument("--fail-at-step", type=int, default=-1,
                    help="the last rank raises at this step on the first attempt")
     p.add_argument("--fail-rank", type=int, default=-1, help="rank that fails (default: last)")
+    p.add_argument("--fail-exit-code", type=int, default=None,
+                   help="exit with this code at --fail-at-step instead of raising")
     p.add_argument("--step-time", type=float, default=0.0, help="extra seconds per step")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--hidden", type=int, default=64)
@@ -80,7 +84,9 @@ def main():
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", args.local_rank or 0))
-    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    # Under a wrapped torchrun, TORCHELASTIC_RESTART_COUNT is torchrun's own (always 0):
+    # gangrun's attempt number is what says "first attempt".
+    attempt = int(os.environ.get("GANGRUN_ATTEMPT", os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
     use_cuda = torch.cuda.is_available()
     backend = "nccl" if use_cuda else "gloo"
     if use_cuda:
@@ -116,7 +122,10 @@ def main():
     step = start
     while step < args.steps:
         step += 1
-        if step == args.fail_at_step and rank == fail_rank and restart == 0:
+        if step == args.fail_at_step and rank == fail_rank and attempt == 0:
+            if args.fail_exit_code is not None:
+                print("injected exit %d at step %d" % (args.fail_exit_code, step), flush=True)
+                sys.exit(args.fail_exit_code)
             raise RuntimeError("injected failure at step %d (--fail-at-step)" % step)
         g = torch.Generator().manual_seed(step * 1000 + rank)
         x = torch.randn(args.batch, 16, generator=g).to(device)

@@ -1,0 +1,399 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// repoRoot is the repository root, two levels above this package.
+func repoRoot(t *testing.T) string {
+	t.Helper()
+	abs, err := filepath.Abs(filepath.Join("..", ".."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return abs
+}
+
+var torchOnce sync.Once
+var torchErr error
+
+// python returns the interpreter with PyTorch: $GANGRUN_PYTHON, else Debian's
+// /usr/bin/python3. A missing torch fails the test: `make test` installs it.
+func python(t *testing.T) string {
+	t.Helper()
+	py := os.Getenv("GANGRUN_PYTHON")
+	if py == "" {
+		py = "/usr/bin/python3"
+	}
+	torchOnce.Do(func() {
+		out, err := exec.Command(py, "-c", "import torch, torch.distributed").CombinedOutput()
+		if err != nil {
+			torchErr = errors.New(strings.TrimSpace(string(out)))
+		}
+	})
+	if torchErr != nil {
+		t.Fatalf("PyTorch is needed (run `make test`, which installs Debian's python3-torch): %s: %v", py, torchErr)
+	}
+	return py
+}
+
+// gangrunResult is one finished gangrun process.
+type gangrunResult struct {
+	stdout, stderr string
+	code           int
+}
+
+// runGangrun runs the built binary to completion (at most 3 minutes).
+func runGangrun(t *testing.T, extraEnv []string, args ...string) gangrunResult {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, gangrunBin, args...)
+	cmd.Env = append(os.Environ(), extraEnv...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	code := 0
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("gangrun %v: %v", args, err)
+	}
+	if ctx.Err() != nil {
+		t.Fatalf("gangrun %v did not finish in time; stderr:\n%s", args, stderr.String())
+	}
+	return gangrunResult{stdout.String(), stderr.String(), code}
+}
+
+// testMark returns a unique KEY=VALUE to put in worker environments, and registers a
+// cleanup that fails the test if any process carrying it is still around.
+func testMark(t *testing.T) string {
+	t.Helper()
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	mark := "GANGRUN_TEST_MARK=" + hex.EncodeToString(b[:])
+	t.Cleanup(func() {
+		var alive []string
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			alive = marked(mark)
+			if len(alive) == 0 || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		if len(alive) > 0 {
+			t.Errorf("processes left behind: %v", alive)
+			for _, p := range alive {
+				if pid, err := strconv.Atoi(strings.Fields(p)[0]); err == nil {
+					_ = syscall.Kill(pid, syscall.SIGKILL)
+				}
+			}
+		}
+	})
+	return mark
+}
+
+// marked lists the processes (alive or zombie) whose environment holds mark.
+func marked(mark string) []string {
+	var out []string
+	envs, _ := filepath.Glob("/proc/[0-9]*/environ")
+	for _, p := range envs {
+		data, err := os.ReadFile(p)
+		if err != nil || !bytes.Contains(data, []byte(mark+"\x00")) {
+			continue
+		}
+		dir := filepath.Dir(p)
+		stat, _ := os.ReadFile(filepath.Join(dir, "stat"))
+		out = append(out, filepath.Base(dir)+" "+strings.TrimSpace(string(stat)))
+	}
+	return out
+}
+
+func TestRunUsageErrors(t *testing.T) {
+	dir := t.TempDir()
+	marker := filepath.Join(dir, "started")
+	touch := []string{"/bin/sh", "-c", "touch " + marker}
+	file := filepath.Join(dir, "a-file")
+	if err := os.WriteFile(file, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	shim := filepath.Join(repoRoot(t), "cmd", "gangrun", "testdata", "bin", "torchrun")
+	for _, tc := range []struct {
+		name string
+		args []string
+		code int
+		want string
+	}{
+		{"no command", []string{"run"}, 2, "no command to run"},
+		{"no command after --", []string{"run", "--"}, 2, "no command to run"},
+		{"nproc zero", append([]string{"run", "--nproc-per-node", "0", "--"}, touch...), 2, `--nproc-per-node "0"`},
+		{"nproc negative", append([]string{"run", "--nproc-per-node=-3", "--"}, touch...), 2, `--nproc-per-node "-3"`},
+		{"nproc not a number", append([]string{"run", "--nproc-per-node", "many", "--"}, touch...), 2, `--nproc-per-node "many"`},
+		{"unknown flag", append([]string{"run", "--frobnicate", "--"}, touch...), 2, "unknown flag: --frobnicate"},
+		{"bad backoff", append([]string{"run", "--restart-backoff", "soon", "--"}, touch...), 2, `--restart-backoff "soon"`},
+		{"bad duration", append([]string{"run", "--term-timeout", "10", "--"}, touch...), 2, "--term-timeout"},
+		{"bad nnodes", append([]string{"run", "--nnodes", "2:1", "--"}, touch...), 2, `--nnodes "2:1"`},
+		{"bad env", append([]string{"run", "--env", "RANK=4", "--"}, touch...), 2, "RANK is set by gangrun"},
+		{"bad log format", append([]string{"run", "--log-format", "xml", "--"}, touch...), 2, `--log-format "xml"`},
+		{"torchrun conflict", []string{"run", "--nproc-per-node", "2", "--", shim, "--nproc_per_node=4", "t.py"}, 2,
+			"torchrun --nproc_per_node=4 conflicts with gangrun's --nproc-per-node 2"},
+		{"torchrun restarts", []string{"run", "--", shim, "--max-restarts", "2", "t.py"}, 2,
+			"torchrun --max-restarts 2 conflicts with gangrun's --max_restarts=0"},
+		{"checkpoint dir is a file", append([]string{"run", "--checkpoint-dir", file, "--"}, touch...), 2, "--checkpoint-dir " + file},
+		{"missing command", []string{"run", "--", "no-such-trainer-9f2"}, 127, "command not found: no-such-trainer-9f2"},
+		{"missing command path", []string{"run", "--", "/nonexistent/train"}, 127, "command not found: /nonexistent/train"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			e := &env{stdout: &stdout, stderr: &stderr, getenv: os.Getenv}
+			code := dispatch(context.Background(), e, tc.args)
+			if code != tc.code {
+				t.Errorf("exit %d, want %d; stderr: %s", code, tc.code, stderr.String())
+			}
+			msg := stderr.String()
+			if !strings.Contains(msg, tc.want) {
+				t.Errorf("stderr %q does not contain %q", msg, tc.want)
+			}
+			if n := strings.Count(strings.TrimSpace(msg), "\n"); n != 0 {
+				t.Errorf("want a one-line error, got %d lines:\n%s", n+1, msg)
+			}
+			if _, err := os.Stat(marker); err == nil {
+				t.Errorf("a worker started")
+			}
+		})
+	}
+}
+
+func TestRunSIGKILLLeavesNoWorker(t *testing.T) {
+	mark := testMark(t)
+	dir := t.TempDir()
+	// Each worker leaves a grandchild in its process group; after gangrun is SIGKILLed
+	// the parent-death signal takes the workers and the guardian the grandchildren.
+	cmd := exec.Command(gangrunBin, "run", "--nproc-per-node", "3", "--",
+		"/bin/sh", "-c", `sleep 300 & touch `+dir+`/ready-$RANK; wait`)
+	cmd.Env = append(os.Environ(), mark)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitForFiles(t, dir, "ready-0", "ready-1", "ready-2")
+	if n := len(marked(mark)); n < 6 {
+		t.Fatalf("expected at least 6 marked processes (3 workers, 3 grandchildren), found %d", n)
+	}
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	// testMark's cleanup asserts that nothing carrying the mark is left.
+}
+
+func TestRunSignalsReachEveryWorker(t *testing.T) {
+	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP} {
+		t.Run(sig.String(), func(t *testing.T) {
+			mark := testMark(t)
+			dir := t.TempDir()
+			// Workers log every signal they get; USR1 and USR2 leave them running, the
+			// terminating signal ends them.
+			script := `log=` + dir + `/got-$RANK
+trap 'echo USR1 >> $log' USR1
+trap 'echo USR2 >> $log' USR2
+trap 'echo ` + sigName(sig) + ` >> $log; exit 0' ` + sigName(sig) + `
+touch ` + dir + `/ready-$RANK
+while true; do sleep 0.05; done`
+			cmd := exec.Command(gangrunBin, "run", "--nproc-per-node", "2", "--term-timeout", "5s", "--", "/bin/sh", "-c", script)
+			cmd.Env = append(os.Environ(), mark)
+			var stderr bytes.Buffer
+			cmd.Stderr = &stderr
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			waitForFiles(t, dir, "ready-0", "ready-1")
+			for _, s := range []syscall.Signal{syscall.SIGUSR1, syscall.SIGUSR2} {
+				if err := cmd.Process.Signal(s); err != nil {
+					t.Fatal(err)
+				}
+				waitForLine(t, dir, sigName(s), 0, 1)
+			}
+			if err := cmd.Process.Signal(sig); err != nil {
+				t.Fatal(err)
+			}
+			err := cmd.Wait()
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() != 128+int(sig) {
+				t.Errorf("gangrun ended with %v, want exit %d; stderr:\n%s", err, 128+int(sig), stderr.String())
+			}
+			waitForLine(t, dir, sigName(sig), 0, 1)
+		})
+	}
+}
+
+func sigName(s syscall.Signal) string {
+	switch s {
+	case syscall.SIGINT:
+		return "INT"
+	case syscall.SIGTERM:
+		return "TERM"
+	case syscall.SIGHUP:
+		return "HUP"
+	case syscall.SIGUSR1:
+		return "USR1"
+	case syscall.SIGUSR2:
+		return "USR2"
+	}
+	return s.String()
+}
+
+// waitForLine waits until every rank's log in dir holds line.
+func waitForLine(t *testing.T, dir, line string, ranks ...int) {
+	t.Helper()
+	waitUntil(t, func() bool {
+		for _, r := range ranks {
+			b, _ := os.ReadFile(filepath.Join(dir, "got-"+strconv.Itoa(r)))
+			if !strings.Contains(string(b), line+"\n") {
+				return false
+			}
+		}
+		return true
+	}, "every rank logged "+line)
+}
+
+func waitForFiles(t *testing.T, dir string, names ...string) {
+	t.Helper()
+	waitUntil(t, func() bool {
+		for _, n := range names {
+			if _, err := os.Stat(filepath.Join(dir, n)); err != nil {
+				return false
+			}
+		}
+		return true
+	}, "files "+strings.Join(names, ", "))
+}
+
+func waitUntil(t *testing.T, cond func() bool, what string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+var resumedRE = regexp.MustCompile(`(?m)^\[rank(\d+)\]: resumed from step (\d+)$`)
+
+// resumedSteps maps each rank to the step it printed "resumed from step N" for.
+func resumedSteps(out string) map[int]int {
+	m := map[int]int{}
+	for _, g := range resumedRE.FindAllStringSubmatch(out, -1) {
+		r, _ := strconv.Atoi(g[1])
+		s, _ := strconv.Atoi(g[2])
+		m[r] = s
+	}
+	return m
+}
+
+func TestRunPyTorchRestartsFromCheckpoint(t *testing.T) {
+	py := python(t)
+	mark := testMark(t)
+	dir := t.TempDir()
+	res := runGangrun(t, []string{mark}, "run", "--nproc-per-node", "2", "--restart-backoff", "0s",
+		"--checkpoint-dir", filepath.Join(dir, "ckpt"), "--log-dir", filepath.Join(dir, "logs"), "--",
+		py, filepath.Join(repoRoot(t), "scripts", "examples", "train_ddp.py"),
+		"--steps", "60", "--ckpt-every", "10", "--fail-at-step", "35")
+	if res.code != 0 {
+		t.Fatalf("exit %d; stderr:\n%s", res.code, res.stderr)
+	}
+	// The failure at step 35 on the first attempt; the restart resumes every rank from
+	// step 30, the last checkpoint at or before the failure, and runs to step 60.
+	if got := resumedSteps(res.stdout); len(got) != 2 || got[0] != 30 || got[1] != 30 {
+		t.Errorf("resumed steps by rank = %v, want both ranks at 30\nstdout:\n%s", got, res.stdout)
+	}
+	if !strings.Contains(res.stdout, "[rank0]: finished at step 60") {
+		t.Errorf("no finish at step 60:\n%s", res.stdout)
+	}
+	for _, want := range []string{"rank 1 (local rank 1)", "injected failure at step 35", "restarting the gang"} {
+		if !strings.Contains(res.stderr, want) {
+			t.Errorf("stderr lacks %q:\n%s", want, res.stderr)
+		}
+	}
+	// The second attempt's logs hold the resume line, without the console prefix.
+	log, err := os.ReadFile(filepath.Join(dir, "logs", "attempt_1", "rank_1", "stdout.log"))
+	if err != nil || !strings.Contains(string(log), "resumed from step 30\n") || strings.Contains(string(log), "[rank") {
+		t.Errorf("attempt_1/rank_1/stdout.log = %q, %v", log, err)
+	}
+}
+
+func TestRunPyTorchNoRestartsReturnsWorkerCode(t *testing.T) {
+	py := python(t)
+	mark := testMark(t)
+	res := runGangrun(t, []string{mark}, "run", "--nproc-per-node", "2", "--max-restarts", "0", "--",
+		py, filepath.Join(repoRoot(t), "scripts", "examples", "train_ddp.py"),
+		"--steps", "20", "--fail-at-step", "5", "--fail-exit-code", "13")
+	if res.code != 13 {
+		t.Fatalf("exit %d, want the worker's 13; stderr:\n%s", res.code, res.stderr)
+	}
+	if !strings.Contains(res.stderr, "no restarts left") {
+		t.Errorf("stderr lacks 'no restarts left':\n%s", res.stderr)
+	}
+}
+
+func TestRunWrapsTorchrun(t *testing.T) {
+	python(t) // the shim's interpreter, /usr/bin/python3, needs torch
+	mark := testMark(t)
+	dir := t.TempDir()
+	shim := filepath.Join(repoRoot(t), "cmd", "gangrun", "testdata", "bin", "torchrun")
+	// Real torchrun (through the Python 3.11 shim) runs 2 workers; gangrun owns the
+	// restart: the first attempt fails at step 25, the second resumes from 20.
+	res := runGangrun(t, []string{mark}, "run", "--restart-backoff", "0s", "--checkpoint-dir", filepath.Join(dir, "ckpt"), "--",
+		shim, "--nproc_per_node", "2", filepath.Join(repoRoot(t), "scripts", "examples", "train_ddp.py"),
+		"--steps", "40", "--ckpt-every", "10", "--fail-at-step", "25")
+	if res.code != 0 {
+		t.Fatalf("exit %d; stdout:\n%s\nstderr:\n%s", res.code, res.stdout, res.stderr)
+	}
+	resumed := regexp.MustCompile(`(?m)^\[node0\]: resumed from step (\d+)$`).FindAllStringSubmatch(res.stdout, -1)
+	if len(resumed) != 2 || resumed[0][1] != "20" || resumed[1][1] != "20" {
+		t.Errorf("want both torchrun workers resumed from step 20, got %v\nstdout:\n%s", resumed, res.stdout)
+	}
+	if !strings.Contains(res.stdout, "finished at step 40") {
+		t.Errorf("no finish at step 40:\n%s", res.stdout)
+	}
+	// torchrun's @record main copied its root-cause worker's error into the error file
+	// gangrun gave it.
+	if !strings.Contains(res.stderr, "injected failure at step 25") {
+		t.Errorf("the root cause's message did not reach gangrun's report:\n%s", res.stderr)
+	}
+}
+
+func TestRunJSONLogFormat(t *testing.T) {
+	res := runGangrun(t, nil, "run", "--log-format", "json", "--nproc-per-node", "2", "--", "/bin/true")
+	if res.code != 0 {
+		t.Fatalf("exit %d: %s", res.code, res.stderr)
+	}
+	lines := strings.Split(strings.TrimSpace(res.stderr), "\n")
+	if len(lines) < 2 {
+		t.Fatalf("want gangrun's log lines on stderr, got %q", res.stderr)
+	}
+	for _, l := range lines {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(l), &m); err != nil || m["msg"] == nil || m["level"] == nil {
+			t.Errorf("not a JSON log line: %q (%v)", l, err)
+		}
+	}
+}
