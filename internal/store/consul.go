@@ -1,0 +1,203 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+)
+
+// Consul is the Store on a Consul cluster, through github.com/hashicorp/consul/api.
+type Consul struct {
+	c *api.Client
+}
+
+// ParseConsulURL turns a --coordinator value "consul://HOST:PORT" (or "consul://" to
+// take the address from CONSUL_HTTP_ADDR) into an HTTP address for the Consul API;
+// "" when the environment decides.
+func ParseConsulURL(s string) (string, error) {
+	u, err := url.Parse(s)
+	if err != nil || u.Scheme != "consul" || u.Path != "" && u.Path != "/" || u.RawQuery != "" {
+		return "", fmt.Errorf("coordinator %q: want consul://HOST:PORT", s)
+	}
+	return u.Host, nil
+}
+
+// NewConsul returns a Store talking to the Consul agent at addr (HOST:PORT, or "" for
+// CONSUL_HTTP_ADDR, else 127.0.0.1:8500). The token and TLS settings come from the
+// standard CONSUL_* variables (api.DefaultConfig reads them).
+func NewConsul(addr string) (*Consul, error) {
+	cfg := api.DefaultConfig()
+	if addr != "" {
+		cfg.Address = addr
+	}
+	c, err := api.NewClient(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("consul client for %s: %w", cfg.Address, err)
+	}
+	return &Consul{c: c}, nil
+}
+
+// Client returns the underlying Consul API client.
+func (s *Consul) Client() *api.Client { return s.c }
+
+func qopts(ctx context.Context) *api.QueryOptions {
+	return (&api.QueryOptions{RequireConsistent: true}).WithContext(ctx)
+}
+
+func wopts(ctx context.Context) *api.WriteOptions {
+	return (&api.WriteOptions{}).WithContext(ctx)
+}
+
+func fromPair(p *api.KVPair) Entry {
+	return Entry{Key: p.Key, Value: p.Value, CreateIndex: p.CreateIndex, ModifyIndex: p.ModifyIndex, LockIndex: p.LockIndex, Session: p.Session}
+}
+
+// Get implements Store.
+func (s *Consul) Get(ctx context.Context, key string) (*Entry, error) {
+	p, _, err := s.c.KV().Get(key, qopts(ctx))
+	if err != nil {
+		return nil, fmt.Errorf("consul get %s: %w", key, err)
+	}
+	if p == nil {
+		return nil, nil
+	}
+	e := fromPair(p)
+	return &e, nil
+}
+
+// List implements Store.
+func (s *Consul) List(ctx context.Context, prefix string) ([]Entry, uint64, error) {
+	pairs, meta, err := s.c.KV().List(prefix, qopts(ctx))
+	if err != nil {
+		return nil, 0, fmt.Errorf("consul list %s: %w", prefix, err)
+	}
+	return entries(pairs), meta.LastIndex, nil
+}
+
+// WatchList implements Store with a blocking query.
+func (s *Consul) WatchList(ctx context.Context, prefix string, index uint64, wait time.Duration) ([]Entry, uint64, error) {
+	if wait > MaxWaitTime {
+		wait = MaxWaitTime
+	}
+	q := (&api.QueryOptions{WaitIndex: index, WaitTime: wait, RequireConsistent: true}).WithContext(ctx)
+	pairs, meta, err := s.c.KV().List(prefix, q)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, 0, ctx.Err()
+		}
+		return nil, 0, fmt.Errorf("consul watch %s: %w", prefix, err)
+	}
+	return entries(pairs), meta.LastIndex, nil
+}
+
+func entries(pairs api.KVPairs) []Entry {
+	out := make([]Entry, len(pairs))
+	for i, p := range pairs {
+		out[i] = fromPair(p)
+	}
+	return out
+}
+
+// Txn implements Store.
+func (s *Consul) Txn(ctx context.Context, ops []Op) ([]Entry, error) {
+	if err := CheckTxn(ops); err != nil {
+		return nil, err
+	}
+	tops := make(api.TxnOps, len(ops))
+	for i, op := range ops {
+		tops[i] = &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVOp(op.Verb), Key: op.Key, Value: op.Value, Index: op.Index, Session: op.Session}}
+	}
+	ok, resp, _, err := s.c.Txn().Txn(tops, qopts(ctx))
+	if err != nil {
+		return nil, fmt.Errorf("consul txn: %w", err)
+	}
+	if !ok {
+		te := &TxnError{}
+		for _, e := range resp.Errors {
+			te.Errors = append(te.Errors, OpError{Op: e.OpIndex, What: e.What})
+		}
+		return nil, te
+	}
+	// Consul returns results for some verbs only (not for check-not-exists, say), so
+	// results are matched to Get operations by key.
+	byKey := map[string]*api.KVPair{}
+	for _, r := range resp.Results {
+		if r.KV != nil {
+			byKey[r.KV.Key] = r.KV
+		}
+	}
+	var out []Entry
+	for _, op := range ops {
+		if p, ok := byKey[op.Key]; ok && op.Verb == Get {
+			out = append(out, fromPair(p))
+		}
+	}
+	return out, nil
+}
+
+// CreateSession implements Store.
+func (s *Consul) CreateSession(ctx context.Context, o SessionOptions) (string, error) {
+	if err := o.Validate(); err != nil {
+		return "", err
+	}
+	b := o.Behavior
+	if b == "" {
+		b = Release
+	}
+	delay := o.LockDelay
+	if delay == 0 {
+		// The API leaves a zero lock-delay out of the request, and Consul then applies its
+		// 15s default; 1ms is the smallest delay the API sends.
+		delay = time.Millisecond
+	}
+	se := &api.SessionEntry{Name: o.Name, TTL: o.TTL.String(), Behavior: string(b), LockDelay: delay}
+	var id string
+	var err error
+	if o.NodeHealth {
+		id, _, err = s.c.Session().Create(se, wopts(ctx))
+	} else {
+		id, _, err = s.c.Session().CreateNoChecks(se, wopts(ctx))
+	}
+	if err != nil {
+		return "", fmt.Errorf("consul create session %q: %w", o.Name, err)
+	}
+	return id, nil
+}
+
+// RenewSession implements Store.
+func (s *Consul) RenewSession(ctx context.Context, id string) error {
+	se, _, err := s.c.Session().Renew(id, wopts(ctx))
+	if err != nil {
+		var status api.StatusError
+		if errors.As(err, &status) && status.Code == 404 || strings.Contains(err.Error(), "404") {
+			return fmt.Errorf("renew session %s: %w", id, ErrSessionGone)
+		}
+		return fmt.Errorf("renew session %s: %w", id, err)
+	}
+	if se == nil {
+		return fmt.Errorf("renew session %s: %w", id, ErrSessionGone)
+	}
+	return nil
+}
+
+// DestroySession implements Store.
+func (s *Consul) DestroySession(ctx context.Context, id string) error {
+	if _, err := s.c.Session().Destroy(id, wopts(ctx)); err != nil {
+		return fmt.Errorf("destroy session %s: %w", id, err)
+	}
+	return nil
+}
+
+// SessionExists implements Store.
+func (s *Consul) SessionExists(ctx context.Context, id string) (bool, error) {
+	se, _, err := s.c.Session().Info(id, qopts(ctx))
+	if err != nil {
+		return false, fmt.Errorf("session info %s: %w", id, err)
+	}
+	return se != nil, nil
+}

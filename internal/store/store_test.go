@@ -1,0 +1,246 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gangrun/gangrun/internal/consultest"
+)
+
+// eachStore runs fn on a Memory store and on a real Consul dev agent: both must behave
+// the same.
+func eachStore(t *testing.T, fn func(t *testing.T, s Store)) {
+	t.Run("memory", func(t *testing.T) { fn(t, NewMemory()) })
+	t.Run("consul", func(t *testing.T) {
+		agent := consultest.Start(t)
+		c, err := NewConsul(agent.Addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fn(t, c)
+	})
+}
+
+func session(t *testing.T, s Store, o SessionOptions) string {
+	t.Helper()
+	if o.TTL == 0 {
+		o.TTL = 30 * time.Second
+	}
+	id, err := s.CreateSession(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+func TestStoreSemantics(t *testing.T) {
+	eachStore(t, func(t *testing.T, s Store) {
+		ctx := context.Background()
+		t.Run("txn is all or nothing", func(t *testing.T) {
+			a := session(t, s, SessionOptions{Name: "a"})
+			b := session(t, s, SessionOptions{Name: "b"})
+			if _, err := s.Txn(ctx, []Op{{Verb: Lock, Key: "t1/x", Value: []byte("a"), Session: a}}); err != nil {
+				t.Fatal(err)
+			}
+			_, err := s.Txn(ctx, []Op{
+				{Verb: Lock, Key: "t1/y", Value: []byte("b"), Session: b},
+				{Verb: Lock, Key: "t1/x", Value: []byte("b"), Session: b},
+			})
+			var te *TxnError
+			if !errors.As(err, &te) || !errors.Is(err, ErrTxnRejected) || len(te.Errors) != 1 || te.Errors[0].Op != 1 {
+				t.Fatalf("err = %v, want a rejection naming op 1", err)
+			}
+			if e, _ := s.Get(ctx, "t1/y"); e != nil {
+				t.Errorf("t1/y was written by a rejected transaction: %+v", e)
+			}
+			if e, _ := s.Get(ctx, "t1/x"); e == nil || e.Session != a || string(e.Value) != "a" {
+				t.Errorf("t1/x = %+v, want held by a", e)
+			}
+		})
+		t.Run("cas and checks", func(t *testing.T) {
+			if _, err := s.Txn(ctx, []Op{{Verb: CAS, Key: "t2/k", Value: []byte("1"), Index: 0}}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.Txn(ctx, []Op{{Verb: CAS, Key: "t2/k", Value: []byte("2"), Index: 0}}); !errors.Is(err, ErrTxnRejected) {
+				t.Errorf("CAS index 0 on an existing key: %v, want rejected", err)
+			}
+			e, _ := s.Get(ctx, "t2/k")
+			if _, err := s.Txn(ctx, []Op{{Verb: CheckIndex, Key: "t2/k", Index: e.ModifyIndex}, {Verb: CAS, Key: "t2/k", Value: []byte("3"), Index: e.ModifyIndex}}); err != nil {
+				t.Errorf("CAS with the current index: %v", err)
+			}
+			if _, err := s.Txn(ctx, []Op{{Verb: CAS, Key: "t2/k", Value: []byte("4"), Index: e.ModifyIndex}}); !errors.Is(err, ErrTxnRejected) {
+				t.Errorf("CAS with a stale index: %v, want rejected", err)
+			}
+			if _, err := s.Txn(ctx, []Op{{Verb: CheckNotExists, Key: "t2/k"}}); !errors.Is(err, ErrTxnRejected) {
+				t.Errorf("check-not-exists on an existing key: %v", err)
+			}
+			got, err := s.Txn(ctx, []Op{{Verb: CheckNotExists, Key: "t2/none"}, {Verb: Get, Key: "t2/k"}})
+			if err != nil || len(got) != 1 || string(got[0].Value) != "3" {
+				t.Errorf("get in txn = %+v, %v", got, err)
+			}
+		})
+		t.Run("session behaviors and lock-delay", func(t *testing.T) {
+			del := session(t, s, SessionOptions{Name: "del", Behavior: DeleteKeys, LockDelay: 2 * time.Second})
+			rel := session(t, s, SessionOptions{Name: "rel", Behavior: Release})
+			other := session(t, s, SessionOptions{Name: "other"})
+			if _, err := s.Txn(ctx, []Op{
+				{Verb: Lock, Key: "t3/d", Value: []byte("x"), Session: del},
+				{Verb: Lock, Key: "t3/r", Value: []byte("y"), Session: rel},
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.DestroySession(ctx, del); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.DestroySession(ctx, rel); err != nil {
+				t.Fatal(err)
+			}
+			if e, _ := s.Get(ctx, "t3/d"); e != nil {
+				t.Errorf("delete behavior left %+v", e)
+			}
+			if e, _ := s.Get(ctx, "t3/r"); e == nil || e.Session != "" || string(e.Value) != "y" {
+				t.Errorf("release behavior: %+v, want the key kept, unlocked", e)
+			}
+			_, err := s.Txn(ctx, []Op{{Verb: Lock, Key: "t3/d", Session: other}})
+			var te *TxnError
+			if !errors.As(err, &te) || len(te.LockDelayed()) != 1 || te.LockDelayed()[0] != "t3/d" {
+				t.Fatalf("lock within the lock-delay: %v, want a lock-delay rejection of t3/d", err)
+			}
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				_, err = s.Txn(ctx, []Op{{Verb: Lock, Key: "t3/d", Session: other}})
+				if err == nil || time.Now().After(deadline) {
+					break
+				}
+				time.Sleep(200 * time.Millisecond)
+			}
+			if err != nil {
+				t.Errorf("lock after the lock-delay: %v", err)
+			}
+			if ok, _ := s.SessionExists(ctx, del); ok {
+				t.Errorf("destroyed session still exists")
+			}
+			if err := s.RenewSession(ctx, del); !errors.Is(err, ErrSessionGone) {
+				t.Errorf("renew of a destroyed session: %v, want ErrSessionGone", err)
+			}
+		})
+		t.Run("blocking list", func(t *testing.T) {
+			_, idx, err := s.List(ctx, "t4/")
+			if err != nil {
+				t.Fatal(err)
+			}
+			start := time.Now()
+			_, idx2, err := s.WatchList(ctx, "t4/", idx, 300*time.Millisecond)
+			if err != nil || idx2 != idx || time.Since(start) < 250*time.Millisecond {
+				t.Errorf("unchanged watch: index %d→%d after %s, %v; want the wait to run out", idx, idx2, time.Since(start), err)
+			}
+			go func() {
+				time.Sleep(200 * time.Millisecond)
+				_, _ = s.Txn(ctx, []Op{{Verb: Set, Key: "t4/a", Value: []byte("v")}})
+			}()
+			got, idx3, err := s.WatchList(ctx, "t4/", idx, 20*time.Second)
+			if err != nil || idx3 <= idx || len(got) != 1 || got[0].Key != "t4/a" {
+				t.Errorf("watch after a write: %+v index %d, %v", got, idx3, err)
+			}
+		})
+		t.Run("transaction limits", func(t *testing.T) {
+			ops := make([]Op, MaxTxnOps)
+			for i := range ops {
+				ops[i] = Op{Verb: Set, Key: fmt.Sprintf("t5/%03d", i), Value: []byte("v")}
+			}
+			if _, err := s.Txn(ctx, ops); err != nil {
+				t.Errorf("%d operations: %v", MaxTxnOps, err)
+			}
+			ops = append(ops, Op{Verb: Set, Key: "t5/extra"})
+			if _, err := s.Txn(ctx, ops); err == nil || !strings.Contains(err.Error(), "at most 128") {
+				t.Errorf("%d operations: %v, want refused", len(ops), err)
+			}
+		})
+		t.Run("bad session options", func(t *testing.T) {
+			for _, o := range []SessionOptions{{TTL: time.Second}, {TTL: 48 * time.Hour}, {TTL: 20 * time.Second, LockDelay: 2 * time.Minute}, {TTL: 20 * time.Second, Behavior: "explode"}} {
+				if _, err := s.CreateSession(ctx, o); err == nil {
+					t.Errorf("CreateSession(%+v) accepted", o)
+				}
+			}
+		})
+	})
+}
+
+func TestKeepAliveHoldsSessionPastTTL(t *testing.T) {
+	// A 10s session renewed by KeepAlive outlives 2×TTL; once KeepAlive stops, the store
+	// invalidates it within 2×TTL. Memory only: the Consul path is exercised by the
+	// allocator's holder-death test.
+	s := NewMemory()
+	ctx, cancel := context.WithCancel(context.Background())
+	id := session(t, s, SessionOptions{TTL: MinSessionTTL})
+	done := make(chan error, 1)
+	go func() { done <- KeepAlive(ctx, s, id, MinSessionTTL) }()
+	time.Sleep(2*MinSessionTTL + time.Second)
+	if ok, _ := s.SessionExists(ctx, id); !ok {
+		t.Fatal("session expired while kept alive")
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("KeepAlive after cancel: %v", err)
+	}
+	_ = s.DestroySession(context.Background(), id)
+	if err := KeepAlive(context.Background(), s, id, MinSessionTTL); !errors.Is(err, ErrSessionGone) {
+		t.Errorf("KeepAlive of a gone session: %v", err)
+	}
+}
+
+// backwards is a Store whose index goes back once, as after a restore.
+type backwards struct {
+	Store
+	mu    sync.Mutex
+	calls int
+	seen  []uint64
+}
+
+func (b *backwards) WatchList(ctx context.Context, prefix string, index uint64, wait time.Duration) ([]Entry, uint64, error) {
+	b.mu.Lock()
+	b.calls++
+	n := b.calls
+	b.seen = append(b.seen, index)
+	b.mu.Unlock()
+	switch n {
+	case 1:
+		return []Entry{{Key: "k", Value: []byte("empty")}}, 0, nil // 0 is taken as 1
+	case 2:
+		return []Entry{{Key: "k", Value: []byte("old")}}, 100, nil
+	case 3:
+		return []Entry{{Key: "k", Value: []byte("restored")}}, 7, nil // backwards
+	case 4:
+		return []Entry{{Key: "k", Value: []byte("restored")}}, 7, nil
+	}
+	<-ctx.Done()
+	return nil, 0, ctx.Err()
+}
+
+func TestWatcherIndexRules(t *testing.T) {
+	b := &backwards{}
+	w := NewWatcher(b, "p/")
+	ctx := context.Background()
+	for i, want := range []string{"empty", "old", "restored", "restored"} {
+		got, err := w.Next(ctx)
+		if err != nil || len(got) != 1 || string(got[0].Value) != want {
+			t.Fatalf("call %d: %+v %v, want %s", i, got, err, want)
+		}
+	}
+	if w.Index() != 7 {
+		t.Errorf("index = %d, want 7", w.Index())
+	}
+	// The index the watcher sent: 0 first; 1 after a result of 0; 100; after going
+	// backwards, 0 again (start over).
+	want := []uint64{0, 1, 100, 0}
+	for i := range want {
+		if b.seen[i] != want[i] {
+			t.Errorf("query %d sent index %d, want %d (all: %v)", i, b.seen[i], want[i], b.seen)
+		}
+	}
+}
