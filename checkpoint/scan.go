@@ -112,6 +112,7 @@ func newScan(dir string, opts Options) (*scan, error) {
 			continue
 		}
 		if c := parseName(name, e.Type(), f); c != nil {
+			s.linkStep(c)
 			s.add(c)
 		}
 	}
@@ -149,6 +150,22 @@ func newScan(dir string, opts Options) (*scan, error) {
 	}
 	sort.Strings(s.notes)
 	return s, nil
+}
+
+// linkStep gives a *.ckpt symlink without a step of its own (Lightning's last.ckpt
+// with save_last="link") the step its target's name carries, so that it orders with
+// the checkpoint it stands for.
+func (s *scan) linkStep(c *candidate) {
+	if !c.link || c.fam != famCkpt || c.tier != tierNamedLatest {
+		return
+	}
+	target, err := os.Readlink(filepath.Join(s.dir, c.name))
+	if err != nil {
+		return
+	}
+	if m := stepEqRe.FindStringSubmatch(filepath.Base(target)); m != nil {
+		c.setStep(m[1])
+	}
 }
 
 func (s *scan) add(c *candidate) {
@@ -512,7 +529,9 @@ func Verify(path string, opts Options) (Checkpoint, error) {
 	c := s.byName[name]
 	if c == nil {
 		c = parseName(name, lfi.Mode().Type(), FormatAuto)
-		if c == nil {
+		if c != nil {
+			s.linkStep(c)
+		} else {
 			c = &candidate{name: name, fam: famNone, step: -1, link: lfi.Mode()&fs.ModeSymlink != 0, typ: lfi.Mode().Type()}
 		}
 	}
