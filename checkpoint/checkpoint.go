@@ -179,7 +179,10 @@ func (e *NoCompleteError) Error() string {
 func (e *NoCompleteError) Is(target error) bool { return target == ErrNoComplete }
 
 // DirError reports a checkpoint directory (or a path given to Verify or Pin) that
-// cannot be used: missing, not a directory, a symlink loop, unreadable.
+// cannot be used: missing, not a directory, a symlink loop, unreadable. It wraps the
+// file-system error, so errors.Is(err, fs.ErrNotExist) holds for a directory that does
+// not exist (a job's first start, before the trainer created it) and
+// errors.Is(err, fs.ErrPermission) for an unreadable one.
 type DirError struct {
 	// Path is the path as given.
 	Path string

@@ -3,6 +3,7 @@ package checkpoint
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -475,6 +476,9 @@ func TestBadDirectories(t *testing.T) {
 				}
 			}
 		})
+	}
+	if _, err := Latest(filepath.Join(root, "missing"), Options{}); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("Latest on a missing directory: %v does not wrap fs.ErrNotExist", err)
 	}
 	if _, err := Latest(root, Options{Format: "tensorflow"}); err == nil || !strings.Contains(err.Error(), `"tensorflow"`) {
 		t.Errorf("unknown format: %v", err)
