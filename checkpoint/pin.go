@@ -217,7 +217,7 @@ func Pin(dir, path, holder string) (release func() error, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, err := readDir(dir); err != nil {
+	if err := checkDir(dir); err != nil {
 		return nil, err
 	}
 	pinsDir := filepath.Join(dir, stateDirName, pinsDirName)

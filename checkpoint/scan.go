@@ -28,17 +28,25 @@ type scan struct {
 	verdicts map[string]verdict
 }
 
-// readDir lists dir unsorted, or returns a *DirError saying why dir cannot be used.
-func readDir(dir string) ([]fs.DirEntry, error) {
+// checkDir returns a *DirError when dir is not a directory it can stat.
+func checkDir(dir string) error {
 	fi, err := os.Stat(dir)
 	if err != nil {
-		return nil, dirError(dir, err)
+		return dirError(dir, err)
 	}
 	if !fi.IsDir() {
 		if fi.Mode().IsRegular() {
-			return nil, &DirError{Path: dir, Problem: "is a file, not a directory"}
+			return &DirError{Path: dir, Problem: "is a file, not a directory"}
 		}
-		return nil, &DirError{Path: dir, Problem: "is not a directory"}
+		return &DirError{Path: dir, Problem: "is not a directory"}
+	}
+	return nil
+}
+
+// readDir lists dir unsorted, or returns a *DirError saying why dir cannot be used.
+func readDir(dir string) ([]fs.DirEntry, error) {
+	if err := checkDir(dir); err != nil {
+		return nil, err
 	}
 	f, err := os.Open(dir)
 	if err != nil {
