@@ -15,9 +15,10 @@ import (
 //   - _get_zero_ckpt_name: {bf16_}zero_pp_rank_{dp}_mp_rank_{mp:02d}_optim_states.pt;
 //   - pipeline modules add layer_{idx:02d}-model_{mp:02d}-model_states.pt.
 //
-// save_checkpoint writes the model states, then the ZeRO optimizer states of every
-// rank, then `latest` (rank 0, after the saves), so a tag `latest` names is complete
-// unless storage lost data.
+// save_checkpoint has every rank write its model states, then its ZeRO optimizer
+// states, then rank 0 writes `latest` and all ranks meet at a barrier. Rank 0 writes
+// `latest` once its own files are saved, not after the others', so the tag `latest`
+// names is still checked file by file (pointer.go).
 var (
 	dsModelRe = regexp.MustCompile(`^(?:zero_pp_rank_([0-9]+)_)?mp_rank_([0-9]+)_model_states\.pt$`)
 	dsOptimRe = regexp.MustCompile(`^(?:bf16_)?zero_pp_rank_([0-9]+)_mp_rank_([0-9]+)_optim_states\.pt$`)

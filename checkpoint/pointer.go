@@ -17,11 +17,13 @@ import (
 const maxPointerBytes = 4096
 
 // pointer is a trainer's file naming its newest checkpoint: DeepSpeed's `latest` or
-// Megatron-LM's latest_checkpointed_iteration.txt. Both are written after every rank
-// saved (DeepSpeed: save_checkpoint writes `latest` last; Megatron: rank 0 writes the
-// tracker after a barrier), so a candidate newer than a trusted pointer's target is an
-// unfinished save. Both are written non-atomically (open "w", write), so a pointer can
-// be empty or cut; and storage can lose the target's data after the pointer landed.
+// Megatron-LM's latest_checkpointed_iteration.txt. Each is written as the save's last
+// act (DeepSpeed: rank 0 writes `latest` after its own model and optimizer files,
+// deepspeed/runtime/engine.py save_checkpoint; Megatron: rank 0 writes the tracker after
+// the barrier that ends the save, megatron/training/checkpointing.py), so a candidate
+// newer than a trusted pointer's target is an unfinished save. Both are written in
+// place (open "w", write), so a pointer can be empty or cut; DeepSpeed's can land before
+// other ranks' files; and storage can lose the target's data after the pointer landed.
 // A pointer is trusted only when it parses and names a complete candidate; otherwise it
 // is reported in Listing.Notes and ignored, and every candidate is judged on its own
 // files.

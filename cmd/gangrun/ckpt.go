@@ -23,6 +23,10 @@ const ckptUsage = `usage: gangrun ckpt SUBCOMMAND [FLAGS] ARG
   verify PATH          judge one checkpoint (exit 1 when incomplete)
   prune DIR --keep N   keep the newest N complete checkpoints; a dry run unless --yes
 
+Candidates are the entries of DIR named step-N, checkpoint-N, global_stepN, iter_N
+(and the tag DeepSpeed's latest names, Megatron's release) and *.ckpt. Each layout's
+completion rule is in docs/checkpoint.md.
+
 Every subcommand takes --format (auto, dcp, deepspeed, megatron, hf, lightning, nemo,
 generic) and --json. Exit codes: 0 success; 1 no complete checkpoint, an incomplete
 checkpoint, or a failed deletion; 2 bad flags or a DIR/PATH that cannot be used.
@@ -111,6 +115,9 @@ func runCkptLatest(_ context.Context, e *env, args []string) int {
 	switch {
 	case errors.As(err, &nc):
 		fmt.Fprintf(e.stderr, "gangrun ckpt latest: %s in %s (%d candidates)\n", checkpoint.ErrNoComplete, dir, len(nc.Rejected))
+		if len(nc.Rejected) == 0 {
+			fmt.Fprintln(e.stderr, "  no candidates: see 'gangrun ckpt --help' for the names looked for")
+		}
 		for _, r := range nc.Rejected {
 			fmt.Fprintf(e.stderr, "  %s: %s\n", r.Path, oneLine(r.Reason))
 		}

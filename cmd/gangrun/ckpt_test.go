@@ -84,6 +84,11 @@ func TestCkptLatest(t *testing.T) {
 		t.Fatalf("latest --format dcp: code %d stdout %q stderr:\n%s", code, out, errs)
 	}
 
+	code, _, errs = ckptRun(t, "ckpt", "latest", t.TempDir())
+	if code != 1 || !strings.Contains(errs, "(0 candidates)\n  no candidates: see 'gangrun ckpt --help'") {
+		t.Fatalf("latest on an empty directory: code %d stderr %q", code, errs)
+	}
+
 	code, out, _ = ckptRun(t, "ckpt", "latest", "--json", "--format", "dcp", dir)
 	var none struct {
 		Error    string                  `json:"error"`
