@@ -439,7 +439,7 @@ func sizeOf(path string) int64 {
 	return total
 }
 
-// excluded returns the set of absolute paths in opts.Exclude.
+// excludedSet returns the set of absolute paths among paths.
 func excludedSet(paths []string) map[string]bool {
 	out := make(map[string]bool, len(paths))
 	for _, p := range paths {
