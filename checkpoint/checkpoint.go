@@ -1,72 +1,214 @@
-// Package checkpoint finds the newest complete checkpoint. (Placeholder while the
-// multi-format package is built on its own branch; replaced at merge.)
+// Package checkpoint finds the newest really-complete training checkpoint in a
+// directory, in the layouts the common trainers write, and keeps retention from
+// deleting what a job resumes from.
+//
+// Trainers save non-atomically: a crash or a power loss mid-save leaves a newest
+// directory that looks complete and is not. Each layout has one rule, taken from the
+// trainer's own save code, for telling a finished save from an interrupted one; this
+// package applies it (see rules.go and the per-layout files) and never trusts a
+// pointer file (DeepSpeed's `latest`, Megatron-LM's tracker) whose target is missing or
+// incomplete.
+//
+// Entry points: Latest (the resume path, fast: it checks candidates newest first and
+// stops at the first complete one), List and Inspect (every candidate, verified),
+// Verify (one path), Pin (protect the checkpoint a job resumed from), Prune and
+// Plan.Apply (retention).
 package checkpoint
 
 import (
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
-	"regexp"
-	"sort"
-	"strconv"
+	"strings"
+	"time"
 )
 
-// ErrNoComplete means no candidate checkpoint is complete.
-var ErrNoComplete = errors.New("no complete checkpoint")
-
-// Format names a trainer's checkpoint layout.
+// Format names a checkpoint layout: which names are candidates and which rule says a
+// candidate is complete.
 type Format string
 
-// Checkpoint is one candidate.
-type Checkpoint struct {
-	Path     string `json:"path"`
-	Step     int64  `json:"step"`
-	Format   Format `json:"format"`
-	Complete bool   `json:"complete"`
+// The layouts this package knows. FormatAuto detects the layout of each candidate from
+// its name, the pointer files next to it and its contents.
+const (
+	// FormatAuto detects the layout per candidate.
+	FormatAuto Format = ""
+	// FormatDCP is torch.distributed.checkpoint (also torchtitan's step-N and
+	// Megatron's torch_dist): complete when a non-empty `.metadata` exists, because
+	// FileSystemWriter.finish renames `.metadata.tmp` to `.metadata` after every data
+	// file is written (torch/distributed/checkpoint/filesystem.py).
+	FormatDCP Format = "dcp"
+	// FormatDeepSpeed is DeepSpeed's engine.save_checkpoint layout: tag directories
+	// (global_stepN by default) and a `latest` file naming the newest tag
+	// (deepspeed/runtime/engine.py).
+	FormatDeepSpeed Format = "deepspeed"
+	// FormatMegatron is Megatron-LM's layout: iter_NNNNNNN directories and
+	// latest_checkpointed_iteration.txt (megatron/training/checkpointing.py).
+	FormatMegatron Format = "megatron"
+	// FormatHF is the Hugging Face Trainer's checkpoint-N directories
+	// (transformers/trainer.py, Trainer._save_checkpoint).
+	FormatHF Format = "hf"
+	// FormatLightning is PyTorch Lightning's *.ckpt files, written by torch.save
+	// (lightning/pytorch/callbacks/model_checkpoint.py).
+	FormatLightning Format = "lightning"
+	// FormatNeMo is NeMo's *.ckpt files and checkpoint directories with their
+	// `-unfinished` markers (nemo/utils/callbacks/nemo_model_checkpoint.py).
+	FormatNeMo Format = "nemo"
+	// FormatGeneric is step-N / checkpoint-N / global_stepN / iter_N directories
+	// holding a `.complete` marker, written last by the trainer (gangrun's example
+	// trainer does this).
+	FormatGeneric Format = "generic"
+)
+
+// Formats returns every forcible format, in the order the documentation lists them.
+func Formats() []Format {
+	return []Format{FormatDCP, FormatDeepSpeed, FormatMegatron, FormatHF, FormatLightning, FormatNeMo, FormatGeneric}
 }
 
-// Options tune the search.
+// ParseFormat returns the Format named by s: one of Formats(), or "" / "auto" for
+// FormatAuto. Any other value is an error naming it.
+func ParseFormat(s string) (Format, error) {
+	if s == "" || s == "auto" {
+		return FormatAuto, nil
+	}
+	for _, f := range Formats() {
+		if string(f) == s {
+			return f, nil
+		}
+	}
+	names := make([]string, 0, len(Formats())+1)
+	names = append(names, "auto")
+	for _, f := range Formats() {
+		names = append(names, string(f))
+	}
+	return FormatAuto, fmt.Errorf("unknown checkpoint format %q (want one of %s)", s, strings.Join(names, ", "))
+}
+
+// Checkpoint is one candidate checkpoint: a directory (or, for Lightning and NeMo, a
+// file) directly inside the checkpoint directory.
+type Checkpoint struct {
+	// Path is the checkpoint directory joined with the candidate's name.
+	Path string `json:"path"`
+	// Step is the training step (or iteration) the name carries; -1 when the layout has
+	// none (Lightning's last.ckpt, Megatron's release, a custom DeepSpeed tag).
+	Step int64 `json:"step"`
+	// Format is the layout whose rule judged the candidate.
+	Format Format `json:"format"`
+	// Complete is true when the layout's completion rule holds and no pointer file
+	// says the save is unfinished.
+	Complete bool `json:"complete"`
+	// Reason says why the candidate is not complete or not trusted; empty when complete.
+	Reason string `json:"reason,omitempty"`
+	// SizeBytes is the total size of the candidate's regular files, in bytes (for a
+	// symlink, of its target). Latest fills it only for the checkpoint it returns.
+	SizeBytes int64 `json:"size_bytes"`
+	// ModTime is the candidate's modification time (its target's, for a symlink).
+	ModTime time.Time `json:"mod_time"`
+	// Pinned is true when a live pin (see Pin) holds the candidate.
+	Pinned bool `json:"pinned,omitempty"`
+	// Link is where the candidate points when it is a symlink (Lightning's last.ckpt
+	// with save_last="link"), as written in the link.
+	Link string `json:"link,omitempty"`
+}
+
+// Options tunes List, Inspect, Latest, Verify and Prune.
 type Options struct {
-	Format  Format
+	// Format forces one layout; FormatAuto (the zero value) detects it per candidate.
+	Format Format
+	// Exclude lists checkpoint paths Latest must never return (the supervisor's
+	// fallback away from a checkpoint that crashes every load). Paths compare after
+	// filepath.Abs. List, Inspect, Verify and Prune ignore it.
 	Exclude []string
 }
 
-var stepDir = regexp.MustCompile(`^(?:step-|checkpoint-|global_step|iter_)(\d+)$`)
-
-// Latest returns the newest complete checkpoint under dir.
-func Latest(dir string, opts Options) (Checkpoint, error) {
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		return Checkpoint{}, fmt.Errorf("read checkpoint dir: %w", err)
-	}
-	var cands []Checkpoint
-	for _, e := range ents {
-		m := stepDir.FindStringSubmatch(e.Name())
-		if m == nil || !e.IsDir() {
-			continue
-		}
-		n, _ := strconv.ParseInt(m[1], 10, 64)
-		cands = append(cands, Checkpoint{Path: filepath.Join(dir, e.Name()), Step: n, Format: "generic"})
-	}
-	sort.Slice(cands, func(i, j int) bool { return cands[i].Step > cands[j].Step })
-	for _, c := range cands {
-		skip := false
-		for _, x := range opts.Exclude {
-			skip = skip || x == c.Path
-		}
-		if skip {
-			continue
-		}
-		for _, marker := range []string{".complete", ".metadata"} {
-			if _, err := os.Stat(filepath.Join(c.Path, marker)); err == nil {
-				c.Complete = true
-				return c, nil
-			}
-		}
-	}
-	return Checkpoint{}, ErrNoComplete
+// Listing is every candidate of a directory, newest first, with the directory-level
+// findings that belong to no single candidate.
+type Listing struct {
+	// Dir is the checkpoint directory as given.
+	Dir string `json:"dir"`
+	// Checkpoints holds every candidate, newest first (see ordering in scan.go).
+	Checkpoints []Checkpoint `json:"checkpoints"`
+	// Notes reports what was found and not trusted: a pointer file naming a missing or
+	// incomplete checkpoint or holding garbage, a NeMo marker without its checkpoint,
+	// stale or unreadable pins.
+	Notes []string `json:"notes,omitempty"`
 }
 
-// Pin keeps path from being pruned while holder uses it.
-func Pin(dir, path, holder string) (func() error, error) { return func() error { return nil }, nil }
+// ErrNoComplete is returned (wrapped in a *NoCompleteError) by Latest when no
+// candidate is complete.
+var ErrNoComplete = errors.New("no complete checkpoint")
+
+// NoCompleteError is Latest's error when no candidate is complete; errors.Is(err,
+// ErrNoComplete) holds. Its text names each rejected candidate and why.
+type NoCompleteError struct {
+	// Dir is the checkpoint directory searched.
+	Dir string
+	// Rejected holds every candidate, newest first, each with its Reason.
+	Rejected []Checkpoint
+	// Notes are the directory-level findings (see Listing.Notes).
+	Notes []string
+}
+
+// maxReasonsInError bounds how many rejected candidates NoCompleteError.Error spells
+// out; Rejected always holds all of them.
+const maxReasonsInError = 20
+
+// Error returns "no complete checkpoint in DIR: NAME: REASON; ..." on one line.
+func (e *NoCompleteError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s in %s", ErrNoComplete, e.Dir)
+	if len(e.Rejected) == 0 {
+		b.WriteString(": no candidates (" + candidateNamesHelp + ")")
+	}
+	for i, c := range e.Rejected {
+		if i == maxReasonsInError {
+			fmt.Fprintf(&b, "; and %d more", len(e.Rejected)-i)
+			break
+		}
+		sep := "; "
+		if i == 0 {
+			sep = ": "
+		}
+		fmt.Fprintf(&b, "%s%s: %s", sep, baseName(c.Path), c.Reason)
+	}
+	for _, n := range e.Notes {
+		fmt.Fprintf(&b, "; note: %s", n)
+	}
+	return b.String()
+}
+
+// Is reports whether target is ErrNoComplete.
+func (e *NoCompleteError) Is(target error) bool { return target == ErrNoComplete }
+
+// DirError reports a checkpoint directory (or a path given to Verify or Pin) that
+// cannot be used: missing, not a directory, a symlink loop, unreadable. It wraps the
+// file-system error, so errors.Is(err, fs.ErrNotExist) holds for a directory that does
+// not exist (a job's first start, before the trainer created it) and
+// errors.Is(err, fs.ErrPermission) for an unreadable one.
+type DirError struct {
+	// Path is the path as given.
+	Path string
+	// Problem says what is wrong, e.g. "does not exist".
+	Problem string
+	// Err is the underlying error, when there is one.
+	Err error
+
+	// what names the path in the message: "checkpoint dir" (the default) or
+	// "checkpoint".
+	what string
+}
+
+// Error returns `checkpoint dir "PATH": PROBLEM` (`checkpoint "PATH": ...` for a path
+// given to Verify or Pin).
+func (e *DirError) Error() string {
+	what := e.what
+	if what == "" {
+		what = "checkpoint dir"
+	}
+	return fmt.Sprintf("%s %q: %s", what, e.Path, e.Problem)
+}
+
+// Unwrap returns the underlying error.
+func (e *DirError) Unwrap() error { return e.Err }
+
+// candidateNamesHelp lists, for error messages, the names this package looks for.
+const candidateNamesHelp = "looked for step-N, checkpoint-N, global_stepN and iter_N directories, " +
+	"DeepSpeed's latest, Megatron's latest_checkpointed_iteration.txt and *.ckpt"
