@@ -4,6 +4,7 @@ go 1.26.7
 
 require (
 	github.com/Mellanox/rdmamap v1.1.0
+	github.com/NVIDIA/go-gpuallocator v0.6.0
 	github.com/NVIDIA/go-nvml v0.13.4-1
 	github.com/spf13/pflag v1.1.0
 	go.uber.org/zap v1.28.0
@@ -11,6 +12,7 @@ require (
 )
 
 require (
+	github.com/NVIDIA/go-nvlib v0.13.0 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/vishvananda/netlink v1.1.0 // indirect
 	github.com/vishvananda/netns v0.0.0-20191106174202-0a2b9b5464df // indirect
