@@ -104,9 +104,9 @@ func entries(pairs api.KVPairs) []Entry {
 }
 
 // Txn implements Store.
-func (s *Consul) Txn(ctx context.Context, ops []Op) ([]Entry, error) {
+func (s *Consul) Txn(ctx context.Context, ops []Op) (TxnResult, error) {
 	if err := CheckTxn(ops); err != nil {
-		return nil, err
+		return TxnResult{}, err
 	}
 	tops := make(api.TxnOps, len(ops))
 	for i, op := range ops {
@@ -114,30 +114,38 @@ func (s *Consul) Txn(ctx context.Context, ops []Op) ([]Entry, error) {
 	}
 	ok, resp, _, err := s.c.Txn().Txn(tops, qopts(ctx))
 	if err != nil {
-		return nil, fmt.Errorf("consul txn: %w", err)
+		return TxnResult{}, fmt.Errorf("consul txn: %w", err)
 	}
 	if !ok {
 		te := &TxnError{}
 		for _, e := range resp.Errors {
 			te.Errors = append(te.Errors, OpError{Op: e.OpIndex, What: e.What})
 		}
-		return nil, te
+		return TxnResult{}, te
 	}
 	// Consul returns results for some verbs only (not for check-not-exists, say), so
 	// results are matched to Get operations by key.
+	// The written entries carry the index the transaction was applied at.
+	var res TxnResult
 	byKey := map[string]*api.KVPair{}
 	for _, r := range resp.Results {
 		if r.KV != nil {
 			byKey[r.KV.Key] = r.KV
 		}
 	}
-	var out []Entry
 	for _, op := range ops {
-		if p, ok := byKey[op.Key]; ok && op.Verb == Get {
-			out = append(out, fromPair(p))
+		p, ok := byKey[op.Key]
+		if !ok {
+			continue
+		}
+		switch op.Verb {
+		case Get:
+			res.Entries = append(res.Entries, fromPair(p))
+		case Set, CAS, Lock, Unlock:
+			res.Index = max(res.Index, p.ModifyIndex)
 		}
 	}
-	return out, nil
+	return res, nil
 }
 
 // CreateSession implements Store.

@@ -119,9 +119,9 @@ func (m *Memory) WatchList(ctx context.Context, prefix string, index uint64, wai
 }
 
 // Txn implements Store.
-func (m *Memory) Txn(_ context.Context, ops []Op) ([]Entry, error) {
+func (m *Memory) Txn(_ context.Context, ops []Op) (TxnResult, error) {
 	if err := CheckTxn(ops); err != nil {
-		return nil, err
+		return TxnResult{}, err
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -174,7 +174,7 @@ func (m *Memory) Txn(_ context.Context, ops []Op) ([]Entry, error) {
 		}
 	}
 	if len(te.Errors) > 0 {
-		return nil, te
+		return TxnResult{}, te
 	}
 	var out []Entry
 	idx := m.bump()
@@ -202,7 +202,7 @@ func (m *Memory) Txn(_ context.Context, ops []Op) ([]Entry, error) {
 			out = append(out, clone(e))
 		}
 	}
-	return out, nil
+	return TxnResult{Entries: out, Index: idx}, nil
 }
 
 func modIndex(e *Entry) uint64 {

@@ -90,6 +90,16 @@ type Op struct {
 	Session string
 }
 
+// TxnResult is what an applied transaction returns.
+type TxnResult struct {
+	// Entries are the results of Get operations, in order.
+	Entries []Entry
+	// Index is the store index the transaction was applied at, when the store reports
+	// it (a transaction that sets or locks a key); 0 when unknown. A List whose index is
+	// at least Index sees the transaction's writes.
+	Index uint64
+}
+
 // OpError says why one operation made a transaction fail.
 type OpError struct {
 	// Op is the operation's position in the transaction.
@@ -203,9 +213,8 @@ type Store interface {
 	WatchList(ctx context.Context, prefix string, index uint64, wait time.Duration) ([]Entry, uint64, error)
 	// Txn applies ops atomically (at most MaxTxnOps, MaxTxnBytes). A rejection is a
 	// *TxnError (errors.Is ErrTxnRejected); other errors mean the store could not be
-	// asked and the transaction may or may not have been applied only when ctx ended
-	// mid-request. It returns the entries of Get operations, in order.
-	Txn(ctx context.Context, ops []Op) ([]Entry, error)
+	// asked (if ctx ended mid-request, the transaction may have been applied).
+	Txn(ctx context.Context, ops []Op) (TxnResult, error)
 	// CreateSession creates a session and returns its ID.
 	CreateSession(ctx context.Context, o SessionOptions) (string, error)
 	// RenewSession resets the session's TTL; ErrSessionGone when it no longer exists.

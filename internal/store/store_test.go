@@ -80,8 +80,16 @@ func TestStoreSemantics(t *testing.T) {
 				t.Errorf("check-not-exists on an existing key: %v", err)
 			}
 			got, err := s.Txn(ctx, []Op{{Verb: CheckNotExists, Key: "t2/none"}, {Verb: Get, Key: "t2/k"}})
-			if err != nil || len(got) != 1 || string(got[0].Value) != "3" {
+			if err != nil || len(got.Entries) != 1 || string(got.Entries[0].Value) != "3" {
 				t.Errorf("get in txn = %+v, %v", got, err)
+			}
+			// A write reports the index it was applied at: a List from then on sees it.
+			w, err := s.Txn(ctx, []Op{{Verb: Set, Key: "t2/w", Value: []byte("x")}})
+			if err != nil || w.Index == 0 {
+				t.Fatalf("write index = %d, %v", w.Index, err)
+			}
+			if _, idx, err := s.List(ctx, "t2/"); err != nil || idx < w.Index {
+				t.Errorf("list index %d after a write at %d (%v)", idx, w.Index, err)
 			}
 		})
 		t.Run("session behaviors and lock-delay", func(t *testing.T) {

@@ -1,0 +1,267 @@
+package allocator
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/gangrun/gangrun/internal/store"
+	"github.com/gangrun/gangrun/topology"
+)
+
+// registerRetryMax bounds the backoff between registration attempts while Consul is
+// unreachable or a previous agent's session for the same node still lives.
+const registerRetryMax = 5 * time.Second
+
+// AgentConfig configures a node's agent.
+type AgentConfig struct {
+	// Node is the node's name, unique in the cluster.
+	Node string
+	// Addr is the address other nodes reach it at.
+	Addr string
+	// Labels are the node's labels (partition, switch, spine, anything else).
+	Labels map[string]string
+	// Inventory is the node's topology.
+	Inventory *topology.Inventory
+	// NoScheduler keeps this agent out of the scheduler election.
+	NoScheduler bool
+	// Log receives the agent's messages; nil discards them.
+	Log *zap.Logger
+}
+
+// Agent keeps one node registered: its record and inventory, and a session that holds
+// its alive key (the node is up while the agent lives). It re-registers whenever its
+// session is lost (Consul restarted without its data, a long partition), and it takes
+// part in the election of the scheduler.
+type Agent struct {
+	s   store.Store
+	cfg AgentConfig
+	log *zap.Logger
+
+	mu      sync.Mutex
+	inv     *topology.Inventory
+	changed chan struct{} // an inventory update to publish
+	session string
+}
+
+// NewAgent checks cfg and returns an agent for it.
+func NewAgent(s store.Store, cfg AgentConfig) (*Agent, error) {
+	if err := ValidName("node name", cfg.Node); err != nil {
+		return nil, err
+	}
+	if cfg.Inventory == nil {
+		return nil, errors.New("agent: no inventory")
+	}
+	for k := range cfg.Labels {
+		if k == "" {
+			return nil, errors.New("--labels: empty label name")
+		}
+	}
+	log := cfg.Log
+	if log == nil {
+		log = zap.NewNop()
+	}
+	return &Agent{s: s, cfg: cfg, log: log.With(zap.String("node", cfg.Node)), inv: cfg.Inventory, changed: make(chan struct{}, 1)}, nil
+}
+
+// Session returns the agent's current session ("" while unregistered).
+func (a *Agent) Session() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.session
+}
+
+// UpdateInventory publishes a changed inventory (a GPU's health changed, say).
+func (a *Agent) UpdateInventory(inv *topology.Inventory) {
+	a.mu.Lock()
+	a.inv = inv
+	a.mu.Unlock()
+	select {
+	case a.changed <- struct{}{}:
+	default:
+	}
+}
+
+// record builds the node's record and inventory JSON.
+func (a *Agent) record() (NodeRecord, []byte, error) {
+	a.mu.Lock()
+	inv := a.inv
+	a.mu.Unlock()
+	data, err := inv.JSON()
+	if err != nil {
+		return NodeRecord{}, nil, err
+	}
+	sum := sha256.Sum256(data)
+	r := NodeRecord{Name: a.cfg.Node, Addr: a.cfg.Addr, Labels: a.cfg.Labels, GPUs: len(inv.GPUs),
+		InventoryHash: hex.EncodeToString(sum[:8]), Registered: time.Now().UTC(), Devices: []Device{}}
+	health := map[int]string{}
+	for _, g := range inv.GPUs {
+		health[g.Index] = string(g.Health.State)
+	}
+	for _, d := range inv.Allocatable() {
+		r.Devices = append(r.Devices, Device{ID: d.ID, GPU: d.GPU, Model: d.Model, MemoryBytes: d.MemoryBytes, Health: health[d.GPU]})
+	}
+	return r, data, nil
+}
+
+// register creates a session and publishes the node under it.
+func (a *Agent) register(ctx context.Context) (string, error) {
+	rec, inv, err := a.record()
+	if err != nil {
+		return "", err
+	}
+	sess, err := a.s.CreateSession(ctx, store.SessionOptions{
+		Name: "gangrun agent " + a.cfg.Node, TTL: SessionTTL, Behavior: store.DeleteKeys, NodeHealth: true,
+	})
+	if err != nil {
+		return "", err
+	}
+	_, err = a.s.Txn(ctx, []store.Op{
+		{Verb: store.Set, Key: inventoryPrefix + a.cfg.Node, Value: inv},
+		{Verb: store.Set, Key: nodesPrefix + a.cfg.Node, Value: mustJSON(rec)},
+		{Verb: store.Lock, Key: alivePrefix + a.cfg.Node, Value: []byte(a.cfg.Addr), Session: sess},
+	})
+	if err != nil {
+		_ = a.s.DestroySession(context.WithoutCancel(ctx), sess)
+		if errors.Is(err, store.ErrTxnRejected) {
+			return "", fmt.Errorf("node %s is registered by another live agent (or its session has not expired yet): %w", a.cfg.Node, err)
+		}
+		return "", err
+	}
+	a.mu.Lock()
+	a.session = sess
+	a.mu.Unlock()
+	a.log.Info("registered", zap.Int("devices", len(rec.Devices)), zap.Any("labels", rec.Labels))
+	return sess, nil
+}
+
+// Run keeps the node registered until ctx ends, then destroys its session (the node
+// shows down at once) and returns nil.
+func (a *Agent) Run(ctx context.Context) error {
+	backoff := 100 * time.Millisecond
+	for {
+		sess, err := a.register(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			a.log.Warn("registration failed; retrying", zap.Error(err), zap.Duration("in", backoff))
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(backoff):
+			}
+			backoff = min(backoff*2, registerRetryMax)
+			continue
+		}
+		backoff = 100 * time.Millisecond
+		err = a.serve(ctx, sess)
+		if ctx.Err() != nil {
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			_ = a.s.DestroySession(dctx, sess)
+			cancel()
+			a.log.Info("deregistered")
+			return nil
+		}
+		a.log.Warn("session lost; registering again", zap.Error(err))
+	}
+}
+
+// serve runs the keepalive, the scheduler election and the inventory publisher until
+// ctx ends or the session is lost.
+func (a *Agent) serve(ctx context.Context, sess string) error {
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, 3)
+	var wg sync.WaitGroup
+	run := func(f func(context.Context, string) error) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := f(sctx, sess); err != nil {
+				errc <- err
+			}
+		}()
+	}
+	run(func(ctx context.Context, sess string) error { return store.KeepAlive(ctx, a.s, sess, SessionTTL) })
+	run(a.publish)
+	if !a.cfg.NoScheduler {
+		run(a.elect)
+	}
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-errc:
+	}
+	cancel()
+	wg.Wait()
+	return err
+}
+
+// publish rewrites the node's record when its inventory changes.
+func (a *Agent) publish(ctx context.Context, sess string) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-a.changed:
+		}
+		rec, inv, err := a.record()
+		if err != nil {
+			return err
+		}
+		_, err = a.s.Txn(ctx, []store.Op{
+			{Verb: store.CheckSession, Key: alivePrefix + a.cfg.Node, Session: sess},
+			{Verb: store.Set, Key: inventoryPrefix + a.cfg.Node, Value: inv},
+			{Verb: store.Set, Key: nodesPrefix + a.cfg.Node, Value: mustJSON(rec)},
+		})
+		if err != nil && ctx.Err() == nil {
+			return fmt.Errorf("publish inventory: %w", err)
+		}
+		a.log.Info("inventory updated", zap.Int("devices", len(rec.Devices)))
+	}
+}
+
+// elect tries to become the scheduler, runs it while it leads, and otherwise waits for
+// the leader key to be free. It returns only when ctx ends (nil) or the session is gone.
+func (a *Agent) elect(ctx context.Context, sess string) error {
+	w := store.NewWatcher(a.s, schedulerKey)
+	for {
+		_, err := a.s.Txn(ctx, []store.Op{{Verb: store.Lock, Key: schedulerKey, Value: []byte(a.cfg.Node), Session: sess}})
+		switch {
+		case err == nil:
+			a.log.Info("elected scheduler")
+			err = NewScheduler(a.s, sess, a.cfg.Node, a.log.Named("scheduler")).Run(ctx)
+			if ctx.Err() != nil {
+				return nil
+			}
+			a.log.Warn("scheduler stopped", zap.Error(err))
+			continue
+		case ctx.Err() != nil:
+			return nil
+		case errors.Is(err, store.ErrTxnRejected) && strings.Contains(err.Error(), "invalid session"):
+			return fmt.Errorf("elect: %w", store.ErrSessionGone)
+		}
+		// Held by another agent (or Consul unreachable): wait for a change of the key.
+		for {
+			entries, err := w.Next(ctx)
+			if err != nil {
+				return nil
+			}
+			held := false
+			for _, e := range entries {
+				held = held || (e.Key == schedulerKey && e.Session != "")
+			}
+			if !held {
+				break
+			}
+		}
+	}
+}

@@ -1,0 +1,243 @@
+// Package allocator reserves GPUs across nodes as a gang: all of a request's GPUs or
+// none, each held through the requester's Consul session so that they come back by
+// themselves when the holder dies.
+//
+// The parts, like Slurm's (slurmctld, salloc, squeue, scontrol, scancel):
+//   - Agent (one per node) registers the node, its inventory and labels, and keeps a
+//     session alive so the cluster sees it up; the agents elect one Scheduler.
+//   - Client submits a Request under its own session and waits for its Grant.
+//   - Scheduler orders pending requests by priority then arrival, places each (Nomad
+//     style: feasibility filters, then ChooseNodes and ChooseDevices), keeps a
+//     reservation for the first request that does not fit so a stream of small requests
+//     cannot starve it, and commits each grant in chunked transactions.
+//
+// Key layout in the coordination store (everything under Prefix):
+//
+//	gangrun/cluster/nodes/<node>        NodeRecord: address, labels, allocatable devices (agent)
+//	gangrun/cluster/alive/<node>        locked by the agent's session: the node is up
+//	gangrun/cluster/drain/<node>        Drain: the node takes no new grants (admin)
+//	gangrun/cluster/requests/<id>       Request, locked by the requester's session
+//	gangrun/cluster/grants/<id>         Grant, locked by the requester's session
+//	gangrun/cluster/gpus/<node>/<dev>   the grant id, locked by the requester's session
+//	gangrun/scheduler/leader            locked by the scheduling agent's session
+//	gangrun/scheduler/status            SchedulerStatus: why each request waits
+//	gangrun/inventory/<node>            the node's topology.Inventory (agent)
+//
+// A gang larger than one transaction (128 operations) is committed in chunks, and is
+// never visible half-granted: its Grant record says "pending" until the last chunk has
+// locked the last GPU, and a final transaction flips it to "granted". Readers count a
+// grant only when it says "granted"; a pending grant whose scheduler died is rolled back
+// by the next scheduler. Sessions use Behavior "delete", so when a holder dies, its
+// request, grant and GPU keys disappear in one step, 2×TTL after its last renewal at
+// most, and the GPUs can be locked again after GrantLockDelay.
+package allocator
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Key prefixes (see the package documentation).
+const (
+	Prefix          = "gangrun/"
+	clusterPrefix   = Prefix + "cluster/"
+	nodesPrefix     = clusterPrefix + "nodes/"
+	alivePrefix     = clusterPrefix + "alive/"
+	drainPrefix     = clusterPrefix + "drain/"
+	requestsPrefix  = clusterPrefix + "requests/"
+	grantsPrefix    = clusterPrefix + "grants/"
+	gpusPrefix      = clusterPrefix + "gpus/"
+	schedulerKey    = Prefix + "scheduler/leader"
+	statusKey       = Prefix + "scheduler/status"
+	inventoryPrefix = Prefix + "inventory/"
+)
+
+// Session settings.
+const (
+	// SessionTTL is the TTL of agent and grant sessions: Consul's minimum, so a dead
+	// holder's GPUs come back within 2×SessionTTL (Consul invalidates a session up to
+	// twice its TTL after the last renewal) plus GrantLockDelay.
+	SessionTTL = 10 * time.Second
+	// GrantLockDelay is the lock-delay of grant sessions: after a holder dies, its GPUs
+	// cannot be locked again for this long, so a holder that lost its session but still
+	// runs (cut off from Consul) gets time to notice and stop.
+	GrantLockDelay = 5 * time.Second
+	// ReleaseBound is the longest a dead holder's GPUs stay unavailable.
+	ReleaseBound = 2*SessionTTL + GrantLockDelay
+	// chunkOps is how many GPU locks go in one transaction, leaving room for the fencing
+	// checks under Consul's 128 operations.
+	chunkOps = 120
+)
+
+// Label names with a meaning to the scheduler.
+const (
+	// LabelPartition is the node label --partition matches (Slurm's partition).
+	LabelPartition = "partition"
+	// LabelSwitch and LabelSpine place a node in the network tree (Slurm's
+	// topology.conf leaf switch and the switch above it).
+	LabelSwitch = "switch"
+	LabelSpine  = "spine"
+)
+
+// Device is one allocatable GPU or MIG device as the cluster sees it.
+type Device struct {
+	// ID is the device's key and CUDA_VISIBLE_DEVICES entry: the GPU's index ("3"), or
+	// a MIG device's UUID.
+	ID string `json:"id"`
+	// GPU is the (parent) GPU's index.
+	GPU int `json:"gpu"`
+	// Model is the GPU's name ("NVIDIA H100 80GB HBM3").
+	Model string `json:"model"`
+	// MemoryBytes is the device's memory.
+	MemoryBytes uint64 `json:"memory_bytes"`
+	// Health is "healthy" or "degraded"; failed devices are not listed.
+	Health string `json:"health"`
+}
+
+// NodeRecord is what an agent publishes about its node.
+type NodeRecord struct {
+	Name   string            `json:"name"`
+	Addr   string            `json:"addr,omitempty"`
+	Labels map[string]string `json:"labels,omitempty"`
+	// Devices are the node's allocatable devices (topology.Inventory.Allocatable).
+	Devices []Device `json:"devices"`
+	// GPUs is the number of GPUs, allocatable or not.
+	GPUs int `json:"gpus"`
+	// InventoryHash identifies the inventory stored under gangrun/inventory/<node>, so
+	// readers fetch it again only when it changed.
+	InventoryHash string `json:"inventory_hash"`
+	// Registered is when the agent (re)registered.
+	Registered time.Time `json:"registered"`
+}
+
+// Drain is an administrator's note that a node takes no new grants.
+type Drain struct {
+	Reason string    `json:"reason"`
+	Since  time.Time `json:"since"`
+}
+
+// Request is a gang request: Nodes nodes with GPUsPerNode devices each.
+type Request struct {
+	ID          string `json:"id"`
+	Nodes       int    `json:"nodes"`
+	GPUsPerNode int    `json:"gpus_per_node"`
+	// GPUModel, when set, must appear (case-insensitive) in the devices' model name.
+	GPUModel string `json:"gpu_model,omitempty"`
+	// Partition, when set, must equal the node's "partition" label.
+	Partition string `json:"partition,omitempty"`
+	// Labels must all equal the node's labels.
+	Labels map[string]string `json:"labels,omitempty"`
+	// Priority orders the queue: higher first, then arrival.
+	Priority int `json:"priority"`
+	// Wait is how long the request may wait for its grant; 0 waits forever.
+	Wait time.Duration `json:"wait"`
+	// Holder describes who asked ("user@host pid 123").
+	Holder string `json:"holder"`
+	// Session is the requester's session, which holds the request, grant and GPUs.
+	Session   string    `json:"session"`
+	Submitted time.Time `json:"submitted"`
+}
+
+// Validate checks the request's own fields.
+func (r Request) Validate() error {
+	switch {
+	case r.Nodes < 1:
+		return fmt.Errorf("--nodes %d: must be at least 1", r.Nodes)
+	case r.GPUsPerNode < 1:
+		return fmt.Errorf("--gpus-per-node %d: must be at least 1", r.GPUsPerNode)
+	case r.Wait < 0:
+		return fmt.Errorf("--wait %s: must not be negative", r.Wait)
+	}
+	for k := range r.Labels {
+		if k == "" {
+			return errors.New("--labels: empty label name")
+		}
+	}
+	return nil
+}
+
+// Grant states.
+const (
+	GrantPending = "pending" // chunks are being locked; not a grant yet
+	GrantGranted = "granted"
+	GrantRefused = "refused"
+)
+
+// GrantNode is one node of a grant.
+type GrantNode struct {
+	Name string `json:"name"`
+	Addr string `json:"addr,omitempty"`
+	// GPUs are the parent GPU indices of Devices, in the same order.
+	GPUs []int `json:"gpus"`
+	// Devices are the device IDs (CUDA_VISIBLE_DEVICES entries).
+	Devices []string `json:"devices"`
+}
+
+// Grant is the scheduler's answer to a request.
+type Grant struct {
+	ID      string      `json:"id"`
+	State   string      `json:"state"`
+	Nodes   []GrantNode `json:"nodes,omitempty"`
+	Reason  string      `json:"reason,omitempty"` // why refused
+	Session string      `json:"session"`
+	Granted time.Time   `json:"granted,omitzero"`
+}
+
+// DeviceCount returns the number of devices in the grant.
+func (g Grant) DeviceCount() int {
+	n := 0
+	for _, gn := range g.Nodes {
+		n += len(gn.Devices)
+	}
+	return n
+}
+
+// SchedulerStatus is what the scheduler publishes after each pass.
+type SchedulerStatus struct {
+	// Pending maps each waiting request to why it waits ("Resources", as squeue's
+	// reason column, spelled out).
+	Pending map[string]string `json:"pending"`
+	// Reserved maps a request to the nodes kept for it.
+	Reserved map[string][]string `json:"reserved,omitempty"`
+	Leader   string              `json:"leader"`
+	Updated  time.Time           `json:"updated"`
+}
+
+func gpuKey(node, dev string) string { return gpusPrefix + node + "/" + dev }
+
+// parseGPUKey splits gangrun/cluster/gpus/<node>/<dev>.
+func parseGPUKey(key string) (node, dev string, ok bool) {
+	rest, ok := strings.CutPrefix(key, gpusPrefix)
+	if !ok {
+		return "", "", false
+	}
+	node, dev, ok = strings.Cut(rest, "/")
+	return node, dev, ok && node != "" && dev != ""
+}
+
+func mustJSON(v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(fmt.Sprintf("allocator: marshal %T: %v", v, err)) // only plain structs are marshalled
+	}
+	return b
+}
+
+// ValidName checks a node name or id used in a key: letters, digits, '-', '_', '.'.
+func ValidName(what, s string) error {
+	if s == "" {
+		return fmt.Errorf("%s: empty", what)
+	}
+	for _, c := range s {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.') {
+			return fmt.Errorf("%s %q: only letters, digits, '-', '_' and '.' are allowed", what, s)
+		}
+	}
+	return nil
+}
+
+// ErrNotFound means a node, request or grant does not exist.
+var ErrNotFound = errors.New("not found")

@@ -1,0 +1,363 @@
+package allocator
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/gangrun/gangrun/internal/store"
+)
+
+// ErrRefused means the scheduler refused the request (its --wait ran out); the error
+// text carries the reason.
+var ErrRefused = errors.New("request refused")
+
+// ErrGrantLost means a held grant disappeared: cancelled by `gangrun cancel`, or its
+// session expired.
+var ErrGrantLost = errors.New("grant lost")
+
+// NewID returns a fresh request id such as "a3f9c1d27b0e".
+func NewID() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// CheckFeasible reports, before anything is reserved, a request that no registered
+// node could ever satisfy: an unknown partition or label, a GPU model no node has, more
+// GPUs per node than any node has, more nodes than could ever match. Errors name the
+// bad value.
+func CheckFeasible(c *Cluster, r Request) error {
+	if err := r.Validate(); err != nil {
+		return err
+	}
+	if len(c.Nodes) == 0 {
+		return errors.New("no nodes are registered (start `gangrun agent` on each node)")
+	}
+	hasLabel := func(k, v string) bool {
+		for _, n := range c.Nodes {
+			if n.Record.Labels[k] == v {
+				return true
+			}
+		}
+		return false
+	}
+	if r.Partition != "" && !hasLabel(LabelPartition, r.Partition) {
+		return fmt.Errorf("--partition %s: no node is in that partition", r.Partition)
+	}
+	keys := make([]string, 0, len(r.Labels))
+	for k := range r.Labels {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		if !hasLabel(k, r.Labels[k]) {
+			return fmt.Errorf("--labels %s=%s: no node has that label", k, r.Labels[k])
+		}
+	}
+	most, eligible, modelSeen := 0, 0, r.GPUModel == ""
+	for _, n := range c.Nodes {
+		m := len(matching(n.Record.Devices, r.GPUModel))
+		modelSeen = modelSeen || m > 0
+		most = max(most, m)
+		if n.Drain == nil {
+			n2 := *n
+			n2.Up = true // down nodes may come back: count them
+			if ok, _ := feasible(r, &n2); ok {
+				eligible++
+			}
+		}
+	}
+	if !modelSeen {
+		return fmt.Errorf("--gpu-model %s: no node has such GPUs", r.GPUModel)
+	}
+	if r.GPUsPerNode > most {
+		return fmt.Errorf("--gpus-per-node %d: no node has more than %d allocatable GPUs", r.GPUsPerNode, most)
+	}
+	if r.Nodes > eligible {
+		return fmt.Errorf("--nodes %d: only %d registered nodes could ever take %d GPUs each with these constraints", r.Nodes, eligible, r.GPUsPerNode)
+	}
+	return nil
+}
+
+// Ticket is a submitted request and, once granted, its grant. Its session is kept
+// alive until Release; if the process dies, the session expires and everything the
+// ticket holds is freed by Consul.
+type Ticket struct {
+	s       store.Store
+	req     Request
+	cancel  context.CancelFunc
+	kaDone  chan error
+	lost    chan struct{}
+	once    sync.Once
+	grant   Grant
+	granted bool
+
+	releaseOnce sync.Once
+	releaseErr  error
+}
+
+// Submit validates r against the cluster (CheckFeasible), creates the requester's
+// session and writes the request. Nothing is reserved when it returns an error.
+func Submit(ctx context.Context, s store.Store, r Request) (*Ticket, error) {
+	c, err := Snapshot(ctx, s)
+	if err != nil {
+		return nil, err
+	}
+	if err := CheckFeasible(c, r); err != nil {
+		return nil, err
+	}
+	if r.ID == "" {
+		r.ID = NewID()
+	}
+	if err := ValidName("request id", r.ID); err != nil {
+		return nil, err
+	}
+	sess, err := s.CreateSession(ctx, store.SessionOptions{
+		Name: "gangrun alloc " + r.ID, TTL: SessionTTL, LockDelay: GrantLockDelay, Behavior: store.DeleteKeys,
+	})
+	if err != nil {
+		return nil, err
+	}
+	r.Session = sess
+	r.Submitted = time.Now().UTC()
+	if _, err := s.Txn(ctx, []store.Op{
+		{Verb: store.CheckNotExists, Key: requestsPrefix + r.ID},
+		{Verb: store.Lock, Key: requestsPrefix + r.ID, Value: mustJSON(r), Session: sess},
+	}); err != nil {
+		_ = s.DestroySession(context.WithoutCancel(ctx), sess)
+		return nil, fmt.Errorf("submit request %s: %w", r.ID, err)
+	}
+	kctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	t := &Ticket{s: s, req: r, cancel: cancel, kaDone: make(chan error, 1), lost: make(chan struct{})}
+	go func() {
+		err := store.KeepAlive(kctx, s, sess, SessionTTL)
+		if err != nil {
+			t.markLost()
+		}
+		t.kaDone <- err
+	}()
+	return t, nil
+}
+
+func (t *Ticket) markLost() { t.once.Do(func() { close(t.lost) }) }
+
+// Request returns the submitted request (with its id and session).
+func (t *Ticket) Request() Request { return t.req }
+
+// Lost is closed when the ticket's session is gone or, after Wait granted it, when the
+// grant disappears (cancelled elsewhere).
+func (t *Ticket) Lost() <-chan struct{} { return t.lost }
+
+// Wait blocks until the request is granted, refused (ErrRefused, with the reason), the
+// session is lost (ErrGrantLost) or ctx ends. While it waits, progress receives the
+// scheduler's pending reason whenever it changes (progress may be nil).
+func (t *Ticket) Wait(ctx context.Context, progress func(reason string)) (Grant, error) {
+	grantKey := grantsPrefix + t.req.ID
+	w := store.NewWatcher(t.s, grantKey)
+	type next struct {
+		entries []store.Entry
+		err     error
+	}
+	ch := make(chan next, 1)
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		for {
+			e, err := w.Next(wctx)
+			select {
+			case ch <- next{e, err}:
+			case <-wctx.Done():
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	var statusTick <-chan time.Time
+	if progress != nil {
+		tk := time.NewTicker(time.Second)
+		defer tk.Stop()
+		statusTick = tk.C
+	}
+	lastReason := ""
+	for {
+		select {
+		case <-ctx.Done():
+			return Grant{}, ctx.Err()
+		case <-t.lost:
+			return Grant{}, fmt.Errorf("request %s: %w: its session ended", t.req.ID, ErrGrantLost)
+		case <-statusTick:
+			if st, err := ReadStatus(ctx, t.s); err == nil {
+				if why := st.Pending[t.req.ID]; why != "" && why != lastReason {
+					lastReason = why
+					progress(why)
+				}
+			}
+		case n := <-ch:
+			if n.err != nil {
+				return Grant{}, n.err
+			}
+			for _, e := range n.entries {
+				if e.Key != grantKey {
+					continue
+				}
+				var g Grant
+				if json.Unmarshal(e.Value, &g) != nil {
+					continue
+				}
+				switch g.State {
+				case GrantGranted:
+					t.grant, t.granted = g, true
+					go t.watchGrant()
+					return g, nil
+				case GrantRefused:
+					return Grant{}, fmt.Errorf("request %s: %w: %s", t.req.ID, ErrRefused, g.Reason)
+				}
+			}
+		}
+	}
+}
+
+// watchGrant closes Lost when the grant key disappears after it was granted.
+func (t *Ticket) watchGrant() {
+	w := store.NewWatcher(t.s, grantsPrefix+t.req.ID)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		<-t.lost
+		cancel()
+	}()
+	for {
+		entries, err := w.Next(ctx)
+		if err != nil {
+			return
+		}
+		present := false
+		for _, e := range entries {
+			present = present || e.Key == grantsPrefix+t.req.ID
+		}
+		if !present {
+			t.markLost()
+			return
+		}
+	}
+}
+
+// Release gives everything back: the grant and its GPUs (explicitly, so no lock-delay
+// applies), the request, and the session. Safe to call more than once.
+func (t *Ticket) Release(ctx context.Context) error {
+	t.releaseOnce.Do(func() {
+		t.releaseErr = release(ctx, t.s, t.req.ID, t.req.Session)
+		t.cancel()
+		<-t.kaDone
+		t.markLost()
+	})
+	return t.releaseErr
+}
+
+// release deletes grant id (with its first chunk of GPU keys, so the grant disappears
+// in one step), the remaining GPU keys, the request, and then destroys session.
+func release(ctx context.Context, s store.Store, id, session string) error {
+	ctx = context.WithoutCancel(ctx)
+	entries, _, err := s.List(ctx, gpusPrefix)
+	if err != nil {
+		return err
+	}
+	ops := []store.Op{{Verb: store.Delete, Key: grantsPrefix + id}}
+	for _, e := range entries {
+		if string(e.Value) == id && (session == "" || e.Session == session) {
+			ops = append(ops, store.Op{Verb: store.Delete, Key: e.Key})
+		}
+	}
+	ops = append(ops, store.Op{Verb: store.Delete, Key: requestsPrefix + id})
+	for len(ops) > 0 {
+		n := min(len(ops), store.MaxTxnOps)
+		if _, err := s.Txn(ctx, ops[:n]); err != nil {
+			return fmt.Errorf("release %s: %w", id, err)
+		}
+		ops = ops[n:]
+	}
+	if session != "" {
+		if err := s.DestroySession(ctx, session); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Cancel releases grant or request id from any process, like scancel: the holder sees
+// its grant lost. ErrNotFound when there is no such request or grant.
+func Cancel(ctx context.Context, s store.Store, id string) error {
+	if err := ValidName("id", id); err != nil {
+		return err
+	}
+	c, err := Snapshot(ctx, s)
+	if err != nil {
+		return err
+	}
+	session := ""
+	if r, ok := c.Requests[id]; ok {
+		session = r.Session
+	} else if g, ok := c.Grants[id]; ok {
+		session = g.Session
+	} else {
+		return fmt.Errorf("%s: %w", id, ErrNotFound)
+	}
+	return release(ctx, s, id, session)
+}
+
+// Show returns the request and its grant (nil when not granted yet).
+func Show(ctx context.Context, s store.Store, id string) (*PendingRequest, *Grant, error) {
+	if err := ValidName("id", id); err != nil {
+		return nil, nil, err
+	}
+	c, err := Snapshot(ctx, s)
+	if err != nil {
+		return nil, nil, err
+	}
+	r, hasReq := c.Requests[id]
+	g, hasGrant := c.Grants[id]
+	if !hasReq && !hasGrant {
+		return nil, nil, fmt.Errorf("%s: %w", id, ErrNotFound)
+	}
+	var rp *PendingRequest
+	if hasReq {
+		rp = &r
+	}
+	var gp *Grant
+	if hasGrant {
+		gp = &g
+	}
+	return rp, gp, nil
+}
+
+// SetDrain drains node (reason required) or, with reason "", returns it to service.
+// ErrNotFound for a node that never registered.
+func SetDrain(ctx context.Context, s store.Store, node, reason string) error {
+	if err := ValidName("node", node); err != nil {
+		return err
+	}
+	e, err := s.Get(ctx, nodesPrefix+node)
+	if err != nil {
+		return err
+	}
+	if e == nil {
+		return fmt.Errorf("node %s: %w (registered nodes: gangrun nodes)", node, ErrNotFound)
+	}
+	if reason == "" {
+		_, err = s.Txn(ctx, []store.Op{{Verb: store.Delete, Key: drainPrefix + node}})
+		return err
+	}
+	d := Drain{Reason: strings.TrimSpace(reason), Since: time.Now().UTC()}
+	_, err = s.Txn(ctx, []store.Op{{Verb: store.Set, Key: drainPrefix + node, Value: mustJSON(d)}})
+	return err
+}

@@ -1,0 +1,258 @@
+package allocator
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/gangrun/gangrun/internal/store"
+)
+
+// Node states, as `gangrun nodes` shows them (like sinfo's).
+const (
+	NodeUp      = "up"
+	NodeDown    = "down"    // the agent's session is gone
+	NodeDrained = "drained" // an administrator drained it
+)
+
+// NodeState is one node in a Cluster snapshot.
+type NodeState struct {
+	Record NodeRecord
+	// Up is true while the node's agent holds its alive key.
+	Up bool
+	// Drain is set when the node is drained.
+	Drain *Drain
+	// Held maps each held device ID to the grant holding it.
+	Held map[string]string
+}
+
+// State returns NodeUp, NodeDown or NodeDrained (drained wins over up and down).
+func (n *NodeState) State() string {
+	switch {
+	case n.Drain != nil:
+		return NodeDrained
+	case n.Up:
+		return NodeUp
+	}
+	return NodeDown
+}
+
+// Free returns the node's devices no grant holds, in device order.
+func (n *NodeState) Free() []Device {
+	var out []Device
+	for _, d := range n.Record.Devices {
+		if _, held := n.Held[d.ID]; !held {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// PendingRequest is a request and its arrival order.
+type PendingRequest struct {
+	Request
+	// Arrival is the store index at which the request was written: arrival order.
+	Arrival uint64
+	// Alive is false when the request's key is no longer locked by its session.
+	Alive bool
+}
+
+// Cluster is a snapshot of the allocator's keys.
+type Cluster struct {
+	Nodes    map[string]*NodeState
+	Requests map[string]PendingRequest
+	Grants   map[string]Grant
+	// Orphans are GPU keys whose grant no longer exists (a release cut short): key →
+	// the session holding it.
+	Orphans map[string]string
+	// Unknown are GPU keys on nodes that are not registered: key → grant id.
+	Unknown map[string]string
+	// Index is the store index of the snapshot.
+	Index uint64
+}
+
+// parseCluster builds a Cluster from every key under gangrun/cluster/. Keys that do not
+// parse are ignored: a snapshot never fails on one bad record.
+func parseCluster(entries []store.Entry, index uint64) *Cluster {
+	c := &Cluster{Nodes: map[string]*NodeState{}, Requests: map[string]PendingRequest{},
+		Grants: map[string]Grant{}, Orphans: map[string]string{}, Unknown: map[string]string{}, Index: index}
+	node := func(name string) *NodeState {
+		n, ok := c.Nodes[name]
+		if !ok {
+			n = &NodeState{Held: map[string]string{}}
+			c.Nodes[name] = n
+		}
+		return n
+	}
+	type held struct{ node, dev, grant, session string }
+	var gpus []held
+	for _, e := range entries {
+		switch {
+		case strings.HasPrefix(e.Key, nodesPrefix):
+			var r NodeRecord
+			if json.Unmarshal(e.Value, &r) == nil && r.Name == strings.TrimPrefix(e.Key, nodesPrefix) {
+				node(r.Name).Record = r
+			}
+		case strings.HasPrefix(e.Key, alivePrefix):
+			if e.Session != "" {
+				node(strings.TrimPrefix(e.Key, alivePrefix)).Up = true
+			}
+		case strings.HasPrefix(e.Key, drainPrefix):
+			var d Drain
+			if json.Unmarshal(e.Value, &d) == nil {
+				node(strings.TrimPrefix(e.Key, drainPrefix)).Drain = &d
+			}
+		case strings.HasPrefix(e.Key, requestsPrefix):
+			var r Request
+			if json.Unmarshal(e.Value, &r) == nil {
+				c.Requests[r.ID] = PendingRequest{Request: r, Arrival: e.CreateIndex, Alive: e.Session != "" && e.Session == r.Session}
+			}
+		case strings.HasPrefix(e.Key, grantsPrefix):
+			var g Grant
+			if json.Unmarshal(e.Value, &g) == nil {
+				c.Grants[g.ID] = g
+			}
+		case strings.HasPrefix(e.Key, gpusPrefix):
+			if n, d, ok := parseGPUKey(e.Key); ok && e.Session != "" {
+				gpus = append(gpus, held{n, d, string(e.Value), e.Session})
+			}
+		}
+	}
+	for name, n := range c.Nodes {
+		if n.Record.Name == "" {
+			// Keys for a node that never registered (or was deregistered).
+			delete(c.Nodes, name)
+		}
+	}
+	for _, h := range gpus {
+		key := gpuKey(h.node, h.dev)
+		if _, ok := c.Grants[h.grant]; !ok {
+			c.Orphans[key] = h.session
+		}
+		if n, ok := c.Nodes[h.node]; ok {
+			n.Held[h.dev] = h.grant
+		} else {
+			c.Unknown[key] = h.grant
+		}
+	}
+	return c
+}
+
+// Snapshot reads the cluster's state with one consistent read.
+func Snapshot(ctx context.Context, s store.Store) (*Cluster, error) {
+	entries, idx, err := s.List(ctx, clusterPrefix)
+	if err != nil {
+		return nil, err
+	}
+	return parseCluster(entries, idx), nil
+}
+
+// NodeStatus is one row of `gangrun nodes` (JSON fields are stable: DESIGN.md).
+type NodeStatus struct {
+	Name      string            `json:"name"`
+	State     string            `json:"state"`
+	GPUsTotal int               `json:"gpus_total"`
+	GPUsFree  int               `json:"gpus_free"`
+	Labels    map[string]string `json:"labels"`
+	Addr      string            `json:"addr,omitempty"`
+	Model     string            `json:"gpu_model,omitempty"`
+	Reason    string            `json:"reason,omitempty"` // the drain reason
+}
+
+// Nodes lists the registered nodes, sorted by name. GPUsTotal counts allocatable
+// devices; GPUsFree those no grant holds (0 on a node that is down or drained).
+func (c *Cluster) NodeList() []NodeStatus {
+	out := make([]NodeStatus, 0, len(c.Nodes))
+	for _, n := range c.Nodes {
+		st := NodeStatus{Name: n.Record.Name, State: n.State(), GPUsTotal: len(n.Record.Devices),
+			Labels: n.Record.Labels, Addr: n.Record.Addr}
+		if st.Labels == nil {
+			st.Labels = map[string]string{}
+		}
+		if st.State == NodeUp {
+			st.GPUsFree = len(n.Free())
+		}
+		if len(n.Record.Devices) > 0 {
+			st.Model = n.Record.Devices[0].Model
+		}
+		if n.Drain != nil {
+			st.Reason = n.Drain.Reason
+		}
+		out = append(out, st)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// QueueEntry is one row of `gangrun queue`: a grant or a pending request.
+type QueueEntry struct {
+	ID          string      `json:"id"`
+	State       string      `json:"state"` // "granted", "pending" (waiting), "refused"
+	Nodes       int         `json:"nodes"`
+	GPUsPerNode int         `json:"gpus_per_node"`
+	Priority    int         `json:"priority"`
+	Holder      string      `json:"holder"`
+	Submitted   string      `json:"submitted"`
+	Reason      string      `json:"reason,omitempty"`
+	Granted     []GrantNode `json:"granted_nodes,omitempty"`
+}
+
+// Queue lists grants and pending requests: pending first in scheduling order
+// (priority, then arrival), then grants by id. reasons are the scheduler's pending
+// reasons (SchedulerStatus.Pending), may be nil.
+func (c *Cluster) Queue(reasons map[string]string) []QueueEntry {
+	var pending, granted []QueueEntry
+	for _, r := range c.ordered() {
+		g, hasGrant := c.Grants[r.ID]
+		e := QueueEntry{ID: r.ID, Nodes: r.Nodes, GPUsPerNode: r.GPUsPerNode, Priority: r.Priority,
+			Holder: r.Holder, Submitted: r.Submitted.UTC().Format("2006-01-02T15:04:05Z")}
+		switch {
+		case hasGrant && g.State == GrantGranted:
+			e.State, e.Granted = GrantGranted, g.Nodes
+			granted = append(granted, e)
+		case hasGrant && g.State == GrantRefused:
+			e.State, e.Reason = GrantRefused, g.Reason
+			pending = append(pending, e)
+		default:
+			e.State, e.Reason = "pending", reasons[r.ID]
+			pending = append(pending, e)
+		}
+	}
+	sort.Slice(granted, func(i, j int) bool { return granted[i].ID < granted[j].ID })
+	return append(pending, granted...)
+}
+
+// ordered returns live requests by priority (higher first), then arrival.
+func (c *Cluster) ordered() []PendingRequest {
+	out := make([]PendingRequest, 0, len(c.Requests))
+	for _, r := range c.Requests {
+		if r.Alive {
+			out = append(out, r)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Priority != out[j].Priority {
+			return out[i].Priority > out[j].Priority
+		}
+		if out[i].Arrival != out[j].Arrival {
+			return out[i].Arrival < out[j].Arrival
+		}
+		return out[i].ID < out[j].ID
+	})
+	return out
+}
+
+// ReadStatus returns the scheduler's last published status (empty when none).
+func ReadStatus(ctx context.Context, s store.Store) (SchedulerStatus, error) {
+	var st SchedulerStatus
+	e, err := s.Get(ctx, statusKey)
+	if err != nil || e == nil {
+		return st, err
+	}
+	if err := json.Unmarshal(e.Value, &st); err != nil {
+		return st, fmt.Errorf("scheduler status: %w", err)
+	}
+	return st, nil
+}
