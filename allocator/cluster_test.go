@@ -121,23 +121,24 @@ func waitFor(t testing.TB, d time.Duration, cond func() bool, what string) {
 	}
 }
 
-// checkInvariants reads the store directly: no device is held by two grants, every
-// granted grant holds every device it lists (locked by its session, naming it), and
-// nothing is granted on a node twice.
+// checkInvariants reads the store directly, in one consistent read: no device is held
+// by two grants, every granted grant holds every device it lists (locked by its
+// session, naming it), and nothing is granted on a node twice. It is safe to call from
+// any goroutine (it reports with t.Errorf).
 func checkInvariants(t testing.TB, s store.Store) *Cluster {
 	t.Helper()
-	c, err := Snapshot(context.Background(), s)
+	entries, idx, err := s.List(context.Background(), clusterPrefix)
 	if err != nil {
-		t.Fatal(err)
+		t.Errorf("read the store: %v", err)
+		return &Cluster{}
 	}
-	entries, _, err := s.List(context.Background(), gpusPrefix)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := parseCluster(entries, idx)
 	type lock struct{ grant, session string }
 	locks := map[string]lock{}
 	for _, e := range entries {
-		locks[e.Key] = lock{string(e.Value), e.Session}
+		if _, _, ok := parseGPUKey(e.Key); ok {
+			locks[e.Key] = lock{string(e.Value), e.Session}
+		}
 	}
 	owner := map[string]string{}
 	for id, g := range c.Grants {
@@ -148,12 +149,12 @@ func checkInvariants(t testing.TB, s store.Store) *Cluster {
 			for _, d := range gn.Devices {
 				key := gpuKey(gn.Name, d)
 				if prev, dup := owner[key]; dup {
-					t.Fatalf("device %s granted to both %s and %s", key, prev, id)
+					t.Errorf("device %s granted to both %s and %s", key, prev, id)
 				}
 				owner[key] = id
 				l, ok := locks[key]
 				if !ok || l.grant != id || l.session != g.Session || l.session == "" {
-					t.Fatalf("grant %s is not whole: %s is %+v", id, key, l)
+					t.Errorf("grant %s is not whole: %s is %+v", id, key, l)
 				}
 			}
 		}
