@@ -130,7 +130,9 @@ func (m *Memory) Txn(_ context.Context, ops []Op) (TxnResult, error) {
 	now := m.now()
 	for i, op := range ops {
 		e := m.kv[op.Key]
-		fail := func(format string, a ...any) { te.Errors = append(te.Errors, OpError{Op: i, What: fmt.Sprintf(format, a...)}) }
+		fail := func(format string, a ...any) {
+			te.Errors = append(te.Errors, OpError{Op: i, What: fmt.Sprintf(format, a...)})
+		}
 		switch op.Verb {
 		case Set, Delete, DeleteTree:
 		case CAS:

@@ -27,12 +27,12 @@ import (
 // txn_max_req_len default) and session endpoint (agent/structs: SessionTTLMin/Max,
 // MaxLockDelay).
 const (
-	MaxTxnOps      = 128
-	MaxTxnBytes    = 512 << 10
-	MinSessionTTL  = 10 * time.Second
-	MaxSessionTTL  = 24 * time.Hour
-	MaxLockDelay   = 60 * time.Second
-	MaxWaitTime    = 10 * time.Minute
+	MaxTxnOps     = 128
+	MaxTxnBytes   = 512 << 10
+	MinSessionTTL = 10 * time.Second
+	MaxSessionTTL = 24 * time.Hour
+	MaxLockDelay  = 60 * time.Second
+	MaxWaitTime   = 10 * time.Minute
 	// ttlMultiplier: sessions are invalidated 2×TTL after the last renewal.
 	ttlMultiplier = 2
 )
