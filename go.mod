@@ -15,4 +15,5 @@ require (
 	github.com/vishvananda/netlink v1.1.0 // indirect
 	github.com/vishvananda/netns v0.0.0-20191106174202-0a2b9b5464df // indirect
 	go.uber.org/multierr v1.10.0 // indirect
+	golang.org/x/term v0.48.0 // indirect
 )
