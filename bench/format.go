@@ -100,7 +100,7 @@ const (
 // WriteTable prints each result as nccl-tests does: a title line naming the operation,
 // the three header lines, one line per message size with the out-of-place and in-place
 // halves side by side ("-" for a half the engine did not run, N/A for #wrong when not
-// checked), the "# Out of bounds values" line when anything was checked, and the
+// checked; parsed output of older nccl-tests keeps its "error" column), the "# Out of bounds values" line when anything was checked, and the
 // "# Avg bus bandwidth" line.
 func WriteTable(w io.Writer, results []Result) error {
 	bw := bufio.NewWriter(w)
@@ -125,8 +125,14 @@ func writeTable(w *bufio.Writer, r Result) {
 	head := [3]string{"#" + strings.Repeat(" ", leadWidth-1) + center("out-of-place", halfWidth) + center("in-place", halfWidth)}
 	head[1] = fmt.Sprintf("# %10s  %12s  %8s  %6s  %6s", "size", "count", "type", "redop", "root")
 	head[2] = fmt.Sprintf("# %10s  %12s  %8s  %6s  %6s", "(B)", "(elements)", "", "", "")
+	check := "#wrong"
+	for _, row := range r.Rows {
+		if row.MaxError != nil {
+			check = "error" // older nccl-tests' column, as parsed
+		}
+	}
 	for range 2 {
-		head[1] += fmt.Sprintf("  %7s  %6s  %6s  %6s", "time", "algbw", "busbw", "#wrong")
+		head[1] += fmt.Sprintf("  %7s  %6s  %6s  %6s", "time", "algbw", "busbw", check)
 		head[2] += fmt.Sprintf("  %7s  %6s  %6s  %6s", "(us)", "(GB/s)", "(GB/s)", "")
 	}
 	for _, h := range head {

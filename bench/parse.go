@@ -29,7 +29,7 @@ type ParseOptions struct {
 //     (size count type [redop] [root]) and whose last column of each half is "error",
 //     the largest difference from the expected value, kept as Row.MaxError;
 //   - out-of-place and in-place halves: each becomes a Row; a data line with one half
-//     only gives one Row;
+//     only, or a half of four "-" (as WriteTable prints a half not run), gives one Row;
 //   - "#wrong" values: a count, or N/A (not checked: Wrong stays nil);
 //   - "# Avg bus bandwidth : X", taken as printed into AvgBusBW (the mean of the rows'
 //     busbw when a table has no such line);
@@ -253,6 +253,9 @@ func (p *parser) data(f []string) error {
 		row := base
 		row.InPlace = h == 1
 		vals := f[len(p.lead)+4*h : len(p.lead)+4*h+4]
+		if vals[0] == "-" && vals[1] == "-" && vals[2] == "-" && vals[3] == "-" {
+			continue // a half not run, as WriteTable prints it
+		}
 		us, err := finite(vals[0])
 		if err != nil || us < 0 {
 			return fmt.Errorf("time %q: want microseconds", vals[0])
