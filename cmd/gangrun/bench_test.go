@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"math"
 	"os"
@@ -14,23 +13,7 @@ import (
 	"testing"
 
 	"github.com/gangrun/gangrun/bench"
-	"github.com/gangrun/gangrun/internal/proc"
 )
-
-// TestMain lets the test binary serve as gangrun's guardian process: commands that
-// launch a gang (bench nccl, run) start os.Executable() with the hidden guardian
-// subcommand, which in a test is this binary. Without this it would run every test
-// again, each launching more gangs.
-func TestMain(m *testing.M) {
-	if len(os.Args) > 1 && os.Args[1] == guardianCommand {
-		if err := proc.RunGuardian(os.Stdin); err != nil {
-			os.Exit(exitFailure)
-		}
-		os.Exit(exitOK)
-	}
-	flag.Parse()
-	os.Exit(m.Run())
-}
 
 // benchPython is the interpreter with torch the end-to-end tests use: GANGRUN_PYTHON
 // (the Makefile sets it), else Debian's /usr/bin/python3.

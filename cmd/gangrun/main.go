@@ -45,6 +45,10 @@ type env struct {
 	// signals delivers the signals gangrun forwards or acts on; nil in tests that do
 	// not need them.
 	signals <-chan os.Signal
+	// self is the gangrun binary, for re-executing it as the guardian process; "" (in
+	// tests that call dispatch in-process) runs without a guardian, since the test
+	// binary is not gangrun.
+	self string
 }
 
 // command is one `gangrun NAME` subcommand.
@@ -80,6 +84,9 @@ func main() {
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGUSR1, syscall.SIGUSR2)
 	signal.Ignore(syscall.SIGPIPE)
 	e := &env{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv, signals: sigs}
+	if exe, err := os.Executable(); err == nil {
+		e.self = exe
+	}
 	os.Exit(dispatch(context.Background(), e, os.Args[1:]))
 }
 

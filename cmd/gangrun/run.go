@@ -206,8 +206,8 @@ func (g *gangFlags) gang(ctx context.Context, e *env, cmd string, command []stri
 		jobID = newJobID()
 	}
 	var guardian []string
-	if exe, err := os.Executable(); err == nil {
-		guardian = []string{exe, guardianCommand}
+	if e.self != "" {
+		guardian = []string{e.self, guardianCommand}
 	}
 	var nccl []string
 	for _, v := range inv.NCCLEnv() {
