@@ -6,7 +6,8 @@ import (
 )
 
 // Defaults of `gangrun bench nccl`. Warmup and Iters are nccl-tests' own defaults (-w 5,
-// -n 20); the sizes sweep 1 KiB to 64 MiB by doubling.
+// -n 20); the sizes, in bytes, sweep 1 KiB to 64 MiB by doubling; the element type is
+// nccl-tests' default, float (float32).
 const (
 	DefaultMinBytes   = 1 << 10
 	DefaultMaxBytes   = 64 << 20

@@ -141,7 +141,7 @@ func (b *benchFlags) register(fs *pflag.FlagSet) {
 	fs.IntVar(&b.stepFactor, "step-factor", bench.DefaultStepFactor, "multiply the message size by this much each step")
 	fs.IntVar(&b.warmup, "warmup", bench.DefaultWarmup, "untimed iterations before each size")
 	fs.IntVar(&b.iters, "iters", bench.DefaultIters, "timed iterations per size; the time is their mean")
-	fs.StringVar(&b.dtype, "dtype", "float32", "element type: float32, float16, bfloat16, float64, int8, uint8, int32, int64")
+	fs.StringVar(&b.dtype, "dtype", bench.DefaultDType, "element type: float (float32), half (float16), bfloat16, double (float64), int8, uint8, int32, int64")
 	fs.StringVar(&b.backend, "backend", "", "torch.distributed backend: nccl or gloo (default: nccl when the node has GPUs, else gloo)")
 	fs.StringVar(&b.engine, "engine", engineTorch, "torch (the bundled PyTorch script) or nccl-tests (all_reduce_perf … on PATH)")
 	fs.BoolVar(&b.check, "check", true, "check each size's result once on known data (the #wrong column)")
