@@ -1,0 +1,58 @@
+package bench
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// FuzzParse feeds arbitrary text to Parse: it must never panic, and what it accepts
+// must print in every format and parse back from the table with the same rows.
+func FuzzParse(f *testing.F) {
+	files, _ := filepath.Glob(filepath.Join(fixtures, "*.txt"))
+	for _, file := range files {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(string(b))
+	}
+	f.Add("#  size count type time algbw busbw #wrong\n 8 2 float 1 0 0 N/A\n")
+	f.Add("# size count type redop root time algbw busbw error time algbw busbw error\n 8 2 float sum -1 1 0 0 1e-07* 1 0 0 N/A\n# Avg bus bandwidth : 1e-05\n")
+	f.Fuzz(func(t *testing.T, in string) {
+		res, err := Parse(strings.NewReader(in), ParseOptions{})
+		if err != nil {
+			if strings.Contains(err.Error(), "\n") {
+				t.Fatalf("multi-line error %q", err)
+			}
+			return
+		}
+		for _, format := range []Format{Table, JSON, CSV} {
+			if err := Write(&bytes.Buffer{}, format, res); err != nil {
+				t.Fatalf("Write(%d): %v", format, err)
+			}
+		}
+		var buf bytes.Buffer
+		_ = WriteTable(&buf, res)
+		back, err := Parse(&buf, ParseOptions{})
+		if err != nil {
+			t.Fatalf("printed table does not parse back: %v\n%s", err, buf.String())
+		}
+		if len(back) != len(res) {
+			t.Fatalf("%d results back, want %d\n%s", len(back), len(res), buf.String())
+		}
+		for i := range res {
+			if len(back[i].Rows) != len(res[i].Rows) {
+				t.Fatalf("result %d: %d rows back, want %d", i, len(back[i].Rows), len(res[i].Rows))
+			}
+			for j, r := range res[i].Rows {
+				b := back[i].Rows[j]
+				if b.SizeBytes != r.SizeBytes || b.Count != r.Count || b.InPlace != r.InPlace || (b.Wrong == nil) != (r.Wrong == nil) {
+					t.Fatalf("result %d row %d: %+v back, want %+v", i, j, b, r)
+				}
+			}
+		}
+	})
+}
