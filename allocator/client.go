@@ -31,7 +31,7 @@ func NewID() string {
 }
 
 // CheckFeasible reports, before anything is reserved, a request that no registered
-// node could ever satisfy: an unknown partition or label, a GPU model no node has, more
+// node could ever satisfy (down and drained nodes count, since they may come back): an unknown partition or label, a GPU model no node has, more
 // GPUs per node than any node has, more nodes than could ever match. Errors name the
 // bad value.
 func CheckFeasible(c *Cluster, r Request) error {
@@ -67,12 +67,10 @@ func CheckFeasible(c *Cluster, r Request) error {
 		m := len(matching(n.Record.Devices, r.GPUModel))
 		modelSeen = modelSeen || m > 0
 		most = max(most, m)
-		if n.Drain == nil {
-			n2 := *n
-			n2.Up = true // down nodes may come back: count them
-			if ok, _ := feasible(r, &n2); ok {
-				eligible++
-			}
+		n2 := *n
+		n2.Up, n2.Drain = true, nil // down and drained nodes may come back: count them
+		if ok, _ := feasible(r, &n2); ok {
+			eligible++
 		}
 	}
 	if !modelSeen {

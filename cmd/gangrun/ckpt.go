@@ -2,10 +2,8 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -93,13 +91,6 @@ func ckptErr(e *env, cmd string, err error) int {
 		return usageErr(e, cmd, "%v", err)
 	}
 	return failErr(e, cmd, err)
-}
-
-func writeJSON(w io.Writer, v any) {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	enc.SetEscapeHTML(false)
-	_ = enc.Encode(v)
 }
 
 func runCkptLatest(_ context.Context, e *env, args []string) int {

@@ -1,23 +1,541 @@
 package main
 
-import "context"
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/user"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
 
-func runNodes(_ context.Context, e *env, _ []string) int {
-	return usageErr(e, "nodes", "not built yet")
+	"github.com/spf13/pflag"
+	"go.uber.org/zap"
+
+	"github.com/gangrun/gangrun/allocator"
+	"github.com/gangrun/gangrun/hostlist"
+	"github.com/gangrun/gangrun/internal/proc"
+	"github.com/gangrun/gangrun/internal/store"
+	"github.com/gangrun/gangrun/topology"
+)
+
+// consulFlag registers --consul on fs.
+func consulFlag(fs *pflag.FlagSet) *string {
+	return fs.String("consul", "", "Consul HTTP address HOST:PORT (default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500)")
 }
-func runAlloc(_ context.Context, e *env, _ []string) int {
-	return usageErr(e, "alloc", "not built yet")
+
+// openStore connects to Consul (the API client dials on first use). The caller defers
+// Close, which drops idle connections.
+func openStore(e *env, cmd, addr string) (*store.Consul, int) {
+	s, err := store.NewConsul(addr)
+	if err != nil {
+		return nil, usageErr(e, cmd, "%v", err)
+	}
+	return s, exitOK
 }
-func runQueue(_ context.Context, e *env, _ []string) int {
-	return usageErr(e, "queue", "not built yet")
+
+// parseLabels reads "k=v,k2=v2" (repeatable flag values joined).
+func parseLabels(values []string) (map[string]string, error) {
+	out := map[string]string{}
+	for _, v := range values {
+		for _, kv := range strings.Split(v, ",") {
+			kv = strings.TrimSpace(kv)
+			if kv == "" {
+				continue
+			}
+			k, val, ok := strings.Cut(kv, "=")
+			if !ok || k == "" {
+				return nil, fmt.Errorf("--labels %q: want KEY=VALUE[,KEY=VALUE...]", kv)
+			}
+			out[k] = val
+		}
+	}
+	return out, nil
 }
-func runShow(_ context.Context, e *env, _ []string) int { return usageErr(e, "show", "not built yet") }
-func runCancel(_ context.Context, e *env, _ []string) int {
-	return usageErr(e, "cancel", "not built yet")
+
+func runAgent(ctx context.Context, e *env, args []string) int {
+	fs := newFlagSet(e, "agent", "[FLAGS]")
+	consul := consulFlag(fs)
+	node := fs.String("node-name", "", "this node's name (default: hostname)")
+	addr := fs.String("advertise-addr", "", "address the other nodes use for this one")
+	topoFile := fs.String("topology-file", "", "use a recorded inventory (gangrun topo --json) instead of probing")
+	labels := fs.StringArray("labels", nil, "node labels KEY=VALUE[,...]: partition, switch, spine, anything (repeatable)")
+	noSched := fs.Bool("no-scheduler", false, "never act as the cluster's scheduler")
+	logFormat := fs.String("log-format", "text", "log lines: text or json")
+	if done, code := parseFlags(e, fs, args); done {
+		return code
+	}
+	if fs.NArg() > 0 {
+		return usageErr(e, "agent", "unexpected argument %q", fs.Arg(0))
+	}
+	lbl, err := parseLabels(*labels)
+	if err != nil {
+		return usageErr(e, "agent", "%v", err)
+	}
+	log, err := newLogger(*logFormat, e.stderr)
+	if err != nil {
+		return usageErr(e, "agent", "%v", err)
+	}
+	name := *node
+	if name == "" {
+		if name, err = os.Hostname(); err != nil {
+			return usageErr(e, "agent", "--node-name not given and the hostname is unknown: %v", err)
+		}
+	}
+	inv, err := nodeInventory(ctx, *topoFile, name)
+	if err != nil {
+		return usageErr(e, "agent", "%v", err)
+	}
+	inv.Node = name
+	s, code := openStore(e, "agent", *consul)
+	if code != exitOK {
+		return code
+	}
+	defer s.Close()
+	a, err := allocator.NewAgent(s, allocator.AgentConfig{Node: name, Addr: *addr, Labels: lbl, Inventory: inv, NoScheduler: *noSched, Log: log})
+	if err != nil {
+		return usageErr(e, "agent", "%v", err)
+	}
+	for _, n := range inv.Notes {
+		log.Info("topology", zap.String("note", n))
+	}
+	actx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		for sig := range e.signals {
+			if ss, ok := sig.(syscall.Signal); ok && terminating(ss) {
+				log.Info("stopping", zap.String("signal", proc.SignalName(ss)))
+				cancel()
+				return
+			}
+		}
+	}()
+	if *topoFile == "" && len(inv.GPUs) > 0 {
+		go watchHealth(actx, a, inv, log)
+	}
+	if err := a.Run(actx); err != nil {
+		return failErr(e, "agent", err)
+	}
+	return exitOK
 }
-func runDrain(_ context.Context, e *env, _ []string) int {
-	return usageErr(e, "drain", "not built yet")
+
+// terminating reports whether sig ends a long-running command (agent, alloc).
+func terminating(sig syscall.Signal) bool {
+	return sig == syscall.SIGINT || sig == syscall.SIGTERM || sig == syscall.SIGHUP
 }
-func runResume(_ context.Context, e *env, _ []string) int {
-	return usageErr(e, "resume", "not built yet")
+
+// watchHealth republishes the inventory whenever NVML reports a GPU getting worse.
+func watchHealth(ctx context.Context, a *allocator.Agent, inv *topology.Inventory, log *zap.Logger) {
+	cur := *inv
+	cur.GPUs = append([]topology.GPU(nil), inv.GPUs...)
+	err := topology.WatchHealth(ctx, topology.ProbeOptions{}, inv, func(ch topology.GPUHealthChange) {
+		for i := range cur.GPUs {
+			if cur.GPUs[i].Index == ch.Index {
+				cur.GPUs[i].Health = ch.Health
+			}
+		}
+		log.Warn("gpu health changed", zap.Int("gpu", ch.Index), zap.String("health", string(ch.Health.State)), zap.Strings("reasons", ch.Health.Reasons))
+		next := cur
+		next.GPUs = append([]topology.GPU(nil), cur.GPUs...)
+		a.UpdateInventory(&next)
+	})
+	if err != nil {
+		log.Warn("gpu health watch stopped", zap.Error(err))
+	}
+}
+
+func runNodes(ctx context.Context, e *env, args []string) int {
+	fs := newFlagSet(e, "nodes", "[--json]")
+	consul := consulFlag(fs)
+	asJSON := fs.Bool("json", false, "print JSON")
+	if done, code := parseFlags(e, fs, args); done {
+		return code
+	}
+	s, code := openStore(e, "nodes", *consul)
+	if code != exitOK {
+		return code
+	}
+	defer s.Close()
+	c, err := allocator.Snapshot(ctx, s)
+	if err != nil {
+		return failErr(e, "nodes", err)
+	}
+	nodes := c.NodeList()
+	if *asJSON {
+		return printJSON(e, nodes)
+	}
+	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NODE\tSTATE\tGPUS\tFREE\tMODEL\tLABELS\tREASON")
+	for _, n := range nodes {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\t%s\n", n.Name, n.State, n.GPUsTotal, n.GPUsFree, orDash(n.Model), orDash(labelString(n.Labels)), orDash(n.Reason))
+	}
+	tw.Flush()
+	return exitOK
+}
+
+func labelString(m map[string]string) string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = k + "=" + m[k]
+	}
+	return strings.Join(parts, ",")
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// allocJSON is `gangrun alloc --json` (DESIGN.md: {"id", "nodes": [{"name", "gpus"}]}).
+type allocJSON struct {
+	ID    string                `json:"id"`
+	Nodes []allocator.GrantNode `json:"nodes"`
+}
+
+func runAlloc(ctx context.Context, e *env, args []string) int {
+	fs := newFlagSet(e, "alloc", "--nodes N --gpus-per-node G [FLAGS] [-- COMMAND...]")
+	fs.SetInterspersed(false)
+	consul := consulFlag(fs)
+	var r allocator.Request
+	fs.IntVar(&r.Nodes, "nodes", 1, "number of nodes")
+	fs.IntVar(&r.GPUsPerNode, "gpus-per-node", 1, "GPUs (or MIG devices) on each node")
+	fs.StringVar(&r.GPUModel, "gpu-model", "", "GPU model, matched in the device name (H100, A100-SXM4-80GB)")
+	fs.StringVar(&r.Partition, "partition", "", "only nodes labelled partition=P")
+	labels := fs.StringArray("labels", nil, "only nodes with these labels KEY=VALUE[,...] (repeatable)")
+	fs.IntVar(&r.Priority, "priority", 0, "higher goes first")
+	fs.DurationVar(&r.Wait, "wait", 0, "give up when not granted within this long (0: wait forever)")
+	asJSON := fs.Bool("json", false, "print the grant as JSON")
+	if done, code := parseFlags(e, fs, args); done {
+		return code
+	}
+	lbl, err := parseLabels(*labels)
+	if err != nil {
+		return usageErr(e, "alloc", "%v", err)
+	}
+	if len(lbl) > 0 {
+		r.Labels = lbl
+	}
+	if err := r.Validate(); err != nil {
+		return usageErr(e, "alloc", "%v", err)
+	}
+	command := fs.Args()
+	if len(command) > 0 {
+		if _, err := exec.LookPath(command[0]); err != nil {
+			fmt.Fprintf(e.stderr, "gangrun alloc: command not found: %s\n", command[0])
+			return exitNotFound
+		}
+	}
+	r.Holder = holder()
+	s, code := openStore(e, "alloc", *consul)
+	if code != exitOK {
+		return code
+	}
+	defer s.Close()
+	tk, err := allocator.Submit(ctx, s, r)
+	if err != nil {
+		if errors.Is(err, store.ErrTxnRejected) || strings.Contains(err.Error(), "consul") {
+			return failErr(e, "alloc", err)
+		}
+		return usageErr(e, "alloc", "%v", err)
+	}
+	id := tk.Request().ID
+	defer tk.Release(context.WithoutCancel(ctx)) //nolint:errcheck // reported below where it matters
+	fmt.Fprintf(e.stderr, "gangrun alloc: request %s submitted, waiting for %d node(s) × %d GPU(s)\n", id, r.Nodes, r.GPUsPerNode)
+
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stopped := make(chan syscall.Signal, 1)
+	go func() {
+		for sig := range e.signals {
+			if ss, ok := sig.(syscall.Signal); ok && terminating(ss) {
+				stopped <- ss
+				cancel()
+				return
+			}
+		}
+	}()
+	g, err := tk.Wait(wctx, func(why string) { fmt.Fprintf(e.stderr, "gangrun alloc: %s pending: %s\n", id, why) })
+	if err != nil {
+		select {
+		case sig := <-stopped:
+			fmt.Fprintf(e.stderr, "gangrun alloc: %s withdrawn on %s\n", id, proc.SignalName(sig))
+			return 128 + int(sig)
+		default:
+		}
+		return failErr(e, "alloc", err)
+	}
+	if *asJSON {
+		writeJSON(e.stdout, allocJSON{ID: g.ID, Nodes: g.Nodes})
+	} else {
+		fmt.Fprintf(e.stdout, "granted %s: %s\n", g.ID, grantSummary(g))
+	}
+	if len(command) == 0 {
+		fmt.Fprintf(e.stderr, "gangrun alloc: holding %s; Ctrl-C, SIGTERM or `gangrun cancel %s` releases it\n", id, id)
+		select {
+		case sig := <-stopped:
+			if err := tk.Release(context.WithoutCancel(ctx)); err != nil {
+				return failErr(e, "alloc", err)
+			}
+			fmt.Fprintf(e.stderr, "gangrun alloc: released %s on %s\n", id, proc.SignalName(sig))
+			return exitOK
+		case <-tk.Lost():
+			return failErr(e, "alloc", fmt.Errorf("grant %s was cancelled or its session expired", id))
+		}
+	}
+	return runUnderGrant(e, tk, g, command, stopped)
+}
+
+// runUnderGrant runs command with the grant in its environment (like salloc's command):
+// GANGRUN_GRANT_ID, GANGRUN_NODELIST (a Slurm hostlist), GANGRUN_NNODES and
+// GANGRUN_GRANT (the grant's JSON). It ends the command if the grant is lost and
+// returns the command's exit code.
+func runUnderGrant(e *env, tk *allocator.Ticket, g allocator.Grant, command []string, stopped <-chan syscall.Signal) int {
+	names := make([]string, len(g.Nodes))
+	for i, n := range g.Nodes {
+		names[i] = n.Name
+	}
+	grantJSON, _ := json.Marshal(allocJSON{ID: g.ID, Nodes: g.Nodes})
+	cmd := exec.Command(command[0], command[1:]...)
+	cmd.Env = append(os.Environ(), "GANGRUN_GRANT_ID="+g.ID, "GANGRUN_NODELIST="+hostlist.Compress(names),
+		"GANGRUN_NNODES="+strconv.Itoa(len(g.Nodes)), "GANGRUN_GRANT="+string(grantJSON))
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, e.stdout, e.stderr
+	p, err := proc.Start(cmd)
+	if err != nil {
+		return failErr(e, "alloc", err)
+	}
+	code := -1
+	select {
+	case <-p.Exited():
+	case sig := <-stopped:
+		_ = p.Signal(sig)
+		select {
+		case <-p.Exited():
+		case <-time.After(30 * time.Second):
+		}
+		code = 128 + int(sig)
+	case <-tk.Lost():
+		fmt.Fprintf(e.stderr, "gangrun alloc: grant %s lost: stopping the command\n", g.ID)
+		_ = p.Signal(syscall.SIGTERM)
+		select {
+		case <-p.Exited():
+		case <-time.After(30 * time.Second):
+		}
+		code = exitFailure
+	}
+	st, _ := p.Release()
+	if code < 0 {
+		code = st.ShellCode()
+	}
+	return code
+}
+
+func grantSummary(g allocator.Grant) string {
+	parts := make([]string, len(g.Nodes))
+	for i, n := range g.Nodes {
+		parts[i] = fmt.Sprintf("%s [%s]", n.Name, strings.Join(n.Devices, ","))
+	}
+	return strings.Join(parts, ", ")
+}
+
+func holder() string {
+	h, _ := os.Hostname()
+	u := "unknown"
+	if cur, err := user.Current(); err == nil {
+		u = cur.Username
+	}
+	return fmt.Sprintf("%s@%s pid %d", u, h, os.Getpid())
+}
+
+func runQueue(ctx context.Context, e *env, args []string) int {
+	fs := newFlagSet(e, "queue", "[--json]")
+	consul := consulFlag(fs)
+	asJSON := fs.Bool("json", false, "print JSON")
+	if done, code := parseFlags(e, fs, args); done {
+		return code
+	}
+	s, code := openStore(e, "queue", *consul)
+	if code != exitOK {
+		return code
+	}
+	defer s.Close()
+	c, err := allocator.Snapshot(ctx, s)
+	if err != nil {
+		return failErr(e, "queue", err)
+	}
+	st, err := allocator.ReadStatus(ctx, s)
+	if err != nil {
+		return failErr(e, "queue", err)
+	}
+	q := c.Queue(st.Pending)
+	if *asJSON {
+		if q == nil {
+			q = []allocator.QueueEntry{}
+		}
+		return printJSON(e, q)
+	}
+	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tSTATE\tNODES\tGPUS/NODE\tPRIO\tHOLDER\tSUBMITTED\tNODELIST(REASON)")
+	for _, q := range q {
+		where := q.Reason
+		if q.State == allocator.GrantGranted {
+			names := make([]string, len(q.Granted))
+			for i, n := range q.Granted {
+				names[i] = n.Name
+			}
+			where = hostlist.Compress(names)
+		} else if where != "" {
+			where = "(" + where + ")"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\n", q.ID, q.State, q.Nodes, q.GPUsPerNode, q.Priority, q.Holder, q.Submitted, where)
+	}
+	tw.Flush()
+	return exitOK
+}
+
+func runShow(ctx context.Context, e *env, args []string) int {
+	fs := newFlagSet(e, "show", "ID [--json]")
+	consul := consulFlag(fs)
+	asJSON := fs.Bool("json", false, "print JSON")
+	if done, code := parseFlags(e, fs, args); done {
+		return code
+	}
+	if fs.NArg() != 1 {
+		return usageErr(e, "show", "want exactly one request or grant id")
+	}
+	s, code := openStore(e, "show", *consul)
+	if code != exitOK {
+		return code
+	}
+	defer s.Close()
+	r, g, err := allocator.Show(ctx, s, fs.Arg(0))
+	if err != nil {
+		return failErr(e, "show", err)
+	}
+	if *asJSON {
+		return printJSON(e, struct {
+			Request *allocator.PendingRequest `json:"request,omitempty"`
+			Grant   *allocator.Grant          `json:"grant,omitempty"`
+		}{r, g})
+	}
+	if r != nil {
+		fmt.Fprintf(e.stdout, "Request %s: %d node(s) × %d GPU(s), priority %d, holder %s, submitted %s",
+			r.ID, r.Nodes, r.GPUsPerNode, r.Priority, r.Holder, r.Submitted.UTC().Format(time.RFC3339))
+		if r.GPUModel != "" {
+			fmt.Fprintf(e.stdout, ", model %s", r.GPUModel)
+		}
+		if r.Partition != "" {
+			fmt.Fprintf(e.stdout, ", partition %s", r.Partition)
+		}
+		if r.Wait > 0 {
+			fmt.Fprintf(e.stdout, ", wait %s", r.Wait)
+		}
+		fmt.Fprintln(e.stdout)
+	}
+	if g == nil {
+		st, _ := allocator.ReadStatus(ctx, s)
+		fmt.Fprintf(e.stdout, "State: pending (%s)\n", orDash(st.Pending[fs.Arg(0)]))
+		return exitOK
+	}
+	fmt.Fprintf(e.stdout, "State: %s", g.State)
+	if g.Reason != "" {
+		fmt.Fprintf(e.stdout, " (%s)", g.Reason)
+	}
+	fmt.Fprintln(e.stdout)
+	for _, n := range g.Nodes {
+		fmt.Fprintf(e.stdout, "  %s %s devices %s\n", n.Name, orDash(n.Addr), strings.Join(n.Devices, ","))
+	}
+	return exitOK
+}
+
+func runCancel(ctx context.Context, e *env, args []string) int {
+	fs := newFlagSet(e, "cancel", "ID...")
+	consul := consulFlag(fs)
+	if done, code := parseFlags(e, fs, args); done {
+		return code
+	}
+	if fs.NArg() == 0 {
+		return usageErr(e, "cancel", "want one or more request or grant ids")
+	}
+	s, code := openStore(e, "cancel", *consul)
+	if code != exitOK {
+		return code
+	}
+	defer s.Close()
+	status := exitOK
+	for _, id := range fs.Args() {
+		if err := allocator.Cancel(ctx, s, id); err != nil {
+			failErr(e, "cancel", err)
+			status = exitFailure
+			continue
+		}
+		fmt.Fprintf(e.stdout, "cancelled %s\n", id)
+	}
+	return status
+}
+
+func runDrain(ctx context.Context, e *env, args []string) int {
+	fs := newFlagSet(e, "drain", "NODE --reason TEXT")
+	consul := consulFlag(fs)
+	reason := fs.String("reason", "", "why the node is drained (required)")
+	if done, code := parseFlags(e, fs, args); done {
+		return code
+	}
+	if fs.NArg() != 1 {
+		return usageErr(e, "drain", "want exactly one node name")
+	}
+	if strings.TrimSpace(*reason) == "" {
+		return usageErr(e, "drain", "--reason is required (it shows in gangrun nodes)")
+	}
+	return setDrain(ctx, e, "drain", *consul, fs.Arg(0), *reason)
+}
+
+func runResume(ctx context.Context, e *env, args []string) int {
+	fs := newFlagSet(e, "resume", "NODE")
+	consul := consulFlag(fs)
+	if done, code := parseFlags(e, fs, args); done {
+		return code
+	}
+	if fs.NArg() != 1 {
+		return usageErr(e, "resume", "want exactly one node name")
+	}
+	return setDrain(ctx, e, "resume", *consul, fs.Arg(0), "")
+}
+
+func setDrain(ctx context.Context, e *env, cmd, consul, node, reason string) int {
+	s, code := openStore(e, cmd, consul)
+	if code != exitOK {
+		return code
+	}
+	defer s.Close()
+	if err := allocator.SetDrain(ctx, s, node, reason); err != nil {
+		if errors.Is(err, allocator.ErrNotFound) {
+			return usageErr(e, cmd, "%v", err)
+		}
+		return failErr(e, cmd, err)
+	}
+	if reason == "" {
+		fmt.Fprintf(e.stdout, "resumed %s\n", node)
+	} else {
+		fmt.Fprintf(e.stdout, "drained %s: %s\n", node, reason)
+	}
+	return exitOK
+}
+
+// printJSON writes v as indented JSON to stdout and returns exit code 0.
+func printJSON(e *env, v any) int {
+	writeJSON(e.stdout, v)
+	return exitOK
 }

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"net/http"
 	"errors"
 	"fmt"
 	"net/url"
@@ -13,7 +14,8 @@ import (
 
 // Consul is the Store on a Consul cluster, through github.com/hashicorp/consul/api.
 type Consul struct {
-	c *api.Client
+	c         *api.Client
+	transport *http.Transport
 }
 
 // ParseConsulURL turns a --coordinator value "consul://HOST:PORT" (or "consul://" to
@@ -39,7 +41,15 @@ func NewConsul(addr string) (*Consul, error) {
 	if err != nil {
 		return nil, fmt.Errorf("consul client for %s: %w", cfg.Address, err)
 	}
-	return &Consul{c: c}, nil
+	return &Consul{c: c, transport: cfg.Transport}, nil
+}
+
+// Close releases the client's idle connections (Consul limits connections per client
+// address, 200 by default).
+func (s *Consul) Close() {
+	if s.transport != nil {
+		s.transport.CloseIdleConnections()
+	}
 }
 
 // Client returns the underlying Consul API client.
