@@ -2,9 +2,9 @@ package store
 
 import (
 	"context"
-	"net/http"
 	"errors"
 	"fmt"
+	"net/http"
 	"net/url"
 	"strings"
 	"time"
