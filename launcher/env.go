@@ -152,9 +152,9 @@ func nodeEnv(c EnvConfig, a rendezvous.Assignment) envMap {
 // errorFile is the worker's TORCHELASTIC_ERROR_FILE.
 func WorkerEnv(c EnvConfig, a rendezvous.Assignment, localRank int, errorFile string) []string {
 	m := nodeEnv(c, a)
-	lws := a.LocalWorldSize()
-	rank := a.RankOffset() + localRank
-	world := a.WorldSize()
+	lws := a.LocalWorldSize
+	rank := a.RankOffset + localRank
+	world := a.WorldSize
 	m["RANK"] = strconv.Itoa(rank)
 	m["LOCAL_RANK"] = strconv.Itoa(localRank)
 	m["GROUP_RANK"] = strconv.Itoa(a.NodeRank)
@@ -162,7 +162,7 @@ func WorkerEnv(c EnvConfig, a rendezvous.Assignment, localRank int, errorFile st
 	m["ROLE_NAME"] = RoleName
 	m["LOCAL_WORLD_SIZE"] = strconv.Itoa(lws)
 	m["WORLD_SIZE"] = strconv.Itoa(world)
-	m["GROUP_WORLD_SIZE"] = strconv.Itoa(a.NNodes())
+	m["GROUP_WORLD_SIZE"] = strconv.Itoa(a.NNodes)
 	m["ROLE_WORLD_SIZE"] = strconv.Itoa(world)
 	m["MASTER_ADDR"] = a.MasterAddr
 	m["MASTER_PORT"] = strconv.Itoa(a.MasterPort)

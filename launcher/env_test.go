@@ -28,7 +28,7 @@ func envOf(t *testing.T, entries []string) map[string]string {
 func TestWorkerEnvOneWorker(t *testing.T) {
 	a := rendezvous.Assignment{
 		JobID: "job-1", Round: 0, RestartCount: 0, NodeRank: 0,
-		Nodes:      []rendezvous.Member{{Node: "n0", Addr: "127.0.0.1", LocalWorldSize: 1}},
+		NNodes: 1, LocalWorldSize: 1, WorldSize: 1, RankOffset: 0,
 		MasterAddr: "127.0.0.1", MasterPort: 29500,
 	}
 	c := EnvConfig{Base: []string{"PATH=/usr/bin", "HOME=/root"}, MaxRestarts: 3, NodeName: "n0"}
@@ -52,14 +52,12 @@ func TestWorkerEnvOneWorker(t *testing.T) {
 func TestWorkerEnvFourWorkersSecondNode(t *testing.T) {
 	// Node rank 1 of two nodes with 4 workers each, third attempt after two failures,
 	// resuming, with topology NCCL settings of which the user overrides one.
-	a := rendezvous.Assignment{
-		JobID: "llm", Round: 3, RestartCount: 2, NodeRank: 1,
-		Nodes: []rendezvous.Member{
-			{Node: "a", Addr: "10.0.0.1", LocalWorldSize: 4},
-			{Node: "b", Addr: "10.0.0.2", LocalWorldSize: 4},
-		},
-		MasterAddr: "10.0.0.1", MasterPort: 41000, ResumeFrom: "/ckpt/step-120",
-	}
+	a := rendezvous.Assign([]rendezvous.Member{
+		{Node: "a", Addr: "10.0.0.1", LocalWorldSize: 4},
+		{Node: "b", Addr: "10.0.0.2", LocalWorldSize: 4},
+	}, 1)
+	a.JobID, a.Round, a.RestartCount = "llm", 3, 2
+	a.MasterAddr, a.MasterPort, a.ResumeFrom = "10.0.0.1", 41000, "/ckpt/step-120"
 	c := EnvConfig{
 		Base: []string{"PATH=/bin", "TORCH_NCCL_ASYNC_ERROR_HANDLING=3", "NCCL_SOCKET_IFNAME=eth9",
 			"RANK=99", "GANGRUN_RESUME_FROM=/stale"},
@@ -94,7 +92,7 @@ func TestWorkerEnvFourWorkersSecondNode(t *testing.T) {
 }
 
 func TestWorkerEnvKeepsUserOMPAndDropsStaleResume(t *testing.T) {
-	a := rendezvous.Assignment{JobID: "j", Nodes: []rendezvous.Member{{Node: "n", LocalWorldSize: 2}}, MasterAddr: "127.0.0.1", MasterPort: 1}
+	a := rendezvous.Assignment{JobID: "j", NNodes: 1, LocalWorldSize: 2, WorldSize: 2, MasterAddr: "127.0.0.1", MasterPort: 1}
 	c := EnvConfig{Base: []string{"OMP_NUM_THREADS=8", "GANGRUN_RESUME_FROM=/old", "GANGRUN_CHECKPOINT_DIR=/old"}}
 	got := envOf(t, WorkerEnv(c, a, 1, "e"))
 	if got["OMP_NUM_THREADS"] != "8" {
@@ -108,7 +106,7 @@ func TestWorkerEnvKeepsUserOMPAndDropsStaleResume(t *testing.T) {
 }
 
 func TestTorchrunEnvLeavesPerWorkerVariablesToTorchrun(t *testing.T) {
-	a := rendezvous.Assignment{JobID: "j", Round: 1, Nodes: []rendezvous.Member{{Node: "n", LocalWorldSize: 4}}, MasterAddr: "127.0.0.1", MasterPort: 5}
+	a := rendezvous.Assignment{JobID: "j", Round: 1, NNodes: 1, LocalWorldSize: 4, WorldSize: 4, MasterAddr: "127.0.0.1", MasterPort: 5}
 	c := EnvConfig{Base: []string{"RANK=3", "WORLD_SIZE=9", "PATH=/bin"}, NCCL: []string{"NCCL_DEBUG=INFO"}, NodeName: "n"}
 	got := envOf(t, TorchrunEnv(c, a, "/e.json"))
 	want := map[string]string{"PATH": "/bin", "NCCL_DEBUG": "INFO", "TORCHELASTIC_ERROR_FILE": "/e.json",

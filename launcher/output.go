@@ -39,9 +39,7 @@ func (l *lineWriter) writeLine(prefix string, line []byte) {
 type activity struct{ last atomic.Int64 }
 
 func (a *activity) touch() { a.last.Store(time.Now().UnixNano()) }
-func (a *activity) since() time.Duration {
-	return time.Since(time.Unix(0, a.last.Load()))
-}
+func (a *activity) lastTime() time.Time { return time.Unix(0, a.last.Load()) }
 
 // pump copies r to console (each line prefixed, when console is non-nil) and to file
 // (unprefixed, when non-nil) line by line until r ends, touching act for every line. A

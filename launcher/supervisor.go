@@ -317,7 +317,7 @@ func (s *Supervisor) Run(ctx context.Context) Result {
 		}
 		fields := []zap.Field{zap.Int("attempt", a.Round), zap.Int("restarts", a.RestartCount),
 			zap.Int("max_restarts", s.cfg.MaxRestarts), zap.Int("node_rank", a.NodeRank),
-			zap.Int("nnodes", a.NNodes()), zap.Int("world_size", a.WorldSize()),
+			zap.Int("nnodes", a.NNodes), zap.Int("world_size", a.WorldSize),
 			zap.String("master", a.MasterEndpoint())}
 		if a.ResumeFrom != "" {
 			fields = append(fields, zap.String("resume_from", a.ResumeFrom))
@@ -505,7 +505,7 @@ func (s *Supervisor) monitor(ctx context.Context, g *group, round rendezvous.Rou
 				return outcome{kind: outStopped, sig: ss}
 			}
 		case <-hang:
-			if idle := s.act.since(); idle >= s.cfg.HangTimeout {
+			if idle := time.Since(round.Activity(ctx, s.act.lastTime())); idle >= s.cfg.HangTimeout {
 				return outcome{kind: outFailed, failure: &rendezvous.Failure{
 					Node: s.cfg.NodeName, Rank: -1, LocalRank: -1, ExitCode: 1,
 					Reason: fmt.Sprintf("no output from any rank for %s (--hang-timeout %s)", idle.Round(time.Second), s.cfg.HangTimeout),
@@ -591,7 +591,7 @@ func (s *Supervisor) specs(a rendezvous.Assignment) ([]workerSpec, error) {
 		resume = []string{s.cfg.ResumeArg, a.ResumeFrom}
 	}
 	if s.torch != nil {
-		v := TorchrunValues{NNodes: a.NNodes(), NodeRank: a.NodeRank, MasterAddr: a.MasterAddr, MasterPort: a.MasterPort, NProcPerNode: s.cfg.NProcPerNode}
+		v := TorchrunValues{NNodes: a.NNodes, NodeRank: a.NodeRank, MasterAddr: a.MasterAddr, MasterPort: a.MasterPort, NProcPerNode: s.cfg.NProcPerNode}
 		if err := s.torch.CheckRound(v); err != nil {
 			return nil, err
 		}
@@ -605,9 +605,9 @@ func (s *Supervisor) specs(a rendezvous.Assignment) ([]workerSpec, error) {
 			dir:    dir, errorFile: errFile, logFiles: s.cfg.LogDir != "",
 		}}, nil
 	}
-	specs := make([]workerSpec, 0, a.LocalWorldSize())
-	for lr := 0; lr < a.LocalWorldSize(); lr++ {
-		rank := a.RankOffset() + lr
+	specs := make([]workerSpec, 0, a.LocalWorldSize)
+	for lr := 0; lr < a.LocalWorldSize; lr++ {
+		rank := a.RankOffset + lr
 		dir := filepath.Join(attemptDir, "rank_"+strconv.Itoa(rank))
 		errFile := filepath.Join(dir, "error.json")
 		argv := append(append([]string{}, s.cfg.Command...), resume...)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 )
 
 // LoopbackAddr is MASTER_ADDR for a gang that runs on one machine only.
@@ -50,16 +51,10 @@ func (l *Local) Join(ctx context.Context, req JoinRequest) (Round, error) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	a := Assignment{
-		JobID:        l.jobID,
-		Round:        l.round,
-		RestartCount: l.failures,
-		NodeRank:     0,
-		Nodes:        []Member{{Node: req.Node, Addr: LoopbackAddr, LocalWorldSize: req.LocalWorldSize, Switch: req.Switch}},
-		MasterAddr:   LoopbackAddr,
-		MasterPort:   port,
-		ResumeFrom:   resume,
-	}
+	nodes := []Member{{Node: req.Node, Addr: LoopbackAddr, LocalWorldSize: req.LocalWorldSize, Switch: req.Switch}}
+	a := Assign(nodes, 0)
+	a.JobID, a.Round, a.RestartCount, a.Nodes = l.jobID, l.round, l.failures, nodes
+	a.MasterAddr, a.MasterPort, a.ResumeFrom = LoopbackAddr, port, resume
 	l.round++
 	return &localRound{owner: l, a: a, ended: make(chan struct{})}, nil
 }
@@ -111,3 +106,6 @@ func (r *localRound) Leave(_ context.Context) error {
 	r.finish(End{Kind: MembershipChanged, Detail: "node left"})
 	return nil
 }
+
+// Activity returns local: one node judges its own gang.
+func (r *localRound) Activity(_ context.Context, local time.Time) time.Time { return local }

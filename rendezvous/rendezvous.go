@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"time"
 )
 
 // Member is one node of a closed round.
@@ -39,54 +40,51 @@ type Member struct {
 // environment is built from.
 type Assignment struct {
 	// JobID identifies the job (TORCHELASTIC_RUN_ID).
-	JobID string
+	JobID string `json:"job_id"`
 	// Round is the rendezvous round, counting from 0 for the job's first attempt; it also
 	// names the attempt (GANGRUN_ATTEMPT, the log directory attempt_K).
-	Round int
+	Round int `json:"round"`
 	// RestartCount is how many rounds of this job have failed so far: the restarts spent
 	// from the budget (TORCHELASTIC_RESTART_COUNT). Membership changes do not count.
-	RestartCount int
-	// NodeRank is this node's index in Nodes (GROUP_RANK).
-	NodeRank int
-	// Nodes lists the round's members by node rank; len(Nodes) is GROUP_WORLD_SIZE.
-	Nodes []Member
+	RestartCount int `json:"restart_count"`
+	// NodeRank is this node's rank among the round's nodes (GROUP_RANK).
+	NodeRank int `json:"node_rank"`
+	// NNodes is the number of nodes in the round (GROUP_WORLD_SIZE).
+	NNodes int `json:"nnodes"`
+	// LocalWorldSize is the number of ranks this node runs (LOCAL_WORLD_SIZE).
+	LocalWorldSize int `json:"local_world_size"`
+	// WorldSize is the total number of ranks of the round (WORLD_SIZE).
+	WorldSize int `json:"world_size"`
+	// RankOffset is the global rank of this node's local rank 0: the ranks of lower node
+	// ranks come first, as in torch's elastic agent (_assign_worker_ranks).
+	RankOffset int `json:"rank_offset"`
 	// MasterAddr and MasterPort are where rank 0's rendezvous store listens
 	// (MASTER_ADDR, MASTER_PORT).
-	MasterAddr string
-	MasterPort int
+	MasterAddr string `json:"master_addr"`
+	MasterPort int    `json:"master_port"`
 	// ResumeFrom is the checkpoint every node of the round resumes from, chosen once by
 	// node rank 0; "" when the gang starts fresh.
-	ResumeFrom string
+	ResumeFrom string `json:"resume_from,omitempty"`
+	// Node names this node's peers by node rank when the rendezvous knows them cheaply
+	// (single node, Slurm); nil in large Consul rounds, where each node reads only its
+	// own part.
+	Nodes []Member `json:"nodes,omitempty"`
 }
 
-// NNodes returns the number of nodes in the round (GROUP_WORLD_SIZE).
-func (a Assignment) NNodes() int { return len(a.Nodes) }
-
-// LocalWorldSize returns the number of ranks this node runs (LOCAL_WORLD_SIZE).
-func (a Assignment) LocalWorldSize() int {
-	if a.NodeRank < 0 || a.NodeRank >= len(a.Nodes) {
-		return 0
+// Assign computes node nodeRank's part of a round whose nodes, in node-rank order, are
+// nodes: the sizes and its rank offset. The caller fills in the rest.
+func Assign(nodes []Member, nodeRank int) Assignment {
+	a := Assignment{NodeRank: nodeRank, NNodes: len(nodes)}
+	for i, m := range nodes {
+		a.WorldSize += m.LocalWorldSize
+		if i < nodeRank {
+			a.RankOffset += m.LocalWorldSize
+		}
+		if i == nodeRank {
+			a.LocalWorldSize = m.LocalWorldSize
+		}
 	}
-	return a.Nodes[a.NodeRank].LocalWorldSize
-}
-
-// WorldSize returns the total number of ranks of the round (WORLD_SIZE).
-func (a Assignment) WorldSize() int {
-	n := 0
-	for _, m := range a.Nodes {
-		n += m.LocalWorldSize
-	}
-	return n
-}
-
-// RankOffset returns the global rank of this node's local rank 0: the ranks of lower
-// node ranks come first, as in torch's elastic agent (_assign_worker_ranks).
-func (a Assignment) RankOffset() int {
-	n := 0
-	for i := 0; i < a.NodeRank && i < len(a.Nodes); i++ {
-		n += a.Nodes[i].LocalWorldSize
-	}
-	return n
+	return a
 }
 
 // MasterEndpoint returns "MASTER_ADDR:MASTER_PORT", bracketing IPv6 addresses.
@@ -201,6 +199,10 @@ type Round interface {
 	// Leave withdraws this node from the job (on shutdown); the others see a membership
 	// change.
 	Leave(ctx context.Context) error
+	// Activity shares when this node's workers last wrote output (local) and returns the
+	// latest output time of the gang as this node should judge a hang by: the gang's
+	// newest when this node is the judge, and time.Now() when another node judges.
+	Activity(ctx context.Context, local time.Time) time.Time
 }
 
 // Rendezvous hands out rounds.

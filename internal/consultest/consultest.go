@@ -155,16 +155,23 @@ func (a *Agent) launch() {
 	a.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
-	for {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+a.Addr+"/v1/status/leader", nil)
+	// Ready means a leader is elected and the agent's own node is in the catalog: a
+	// session bound to the node's health (Consul's default) needs the registration.
+	ready := func(path string) bool {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+a.Addr+path, nil)
 		resp, err := http.DefaultClient.Do(req)
-		if err == nil {
-			var buf bytes.Buffer
-			_, _ = buf.ReadFrom(resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode == 200 && len(bytes.Trim(buf.Bytes(), "\"\n ")) > 0 {
-				return
-			}
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		var buf bytes.Buffer
+		_, _ = buf.ReadFrom(resp.Body)
+		body := bytes.TrimSpace(buf.Bytes())
+		return resp.StatusCode == 200 && len(body) > 0 && string(body) != "null" && string(body) != `""`
+	}
+	for {
+		if ready("/v1/status/leader") && ready("/v1/catalog/node/gangrun-test") {
+			return
 		}
 		select {
 		case <-ctx.Done():

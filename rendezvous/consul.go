@@ -1,0 +1,780 @@
+package rendezvous
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/gangrun/gangrun/internal/store"
+)
+
+// Defaults of the Consul rendezvous.
+const (
+	// DefaultLastCall is how long the leader waits for more nodes once MIN have joined
+	// and fewer than MAX have (torch's dynamic rendezvous calls it last_call_timeout).
+	DefaultLastCall = 3 * time.Second
+	// SessionTTL is the TTL of a node's job session: a dead node's membership key goes
+	// away 2×SessionTTL after its last renewal at most (Consul's rule).
+	SessionTTL = 10 * time.Second
+	// heartbeatEvery throttles the output heartbeats nodes publish for --hang-timeout.
+	heartbeatEvery = time.Second
+	// chunk is how many per-node assignments go in one transaction (under Consul's 128
+	// operations, with room for the checks).
+	chunk = 120
+)
+
+// Job statuses, in the job's state key.
+const (
+	statusOpen     = "open"     // the round accepts joins
+	statusRunning  = "running"  // the round is closed and its workers run
+	statusEnded    = "ended"    // the round failed or its membership changed; a new one opens next
+	statusFinished = "finished" // the job succeeded, or ran out of restarts: a new run starts fresh
+)
+
+// ConsulConfig configures a Consul rendezvous.
+type ConsulConfig struct {
+	// JobID names the job; jobs with different ids never see each other's keys.
+	JobID string
+	// MinNodes and MaxNodes are --nnodes MIN:MAX.
+	MinNodes, MaxNodes int
+	// MaxRestarts is the restart budget: a failure beyond it finishes the job.
+	MaxRestarts int
+	// LastCall is how long to wait for more nodes once MinNodes have joined;
+	// DefaultLastCall when zero.
+	LastCall time.Duration
+	// Host identifies this machine (its hostname): a loopback MASTER_ADDR is allowed only
+	// when every node of a round runs on the same host.
+	Host string
+	// Log receives the rendezvous' messages; nil discards them.
+	Log *zap.Logger
+}
+
+// jobState is the job's state key: which round, and where it stands. Every change is a
+// check-and-set on its ModifyIndex.
+type jobState struct {
+	// Run identifies this run of the job; a job id reused after the job finished starts a
+	// new run.
+	Run      string   `json:"run"`
+	Round    int      `json:"round"`
+	Status   string   `json:"status"`
+	Failures int      `json:"failures"`
+	End      string   `json:"end,omitempty"` // "failed", "membership", "succeeded"
+	Failure  *Failure `json:"failure,omitempty"`
+	Detail   string   `json:"detail,omitempty"`
+	// Error is a configuration error every node reports and exits on.
+	Error string `json:"error,omitempty"`
+	// Previous is how the previous round ended, kept when the next round opens so a node
+	// that sees the state only after that still learns why its round ended.
+	Previous *jobState `json:"previous,omitempty"`
+}
+
+// memberRecord is a node's membership key, held by its session.
+type memberRecord struct {
+	Member
+	Host string `json:"host"`
+	// Round is the round the node wants to be in.
+	Round int `json:"round"`
+}
+
+// roundRecord is one node's part of a closed round, written by the leader.
+type roundRecord struct {
+	Run string `json:"run"`
+	Assignment
+}
+
+// Consul is the rendezvous over Consul: session-held membership keys, a CAS-guarded
+// job state, and blocking queries. Keys, under gangrun/jobs/<job>/:
+//
+//	ctl/state               jobState (CAS)
+//	ctl/leader              held by the leader's session: it closes rounds and is node rank 0
+//	members/<node>          memberRecord, held by the node's session
+//	rounds/<round>/<node>   roundRecord: the node's Assignment
+//	done/<run>/<round>/<node>  the node's workers all succeeded
+//
+// and gangrun/heartbeat/<job>/<node> for --hang-timeout. Nodes other than the leader
+// watch only ctl/ (two small keys), so a round of 1,024 nodes costs each node one small
+// read of its own assignment.
+type Consul struct {
+	s   store.Store
+	cfg ConsulConfig
+	log *zap.Logger
+
+	mu      sync.Mutex
+	session string
+	lost    chan struct{} // closed when session is lost
+	stopKA  context.CancelFunc
+	kaDone  chan struct{}
+}
+
+// NewConsul returns a rendezvous for cfg.JobID in s.
+func NewConsul(s store.Store, cfg ConsulConfig) (*Consul, error) {
+	if err := validID("job id", cfg.JobID); err != nil {
+		return nil, err
+	}
+	if cfg.MinNodes < 1 || cfg.MaxNodes < cfg.MinNodes {
+		return nil, fmt.Errorf("nnodes %d:%d: want 1 <= MIN <= MAX", cfg.MinNodes, cfg.MaxNodes)
+	}
+	if cfg.LastCall <= 0 {
+		cfg.LastCall = DefaultLastCall
+	}
+	log := cfg.Log
+	if log == nil {
+		log = zap.NewNop()
+	}
+	return &Consul{s: s, cfg: cfg, log: log}, nil
+}
+
+// validID checks a job id or node name used in keys.
+func validID(what, s string) error {
+	if s == "" {
+		return fmt.Errorf("%s: empty", what)
+	}
+	for _, c := range s {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.') {
+			return fmt.Errorf("%s %q: only letters, digits, '-', '_' and '.' are allowed", what, s)
+		}
+	}
+	return nil
+}
+
+func (c *Consul) key(parts ...string) string {
+	return "gangrun/jobs/" + c.cfg.JobID + "/" + strings.Join(parts, "/")
+}
+
+func (c *Consul) heartbeatKey(node string) string {
+	return "gangrun/heartbeat/" + c.cfg.JobID + "/" + node
+}
+
+// ensureSession returns a live session, creating one (and its keepalive) when needed.
+func (c *Consul) ensureSession(ctx context.Context, node string) (string, <-chan struct{}, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.session != "" {
+		select {
+		case <-c.lost:
+		default:
+			return c.session, c.lost, nil
+		}
+		c.stopKA()
+		<-c.kaDone
+	}
+	id, err := c.s.CreateSession(ctx, store.SessionOptions{Name: "gangrun run " + c.cfg.JobID + " " + node,
+		TTL: SessionTTL, Behavior: store.DeleteKeys, NodeHealth: true})
+	if err != nil {
+		return "", nil, err
+	}
+	kctx, cancel := context.WithCancel(context.Background())
+	lost, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := store.KeepAlive(kctx, c.s, id, SessionTTL); err != nil {
+			c.log.Warn("rendezvous session lost", zap.Error(err))
+			close(lost)
+		}
+	}()
+	c.session, c.lost, c.stopKA, c.kaDone = id, lost, cancel, done
+	return id, lost, nil
+}
+
+// Close leaves the job: the node's session is destroyed, so its keys go at once.
+func (c *Consul) Close(ctx context.Context) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.session == "" {
+		return nil
+	}
+	c.stopKA()
+	<-c.kaDone
+	err := c.s.DestroySession(context.WithoutCancel(ctx), c.session)
+	c.session = ""
+	return err
+}
+
+// readCtl parses the ctl/ entries: the state (nil when absent), its index, and the
+// leader's session.
+func (c *Consul) readCtl(entries []store.Entry) (*jobState, uint64, string) {
+	var st *jobState
+	var idx uint64
+	leader := ""
+	for _, e := range entries {
+		switch e.Key {
+		case c.key("ctl", "state"):
+			var s jobState
+			if json.Unmarshal(e.Value, &s) == nil {
+				st, idx = &s, e.ModifyIndex
+			}
+		case c.key("ctl", "leader"):
+			leader = e.Session
+		}
+	}
+	return st, idx, leader
+}
+
+// casState replaces the state at index idx (0: create). It reports whether it won.
+func (c *Consul) casState(ctx context.Context, idx uint64, st jobState, extra ...store.Op) (bool, error) {
+	b, _ := json.Marshal(st)
+	ops := append([]store.Op{{Verb: store.CAS, Key: c.key("ctl", "state"), Value: b, Index: idx}}, extra...)
+	_, err := c.s.Txn(ctx, ops)
+	if errors.Is(err, store.ErrTxnRejected) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+func newRunID() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// Join implements Rendezvous: it blocks until a round closes with this node in it.
+func (c *Consul) Join(ctx context.Context, req JoinRequest) (Round, error) {
+	if err := validID("node name", req.Node); err != nil {
+		return nil, err
+	}
+	if req.LocalWorldSize < 1 {
+		return nil, fmt.Errorf("join: local world size %d: must be at least 1", req.LocalWorldSize)
+	}
+	sess, lost, err := c.ensureSession(ctx, req.Node)
+	if err != nil {
+		return nil, err
+	}
+	me := memberRecord{Member: Member{Node: req.Node, Addr: req.Addr, LocalWorldSize: req.LocalWorldSize, Switch: req.Switch},
+		Host: c.cfg.Host, Round: -1}
+	if err := c.putMember(ctx, sess, me); err != nil {
+		return nil, err
+	}
+	w := store.NewWatcher(c.s, c.key("ctl")+"/")
+	for {
+		select {
+		case <-lost:
+			return nil, fmt.Errorf("rendezvous session lost while joining")
+		default:
+		}
+		entries, err := w.Next(ctx)
+		if err != nil {
+			return nil, err
+		}
+		st, idx, leader := c.readCtl(entries)
+		if leader == "" {
+			// Nobody leads: try to (the change wakes everyone either way).
+			_, _ = c.s.Txn(ctx, []store.Op{{Verb: store.Lock, Key: c.key("ctl", "leader"), Value: []byte(req.Node), Session: sess}})
+		}
+		switch {
+		case st == nil:
+			if _, err := c.casState(ctx, 0, jobState{Run: newRunID(), Round: 0, Status: statusOpen}); err != nil {
+				return nil, err
+			}
+		case st.Error != "":
+			return nil, errors.New(st.Error)
+		case st.Status == statusFinished:
+			c.log.Info("job id reused after the job finished: starting a new run", zap.String("job", c.cfg.JobID))
+			if _, err := c.casState(ctx, idx, jobState{Run: newRunID(), Round: 0, Status: statusOpen}); err != nil {
+				return nil, err
+			}
+		case st.Status == statusEnded:
+			prev := *st
+			prev.Previous = nil
+			if _, err := c.casState(ctx, idx, jobState{Run: st.Run, Round: st.Round + 1, Status: statusOpen, Failures: st.Failures, Previous: &prev}); err != nil {
+				return nil, err
+			}
+		case st.Status == statusRunning:
+			// Only a round this process joined while it was open: a node that restarted
+			// mid-round waits for the next one (the leader sees it and re-forms the gang).
+			if me.Round == st.Round {
+				if r, ok, err := c.myRound(ctx, st, req.Node); err != nil {
+					return nil, err
+				} else if ok {
+					return c.newRound(r, st, req.Node, sess, lost, leader == sess), nil
+				}
+			}
+			if me.Round != st.Round+1 {
+				me.Round = st.Round + 1 // wait for the next round; the leader sees a waiter
+				if err := c.putMember(ctx, sess, me); err != nil {
+					return nil, err
+				}
+				c.log.Info("a round is running: waiting to join the next", zap.Int("round", st.Round))
+			}
+		case st.Status == statusOpen:
+			if me.Round != st.Round {
+				me.Round = st.Round
+				if err := c.putMember(ctx, sess, me); err != nil {
+					return nil, err
+				}
+			}
+			if leader == sess {
+				if err := c.lead(ctx, req, st, idx, sess); err != nil {
+					return nil, err
+				}
+			}
+		}
+	}
+}
+
+// putMember writes this node's membership key, locked by its session. A name held by
+// another live session is an error.
+func (c *Consul) putMember(ctx context.Context, sess string, m memberRecord) error {
+	b, _ := json.Marshal(m)
+	_, err := c.s.Txn(ctx, []store.Op{{Verb: store.Lock, Key: c.key("members", m.Node), Value: b, Session: sess}})
+	if errors.Is(err, store.ErrTxnRejected) {
+		return fmt.Errorf("node name %s is already in job %s (another gangrun with the same --node-name): %w", m.Node, c.cfg.JobID, err)
+	}
+	return err
+}
+
+// myRound reads this node's part of the running round, if it has one.
+func (c *Consul) myRound(ctx context.Context, st *jobState, node string) (Assignment, bool, error) {
+	e, err := c.s.Get(ctx, c.key("rounds", strconv.Itoa(st.Round), node))
+	if err != nil || e == nil {
+		return Assignment{}, false, err
+	}
+	var r roundRecord
+	if err := json.Unmarshal(e.Value, &r); err != nil || r.Run != st.Run {
+		return Assignment{}, false, nil
+	}
+	return r.Assignment, true, nil
+}
+
+// members reads every membership key of the job.
+func (c *Consul) members(entries []store.Entry) map[string]memberRecord {
+	out := map[string]memberRecord{}
+	prefix := c.key("members") + "/"
+	for _, e := range entries {
+		if !strings.HasPrefix(e.Key, prefix) || e.Session == "" {
+			continue
+		}
+		var m memberRecord
+		if json.Unmarshal(e.Value, &m) == nil {
+			out[m.Node] = m
+		}
+	}
+	return out
+}
+
+// lead runs the leader's side of an open round: it waits until MaxNodes have joined, or
+// MinNodes have and the last call has passed, then closes the round. It returns when the
+// round is closed or the state changed under it.
+func (c *Consul) lead(ctx context.Context, req JoinRequest, st *jobState, idx uint64, sess string) error {
+	w := store.NewWatcher(c.s, c.key()+"")
+	var deadline time.Time
+	for {
+		wctx, cancel := ctx, context.CancelFunc(func() {})
+		if !deadline.IsZero() {
+			wctx, cancel = context.WithDeadline(ctx, deadline)
+		}
+		entries, err := w.Next(wctx)
+		cancel()
+		if err != nil && ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if err != nil { // the last call ran out: read the members once more
+			entries, _, err = c.s.List(ctx, c.key())
+			if err != nil {
+				return err
+			}
+		}
+		cur, curIdx, leader := c.readCtl(entries)
+		if cur == nil || curIdx != idx || leader != sess {
+			return nil // the state moved on, or leadership did
+		}
+		var joined []memberRecord
+		for _, m := range c.members(entries) {
+			if m.Round == st.Round {
+				joined = append(joined, m)
+			}
+		}
+		n := len(joined)
+		switch {
+		case n >= c.cfg.MaxNodes:
+			return c.close(ctx, req, st, idx, sess, joined)
+		case n >= c.cfg.MinNodes && !deadline.IsZero() && !time.Now().Before(deadline):
+			return c.close(ctx, req, st, idx, sess, joined)
+		case n >= c.cfg.MinNodes && deadline.IsZero():
+			deadline = time.Now().Add(c.cfg.LastCall)
+			c.log.Info("enough nodes: last call", zap.Int("joined", n), zap.Int("min", c.cfg.MinNodes), zap.Int("max", c.cfg.MaxNodes), zap.Duration("last_call", c.cfg.LastCall))
+		case n < c.cfg.MinNodes:
+			deadline = time.Time{}
+		}
+	}
+}
+
+// order puts the leader first, then the nodes under its switch by name, then the other
+// switches' nodes by (switch, name): nodes under one switch get adjacent node ranks.
+func order(leader string, ms []memberRecord) []memberRecord {
+	var lead memberRecord
+	for _, m := range ms {
+		if m.Node == leader {
+			lead = m
+		}
+	}
+	out := append([]memberRecord(nil), ms...)
+	sort.Slice(out, func(i, j int) bool {
+		a, b := out[i], out[j]
+		if (a.Node == leader) != (b.Node == leader) {
+			return a.Node == leader
+		}
+		if (a.Switch == lead.Switch) != (b.Switch == lead.Switch) {
+			return a.Switch == lead.Switch
+		}
+		if a.Switch != b.Switch {
+			return a.Switch < b.Switch
+		}
+		return a.Node < b.Node
+	})
+	return out
+}
+
+// close closes the open round with joined nodes: node rank 0 (this node) picks the
+// master port and the resume checkpoint, writes every node's assignment, then flips the
+// state to running.
+func (c *Consul) close(ctx context.Context, req JoinRequest, st *jobState, idx uint64, sess string, joined []memberRecord) error {
+	ms := order(req.Node, joined)
+	if len(ms) > c.cfg.MaxNodes {
+		ms = ms[:c.cfg.MaxNodes]
+	}
+	leader := ms[0]
+	if ip := net.ParseIP(leader.Addr); leader.Addr == "" || (ip != nil && ip.IsLoopback()) {
+		for _, m := range ms {
+			if m.Host != leader.Host {
+				msg := fmt.Sprintf("MASTER_ADDR would be %q (node %s) but nodes %s and %s run on different hosts: give every node --advertise-addr with an address the others reach",
+					leader.Addr, leader.Node, leader.Host, m.Host)
+				_, err := c.casState(ctx, idx, jobState{Run: st.Run, Round: st.Round, Status: statusFinished, Failures: st.Failures, Error: msg})
+				if err != nil {
+					return err
+				}
+				return errors.New(msg)
+			}
+		}
+		if leader.Addr == "" {
+			leader.Addr = LoopbackAddr
+		}
+	}
+	port := req.MasterPort
+	if port == 0 {
+		p, err := FreePort()
+		if err != nil {
+			return err
+		}
+		port = p
+	}
+	resume := ""
+	if req.ChooseResume != nil {
+		r, err := req.ChooseResume(ctx)
+		if err != nil {
+			return fmt.Errorf("choose the checkpoint to resume from: %w", err)
+		}
+		resume = r
+	}
+	members := make([]Member, len(ms))
+	for i, m := range ms {
+		members[i] = m.Member
+	}
+	var ops []store.Op
+	for i, m := range ms {
+		a := Assign(members, i)
+		a.JobID, a.Round, a.RestartCount = c.cfg.JobID, st.Round, st.Failures
+		a.MasterAddr, a.MasterPort, a.ResumeFrom = leader.Addr, port, resume
+		if len(members) <= 64 {
+			a.Nodes = members
+		}
+		b, _ := json.Marshal(roundRecord{Run: st.Run, Assignment: a})
+		ops = append(ops, store.Op{Verb: store.Set, Key: c.key("rounds", strconv.Itoa(st.Round), m.Node), Value: b})
+	}
+	fence := []store.Op{
+		{Verb: store.CheckSession, Key: c.key("ctl", "leader"), Session: sess},
+		{Verb: store.CheckIndex, Key: c.key("ctl", "state"), Index: idx},
+	}
+	for len(ops) > 0 {
+		n := min(len(ops), chunk)
+		if _, err := c.s.Txn(ctx, append(append([]store.Op{}, fence...), ops[:n]...)); err != nil {
+			if errors.Is(err, store.ErrTxnRejected) {
+				return nil // deposed or the state moved: look again
+			}
+			return err
+		}
+		ops = ops[n:]
+	}
+	running := jobState{Run: st.Run, Round: st.Round, Status: statusRunning, Failures: st.Failures}
+	cleanup := []store.Op{fence[0]}
+	if st.Round > 0 {
+		cleanup = append(cleanup, store.Op{Verb: store.DeleteTree, Key: c.key("rounds", strconv.Itoa(st.Round-1)) + "/"})
+	}
+	won, err := c.casState(ctx, idx, running, cleanup...)
+	if err == nil && won {
+		c.log.Info("round closed", zap.Int("round", st.Round), zap.Int("nnodes", len(ms)), zap.String("master", net.JoinHostPort(leader.Addr, strconv.Itoa(port))))
+	}
+	return err
+}
+
+// consulRound is a running round as one node sees it.
+type consulRound struct {
+	c      *Consul
+	a      Assignment
+	run    string
+	node   string
+	sess   string
+	ended  chan struct{}
+	cancel context.CancelFunc
+
+	mu     sync.Mutex
+	end    End
+	leader bool
+	hbLast time.Time // the output time last published
+	hbAt   time.Time // when it was published
+}
+
+func (c *Consul) newRound(a Assignment, st *jobState, node, sess string, lost <-chan struct{}, leader bool) *consulRound {
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &consulRound{c: c, a: a, run: st.Run, node: node, sess: sess, ended: make(chan struct{}), cancel: cancel, leader: leader}
+	go r.watch(ctx, lost)
+	return r
+}
+
+func (r *consulRound) Assignment() Assignment { return r.a }
+func (r *consulRound) Ended() <-chan struct{} { return r.ended }
+
+func (r *consulRound) End() End {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.end
+}
+
+func (r *consulRound) finish(e End) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.end.Kind != Running {
+		return
+	}
+	r.end = e
+	close(r.ended)
+	r.cancel()
+}
+
+// endOf translates a state that moved past this round into how the round ended.
+func endOf(st *jobState) End {
+	switch {
+	case st == nil:
+		return End{Kind: MembershipChanged, Detail: "the job's state disappeared"}
+	case st.End == "failed":
+		return End{Kind: Failed, Failure: st.Failure}
+	case st.End == "succeeded":
+		return End{Kind: Succeeded}
+	case st.Error != "":
+		return End{Kind: Failed, Failure: &Failure{Rank: -1, LocalRank: -1, ExitCode: 1, Reason: st.Error}}
+	}
+	return End{Kind: MembershipChanged, Detail: st.Detail}
+}
+
+// watch follows the job until the round ends. Every node watches ctl/; the leader (or
+// the node that takes over leadership) also watches the members and done markers.
+func (r *consulRound) watch(ctx context.Context, lost <-chan struct{}) {
+	c := r.c
+	w := store.NewWatcher(c.s, c.key("ctl")+"/")
+	lw := store.NewWatcher(c.s, c.key())
+	for {
+		var entries []store.Entry
+		var err error
+		r.mu.Lock()
+		leading := r.leader
+		r.mu.Unlock()
+		if leading {
+			entries, err = lw.Next(ctx)
+		} else {
+			entries, err = w.Next(ctx)
+		}
+		select {
+		case <-lost:
+			r.finish(End{Kind: MembershipChanged, Detail: "this node's session was lost"})
+			return
+		default:
+		}
+		if err != nil {
+			return
+		}
+		st, idx, leader := c.readCtl(entries)
+		if st == nil || st.Run != r.run || st.Round != r.a.Round || st.Status != statusRunning {
+			if st != nil && st.Previous != nil && st.Previous.Run == r.run && st.Previous.Round == r.a.Round {
+				st = st.Previous // the next round opened already: this round's end is kept there
+			}
+			r.finish(endOf(st))
+			return
+		}
+		if leader == "" {
+			if _, err := c.s.Txn(ctx, []store.Op{{Verb: store.Lock, Key: c.key("ctl", "leader"), Value: []byte(r.node), Session: r.sess}}); err == nil {
+				leader = r.sess
+			}
+		}
+		if leader == r.sess && !leading {
+			r.mu.Lock()
+			r.leader = true
+			r.mu.Unlock()
+			continue // read the whole job next
+		}
+		if leading {
+			r.oversee(ctx, entries, st, idx)
+		}
+	}
+}
+
+// oversee is the leader's check of a running round: a member gone or restarted ends it
+// (membership change), a node waiting to join ends it when the round has room
+// (scale-up), and every member's done marker finishes the job.
+func (r *consulRound) oversee(ctx context.Context, entries []store.Entry, st *jobState, idx uint64) {
+	c := r.c
+	members := c.members(entries)
+	assigned := map[string]bool{}
+	prefix := c.key("rounds", strconv.Itoa(st.Round)) + "/"
+	done := map[string]bool{}
+	donePrefix := c.key("done", st.Run, strconv.Itoa(st.Round)) + "/"
+	for _, e := range entries {
+		if n, ok := strings.CutPrefix(e.Key, prefix); ok {
+			assigned[n] = true
+		}
+		if n, ok := strings.CutPrefix(e.Key, donePrefix); ok && e.Session != "" {
+			done[n] = true
+		}
+	}
+	end := func(status, kind, detail string) {
+		ns := jobState{Run: st.Run, Round: st.Round, Status: status, Failures: st.Failures, End: kind, Detail: detail}
+		if _, err := c.casState(ctx, idx, ns); err != nil {
+			c.log.Warn("end round", zap.Error(err))
+		}
+	}
+	names := make([]string, 0, len(assigned))
+	for n := range assigned {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		if m, ok := members[n]; !ok || m.Round != st.Round {
+			if done[n] {
+				continue // finished its part; its session may end
+			}
+			end(statusEnded, "membership", "node "+n+" left")
+			return
+		}
+	}
+	if len(assigned) < c.cfg.MaxNodes {
+		var waiting []string
+		for n, m := range members {
+			if !assigned[n] && m.Round > st.Round {
+				waiting = append(waiting, n)
+			}
+		}
+		if len(waiting) > 0 {
+			sort.Strings(waiting)
+			end(statusEnded, "membership", "node "+strings.Join(waiting, ", ")+" waiting to join")
+			return
+		}
+	}
+	if len(done) >= len(assigned) && len(assigned) > 0 {
+		all := true
+		for n := range assigned {
+			all = all && done[n]
+		}
+		if all {
+			end(statusFinished, "succeeded", "")
+		}
+	}
+}
+
+// Fail implements Round: the first failure reported ends the round for every node.
+func (r *consulRound) Fail(ctx context.Context, f Failure) error {
+	c := r.c
+	for {
+		entries, _, err := c.s.List(ctx, c.key("ctl")+"/")
+		if err != nil {
+			return err
+		}
+		st, idx, _ := c.readCtl(entries)
+		if st == nil || st.Run != r.run || st.Round != r.a.Round || st.Status != statusRunning {
+			return nil // already ended
+		}
+		ns := jobState{Run: st.Run, Round: st.Round, Status: statusEnded, Failures: st.Failures + 1, End: "failed", Failure: &f}
+		if ns.Failures > c.cfg.MaxRestarts {
+			ns.Status = statusFinished
+		}
+		won, err := c.casState(ctx, idx, ns)
+		if err != nil || won {
+			if won {
+				r.finish(endOf(&ns))
+			}
+			return err
+		}
+	}
+}
+
+// Succeed implements Round: it marks this node done and waits for the round's end.
+func (r *consulRound) Succeed(ctx context.Context) (End, error) {
+	c := r.c
+	_, err := c.s.Txn(ctx, []store.Op{{Verb: store.Lock, Key: c.key("done", r.run, strconv.Itoa(r.a.Round), r.node), Value: []byte("ok"), Session: r.sess}})
+	if err != nil {
+		return r.End(), err
+	}
+	select {
+	case <-r.ended:
+		return r.End(), nil
+	case <-ctx.Done():
+		return r.End(), ctx.Err()
+	}
+}
+
+// Leave implements Round: the node's membership key goes, so the others re-form.
+func (r *consulRound) Leave(ctx context.Context) error {
+	c := r.c
+	_, err := c.s.Txn(ctx, []store.Op{
+		{Verb: store.Delete, Key: c.key("members", r.node)},
+		{Verb: store.Delete, Key: c.heartbeatKey(r.node)},
+	})
+	r.finish(End{Kind: MembershipChanged, Detail: "node " + r.node + " left"})
+	return err
+}
+
+// Activity implements Round: nodes publish their last output time (at most once per
+// second); the leader judges the gang by the newest of all.
+func (r *consulRound) Activity(ctx context.Context, local time.Time) time.Time {
+	c := r.c
+	r.mu.Lock()
+	publish := local.After(r.hbLast) && time.Since(r.hbAt) >= heartbeatEvery
+	leading := r.leader
+	r.mu.Unlock()
+	if publish {
+		if _, err := c.s.Txn(ctx, []store.Op{{Verb: store.Set, Key: c.heartbeatKey(r.node), Value: []byte(strconv.FormatInt(local.UnixNano(), 10))}}); err == nil {
+			r.mu.Lock()
+			r.hbLast, r.hbAt = local, time.Now()
+			r.mu.Unlock()
+		}
+	}
+	if !leading {
+		return time.Now() // the leader judges
+	}
+	entries, _, err := c.s.List(ctx, "gangrun/heartbeat/"+c.cfg.JobID+"/")
+	if err != nil {
+		return time.Now() // cannot judge without the others' figures
+	}
+	newest := local
+	for _, e := range entries {
+		if ns, err := strconv.ParseInt(string(e.Value), 10, 64); err == nil {
+			newest = maxTime(newest, time.Unix(0, ns))
+		}
+	}
+	return newest
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}

@@ -1,0 +1,324 @@
+package rendezvous
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gangrun/gangrun/internal/consultest"
+	"github.com/gangrun/gangrun/internal/store"
+)
+
+func eachStore(t *testing.T, fn func(t *testing.T, s store.Store)) {
+	t.Run("memory", func(t *testing.T) { fn(t, store.NewMemory()) })
+	t.Run("consul", func(t *testing.T) {
+		s, err := store.NewConsul(consultest.Start(t).Addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fn(t, s)
+	})
+}
+
+// testNode is one simulated node of a job.
+type testNode struct {
+	name string
+	rdzv *Consul
+}
+
+func newNodes(t *testing.T, s store.Store, job string, n, min, max int, host func(i int) string) []*testNode {
+	t.Helper()
+	var nodes []*testNode
+	for i := 0; i < n; i++ {
+		h := "host"
+		if host != nil {
+			h = host(i)
+		}
+		c, err := NewConsul(s, ConsulConfig{JobID: job, MinNodes: min, MaxNodes: max, MaxRestarts: 3, LastCall: 500 * time.Millisecond, Host: h})
+		if err != nil {
+			t.Fatal(err)
+		}
+		nodes = append(nodes, &testNode{name: fmt.Sprintf("n%03d", i), rdzv: c})
+		t.Cleanup(func() { _ = c.Close(context.Background()) })
+	}
+	return nodes
+}
+
+func (n *testNode) request(addr string) JoinRequest {
+	return JoinRequest{Node: n.name, Addr: addr, LocalWorldSize: 2, Switch: "sw" + n.name[len(n.name)-1:]}
+}
+
+// joinAll joins every node concurrently and returns their rounds by node name.
+func joinAll(t *testing.T, nodes []*testNode, resume string) map[string]Round {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var mu sync.Mutex
+	rounds := map[string]Round{}
+	var wg sync.WaitGroup
+	for i, n := range nodes {
+		wg.Add(1)
+		go func(i int, n *testNode) {
+			defer wg.Done()
+			req := n.request(fmt.Sprintf("10.0.%d.%d", i/250, i%250+1))
+			req.ChooseResume = func(context.Context) (string, error) { return resume, nil }
+			r, err := n.rdzv.Join(ctx, req)
+			if err != nil {
+				t.Errorf("%s: join: %v", n.name, err)
+				return
+			}
+			mu.Lock()
+			rounds[n.name] = r
+			mu.Unlock()
+		}(i, n)
+	}
+	wg.Wait()
+	return rounds
+}
+
+// checkRound asserts the rounds agree: one round number, distinct node ranks 0..N-1,
+// rank offsets that tile the world, one master, one resume checkpoint.
+func checkRound(t *testing.T, rounds map[string]Round, wantNodes int, resume string) int {
+	t.Helper()
+	if len(rounds) != wantNodes {
+		t.Fatalf("%d nodes got a round, want %d", len(rounds), wantNodes)
+	}
+	var first Assignment
+	ranks := map[int]string{}
+	offsets := map[int]int{}
+	for name, r := range rounds {
+		a := r.Assignment()
+		if first.JobID == "" {
+			first = a
+		}
+		if a.Round != first.Round || a.MasterAddr != first.MasterAddr || a.MasterPort != first.MasterPort || a.ResumeFrom != resume ||
+			a.NNodes != wantNodes || a.WorldSize != 2*wantNodes || a.LocalWorldSize != 2 {
+			t.Fatalf("%s: %+v disagrees with %+v (want %d nodes, resume %q)", name, a, first, wantNodes, resume)
+		}
+		if other, dup := ranks[a.NodeRank]; dup {
+			t.Fatalf("node rank %d given to %s and %s", a.NodeRank, other, name)
+		}
+		ranks[a.NodeRank] = name
+		offsets[a.NodeRank] = a.RankOffset
+	}
+	for i := 0; i < wantNodes; i++ {
+		if offsets[i] != 2*i {
+			t.Fatalf("node rank %d has rank offset %d, want %d", i, offsets[i], 2*i)
+		}
+	}
+	return first.Round
+}
+
+func TestConsulRendezvousForms(t *testing.T) {
+	for _, n := range []int{2, 8, 64} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			eachStore(t, func(t *testing.T, s store.Store) {
+				nodes := newNodes(t, s, "job", n, n, n, nil)
+				rounds := joinAll(t, nodes, "/ckpt/step-10")
+				round := checkRound(t, rounds, n, "/ckpt/step-10")
+				if round != 0 {
+					t.Errorf("first round is %d, want 0", round)
+				}
+				// Node rank 0 is the leader and MASTER_ADDR is its address; nodes under one
+				// switch have adjacent node ranks.
+				bySwitch := map[string][]int{}
+				for name, r := range rounds {
+					a := r.Assignment()
+					bySwitch["sw"+name[len(name)-1:]] = append(bySwitch["sw"+name[len(name)-1:]], a.NodeRank)
+				}
+				for sw, rs := range bySwitch {
+					sort.Ints(rs)
+					if rs[len(rs)-1]-rs[0] != len(rs)-1 {
+						t.Errorf("switch %s has non-adjacent node ranks %v", sw, rs)
+					}
+				}
+			})
+		})
+	}
+}
+
+func TestConsulRendezvousFailureRestartsEveryone(t *testing.T) {
+	eachStore(t, func(t *testing.T, s store.Store) {
+		nodes := newNodes(t, s, "job", 3, 3, 3, nil)
+		rounds := joinAll(t, nodes, "")
+		ctx := context.Background()
+		f := Failure{Node: "n001", Rank: 3, LocalRank: 1, ExitCode: 7, Reason: "exit code 7"}
+		if err := rounds["n001"].Fail(ctx, f); err != nil {
+			t.Fatal(err)
+		}
+		for name, r := range rounds {
+			select {
+			case <-r.Ended():
+			case <-time.After(10 * time.Second):
+				t.Fatalf("%s did not see the round end", name)
+			}
+			e := r.End()
+			if e.Kind != Failed || e.Failure == nil || e.Failure.Rank != 3 || e.Failure.ExitCode != 7 {
+				t.Errorf("%s: end = %+v, want the failure of rank 3", name, e)
+			}
+		}
+		// A second failure report of the same round is ignored.
+		if err := rounds["n002"].Fail(ctx, Failure{Node: "n002", Rank: 5}); err != nil {
+			t.Fatal(err)
+		}
+		next := joinAll(t, nodes, "/ckpt/step-20")
+		round := checkRound(t, next, 3, "/ckpt/step-20")
+		if round != 1 {
+			t.Errorf("round after the failure = %d, want 1", round)
+		}
+		for name, r := range next {
+			if r.Assignment().RestartCount != 1 {
+				t.Errorf("%s: restart count %d, want 1", name, r.Assignment().RestartCount)
+			}
+		}
+	})
+}
+
+func TestConsulRendezvousElastic(t *testing.T) {
+	eachStore(t, func(t *testing.T, s store.Store) {
+		ctx := context.Background()
+		nodes := newNodes(t, s, "elastic", 3, 2, 3, nil)
+		// Two nodes join; with MIN 2 the round closes after the last call without the third.
+		rounds := joinAll(t, nodes[:2], "")
+		checkRound(t, rounds, 2, "")
+		// A late joiner waits and makes the running round end (scale-up), not as a
+		// failure: the next round has all three, and no restart was charged.
+		late := make(chan Round, 1)
+		go func() {
+			r, err := nodes[2].rdzv.Join(ctx, nodes[2].request("10.0.9.9"))
+			if err != nil {
+				t.Errorf("late join: %v", err)
+			}
+			late <- r
+		}()
+		for name, r := range rounds {
+			select {
+			case <-r.Ended():
+			case <-time.After(15 * time.Second):
+				t.Fatalf("%s: the running round did not end for the late joiner", name)
+			}
+			if e := r.End(); e.Kind != MembershipChanged || !strings.Contains(e.Detail, "n002 waiting to join") {
+				t.Errorf("%s: end = %+v, want a membership change for n002", name, e)
+			}
+		}
+		next := joinAll(t, nodes[:2], "")
+		next["n002"] = <-late
+		checkRound(t, next, 3, "")
+		for name, r := range next {
+			if r.Assignment().RestartCount != 0 {
+				t.Errorf("%s: restart count %d after a scale-up, want 0", name, r.Assignment().RestartCount)
+			}
+		}
+		// A node dies (its session ends): the survivors see a membership change and
+		// re-form without it, since MIN (2) remain.
+		if err := nodes[1].rdzv.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+		for _, name := range []string{"n000", "n002"} {
+			r := next[name]
+			select {
+			case <-r.Ended():
+			case <-time.After(15 * time.Second):
+				t.Fatalf("%s: no end after n001 died", name)
+			}
+			if e := r.End(); e.Kind != MembershipChanged || !strings.Contains(e.Detail, "n001 left") {
+				t.Errorf("%s: end = %+v, want n001 left", name, e)
+			}
+		}
+		down := joinAll(t, []*testNode{nodes[0], nodes[2]}, "")
+		checkRound(t, down, 2, "")
+	})
+}
+
+func TestConsulRendezvousJobsAreSeparateAndReusable(t *testing.T) {
+	eachStore(t, func(t *testing.T, s store.Store) {
+		ctx := context.Background()
+		a := newNodes(t, s, "job-a", 2, 2, 2, nil)
+		b := newNodes(t, s, "job-b", 2, 2, 2, nil)
+		ra := joinAll(t, a, "")
+		rb := joinAll(t, b, "")
+		checkRound(t, ra, 2, "")
+		checkRound(t, rb, 2, "")
+		// Job a fails; job b does not notice.
+		if err := ra["n000"].Fail(ctx, Failure{Node: "n000", Rank: 0, ExitCode: 1}); err != nil {
+			t.Fatal(err)
+		}
+		<-ra["n001"].Ended()
+		select {
+		case <-rb["n000"].Ended():
+			t.Fatal("job b's round ended when job a's failed")
+		case <-time.After(300 * time.Millisecond):
+		}
+		// Job b succeeds: every node reports success and sees the job succeed.
+		var wg sync.WaitGroup
+		for name, r := range rb {
+			wg.Add(1)
+			go func(name string, r Round) {
+				defer wg.Done()
+				sctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+				defer cancel()
+				e, err := r.Succeed(sctx)
+				if err != nil || e.Kind != Succeeded {
+					t.Errorf("%s: succeed = %+v, %v", name, e, err)
+				}
+			}(name, r)
+		}
+		wg.Wait()
+		// Reusing job b's id after it finished starts fresh: round 0, no restarts.
+		again := newNodes(t, s, "job-b", 2, 2, 2, nil)
+		for _, n := range b {
+			_ = n.rdzv.Close(ctx)
+		}
+		r2 := joinAll(t, again, "")
+		if round := checkRound(t, r2, 2, ""); round != 0 {
+			t.Errorf("reused job id starts at round %d, want 0", round)
+		}
+	})
+}
+
+func TestConsulRendezvousRefusesLoopbackMasterAcrossHosts(t *testing.T) {
+	s := store.NewMemory()
+	nodes := newNodes(t, s, "lo", 2, 2, 2, func(i int) string { return fmt.Sprintf("host%d", i) })
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	errs := make(chan error, 2)
+	for _, n := range nodes {
+		go func(n *testNode) {
+			_, err := n.rdzv.Join(ctx, n.request("127.0.0.1"))
+			errs <- err
+		}(n)
+	}
+	for i := 0; i < 2; i++ {
+		if err := <-errs; err == nil || !strings.Contains(err.Error(), "run on different hosts") {
+			t.Errorf("join = %v, want the loopback MASTER_ADDR refused", err)
+		}
+	}
+}
+
+func TestConsulActivityLeaderSeesTheGang(t *testing.T) {
+	s := store.NewMemory()
+	nodes := newNodes(t, s, "hang", 2, 2, 2, nil)
+	rounds := joinAll(t, nodes, "")
+	ctx := context.Background()
+	var leader, other Round
+	for _, r := range rounds {
+		if r.Assignment().NodeRank == 0 {
+			leader = r
+		} else {
+			other = r
+		}
+	}
+	old := time.Now().Add(-time.Hour)
+	recent := time.Now()
+	// The other node still writes output; the leader's own workers are silent.
+	if got := other.Activity(ctx, recent); time.Since(got) > time.Second {
+		t.Errorf("a non-leader judged the gang: %v", got)
+	}
+	if got := leader.Activity(ctx, old); got.Before(recent.Add(-time.Millisecond)) {
+		t.Errorf("leader saw the gang's newest output at %v, want the other node's %v", got, recent)
+	}
+}
