@@ -232,6 +232,7 @@ func TestChooseDevicesKnownChoices(t *testing.T) {
 		{"dgx1 pair from a broken quad", dgx1, []string{"0", "1", "5", "6", "7"}, 2, []string{"6", "7"}},
 		{"dgx1 all", dgx1, nil, 8, []string{"0", "1", "2", "3", "4", "5", "6", "7"}},
 		{"h100 quad on one socket", h100, nil, 4, []string{"0", "1", "2", "3"}},
+		{"h100 second pair packs next to the first", h100, []string{"2", "3", "4", "5", "6", "7"}, 2, []string{"2", "3"}},
 		{"h100 quad on the free socket", h100, []string{"0", "4", "5", "6", "7"}, 4, []string{"4", "5", "6", "7"}},
 		{"h100 five", h100, nil, 5, []string{"0", "1", "2", "3", "4"}},
 		{"pcie pair on one socket", pcie, []string{"0", "2", "3"}, 2, []string{"2", "3"}},
