@@ -37,7 +37,7 @@ func ChooseDevices(inv *topology.Inventory, free []topology.Device, k int) ([]to
 	}
 	devs, err := locate(inv, free)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("choose devices: %w", err)
 	}
 	if k == 1 || k == len(devs) {
 		// One device scores 0 wherever it is: the lowest. All of them: all of them.
@@ -71,7 +71,7 @@ func SetScore(inv *topology.Inventory, devices []topology.Device) (int, error) {
 	}
 	devs, err := locate(inv, devices)
 	if err != nil {
-		return 0, err
+		return 0, fmt.Errorf("set score: %w", err)
 	}
 	p := newProblem(inv, devs)
 	score := 0

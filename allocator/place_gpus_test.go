@@ -232,6 +232,7 @@ func TestChooseDevicesKnownChoices(t *testing.T) {
 		{"dgx1 pair from a broken quad", dgx1, []string{"0", "1", "5", "6", "7"}, 2, []string{"6", "7"}},
 		{"dgx1 all", dgx1, nil, 8, []string{"0", "1", "2", "3", "4", "5", "6", "7"}},
 		{"h100 quad on one socket", h100, nil, 4, []string{"0", "1", "2", "3"}},
+		{"h100 second pair packs next to the first", h100, []string{"2", "3", "4", "5", "6", "7"}, 2, []string{"2", "3"}},
 		{"h100 quad on the free socket", h100, []string{"0", "4", "5", "6", "7"}, 4, []string{"4", "5", "6", "7"}},
 		{"h100 five", h100, nil, 5, []string{"0", "1", "2", "3", "4"}},
 		{"pcie pair on one socket", pcie, []string{"0", "2", "3"}, 2, []string{"2", "3"}},
@@ -285,10 +286,10 @@ func TestChooseDevicesErrors(t *testing.T) {
 		{"zero", dgx1, all, 0, "choose devices on node dgx1-01: count 0 must be at least 1"},
 		{"negative", dgx1, all, -3, "count -3 must be at least 1"},
 		{"more than free", dgx1, all[:3], 4, "4 wanted but only 3 free"},
-		{"unknown gpu", dgx1, []topology.Device{{ID: "9", GPU: 9}}, 1, `device "9": node dgx1-01 has no gpu 9`},
-		{"id not the gpu", dgx1, []topology.Device{{ID: "GPU-x", GPU: 2}}, 1, `device "GPU-x": not gpu 2 of node dgx1-01`},
-		{"whole gpu in MIG mode", mig, []topology.Device{{ID: "0", GPU: 0}}, 1, `device "0": not a MIG device of gpu 0`},
-		{"twice", dgx1, []topology.Device{all[1], all[2], all[1]}, 2, `device "1" is listed twice`},
+		{"unknown gpu", dgx1, []topology.Device{{ID: "9", GPU: 9}}, 1, `choose devices: device "9": node dgx1-01 has no gpu 9`},
+		{"id not the gpu", dgx1, []topology.Device{{ID: "GPU-x", GPU: 2}}, 1, `choose devices: device "GPU-x": not gpu 2 of node dgx1-01`},
+		{"whole gpu in MIG mode", mig, []topology.Device{{ID: "0", GPU: 0}}, 1, `choose devices: device "0": not a MIG device of gpu 0`},
+		{"twice", dgx1, []topology.Device{all[1], all[2], all[1]}, 2, `choose devices: device "1" is listed twice`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

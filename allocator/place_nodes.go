@@ -14,7 +14,7 @@ type NodeCandidate struct {
 	Name string
 	// Switch is the leaf switch the node is cabled to (its "switch" label, a leaf of
 	// Slurm's topology.conf); "" when unknown, and then the node counts as a switch of
-	// its own.
+	// its own. Leaves are told apart by (Spine, Switch).
 	Switch string
 	// Spine is the switch above Switch (the "spine" label: a spine, or a scalable unit
 	// of a SuperPOD); "" when unknown, and then the leaf counts as a spine of its own.
