@@ -256,3 +256,17 @@ func ReadStatus(ctx context.Context, s store.Store) (SchedulerStatus, error) {
 	}
 	return st, nil
 }
+
+// NodeLabels returns the labels node's agent registered, or nil when it has not
+// registered (a cluster without agents is fine: gangrun run works without them).
+func NodeLabels(ctx context.Context, s store.Store, node string) (map[string]string, error) {
+	e, err := s.Get(ctx, nodesPrefix+node)
+	if err != nil || e == nil {
+		return nil, err
+	}
+	var r NodeRecord
+	if err := json.Unmarshal(e.Value, &r); err != nil {
+		return nil, fmt.Errorf("node record %s: %w", node, err)
+	}
+	return r.Labels, nil
+}

@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -221,4 +222,36 @@ func FreePort() (int, error) {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// DefaultAddr returns the address other nodes most likely reach this one at: the local
+// address of a route towards remote (the coordinator's host:port; no packet is sent),
+// unless that is a loopback address; else the first IPv4 address of an up, non-loopback
+// interface that is not a container bridge (docker*, veth*, virbr*); else 127.0.0.1.
+func DefaultAddr(remote string) string {
+	if remote != "" {
+		if conn, err := net.Dial("udp", remote); err == nil {
+			ip := conn.LocalAddr().(*net.UDPAddr).IP
+			conn.Close()
+			if !ip.IsLoopback() {
+				return ip.String()
+			}
+		}
+	}
+	ifaces, err := net.Interfaces()
+	if err == nil {
+		for _, ifc := range ifaces {
+			if ifc.Flags&net.FlagUp == 0 || ifc.Flags&net.FlagLoopback != 0 ||
+				strings.HasPrefix(ifc.Name, "docker") || strings.HasPrefix(ifc.Name, "veth") || strings.HasPrefix(ifc.Name, "virbr") {
+				continue
+			}
+			addrs, _ := ifc.Addrs()
+			for _, a := range addrs {
+				if ipn, ok := a.(*net.IPNet); ok && ipn.IP.To4() != nil && !ipn.IP.IsLoopback() && !ipn.IP.IsLinkLocalUnicast() {
+					return ipn.IP.String()
+				}
+			}
+		}
+	}
+	return LoopbackAddr
 }

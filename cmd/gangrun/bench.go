@@ -183,7 +183,7 @@ func runBenchNCCL(ctx context.Context, e *env, args []string) int {
 	if done, code := parseFlags(e, fs, args); done {
 		return code
 	}
-	g.nprocGiven = fs.Changed("nproc-per-node")
+	g.nprocGiven, g.nnodesGiven = fs.Changed("nproc-per-node"), fs.Changed("nnodes")
 	if fs.NArg() > 0 {
 		return usageErr(e, cmd, "unexpected argument %q: bench nccl takes flags only", fs.Arg(0))
 	}
@@ -234,7 +234,7 @@ func runBenchNCCL(ctx context.Context, e *env, args []string) int {
 	} else {
 		placeholder = []string{"/bin/sh"}
 	}
-	gang, code := g.gang(ctx, e, cmd, placeholder, log)
+	gang, code := g.gang(ctx, e, cmd, placeholder, 0, log)
 	if code != exitOK {
 		return code
 	}

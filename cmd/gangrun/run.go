@@ -9,12 +9,15 @@ import (
 	"io"
 	"os"
 	"runtime"
+	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/gangrun/gangrun/allocator"
+	"github.com/gangrun/gangrun/internal/store"
 	"github.com/gangrun/gangrun/launcher"
 	"github.com/gangrun/gangrun/rendezvous"
 	"github.com/gangrun/gangrun/topology"
@@ -35,6 +38,7 @@ type gangFlags struct {
 	termTimeout   time.Duration
 	logFormat     string
 	nprocGiven    bool // --nproc-per-node was on the command line
+	nnodesGiven   bool // --nnodes was on the command line
 }
 
 func (g *gangFlags) register(fs *pflag.FlagSet) {
@@ -84,7 +88,7 @@ func runRun(ctx context.Context, e *env, args []string) int {
 	if done, code := parseFlags(e, fs, args); done {
 		return code
 	}
-	g.nprocGiven = fs.Changed("nproc-per-node")
+	g.nprocGiven, g.nnodesGiven = fs.Changed("nproc-per-node"), fs.Changed("nnodes")
 	command := fs.Args()
 	if len(command) == 0 {
 		return usageErr(e, "run", "no command to run: give it after --, as in gangrun run -- python train.py")
@@ -105,7 +109,7 @@ func runRun(ctx context.Context, e *env, args []string) int {
 	}
 	defer log.Sync() //nolint:errcheck // stderr cannot be synced on some systems
 
-	gang, code := g.gang(ctx, e, "run", command, log)
+	gang, code := g.gang(ctx, e, "run", command, t.maxRestarts, log)
 	if code != exitOK {
 		return code
 	}
@@ -132,6 +136,9 @@ func superviseGang(ctx context.Context, e *env, cmd string, cfg launcher.Config,
 	}
 	log.Info("gangrun "+cmd, zap.String("job_id", cfg.JobID), zap.String("node", cfg.NodeName),
 		zap.Int("nproc_per_node", cfg.NProcPerNode), zap.Int("max_restarts", cfg.MaxRestarts))
+	if g.close != nil {
+		defer g.close()
+	}
 	res := sup.Run(ctx)
 	if res.Err != nil {
 		log.Error(cmd+" failed", zap.Error(res.Err))
@@ -145,10 +152,14 @@ type gang struct {
 	config    launcher.Config
 	rdzv      rendezvous.Rendezvous
 	inventory *topology.Inventory
+	// close leaves the rendezvous (a Consul session); nil when there is nothing to close.
+	close func()
 }
 
 // gang resolves the flags for command, or returns a usage error's exit code.
-func (g *gangFlags) gang(ctx context.Context, e *env, cmd string, command []string, log *zap.Logger) (gang, int) {
+// maxRestarts is the run's restart budget (the Consul rendezvous finishes a job that
+// runs out of it).
+func (g *gangFlags) gang(ctx context.Context, e *env, cmd string, command []string, maxRestarts int, log *zap.Logger) (gang, int) {
 	fail := func(format string, a ...any) (gang, int) {
 		return gang{}, usageErr(e, cmd, format, a...)
 	}
@@ -156,11 +167,48 @@ func (g *gangFlags) gang(ctx context.Context, e *env, cmd string, command []stri
 	if err != nil {
 		return fail("%v", err)
 	}
-	if nmax > 1 && g.coordinator == "" {
-		return fail("--nnodes %s needs a coordinator shared by the nodes: --coordinator consul://HOST:PORT or slurm", g.nnodes)
+	coordinator := g.coordinator
+	if coordinator == "" && rendezvous.InSlurmStep(e.getenv) {
+		coordinator = "slurm"
 	}
-	if g.coordinator != "" && g.coordinator != "embedded" {
-		return fail("--coordinator %q: not supported yet (embedded only)", g.coordinator)
+	var slurm rendezvous.SlurmEnv
+	switch {
+	case coordinator == "" || coordinator == "embedded":
+		if nmax > 1 {
+			return fail("--nnodes %s needs a coordinator shared by the nodes: --coordinator consul://HOST:PORT or slurm", g.nnodes)
+		}
+		coordinator = "embedded"
+	case coordinator == "slurm":
+		if slurm, err = rendezvous.ReadSlurmEnv(e.getenv); err != nil {
+			return fail("%v", err)
+		}
+		if len(slurm.TasksPerNode) > slurm.NodeID && slurm.TasksPerNode[slurm.NodeID] > 1 {
+			return fail("SLURM_TASKS_PER_NODE=%s: run one gangrun per node (srun --ntasks-per-node=1); gangrun starts the workers", e.getenv("SLURM_TASKS_PER_NODE"))
+		}
+		if g.nnodesGiven && (nmin != len(slurm.Nodes) || nmax != len(slurm.Nodes)) {
+			return fail("--nnodes %s conflicts with the Slurm allocation's %d nodes (SLURM_JOB_NODELIST)", g.nnodes, len(slurm.Nodes))
+		}
+		nmin, nmax = len(slurm.Nodes), len(slurm.Nodes)
+		if g.jobID == "" {
+			g.jobID = slurm.JobID
+		}
+		if g.nodeName == "" {
+			g.nodeName = slurm.Nodes[slurm.NodeID]
+		}
+	case strings.HasPrefix(coordinator, "consul://"):
+		if g.jobID == "" {
+			return fail("--coordinator %s needs --job-id (the nodes of a job meet under it)", coordinator)
+		}
+		if _, err := store.ParseConsulURL(coordinator); err != nil {
+			return fail("%v", err)
+		}
+	default:
+		return fail("--coordinator %q: want embedded, slurm or consul://HOST:PORT", coordinator)
+	}
+	if g.jobID != "" {
+		if err := allocator.ValidName("--job-id", g.jobID); err != nil {
+			return fail("%v", err)
+		}
 	}
 	if g.masterPort < 0 || g.masterPort > 65535 {
 		return fail("--master-port %d: want 0..65535", g.masterPort)
@@ -178,7 +226,11 @@ func (g *gangFlags) gang(ctx context.Context, e *env, cmd string, command []stri
 		return fail("%v", err)
 	}
 	devices := inv.Allocatable()
-	nproc, err := launcher.ResolveNProcPerNode(g.nproc, len(devices), runtime.NumCPU())
+	gpusSeen := len(devices)
+	if coordinator == "slurm" && slurm.GPUsOnNode >= 0 && !g.nprocGiven {
+		gpusSeen = slurm.GPUsOnNode // what Slurm gave this step (it sets CUDA_VISIBLE_DEVICES)
+	}
+	nproc, err := launcher.ResolveNProcPerNode(g.nproc, gpusSeen, runtime.NumCPU())
 	if err != nil {
 		return fail("%v", err)
 	}
@@ -187,7 +239,7 @@ func (g *gangFlags) gang(ctx context.Context, e *env, cmd string, command []stri
 	} else if ok {
 		// A wrapped torchrun's own --nproc_per_node counts when gangrun's was not given.
 		if v, given := tr.NProcPerNode(); given && !g.nprocGiven {
-			n, err := launcher.ResolveNProcPerNode(v, len(devices), runtime.NumCPU())
+			n, err := launcher.ResolveNProcPerNode(v, gpusSeen, runtime.NumCPU())
 			if err != nil {
 				return fail("torchrun --nproc_per_node: %v", err)
 			}
@@ -214,16 +266,47 @@ func (g *gangFlags) gang(ctx context.Context, e *env, cmd string, command []stri
 	for _, v := range inv.NCCLEnv() {
 		nccl = append(nccl, v.String())
 	}
+	visible := chosenDevices(inv, devices)
+	if coordinator == "slurm" {
+		visible = nil // Slurm sets CUDA_VISIBLE_DEVICES for the step itself
+	}
 	cfg := launcher.Config{
 		Command: command, NProcPerNode: nproc, NNodesMin: nmin, NNodesMax: nmax,
 		TermTimeout: g.termTimeout, MasterPort: g.masterPort, JobID: jobID,
 		NodeName: node, Addr: g.advertiseAddr,
-		Env: launcher.EnvConfig{Base: os.Environ(), Extra: g.env, NCCL: nccl,
-			CUDAVisibleDevices: chosenDevices(inv, devices)},
+		Env:    launcher.EnvConfig{Base: os.Environ(), Extra: g.env, NCCL: nccl, CUDAVisibleDevices: visible},
 		Stdout: e.stdout, Stderr: e.stderr, Log: log, Report: e.stderr,
 		GuardianArgv: guardian, Signals: e.signals,
 	}
-	return gang{config: cfg, rdzv: rendezvous.NewLocal(jobID), inventory: inv}, exitOK
+	out := gang{config: cfg, inventory: inv}
+	switch {
+	case coordinator == "embedded":
+		out.rdzv = rendezvous.NewLocal(jobID)
+	case coordinator == "slurm":
+		out.rdzv = rendezvous.NewStatic(slurm, jobID)
+	default:
+		addr, _ := store.ParseConsulURL(coordinator)
+		s, err := store.NewConsul(addr)
+		if err != nil {
+			return fail("%v", err)
+		}
+		if cfg.Addr == "" {
+			cfg.Addr = rendezvous.DefaultAddr(addr)
+			out.config.Addr = cfg.Addr
+		}
+		if labels, err := allocator.NodeLabels(ctx, s, node); err == nil {
+			out.config.Switch = labels[allocator.LabelSwitch]
+		}
+		host, _ := os.Hostname()
+		rc, err := rendezvous.NewConsul(s, rendezvous.ConsulConfig{JobID: jobID, MinNodes: nmin, MaxNodes: nmax,
+			MaxRestarts: maxRestarts, Host: host, Log: log.Named("rendezvous")})
+		if err != nil {
+			return fail("%v", err)
+		}
+		out.rdzv = rc
+		out.close = func() { _ = rc.Close(context.Background()); s.Close() }
+	}
+	return out, exitOK
 }
 
 // chosenDevices returns CUDA_VISIBLE_DEVICES when gangrun narrows what the workers see:

@@ -1,0 +1,234 @@
+package rendezvous
+
+import (
+	"context"
+	"fmt"
+	"hash/fnv"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/gangrun/gangrun/hostlist"
+)
+
+// Slurm master ports: MASTER_PORT is derived from the job id so that every node of an
+// allocation computes the same one without talking: SlurmPortBase + (job id mod
+// SlurmPortRange). Ports 20000..29999 sit below the usual Linux ephemeral range
+// (32768..60999), so a client socket rarely holds one.
+const (
+	SlurmPortBase  = 20000
+	SlurmPortRange = 10000
+)
+
+// SlurmEnv is what gangrun reads of the environment srun gives each task (Slurm's
+// sbatch/srun "OUTPUT ENVIRONMENT VARIABLES").
+type SlurmEnv struct {
+	// JobID is SLURM_JOB_ID.
+	JobID string
+	// Nodes are SLURM_JOB_NODELIST expanded, in Slurm's order (node rank order).
+	Nodes []string
+	// NodeID is SLURM_NODEID: this node's index in Nodes.
+	NodeID int
+	// TasksPerNode is SLURM_TASKS_PER_NODE expanded per node ("2(x3),1" → 2,2,2,1).
+	TasksPerNode []int
+	// GPUsOnNode is SLURM_GPUS_ON_NODE, or the number of ids in SLURM_STEP_GPUS; -1 when
+	// neither is set.
+	GPUsOnNode int
+	// StepID is SLURM_STEP_ID ("" outside srun).
+	StepID string
+}
+
+// InSlurmStep reports whether getenv shows a task launched by srun: SLURM_JOB_ID and
+// SLURM_STEP_ID are both set (an sbatch script alone sets only the job's variables).
+func InSlurmStep(getenv func(string) string) bool {
+	return getenv("SLURM_JOB_ID") != "" && getenv("SLURM_STEP_ID") != ""
+}
+
+// ReadSlurmEnv parses the Slurm variables. Errors name the variable and its value.
+func ReadSlurmEnv(getenv func(string) string) (SlurmEnv, error) {
+	var e SlurmEnv
+	e.JobID = getenv("SLURM_JOB_ID")
+	if e.JobID == "" {
+		return e, fmt.Errorf("SLURM_JOB_ID is not set: run gangrun under srun, or use another --coordinator")
+	}
+	list := getenv("SLURM_JOB_NODELIST")
+	if list == "" {
+		list = getenv("SLURM_NODELIST")
+	}
+	nodes, err := hostlist.Expand(list)
+	if err != nil {
+		return e, fmt.Errorf("SLURM_JOB_NODELIST=%q: %w", list, err)
+	}
+	if len(nodes) == 0 {
+		return e, fmt.Errorf("SLURM_JOB_NODELIST is empty")
+	}
+	e.Nodes = nodes
+	if n := getenv("SLURM_NNODES"); n != "" {
+		if v, err := strconv.Atoi(n); err != nil || v != len(nodes) {
+			return e, fmt.Errorf("SLURM_NNODES=%q does not match SLURM_JOB_NODELIST (%d hosts)", n, len(nodes))
+		}
+	}
+	id := getenv("SLURM_NODEID")
+	e.NodeID, err = strconv.Atoi(id)
+	if err != nil || e.NodeID < 0 || e.NodeID >= len(nodes) {
+		return e, fmt.Errorf("SLURM_NODEID=%q: want 0..%d", id, len(nodes)-1)
+	}
+	if t := getenv("SLURM_TASKS_PER_NODE"); t != "" {
+		e.TasksPerNode, err = ParseTasksPerNode(t)
+		if err != nil {
+			return e, err
+		}
+	}
+	e.GPUsOnNode = -1
+	if g := getenv("SLURM_GPUS_ON_NODE"); g != "" {
+		if e.GPUsOnNode, err = strconv.Atoi(g); err != nil || e.GPUsOnNode < 0 {
+			return e, fmt.Errorf("SLURM_GPUS_ON_NODE=%q: want a count", g)
+		}
+	} else if g := getenv("SLURM_STEP_GPUS"); g != "" {
+		e.GPUsOnNode = len(strings.Split(g, ","))
+	}
+	e.StepID = getenv("SLURM_STEP_ID")
+	return e, nil
+}
+
+// ParseTasksPerNode expands SLURM_TASKS_PER_NODE: comma-separated counts, each
+// optionally repeated with "(xN)": "2(x3),1" → [2 2 2 1].
+func ParseTasksPerNode(s string) ([]int, error) {
+	var out []int
+	for _, part := range strings.Split(s, ",") {
+		count, rep := part, "1"
+		if i := strings.Index(part, "(x"); i >= 0 && strings.HasSuffix(part, ")") {
+			count, rep = part[:i], part[i+2:len(part)-1]
+		}
+		c, err1 := strconv.Atoi(count)
+		r, err2 := strconv.Atoi(rep)
+		if err1 != nil || err2 != nil || c < 0 || r < 1 || r > 1<<20 {
+			return nil, fmt.Errorf("SLURM_TASKS_PER_NODE=%q: bad part %q (want N or N(xM))", s, part)
+		}
+		for i := 0; i < r; i++ {
+			out = append(out, c)
+		}
+	}
+	return out, nil
+}
+
+// SlurmMasterPort derives MASTER_PORT from the Slurm job id (any string id hashes).
+func SlurmMasterPort(jobID string) int {
+	if n, err := strconv.ParseUint(jobID, 10, 64); err == nil {
+		return SlurmPortBase + int(n%SlurmPortRange)
+	}
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(jobID))
+	return SlurmPortBase + int(h.Sum32()%SlurmPortRange)
+}
+
+// Static is the rendezvous of a Slurm allocation without any shared service: the layout
+// is fixed by the SLURM_* variables, identical on every node. MASTER_ADDR is the first
+// host of the nodelist, MASTER_PORT is derived from the job id (or given), node rank is
+// SLURM_NODEID, and every node runs the same number of workers.
+//
+// Without a shared service there is no gang-wide agreement after a failure: each node
+// restarts on its own when its workers fail, and the others follow because their
+// workers fail too when a peer's collective connections drop (gloo at once; NCCL after
+// its timeout, with TORCH_NCCL_ASYNC_ERROR_HANDLING=1). Restart counts are per node,
+// membership is fixed (no elasticity), and the resume checkpoint is chosen by each node
+// from the shared checkpoint directory. Use the Consul coordinator for gang-wide
+// restarts within seconds, elasticity, and one resume choice for all.
+type Static struct {
+	env      SlurmEnv
+	jobID    string
+	mu       sync.Mutex
+	round    int
+	failures int
+}
+
+// NewStatic returns the static rendezvous for a Slurm step; jobID is the gangrun job id
+// (TORCHELASTIC_RUN_ID), typically the Slurm job id.
+func NewStatic(env SlurmEnv, jobID string) *Static { return &Static{env: env, jobID: jobID} }
+
+// Join returns this node's fixed part. The master port is req.MasterPort, else derived
+// from the Slurm job id.
+func (s *Static) Join(ctx context.Context, req JoinRequest) (Round, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if req.LocalWorldSize < 1 {
+		return nil, fmt.Errorf("join: local world size %d: must be at least 1", req.LocalWorldSize)
+	}
+	members := make([]Member, len(s.env.Nodes))
+	for i, n := range s.env.Nodes {
+		members[i] = Member{Node: n, Addr: n, LocalWorldSize: req.LocalWorldSize}
+	}
+	port := req.MasterPort
+	if port == 0 {
+		port = SlurmMasterPort(s.env.JobID)
+	}
+	resume := ""
+	if req.ChooseResume != nil {
+		r, err := req.ChooseResume(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("choose the checkpoint to resume from: %w", err)
+		}
+		resume = r
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	a := Assign(members, s.env.NodeID)
+	a.JobID, a.Round, a.RestartCount, a.Nodes = s.jobID, s.round, s.failures, members
+	a.MasterAddr, a.MasterPort, a.ResumeFrom = s.env.Nodes[0], port, resume
+	s.round++
+	return &staticRound{owner: s, a: a, ended: make(chan struct{})}, nil
+}
+
+type staticRound struct {
+	owner *Static
+	a     Assignment
+	ended chan struct{}
+	mu    sync.Mutex
+	end   End
+}
+
+func (r *staticRound) Assignment() Assignment { return r.a }
+func (r *staticRound) Ended() <-chan struct{} { return r.ended }
+
+func (r *staticRound) End() End {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.end
+}
+
+func (r *staticRound) finish(e End) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.end.Kind != Running {
+		return false
+	}
+	r.end = e
+	close(r.ended)
+	return true
+}
+
+// Fail counts a local failure; the other nodes learn of it only through their workers.
+func (r *staticRound) Fail(_ context.Context, f Failure) error {
+	if r.finish(End{Kind: Failed, Failure: &f}) {
+		r.owner.mu.Lock()
+		r.owner.failures++
+		r.owner.mu.Unlock()
+	}
+	return nil
+}
+
+// Succeed returns at once: without a shared service the node cannot wait for the others.
+func (r *staticRound) Succeed(_ context.Context) (End, error) {
+	r.finish(End{Kind: Succeeded})
+	return r.End(), nil
+}
+
+func (r *staticRound) Leave(_ context.Context) error {
+	r.finish(End{Kind: MembershipChanged, Detail: "node left"})
+	return nil
+}
+
+// Activity returns local: each node judges a hang by its own workers' output.
+func (r *staticRound) Activity(_ context.Context, local time.Time) time.Time { return local }
