@@ -38,7 +38,7 @@ func (l *lineWriter) writeLine(prefix string, line []byte) {
 // activity records when any worker of the gang last wrote output, for --hang-timeout.
 type activity struct{ last atomic.Int64 }
 
-func (a *activity) touch() { a.last.Store(time.Now().UnixNano()) }
+func (a *activity) touch()              { a.last.Store(time.Now().UnixNano()) }
 func (a *activity) lastTime() time.Time { return time.Unix(0, a.last.Load()) }
 
 // pump copies r to console (each line prefixed, when console is non-nil) and to file
