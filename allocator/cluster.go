@@ -73,9 +73,77 @@ type Cluster struct {
 	Index uint64
 }
 
+// decodeCache keeps decoded records by key and ModifyIndex, so a scheduler pass decodes
+// only the records that changed since the last one.
+type decodeCache struct {
+	m map[string]cachedRecord
+}
+
+type cachedRecord struct {
+	modify uint64
+	value  any
+	ok     bool
+}
+
+func newDecodeCache() *decodeCache { return &decodeCache{m: map[string]cachedRecord{}} }
+
+// parse is parseCluster with the cache; records no longer present are forgotten.
+func (d *decodeCache) parse(entries []store.Entry, index uint64) *Cluster {
+	seen := make(map[string]cachedRecord, len(d.m))
+	c := parseClusterWith(entries, index, func(e store.Entry, v any) bool {
+		if r, ok := d.m[e.Key]; ok && r.modify == e.ModifyIndex {
+			seen[e.Key] = r
+			if r.ok {
+				loadCached(v, r.value)
+			}
+			return r.ok
+		}
+		ok := json.Unmarshal(e.Value, v) == nil
+		seen[e.Key] = cachedRecord{modify: e.ModifyIndex, value: storeCached(v), ok: ok}
+		return ok
+	})
+	d.m = seen
+	return c
+}
+
+// storeCached returns the record v points to, by value (maps and slices shared: records
+// are never modified once decoded).
+func storeCached(v any) any {
+	switch p := v.(type) {
+	case *NodeRecord:
+		return *p
+	case *Request:
+		return *p
+	case *Grant:
+		return *p
+	case *Drain:
+		return *p
+	}
+	return nil
+}
+
+// loadCached sets the record v points to from a value storeCached returned.
+func loadCached(v, cached any) {
+	switch p := v.(type) {
+	case *NodeRecord:
+		*p = cached.(NodeRecord)
+	case *Request:
+		*p = cached.(Request)
+	case *Grant:
+		*p = cached.(Grant)
+	case *Drain:
+		*p = cached.(Drain)
+	}
+}
+
 // parseCluster builds a Cluster from every key under gangrun/cluster/. Keys that do not
 // parse are ignored: a snapshot never fails on one bad record.
 func parseCluster(entries []store.Entry, index uint64) *Cluster {
+	return parseClusterWith(entries, index, func(e store.Entry, v any) bool { return json.Unmarshal(e.Value, v) == nil })
+}
+
+// parseClusterWith is parseCluster with decode(e, &record) doing the decoding.
+func parseClusterWith(entries []store.Entry, index uint64, decode func(e store.Entry, v any) bool) *Cluster {
 	c := &Cluster{Nodes: map[string]*NodeState{}, Requests: map[string]PendingRequest{},
 		Grants: map[string]Grant{}, Orphans: map[string]string{}, Unknown: map[string]string{}, Index: index}
 	node := func(name string) *NodeState {
@@ -92,7 +160,7 @@ func parseCluster(entries []store.Entry, index uint64) *Cluster {
 		switch {
 		case strings.HasPrefix(e.Key, nodesPrefix):
 			var r NodeRecord
-			if json.Unmarshal(e.Value, &r) == nil && r.Name == strings.TrimPrefix(e.Key, nodesPrefix) {
+			if decode(e, &r) && r.Name == strings.TrimPrefix(e.Key, nodesPrefix) {
 				node(r.Name).Record = r
 			}
 		case strings.HasPrefix(e.Key, alivePrefix):
@@ -101,17 +169,17 @@ func parseCluster(entries []store.Entry, index uint64) *Cluster {
 			}
 		case strings.HasPrefix(e.Key, drainPrefix):
 			var d Drain
-			if json.Unmarshal(e.Value, &d) == nil {
+			if decode(e, &d) {
 				node(strings.TrimPrefix(e.Key, drainPrefix)).Drain = &d
 			}
 		case strings.HasPrefix(e.Key, requestsPrefix):
 			var r Request
-			if json.Unmarshal(e.Value, &r) == nil {
+			if decode(e, &r) {
 				c.Requests[r.ID] = PendingRequest{Request: r, Arrival: e.CreateIndex, Alive: e.Session != "" && e.Session == r.Session}
 			}
 		case strings.HasPrefix(e.Key, grantsPrefix):
 			var g Grant
-			if json.Unmarshal(e.Value, &g) == nil {
+			if decode(e, &g) {
 				c.Grants[g.ID] = g
 			}
 		case strings.HasPrefix(e.Key, gpusPrefix):

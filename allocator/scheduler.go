@@ -9,6 +9,7 @@ import (
 	"reflect"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -31,11 +32,11 @@ type Scheduler struct {
 	now     func() time.Time
 
 	invs map[string]cachedInventory
-	// written is the highest store index this scheduler wrote at; the next pass must
-	// read a snapshot at least that new, or it could grant a request twice. unknown is
-	// set when a write's index is not known (deletes only): the next pass then reads a
-	// fresh consistent snapshot.
-	written  uint64
+	// written holds, per watched prefix, the highest store index this scheduler wrote
+	// under it; the next pass must read a view at least that new, or it could grant a
+	// request twice. unknown is set when a write's index is not known (deletes only):
+	// the next pass then reads a fresh consistent snapshot.
+	written  map[string]uint64
 	unknown  bool
 	delayed  map[string]time.Time // GPU key → end of its lock-delay
 	reserved map[string][]string  // request → nodes kept for it
@@ -54,63 +55,84 @@ func NewScheduler(s store.Store, session, name string, log *zap.Logger) *Schedul
 		log = zap.NewNop()
 	}
 	return &Scheduler{s: s, session: session, name: name, log: log, now: time.Now,
-		invs: map[string]cachedInventory{}, delayed: map[string]time.Time{}, reserved: map[string][]string{}}
+		invs: map[string]cachedInventory{}, delayed: map[string]time.Time{}, reserved: map[string][]string{},
+		written: map[string]uint64{}}
 }
 
+// watchedPrefixes are the parts of gangrun/cluster/ the scheduler follows with separate
+// blocking queries, so that a new request does not make it read every node record again.
+var watchedPrefixes = [...]string{nodesPrefix, alivePrefix, drainPrefix, requestsPrefix, grantsPrefix, gpusPrefix}
+
 // Run schedules until ctx ends (nil) or leadership is lost (ErrNotLeader): one pass at
-// start, then one after every change under gangrun/cluster/ (a blocking query) or when a
+// start, then one after every change under gangrun/cluster/ (blocking queries) or when a
 // lock-delay or a request's wait runs out.
 func (sc *Scheduler) Run(ctx context.Context) error {
-	w := store.NewWatcher(sc.s, clusterPrefix)
-	type result struct {
+	type slot struct {
 		entries []store.Entry
 		index   uint64
-		err     error
+		ok      bool
 	}
-	changes := make(chan result, 1)
+	var mu sync.Mutex
+	var slots [len(watchedPrefixes)]slot
+	updates := make(chan struct{}, 1)
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	go func() {
-		for {
-			entries, err := w.Next(wctx)
-			r := result{entries, w.Index(), err}
-			select {
-			case <-changes: // drop a stale snapshot nobody read yet
-			default:
+	for i, prefix := range watchedPrefixes {
+		go func(i int, prefix string) {
+			w := store.NewWatcher(sc.s, prefix)
+			for {
+				entries, err := w.Next(wctx)
+				if err != nil {
+					return // ctx ended
+				}
+				mu.Lock()
+				slots[i] = slot{entries, w.Index(), true}
+				mu.Unlock()
+				select {
+				case updates <- struct{}{}:
+				default:
+				}
 			}
-			changes <- r
-			if err != nil {
-				return
-			}
-		}
-	}()
+		}(i, prefix)
+	}
+	cache := newDecodeCache()
 	var timer <-chan time.Time
-	var last result
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
-		case r := <-changes:
-			if r.err != nil {
-				return nil // only ctx's error reaches here
-			}
-			last = r
+		case <-updates:
 		case <-timer:
 		}
-		if last.index == 0 {
+		mu.Lock()
+		cur := slots
+		mu.Unlock()
+		ready, fresh := true, true
+		var all []store.Entry
+		var index uint64
+		for i, sl := range cur {
+			ready = ready && sl.ok
+			fresh = fresh && sl.index >= sc.written[watchedPrefixes[i]]
+			all = append(all, sl.entries...)
+			index = max(index, sl.index)
+		}
+		if !ready {
 			continue
 		}
-		snap := parseCluster(last.entries, last.index)
-		if sc.unknown {
-			fresh, err := Snapshot(ctx, sc.s)
+		var snap *Cluster
+		switch {
+		case sc.unknown:
+			entries, idx, err := sc.s.List(ctx, clusterPrefix)
 			if err != nil {
 				sc.log.Warn("read the cluster", zap.Error(err))
 				timer = time.After(time.Second)
 				continue
 			}
-			snap, sc.unknown = fresh, false
-		} else if last.index < sc.written {
-			continue // a snapshot from before our own last write: wait for a newer one
+			snap, sc.unknown = cache.parse(entries, idx), false
+		case !fresh:
+			continue // a view from before our own last write: wait for a newer one
+		default:
+			snap = cache.parse(all, index)
 		}
 		next, err := sc.Pass(ctx, snap)
 		if err != nil {
@@ -263,15 +285,20 @@ func (sc *Scheduler) fence() store.Op {
 // records the index it wrote at.
 func (sc *Scheduler) txn(ctx context.Context, ops []store.Op) error {
 	res, err := sc.s.Txn(ctx, append([]store.Op{sc.fence()}, ops...))
-	writesCluster := false
-	for _, op := range ops {
-		writesCluster = writesCluster || strings.HasPrefix(op.Key, clusterPrefix)
-	}
-	if err == nil && writesCluster {
-		if res.Index > 0 {
-			sc.written = max(sc.written, res.Index)
-		} else {
-			sc.unknown = true
+	if err == nil {
+		for _, op := range ops {
+			if op.Verb == store.CheckSession || op.Verb == store.CheckIndex || op.Verb == store.CheckNotExists {
+				continue
+			}
+			for _, p := range watchedPrefixes {
+				if strings.HasPrefix(op.Key, p) {
+					if res.Index > 0 {
+						sc.written[p] = max(sc.written[p], res.Index)
+					} else {
+						sc.unknown = true
+					}
+				}
+			}
 		}
 	}
 	var te *store.TxnError

@@ -234,9 +234,11 @@ func CheckTxn(ops []Op) error {
 	if len(ops) > MaxTxnOps {
 		return fmt.Errorf("transaction of %d operations: Consul allows at most %d", len(ops), MaxTxnOps)
 	}
+	// The request is JSON with each value base64-encoded (4 bytes per 3), plus the
+	// per-operation framing.
 	size := 0
 	for _, op := range ops {
-		size += len(op.Key) + len(op.Value) + len(op.Session) + 64
+		size += len(op.Key) + (len(op.Value)+2)/3*4 + len(op.Session) + 96
 	}
 	if size > MaxTxnBytes {
 		return fmt.Errorf("transaction of about %d bytes: Consul allows at most %d", size, MaxTxnBytes)
