@@ -306,6 +306,13 @@ func (c *Consul) Join(ctx context.Context, req JoinRequest) (Round, error) {
 				}
 				c.log.Info("a round is running: waiting to join the next", zap.Int("round", st.Round))
 			}
+			if leader == sess {
+				// This waiting node leads (the round's nodes may all be gone, after a
+				// crash of the whole job): it watches over the round until it ends.
+				if err := c.watchOver(ctx, st, idx); err != nil {
+					return nil, err
+				}
+			}
 		case st.Status == statusOpen:
 			if me.Round != st.Round {
 				me.Round = st.Round
@@ -406,6 +413,23 @@ func (c *Consul) lead(ctx context.Context, req JoinRequest, st *jobState, idx ui
 		case n < c.cfg.MinNodes:
 			deadline = time.Time{}
 		}
+	}
+}
+
+// watchOver runs the leader's checks on a round this node is not part of, until the
+// state moves on.
+func (c *Consul) watchOver(ctx context.Context, st *jobState, idx uint64) error {
+	w := store.NewWatcher(c.s, c.key())
+	for {
+		entries, err := w.Next(ctx)
+		if err != nil {
+			return err
+		}
+		cur, curIdx, _ := c.readCtl(entries)
+		if cur == nil || curIdx != idx {
+			return nil
+		}
+		c.oversee(ctx, entries, st, idx)
 	}
 }
 
@@ -622,7 +646,7 @@ func (r *consulRound) watch(ctx context.Context, lost <-chan struct{}) {
 			continue // read the whole job next
 		}
 		if leading {
-			r.oversee(ctx, entries, st, idx)
+			c.oversee(ctx, entries, st, idx)
 		}
 	}
 }
@@ -630,8 +654,7 @@ func (r *consulRound) watch(ctx context.Context, lost <-chan struct{}) {
 // oversee is the leader's check of a running round: a member gone or restarted ends it
 // (membership change), a node waiting to join ends it when the round has room
 // (scale-up), and every member's done marker finishes the job.
-func (r *consulRound) oversee(ctx context.Context, entries []store.Entry, st *jobState, idx uint64) {
-	c := r.c
+func (c *Consul) oversee(ctx context.Context, entries []store.Entry, st *jobState, idx uint64) {
 	members := c.members(entries)
 	assigned := map[string]bool{}
 	prefix := c.key("rounds", strconv.Itoa(st.Round)) + "/"

@@ -322,3 +322,28 @@ func TestConsulActivityLeaderSeesTheGang(t *testing.T) {
 		t.Errorf("leader saw the gang's newest output at %v, want the other node's %v", got, recent)
 	}
 }
+
+func TestConsulRendezvousResumesAJobWhoseNodesAllDied(t *testing.T) {
+	eachStore(t, func(t *testing.T, s store.Store) {
+		ctx := context.Background()
+		first := newNodes(t, s, "crashed", 2, 2, 2, nil)
+		checkRound(t, joinAll(t, first, ""), 2, "")
+		// The whole job dies mid-round (every session gone); new gangruns of the same job
+		// re-form it: a membership change, not a failure.
+		for _, n := range first {
+			if err := n.rdzv.Close(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		again := newNodes(t, s, "crashed", 2, 2, 2, nil)
+		rounds := joinAll(t, again, "")
+		if round := checkRound(t, rounds, 2, ""); round != 1 {
+			t.Errorf("round %d, want 1 (the crashed round 0 ended as a membership change)", round)
+		}
+		for name, r := range rounds {
+			if r.Assignment().RestartCount != 0 {
+				t.Errorf("%s: restart count %d, want 0", name, r.Assignment().RestartCount)
+			}
+		}
+	})
+}

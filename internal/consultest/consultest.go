@@ -125,7 +125,7 @@ func start(t testing.TB, persistent bool) *Agent {
 		"-bind", "127.0.0.1", "-client", "127.0.0.1", "-node", "gangrun-test",
 		"-http-port", strconv.Itoa(ports[0]), "-server-port", strconv.Itoa(ports[1]),
 		"-serf-lan-port", strconv.Itoa(ports[2]), "-serf-wan-port", strconv.Itoa(ports[3]),
-		"-dns-port", "-1", "-grpc-port", "-1", "-hcl", "ports { grpc_tls = -1 }", "-hcl", "limits { http_max_conns_per_client = 1000 }",
+		"-dns-port", "-1", "-grpc-port", "-1", "-hcl", "ports { grpc_tls = -1 }", "-hcl", "limits { http_max_conns_per_client = 4096 }",
 		"-log-level", "warn",
 	}
 	if persistent {
