@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Runs every benchmark behind the figures in benchmarks/README.md, one after the other
+# (they share two cores: never run them side by side). Takes about 10 minutes.
+#
+# Usage: make bench      (builds gangrun and installs what is missing first)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+export CGO_CFLAGS=-Wno-deprecated-declarations
+echo "== launch overhead";        benchmarks/launch_overhead.sh 7
+echo "== failure to restart";     benchmarks/failure_restart.sh 5
+echo "== gang grants";            go test ./allocator -run '^$' -bench BenchmarkGrant -benchtime 10x
+echo "== placement";              go test ./allocator -run '^$' -bench 'ChooseDevices|ChooseNodes' -benchmem
+echo "== rendezvous";             go test ./rendezvous -run '^$' -bench BenchmarkRendezvous -benchtime 3x
+echo "== torch c10d rendezvous";  /usr/bin/python3 benchmarks/rdzv_c10d.py 8 5; /usr/bin/python3 benchmarks/rdzv_c10d.py 16 3
+echo "== checkpoints";            go test ./checkpoint -run '^$' -bench . -benchtime 3s
+if command -v hyperfine >/dev/null; then benchmarks/ckpt_latest.sh; else echo "(hyperfine not installed: skipping the binary's ckpt latest timing)"; fi
+echo "== topology probe";         go test ./topology -run '^$' -bench BenchmarkProbe -benchtime 100x -count 3
+echo "== parsers";                go test ./hostlist ./bench -run '^$' -bench .
