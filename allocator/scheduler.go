@@ -202,6 +202,9 @@ func (sc *Scheduler) Pass(ctx context.Context, c *Cluster) (time.Duration, error
 		}
 		nodes, why := sc.place(ctx, c, r, free, reservedNodes)
 		if nodes == nil {
+			if n := len(sc.delayed); n > 0 {
+				why += fmt.Sprintf("; %d GPUs in lock-delay after their holder died (lockable again within %s)", n, GrantLockDelay)
+			}
 			status.Pending[r.ID] = why
 			if len(reservedNodes) == 0 || sc.hasReservation(r.ID) {
 				if kept := sc.reserve(c, r, reservedNodes); len(kept) > 0 {
