@@ -44,8 +44,15 @@ test-short:
 bench: deps build
 	benchmarks/run.sh
 
+# Each fuzz target for 30 s (go test runs one -fuzz target per invocation).
 fuzz:
 	$(GO) test ./hostlist -run '^$$' -fuzz FuzzExpand -fuzztime 30s
+	$(GO) test ./hostlist -run '^$$' -fuzz FuzzCompress -fuzztime 30s
+	$(GO) test ./bench -run '^$$' -fuzz FuzzParse -fuzztime 30s
+	$(GO) test ./checkpoint -run '^$$' -fuzz FuzzLatest -fuzztime 30s
+	$(GO) test ./topology -run '^$$' -fuzz FuzzParseNCCLList -fuzztime 30s
+	$(GO) test ./topology -run '^$$' -fuzz FuzzParseCPUList -fuzztime 30s
+	$(GO) test ./topology -run '^$$' -fuzz FuzzDecode -fuzztime 30s
 
 clean:
 	rm -rf bin demo-run
