@@ -56,28 +56,39 @@ func (l *Local) Join(ctx context.Context, req JoinRequest) (Round, error) {
 	a.JobID, a.Round, a.RestartCount, a.Nodes = l.jobID, l.round, l.failures, nodes
 	a.MasterAddr, a.MasterPort, a.ResumeFrom = LoopbackAddr, port, resume
 	l.round++
-	return &localRound{owner: l, a: a, ended: make(chan struct{})}, nil
+	return newSoloRound(a, l.countFailure), nil
 }
 
-type localRound struct {
-	owner *Local
-	a     Assignment
-	ended chan struct{}
-
-	mu  sync.Mutex
-	end End
+func (l *Local) countFailure() {
+	l.mu.Lock()
+	l.failures++
+	l.mu.Unlock()
 }
 
-func (r *localRound) Assignment() Assignment { return r.a }
-func (r *localRound) Ended() <-chan struct{} { return r.ended }
+// soloRound is a round only this node ends (Local's and Static's): nobody else can fail
+// it, and success needs no one else's word.
+type soloRound struct {
+	a      Assignment
+	ended  chan struct{}
+	onFail func() // counts a failed round
+	mu     sync.Mutex
+	end    End
+}
 
-func (r *localRound) End() End {
+func newSoloRound(a Assignment, onFail func()) *soloRound {
+	return &soloRound{a: a, ended: make(chan struct{}), onFail: onFail}
+}
+
+func (r *soloRound) Assignment() Assignment { return r.a }
+func (r *soloRound) Ended() <-chan struct{} { return r.ended }
+
+func (r *soloRound) End() End {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.end
 }
 
-func (r *localRound) finish(e End) bool {
+func (r *soloRound) finish(e End) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.end.Kind != Running {
@@ -88,24 +99,25 @@ func (r *localRound) finish(e End) bool {
 	return true
 }
 
-func (r *localRound) Fail(_ context.Context, f Failure) error {
+// Fail ends the round and counts the failure.
+func (r *soloRound) Fail(_ context.Context, f Failure) error {
 	if r.finish(End{Kind: Failed, Failure: &f}) {
-		r.owner.mu.Lock()
-		r.owner.failures++
-		r.owner.mu.Unlock()
+		r.onFail()
 	}
 	return nil
 }
 
-func (r *localRound) Succeed(_ context.Context) (End, error) {
+// Succeed returns at once: there is nobody else to wait for (Local), or no service to
+// wait through (Static).
+func (r *soloRound) Succeed(_ context.Context) (End, error) {
 	r.finish(End{Kind: Succeeded})
 	return r.End(), nil
 }
 
-func (r *localRound) Leave(_ context.Context) error {
+func (r *soloRound) Leave(_ context.Context) error {
 	r.finish(End{Kind: MembershipChanged, Detail: "node left"})
 	return nil
 }
 
-// Activity returns local: one node judges its own gang.
-func (r *localRound) Activity(_ context.Context, local time.Time) time.Time { return local }
+// Activity returns local: the node judges a hang by its own workers' output.
+func (r *soloRound) Activity(_ context.Context, local time.Time) time.Time { return local }

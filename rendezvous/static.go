@@ -7,7 +7,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/gangrun/gangrun/hostlist"
 )
@@ -178,57 +177,13 @@ func (s *Static) Join(ctx context.Context, req JoinRequest) (Round, error) {
 	a.JobID, a.Round, a.RestartCount, a.Nodes = s.jobID, s.round, s.failures, members
 	a.MasterAddr, a.MasterPort, a.ResumeFrom = s.env.Nodes[0], port, resume
 	s.round++
-	return &staticRound{owner: s, a: a, ended: make(chan struct{})}, nil
+	return newSoloRound(a, s.countFailure), nil
 }
 
-type staticRound struct {
-	owner *Static
-	a     Assignment
-	ended chan struct{}
-	mu    sync.Mutex
-	end   End
+// countFailure counts a local failure; the other nodes learn of it only through their
+// workers.
+func (s *Static) countFailure() {
+	s.mu.Lock()
+	s.failures++
+	s.mu.Unlock()
 }
-
-func (r *staticRound) Assignment() Assignment { return r.a }
-func (r *staticRound) Ended() <-chan struct{} { return r.ended }
-
-func (r *staticRound) End() End {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.end
-}
-
-func (r *staticRound) finish(e End) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.end.Kind != Running {
-		return false
-	}
-	r.end = e
-	close(r.ended)
-	return true
-}
-
-// Fail counts a local failure; the other nodes learn of it only through their workers.
-func (r *staticRound) Fail(_ context.Context, f Failure) error {
-	if r.finish(End{Kind: Failed, Failure: &f}) {
-		r.owner.mu.Lock()
-		r.owner.failures++
-		r.owner.mu.Unlock()
-	}
-	return nil
-}
-
-// Succeed returns at once: without a shared service the node cannot wait for the others.
-func (r *staticRound) Succeed(_ context.Context) (End, error) {
-	r.finish(End{Kind: Succeeded})
-	return r.End(), nil
-}
-
-func (r *staticRound) Leave(_ context.Context) error {
-	r.finish(End{Kind: MembershipChanged, Detail: "node left"})
-	return nil
-}
-
-// Activity returns local: each node judges a hang by its own workers' output.
-func (r *staticRound) Activity(_ context.Context, local time.Time) time.Time { return local }
