@@ -226,18 +226,5 @@ func mustJSON(v any) []byte {
 	return b
 }
 
-// ValidName checks a node name or id used in a key: letters, digits, '-', '_', '.'.
-func ValidName(what, s string) error {
-	if s == "" {
-		return fmt.Errorf("%s: empty", what)
-	}
-	for _, c := range s {
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.') {
-			return fmt.Errorf("%s %q: only letters, digits, '-', '_' and '.' are allowed", what, s)
-		}
-	}
-	return nil
-}
-
 // ErrNotFound means a node, request or grant does not exist.
 var ErrNotFound = errors.New("not found")

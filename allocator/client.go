@@ -115,7 +115,7 @@ func Submit(ctx context.Context, s store.Store, r Request) (*Ticket, error) {
 	if r.ID == "" {
 		r.ID = NewID()
 	}
-	if err := ValidName("request id", r.ID); err != nil {
+	if err := store.CheckSegment("request id", r.ID); err != nil {
 		return nil, err
 	}
 	sess, err := s.CreateSession(ctx, store.SessionOptions{
@@ -295,7 +295,7 @@ func release(ctx context.Context, s store.Store, id, session string) error {
 // Cancel releases grant or request id from any process, like scancel: the holder sees
 // its grant lost. ErrNotFound when there is no such request or grant.
 func Cancel(ctx context.Context, s store.Store, id string) error {
-	if err := ValidName("id", id); err != nil {
+	if err := store.CheckSegment("id", id); err != nil {
 		return err
 	}
 	c, err := Snapshot(ctx, s)
@@ -315,7 +315,7 @@ func Cancel(ctx context.Context, s store.Store, id string) error {
 
 // Show returns the request and its grant (nil when not granted yet).
 func Show(ctx context.Context, s store.Store, id string) (*PendingRequest, *Grant, error) {
-	if err := ValidName("id", id); err != nil {
+	if err := store.CheckSegment("id", id); err != nil {
 		return nil, nil, err
 	}
 	c, err := Snapshot(ctx, s)
@@ -341,7 +341,7 @@ func Show(ctx context.Context, s store.Store, id string) (*PendingRequest, *Gran
 // SetDrain drains node (reason required) or, with reason "", returns it to service.
 // ErrNotFound for a node that never registered.
 func SetDrain(ctx context.Context, s store.Store, node, reason string) error {
-	if err := ValidName("node", node); err != nil {
+	if err := store.CheckSegment("node", node); err != nil {
 		return err
 	}
 	e, err := s.Get(ctx, nodesPrefix+node)

@@ -216,6 +216,18 @@ func TestGrantAllOrNothingAndRelease(t *testing.T) {
 		defer cancel()
 		gb, err := b.Wait(wctx, nil)
 		if err != nil || gb.DeviceCount() != 16 {
+			c, _ := Snapshot(ctx, s)
+			st, _ := ReadStatus(ctx, s)
+			t.Logf("status: %+v", st)
+			for id, r := range c.Requests {
+				t.Logf("request %s alive=%v", id, r.Alive)
+			}
+			for id, g := range c.Grants {
+				t.Logf("grant %s %s", id, g.State)
+			}
+			for _, n := range c.NodeList() {
+				t.Logf("node %+v", n)
+			}
 			t.Fatalf("b after a's release: %+v, %v", gb, err)
 		}
 		checkInvariants(t, s)

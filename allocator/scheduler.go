@@ -59,6 +59,10 @@ func NewScheduler(s store.Store, session, name string, log *zap.Logger) *Schedul
 		written: map[string]uint64{}}
 }
 
+// staleWait is how long the scheduler waits for its blocking queries to catch up with
+// its own writes before it reads the cluster afresh.
+const staleWait = 500 * time.Millisecond
+
 // watchedPrefixes are the parts of gangrun/cluster/ the scheduler follows with separate
 // blocking queries, so that a new request does not make it read every node record again.
 var watchedPrefixes = [...]string{nodesPrefix, alivePrefix, drainPrefix, requestsPrefix, grantsPrefix, gpusPrefix}
@@ -97,6 +101,7 @@ func (sc *Scheduler) Run(ctx context.Context) error {
 	}
 	cache := newDecodeCache()
 	var timer <-chan time.Time
+	var staleSince time.Time // when the watched view first lagged our own writes
 	for {
 		select {
 		case <-ctx.Done():
@@ -130,10 +135,26 @@ func (sc *Scheduler) Run(ctx context.Context) error {
 			}
 			snap, sc.unknown = cache.parse(entries, idx), false
 		case !fresh:
-			continue // a view from before our own last write: wait for a newer one
+			// A view from before our own last write: wait for a newer one, and should
+			// none come within half a second, read the cluster afresh.
+			if staleSince.IsZero() {
+				staleSince = time.Now()
+			}
+			if wait := staleWait - time.Since(staleSince); wait > 0 {
+				timer = time.After(wait)
+				continue
+			}
+			entries, idx, err := sc.s.List(ctx, clusterPrefix)
+			if err != nil {
+				sc.log.Warn("read the cluster", zap.Error(err))
+				timer = time.After(time.Second)
+				continue
+			}
+			snap = cache.parse(entries, idx)
 		default:
 			snap = cache.parse(all, index)
 		}
+		staleSince = time.Time{}
 		next, err := sc.Pass(ctx, snap)
 		if err != nil {
 			if errors.Is(err, ErrNotLeader) || ctx.Err() != nil {
@@ -290,16 +311,21 @@ func (sc *Scheduler) txn(ctx context.Context, ops []store.Op) error {
 	res, err := sc.s.Txn(ctx, append([]store.Op{sc.fence()}, ops...))
 	if err == nil {
 		for _, op := range ops {
-			if op.Verb == store.CheckSession || op.Verb == store.CheckIndex || op.Verb == store.CheckNotExists {
-				continue
-			}
 			for _, p := range watchedPrefixes {
-				if strings.HasPrefix(op.Key, p) {
+				if !strings.HasPrefix(op.Key, p) {
+					continue
+				}
+				switch op.Verb {
+				case store.Set, store.CAS, store.Lock, store.Unlock:
 					if res.Index > 0 {
 						sc.written[p] = max(sc.written[p], res.Index)
 					} else {
 						sc.unknown = true
 					}
+				case store.Delete, store.DeleteCAS, store.DeleteTree:
+					// A delete's index is not reported (and deleting what is already gone
+					// changes nothing): read afresh next time.
+					sc.unknown = true
 				}
 			}
 		}

@@ -119,7 +119,7 @@ type Consul struct {
 
 // NewConsul returns a rendezvous for cfg.JobID in s.
 func NewConsul(s store.Store, cfg ConsulConfig) (*Consul, error) {
-	if err := validID("job id", cfg.JobID); err != nil {
+	if err := store.CheckSegment("job id", cfg.JobID); err != nil {
 		return nil, err
 	}
 	if cfg.MinNodes < 1 || cfg.MaxNodes < cfg.MinNodes {
@@ -133,19 +133,6 @@ func NewConsul(s store.Store, cfg ConsulConfig) (*Consul, error) {
 		log = zap.NewNop()
 	}
 	return &Consul{s: s, cfg: cfg, log: log}, nil
-}
-
-// validID checks a job id or node name used in keys.
-func validID(what, s string) error {
-	if s == "" {
-		return fmt.Errorf("%s: empty", what)
-	}
-	for _, c := range s {
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.') {
-			return fmt.Errorf("%s %q: only letters, digits, '-', '_' and '.' are allowed", what, s)
-		}
-	}
-	return nil
 }
 
 func (c *Consul) key(parts ...string) string {
@@ -240,7 +227,7 @@ func newRunID() string {
 
 // Join implements Rendezvous: it blocks until a round closes with this node in it.
 func (c *Consul) Join(ctx context.Context, req JoinRequest) (Round, error) {
-	if err := validID("node name", req.Node); err != nil {
+	if err := store.CheckSegment("node name", req.Node); err != nil {
 		return nil, err
 	}
 	if req.LocalWorldSize < 1 {
@@ -492,13 +479,9 @@ func (c *Consul) close(ctx context.Context, req JoinRequest, st *jobState, idx u
 		}
 		port = p
 	}
-	resume := ""
-	if req.ChooseResume != nil {
-		r, err := req.ChooseResume(ctx)
-		if err != nil {
-			return fmt.Errorf("choose the checkpoint to resume from: %w", err)
-		}
-		resume = r
+	resume, err := req.chooseResume(ctx)
+	if err != nil {
+		return err
 	}
 	members := make([]Member, len(ms))
 	for i, m := range ms {

@@ -41,13 +41,9 @@ func (l *Local) Join(ctx context.Context, req JoinRequest) (Round, error) {
 		}
 		port = p
 	}
-	resume := ""
-	if req.ChooseResume != nil {
-		r, err := req.ChooseResume(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("choose the checkpoint to resume from: %w", err)
-		}
-		resume = r
+	resume, err := req.chooseResume(ctx)
+	if err != nil {
+		return nil, err
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()

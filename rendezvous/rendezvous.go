@@ -112,6 +112,18 @@ type JoinRequest struct {
 	ChooseResume func(ctx context.Context) (string, error)
 }
 
+// chooseResume asks req.ChooseResume for the round's checkpoint ("" when it is nil).
+func (req JoinRequest) chooseResume(ctx context.Context) (string, error) {
+	if req.ChooseResume == nil {
+		return "", nil
+	}
+	r, err := req.ChooseResume(ctx)
+	if err != nil {
+		return "", fmt.Errorf("choose the checkpoint to resume from: %w", err)
+	}
+	return r, nil
+}
+
 // EndKind says why a round ended.
 type EndKind int
 

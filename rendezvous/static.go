@@ -163,13 +163,9 @@ func (s *Static) Join(ctx context.Context, req JoinRequest) (Round, error) {
 	if port == 0 {
 		port = SlurmMasterPort(s.env.JobID)
 	}
-	resume := ""
-	if req.ChooseResume != nil {
-		r, err := req.ChooseResume(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("choose the checkpoint to resume from: %w", err)
-		}
-		resume = r
+	resume, err := req.chooseResume(ctx)
+	if err != nil {
+		return nil, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()

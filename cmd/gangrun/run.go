@@ -206,7 +206,7 @@ func (g *gangFlags) gang(ctx context.Context, e *env, cmd string, command []stri
 		return fail("--coordinator %q: want embedded, slurm or consul://HOST:PORT", coordinator)
 	}
 	if g.jobID != "" {
-		if err := allocator.ValidName("--job-id", g.jobID); err != nil {
+		if err := store.CheckSegment("--job-id", g.jobID); err != nil {
 			return fail("%v", err)
 		}
 	}

@@ -204,7 +204,14 @@ func (m *Memory) Txn(_ context.Context, ops []Op) (TxnResult, error) {
 			out = append(out, clone(e))
 		}
 	}
-	return TxnResult{Entries: out, Index: idx}, nil
+	res := TxnResult{Entries: out}
+	for _, op := range ops {
+		switch op.Verb {
+		case Set, CAS, Lock, Unlock:
+			res.Index = idx // as Consul: the index is known from a written entry
+		}
+	}
+	return res, nil
 }
 
 func modIndex(e *Entry) uint64 {

@@ -245,3 +245,19 @@ func CheckTxn(ops []Op) error {
 	}
 	return nil
 }
+
+// CheckSegment checks a name used as one segment of a key (a node name, a job or request
+// id): letters, digits, '-', '_' and '.' only, and not empty, so it can neither escape
+// its prefix ("../x", "a/b") nor collide with another key. what names the value in the
+// error.
+func CheckSegment(what, s string) error {
+	if s == "" || s == "." || s == ".." {
+		return fmt.Errorf("%s %q: want a name of letters, digits, '-', '_' and '.'", what, s)
+	}
+	for _, c := range s {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.') {
+			return fmt.Errorf("%s %q: only letters, digits, '-', '_' and '.' are allowed", what, s)
+		}
+	}
+	return nil
+}
