@@ -228,3 +228,11 @@ func mustJSON(v any) []byte {
 
 // ErrNotFound means a node, request or grant does not exist.
 var ErrNotFound = errors.New("not found")
+
+// plural renders n with its noun: "1 node", "2 nodes".
+func plural(n int, noun string) string {
+	if n == 1 {
+		return fmt.Sprintf("%d %s", n, noun)
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
+}

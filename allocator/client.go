@@ -80,7 +80,7 @@ func CheckFeasible(c *Cluster, r Request) error {
 		return fmt.Errorf("--gpus-per-node %d: no node has more than %d allocatable GPUs", r.GPUsPerNode, most)
 	}
 	if r.Nodes > eligible {
-		return fmt.Errorf("--nodes %d: only %d registered nodes could ever take %d GPUs each with these constraints", r.Nodes, eligible, r.GPUsPerNode)
+		return fmt.Errorf("--nodes %d: only %s could ever take %s each with these constraints", r.Nodes, plural(eligible, "registered node"), plural(r.GPUsPerNode, "GPU"))
 	}
 	return nil
 }
@@ -192,7 +192,7 @@ func (t *Ticket) Wait(ctx context.Context, progress func(reason string)) (Grant,
 		case <-ctx.Done():
 			return Grant{}, ctx.Err()
 		case <-t.lost:
-			return Grant{}, fmt.Errorf("request %s: %w: its session ended", t.req.ID, ErrGrantLost)
+			return Grant{}, fmt.Errorf("request %s: %w: it was cancelled (gangrun cancel) or its session expired", t.req.ID, ErrGrantLost)
 		case <-statusTick:
 			if st, err := ReadStatus(ctx, t.s); err == nil {
 				if why := st.Pending[t.req.ID]; why != "" && why != lastReason {

@@ -470,11 +470,11 @@ func waitReason(r Request, cands []NodeCandidate, excluded map[string]int) strin
 			ready++
 		}
 	}
-	s := fmt.Sprintf("Resources: needs %d nodes with %d free GPUs", r.Nodes, r.GPUsPerNode)
+	s := fmt.Sprintf("Resources: needs %s with %s free", plural(r.Nodes, "node"), plural(r.GPUsPerNode, "GPU"))
 	if r.GPUModel != "" {
 		s += " (" + r.GPUModel + ")"
 	}
-	s += fmt.Sprintf("; %d of %d eligible nodes have them now", ready, len(cands))
+	s += fmt.Sprintf("; %d of %s have them now", ready, plural(len(cands), "eligible node"))
 	keys := make([]string, 0, len(excluded))
 	for k := range excluded {
 		keys = append(keys, k)

@@ -293,6 +293,9 @@ func (s *Supervisor) Run(ctx context.Context) Result {
 		}
 		s.scratch = dir
 		defer os.RemoveAll(dir)
+		if err := s.guard.RemoveOnDeath(dir); err != nil {
+			s.log.Warn("guardian", zap.Error(err))
+		}
 	}
 	defer s.pin("")
 
@@ -355,9 +358,9 @@ func (s *Supervisor) Run(ctx context.Context) Result {
 		case outEnded:
 			s.stop(g, syscall.SIGTERM)
 		case outStopped:
-			s.log.Info("stopping workers", zap.String("signal", proc.SignalName(out.sig)), zap.Duration("term_timeout", s.cfg.TermTimeout))
-			s.stop(g, 0) // the signal itself was already forwarded
 			_ = round.Leave(context.WithoutCancel(ctx))
+			s.log.Info("forwarding signal to workers and stopping", zap.String("signal", proc.SignalName(out.sig)), zap.Duration("term_timeout", s.cfg.TermTimeout))
+			s.stop(g, out.sig)
 			res.ExitCode = 128 + int(out.sig)
 			return res
 		}
@@ -499,11 +502,13 @@ func (s *Supervisor) monitor(ctx context.Context, g *group, round rendezvous.Rou
 			if !ok {
 				continue
 			}
-			s.log.Info("forwarding signal to workers", zap.String("signal", proc.SignalName(ss)))
-			g.signal(ss)
 			if terminating(ss) {
+				// Run leaves the round before forwarding it, so the other nodes see a
+				// membership change before their workers lose this node's.
 				return outcome{kind: outStopped, sig: ss}
 			}
+			s.log.Info("forwarding signal to workers", zap.String("signal", proc.SignalName(ss)))
+			g.signal(ss)
 		case <-hang:
 			if idle := time.Since(round.Activity(ctx, s.act.lastTime())); idle >= s.cfg.HangTimeout {
 				return outcome{kind: outFailed, failure: &rendezvous.Failure{
@@ -512,7 +517,6 @@ func (s *Supervisor) monitor(ctx context.Context, g *group, round rendezvous.Rou
 				}}
 			}
 		case <-ctx.Done():
-			g.signal(syscall.SIGTERM)
 			return outcome{kind: outStopped, sig: syscall.SIGTERM}
 		}
 	}

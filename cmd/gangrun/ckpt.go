@@ -105,7 +105,11 @@ func runCkptLatest(_ context.Context, e *env, args []string) int {
 	var nc *checkpoint.NoCompleteError
 	switch {
 	case errors.As(err, &nc):
-		fmt.Fprintf(e.stderr, "gangrun ckpt latest: %s in %s (%d candidates)\n", checkpoint.ErrNoComplete, dir, len(nc.Rejected))
+		noun := "candidates"
+		if len(nc.Rejected) == 1 {
+			noun = "candidate"
+		}
+		fmt.Fprintf(e.stderr, "gangrun ckpt latest: %s in %s (%d %s)\n", checkpoint.ErrNoComplete, dir, len(nc.Rejected), noun)
 		if len(nc.Rejected) == 0 {
 			fmt.Fprintln(e.stderr, "  no candidates: see 'gangrun ckpt --help' for the names looked for")
 		}

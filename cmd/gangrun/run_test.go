@@ -184,11 +184,13 @@ func TestRunUsageErrors(t *testing.T) {
 func TestRunSIGKILLLeavesNoWorker(t *testing.T) {
 	mark := testMark(t)
 	dir := t.TempDir()
+	tmp := t.TempDir() // gangrun's scratch directory (error files) goes here
 	// Each worker leaves a grandchild in its process group; after gangrun is SIGKILLed
-	// the parent-death signal takes the workers and the guardian the grandchildren.
+	// the parent-death signal takes the workers and the guardian the grandchildren and
+	// the scratch directory.
 	cmd := exec.Command(gangrunBin, "run", "--nproc-per-node", "3", "--",
 		"/bin/sh", "-c", `sleep 300 & touch `+dir+`/ready-$RANK; wait`)
-	cmd.Env = append(os.Environ(), mark)
+	cmd.Env = append(os.Environ(), mark, "TMPDIR="+tmp)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -196,10 +198,17 @@ func TestRunSIGKILLLeavesNoWorker(t *testing.T) {
 	if n := len(marked(mark)); n < 6 {
 		t.Fatalf("expected at least 6 marked processes (3 workers, 3 grandchildren), found %d", n)
 	}
+	if scratch, _ := filepath.Glob(filepath.Join(tmp, "gangrun-*")); len(scratch) != 1 {
+		t.Fatalf("scratch dirs before the kill: %v, want one", scratch)
+	}
 	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	_ = cmd.Wait()
+	waitUntil(t, func() bool {
+		scratch, _ := filepath.Glob(filepath.Join(tmp, "gangrun-*"))
+		return len(scratch) == 0
+	}, "the guardian removing the scratch directory")
 	// testMark's cleanup asserts that nothing carrying the mark is left.
 }
 

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -23,8 +24,10 @@ import (
 // loader processes, a shell's children.
 //
 // The protocol is one line per event on the guardian's stdin: "+PGID" registers a group,
-// "-PGID" forgets one, "q" means a clean shutdown. End of input without "q" means the
-// supervisor died: the guardian kills every group still registered and exits.
+// "-PGID" forgets one, "dPATH" names a scratch directory to remove if the supervisor
+// dies, "q" means a clean shutdown. End of input without "q" means the supervisor died:
+// the guardian kills every group still registered, removes the scratch directories, and
+// exits.
 type Guardian struct {
 	mu  sync.Mutex
 	w   *os.File
@@ -77,6 +80,16 @@ func (g *Guardian) Watch(pgid int) error { return g.send("+" + strconv.Itoa(pgid
 // itself. A nil Guardian ignores the call.
 func (g *Guardian) Forget(pgid int) error { return g.send("-" + strconv.Itoa(pgid)) }
 
+// RemoveOnDeath has the guardian remove dir (recursively) if the supervisor dies without
+// a clean shutdown. dir must be absolute and hold no newline. A nil Guardian ignores the
+// call.
+func (g *Guardian) RemoveOnDeath(dir string) error {
+	if !filepath.IsAbs(dir) || strings.ContainsAny(dir, "\n") {
+		return fmt.Errorf("guardian: scratch dir %q: want an absolute path on one line", dir)
+	}
+	return g.send("d" + dir)
+}
+
 // Close tells the guardian to exit without killing anything and waits for it. A nil
 // Guardian ignores the call.
 func (g *Guardian) Close() error {
@@ -103,12 +116,15 @@ func (g *Guardian) Close() error {
 func RunGuardian(r io.Reader) error {
 	signal.Ignore(syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	groups := map[int]bool{}
+	var dirs []string
 	sc := bufio.NewScanner(r)
 	for sc.Scan() {
 		line := strings.TrimSpace(sc.Text())
 		switch {
 		case line == "q":
 			return nil
+		case strings.HasPrefix(line, "d/"):
+			dirs = append(dirs, line[1:])
 		case strings.HasPrefix(line, "+"), strings.HasPrefix(line, "-"):
 			pgid, err := strconv.Atoi(line[1:])
 			if err != nil || pgid <= 1 {
@@ -123,6 +139,9 @@ func RunGuardian(r io.Reader) error {
 	}
 	for pgid := range groups {
 		_ = unix.Kill(-pgid, unix.SIGKILL)
+	}
+	for _, d := range dirs {
+		_ = os.RemoveAll(d)
 	}
 	return nil
 }
