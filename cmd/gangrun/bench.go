@@ -129,6 +129,8 @@ type benchFlags struct {
 	check                   bool
 	pairwise                bool
 	slowThreshold           float64
+	pairTimeout             time.Duration
+	joinTimeout             time.Duration
 	python                  string
 	out                     outputFlags
 }
@@ -146,6 +148,8 @@ func (b *benchFlags) register(fs *pflag.FlagSet) {
 	fs.BoolVar(&b.check, "check", true, "check each size's result once on known data (the #wrong column)")
 	fs.BoolVar(&b.pairwise, "pairwise", false, "benchmark every pair of nodes and print a node × node busbw matrix")
 	fs.Float64Var(&b.slowThreshold, "slow-threshold", bench.DefaultSlowThreshold, "with --pairwise: flag a node or pair this fraction below the median")
+	fs.DurationVar(&b.pairTimeout, "pair-timeout", bench.DefaultPairTimeout, "with --pairwise: the longest one pair may take on a node (joining its gang, running, stopping); a pair past it fails")
+	fs.DurationVar(&b.joinTimeout, "join-timeout", bench.DefaultJoinTimeout, "with --pairwise: the longest the nodes may take to meet before the first pair")
 	fs.StringVar(&b.python, "python", "python3", "Python interpreter with torch for the torch engine")
 	b.out.register(fs)
 }
@@ -214,6 +218,11 @@ func runBenchNCCL(ctx context.Context, e *env, args []string) int {
 	if b.engine == engineNCCLTests && nmax > 1 {
 		return usageErr(e, cmd, "--engine nccl-tests runs on one node: across nodes nccl-tests needs MPI (use --engine torch)")
 	}
+	if b.pairwise {
+		if msg := b.checkPairwise(e, g.coordinator, plan); msg != "" {
+			return usageErr(e, cmd, "%s", msg)
+		}
+	}
 	log, err := newLogger(g.logFormat, e.stderr)
 	if err != nil {
 		return usageErr(e, cmd, "%v", err)
@@ -239,9 +248,7 @@ func runBenchNCCL(ctx context.Context, e *env, args []string) int {
 		return code
 	}
 	if b.pairwise {
-		// A gang of several nodes resolves only through a shared coordinator; the runner
-		// that benchmarks pairs across nodes plugs a bench.RoundRunner into bench.Sweep.
-		return usageErr(e, cmd, "--pairwise: running pairs across nodes needs the multi-node runner, not built yet")
+		return runPairwise(ctx, e, gang, g.coordinator, &b, plan, format, dir, log)
 	}
 	gpus := len(gang.inventory.Allocatable())
 	cfg := gang.config
@@ -444,6 +451,14 @@ type progressLine struct {
 	w     io.Writer
 	start time.Time
 	text  string
+	pair  string // the pair of nodes being measured (--pairwise), "" otherwise
+}
+
+// setPair names the pair of nodes the next steps measure.
+func (p *progressLine) setPair(pair string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.pair = pair
 }
 
 // Write prints worker output above the progress line.
@@ -511,12 +526,19 @@ func (p *progressLine) follow(ctx context.Context, path string) (stop func()) {
 			mu.Lock()
 			s, since := last, time.Since(first)
 			mu.Unlock()
+			p.mu.Lock()
+			pair := p.pair
+			p.mu.Unlock()
 			if s == nil {
-				p.set(fmt.Sprintf("starting the gang · %s elapsed", time.Since(p.start).Round(time.Second)))
+				what := "starting the gang"
+				if pair != "" {
+					what = "starting the gang of pair " + pair
+				}
+				p.set(fmt.Sprintf("%s · %s elapsed", what, time.Since(p.start).Round(time.Second)))
 				continue
 			}
 			left, ok := s.Remaining(since)
-			p.set(bench.ProgressLine(*s, "", time.Since(p.start), left, ok))
+			p.set(bench.ProgressLine(*s, pair, time.Since(p.start), left, ok))
 		}
 	}()
 	return func() {

@@ -123,13 +123,20 @@ func runRun(ctx context.Context, e *env, args []string) int {
 // superviseGang validates cfg (g's configuration completed by the command), runs the
 // supervisor in g's rendezvous and returns gangrun's exit code.
 func superviseGang(ctx context.Context, e *env, cmd string, cfg launcher.Config, g gang, log *zap.Logger) int {
+	code, _ := supervise(ctx, e, cmd, cfg, g, log)
+	return code
+}
+
+// supervise is superviseGang returning also how the run ended: the supervisor's
+// Result, or, when cfg is refused before anything starts, a Result whose Err says why.
+func supervise(ctx context.Context, e *env, cmd string, cfg launcher.Config, g gang, log *zap.Logger) (int, launcher.Result) {
 	sup, err := launcher.New(cfg, g.rdzv)
 	if errors.Is(err, launcher.ErrCommandNotFound) {
 		fmt.Fprintf(e.stderr, "gangrun %s: %s\n", cmd, oneLine(err.Error()))
-		return exitNotFound
+		return exitNotFound, launcher.Result{ExitCode: exitNotFound, Err: err}
 	}
 	if err != nil {
-		return usageErr(e, cmd, "%v", err)
+		return usageErr(e, cmd, "%v", err), launcher.Result{ExitCode: exitUsage, Err: err}
 	}
 	for _, note := range g.inventory.Notes {
 		log.Info("topology", zap.String("note", note))
@@ -143,7 +150,7 @@ func superviseGang(ctx context.Context, e *env, cmd string, cfg launcher.Config,
 	if res.Err != nil {
 		log.Error(cmd+" failed", zap.Error(res.Err))
 	}
-	return res.ExitCode
+	return res.ExitCode, res
 }
 
 // gang is what gangFlags resolve to: a launcher configuration without the training
