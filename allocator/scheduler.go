@@ -470,7 +470,7 @@ func waitReason(r Request, cands []NodeCandidate, excluded map[string]int) strin
 			ready++
 		}
 	}
-	s := fmt.Sprintf("Resources: needs %s with %s free", plural(r.Nodes, "node"), plural(r.GPUsPerNode, "GPU"))
+	s := fmt.Sprintf("Resources: needs %s with %s", plural(r.Nodes, "node"), plural(r.GPUsPerNode, "free GPU"))
 	if r.GPUModel != "" {
 		s += " (" + r.GPUModel + ")"
 	}
