@@ -44,6 +44,14 @@ def _on_signal(signum, _frame):
     _STOP["signal"] = signum
 
 
+def say(msg):
+    """Prints one line in a single write(2), so lines from ranks that share a pipe (the
+    workers of a wrapped torchrun) never interleave. print() writes the text and the
+    newline separately when stdout is unbuffered (PYTHONUNBUFFERED=1)."""
+    sys.stdout.write(msg + "\n")
+    sys.stdout.flush()
+
+
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=200, help="total optimizer steps")
@@ -110,12 +118,11 @@ def main():
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optim"])
         start = int(state["step"])
-        print("resumed from step %d" % start, flush=True)
+        say("resumed from step %d" % start)
     ddp = DDP(model, device_ids=[device.index] if use_cuda else None)
     if rank == 0:
-        print("training: world size %d, backend %s, steps %d..%d, attempt %s"
-              % (world, backend, start, args.steps, os.environ.get("GANGRUN_ATTEMPT", "?")),
-              flush=True)
+        say("training: world size %d, backend %s, steps %d..%d, attempt %s"
+            % (world, backend, start, args.steps, os.environ.get("GANGRUN_ATTEMPT", "?")))
 
     fail_rank = args.fail_rank if args.fail_rank >= 0 else world - 1
     loss = torch.tensor(0.0)
@@ -124,7 +131,7 @@ def main():
         step += 1
         if step == args.fail_at_step and rank == fail_rank and attempt == 0:
             if args.fail_exit_code is not None:
-                print("injected exit %d at step %d" % (args.fail_exit_code, step), flush=True)
+                say("injected exit %d at step %d" % (args.fail_exit_code, step))
                 sys.exit(args.fail_exit_code)
             raise RuntimeError("injected failure at step %d (--fail-at-step)" % step)
         g = torch.Generator().manual_seed(step * 1000 + rank)
@@ -145,17 +152,17 @@ def main():
             if rank == 0:
                 os.makedirs(ckpt_dir, exist_ok=True)
                 path = save_checkpoint(ckpt_dir, step, model, opt)
-                print("checkpoint step %d %s" % (step, path), flush=True)
+                say("checkpoint step %d %s" % (step, path))
             dist.barrier()
         if stop_sig == signal.SIGTERM:
             if rank == 0:
-                print("stopping at step %d on SIGTERM" % step, flush=True)
+                say("stopping at step %d on SIGTERM" % step)
             dist.destroy_process_group()
             sys.exit(128 + signal.SIGTERM)
         if stop_sig == signal.SIGUSR1:
             _STOP["signal"] = 0
     if rank == 0:
-        print("finished at step %d loss %.4f" % (step, loss.item()), flush=True)
+        say("finished at step %d loss %.4f" % (step, loss.item()))
     dist.barrier()
     dist.destroy_process_group()
 
