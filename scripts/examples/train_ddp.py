@@ -132,7 +132,11 @@ def main():
         if step == args.fail_at_step and rank == fail_rank and attempt == 0:
             if args.fail_exit_code is not None:
                 say("injected exit %d at step %d" % (args.fail_exit_code, step))
-                sys.exit(args.fail_exit_code)
+                sys.stderr.flush()
+                # os._exit, not sys.exit: interpreter shutdown with gloo's threads still
+                # running can abort (std::terminate → SIGABRT) instead of exiting with
+                # the code asked for.
+                os._exit(args.fail_exit_code)
             raise RuntimeError("injected failure at step %d (--fail-at-step)" % step)
         g = torch.Generator().manual_seed(step * 1000 + rank)
         x = torch.randn(args.batch, 16, generator=g).to(device)
