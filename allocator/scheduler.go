@@ -474,7 +474,11 @@ func waitReason(r Request, cands []NodeCandidate, excluded map[string]int) strin
 	if r.GPUModel != "" {
 		s += " (" + r.GPUModel + ")"
 	}
-	s += fmt.Sprintf("; %d of %s have them now", ready, plural(len(cands), "eligible node"))
+	verb := "have"
+	if len(cands) == 1 {
+		verb = "has"
+	}
+	s += fmt.Sprintf("; %d of %s %s them now", ready, plural(len(cands), "eligible node"), verb)
 	keys := make([]string, 0, len(excluded))
 	for k := range excluded {
 		keys = append(keys, k)

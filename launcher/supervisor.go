@@ -249,6 +249,9 @@ func checkReadableDir(dir string) error {
 		return fmt.Errorf("--checkpoint-dir %s: %w", dir, err)
 	}
 	defer f.Close()
+	if fi, err := f.Stat(); err == nil && !fi.IsDir() {
+		return fmt.Errorf("--checkpoint-dir %s: is a file, not a directory", dir)
+	}
 	if _, err := f.Readdirnames(1); err != nil && !errors.Is(err, io.EOF) {
 		return fmt.Errorf("--checkpoint-dir %s: cannot be read: %w", dir, err)
 	}

@@ -413,7 +413,7 @@ func TestNewRejectsBadInput(t *testing.T) {
 		{"no command", func(c *Config) { c.Command = nil }, "no command"},
 		{"zero workers", func(c *Config) { c.NProcPerNode = 0 }, "--nproc-per-node 0"},
 		{"missing command", func(c *Config) { c.Command = []string{"no-such-trainer-xyz"} }, "command not found: no-such-trainer-xyz"},
-		{"checkpoint dir is a file", func(c *Config) { c.CheckpointDir = file }, "--checkpoint-dir " + file},
+		{"checkpoint dir is a file", func(c *Config) { c.CheckpointDir = file }, "--checkpoint-dir " + file + ": is a file, not a directory"},
 		{"checkpoint dir loops", func(c *Config) { c.CheckpointDir = loop }, "--checkpoint-dir " + loop},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -28,6 +28,39 @@ const (
 	engineNCCLTests = "nccl-tests"
 )
 
+// torchCheckTimeout bounds checkTorch: importing torch takes a second or two.
+const torchCheckTimeout = 2 * time.Minute
+
+// torchUsable refuses, in one line with exit 2, a --python that cannot import torch.
+// One that is not found at all is left to the caller, which reports it with exit 127.
+func torchUsable(ctx context.Context, e *env, python string) int {
+	if _, err := exec.LookPath(python); err != nil {
+		return exitOK
+	}
+	if err := checkTorch(ctx, python); err != nil {
+		return usageErr(e, benchCmd, "--python %s: %v; give --python an interpreter that has torch (Debian's: /usr/bin/python3)", python, err)
+	}
+	return exitOK
+}
+
+// checkTorch runs `python -c "import torch.distributed"` so that an interpreter without
+// torch is refused in one line before any worker starts, rather than as a gang failure
+// with a traceback from every rank. The error holds the interpreter's last line of
+// output (e.g. "ModuleNotFoundError: No module named 'torch'").
+func checkTorch(ctx context.Context, python string) error {
+	ctx, cancel := context.WithTimeout(ctx, torchCheckTimeout)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, python, "-c", "import torch.distributed").CombinedOutput()
+	if err == nil {
+		return nil
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if last := strings.TrimSpace(lines[len(lines)-1]); last != "" {
+		return fmt.Errorf("cannot import torch.distributed: %s", last)
+	}
+	return fmt.Errorf("cannot import torch.distributed: %w", err)
+}
+
 // progressInterval is how often the progress line is redrawn and the progress file read.
 const progressInterval = 500 * time.Millisecond
 
@@ -305,6 +338,9 @@ func (r benchRun) torch(ctx context.Context, backend, python string) ([]bench.Re
 	}
 	if backend == "nccl" && r.gpus == 0 {
 		return nil, usageErr(e, benchCmd, "--backend nccl needs GPUs, and this node has none allocatable (use --backend gloo)")
+	}
+	if code := torchUsable(ctx, e, python); code != exitOK {
+		return nil, code
 	}
 	script, err := benchscript.Write(r.dir)
 	if err != nil {

@@ -85,6 +85,9 @@ func runPairwise(ctx context.Context, e *env, g gang, coordinator string, b *ben
 		fmt.Fprintf(e.stderr, "gangrun %s: --python %s: not found on PATH\n", benchCmd, b.python)
 		return exitNotFound
 	}
+	if code := torchUsable(ctx, e, b.python); code != exitOK {
+		return code
+	}
 	script, err := benchscript.Write(dir)
 	if err != nil {
 		return failErr(e, benchCmd, err)

@@ -235,6 +235,24 @@ func TestBenchUsageErrors(t *testing.T) {
 
 const ncclFixtures = "../../bench/testdata/nccl-tests"
 
+// TestBenchNCCLPythonWithoutTorch gives --python a real interpreter that cannot import
+// torch (Debian's python3 with -S, which leaves out dist-packages): one line naming the
+// interpreter and the import error, exit 2, and no worker started (no rank output).
+func TestBenchNCCLPythonWithoutTorch(t *testing.T) {
+	noTorch := filepath.Join(t.TempDir(), "python-no-torch")
+	if err := os.WriteFile(noTorch, []byte("#!/bin/sh\nexec "+benchPython()+" -S \"$@\"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	r := runBenchCLI(t, "", "bench", "nccl", "--python", noTorch, "--backend", "gloo", "--nproc-per-node", "2")
+	if r.code != 2 {
+		t.Fatalf("exit %d, want 2\nstderr:\n%s", r.code, r.stderr)
+	}
+	want := "gangrun bench nccl: --python " + noTorch + ": cannot import torch.distributed: ModuleNotFoundError: No module named 'torch'"
+	if lines := strings.Split(strings.TrimSpace(r.stderr), "\n"); len(lines) != 1 || !strings.HasPrefix(lines[0], want) {
+		t.Errorf("stderr = %q, want one line starting %q", r.stderr, want)
+	}
+}
+
 func TestBenchParseCommand(t *testing.T) {
 	file := filepath.Join(ncclFixtures, "all_reduce_perf.txt")
 	r := runBenchCLI(t, "", "bench", "parse", file)

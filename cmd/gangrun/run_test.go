@@ -156,7 +156,7 @@ func TestRunUsageErrors(t *testing.T) {
 			"torchrun --nproc_per_node=4 conflicts with gangrun's --nproc-per-node 2"},
 		{"torchrun restarts", []string{"run", "--", shim, "--max-restarts", "2", "t.py"}, 2,
 			"torchrun --max-restarts 2 conflicts with gangrun's --max_restarts=0"},
-		{"checkpoint dir is a file", append([]string{"run", "--checkpoint-dir", file, "--"}, touch...), 2, "--checkpoint-dir " + file},
+		{"checkpoint dir is a file", append([]string{"run", "--checkpoint-dir", file, "--"}, touch...), 2, "--checkpoint-dir " + file + ": is a file, not a directory"},
 		{"missing command", []string{"run", "--", "no-such-trainer-9f2"}, 127, "command not found: no-such-trainer-9f2"},
 		{"missing command path", []string{"run", "--", "/nonexistent/train"}, 127, "command not found: /nonexistent/train"},
 	} {
