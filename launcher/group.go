@@ -149,6 +149,23 @@ func (w *worker) reap(guard *proc.Guardian) proc.ExitStatus {
 	return st
 }
 
+// reportOutputWait bounds how long the failure report waits for the root-cause worker's
+// last output lines: its pipes close when it exits, unless a child of it still holds them.
+const reportOutputWait = 250 * time.Millisecond
+
+// awaitOutput waits up to d for w's output readers to reach the end of its pipes. It
+// closes nothing: finishOutput does that when the group stops.
+func (w *worker) awaitOutput(d time.Duration) {
+	done := make(chan struct{})
+	go func() { w.pumps.Wait(); close(done) }()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	}
+}
+
 // finishOutput waits for w's output readers (bounded by pumpGrace), then closes its
 // pipes and log files.
 func (w *worker) finishOutput() {

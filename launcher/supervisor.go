@@ -271,6 +271,7 @@ const (
 type outcome struct {
 	kind    outcomeKind
 	failure *rendezvous.Failure
+	failed  *worker // the root-cause worker when kind is outFailed; nil for a hang
 	sig     syscall.Signal
 }
 
@@ -355,8 +356,13 @@ func (s *Supervisor) Run(ctx context.Context) Result {
 				return res
 			}
 		case outFailed:
+			_ = round.Fail(ctx, *out.failure) // first, so the other nodes stop at once
+			if out.failed != nil {
+				// The report says "see its output above": let the worker's last lines
+				// (its traceback) reach the console first.
+				out.failed.awaitOutput(reportOutputWait)
+			}
 			s.report(a, out.failure)
-			_ = round.Fail(ctx, *out.failure)
 			s.stop(g, syscall.SIGTERM)
 		case outEnded:
 			s.stop(g, syscall.SIGTERM)
@@ -492,7 +498,7 @@ func (s *Supervisor) monitor(ctx context.Context, g *group, round rendezvous.Rou
 			w := g.workers[i]
 			st := w.reap(s.guard)
 			if !st.Success() {
-				return outcome{kind: outFailed, failure: s.failureOf(a, w)}
+				return outcome{kind: outFailed, failure: s.failureOf(a, w), failed: w}
 			}
 			remaining--
 			if remaining == 0 {

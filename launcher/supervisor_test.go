@@ -290,9 +290,14 @@ func TestRunHangTimeout(t *testing.T) {
 }
 
 func TestRunLogDir(t *testing.T) {
-	logs := t.TempDir()
+	logs, marks := t.TempDir(), t.TempDir()
+	// Rank 1 fails attempt 0 only once rank 0 has written both its lines: the gang's
+	// SIGTERM would otherwise cut rank 0 short on a loaded machine.
 	r := newTestRun(t, 2, `echo "out $RANK attempt $GANGRUN_ATTEMPT"; echo "err $RANK" >&2
-[ "$GANGRUN_ATTEMPT" = 0 ] && [ "$RANK" = 1 ] && exit 1; exit 0`)
+touch "`+marks+`/written-$RANK-$GANGRUN_ATTEMPT"
+if [ "$GANGRUN_ATTEMPT" = 0 ] && [ "$RANK" = 1 ]; then
+  while [ ! -e "`+marks+`/written-0-0" ]; do sleep 0.01; done; exit 1
+fi; exit 0`)
 	r.cfg.LogDir, r.cfg.Tee, r.cfg.MaxRestarts = logs, false, 1
 	if res := r.run(t); res.ExitCode != 0 {
 		t.Fatalf("exit %d", res.ExitCode)
