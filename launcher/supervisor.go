@@ -345,13 +345,26 @@ func (s *Supervisor) Run(ctx context.Context) Result {
 		switch out.kind {
 		case outSucceeded:
 			s.stop(g, 0)
-			end, sig := s.awaitSuccess(ctx, round)
+			end, sig, err := s.awaitSuccess(ctx, round)
 			if sig != 0 {
 				res.ExitCode = 128 + int(sig)
 				return res
 			}
 			if end.Kind == rendezvous.Succeeded {
 				s.log.Info("all workers finished", zap.Int("attempt", a.Round))
+				res.ExitCode = 0
+				return res
+			}
+			if err != nil || end.Lost {
+				// This node's workers all finished, and the coordinator can no longer
+				// say how the others did. Starting them again would run a finished
+				// job a second time; each other node's gangrun reports its own end.
+				reason := end.Detail
+				if err != nil {
+					reason = err.Error()
+				}
+				s.log.Warn("this node's workers all finished; the other nodes' outcome is unknown: the rendezvous was lost",
+					zap.Int("attempt", a.Round), zap.String("reason", reason))
 				res.ExitCode = 0
 				return res
 			}
@@ -445,8 +458,10 @@ func (s *Supervisor) join(ctx context.Context) (rendezvous.Round, syscall.Signal
 	}
 }
 
-// awaitSuccess reports this node's success and waits for the whole gang's.
-func (s *Supervisor) awaitSuccess(ctx context.Context, round rendezvous.Round) (rendezvous.End, syscall.Signal) {
+// awaitSuccess reports this node's success and waits for the whole gang's. It returns
+// how the round ended, the terminating signal that cut the wait short (0 if none), and
+// the coordinator's error when the success could not be reported or waited for.
+func (s *Supervisor) awaitSuccess(ctx context.Context, round rendezvous.Round) (rendezvous.End, syscall.Signal, error) {
 	type result struct {
 		end rendezvous.End
 		err error
@@ -461,18 +476,15 @@ func (s *Supervisor) awaitSuccess(ctx context.Context, round rendezvous.Round) (
 	for {
 		select {
 		case r := <-ch:
-			if r.err != nil {
-				s.log.Warn("waiting for the other nodes", zap.Error(r.err))
-			}
-			return r.end, 0
+			return r.end, 0, r.err
 		case sig := <-s.cfg.Signals:
 			if ss, ok := sig.(syscall.Signal); ok && terminating(ss) {
 				cancel()
 				_ = round.Leave(context.WithoutCancel(ctx))
-				return rendezvous.End{}, ss
+				return rendezvous.End{}, ss, nil
 			}
 		case <-ctx.Done():
-			return rendezvous.End{}, syscall.SIGTERM
+			return rendezvous.End{}, syscall.SIGTERM, nil
 		}
 	}
 }

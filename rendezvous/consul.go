@@ -572,7 +572,7 @@ func (r *consulRound) finish(e End) {
 func endOf(st *jobState) End {
 	switch {
 	case st == nil:
-		return End{Kind: MembershipChanged, Detail: "the job's state disappeared"}
+		return End{Kind: MembershipChanged, Detail: "the job's state disappeared", Lost: true}
 	case st.End == "failed":
 		return End{Kind: Failed, Failure: st.Failure}
 	case st.End == "succeeded":
@@ -587,6 +587,17 @@ func endOf(st *jobState) End {
 // the node that takes over leadership) also watches the members and done markers.
 func (r *consulRound) watch(ctx context.Context, lost <-chan struct{}) {
 	c := r.c
+	// A lost session must end the round at once, not when the job's keys next change:
+	// a blocking query can wait minutes, and after a Consul restart nothing may change.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-lost:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 	w := store.NewWatcher(c.s, c.key("ctl")+"/")
 	lw := store.NewWatcher(c.s, c.key())
 	for {
@@ -602,7 +613,7 @@ func (r *consulRound) watch(ctx context.Context, lost <-chan struct{}) {
 		}
 		select {
 		case <-lost:
-			r.finish(End{Kind: MembershipChanged, Detail: "this node's session was lost"})
+			r.finish(End{Kind: MembershipChanged, Detail: "this node's session was lost", Lost: true})
 			return
 		default:
 		}

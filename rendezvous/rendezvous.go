@@ -192,6 +192,10 @@ type End struct {
 	Failure *Failure
 	// Detail explains a membership change ("node b left", "node c is waiting").
 	Detail string
+	// Lost is set with MembershipChanged when this node can no longer see the round at
+	// all: its session was invalidated, or the job's state vanished (a Consul server
+	// that lost its data). Nothing then says how the other nodes ended.
+	Lost bool
 }
 
 // Round is one closed rendezvous round as a node sees it.

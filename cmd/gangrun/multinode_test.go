@@ -247,3 +247,44 @@ func mustAtoi(s string) int {
 	}
 	return n
 }
+
+// TestFinishedNodeIsNotRerunWhenConsulLosesTheJob: node A's workers finish while node B's
+// still run; then the Consul dev agent restarts, losing every key and session. Node A
+// must not start its finished workers again (a finished job run twice): it exits 0 and
+// says the other nodes' outcome is unknown.
+func TestFinishedNodeIsNotRerunWhenConsulLosesTheJob(t *testing.T) {
+	agent := consultest.Start(t)
+	mark := testMark(t)
+	dir := t.TempDir()
+	script := `echo "$GANGRUN_NODE_NAME $RANK" >> ` + dir + `/starts
+if [ "$GANGRUN_NODE_NAME" = node-b ]; then while [ ! -e ` + dir + `/go ]; do sleep 0.05; done; fi
+echo "finished $RANK"`
+	nodes := map[string]*gangrunNode{}
+	for _, name := range []string{"node-a", "node-b"} {
+		nodes[name] = startNode(t, name, []string{mark}, "run", "--coordinator", "consul://"+agent.Addr, "--job-id", "lost",
+			"--nnodes", "2", "--node-name", name, "--advertise-addr", "127.0.0.1", "--nproc-per-node", "1",
+			"--restart-backoff", "0s", "--term-timeout", "1s", "--", "/bin/sh", "-c", script)
+	}
+	waitUntilFor(t, 60*time.Second, func() bool {
+		return strings.Contains(nodes["node-a"].stdout.String(), "finished")
+	}, "node-a's worker to finish")
+	// node-a has reported its success and waits for node-b's.
+	time.Sleep(300 * time.Millisecond)
+	agent.Restart()
+	if code := nodes["node-a"].wait(t, 60*time.Second); code != 0 {
+		t.Fatalf("node-a exited %d, want 0\n%s", code, nodes["node-a"].output())
+	}
+	if out := nodes["node-a"].stderr.String(); !strings.Contains(out, "the other nodes' outcome is unknown") {
+		t.Errorf("node-a does not say the gang's outcome is unknown:\n%s", out)
+	}
+	starts, err := os.ReadFile(filepath.Join(dir, "starts"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(starts), "node-a "); n != 1 {
+		t.Errorf("node-a's worker started %d times, want once:\n%s", n, starts)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "go"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}

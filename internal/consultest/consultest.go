@@ -155,9 +155,11 @@ func (a *Agent) launch() {
 	a.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
-	// Ready means a leader is elected and the agent's own node is in the catalog: a
-	// session bound to the node's health (Consul's default) needs the registration.
-	ready := func(path string) bool {
+	// Ready means a leader is elected and the agent's own node is in the catalog with
+	// its serfHealth check: a session bound to the node's health (Consul's default) is
+	// refused with "Missing check 'serfHealth' registration" until the leader has
+	// registered that check, which can come after the node itself.
+	ready := func(path string, want ...string) bool {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+a.Addr+path, nil)
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
@@ -167,10 +169,16 @@ func (a *Agent) launch() {
 		var buf bytes.Buffer
 		_, _ = buf.ReadFrom(resp.Body)
 		body := bytes.TrimSpace(buf.Bytes())
+		for _, w := range want {
+			if !bytes.Contains(body, []byte(w)) {
+				return false
+			}
+		}
 		return resp.StatusCode == 200 && len(body) > 0 && string(body) != "null" && string(body) != `""`
 	}
 	for {
-		if ready("/v1/status/leader") && ready("/v1/catalog/node/gangrun-test") {
+		if ready("/v1/status/leader") && ready("/v1/catalog/node/gangrun-test") &&
+			ready("/v1/health/node/gangrun-test", `"serfHealth"`) {
 			return
 		}
 		select {
