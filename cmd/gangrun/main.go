@@ -57,38 +57,65 @@ type command struct {
 	name    string
 	summary string
 	run     func(ctx context.Context, e *env, args []string) int
+	// signals: the command reads env.signals (it forwards them to workers, or releases
+	// what it holds before it exits). The others keep the default dispositions, so
+	// Ctrl-C and SIGTERM end them at once whatever they are doing.
+	signals bool
 }
 
 func commands() []command {
 	return []command{
-		{"run", "launch and supervise a training command on this node or a gang of nodes", runRun},
-		{"topo", "show this node's GPUs, links and RDMA NICs (like nvidia-smi topo -m)", runTopo},
-		{"agent", "register this node with Consul and keep it alive", runAgent},
-		{"nodes", "list the cluster's nodes and free GPUs (like sinfo)", runNodes},
-		{"alloc", "reserve a gang of GPUs across nodes, all or nothing (like salloc)", runAlloc},
-		{"queue", "list grants and pending requests (like squeue)", runQueue},
-		{"show", "show one grant or request (like scontrol show job)", runShow},
-		{"cancel", "release a grant or withdraw a request (like scancel)", runCancel},
-		{"drain", "mark a node drained: no new grants land on it", runDrain},
-		{"resume", "return a drained node to service", runResume},
-		{"ckpt", "find, list, verify and prune checkpoints", runCkpt},
-		{"bench", "benchmark collectives across the gang (nccl-tests figures)", runBench},
-		{"hostlist", "expand or compress Slurm hostlists", runHostlist},
-		{"version", "print gangrun's version", runVersion},
+		{"run", "launch and supervise a training command on this node or a gang of nodes", runRun, true},
+		{"topo", "show this node's GPUs, links and RDMA NICs (like nvidia-smi topo -m)", runTopo, false},
+		{"agent", "register this node with Consul and keep it alive", runAgent, true},
+		{"nodes", "list the cluster's nodes and free GPUs (like sinfo)", runNodes, false},
+		{"alloc", "reserve a gang of GPUs across nodes, all or nothing (like salloc)", runAlloc, true},
+		{"queue", "list grants and pending requests (like squeue)", runQueue, false},
+		{"show", "show one grant or request (like scontrol show job)", runShow, false},
+		{"cancel", "release a grant or withdraw a request (like scancel)", runCancel, false},
+		{"drain", "mark a node drained: no new grants land on it", runDrain, false},
+		{"resume", "return a drained node to service", runResume, false},
+		{"ckpt", "find, list, verify and prune checkpoints", runCkpt, false},
+		{"bench", "benchmark collectives across the gang (nccl-tests figures)", runBench, true},
+		{"hostlist", "expand or compress Slurm hostlists", runHostlist, false},
+		{"version", "print gangrun's version", runVersion, false},
 	}
 }
 
 func main() {
 	sigs := make(chan os.Signal, 16)
-	// The signals gangrun forwards to its workers (issue: process control). SIGPIPE is
-	// not among them: a closed stdout must not kill the supervisor mid-teardown.
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGUSR1, syscall.SIGUSR2)
+	// The signals gangrun forwards to its workers (issue: process control), caught only
+	// for the commands that act on them (and the guardian, which must outlive them).
+	// SIGPIPE is ignored by all: a closed stdout must not kill the supervisor
+	// mid-teardown, and a write to it then fails with an error the command reports.
+	if catchesSignals(os.Args[1:]) {
+		signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGUSR1, syscall.SIGUSR2)
+	}
 	signal.Ignore(syscall.SIGPIPE)
 	e := &env{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv, signals: sigs}
 	if exe, err := os.Executable(); err == nil {
 		e.self = exe
 	}
 	os.Exit(dispatch(context.Background(), e, os.Args[1:]))
+}
+
+// catchesSignals reports whether the command that args name acts on signals itself.
+func catchesSignals(args []string) bool {
+	if len(args) == 0 {
+		return false
+	}
+	if args[0] == guardianCommand {
+		return true
+	}
+	if args[0] == "bench" { // bench nccl runs a gang; bench parse reads a file
+		return len(args) > 1 && args[1] == "nccl"
+	}
+	for _, c := range commands() {
+		if c.name == args[0] {
+			return c.signals
+		}
+	}
+	return false
 }
 
 // dispatch runs the subcommand named by args[0] and returns the process exit code.
