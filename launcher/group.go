@@ -116,6 +116,10 @@ func startWorker(s workerSpec, console, consoleErr *lineWriter, act *activity) (
 	childEnds = nil
 	if err != nil {
 		closeAll()
+		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) || errors.Is(err, os.ErrPermission) {
+			// The command vanished or lost its execute bit since New checked it.
+			return nil, fmt.Errorf("start rank %d: %w: %s (%v)", s.rank, ErrCommandNotFound, s.argv[0], unwrapPath(err))
+		}
 		return nil, fmt.Errorf("start rank %d (%s): %w", s.rank, s.argv[0], err)
 	}
 	w.p = p

@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -196,11 +197,19 @@ func New(cfg Config, rdzv rendezvous.Rendezvous) (*Supervisor, error) {
 	if cfg.MaxRestarts < 0 {
 		return nil, fmt.Errorf("--max-restarts %d: must not be negative", cfg.MaxRestarts)
 	}
+	if cfg.Command[0] == "" {
+		return nil, fmt.Errorf("%w: the command after -- is an empty string", ErrCommandNotFound)
+	}
 	if _, err := exec.LookPath(cfg.Command[0]); err != nil {
 		return nil, fmt.Errorf("%w: %s", ErrCommandNotFound, cfg.Command[0])
 	}
 	if cfg.CheckpointDir != "" {
 		if err := checkReadableDir(cfg.CheckpointDir); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.LogDir != "" {
+		if err := checkWritableDir(cfg.LogDir); err != nil {
 			return nil, err
 		}
 	}
@@ -256,6 +265,33 @@ func checkReadableDir(dir string) error {
 		return fmt.Errorf("--checkpoint-dir %s: cannot be read: %w", dir, err)
 	}
 	return nil
+}
+
+// checkWritableDir creates the --log-dir directory when it is missing and checks that
+// files can be created in it, so a bad one is refused before any worker starts.
+func checkWritableDir(dir string) error {
+	if fi, err := os.Stat(dir); err == nil && !fi.IsDir() {
+		return fmt.Errorf("--log-dir %s: is a file, not a directory", dir)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("--log-dir %s: cannot be created: %w", dir, unwrapPath(err))
+	}
+	f, err := os.CreateTemp(dir, ".gangrun-write-check-*")
+	if err != nil {
+		return fmt.Errorf("--log-dir %s: cannot be written: %w", dir, unwrapPath(err))
+	}
+	f.Close()
+	return os.Remove(f.Name())
+}
+
+// unwrapPath returns the cause inside a *fs.PathError ("permission denied"), whose
+// own text repeats the operation and path.
+func unwrapPath(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
 }
 
 // outcomeKind says how monitoring an attempt ended.
@@ -335,7 +371,7 @@ func (s *Supervisor) Run(ctx context.Context) Result {
 		if err != nil {
 			_ = round.Fail(ctx, rendezvous.Failure{Node: s.cfg.NodeName, Rank: -1, LocalRank: -1, ExitCode: 1, Reason: err.Error()})
 			res.ExitCode, res.Err = 1, err
-			if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) || errors.Is(err, os.ErrPermission) {
+			if errors.Is(err, ErrCommandNotFound) {
 				res.ExitCode = 127
 			}
 			return res

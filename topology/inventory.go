@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"sort"
 )
@@ -298,17 +299,30 @@ func (f fileSource) Inventory(ctx context.Context) (*Inventory, error) {
 	return LoadFile(string(f))
 }
 
+// MaxFileBytes is the largest recorded inventory LoadFile reads, in bytes (16 MiB). A
+// node's inventory is a few tens of KiB; the bound keeps /dev/zero or a wrong path from
+// exhausting memory.
+const MaxFileBytes = 16 << 20
+
 // LoadFile reads a recorded inventory (the JSON `gangrun topo --json` prints). Errors
 // name the file and say what is wrong: missing file, invalid JSON (with line and
-// column), a schema_version other than SchemaVersion, or inconsistent contents (a
+// column), a file over MaxFileBytes, a schema_version other than SchemaVersion, or inconsistent contents (a
 // duplicate GPU index, a link to an unknown GPU, ...).
 func LoadFile(path string) (*Inventory, error) {
-	data, err := os.ReadFile(path)
+	f, err := os.Open(path)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return nil, fmt.Errorf("topology file %s: no such file", path)
 		}
 		return nil, fmt.Errorf("topology file %s: %w", path, err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, MaxFileBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("topology file %s: %w", path, err)
+	}
+	if len(data) > MaxFileBytes {
+		return nil, fmt.Errorf("topology file %s: larger than %d MiB: not a recorded inventory", path, MaxFileBytes>>20)
 	}
 	inv, err := Decode(data)
 	if err != nil {

@@ -32,6 +32,7 @@ func TestLoadFileErrors(t *testing.T) {
 		{"bad link", write("link.json", `{"schema_version": 1, "gpus": [{"index": 0, "health": {"state": "healthy"}}], "gpu_links": [{"a": 0, "b": 3, "nvlinks": 1, "level": "PIX"}]}`), "gpu link 0-3 names an unknown gpu"},
 		{"bad level", write("level.json", `{"schema_version": 1, "gpu_links": [{"a": 0, "b": 1, "level": "NV4"}]}`), `unknown PCIe level "NV4"`},
 		{"bad state", write("state.json", `{"schema_version": 1, "gpus": [{"index": 0, "health": {"state": "sick"}}]}`), `gpu 0: health state "sick" is not healthy, degraded or failed`},
+		{"endless", "/dev/zero", "larger than 16 MiB: not a recorded inventory"},
 		{"unknown nic", write("nic.json", `{"schema_version": 1, "gpus": [{"index": 0, "health": {"state": "healthy"}, "nics": ["mlx5_9"]}]}`), `gpu 0: nic "mlx5_9" is not among rdma_devices`},
 	}
 	for _, tc := range tests {

@@ -157,6 +157,10 @@ func TestRunUsageErrors(t *testing.T) {
 		{"torchrun restarts", []string{"run", "--", shim, "--max-restarts", "2", "t.py"}, 2,
 			"torchrun --max-restarts 2 conflicts with gangrun's --max_restarts=0"},
 		{"checkpoint dir is a file", append([]string{"run", "--checkpoint-dir", file, "--"}, touch...), 2, "--checkpoint-dir " + file + ": is a file, not a directory"},
+		{"log dir is a file", append([]string{"run", "--log-dir", file, "--"}, touch...), 2, "--log-dir " + file + ": is a file, not a directory"},
+		{"log dir under a file", append([]string{"run", "--log-dir", filepath.Join(file, "logs"), "--"}, touch...), 2, "--log-dir " + filepath.Join(file, "logs") + ": cannot be created: not a directory"},
+		{"log dir in /proc", append([]string{"run", "--log-dir", "/proc/gangrun-logs", "--"}, touch...), 2, "--log-dir /proc/gangrun-logs: cannot be created: no such file or directory"},
+		{"empty command", []string{"run", "--", ""}, 127, "command not found: the command after -- is an empty string"},
 		{"missing command", []string{"run", "--", "no-such-trainer-9f2"}, 127, "command not found: no-such-trainer-9f2"},
 		{"missing command path", []string{"run", "--", "/nonexistent/train"}, 127, "command not found: /nonexistent/train"},
 	} {
