@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"runtime"
 	"strings"
@@ -260,6 +261,15 @@ func (g *gangFlags) gang(ctx context.Context, e *env, cmd string, command []stri
 			return fail("--node-name not given and the hostname is unknown: %v", err)
 		}
 		node = h
+	}
+	if coordinator != "embedded" {
+		// The node name is a key segment in Consul and a name the other nodes see.
+		if err := store.CheckSegment("--node-name", node); err != nil {
+			return fail("%v", err)
+		}
+	}
+	if g.advertiseAddr != "" && net.ParseIP(g.advertiseAddr) == nil {
+		return fail("--advertise-addr %q: want an IP address (the other nodes connect to it)", g.advertiseAddr)
 	}
 	jobID := g.jobID
 	if jobID == "" {

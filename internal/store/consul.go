@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -23,8 +25,18 @@ type Consul struct {
 // "" when the environment decides.
 func ParseConsulURL(s string) (string, error) {
 	u, err := url.Parse(s)
-	if err != nil || u.Scheme != "consul" || u.Path != "" && u.Path != "/" || u.RawQuery != "" {
+	if err != nil || u.Scheme != "consul" || u.Path != "" && u.Path != "/" || u.RawQuery != "" || u.User != nil {
 		return "", fmt.Errorf("coordinator %q: want consul://HOST:PORT", s)
+	}
+	if u.Host == "" {
+		return "", nil // consul:// : CONSUL_HTTP_ADDR decides
+	}
+	host, port, err := net.SplitHostPort(u.Host)
+	if err != nil || host == "" {
+		return "", fmt.Errorf("coordinator %q: want consul://HOST:PORT", s)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return "", fmt.Errorf("coordinator %q: port %q: want 1..65535", s, port)
 	}
 	return u.Host, nil
 }
