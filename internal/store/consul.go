@@ -49,11 +49,45 @@ func NewConsul(addr string) (*Consul, error) {
 	if addr != "" {
 		cfg.Address = addr
 	}
+	if err := checkConsulAddr(cfg.Address); err != nil {
+		return nil, err
+	}
 	c, err := api.NewClient(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("consul client for %s: %w", cfg.Address, err)
 	}
 	return &Consul{c: c, transport: cfg.Transport}, nil
+}
+
+// checkConsulAddr accepts what consul/api's Config.Address takes: HOST:PORT, or
+// http:// or https:// before it (the port then optional), or unix://PATH. Anything else would only fail, and be
+// retried, at the first request.
+func checkConsulAddr(addr string) error {
+	if rest, ok := strings.CutPrefix(addr, "unix://"); ok {
+		if rest == "" {
+			return fmt.Errorf("consul address %q: no socket path after unix://", addr)
+		}
+		return nil
+	}
+	hostport := addr
+	if i := strings.Index(addr, "://"); i >= 0 {
+		u, err := url.Parse(addr)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Path != "" && u.Path != "/" {
+			return fmt.Errorf("consul address %q: want HOST:PORT, http://HOST:PORT, https://HOST:PORT or unix://PATH", addr)
+		}
+		if u.Host != "" && u.Port() == "" && !strings.HasSuffix(u.Host, ":") {
+			return nil // the scheme's default port
+		}
+		hostport = u.Host
+	}
+	host, port, err := net.SplitHostPort(hostport)
+	if err != nil || host == "" {
+		return fmt.Errorf("consul address %q: want HOST:PORT, http://HOST:PORT, https://HOST:PORT or unix://PATH", addr)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("consul address %q: port %q: want 1..65535", addr, port)
+	}
+	return nil
 }
 
 // Close releases the client's idle connections (Consul limits connections per client
