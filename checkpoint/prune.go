@@ -112,6 +112,10 @@ func Prune(dir string, keep int, opts Options) (Plan, error) {
 			why = "target of symlink " + linkedBy[c.name]
 		case pointedBy[c.name] != "":
 			why = "named by " + pointedBy[c.name]
+		case c.badStep != "":
+			// Without a step there is no telling whether it is older or newer than the
+			// checkpoints kept: deleting it could delete the newest one.
+			why = c.badStep + ": its place among the checkpoints is unknown, so it is kept"
 		case cp.Complete:
 			del = true
 			why = fmt.Sprintf("complete, older than the newest %d complete", keep)

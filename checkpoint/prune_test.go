@@ -80,6 +80,18 @@ func TestPrune(t *testing.T) {
 			after: []string{"step-3"},
 		},
 		{
+			name: "a step too large for 64 bits is kept: its order is unknown",
+			tree: merge(generic("step-1", true), generic("step-2", true), generic("step-3", true),
+				generic("step-99999999999999999999", true)),
+			keep:   1,
+			delete: map[string]string{"step-2": "complete, older", "step-1": "complete, older"},
+			kept: map[string]string{
+				"step-3":                    "one of the newest 1 complete",
+				"step-99999999999999999999": "step number 99999999999999999999 does not fit in 64 bits: its place among the checkpoints is unknown, so it is kept",
+			},
+			after: []string{"step-3", "step-99999999999999999999"},
+		},
+		{
 			name:  "nothing complete: nothing deleted",
 			tree:  merge(generic("step-1", false), generic("step-2", false)),
 			keep:  1,
