@@ -74,6 +74,9 @@ type jobState struct {
 	Detail   string   `json:"detail,omitempty"`
 	// Error is a configuration error every node reports and exits on.
 	Error string `json:"error,omitempty"`
+	// NNodes is the run's --nnodes ("N" or "MIN:MAX"), set by the node that started the run; a
+	// node given another is refused.
+	NNodes string `json:"nnodes,omitempty"`
 	// Previous is how the previous round ended, kept when the next round opens so a node
 	// that sees the state only after that still learns why its round ended.
 	Previous *jobState `json:"previous,omitempty"`
@@ -225,6 +228,24 @@ func newRunID() string {
 	return hex.EncodeToString(b[:])
 }
 
+// nnodes is this node's --nnodes as the job state records it: "N", or "MIN:MAX".
+func (c *Consul) nnodes() string {
+	if c.cfg.MinNodes == c.cfg.MaxNodes {
+		return strconv.Itoa(c.cfg.MinNodes)
+	}
+	return strconv.Itoa(c.cfg.MinNodes) + ":" + strconv.Itoa(c.cfg.MaxNodes)
+}
+
+// checkNNodes refuses to join a run (not yet finished) that another --nnodes started.
+// A state without NNodes (written by an older gangrun) is taken as matching.
+func (c *Consul) checkNNodes(st *jobState) error {
+	if st.Status == statusFinished || st.NNodes == "" || st.NNodes == c.nnodes() {
+		return nil
+	}
+	return fmt.Errorf("--nnodes %s differs from job %s's --nnodes %s (given by the node that started it): every node of a job must give the same",
+		c.nnodes(), c.cfg.JobID, st.NNodes)
+}
+
 // Join implements Rendezvous: it blocks until a round closes with this node in it.
 func (c *Consul) Join(ctx context.Context, req JoinRequest) (Round, error) {
 	if err := store.CheckSegment("node name", req.Node); err != nil {
@@ -236,6 +257,15 @@ func (c *Consul) Join(ctx context.Context, req JoinRequest) (Round, error) {
 	sess, lost, err := c.ensureSession(ctx, req.Node)
 	if err != nil {
 		return nil, err
+	}
+	// A node given another --nnodes than the running job's is refused before it becomes
+	// a member (the leader would count it).
+	if entries, _, err := c.s.List(ctx, c.key("ctl")+"/"); err == nil {
+		if st, _, _ := c.readCtl(entries); st != nil {
+			if err := c.checkNNodes(st); err != nil {
+				return nil, err
+			}
+		}
 	}
 	me := memberRecord{Member: Member{Node: req.Node, Addr: req.Addr, LocalWorldSize: req.LocalWorldSize, Switch: req.Switch},
 		Host: c.cfg.Host, Round: -1}
@@ -260,20 +290,22 @@ func (c *Consul) Join(ctx context.Context, req JoinRequest) (Round, error) {
 		}
 		switch {
 		case st == nil:
-			if _, err := c.casState(ctx, 0, jobState{Run: newRunID(), Round: 0, Status: statusOpen}); err != nil {
+			if _, err := c.casState(ctx, 0, jobState{Run: newRunID(), Round: 0, Status: statusOpen, NNodes: c.nnodes()}); err != nil {
 				return nil, err
 			}
 		case st.Error != "":
 			return nil, errors.New(st.Error)
+		case st.Status != statusFinished && c.checkNNodes(st) != nil:
+			return nil, c.checkNNodes(st)
 		case st.Status == statusFinished:
 			c.log.Info("job id reused after the job finished: starting a new run", zap.String("job", c.cfg.JobID))
-			if _, err := c.casState(ctx, idx, jobState{Run: newRunID(), Round: 0, Status: statusOpen}); err != nil {
+			if _, err := c.casState(ctx, idx, jobState{Run: newRunID(), Round: 0, Status: statusOpen, NNodes: c.nnodes()}); err != nil {
 				return nil, err
 			}
 		case st.Status == statusEnded:
 			prev := *st
 			prev.Previous = nil
-			if _, err := c.casState(ctx, idx, jobState{Run: st.Run, Round: st.Round + 1, Status: statusOpen, Failures: st.Failures, Previous: &prev}); err != nil {
+			if _, err := c.casState(ctx, idx, jobState{Run: st.Run, Round: st.Round + 1, Status: statusOpen, Failures: st.Failures, Previous: &prev, NNodes: st.NNodes}); err != nil {
 				return nil, err
 			}
 		case st.Status == statusRunning:
@@ -460,7 +492,7 @@ func (c *Consul) close(ctx context.Context, req JoinRequest, st *jobState, idx u
 			if m.Host != leader.Host {
 				msg := fmt.Sprintf("MASTER_ADDR would be %q (node %s) but nodes %s and %s run on different hosts: give every node --advertise-addr with an address the others reach",
 					leader.Addr, leader.Node, leader.Host, m.Host)
-				_, err := c.casState(ctx, idx, jobState{Run: st.Run, Round: st.Round, Status: statusFinished, Failures: st.Failures, Error: msg})
+				_, err := c.casState(ctx, idx, jobState{Run: st.Run, Round: st.Round, Status: statusFinished, Failures: st.Failures, Error: msg, NNodes: st.NNodes})
 				if err != nil {
 					return err
 				}
@@ -512,7 +544,7 @@ func (c *Consul) close(ctx context.Context, req JoinRequest, st *jobState, idx u
 		}
 		ops = ops[n:]
 	}
-	running := jobState{Run: st.Run, Round: st.Round, Status: statusRunning, Failures: st.Failures}
+	running := jobState{Run: st.Run, Round: st.Round, Status: statusRunning, Failures: st.Failures, NNodes: st.NNodes}
 	cleanup := []store.Op{fence[0]}
 	if st.Round > 0 {
 		cleanup = append(cleanup, store.Op{Verb: store.DeleteTree, Key: c.key("rounds", strconv.Itoa(st.Round-1)) + "/"})
@@ -663,7 +695,7 @@ func (c *Consul) oversee(ctx context.Context, entries []store.Entry, st *jobStat
 		}
 	}
 	end := func(status, kind, detail string) {
-		ns := jobState{Run: st.Run, Round: st.Round, Status: status, Failures: st.Failures, End: kind, Detail: detail}
+		ns := jobState{Run: st.Run, Round: st.Round, Status: status, Failures: st.Failures, End: kind, Detail: detail, NNodes: st.NNodes}
 		if _, err := c.casState(ctx, idx, ns); err != nil {
 			c.log.Warn("end round", zap.Error(err))
 		}
@@ -718,7 +750,7 @@ func (r *consulRound) Fail(ctx context.Context, f Failure) error {
 		if st == nil || st.Run != r.run || st.Round != r.a.Round || st.Status != statusRunning {
 			return nil // already ended
 		}
-		ns := jobState{Run: st.Run, Round: st.Round, Status: statusEnded, Failures: st.Failures + 1, End: "failed", Failure: &f}
+		ns := jobState{Run: st.Run, Round: st.Round, Status: statusEnded, Failures: st.Failures + 1, End: "failed", Failure: &f, NNodes: st.NNodes}
 		if ns.Failures > c.cfg.MaxRestarts {
 			ns.Status = statusFinished
 		}

@@ -347,3 +347,47 @@ func TestConsulRendezvousResumesAJobWhoseNodesAllDied(t *testing.T) {
 		}
 	})
 }
+
+// TestConsulRendezvousRefusesAnotherNNodes: a node given --nnodes 3 while the job's run
+// was started with --nnodes 2 is refused at once, in one line naming both; the first
+// node goes on waiting for a second node of the same --nnodes, which completes it.
+func TestConsulRendezvousRefusesAnotherNNodes(t *testing.T) {
+	eachStore(t, func(t *testing.T, s store.Store) {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		two := newNodes(t, s, "mixed", 2, 2, 2, nil)
+		three := newNodes(t, s, "mixed", 1, 3, 3, nil)[0]
+		three.name = "n009"
+		first := make(chan error, 1)
+		go func() {
+			_, err := two[0].rdzv.Join(ctx, two[0].request("10.0.0.1"))
+			first <- err
+		}()
+		// Wait until the first node has started the run (its job state exists).
+		for {
+			entries, _, err := s.List(ctx, "gangrun/jobs/mixed/ctl/")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st, _, _ := two[0].rdzv.readCtl(entries); st != nil {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		_, err := three.rdzv.Join(ctx, three.request("10.0.0.9"))
+		want := "--nnodes 3 differs from job mixed's --nnodes 2"
+		if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "\n") {
+			t.Fatalf("join with --nnodes 3: %v, want one line containing %q", err, want)
+		}
+		r, err := two[1].rdzv.Join(ctx, two[1].request("10.0.0.2"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := <-first; err != nil {
+			t.Fatal(err)
+		}
+		if a := r.Assignment(); a.NNodes != 2 {
+			t.Errorf("round of %d nodes, want 2", a.NNodes)
+		}
+	})
+}
