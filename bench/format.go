@@ -139,7 +139,7 @@ func writeTable(w *bufio.Writer, r Result) {
 		w.WriteString(strings.TrimRight(h, " ") + "\n")
 	}
 	for _, l := range tableLines(r.Rows) {
-		fmt.Fprintf(w, "%12d  %12d  %8s  %6s  %6d", l.size, l.count, l.dtype, l.redop, l.root)
+		fmt.Fprintf(w, "%12d  %12d  %8s  %6s  %6d", l.size, l.count, orDash(l.dtype), orDash(l.redop), l.root)
 		for _, h := range [2]*Row{l.out, l.in} {
 			if h == nil {
 				fmt.Fprintf(w, "  %7s  %6s  %6s  %6s", "-", "-", "-", "-")
@@ -261,4 +261,13 @@ func tableLines(rows []Row) []tableLine {
 		}
 	}
 	return lines
+}
+
+// orDash is s, or "-" when s is empty: a table cell must never be blank, or the row
+// reads back with a column missing.
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }

@@ -109,9 +109,25 @@ func (p *parser) feed(line string) error {
 	}
 	fields := strings.Fields(trimmed)
 	if _, err := strconv.ParseInt(fields[0], 10, 64); err != nil {
+		if looksLikeRow(fields) {
+			// A size and an element count, but a size that is no byte count: a damaged
+			// row, which must not vanish from the table unnoticed.
+			return fmt.Errorf("size %q: want a whole number of bytes that fits in 64 bits", fields[0])
+		}
 		return nil // NCCL INFO/WARN lines and the like
 	}
 	return p.data(fields)
+}
+
+// looksLikeRow reports whether a line whose first field is not an integer still has a
+// data row's shape: a first field starting with a digit and an integer element count
+// next to it. NCCL's own log lines ("host:pid:tid [0] NCCL INFO ...") do not.
+func looksLikeRow(fields []string) bool {
+	if len(fields) < 3 || fields[0][0] < '0' || fields[0][0] > '9' {
+		return false
+	}
+	_, err := strconv.ParseInt(fields[1], 10, 64)
+	return err == nil
 }
 
 func (p *parser) comment(body string) error {
@@ -237,9 +253,13 @@ func (p *parser) data(f []string) error {
 		case colCount:
 			base.Count, err = wholeNumber(v)
 		case colType:
-			base.DType = v
+			if v != "-" { // a blank type, as WriteTable prints it
+				base.DType = v
+			}
 		case colRedOp:
-			base.RedOp = v
+			if v != "-" {
+				base.RedOp = v
+			}
 		case colRoot:
 			var n int64
 			n, err = strconv.ParseInt(v, 10, 32)
