@@ -147,6 +147,12 @@ type Config struct {
 	Report io.Writer
 	// GuardianArgv starts the guardian process (proc.Guardian); nil runs without one.
 	GuardianArgv []string
+	// Subreaper makes this process a child subreaper (proc.BecomeSubreaper) and, after
+	// every attempt, SIGKILLs the workers' descendants that left their process group
+	// (setsid) and were re-parented here. Only for a process whose sole other child is
+	// the guardian: the sweep kills and reaps every other child (so never in tests that
+	// run the supervisor inside a test binary with children of its own).
+	Subreaper bool
 	// Signals delivers the signals sent to gangrun: SIGINT, SIGTERM and SIGHUP are
 	// forwarded to every worker and stop the run; SIGUSR1 and SIGUSR2 are forwarded only.
 	Signals <-chan os.Signal
@@ -320,6 +326,12 @@ func (s *Supervisor) Run(ctx context.Context) Result {
 			s.log.Warn("no guardian: only parent-death signals protect the workers if gangrun is killed", zap.Error(err))
 		}
 		s.guard = g
+	}
+	if s.cfg.Subreaper {
+		if err := proc.BecomeSubreaper(); err != nil {
+			s.log.Warn("not a subreaper: a worker's child that leaves its process group (setsid) may outlive the run", zap.Error(err))
+			s.cfg.Subreaper = false
+		}
 	}
 	defer func() {
 		if err := s.guard.Close(); err != nil {
@@ -617,6 +629,11 @@ func (s *Supervisor) stop(g *group, sig syscall.Signal) {
 		}
 	}
 	g.kill(s.guard)
+	if s.cfg.Subreaper {
+		if n := proc.KillOrphans(map[int]bool{s.guard.Pid(): true}); n > 0 {
+			s.log.Info("killed processes the workers left outside their process groups", zap.Int("processes", n))
+		}
+	}
 }
 
 // sleep waits d, returning early with the signal that stops gangrun.

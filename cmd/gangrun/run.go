@@ -118,6 +118,9 @@ func runRun(ctx context.Context, e *env, args []string) int {
 	cfg.MaxRestarts, cfg.Backoff = t.maxRestarts, backoff
 	cfg.CheckpointDir, cfg.ResumeArg = t.checkpointDir, t.resumeArg
 	cfg.LogDir, cfg.Tee, cfg.HangTimeout, cfg.LocalRankArg = t.logDir, t.tee, t.hangTimeout, t.localRankArg
+	// The gangrun binary (not a test calling dispatch) has no other children than its
+	// guardian and workers: it can reap whatever the workers leave behind.
+	cfg.Subreaper = e.self != ""
 	return superviseGang(ctx, e, "run", cfg, gang, log)
 }
 

@@ -414,3 +414,45 @@ func TestRunJSONLogFormat(t *testing.T) {
 		}
 	}
 }
+
+// TestRunKillsWhatLeftTheProcessGroup: a worker's child that starts its own session
+// (setsid) escapes signals to the worker's process group; gangrun, a child subreaper,
+// kills it when the attempt ends, on success and on SIGTERM alike.
+func TestRunKillsWhatLeftTheProcessGroup(t *testing.T) {
+	for _, how := range []string{"success", "sigterm"} {
+		t.Run(how, func(t *testing.T) {
+			mark := testMark(t) // fails the test if the escaped sleep is still around
+			dir := t.TempDir()
+			script := `setsid sleep 300 >/dev/null 2>&1 & touch ` + dir + `/ready-$RANK; `
+			if how == "success" {
+				script += `sleep 0.2; exit 0`
+			} else {
+				script += `sleep 300`
+			}
+			cmd := exec.Command(gangrunBin, "run", "--nproc-per-node", "2", "--term-timeout", "1s", "--", "/bin/sh", "-c", script)
+			cmd.Env = append(os.Environ(), mark)
+			var stderr bytes.Buffer
+			cmd.Stderr = &stderr
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			waitForFiles(t, dir, "ready-0", "ready-1")
+			if how == "sigterm" {
+				if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+					t.Fatal(err)
+				}
+			}
+			_ = cmd.Wait()
+			want := map[string]int{"success": 0, "sigterm": 143}[how]
+			if code := cmd.ProcessState.ExitCode(); code != want {
+				t.Fatalf("exit %d, want %d\n%s", code, want, stderr.String())
+			}
+			if left := marked(mark); len(left) > 0 {
+				t.Errorf("still running when gangrun exited: %v", left)
+			}
+			if !strings.Contains(stderr.String(), "killed processes the workers left outside their process groups") {
+				t.Errorf("gangrun does not say it killed the escaped processes:\n%s", stderr.String())
+			}
+		})
+	}
+}

@@ -90,6 +90,14 @@ func (g *Guardian) RemoveOnDeath(dir string) error {
 	return g.send("d" + dir)
 }
 
+// Pid returns the guardian process's pid; 0 for a nil Guardian.
+func (g *Guardian) Pid() int {
+	if g == nil {
+		return 0
+	}
+	return g.cmd.Process.Pid
+}
+
 // Close tells the guardian to exit without killing anything and waits for it. A nil
 // Guardian ignores the call.
 func (g *Guardian) Close() error {

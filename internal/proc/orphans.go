@@ -1,0 +1,101 @@
+package proc
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// orphanWait bounds how long KillOrphans waits for the processes it SIGKILLed to exit
+// (one stuck in uninterruptible sleep, in a driver call say, is left to init).
+const orphanWait = 2 * time.Second
+
+// BecomeSubreaper makes the calling process a child subreaper (prctl
+// PR_SET_CHILD_SUBREAPER, Linux 3.4+): a descendant orphaned by its parent's death is
+// re-parented to this process instead of init. A worker's child that left the worker's
+// process group (setsid, a daemonising data loader) so escapes no signal to the group
+// for good: KillOrphans finds it among this process's children.
+func BecomeSubreaper() error {
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		return os.NewSyscallError("prctl PR_SET_CHILD_SUBREAPER", err)
+	}
+	return nil
+}
+
+// KillOrphans SIGKILLs and reaps every child of this process whose pid is not in keep
+// (the children it started itself and still owns), then does the same for the children
+// those leave behind, until none is left or orphanWait has passed. Only a subreaper
+// (BecomeSubreaper) has such children. It returns how many it killed.
+//
+// Call it only when every process this program started and waits for is in keep or
+// already reaped: it reaps what it kills, which would steal another waiter's status.
+func KillOrphans(keep map[int]bool) int {
+	killed := 0
+	deadline := time.Now().Add(orphanWait)
+	for time.Now().Before(deadline) {
+		kids := children(os.Getpid(), keep)
+		if len(kids) == 0 {
+			return killed
+		}
+		for _, pid := range kids {
+			if unix.Kill(pid, syscall.SIGKILL) == nil {
+				killed++
+			}
+		}
+		for _, pid := range kids {
+			reap(pid, deadline)
+		}
+	}
+	return killed
+}
+
+// reap waits for pid, a child of this process, to exit and reaps it, until deadline.
+func reap(pid int, deadline time.Time) {
+	for {
+		var ws unix.WaitStatus
+		got, err := unix.Wait4(pid, &ws, unix.WNOHANG, nil)
+		if got == pid || errors.Is(err, unix.ECHILD) || (err != nil && !errors.Is(err, unix.EINTR)) {
+			return
+		}
+		if time.Now().After(deadline) {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// children lists the pids whose parent is ppid, from /proc/PID/stat, leaving out keep.
+func children(ppid int, keep map[int]bool) []int {
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	var out []int
+	for _, f := range stats {
+		pid, err := strconv.Atoi(filepath.Base(filepath.Dir(f)))
+		if err != nil || keep[pid] {
+			continue
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue // it exited meanwhile
+		}
+		// "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+		s := string(b)
+		i := strings.LastIndexByte(s, ')')
+		if i < 0 {
+			continue
+		}
+		fields := strings.Fields(s[i+1:])
+		if len(fields) < 2 {
+			continue
+		}
+		if p, err := strconv.Atoi(fields[1]); err == nil && p == ppid {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
