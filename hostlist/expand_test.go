@@ -105,6 +105,7 @@ func TestExpandSyntaxErrors(t *testing.T) {
 		{"double dash", "n[1--2]", 2, "1--2", "invalid character '-'"},
 		{"letters in range", "n[1-a]", 2, "1-a", "invalid character 'a'"},
 		{"box notation", "bgl[123x456]", 4, "123x456", "invalid character 'x'"},
+		{"fullwidth digit", "a[１-2]", 2, "１-2", "invalid character '１'"},
 		{"plus sign", "n[+1]", 2, "+1", "invalid character '+'"},
 		{"whitespace in brackets", "n[1, 2]", 4, " 2", "whitespace"},
 		{"number too large", "n[18446744073709551616]", 2, "18446744073709551616", "number too large"},

@@ -4,6 +4,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // pattern is one separator-delimited element of an expression: literal text
@@ -137,7 +138,8 @@ func parseSpan(expr string, from, to int) (span, error) {
 		if c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f' {
 			what = "whitespace"
 		}
-		return span{}, syntaxErr(expr, from, text, "%s %q in range", what, c)
+		r, _ := utf8.DecodeRuneInString(text[k:]) // the whole character, not its first byte
+		return span{}, syntaxErr(expr, from, text, "%s %q in range", what, r)
 	}
 	lo, err := parseNumber(expr, from, loText)
 	if err != nil {

@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 
 	"github.com/gangrun/gangrun/checkpoint"
 	"github.com/gangrun/gangrun/internal/proc"
@@ -203,6 +204,13 @@ func New(cfg Config, rdzv rendezvous.Rendezvous) (*Supervisor, error) {
 	if cfg.MaxRestarts < 0 {
 		return nil, fmt.Errorf("--max-restarts %d: must not be negative", cfg.MaxRestarts)
 	}
+	var lim unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err == nil {
+		if need := uint64(cfg.NProcPerNode)*fdsPerWorker + fdsReserved; need > lim.Cur {
+			return nil, fmt.Errorf("--nproc-per-node %d: needs about %d open files, and this process may open %d (ulimit -n)",
+				cfg.NProcPerNode, need, lim.Cur)
+		}
+	}
 	if cfg.Command[0] == "" {
 		return nil, fmt.Errorf("%w: the command after -- is an empty string", ErrCommandNotFound)
 	}
@@ -272,6 +280,14 @@ func checkReadableDir(dir string) error {
 	}
 	return nil
 }
+
+// File descriptors gangrun holds: per worker, the two ends of its stdout and stderr
+// pipes while it starts and its two log files; and a reserve for everything else (the
+// Consul client's connections, the guardian's pipe, the error files read).
+const (
+	fdsPerWorker = 6
+	fdsReserved  = 64
+)
 
 // checkWritableDir creates the --log-dir directory when it is missing and checks that
 // files can be created in it, so a bad one is refused before any worker starts.

@@ -17,6 +17,7 @@ import (
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+	"golang.org/x/sys/unix"
 
 	"github.com/gangrun/gangrun/rendezvous"
 )
@@ -417,6 +418,7 @@ func TestNewRejectsBadInput(t *testing.T) {
 	}{
 		{"no command", func(c *Config) { c.Command = nil }, "no command"},
 		{"zero workers", func(c *Config) { c.NProcPerNode = 0 }, "--nproc-per-node 0"},
+		{"more workers than open files allow", func(c *Config) { c.NProcPerNode = int(nofile()/fdsPerWorker) + 1 }, "open files, and this process may open"},
 		{"missing command", func(c *Config) { c.Command = []string{"no-such-trainer-xyz"} }, "command not found: no-such-trainer-xyz"},
 		{"checkpoint dir is a file", func(c *Config) { c.CheckpointDir = file }, "--checkpoint-dir " + file + ": is a file, not a directory"},
 		{"checkpoint dir loops", func(c *Config) { c.CheckpointDir = loop }, "--checkpoint-dir " + loop},
@@ -453,4 +455,11 @@ func waitFor(t *testing.T, cond func() bool) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// nofile is this process's soft limit on open files.
+func nofile() uint64 {
+	var lim unix.Rlimit
+	_ = unix.Getrlimit(unix.RLIMIT_NOFILE, &lim) // cannot fail on Linux for this resource
+	return lim.Cur
 }

@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"text/tabwriter"
 	"time"
+	"unicode"
 
 	"github.com/spf13/pflag"
 	"go.uber.org/zap"
@@ -498,6 +499,9 @@ func runDrain(ctx context.Context, e *env, args []string) int {
 	}
 	if strings.TrimSpace(*reason) == "" {
 		return usageErr(e, "drain", "--reason is required (it shows in gangrun nodes)")
+	}
+	if i := strings.IndexFunc(*reason, unicode.IsControl); i >= 0 {
+		return usageErr(e, "drain", "--reason %q: one line without control characters (it is a cell of gangrun nodes' table)", *reason)
 	}
 	return setDrain(ctx, e, "drain", *consul, fs.Arg(0), *reason)
 }

@@ -201,6 +201,7 @@ func TestClusterUsageErrors(t *testing.T) {
 		{[]string{"show", "abcdef123456"}, 1, "not found"},
 		{[]string{"drain", "gpu-a"}, 2, "--reason is required"},
 		{[]string{"drain", "gpu-z", "--reason", "x"}, 2, "node gpu-z: not found"},
+		{[]string{"drain", "gpu-a", "--reason", "multi\nline"}, 2, `--reason "multi\nline": one line without control characters`},
 		{[]string{"agent", "--labels", "=x", "--node-name", "n"}, 2, "--labels"},
 	} {
 		code, _, errOut := inProcess(append(tc.args, "--consul", consul)...)
