@@ -75,6 +75,9 @@ func parseCkptArgs(e *env, fs *pflag.FlagSet, f *ckptFlags, what string, args []
 	}
 	switch fs.NArg() {
 	case 1:
+		if fs.Arg(0) == "" {
+			return "", opts, true, usageErr(e, cmd, "%s is an empty string", what)
+		}
 	case 0:
 		return "", opts, true, usageErr(e, cmd, "missing %s", what)
 	default:

@@ -198,6 +198,8 @@ func TestCkptBadInput(t *testing.T) {
 		{[]string{"ckpt", "latest", "--bogus", dir}, "gangrun ckpt latest: unknown flag: --bogus"},
 		{[]string{"ckpt", "ls", loop}, fmt.Sprintf("gangrun ckpt ls: checkpoint dir %q: symlink loop", loop)},
 		{[]string{"ckpt", "verify", missing}, fmt.Sprintf("gangrun ckpt verify: checkpoint %q: does not exist", missing)},
+		{[]string{"ckpt", "verify", ""}, "gangrun ckpt verify: checkpoint PATH is an empty string"},
+		{[]string{"ckpt", "prune", "", "--keep", "1", "--yes"}, "gangrun ckpt prune: checkpoint directory DIR is an empty string"},
 		{[]string{"ckpt", "prune", dir}, "gangrun ckpt prune: --keep N is required"},
 		{[]string{"ckpt", "prune", dir, "--keep", "-1", "--yes"}, "gangrun ckpt prune: --keep -1: must be at least 1"},
 		{[]string{"ckpt", "prune", dir, "--keep", "0", "--yes"}, "gangrun ckpt prune: --keep 0: must be at least 1"},
