@@ -136,7 +136,7 @@ func Submit(ctx context.Context, s store.Store, r Request) (*Ticket, error) {
 	kctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	t := &Ticket{s: s, req: r, cancel: cancel, kaDone: make(chan error, 1), lost: make(chan struct{})}
 	go func() {
-		err := store.KeepAlive(kctx, s, sess, SessionTTL)
+		err := store.KeepAlive(kctx, s, sess, SessionTTL, nil)
 		if err != nil {
 			t.markLost()
 		}

@@ -168,7 +168,7 @@ func (c *Consul) ensureSession(ctx context.Context, node string) (string, <-chan
 	lost, done := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(done)
-		if err := store.KeepAlive(kctx, c.s, id, SessionTTL); err != nil {
+		if err := store.KeepAlive(kctx, c.s, id, SessionTTL, c.log); err != nil {
 			c.log.Warn("rendezvous session lost", zap.Error(err))
 			close(lost)
 		}

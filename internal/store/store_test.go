@@ -187,7 +187,7 @@ func TestKeepAliveHoldsSessionPastTTL(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	id := session(t, s, SessionOptions{TTL: MinSessionTTL})
 	done := make(chan error, 1)
-	go func() { done <- KeepAlive(ctx, s, id, MinSessionTTL) }()
+	go func() { done <- KeepAlive(ctx, s, id, MinSessionTTL, nil) }()
 	time.Sleep(2*MinSessionTTL + time.Second)
 	if ok, _ := s.SessionExists(ctx, id); !ok {
 		t.Fatal("session expired while kept alive")
@@ -197,7 +197,7 @@ func TestKeepAliveHoldsSessionPastTTL(t *testing.T) {
 		t.Errorf("KeepAlive after cancel: %v", err)
 	}
 	_ = s.DestroySession(context.Background(), id)
-	if err := KeepAlive(context.Background(), s, id, MinSessionTTL); !errors.Is(err, ErrSessionGone) {
+	if err := KeepAlive(context.Background(), s, id, MinSessionTTL, nil); !errors.Is(err, ErrSessionGone) {
 		t.Errorf("KeepAlive of a gone session: %v", err)
 	}
 }
