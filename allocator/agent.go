@@ -190,7 +190,9 @@ func (a *Agent) serve(ctx context.Context, sess string) error {
 			}
 		}()
 	}
-	run(func(ctx context.Context, sess string) error { return store.KeepAlive(ctx, a.s, sess, SessionTTL, a.cfg.Log) })
+	run(func(ctx context.Context, sess string) error {
+		return store.KeepAlive(ctx, a.s, sess, SessionTTL, a.cfg.Log)
+	})
 	run(a.publish)
 	if !a.cfg.NoScheduler {
 		run(a.elect)
