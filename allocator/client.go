@@ -19,9 +19,9 @@ import (
 // text carries the reason.
 var ErrRefused = errors.New("request refused")
 
-// ErrGrantLost means a held grant disappeared: cancelled by `gangrun cancel`, or its
-// session expired.
-var ErrGrantLost = errors.New("grant lost")
+// ErrRequestLost means a request disappeared before it was granted: withdrawn by
+// `gangrun cancel`, or its session expired (Consul unreachable for longer than 2×TTL).
+var ErrRequestLost = errors.New("request lost before it was granted")
 
 // NewID returns a fresh request id such as "a3f9c1d27b0e".
 func NewID() string {
@@ -155,7 +155,7 @@ func (t *Ticket) Request() Request { return t.req }
 func (t *Ticket) Lost() <-chan struct{} { return t.lost }
 
 // Wait blocks until the request is granted, refused (ErrRefused, with the reason), the
-// session is lost (ErrGrantLost) or ctx ends. While it waits, progress receives the
+// session is lost (ErrRequestLost) or ctx ends. While it waits, progress receives the
 // scheduler's pending reason whenever it changes (progress may be nil).
 func (t *Ticket) Wait(ctx context.Context, progress func(reason string)) (Grant, error) {
 	grantKey := grantsPrefix + t.req.ID
@@ -192,7 +192,7 @@ func (t *Ticket) Wait(ctx context.Context, progress func(reason string)) (Grant,
 		case <-ctx.Done():
 			return Grant{}, ctx.Err()
 		case <-t.lost:
-			return Grant{}, fmt.Errorf("request %s: %w: it was cancelled (gangrun cancel) or its session expired", t.req.ID, ErrGrantLost)
+			return Grant{}, fmt.Errorf("request %s: %w: it was cancelled (gangrun cancel) or its session expired", t.req.ID, ErrRequestLost)
 		case <-statusTick:
 			if st, err := ReadStatus(ctx, t.s); err == nil {
 				if why := st.Pending[t.req.ID]; why != "" && why != lastReason {
