@@ -233,14 +233,7 @@ trap 'echo USR2 >> $log' USR2
 trap 'echo ` + sigName(sig) + ` >> $log; exit 0' ` + sigName(sig) + `
 touch ` + dir + `/ready-$RANK
 while true; do sleep 0.05; done`
-			cmd := exec.Command(gangrunBin, "run", "--nproc-per-node", "2", "--term-timeout", "5s", "--", "/bin/sh", "-c", script)
-			cmd.Env = append(os.Environ(), mark)
-			var stderr bytes.Buffer
-			cmd.Stderr = &stderr
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			waitForFiles(t, dir, "ready-0", "ready-1")
+			cmd, stderr := startTwoShellWorkers(t, mark, dir, "5s", script)
 			for _, s := range []syscall.Signal{syscall.SIGUSR1, syscall.SIGUSR2} {
 				if err := cmd.Process.Signal(s); err != nil {
 					t.Fatal(err)
@@ -258,6 +251,22 @@ while true; do sleep 0.05; done`
 			waitForLine(t, dir, sigName(sig), 0, 1)
 		})
 	}
+}
+
+// startTwoShellWorkers starts the gangrun binary running `sh -c script` as 2 workers
+// with mark in their environment and the given --term-timeout, and waits until both
+// have touched dir/ready-$RANK. It returns the command and its stderr.
+func startTwoShellWorkers(t *testing.T, mark, dir, termTimeout, script string) (*exec.Cmd, *bytes.Buffer) {
+	t.Helper()
+	cmd := exec.Command(gangrunBin, "run", "--nproc-per-node", "2", "--term-timeout", termTimeout, "--", "/bin/sh", "-c", script)
+	cmd.Env = append(os.Environ(), mark)
+	stderr := &bytes.Buffer{}
+	cmd.Stderr = stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitForFiles(t, dir, "ready-0", "ready-1")
+	return cmd, stderr
 }
 
 func sigName(s syscall.Signal) string {
@@ -429,14 +438,7 @@ func TestRunKillsWhatLeftTheProcessGroup(t *testing.T) {
 			} else {
 				script += `sleep 300`
 			}
-			cmd := exec.Command(gangrunBin, "run", "--nproc-per-node", "2", "--term-timeout", "1s", "--", "/bin/sh", "-c", script)
-			cmd.Env = append(os.Environ(), mark)
-			var stderr bytes.Buffer
-			cmd.Stderr = &stderr
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			waitForFiles(t, dir, "ready-0", "ready-1")
+			cmd, stderr := startTwoShellWorkers(t, mark, dir, "1s", script)
 			if how == "sigterm" {
 				if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 					t.Fatal(err)
