@@ -313,10 +313,24 @@ func runUnderGrant(e *env, tk *allocator.Ticket, g allocator.Grant, command []st
 	cmd.Env = append(os.Environ(), "GANGRUN_GRANT_ID="+g.ID, "GANGRUN_NODELIST="+hostlist.Compress(names),
 		"GANGRUN_NNODES="+strconv.Itoa(len(g.Nodes)), "GANGRUN_GRANT="+string(grantJSON))
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, e.stdout, e.stderr
+	// As under `gangrun run`: a guardian SIGKILLs the command's process group if this
+	// gangrun dies without releasing it (the grant's GPUs go back to the pool when its
+	// session expires, so nothing of the command may go on using them).
+	var guard *proc.Guardian
+	if e.self != "" {
+		g, gerr := proc.StartGuardian([]string{e.self, guardianCommand})
+		if gerr != nil {
+			fmt.Fprintf(e.stderr, "gangrun alloc: no guardian (the command's children may outlive a killed gangrun): %v\n", gerr)
+		}
+		guard = g
+	}
+	defer func() { _ = guard.Close() }()
 	p, err := proc.Start(cmd)
 	if err != nil {
 		return failErr(e, "alloc", err)
 	}
+	_ = guard.Watch(p.Pid())
+	defer func() { _ = guard.Forget(p.Pid()) }()
 	code := -1
 	select {
 	case <-p.Exited():

@@ -216,3 +216,28 @@ func TestClusterUsageErrors(t *testing.T) {
 		t.Errorf("bad requests reserved GPUs: %d of %d free", free, total)
 	}
 }
+
+// TestAllocSIGKILLLeavesNoCommand: `alloc -- CMD` SIGKILLed while CMD and a child of
+// it run: the guardian kills CMD's process group, so nothing goes on using GPUs whose
+// grant expires with the dead holder's session.
+func TestAllocSIGKILLLeavesNoCommand(t *testing.T) {
+	consul := consultest.Start(t).Addr
+	startAgent(t, consul, "gpu-a", "pcie-2socket", "")
+	waitUntil(t, func() bool { return len(nodesJSON(t, consul)) == 1 }, "the agent up")
+	mark := testMark(t) // fails the test if CMD or its child outlive the holder
+	dir := t.TempDir()
+	holder := exec.Command(gangrunBin, "alloc", "--consul", consul, "--nodes", "1", "--gpus-per-node", "2", "--",
+		"/bin/sh", "-c", `sleep 300 & touch `+dir+`/ready; wait`)
+	holder.Env = append(os.Environ(), mark)
+	if err := holder.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitForFiles(t, dir, "ready")
+	if n := len(marked(mark)); n < 2 {
+		t.Fatalf("%d marked processes before the kill, want the command and its child", n)
+	}
+	if err := holder.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = holder.Wait()
+}
