@@ -74,9 +74,11 @@ type jobState struct {
 	Detail   string   `json:"detail,omitempty"`
 	// Error is a configuration error every node reports and exits on.
 	Error string `json:"error,omitempty"`
-	// NNodes is the run's --nnodes ("N" or "MIN:MAX"), set by the node that started the run; a
-	// node given another is refused.
-	NNodes string `json:"nnodes,omitempty"`
+	// NNodes ("N" or "MIN:MAX") and MaxRestarts are the run's --nnodes and
+	// --max-restarts, set by the node that started the run; a node given others is
+	// refused while a node of the run is alive (see checkConfig).
+	NNodes      string `json:"nnodes,omitempty"`
+	MaxRestarts *int   `json:"max_restarts,omitempty"`
 	// Previous is how the previous round ended, kept when the next round opens so a node
 	// that sees the state only after that still learns why its round ended.
 	Previous *jobState `json:"previous,omitempty"`
@@ -236,14 +238,28 @@ func (c *Consul) nnodes() string {
 	return strconv.Itoa(c.cfg.MinNodes) + ":" + strconv.Itoa(c.cfg.MaxNodes)
 }
 
-// checkNNodes refuses to join a run (not yet finished) that another --nnodes started.
-// A state without NNodes (written by an older gangrun) is taken as matching.
-func (c *Consul) checkNNodes(st *jobState) error {
-	if st.Status == statusFinished || st.NNodes == "" || st.NNodes == c.nnodes() {
+// freshRun is the state of a new run of the job, with this node's configuration.
+func (c *Consul) freshRun() jobState {
+	mr := c.cfg.MaxRestarts
+	return jobState{Run: newRunID(), Round: 0, Status: statusOpen, NNodes: c.nnodes(), MaxRestarts: &mr}
+}
+
+// checkConfig refuses to join a run (not yet finished) that was started with another
+// --nnodes or --max-restarts: the nodes would disagree on when a round closes and when
+// the job is out of restarts. A state without them (an older gangrun's) matches.
+func (c *Consul) checkConfig(st *jobState) error {
+	if st.Status == statusFinished {
 		return nil
 	}
-	return fmt.Errorf("--nnodes %s differs from job %s's --nnodes %s (given by the node that started it): every node of a job must give the same",
-		c.nnodes(), c.cfg.JobID, st.NNodes)
+	if st.NNodes != "" && st.NNodes != c.nnodes() {
+		return fmt.Errorf("--nnodes %s differs from job %s's --nnodes %s (given by the node that started it): every node of a job must give the same",
+			c.nnodes(), c.cfg.JobID, st.NNodes)
+	}
+	if st.MaxRestarts != nil && *st.MaxRestarts != c.cfg.MaxRestarts {
+		return fmt.Errorf("--max-restarts %d differs from job %s's --max-restarts %d (given by the node that started it): every node of a job must give the same",
+			c.cfg.MaxRestarts, c.cfg.JobID, *st.MaxRestarts)
+	}
+	return nil
 }
 
 // Join implements Rendezvous: it blocks until a round closes with this node in it.
@@ -258,12 +274,19 @@ func (c *Consul) Join(ctx context.Context, req JoinRequest) (Round, error) {
 	if err != nil {
 		return nil, err
 	}
-	// A node given another --nnodes than the running job's is refused before it becomes
-	// a member (the leader would count it).
-	if entries, _, err := c.s.List(ctx, c.key("ctl")+"/"); err == nil {
-		if st, _, _ := c.readCtl(entries); st != nil {
-			if err := c.checkNNodes(st); err != nil {
-				return nil, err
+	// A node given another --nnodes or --max-restarts than the job's run is refused
+	// before it becomes a member (the leader would count it), unless no node of the run
+	// is alive: then the run is abandoned and this node starts a fresh one with its own.
+	if entries, _, err := c.s.List(ctx, c.key()); err == nil {
+		if st, idx, _ := c.readCtl(entries); st != nil {
+			if err := c.checkConfig(st); err != nil {
+				if len(c.members(entries)) > 0 {
+					return nil, err
+				}
+				c.log.Info("no node of the job's run is alive: starting a new run with this node's settings", zap.String("job", c.cfg.JobID), zap.String("was", err.Error()))
+				if _, err := c.casState(ctx, idx, c.freshRun()); err != nil {
+					return nil, err
+				}
 			}
 		}
 	}
@@ -290,22 +313,22 @@ func (c *Consul) Join(ctx context.Context, req JoinRequest) (Round, error) {
 		}
 		switch {
 		case st == nil:
-			if _, err := c.casState(ctx, 0, jobState{Run: newRunID(), Round: 0, Status: statusOpen, NNodes: c.nnodes()}); err != nil {
+			if _, err := c.casState(ctx, 0, c.freshRun()); err != nil {
 				return nil, err
 			}
 		case st.Error != "":
 			return nil, errors.New(st.Error)
-		case st.Status != statusFinished && c.checkNNodes(st) != nil:
-			return nil, c.checkNNodes(st)
+		case c.checkConfig(st) != nil:
+			return nil, c.checkConfig(st)
 		case st.Status == statusFinished:
 			c.log.Info("job id reused after the job finished: starting a new run", zap.String("job", c.cfg.JobID))
-			if _, err := c.casState(ctx, idx, jobState{Run: newRunID(), Round: 0, Status: statusOpen, NNodes: c.nnodes()}); err != nil {
+			if _, err := c.casState(ctx, idx, c.freshRun()); err != nil {
 				return nil, err
 			}
 		case st.Status == statusEnded:
 			prev := *st
 			prev.Previous = nil
-			if _, err := c.casState(ctx, idx, jobState{Run: st.Run, Round: st.Round + 1, Status: statusOpen, Failures: st.Failures, Previous: &prev, NNodes: st.NNodes}); err != nil {
+			if _, err := c.casState(ctx, idx, jobState{Run: st.Run, Round: st.Round + 1, Status: statusOpen, Failures: st.Failures, Previous: &prev, NNodes: st.NNodes, MaxRestarts: st.MaxRestarts}); err != nil {
 				return nil, err
 			}
 		case st.Status == statusRunning:
@@ -492,7 +515,7 @@ func (c *Consul) close(ctx context.Context, req JoinRequest, st *jobState, idx u
 			if m.Host != leader.Host {
 				msg := fmt.Sprintf("MASTER_ADDR would be %q (node %s) but nodes %s and %s run on different hosts: give every node --advertise-addr with an address the others reach",
 					leader.Addr, leader.Node, leader.Host, m.Host)
-				_, err := c.casState(ctx, idx, jobState{Run: st.Run, Round: st.Round, Status: statusFinished, Failures: st.Failures, Error: msg, NNodes: st.NNodes})
+				_, err := c.casState(ctx, idx, jobState{Run: st.Run, Round: st.Round, Status: statusFinished, Failures: st.Failures, Error: msg, NNodes: st.NNodes, MaxRestarts: st.MaxRestarts})
 				if err != nil {
 					return err
 				}
@@ -544,7 +567,7 @@ func (c *Consul) close(ctx context.Context, req JoinRequest, st *jobState, idx u
 		}
 		ops = ops[n:]
 	}
-	running := jobState{Run: st.Run, Round: st.Round, Status: statusRunning, Failures: st.Failures, NNodes: st.NNodes}
+	running := jobState{Run: st.Run, Round: st.Round, Status: statusRunning, Failures: st.Failures, NNodes: st.NNodes, MaxRestarts: st.MaxRestarts}
 	cleanup := []store.Op{fence[0]}
 	if st.Round > 0 {
 		cleanup = append(cleanup, store.Op{Verb: store.DeleteTree, Key: c.key("rounds", strconv.Itoa(st.Round-1)) + "/"})
@@ -695,7 +718,7 @@ func (c *Consul) oversee(ctx context.Context, entries []store.Entry, st *jobStat
 		}
 	}
 	end := func(status, kind, detail string) {
-		ns := jobState{Run: st.Run, Round: st.Round, Status: status, Failures: st.Failures, End: kind, Detail: detail, NNodes: st.NNodes}
+		ns := jobState{Run: st.Run, Round: st.Round, Status: status, Failures: st.Failures, End: kind, Detail: detail, NNodes: st.NNodes, MaxRestarts: st.MaxRestarts}
 		if _, err := c.casState(ctx, idx, ns); err != nil {
 			c.log.Warn("end round", zap.Error(err))
 		}
@@ -750,7 +773,7 @@ func (r *consulRound) Fail(ctx context.Context, f Failure) error {
 		if st == nil || st.Run != r.run || st.Round != r.a.Round || st.Status != statusRunning {
 			return nil // already ended
 		}
-		ns := jobState{Run: st.Run, Round: st.Round, Status: statusEnded, Failures: st.Failures + 1, End: "failed", Failure: &f, NNodes: st.NNodes}
+		ns := jobState{Run: st.Run, Round: st.Round, Status: statusEnded, Failures: st.Failures + 1, End: "failed", Failure: &f, NNodes: st.NNodes, MaxRestarts: st.MaxRestarts}
 		if ns.Failures > c.cfg.MaxRestarts {
 			ns.Status = statusFinished
 		}

@@ -391,3 +391,59 @@ func TestConsulRendezvousRefusesAnotherNNodes(t *testing.T) {
 		}
 	})
 }
+
+// TestConsulRendezvousRefusesAnotherMaxRestarts: --max-restarts must agree too (a node
+// with a smaller budget would finish the job under the others' feet); once no node of
+// the run is alive, a node with other settings starts a fresh run instead of being
+// refused forever.
+func TestConsulRendezvousRefusesAnotherMaxRestarts(t *testing.T) {
+	eachStore(t, func(t *testing.T, s store.Store) {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		node := func(name string, nnodes, maxRestarts int) *testNode {
+			c, err := NewConsul(s, ConsulConfig{JobID: "budget", MinNodes: nnodes, MaxNodes: nnodes, MaxRestarts: maxRestarts, LastCall: 100 * time.Millisecond, Host: "host"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = c.Close(context.Background()) })
+			return &testNode{name: name, rdzv: c}
+		}
+		a := node("n001", 2, 0)
+		jctx, jcancel := context.WithCancel(ctx)
+		joined := make(chan error, 1)
+		go func() {
+			_, err := a.rdzv.Join(jctx, a.request("10.0.0.1"))
+			joined <- err
+		}()
+		for { // until a's run exists
+			entries, _, err := s.List(ctx, "gangrun/jobs/budget/ctl/")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st, _, _ := a.rdzv.readCtl(entries); st != nil {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		b := node("n002", 2, 3)
+		_, err := b.rdzv.Join(ctx, b.request("10.0.0.2"))
+		want := "--max-restarts 3 differs from job budget's --max-restarts 0"
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("join with --max-restarts 3: %v, want %q", err, want)
+		}
+		// a gives up: nobody of the run is left. A node with --nnodes 1 now starts afresh.
+		jcancel()
+		<-joined
+		if err := a.rdzv.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+		c := node("n003", 1, 3)
+		r, err := c.rdzv.Join(ctx, c.request("10.0.0.3"))
+		if err != nil {
+			t.Fatalf("a lone node with new settings after the run's nodes left: %v", err)
+		}
+		if n := r.Assignment().NNodes; n != 1 {
+			t.Errorf("round of %d nodes, want 1", n)
+		}
+	})
+}
