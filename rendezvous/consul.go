@@ -711,7 +711,11 @@ func (c *Consul) oversee(ctx context.Context, entries []store.Entry, st *jobStat
 	donePrefix := c.key("done", st.Run, strconv.Itoa(st.Round)) + "/"
 	for _, e := range entries {
 		if n, ok := strings.CutPrefix(e.Key, prefix); ok {
-			assigned[n] = true
+			// A record left by an earlier run of the same job id is not this round's.
+			var r roundRecord
+			if json.Unmarshal(e.Value, &r) == nil && r.Run == st.Run {
+				assigned[n] = true
+			}
 		}
 		if n, ok := strings.CutPrefix(e.Key, donePrefix); ok && e.Session != "" {
 			done[n] = true

@@ -277,6 +277,30 @@ func TestConsulRendezvousJobsAreSeparateAndReusable(t *testing.T) {
 		if round := checkRound(t, r2, 2, ""); round != 0 {
 			t.Errorf("reused job id starts at round %d, want 0", round)
 		}
+		// Reused once more by one node alone: the earlier runs' records of round 0
+		// (n000 and n001) must not make its leader think a node of its round left.
+		for name, r := range r2 {
+			wg.Add(1)
+			go func(name string, r Round) {
+				defer wg.Done()
+				sctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+				defer cancel()
+				if e, err := r.Succeed(sctx); err != nil || e.Kind != Succeeded {
+					t.Errorf("%s: succeed = %+v, %v", name, e, err)
+				}
+			}(name, r)
+		}
+		wg.Wait()
+		for _, n := range again {
+			_ = n.rdzv.Close(ctx)
+		}
+		alone := newNodes(t, s, "job-b", 1, 1, 1, nil)
+		r3 := joinAll(t, alone, "")
+		select {
+		case <-r3["n000"].Ended():
+			t.Fatalf("the lone node's round ended at once: %+v", r3["n000"].End())
+		case <-time.After(time.Second):
+		}
 	})
 }
 
