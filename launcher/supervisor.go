@@ -374,6 +374,12 @@ func (s *Supervisor) Run(ctx context.Context) Result {
 			res.ExitCode = 128 + int(sig)
 			return res
 		}
+		var finished *rendezvous.JobFinishedError
+		if errors.As(err, &finished) && finished.Succeeded {
+			s.log.Info(finished.Error())
+			res.ExitCode = 0
+			return res
+		}
 		if err != nil {
 			res.ExitCode, res.Err = 1, err
 			return res

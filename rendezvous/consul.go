@@ -296,6 +296,7 @@ func (c *Consul) Join(ctx context.Context, req JoinRequest) (Round, error) {
 		return nil, err
 	}
 	w := store.NewWatcher(c.s, c.key("ctl")+"/")
+	waitedFor := "" // the run this node saw running while it waited to join
 	for {
 		select {
 		case <-lost:
@@ -320,6 +321,9 @@ func (c *Consul) Join(ctx context.Context, req JoinRequest) (Round, error) {
 			return nil, errors.New(st.Error)
 		case c.checkConfig(st) != nil:
 			return nil, c.checkConfig(st)
+		case st.Status == statusFinished && st.Run == waitedFor:
+			// The run this node waited to join is over (the rounds had no room for it).
+			return nil, &JobFinishedError{JobID: c.cfg.JobID, Succeeded: st.End == "succeeded", Failure: st.Failure}
 		case st.Status == statusFinished:
 			c.log.Info("job id reused after the job finished: starting a new run", zap.String("job", c.cfg.JobID))
 			if _, err := c.casState(ctx, idx, c.freshRun()); err != nil {
@@ -332,6 +336,7 @@ func (c *Consul) Join(ctx context.Context, req JoinRequest) (Round, error) {
 				return nil, err
 			}
 		case st.Status == statusRunning:
+			waitedFor = st.Run
 			// Only a round this process joined while it was open: a node that restarted
 			// mid-round waits for the next one (the leader sees it and re-forms the gang).
 			if me.Round == st.Round {

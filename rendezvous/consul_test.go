@@ -2,6 +2,7 @@ package rendezvous
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -468,6 +469,38 @@ func TestConsulRendezvousRefusesAnotherMaxRestarts(t *testing.T) {
 		}
 		if n := r.Assignment().NNodes; n != 1 {
 			t.Errorf("round of %d nodes, want 1", n)
+		}
+	})
+}
+
+// TestConsulRendezvousWaiterDoesNotRerunAFinishedJob: a node that arrives while a full
+// gang runs (--nnodes 1, no room) waits; when the job succeeds, its Join ends with a
+// JobFinishedError instead of starting a second run of the job on its own.
+func TestConsulRendezvousWaiterDoesNotRerunAFinishedJob(t *testing.T) {
+	eachStore(t, func(t *testing.T, s store.Store) {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		nodes := newNodes(t, s, "full", 2, 1, 1, nil)
+		r, err := nodes[0].rdzv.Join(ctx, nodes[0].request("10.0.0.1"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		waiter := make(chan error, 1)
+		go func() {
+			_, err := nodes[1].rdzv.Join(ctx, nodes[1].request("10.0.0.2"))
+			waiter <- err
+		}()
+		select {
+		case err := <-waiter:
+			t.Fatalf("the second node joined a full job: %v", err)
+		case <-time.After(500 * time.Millisecond):
+		}
+		if e, err := r.Succeed(ctx); err != nil || e.Kind != Succeeded {
+			t.Fatalf("succeed = %+v, %v", e, err)
+		}
+		var finished *JobFinishedError
+		if err := <-waiter; !errors.As(err, &finished) || !finished.Succeeded {
+			t.Fatalf("the waiter's join: %v, want a JobFinishedError of a succeeded job", err)
 		}
 	})
 }

@@ -185,6 +185,30 @@ func (f Failure) String() string {
 	return s
 }
 
+// JobFinishedError is Join's error when the run this node was waiting to join (it saw
+// it running, and waited for a round with room) finished meanwhile: the job is over,
+// and starting a new run of it alone would run it a second time.
+type JobFinishedError struct {
+	// JobID is the job.
+	JobID string
+	// Succeeded reports how the run ended: true when every node finished; false when it
+	// ran out of restarts, with Failure its last root cause (nil if unknown).
+	Succeeded bool
+	Failure   *Failure
+}
+
+// Error describes how the job ended, in one line.
+func (e *JobFinishedError) Error() string {
+	if e.Succeeded {
+		return "job " + e.JobID + " succeeded while this node waited to join: nothing left to run"
+	}
+	s := "job " + e.JobID + " ran out of restarts while this node waited to join"
+	if e.Failure != nil {
+		s += ": " + e.Failure.String()
+	}
+	return s
+}
+
 // End is how a round ended.
 type End struct {
 	Kind EndKind
