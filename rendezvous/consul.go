@@ -292,7 +292,7 @@ func (c *Consul) Join(ctx context.Context, req JoinRequest) (Round, error) {
 	}
 	me := memberRecord{Member: Member{Node: req.Node, Addr: req.Addr, LocalWorldSize: req.LocalWorldSize, Switch: req.Switch},
 		Host: c.cfg.Host, Round: -1}
-	if err := c.putMember(ctx, sess, me); err != nil {
+	if err := c.becomeMember(ctx, sess, me); err != nil {
 		return nil, err
 	}
 	w := store.NewWatcher(c.s, c.key("ctl")+"/")
@@ -385,6 +385,38 @@ func (c *Consul) putMember(ctx context.Context, sess string, m memberRecord) err
 		return fmt.Errorf("node name %s is already in job %s (another gangrun with the same --node-name): %w", m.Node, c.cfg.JobID, err)
 	}
 	return err
+}
+
+// memberTakeover is how long a joining node waits for its name's membership key to be
+// freed: a gangrun of the same node that was SIGKILLed holds it until its session
+// expires, 2×SessionTTL after its last renewal at most (job sessions have no
+// lock-delay), plus slack for the clocks.
+const memberTakeover = 2*SessionTTL + 5*time.Second
+
+// becomeMember puts this node's membership key. While another session holds it (this
+// node's previous gangrun, killed within 2×TTL, or a live gangrun with the same
+// --node-name) it retries until memberTakeover has passed, then gives up with
+// putMember's error. It polls: the holder's expiry is a key deletion a blocking query
+// would see, but nothing changes when it does not expire, and that must end too.
+func (c *Consul) becomeMember(ctx context.Context, sess string, m memberRecord) error {
+	deadline := time.Now().Add(memberTakeover)
+	for logged := false; ; logged = true {
+		err := c.putMember(ctx, sess, m)
+		if err == nil || !errors.Is(err, store.ErrTxnRejected) || time.Now().After(deadline) {
+			return err
+		}
+		if !logged {
+			c.log.Info("this node's name is held by another session: waiting for it to expire (a gangrun of this node killed less than 2×TTL ago, or another one with the same --node-name)",
+				zap.String("node", m.Node), zap.Duration("up_to", memberTakeover))
+		}
+		t := time.NewTimer(500 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
 }
 
 // myRound reads this node's part of the running round, if it has one.

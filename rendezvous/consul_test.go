@@ -504,3 +504,40 @@ func TestConsulRendezvousWaiterDoesNotRerunAFinishedJob(t *testing.T) {
 		}
 	})
 }
+
+// TestConsulRendezvousRejoinAfterKill: a node whose previous gangrun was SIGKILLed
+// comes back while the dead one's session still holds its membership key: the join
+// waits for that session to go, then succeeds (it had failed at once with "already in
+// job").
+func TestConsulRendezvousRejoinAfterKill(t *testing.T) {
+	eachStore(t, func(t *testing.T, s store.Store) {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		// The dead gangrun's session and key, as it left them.
+		stale, err := s.CreateSession(ctx, store.SessionOptions{Name: "killed gangrun", TTL: store.MinSessionTTL, Behavior: store.DeleteKeys})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Txn(ctx, []store.Op{{Verb: store.Lock, Key: "gangrun/jobs/back/members/n000", Value: []byte(`{"node":"n000","round":0}`), Session: stale}}); err != nil {
+			t.Fatal(err)
+		}
+		node := newNodes(t, s, "back", 1, 1, 1, nil)[0]
+		joined := make(chan error, 1)
+		go func() {
+			_, err := node.rdzv.Join(ctx, node.request("10.0.0.1"))
+			joined <- err
+		}()
+		select {
+		case err := <-joined:
+			t.Fatalf("joined while the dead session held the name: %v", err)
+		case <-time.After(time.Second):
+		}
+		// The session expires (destroyed here rather than waited for).
+		if err := s.DestroySession(ctx, stale); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-joined; err != nil {
+			t.Fatalf("join after the dead session went: %v", err)
+		}
+	})
+}
