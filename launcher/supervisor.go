@@ -652,7 +652,11 @@ func (s *Supervisor) stop(g *group, sig syscall.Signal) {
 	}
 	g.kill(s.guard)
 	if s.cfg.Subreaper {
-		if n := proc.KillOrphans(map[int]bool{s.guard.Pid(): true}); n > 0 {
+		groups := map[int]bool{}
+		for _, w := range g.workers {
+			groups[w.p.Pid()] = true
+		}
+		if n := proc.KillOrphans(map[int]bool{s.guard.Pid(): true}, groups); n > 0 {
 			s.log.Info("killed processes the workers left outside their process groups", zap.Int("processes", n))
 		}
 	}

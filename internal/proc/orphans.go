@@ -31,29 +31,33 @@ func BecomeSubreaper() error {
 // KillOrphans SIGKILLs and reaps every child of this process whose pid is not in keep
 // (the children it started itself and still owns), then does the same for the children
 // those leave behind, until none is left or orphanWait has passed. Only a subreaper
-// (BecomeSubreaper) has such children. It returns how many it killed.
+// (BecomeSubreaper) has such children. It returns how many of them had left the process
+// groups in groups (the groups just killed, whose own stragglers it only reaps).
 //
 // Call it only when every process this program started and waits for is in keep or
 // already reaped: it reaps what it kills, which would steal another waiter's status.
-func KillOrphans(keep map[int]bool) int {
-	killed := 0
+func KillOrphans(keep, groups map[int]bool) int {
+	escaped := 0
 	deadline := time.Now().Add(orphanWait)
 	for time.Now().Before(deadline) {
 		kids := children(os.Getpid(), keep)
 		if len(kids) == 0 {
-			return killed
+			return escaped
 		}
-		for _, pid := range kids {
-			if unix.Kill(pid, syscall.SIGKILL) == nil {
-				killed++
+		for _, k := range kids {
+			if unix.Kill(k.pid, syscall.SIGKILL) == nil && !groups[k.pgid] {
+				escaped++
 			}
 		}
-		for _, pid := range kids {
-			reap(pid, deadline)
+		for _, k := range kids {
+			reap(k.pid, deadline)
 		}
 	}
-	return killed
+	return escaped
 }
+
+// child is a child process: its pid and process group.
+type child struct{ pid, pgid int }
 
 // reap waits for pid, a child of this process, to exit and reaps it, until deadline.
 func reap(pid int, deadline time.Time) {
@@ -70,10 +74,11 @@ func reap(pid int, deadline time.Time) {
 	}
 }
 
-// children lists the pids whose parent is ppid, from /proc/PID/stat, leaving out keep.
-func children(ppid int, keep map[int]bool) []int {
+// children lists the processes whose parent is ppid, from /proc/PID/stat, leaving out
+// the pids in keep.
+func children(ppid int, keep map[int]bool) []child {
 	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
-	var out []int
+	var out []child
 	for _, f := range stats {
 		pid, err := strconv.Atoi(filepath.Base(filepath.Dir(f)))
 		if err != nil || keep[pid] {
@@ -89,13 +94,17 @@ func children(ppid int, keep map[int]bool) []int {
 		if i < 0 {
 			continue
 		}
+		// After comm: state ppid pgrp ...
 		fields := strings.Fields(s[i+1:])
-		if len(fields) < 2 {
+		if len(fields) < 3 {
 			continue
 		}
-		if p, err := strconv.Atoi(fields[1]); err == nil && p == ppid {
-			out = append(out, pid)
+		p, err := strconv.Atoi(fields[1])
+		if err != nil || p != ppid {
+			continue
 		}
+		pgid, _ := strconv.Atoi(fields[2])
+		out = append(out, child{pid: pid, pgid: pgid})
 	}
 	return out
 }

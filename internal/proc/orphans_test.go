@@ -5,6 +5,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"syscall"
 	"testing"
 )
 
@@ -28,13 +29,23 @@ func TestChildren(t *testing.T) {
 		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 		pids = append(pids, cmd.Process.Pid)
 	}
-	got := children(os.Getpid(), nil)
+	pidsOf := func(cs []child) []int {
+		var out []int
+		for _, c := range cs {
+			if c.pgid != syscall.Getpgrp() {
+				t.Errorf("child %d: process group %d, want the test's %d", c.pid, c.pgid, syscall.Getpgrp())
+			}
+			out = append(out, c.pid)
+		}
+		return out
+	}
+	got := pidsOf(children(os.Getpid(), nil))
 	for _, pid := range pids {
 		if !slices.Contains(got, pid) {
 			t.Errorf("children() = %v, want it to hold %d", got, pid)
 		}
 	}
-	if got := children(os.Getpid(), map[int]bool{pids[0]: true}); slices.Contains(got, pids[0]) || !slices.Contains(got, pids[1]) {
+	if got := pidsOf(children(os.Getpid(), map[int]bool{pids[0]: true})); slices.Contains(got, pids[0]) || !slices.Contains(got, pids[1]) {
 		t.Errorf("children() keeping %d = %v", pids[0], got)
 	}
 }
