@@ -693,6 +693,9 @@ func (s *Supervisor) specs(a rendezvous.Assignment) ([]workerSpec, error) {
 	resume := []string(nil)
 	if a.ResumeFrom != "" && s.cfg.ResumeArg != "" {
 		resume = []string{s.cfg.ResumeArg, a.ResumeFrom}
+		if strings.HasSuffix(s.cfg.ResumeArg, "=") { // --resume-arg --resume= : one argument
+			resume = []string{s.cfg.ResumeArg + a.ResumeFrom}
+		}
 	}
 	if s.torch != nil {
 		v := TorchrunValues{NNodes: a.NNodes, NodeRank: a.NodeRank, MasterAddr: a.MasterAddr, MasterPort: a.MasterPort, NProcPerNode: s.cfg.NProcPerNode}

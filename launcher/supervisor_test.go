@@ -378,6 +378,27 @@ func TestRunResumesFromLatestAndFallsBack(t *testing.T) {
 	}
 }
 
+// TestRunResumeArgWithEquals: --resume-arg --resume= is passed as one argument,
+// --resume=PATH, the form argparse and click both read.
+func TestRunResumeArgWithEquals(t *testing.T) {
+	ckpt := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(ckpt, "step-5"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(ckpt, "step-5", ".complete"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := newTestRun(t, 1, `echo "args: $# [$1]"`)
+	r.cfg.Command = append(r.cfg.Command, "sh")
+	r.cfg.CheckpointDir, r.cfg.ResumeArg = ckpt, "--resume="
+	if res := r.run(t); res.ExitCode != 0 {
+		t.Fatalf("exit %d", res.ExitCode)
+	}
+	if want := "[rank0]: args: 1 [--resume=" + filepath.Join(ckpt, "step-5") + "]"; !strings.Contains(r.stdout.String(), want) {
+		t.Errorf("stdout lacks %q:\n%s", want, r.stdout)
+	}
+}
+
 func TestRunLocalRankArg(t *testing.T) {
 	r := newTestRun(t, 2, `echo "args: $*"`)
 	r.cfg.Command = append(r.cfg.Command, "sh", "--x")

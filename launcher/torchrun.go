@@ -189,8 +189,9 @@ func (t *Torchrun) NProcPerNode() (string, bool) {
 // before anything starts: --standalone, --rdzv_endpoint, a non-static --rdzv_backend, a
 // non-zero --max_restarts, an --nnodes other than gangrun's MIN[:MAX], an
 // --nproc_per_node other than nproc, and a --master_port when gangrun picks the port
-// afresh for each attempt (masterPort 0) or a different one. Each error names both
-// values. Identical values are accepted.
+// afresh for each attempt (masterPort 0) or a different one, and on one node
+// (nnodesMax 1) a --node_rank other than 0. Each error names both values. Identical
+// values are accepted.
 func (t *Torchrun) CheckStatic(nnodesMin, nnodesMax, nproc, masterPort int) error {
 	for _, name := range []string{"standalone", "rdzv_endpoint"} {
 		if _, ok := t.Opts[name]; ok {
@@ -212,6 +213,10 @@ func (t *Torchrun) CheckStatic(nnodesMin, nnodesMax, nproc, masterPort int) erro
 			}
 			return fmt.Errorf("torchrun %s conflicts with gangrun's --nnodes %s", t.Spelling["nnodes"], want)
 		}
+	}
+	// On one node gangrun's node rank is 0 before any round: refuse another now.
+	if r, ok := t.Opts["node_rank"]; ok && nnodesMax == 1 && r != "0" {
+		return fmt.Errorf("torchrun %s conflicts with gangrun's --node_rank=0 (one node)", t.Spelling["node_rank"])
 	}
 	// A symbolic torchrun value (auto, gpu, cpu) is replaced by gangrun's count.
 	if n, ok := t.Opts["nproc_per_node"]; ok && isNumber(n) && n != strconv.Itoa(nproc) {
@@ -251,7 +256,9 @@ var injected = []string{"nnodes", "node_rank", "master_addr", "master_port", "np
 // cannot bring back a MIN:MAX --nnodes. Command does not look for conflicts.
 func (t *Torchrun) Command(v TorchrunValues) []string {
 	drop := make([]bool, len(t.Argv))
-	for _, name := range injected {
+	// An identical --rdzv_backend static goes too: torchrun's default, and torch 1.13
+	// knows no --rdzv-backend spelling.
+	for _, name := range append(injected[:len(injected):len(injected)], "rdzv_backend") {
 		for _, sp := range t.spans[name] {
 			for i := sp[0]; i < sp[1]; i++ {
 				drop[i] = true

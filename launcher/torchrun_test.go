@@ -84,7 +84,7 @@ func TestTorchrunCommandInjectsStaticRendezvous(t *testing.T) {
 		},
 		{
 			// Identical user values are accepted and replaced by gangrun's (both spellings).
-			[]string{"torchrun", "--nproc-per-node", "4", "--nnodes=2", "--max_restarts", "0", "--role", "trainer", "train.py"},
+			[]string{"torchrun", "--nproc-per-node", "4", "--nnodes=2", "--max_restarts", "0", "--rdzv-backend", "static", "--role", "trainer", "train.py"},
 			append(append([]string{"torchrun"}, inject...), "--role", "trainer", "train.py"),
 		},
 		{
@@ -137,6 +137,11 @@ func TestTorchrunConflicts(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: err = %v, want %q", tc.argv, err, tc.want)
 		}
+	}
+	// On one node the node rank is known before any round: 0.
+	one, _, _ := ParseTorchrun([]string{"torchrun", "--node_rank", "1", "t.py"})
+	if err := one.CheckStatic(1, 1, 4, 0); err == nil || !strings.Contains(err.Error(), "--node_rank 1 conflicts with gangrun's --node_rank=0") {
+		t.Errorf("node rank on one node: %v", err)
 	}
 	tr, _, _ := ParseTorchrun([]string{"torchrun", "--node_rank=0", "--master_addr=10.0.0.9", "t.py"})
 	err := tr.CheckRound(TorchrunValues{NodeRank: 1, MasterAddr: "10.0.0.9"})

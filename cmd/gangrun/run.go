@@ -100,6 +100,9 @@ func runRun(ctx context.Context, e *env, args []string) int {
 	if t.hangTimeout < 0 {
 		return usageErr(e, "run", "--hang-timeout %s: must not be negative", t.hangTimeout)
 	}
+	if t.resumeArg != "" && t.checkpointDir == "" {
+		return usageErr(e, "run", "--resume-arg %s needs --checkpoint-dir (where gangrun finds the checkpoint to resume from)", t.resumeArg)
+	}
 	backoff, err := launcher.ParseBackoff(t.backoff)
 	if err != nil {
 		return usageErr(e, "run", "%v", err)

@@ -161,6 +161,7 @@ func TestRunUsageErrors(t *testing.T) {
 		{"consul without a port", append([]string{"run", "--coordinator", "consul://127.0.0.1", "--job-id", "j", "--"}, touch...), 2, `coordinator "consul://127.0.0.1": want consul://HOST:PORT`},
 		{"node name with a slash", append([]string{"run", "--coordinator", "consul://127.0.0.1:1", "--job-id", "j", "--node-name", "a/b", "--"}, touch...), 2, `--node-name "a/b": only letters`},
 		{"advertise addr not an IP", append([]string{"run", "--advertise-addr", "notanip", "--"}, touch...), 2, `--advertise-addr "notanip": want an IP address`},
+		{"resume arg without a checkpoint dir", append([]string{"run", "--resume-arg", "--resume", "--"}, touch...), 2, "--resume-arg --resume needs --checkpoint-dir"},
 		{"log dir is a file", append([]string{"run", "--log-dir", file, "--"}, touch...), 2, "--log-dir " + file + ": is a file, not a directory"},
 		{"log dir under a file", append([]string{"run", "--log-dir", filepath.Join(file, "logs"), "--"}, touch...), 2, "--log-dir " + filepath.Join(file, "logs") + ": cannot be created: not a directory"},
 		{"log dir in /proc", append([]string{"run", "--log-dir", "/proc/gangrun-logs", "--"}, touch...), 2, "--log-dir /proc/gangrun-logs: cannot be created: no such file or directory"},
