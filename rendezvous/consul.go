@@ -27,6 +27,8 @@ const (
 	// SessionTTL is the TTL of a node's job session: a dead node's membership key goes
 	// away 2×SessionTTL after its last renewal at most (Consul's rule).
 	SessionTTL = 10 * time.Second
+	// joinReportEvery is how often a node still waiting for a round says so.
+	joinReportEvery = 30 * time.Second
 	// heartbeatEvery throttles the output heartbeats nodes publish for --hang-timeout.
 	heartbeatEvery = time.Second
 	// chunk is how many per-node assignments go in one transaction (under Consul's 128
@@ -295,6 +297,23 @@ func (c *Consul) Join(ctx context.Context, req JoinRequest) (Round, error) {
 	if err := c.becomeMember(ctx, sess, me); err != nil {
 		return nil, err
 	}
+	// A join can wait for ever (nodes that never come): say so now and then.
+	start := time.Now()
+	wctx, stopReport := context.WithCancel(ctx)
+	defer stopReport()
+	go func() {
+		t := time.NewTicker(joinReportEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-wctx.Done():
+				return
+			case <-t.C:
+				c.log.Info("still waiting for a round of the job", zap.String("job", c.cfg.JobID),
+					zap.String("nnodes", c.nnodes()), zap.Duration("waited", time.Since(start).Round(time.Second)))
+			}
+		}
+	}()
 	w := store.NewWatcher(c.s, c.key("ctl")+"/")
 	waitedFor := "" // the run this node saw running while it waited to join
 	for {
