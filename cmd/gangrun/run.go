@@ -293,6 +293,14 @@ func (g *gangFlags) gang(ctx context.Context, e *env, cmd string, command []stri
 	if coordinator == "slurm" {
 		visible = nil // Slurm sets CUDA_VISIBLE_DEVICES for the step itself
 	}
+	if visible != nil {
+		for _, kv := range g.env {
+			if strings.HasPrefix(kv, "CUDA_VISIBLE_DEVICES=") {
+				return fail("--env %s: gangrun sets CUDA_VISIBLE_DEVICES=%s on this node (the devices it can allocate: MIG instances, or the GPUs not failed); drop it",
+					kv, strings.Join(visible, ","))
+			}
+		}
+	}
 	cfg := launcher.Config{
 		Command: command, NProcPerNode: nproc, NNodesMin: nmin, NNodesMax: nmax,
 		TermTimeout: g.termTimeout, MasterPort: g.masterPort, JobID: jobID,

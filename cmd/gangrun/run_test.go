@@ -151,6 +151,8 @@ func TestRunUsageErrors(t *testing.T) {
 		{"bad duration", append([]string{"run", "--term-timeout", "10", "--"}, touch...), 2, "--term-timeout"},
 		{"bad nnodes", append([]string{"run", "--nnodes", "2:1", "--"}, touch...), 2, `--nnodes "2:1"`},
 		{"bad env", append([]string{"run", "--env", "RANK=4", "--"}, touch...), 2, "RANK is set by gangrun"},
+		{"env against chosen devices", append([]string{"run", "--topology-file", filepath.Join(inventories, "dgx-a100-mig.json"), "--env", "CUDA_VISIBLE_DEVICES=0", "--"}, touch...), 2,
+			"--env CUDA_VISIBLE_DEVICES=0: gangrun sets CUDA_VISIBLE_DEVICES=MIG-"},
 		{"bad log format", append([]string{"run", "--log-format", "xml", "--"}, touch...), 2, `--log-format "xml"`},
 		{"torchrun conflict", []string{"run", "--nproc-per-node", "2", "--", shim, "--nproc_per_node=4", "t.py"}, 2,
 			"torchrun --nproc_per_node=4 conflicts with gangrun's --nproc-per-node 2"},
