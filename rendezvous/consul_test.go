@@ -255,20 +255,7 @@ func TestConsulRendezvousJobsAreSeparateAndReusable(t *testing.T) {
 		case <-time.After(300 * time.Millisecond):
 		}
 		// Job b succeeds: every node reports success and sees the job succeed.
-		var wg sync.WaitGroup
-		for name, r := range rb {
-			wg.Add(1)
-			go func(name string, r Round) {
-				defer wg.Done()
-				sctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-				defer cancel()
-				e, err := r.Succeed(sctx)
-				if err != nil || e.Kind != Succeeded {
-					t.Errorf("%s: succeed = %+v, %v", name, e, err)
-				}
-			}(name, r)
-		}
-		wg.Wait()
+		succeedAll(t, ctx, rb)
 		// Reusing job b's id after it finished starts fresh: round 0, no restarts.
 		again := newNodes(t, s, "job-b", 2, 2, 2, nil)
 		for _, n := range b {
@@ -280,18 +267,7 @@ func TestConsulRendezvousJobsAreSeparateAndReusable(t *testing.T) {
 		}
 		// Reused once more by one node alone: the earlier runs' records of round 0
 		// (n000 and n001) must not make its leader think a node of its round left.
-		for name, r := range r2 {
-			wg.Add(1)
-			go func(name string, r Round) {
-				defer wg.Done()
-				sctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-				defer cancel()
-				if e, err := r.Succeed(sctx); err != nil || e.Kind != Succeeded {
-					t.Errorf("%s: succeed = %+v, %v", name, e, err)
-				}
-			}(name, r)
-		}
-		wg.Wait()
+		succeedAll(t, ctx, r2)
 		for _, n := range again {
 			_ = n.rdzv.Close(ctx)
 		}
@@ -540,4 +516,23 @@ func TestConsulRendezvousRejoinAfterKill(t *testing.T) {
 			t.Fatalf("join after the dead session went: %v", err)
 		}
 	})
+}
+
+// succeedAll has every node of rounds report success at once and checks that each sees
+// the job succeed.
+func succeedAll(t *testing.T, ctx context.Context, rounds map[string]Round) {
+	t.Helper()
+	var wg sync.WaitGroup
+	for name, r := range rounds {
+		wg.Add(1)
+		go func(name string, r Round) {
+			defer wg.Done()
+			sctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+			defer cancel()
+			if e, err := r.Succeed(sctx); err != nil || e.Kind != Succeeded {
+				t.Errorf("%s: succeed = %+v, %v", name, e, err)
+			}
+		}(name, r)
+	}
+	wg.Wait()
 }
