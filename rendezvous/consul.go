@@ -78,7 +78,7 @@ type jobState struct {
 	Error string `json:"error,omitempty"`
 	// NNodes ("N" or "MIN:MAX") and MaxRestarts are the run's --nnodes and
 	// --max-restarts, set by the node that started the run; a node given others is
-	// refused while a node of the run is alive (see checkConfig).
+	// refused until the run finishes (see checkConfig).
 	NNodes      string `json:"nnodes,omitempty"`
 	MaxRestarts *int   `json:"max_restarts,omitempty"`
 	// Previous is how the previous round ended, kept when the next round opens so a node
@@ -254,11 +254,11 @@ func (c *Consul) checkConfig(st *jobState) error {
 		return nil
 	}
 	if st.NNodes != "" && st.NNodes != c.nnodes() {
-		return fmt.Errorf("--nnodes %s differs from job %s's --nnodes %s (given by the node that started it): every node of a job must give the same",
+		return fmt.Errorf("--nnodes %s differs from job %s's --nnodes %s (given by the node that started its run): every node of a job must give the same (a new --job-id starts over)",
 			c.nnodes(), c.cfg.JobID, st.NNodes)
 	}
 	if st.MaxRestarts != nil && *st.MaxRestarts != c.cfg.MaxRestarts {
-		return fmt.Errorf("--max-restarts %d differs from job %s's --max-restarts %d (given by the node that started it): every node of a job must give the same",
+		return fmt.Errorf("--max-restarts %d differs from job %s's --max-restarts %d (given by the node that started its run): every node of a job must give the same (a new --job-id starts over)",
 			c.cfg.MaxRestarts, c.cfg.JobID, *st.MaxRestarts)
 	}
 	return nil
@@ -276,19 +276,12 @@ func (c *Consul) Join(ctx context.Context, req JoinRequest) (Round, error) {
 	if err != nil {
 		return nil, err
 	}
-	// A node given another --nnodes or --max-restarts than the job's run is refused
-	// before it becomes a member (the leader would count it), unless no node of the run
-	// is alive: then the run is abandoned and this node starts a fresh one with its own.
-	if entries, _, err := c.s.List(ctx, c.key()); err == nil {
-		if st, idx, _ := c.readCtl(entries); st != nil {
+	// A node given another --nnodes or --max-restarts than the job's unfinished run is
+	// refused before it becomes a member (the leader would count it).
+	if entries, _, err := c.s.List(ctx, c.key("ctl")+"/"); err == nil {
+		if st, _, _ := c.readCtl(entries); st != nil {
 			if err := c.checkConfig(st); err != nil {
-				if len(c.members(entries)) > 0 {
-					return nil, err
-				}
-				c.log.Info("no node of the job's run is alive: starting a new run with this node's settings", zap.String("job", c.cfg.JobID), zap.String("was", err.Error()))
-				if _, err := c.casState(ctx, idx, c.freshRun()); err != nil {
-					return nil, err
-				}
+				return nil, err
 			}
 		}
 	}
@@ -850,9 +843,29 @@ func (r *consulRound) Fail(ctx context.Context, f Failure) error {
 // Succeed implements Round: it marks this node done and waits for the round's end.
 func (r *consulRound) Succeed(ctx context.Context) (End, error) {
 	c := r.c
-	_, err := c.s.Txn(ctx, []store.Op{{Verb: store.Lock, Key: c.key("done", r.run, strconv.Itoa(r.a.Round), r.node), Value: []byte("ok"), Session: r.sess}})
-	if err != nil {
-		return r.End(), err
+	// The done marker is retried through a passing outage: giving up would look to the
+	// leader like a node that left without finishing. It stops when the store rejects
+	// the lock (this node's session is gone) or the round ends otherwise.
+	done := []store.Op{{Verb: store.Lock, Key: c.key("done", r.run, strconv.Itoa(r.a.Round), r.node), Value: []byte("ok"), Session: r.sess}}
+	for backoff := 100 * time.Millisecond; ; backoff = min(backoff*2, 5*time.Second) {
+		_, err := c.s.Txn(ctx, done)
+		if err == nil {
+			break
+		}
+		if errors.Is(err, store.ErrTxnRejected) || ctx.Err() != nil {
+			return r.End(), err
+		}
+		c.log.Warn("reporting this node's success: retrying", zap.Error(err), zap.Duration("in", backoff))
+		t := time.NewTimer(backoff)
+		select {
+		case <-r.ended:
+			t.Stop()
+			return r.End(), nil
+		case <-ctx.Done():
+			t.Stop()
+			return r.End(), ctx.Err()
+		case <-t.C:
+		}
 	}
 	select {
 	case <-r.ended:
