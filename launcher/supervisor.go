@@ -281,6 +281,10 @@ func checkReadableDir(dir string) error {
 	return nil
 }
 
+// zombieReapEvery is how often a subreaper supervisor reaps exited orphans during an
+// attempt.
+const zombieReapEvery = 5 * time.Second
+
 // File descriptors gangrun holds: per worker, the two ends of its stdout and stderr
 // pipes while it starts and its two log files; and a reserve for everything else (the
 // Consul client's connections, the guardian's pipe, the error files read).
@@ -375,9 +379,21 @@ func (s *Supervisor) Run(ctx context.Context) Result {
 			return res
 		}
 		var finished *rendezvous.JobFinishedError
-		if errors.As(err, &finished) && finished.Succeeded {
-			s.log.Info(finished.Error())
-			res.ExitCode = 0
+		if errors.As(err, &finished) {
+			// The job ended while this node waited for room: it reports the job's end,
+			// as its nodes did (0, or the root cause's code).
+			res.Err, res.Failure = err, finished.Failure
+			switch {
+			case finished.Succeeded:
+				s.log.Info(finished.Error())
+				res.Err = nil
+			case finished.Failure != nil && finished.Failure.ExitCode != 0:
+				s.log.Error(finished.Error())
+				res.ExitCode = finished.Failure.ExitCode
+			default:
+				s.log.Error(finished.Error())
+				res.ExitCode = 1
+			}
 			return res
 		}
 		if err != nil {
@@ -573,9 +589,23 @@ func (s *Supervisor) monitor(ctx context.Context, g *group, round rendezvous.Rou
 		defer t.Stop()
 		hang = t.C
 	}
+	var reap <-chan time.Time
+	if s.cfg.Subreaper {
+		// Orphans of the workers' descendants are re-parented here: reap those that
+		// exit while the attempt runs, so zombies do not pile up over a long job.
+		t := time.NewTicker(zombieReapEvery)
+		defer t.Stop()
+		reap = t.C
+	}
 	remaining := len(g.workers)
 	for {
 		select {
+		case <-reap:
+			keep := map[int]bool{s.guard.Pid(): true}
+			for _, w := range g.workers {
+				keep[w.p.Pid()] = true // exited leaders are reaped by their Release
+			}
+			proc.ReapZombies(keep)
 		case i := <-g.exits:
 			w := g.workers[i]
 			st := w.reap(s.guard)

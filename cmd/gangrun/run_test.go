@@ -461,3 +461,34 @@ func TestRunKillsWhatLeftTheProcessGroup(t *testing.T) {
 		})
 	}
 }
+
+// TestRunReapsOrphansDuringTheAttempt: a worker's double-forked helper that exits while
+// the attempt runs is re-parented to gangrun (a subreaper) and must not stay a zombie
+// until the attempt ends.
+func TestRunReapsOrphansDuringTheAttempt(t *testing.T) {
+	mark := testMark(t)
+	dir := t.TempDir()
+	cmd, _ := startTwoShellWorkers(t, mark, dir, "1s", `(sleep 0.1 &); touch `+dir+`/ready-$RANK; sleep 30`)
+	defer func() { _ = cmd.Process.Signal(syscall.SIGTERM); _ = cmd.Wait() }()
+	zombies := func() int {
+		n := 0
+		stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+		for _, f := range stats {
+			b, err := os.ReadFile(f)
+			if err != nil {
+				continue
+			}
+			s := string(b)
+			fields := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+			if len(fields) > 1 && fields[0] == "Z" && fields[1] == strconv.Itoa(cmd.Process.Pid) {
+				n++
+			}
+		}
+		return n
+	}
+	waitUntilFor(t, 4*time.Second, func() bool { return zombies() > 0 }, "the helpers to exit and become gangrun's zombies")
+	waitUntilFor(t, 15*time.Second, func() bool { return zombies() == 0 }, "gangrun to reap its zombies while the workers run")
+	if cmd.ProcessState != nil {
+		t.Fatal("gangrun exited: the zombies went with it, which proves nothing")
+	}
+}

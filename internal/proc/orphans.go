@@ -56,8 +56,30 @@ func KillOrphans(keep, groups map[int]bool) int {
 	return escaped
 }
 
-// child is a child process: its pid and process group.
-type child struct{ pid, pgid int }
+// ReapZombies reaps the children of this process that have exited and whose pids are
+// not in keep, without killing anything: a subreaper inherits every orphan of its
+// descendants (a trainer's double-forked helper, say), and each one that exits stays a
+// zombie until reaped, using up a pid. Returns how many it reaped. The same rule as
+// KillOrphans: keep must hold every child some other code waits for.
+func ReapZombies(keep map[int]bool) int {
+	n := 0
+	for _, k := range children(os.Getpid(), keep) {
+		if k.state != 'Z' {
+			continue
+		}
+		var ws unix.WaitStatus
+		if got, _ := unix.Wait4(k.pid, &ws, unix.WNOHANG, nil); got == k.pid {
+			n++
+		}
+	}
+	return n
+}
+
+// child is a child process: its pid, process group and state letter ('Z': zombie).
+type child struct {
+	pid, pgid int
+	state     byte
+}
 
 // reap waits for pid, a child of this process, to exit and reaps it, until deadline.
 func reap(pid int, deadline time.Time) {
@@ -104,7 +126,7 @@ func children(ppid int, keep map[int]bool) []child {
 			continue
 		}
 		pgid, _ := strconv.Atoi(fields[2])
-		out = append(out, child{pid: pid, pgid: pgid})
+		out = append(out, child{pid: pid, pgid: pgid, state: fields[0][0]})
 	}
 	return out
 }

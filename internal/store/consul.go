@@ -59,10 +59,11 @@ func NewConsul(addr string) (*Consul, error) {
 	return &Consul{c: c, transport: cfg.Transport}, nil
 }
 
-// checkConsulAddr accepts what consul/api's Config.Address takes: HOST:PORT, or
-// http:// or https:// before it (the port then optional), or unix://PATH. Anything else would only fail, and be
-// retried, at the first request.
+// checkConsulAddr accepts what consul/api's Config.Address takes: HOST[:PORT], or
+// http:// or https:// before it (with a path, for a reverse proxy), or unix://PATH.
+// Anything else would only fail, and be retried, at the first request.
 func checkConsulAddr(addr string) error {
+	bad := fmt.Errorf("consul address %q: want HOST:PORT, http://HOST:PORT, https://HOST:PORT or unix://PATH", addr)
 	if rest, ok := strings.CutPrefix(addr, "unix://"); ok {
 		if rest == "" {
 			return fmt.Errorf("consul address %q: no socket path after unix://", addr)
@@ -70,19 +71,25 @@ func checkConsulAddr(addr string) error {
 		return nil
 	}
 	hostport := addr
-	if i := strings.Index(addr, "://"); i >= 0 {
+	if strings.Contains(addr, "://") {
 		u, err := url.Parse(addr)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Path != "" && u.Path != "/" {
-			return fmt.Errorf("consul address %q: want HOST:PORT, http://HOST:PORT, https://HOST:PORT or unix://PATH", addr)
-		}
-		if u.Host != "" && u.Port() == "" && !strings.HasSuffix(u.Host, ":") {
-			return nil // the scheme's default port
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return bad
 		}
 		hostport = u.Host
+	} else if strings.ContainsAny(addr, "/?#@ ") {
+		return bad
 	}
 	host, port, err := net.SplitHostPort(hostport)
-	if err != nil || host == "" {
-		return fmt.Errorf("consul address %q: want HOST:PORT, http://HOST:PORT, https://HOST:PORT or unix://PATH", addr)
+	if err != nil {
+		// No port: the scheme's default. A bracket left open is no host.
+		if hostport == "" || strings.ContainsAny(hostport, "[]") {
+			return bad
+		}
+		return nil
+	}
+	if host == "" {
+		return bad
 	}
 	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
 		return fmt.Errorf("consul address %q: port %q: want 1..65535", addr, port)
