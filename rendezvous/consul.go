@@ -309,20 +309,38 @@ func (c *Consul) Join(ctx context.Context, req JoinRequest) (Round, error) {
 	}()
 	w := store.NewWatcher(c.s, c.key("ctl")+"/")
 	waitedFor := "" // the run this node saw running while it waited to join
+	retryLead := false
 	for {
 		select {
 		case <-lost:
 			return nil, fmt.Errorf("rendezvous session lost while joining")
 		default:
 		}
-		entries, err := w.Next(ctx)
+		var entries []store.Entry
+		if retryLead {
+			// The last try to lead failed and nobody took the key: no change may come to
+			// wake a blocking query (a lock-delay ends, a store error passes), so look
+			// again after a pause.
+			retryLead = false
+			if !sleepCtx(ctx, leadRetry) {
+				return nil, ctx.Err()
+			}
+			entries, _, err = c.s.List(ctx, c.key("ctl")+"/")
+		} else {
+			entries, err = w.Next(ctx)
+		}
 		if err != nil {
 			return nil, err
 		}
 		st, idx, leader := c.readCtl(entries)
 		if leader == "" {
-			// Nobody leads: try to (the change wakes everyone either way).
-			_, _ = c.s.Txn(ctx, []store.Op{{Verb: store.Lock, Key: c.key("ctl", "leader"), Value: []byte(req.Node), Session: sess}})
+			// Nobody leads: try to. Success changes the key, which wakes everyone.
+			if _, lerr := c.s.Txn(ctx, []store.Op{{Verb: store.Lock, Key: c.key("ctl", "leader"), Value: []byte(req.Node), Session: sess}}); lerr == nil {
+				leader = sess
+			} else {
+				c.log.Debug("could not take the leader key: trying again", zap.Error(lerr))
+				retryLead = true
+			}
 		}
 		switch {
 		case st == nil:
@@ -397,6 +415,22 @@ func (c *Consul) putMember(ctx context.Context, sess string, m memberRecord) err
 		return fmt.Errorf("node name %s is already in job %s (another gangrun with the same --node-name): %w", m.Node, c.cfg.JobID, err)
 	}
 	return err
+}
+
+// leadRetry is the pause before a joining node looks again at a leader key it failed
+// to take while nobody held it.
+const leadRetry = 500 * time.Millisecond
+
+// sleepCtx waits d; false when ctx ended first.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // memberTakeover is how long a joining node waits for its name's membership key to be
