@@ -76,14 +76,19 @@ type jobState struct {
 	Detail   string   `json:"detail,omitempty"`
 	// Error is a configuration error every node reports and exits on.
 	Error string `json:"error,omitempty"`
-	// NNodes ("N" or "MIN:MAX") and MaxRestarts are the run's --nnodes and
-	// --max-restarts, set by the node that started the run; a node given others is
-	// refused until the run finishes (see checkConfig).
-	NNodes      string `json:"nnodes,omitempty"`
-	MaxRestarts *int   `json:"max_restarts,omitempty"`
+	// runConfig is set by the node that started the run and carried by every state of
+	// it; a node given other settings is refused until the run finishes (checkConfig).
+	runConfig
 	// Previous is how the previous round ended, kept when the next round opens so a node
 	// that sees the state only after that still learns why its round ended.
 	Previous *jobState `json:"previous,omitempty"`
+}
+
+// runConfig is what every node of a run must agree on: --nnodes ("N" or "MIN:MAX") and
+// --max-restarts. MaxRestarts is nil in a state an older gangrun wrote.
+type runConfig struct {
+	NNodes      string `json:"nnodes,omitempty"`
+	MaxRestarts *int   `json:"max_restarts,omitempty"`
 }
 
 // memberRecord is a node's membership key, held by its session.
@@ -243,7 +248,7 @@ func (c *Consul) nnodes() string {
 // freshRun is the state of a new run of the job, with this node's configuration.
 func (c *Consul) freshRun() jobState {
 	mr := c.cfg.MaxRestarts
-	return jobState{Run: newRunID(), Round: 0, Status: statusOpen, NNodes: c.nnodes(), MaxRestarts: &mr}
+	return jobState{Run: newRunID(), Round: 0, Status: statusOpen, runConfig: runConfig{NNodes: c.nnodes(), MaxRestarts: &mr}}
 }
 
 // checkConfig refuses to join a run (not yet finished) that was started with another
@@ -276,13 +281,17 @@ func (c *Consul) Join(ctx context.Context, req JoinRequest) (Round, error) {
 	if err != nil {
 		return nil, err
 	}
-	// A node given another --nnodes or --max-restarts than the job's unfinished run is
-	// refused before it becomes a member (the leader would count it).
-	if entries, _, err := c.s.List(ctx, c.key("ctl")+"/"); err == nil {
-		if st, _, _ := c.readCtl(entries); st != nil {
-			if err := c.checkConfig(st); err != nil {
-				return nil, err
-			}
+	// The watcher's first read returns at once: with it a node given another --nnodes
+	// or --max-restarts than the job's unfinished run is refused before it becomes a
+	// member (the leader would count it). The loop below starts from the same read.
+	w := store.NewWatcher(c.s, c.key("ctl")+"/")
+	first, err := w.Next(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if st, _, _ := c.readCtl(first); st != nil {
+		if err := c.checkConfig(st); err != nil {
+			return nil, err
 		}
 	}
 	me := memberRecord{Member: Member{Node: req.Node, Addr: req.Addr, LocalWorldSize: req.LocalWorldSize, Switch: req.Switch},
@@ -307,9 +316,8 @@ func (c *Consul) Join(ctx context.Context, req JoinRequest) (Round, error) {
 			}
 		}
 	}()
-	w := store.NewWatcher(c.s, c.key("ctl")+"/")
 	waitedFor := "" // the run this node saw running while it waited to join
-	retryLead := false
+	retryLead, readFirst := false, false
 	for {
 		select {
 		case <-lost:
@@ -317,16 +325,19 @@ func (c *Consul) Join(ctx context.Context, req JoinRequest) (Round, error) {
 		default:
 		}
 		var entries []store.Entry
-		if retryLead {
+		switch {
+		case !readFirst: // (an empty prefix reads as nil: a flag, not first != nil)
+			entries, readFirst = first, true
+		case retryLead:
 			// The last try to lead failed and nobody took the key: no change may come to
 			// wake a blocking query (a lock-delay ends, a store error passes), so look
 			// again after a pause.
 			retryLead = false
-			if !sleepCtx(ctx, leadRetry) {
+			if !store.Sleep(ctx, leadRetry) {
 				return nil, ctx.Err()
 			}
 			entries, _, err = c.s.List(ctx, c.key("ctl")+"/")
-		} else {
+		default:
 			entries, err = w.Next(ctx)
 		}
 		if err != nil {
@@ -342,6 +353,10 @@ func (c *Consul) Join(ctx context.Context, req JoinRequest) (Round, error) {
 				retryLead = true
 			}
 		}
+		var cfgErr error
+		if st != nil {
+			cfgErr = c.checkConfig(st)
+		}
 		switch {
 		case st == nil:
 			if _, err := c.casState(ctx, 0, c.freshRun()); err != nil {
@@ -349,8 +364,8 @@ func (c *Consul) Join(ctx context.Context, req JoinRequest) (Round, error) {
 			}
 		case st.Error != "":
 			return nil, errors.New(st.Error)
-		case c.checkConfig(st) != nil:
-			return nil, c.checkConfig(st)
+		case cfgErr != nil:
+			return nil, cfgErr
 		case st.Status == statusFinished && st.Run == waitedFor:
 			// The run this node waited to join is over (the rounds had no room for it).
 			return nil, &JobFinishedError{JobID: c.cfg.JobID, Succeeded: st.End == "succeeded", Failure: st.Failure}
@@ -362,7 +377,7 @@ func (c *Consul) Join(ctx context.Context, req JoinRequest) (Round, error) {
 		case st.Status == statusEnded:
 			prev := *st
 			prev.Previous = nil
-			if _, err := c.casState(ctx, idx, jobState{Run: st.Run, Round: st.Round + 1, Status: statusOpen, Failures: st.Failures, Previous: &prev, NNodes: st.NNodes, MaxRestarts: st.MaxRestarts}); err != nil {
+			if _, err := c.casState(ctx, idx, jobState{Run: st.Run, Round: st.Round + 1, Status: statusOpen, Failures: st.Failures, Previous: &prev, runConfig: st.runConfig}); err != nil {
 				return nil, err
 			}
 		case st.Status == statusRunning:
@@ -418,20 +433,8 @@ func (c *Consul) putMember(ctx context.Context, sess string, m memberRecord) err
 }
 
 // leadRetry is the pause before a joining node looks again at a leader key it failed
-// to take while nobody held it.
+// to take while nobody held it, or at its name's membership key held by another session.
 const leadRetry = 500 * time.Millisecond
-
-// sleepCtx waits d; false when ctx ended first.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
-}
 
 // memberTakeover is how long a joining node waits for its name's membership key to be
 // freed: a gangrun of the same node that was SIGKILLed holds it until its session
@@ -455,12 +458,8 @@ func (c *Consul) becomeMember(ctx context.Context, sess string, m memberRecord) 
 			c.log.Info("this node's name is held by another session: waiting for it to expire (a gangrun of this node killed less than 2×TTL ago, or another one with the same --node-name)",
 				zap.String("node", m.Node), zap.Duration("up_to", memberTakeover))
 		}
-		t := time.NewTimer(500 * time.Millisecond)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !store.Sleep(ctx, leadRetry) {
 			return ctx.Err()
-		case <-t.C:
 		}
 	}
 }
@@ -598,7 +597,7 @@ func (c *Consul) close(ctx context.Context, req JoinRequest, st *jobState, idx u
 			if m.Host != leader.Host {
 				msg := fmt.Sprintf("MASTER_ADDR would be %q (node %s) but nodes %s and %s run on different hosts: give every node --advertise-addr with an address the others reach",
 					leader.Addr, leader.Node, leader.Host, m.Host)
-				_, err := c.casState(ctx, idx, jobState{Run: st.Run, Round: st.Round, Status: statusFinished, Failures: st.Failures, Error: msg, NNodes: st.NNodes, MaxRestarts: st.MaxRestarts})
+				_, err := c.casState(ctx, idx, jobState{Run: st.Run, Round: st.Round, Status: statusFinished, Failures: st.Failures, Error: msg, runConfig: st.runConfig})
 				if err != nil {
 					return err
 				}
@@ -650,7 +649,7 @@ func (c *Consul) close(ctx context.Context, req JoinRequest, st *jobState, idx u
 		}
 		ops = ops[n:]
 	}
-	running := jobState{Run: st.Run, Round: st.Round, Status: statusRunning, Failures: st.Failures, NNodes: st.NNodes, MaxRestarts: st.MaxRestarts}
+	running := jobState{Run: st.Run, Round: st.Round, Status: statusRunning, Failures: st.Failures, runConfig: st.runConfig}
 	cleanup := []store.Op{fence[0]}
 	if st.Round > 0 {
 		cleanup = append(cleanup, store.Op{Verb: store.DeleteTree, Key: c.key("rounds", strconv.Itoa(st.Round-1)) + "/"})
@@ -805,7 +804,7 @@ func (c *Consul) oversee(ctx context.Context, entries []store.Entry, st *jobStat
 		}
 	}
 	end := func(status, kind, detail string) {
-		ns := jobState{Run: st.Run, Round: st.Round, Status: status, Failures: st.Failures, End: kind, Detail: detail, NNodes: st.NNodes, MaxRestarts: st.MaxRestarts}
+		ns := jobState{Run: st.Run, Round: st.Round, Status: status, Failures: st.Failures, End: kind, Detail: detail, runConfig: st.runConfig}
 		if _, err := c.casState(ctx, idx, ns); err != nil {
 			c.log.Warn("end round", zap.Error(err))
 		}
@@ -860,7 +859,7 @@ func (r *consulRound) Fail(ctx context.Context, f Failure) error {
 		if st == nil || st.Run != r.run || st.Round != r.a.Round || st.Status != statusRunning {
 			return nil // already ended
 		}
-		ns := jobState{Run: st.Run, Round: st.Round, Status: statusEnded, Failures: st.Failures + 1, End: "failed", Failure: &f, NNodes: st.NNodes, MaxRestarts: st.MaxRestarts}
+		ns := jobState{Run: st.Run, Round: st.Round, Status: statusEnded, Failures: st.Failures + 1, End: "failed", Failure: &f, runConfig: st.runConfig}
 		if ns.Failures > c.cfg.MaxRestarts {
 			ns.Status = statusFinished
 		}

@@ -66,14 +66,15 @@ func (w *Watcher) Next(ctx context.Context) ([]Entry, error) {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		if !sleep(ctx, backoff) {
+		if !Sleep(ctx, backoff) {
 			return nil, ctx.Err()
 		}
 		backoff = min(backoff*2, retryMax)
 	}
 }
 
-func sleep(ctx context.Context, d time.Duration) bool {
+// Sleep waits d, or until ctx ends; it reports whether the whole d passed.
+func Sleep(ctx context.Context, d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
