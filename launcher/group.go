@@ -153,35 +153,42 @@ func (w *worker) reap(guard *proc.Guardian) proc.ExitStatus {
 	return st
 }
 
+// pids returns the group's worker pids, which are also their process group ids.
+func (g *group) pids() map[int]bool {
+	out := make(map[int]bool, len(g.workers))
+	for _, w := range g.workers {
+		out[w.p.Pid()] = true
+	}
+	return out
+}
+
 // reportOutputWait bounds how long the failure report waits for the root-cause worker's
 // last output lines: its pipes close when it exits, unless a child of it still holds them.
 const reportOutputWait = 250 * time.Millisecond
 
-// awaitOutput waits up to d for w's output readers to reach the end of its pipes. It
-// closes nothing: finishOutput does that when the group stops.
-func (w *worker) awaitOutput(d time.Duration) {
+// awaitOutput waits up to d for w's output readers to reach the end of its pipes and
+// reports whether they did. It closes nothing: finishOutput does that.
+func (w *worker) awaitOutput(d time.Duration) bool {
 	done := make(chan struct{})
 	go func() { w.pumps.Wait(); close(done) }()
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-done:
+		return true
 	case <-t.C:
+		return false
 	}
 }
 
 // finishOutput waits for w's output readers (bounded by pumpGrace), then closes its
 // pipes and log files.
 func (w *worker) finishOutput() {
-	done := make(chan struct{})
-	go func() { w.pumps.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(pumpGrace):
+	if !w.awaitOutput(pumpGrace) {
 		for _, r := range w.readers {
 			r.Close() // unblocks the pump
 		}
-		<-done
+		w.pumps.Wait()
 	}
 	for _, f := range append(w.readers, w.files...) {
 		f.Close()

@@ -601,10 +601,8 @@ func (s *Supervisor) monitor(ctx context.Context, g *group, round rendezvous.Rou
 	for {
 		select {
 		case <-reap:
-			keep := map[int]bool{s.guard.Pid(): true}
-			for _, w := range g.workers {
-				keep[w.p.Pid()] = true // exited leaders are reaped by their Release
-			}
+			keep := g.pids() // exited leaders are reaped by their Release
+			keep[s.guard.Pid()] = true
 			proc.ReapZombies(keep)
 		case i := <-g.exits:
 			w := g.workers[i]
@@ -682,11 +680,7 @@ func (s *Supervisor) stop(g *group, sig syscall.Signal) {
 	}
 	g.kill(s.guard)
 	if s.cfg.Subreaper {
-		groups := map[int]bool{}
-		for _, w := range g.workers {
-			groups[w.p.Pid()] = true
-		}
-		if n := proc.KillOrphans(map[int]bool{s.guard.Pid(): true}, groups); n > 0 {
+		if n := proc.KillOrphans(map[int]bool{s.guard.Pid(): true}, g.pids()); n > 0 {
 			s.log.Info("killed processes the workers left outside their process groups", zap.Int("processes", n))
 		}
 	}

@@ -35,8 +35,8 @@ func ParseConsulURL(s string) (string, error) {
 	if err != nil || host == "" {
 		return "", fmt.Errorf("coordinator %q: want consul://HOST:PORT", s)
 	}
-	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
-		return "", fmt.Errorf("coordinator %q: port %q: want 1..65535", s, port)
+	if err := checkPort(port); err != nil {
+		return "", fmt.Errorf("coordinator %q: %w", s, err)
 	}
 	return u.Host, nil
 }
@@ -91,8 +91,16 @@ func checkConsulAddr(addr string) error {
 	if host == "" {
 		return bad
 	}
+	if err := checkPort(port); err != nil {
+		return fmt.Errorf("consul address %q: %w", addr, err)
+	}
+	return nil
+}
+
+// checkPort accepts a TCP port number, 1..65535.
+func checkPort(port string) error {
 	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
-		return fmt.Errorf("consul address %q: port %q: want 1..65535", addr, port)
+		return fmt.Errorf("port %q: want 1..65535", port)
 	}
 	return nil
 }
