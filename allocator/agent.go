@@ -111,17 +111,19 @@ func (a *Agent) record() (NodeRecord, []byte, error) {
 	return r, data, nil
 }
 
-// register creates a session and publishes the node under it.
-func (a *Agent) register(ctx context.Context) (string, error) {
+// register creates a session and publishes the node under it. It returns the session
+// and when the request that created it was sent (where its lease starts).
+func (a *Agent) register(ctx context.Context) (string, time.Time, error) {
 	rec, inv, err := a.record()
 	if err != nil {
-		return "", err
+		return "", time.Time{}, err
 	}
+	since := time.Now()
 	sess, err := a.s.CreateSession(ctx, store.SessionOptions{
 		Name: "gangrun agent " + a.cfg.Node, TTL: SessionTTL, Behavior: store.DeleteKeys, NodeHealth: true,
 	})
 	if err != nil {
-		return "", err
+		return "", time.Time{}, err
 	}
 	_, err = a.s.Txn(ctx, []store.Op{
 		{Verb: store.Set, Key: inventoryPrefix + a.cfg.Node, Value: inv},
@@ -131,15 +133,15 @@ func (a *Agent) register(ctx context.Context) (string, error) {
 	if err != nil {
 		_ = a.s.DestroySession(context.WithoutCancel(ctx), sess)
 		if errors.Is(err, store.ErrTxnRejected) {
-			return "", fmt.Errorf("node %s is registered by another live agent (or its session has not expired yet): %w", a.cfg.Node, err)
+			return "", time.Time{}, fmt.Errorf("node %s is registered by another live agent (or its session has not expired yet): %w", a.cfg.Node, err)
 		}
-		return "", err
+		return "", time.Time{}, err
 	}
 	a.mu.Lock()
 	a.session = sess
 	a.mu.Unlock()
 	a.log.Info("registered", zap.Int("devices", len(rec.Devices)), zap.Any("labels", rec.Labels))
-	return sess, nil
+	return sess, since, nil
 }
 
 // Run keeps the node registered until ctx ends, then destroys its session (the node
@@ -147,7 +149,7 @@ func (a *Agent) register(ctx context.Context) (string, error) {
 func (a *Agent) Run(ctx context.Context) error {
 	backoff := 100 * time.Millisecond
 	for {
-		sess, err := a.register(ctx)
+		sess, since, err := a.register(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -162,7 +164,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			continue
 		}
 		backoff = 100 * time.Millisecond
-		err = a.serve(ctx, sess)
+		err = a.serve(ctx, sess, since)
 		if ctx.Err() != nil {
 			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			_ = a.s.DestroySession(dctx, sess)
@@ -174,9 +176,11 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 }
 
-// serve runs the keepalive, the scheduler election and the inventory publisher until
-// ctx ends or the session is lost.
-func (a *Agent) serve(ctx context.Context, sess string) error {
+// serve keeps the session's lease (renewed since since) and runs the scheduler election
+// and the inventory publisher until ctx ends or the lease is over.
+func (a *Agent) serve(ctx context.Context, sess string, since time.Time) error {
+	lease := store.Keep(a.s, sess, SessionTTL, since, a.cfg.Log)
+	defer lease.Close()
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	errc := make(chan error, 3)
@@ -190,8 +194,13 @@ func (a *Agent) serve(ctx context.Context, sess string) error {
 			}
 		}()
 	}
-	run(func(ctx context.Context, sess string) error {
-		return store.KeepAlive(ctx, a.s, sess, SessionTTL, a.cfg.Log)
+	run(func(ctx context.Context, _ string) error {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-lease.Done():
+			return lease.Err()
+		}
 	})
 	run(a.publish)
 	if !a.cfg.NoScheduler {

@@ -91,8 +91,7 @@ func CheckFeasible(c *Cluster, r Request) error {
 type Ticket struct {
 	s       store.Store
 	req     Request
-	cancel  context.CancelFunc
-	kaDone  chan error
+	lease   *store.Lease
 	lost    chan struct{}
 	once    sync.Once
 	grant   Grant
@@ -118,6 +117,7 @@ func Submit(ctx context.Context, s store.Store, r Request) (*Ticket, error) {
 	if err := store.CheckSegment("request id", r.ID); err != nil {
 		return nil, err
 	}
+	since := time.Now()
 	sess, err := s.CreateSession(ctx, store.SessionOptions{
 		Name: "gangrun alloc " + r.ID, TTL: SessionTTL, LockDelay: GrantLockDelay, Behavior: store.DeleteKeys,
 	})
@@ -133,14 +133,10 @@ func Submit(ctx context.Context, s store.Store, r Request) (*Ticket, error) {
 		_ = s.DestroySession(context.WithoutCancel(ctx), sess)
 		return nil, fmt.Errorf("submit request %s: %w", r.ID, err)
 	}
-	kctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	t := &Ticket{s: s, req: r, cancel: cancel, kaDone: make(chan error, 1), lost: make(chan struct{})}
+	t := &Ticket{s: s, req: r, lease: store.Keep(s, sess, SessionTTL, since, nil), lost: make(chan struct{})}
 	go func() {
-		err := store.KeepAlive(kctx, s, sess, SessionTTL, nil)
-		if err != nil {
-			t.markLost()
-		}
-		t.kaDone <- err
+		<-t.lease.Done()
+		t.markLost()
 	}()
 	return t, nil
 }
@@ -150,9 +146,14 @@ func (t *Ticket) markLost() { t.once.Do(func() { close(t.lost) }) }
 // Request returns the submitted request (with its id and session).
 func (t *Ticket) Request() Request { return t.req }
 
-// Lost is closed when the ticket's session is gone or, after Wait granted it, when the
-// grant disappears (cancelled elsewhere).
+// Lost is closed when the ticket's lease is over (its session is gone, or no renewal
+// was accepted within the lease: store.Lease) or, after Wait granted it, when the grant
+// disappears (cancelled elsewhere). Whatever uses the grant's GPUs must then stop, and
+// be dead by Lease().KillBy().
 func (t *Ticket) Lost() <-chan struct{} { return t.lost }
+
+// Lease returns the lease of the requester's session, which holds the grant's GPU keys.
+func (t *Ticket) Lease() *store.Lease { return t.lease }
 
 // Wait blocks until the request is granted, refused (ErrRefused, with the reason), the
 // session is lost (ErrRequestLost) or ctx ends. While it waits, progress receives the
@@ -255,8 +256,7 @@ func (t *Ticket) watchGrant() {
 func (t *Ticket) Release(ctx context.Context) error {
 	t.releaseOnce.Do(func() {
 		t.releaseErr = release(ctx, t.s, t.req.ID, t.req.Session)
-		t.cancel()
-		<-t.kaDone
+		t.lease.Close()
 		t.markLost()
 	})
 	return t.releaseErr

@@ -17,8 +17,7 @@ import (
 // session ends without a release (Consul would expire it; destroying it is the same
 // invalidation, sooner), so its keys go away through the session and lock-delay applies.
 func (t *Ticket) die(ctx context.Context) {
-	t.cancel()
-	<-t.kaDone
+	t.lease.Close()
 	_ = t.s.DestroySession(ctx, t.req.Session)
 }
 

@@ -150,9 +150,11 @@ type Config struct {
 	GuardianArgv []string
 	// Subreaper makes this process a child subreaper (proc.BecomeSubreaper) and, after
 	// every attempt, SIGKILLs the workers' descendants that left their process group
-	// (setsid) and were re-parented here. Only for a process whose sole other child is
-	// the guardian: the sweep kills and reaps every other child (so never in tests that
-	// run the supervisor inside a test binary with children of its own).
+	// (setsid) and were re-parented here: children whose environment carries this run's
+	// GANGRUN_JOB_ID and GANGRUN_NODE_NAME, other than those the process had when Run
+	// began. It also reaps every exited child it does not wait for itself, so it is only
+	// for a process with no other children that something waits for (so never in tests
+	// that run the supervisor inside a test binary with children of its own).
 	Subreaper bool
 	// Signals delivers the signals sent to gangrun: SIGINT, SIGTERM and SIGHUP are
 	// forwarded to every worker and stop the run; SIGUSR1 and SIGUSR2 are forwarded only.
@@ -184,6 +186,8 @@ type Supervisor struct {
 	act                 activity
 	guard               *proc.Guardian
 	scratch             string // per-attempt dirs when there is no LogDir
+
+	inherited map[int]bool // children this process had before it started any: never swept
 
 	excluded []string       // checkpoints skipped after StrikesBeforeFallback failures
 	strikes  map[string]int // failures in a row per checkpoint resumed from
@@ -340,6 +344,15 @@ type outcome struct {
 // Run supervises the job until it succeeds, runs out of restarts, or is stopped, and
 // returns how it ended. It never panics on worker behaviour.
 func (s *Supervisor) Run(ctx context.Context) Result {
+	if s.cfg.Subreaper {
+		// Children this process inherited when it was exec'd (a shell's `exec >
+		// >(tee run.log)` before `exec gangrun run`) are not the workers': the sweep
+		// leaves them alone.
+		s.inherited = map[int]bool{}
+		for _, pid := range proc.Children() {
+			s.inherited[pid] = true
+		}
+	}
 	if len(s.cfg.GuardianArgv) > 0 {
 		g, err := proc.StartGuardian(s.cfg.GuardianArgv)
 		if err != nil {
@@ -401,7 +414,14 @@ func (s *Supervisor) Run(ctx context.Context) Result {
 			return res
 		}
 		a := round.Assignment()
+		if end := round.End(); end.Lost {
+			// The lease ran out between the round's closing and now (a stall): nothing of
+			// this round may be written or started.
+			s.log.Warn("the round was lost before its workers started: joining the next", zap.String("reason", end.Detail))
+			continue
+		}
 		s.pin(a.ResumeFrom)
+		s.fence(a)
 		specs, err := s.specs(a)
 		if err != nil {
 			_ = round.Fail(ctx, rendezvous.Failure{Node: s.cfg.NodeName, Rank: -1, LocalRank: -1, ExitCode: 1, Reason: err.Error()})
@@ -430,7 +450,7 @@ func (s *Supervisor) Run(ctx context.Context) Result {
 		out := s.monitor(ctx, g, round, a)
 		switch out.kind {
 		case outSucceeded:
-			s.stop(g, 0)
+			s.stop(g, 0, time.Time{})
 			end, sig, err := s.awaitSuccess(ctx, round)
 			if sig != 0 {
 				res.ExitCode = 128 + int(sig)
@@ -462,13 +482,18 @@ func (s *Supervisor) Run(ctx context.Context) Result {
 				out.failed.awaitOutput(reportOutputWait)
 			}
 			s.report(a, out.failure)
-			s.stop(g, syscall.SIGTERM)
+			s.stop(g, syscall.SIGTERM, round.End().KillBy)
 		case outEnded:
-			s.stop(g, syscall.SIGTERM)
+			end := round.End()
+			if end.Lost {
+				s.log.Warn("stopping this node's workers: the round is over for this node", zap.String("reason", end.Detail),
+					zap.Duration("kill_in", time.Until(end.KillBy).Round(100*time.Millisecond)))
+			}
+			s.stop(g, syscall.SIGTERM, end.KillBy)
 		case outStopped:
 			_ = round.Leave(context.WithoutCancel(ctx))
 			s.log.Info("forwarding signal to workers and stopping", zap.String("signal", proc.SignalName(out.sig)), zap.Duration("term_timeout", s.cfg.TermTimeout))
-			s.stop(g, out.sig)
+			s.stop(g, out.sig, round.End().KillBy)
 			res.ExitCode = 128 + int(out.sig)
 			return res
 		}
@@ -518,6 +543,7 @@ func (s *Supervisor) join(ctx context.Context) (rendezvous.Round, syscall.Signal
 		r, err := s.rdzv.Join(jctx, rendezvous.JoinRequest{
 			Node: s.cfg.NodeName, Addr: s.cfg.Addr, LocalWorldSize: s.cfg.NProcPerNode,
 			Switch: s.cfg.Switch, MasterPort: s.cfg.MasterPort, ChooseResume: s.chooseResume,
+			OnLease: s.onLease,
 		})
 		ch <- joined{r, err}
 	}()
@@ -541,6 +567,14 @@ func (s *Supervisor) join(ctx context.Context) (rendezvous.Round, syscall.Signal
 			<-ch
 			return nil, syscall.SIGTERM, nil
 		}
+	}
+}
+
+// onLease hands the rendezvous' lease to the guardian: if this process is frozen when
+// killBy passes, the guardian kills the workers in its place.
+func (s *Supervisor) onLease(killBy time.Time) {
+	if err := s.guard.KillBy(killBy); err != nil {
+		s.log.Warn("guardian", zap.Error(err))
 	}
 }
 
@@ -607,6 +641,12 @@ func (s *Supervisor) monitor(ctx context.Context, g *group, round rendezvous.Rou
 		case i := <-g.exits:
 			w := g.workers[i]
 			st := w.reap(s.guard)
+			if round.End().Lost {
+				// The lease is over (this process may just have woken from a stall, and
+				// the guardian killed the workers meanwhile): that, not the worker, ended
+				// the attempt.
+				return outcome{kind: outEnded}
+			}
 			if !st.Success() {
 				return outcome{kind: outFailed, failure: s.failureOf(a, w), failed: w}
 			}
@@ -648,14 +688,19 @@ func hangCheckInterval(d time.Duration) time.Duration {
 }
 
 // stop ends an attempt: it sends sig (when non-zero) to every live worker, waits up to
-// TermTimeout for them to exit, SIGKILLs the rest, reaps everything and drains output.
-// A terminating signal arriving meanwhile kills at once.
-func (s *Supervisor) stop(g *group, sig syscall.Signal) {
+// TermTimeout (cut short to end by killBy, when set: the lease's kill time) for them to
+// exit, SIGKILLs the rest, reaps everything and drains output. A terminating signal
+// arriving meanwhile kills at once.
+func (s *Supervisor) stop(g *group, sig syscall.Signal, killBy time.Time) {
+	grace := s.cfg.TermTimeout
+	if !killBy.IsZero() {
+		grace = max(min(grace, time.Until(killBy)), 0)
+	}
 	if sig != 0 {
 		g.signal(sig)
 	}
-	if len(g.live()) > 0 {
-		deadline := time.NewTimer(s.cfg.TermTimeout)
+	if len(g.live()) > 0 && grace > 0 {
+		deadline := time.NewTimer(grace)
 		defer deadline.Stop()
 	wait:
 		for len(g.live()) > 0 {
@@ -663,8 +708,8 @@ func (s *Supervisor) stop(g *group, sig syscall.Signal) {
 			case i := <-g.exits:
 				g.workers[i].reap(s.guard)
 			case <-deadline.C:
-				s.log.Warn("workers still running after the term timeout: sending SIGKILL",
-					zap.Int("workers", len(g.live())), zap.Duration("term_timeout", s.cfg.TermTimeout))
+				s.log.Warn("workers still running after the grace: sending SIGKILL",
+					zap.Int("workers", len(g.live())), zap.Duration("grace", grace))
 				break wait
 			case in := <-s.cfg.Signals:
 				ss, ok := in.(syscall.Signal)
@@ -680,7 +725,15 @@ func (s *Supervisor) stop(g *group, sig syscall.Signal) {
 	}
 	g.kill(s.guard)
 	if s.cfg.Subreaper {
-		if n := proc.KillOrphans(map[int]bool{s.guard.Pid(): true}, g.pids()); n > 0 {
+		keep := map[int]bool{s.guard.Pid(): true}
+		for pid := range s.inherited {
+			keep[pid] = true
+		}
+		// Only what came from this run's workers: their environment carries the job and
+		// node gangrun gave them, which nothing else among this process's children does.
+		marks := []string{"GANGRUN_JOB_ID=" + s.cfg.JobID, "GANGRUN_NODE_NAME=" + s.cfg.NodeName}
+		ours := func(pid int) bool { return proc.Marked(pid, marks) }
+		if n := proc.KillOrphans(keep, g.pids(), ours); n > 0 {
 			s.log.Info("killed processes the workers left outside their process groups", zap.Int("processes", n))
 		}
 	}
@@ -884,6 +937,18 @@ func (s *Supervisor) pin(path string) {
 		return
 	}
 	s.unpin, s.pinned = release, path
+}
+
+// fence records in the checkpoint directory that attempt a.Round of the job is the one
+// entitled to write there (checkpoint.Fence), before its workers start.
+func (s *Supervisor) fence(a rendezvous.Assignment) {
+	if s.cfg.CheckpointDir == "" {
+		return
+	}
+	f := checkpoint.Fence{Job: s.cfg.JobID, Attempt: a.Round, Node: s.cfg.NodeName}
+	if err := checkpoint.WriteFence(s.cfg.CheckpointDir, f); err != nil {
+		s.log.Warn("write the checkpoint directory's fence", zap.Error(err))
+	}
 }
 
 // safeName keeps the characters of s that are safe in a file name.

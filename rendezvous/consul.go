@@ -123,10 +123,21 @@ type Consul struct {
 	log *zap.Logger
 
 	mu      sync.Mutex
-	session string
-	lost    chan struct{} // closed when session is lost
-	stopKA  context.CancelFunc
-	kaDone  chan struct{}
+	lease   *store.Lease           // the node's session and its lease; nil before the first join
+	onLease func(killBy time.Time) // the supervisor's OnLease, handed to every new lease
+	joined  bool                   // this process was in a round of the job: later outages are waited out
+	hist    *history               // the last round this process was assigned; nil before one
+}
+
+// history is what a node remembers of the job across a loss of the coordinator's state
+// (a Consul server that restarted without its data): the last round it ran and the
+// restarts the job had spent by then. A new run of the job formed after such a loss
+// starts its rounds after hist.Round and its failures at hist.Failures, so attempt
+// numbers (log directories, GANGRUN_ATTEMPT, the fencing number) never go back and the
+// restart budget is not refilled.
+type history struct {
+	Round    int `json:"round"`
+	Failures int `json:"failures"`
 }
 
 // NewConsul returns a rendezvous for cfg.JobID in s.
@@ -155,48 +166,61 @@ func (c *Consul) heartbeatKey(node string) string {
 	return "gangrun/heartbeat/" + c.cfg.JobID + "/" + node
 }
 
-// ensureSession returns a live session, creating one (and its keepalive) when needed.
-func (c *Consul) ensureSession(ctx context.Context, node string) (string, <-chan struct{}, error) {
+// ensureSession returns the node's lease, creating a session when there is none or the
+// last one's lease is over. An old session whose lease ended may still be alive in
+// Consul (a partition that healed before Consul's timer ran out): it is destroyed
+// first, so its keys go at once and this node's name is free to join again.
+func (c *Consul) ensureSession(ctx context.Context, node string) (*store.Lease, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.session != "" {
+	if c.lease != nil {
 		select {
-		case <-c.lost:
+		case <-c.lease.Done():
 		default:
-			return c.session, c.lost, nil
+			return c.lease, nil
 		}
-		c.stopKA()
-		<-c.kaDone
+		c.lease.Close()
+		dctx, cancel := context.WithTimeout(ctx, store.CallTimeout)
+		_ = c.s.DestroySession(dctx, c.lease.Session())
+		cancel()
+		c.lease = nil
 	}
+	since := time.Now()
 	id, err := c.s.CreateSession(ctx, store.SessionOptions{Name: "gangrun run " + c.cfg.JobID + " " + node,
 		TTL: SessionTTL, Behavior: store.DeleteKeys, NodeHealth: true})
 	if err != nil {
-		return "", nil, err
+		return nil, err
 	}
-	kctx, cancel := context.WithCancel(context.Background())
-	lost, done := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := store.KeepAlive(kctx, c.s, id, SessionTTL, c.log); err != nil {
-			c.log.Warn("rendezvous session lost", zap.Error(err))
-			close(lost)
-		}
-	}()
-	c.session, c.lost, c.stopKA, c.kaDone = id, lost, cancel, done
-	return id, lost, nil
+	c.lease = store.Keep(c.s, id, SessionTTL, since, c.log)
+	if c.onLease != nil {
+		c.lease.OnRenew(c.onLease)
+	}
+	return c.lease, nil
+}
+
+// setOnLease registers the supervisor's OnLease with the current and every later lease.
+func (c *Consul) setOnLease(f func(time.Time)) {
+	c.mu.Lock()
+	c.onLease = f
+	l := c.lease
+	c.mu.Unlock()
+	if l != nil {
+		l.OnRenew(f)
+	}
 }
 
 // Close leaves the job: the node's session is destroyed, so its keys go at once.
 func (c *Consul) Close(ctx context.Context) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.session == "" {
+	if c.lease == nil {
 		return nil
 	}
-	c.stopKA()
-	<-c.kaDone
-	err := c.s.DestroySession(context.WithoutCancel(ctx), c.session)
-	c.session = ""
+	c.lease.Close()
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), store.CallTimeout)
+	defer cancel()
+	err := c.s.DestroySession(dctx, c.lease.Session())
+	c.lease = nil
 	return err
 }
 
@@ -245,10 +269,36 @@ func (c *Consul) nnodes() string {
 	return strconv.Itoa(c.cfg.MinNodes) + ":" + strconv.Itoa(c.cfg.MaxNodes)
 }
 
-// freshRun is the state of a new run of the job, with this node's configuration.
-func (c *Consul) freshRun() jobState {
+// freshRun is the state of a new run of the job, with this node's configuration. Its
+// first round comes after prev's (the finished run it replaces; nil when there is
+// none) and after the last round this process ran (a run formed again after the
+// coordinator lost the job's state is the same job: it keeps the restarts spent).
+func (c *Consul) freshRun(prev *jobState) jobState {
 	mr := c.cfg.MaxRestarts
-	return jobState{Run: newRunID(), Round: 0, Status: statusOpen, runConfig: runConfig{NNodes: c.nnodes(), MaxRestarts: &mr}}
+	st := jobState{Run: newRunID(), Round: 0, Status: statusOpen, runConfig: runConfig{NNodes: c.nnodes(), MaxRestarts: &mr}}
+	if prev != nil {
+		st.Round = prev.Round + 1
+	}
+	if h := c.history(); h != nil {
+		st.Round = max(st.Round, h.Round+1)
+		st.Failures = max(st.Failures, h.Failures)
+	}
+	return st
+}
+
+// history returns what this process remembers of the job (nil before its first round).
+func (c *Consul) history() *history {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.hist
+}
+
+// behind reports whether an open state's numbering is behind this process's history,
+// as in a run formed again by nodes that remember less than this one: it must not
+// reuse a round number this node already ran, nor refill spent restarts.
+func (c *Consul) behind(st *jobState) bool {
+	h := c.history()
+	return h != nil && (st.Round <= h.Round || st.Failures < h.Failures)
 }
 
 // checkConfig refuses to join a run (not yet finished) that was started with another
@@ -269,7 +319,21 @@ func (c *Consul) checkConfig(st *jobState) error {
 	return nil
 }
 
+// joinRetry bounds the pause between two tries to join while the coordinator is
+// unavailable (joinRetryMin doubling to joinRetryMax).
+const (
+	joinRetryMin = 500 * time.Millisecond
+	joinRetryMax = 5 * time.Second
+)
+
 // Join implements Rendezvous: it blocks until a round closes with this node in it.
+//
+// Once this process has been in a round of the job, an unavailable coordinator (Consul
+// unreachable, no leader) or a lease that ended does not end the join: the node waits
+// it out, with a new session, and joins the next round it can. Before that, such errors
+// are returned (a coordinator that cannot be reached at start is a usage problem).
+// Errors that no wait can fix (another --nnodes than the job's, a name held by another
+// node, the job finished meanwhile) are returned at once.
 func (c *Consul) Join(ctx context.Context, req JoinRequest) (Round, error) {
 	if err := store.CheckSegment("node name", req.Node); err != nil {
 		return nil, err
@@ -277,10 +341,72 @@ func (c *Consul) Join(ctx context.Context, req JoinRequest) (Round, error) {
 	if req.LocalWorldSize < 1 {
 		return nil, fmt.Errorf("join: local world size %d: must be at least 1", req.LocalWorldSize)
 	}
-	sess, lost, err := c.ensureSession(ctx, req.Node)
+	c.setOnLease(req.OnLease)
+	backoff := joinRetryMin
+	var downSince, reported time.Time
+	for {
+		r, err := c.join(ctx, req)
+		if err == nil {
+			if !downSince.IsZero() {
+				c.log.Info("coordinator reachable again: joined", zap.Duration("after", time.Since(downSince).Round(time.Second)))
+			}
+			c.mu.Lock()
+			c.joined = true
+			c.mu.Unlock()
+			return r, nil
+		}
+		c.mu.Lock()
+		joined := c.joined
+		c.mu.Unlock()
+		retry := errors.Is(err, store.ErrUnavailable) || errors.Is(err, store.ErrLeaseExpired) || errors.Is(err, store.ErrSessionGone)
+		if ctx.Err() != nil || !joined || !retry {
+			return nil, err
+		}
+		now := time.Now()
+		switch {
+		case downSince.IsZero():
+			downSince, reported = now, now
+			c.log.Warn("cannot join the job's next round: waiting for the coordinator", zap.Error(err))
+		case now.Sub(reported) >= joinReportEvery:
+			reported = now
+			c.log.Warn("still waiting for the coordinator", zap.Duration("for", now.Sub(downSince).Round(time.Second)), zap.Error(err))
+		}
+		if !store.Sleep(ctx, backoff) {
+			return nil, ctx.Err()
+		}
+		backoff = min(backoff*2, joinRetryMax)
+	}
+}
+
+// join is one try of Join with one session.
+func (c *Consul) join(ctx context.Context, req JoinRequest) (Round, error) {
+	lease, err := c.ensureSession(ctx, req.Node)
 	if err != nil {
 		return nil, err
 	}
+	lost := lease.Done()
+	// Every wait below ends when the lease does: a join may not go on under a session
+	// the node no longer knows to be its own.
+	parent := ctx
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-lost:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	r, err := c.joinWith(ctx, req, lease)
+	if err != nil && parent.Err() == nil && lease.Err() != nil {
+		return nil, fmt.Errorf("rendezvous session lost while joining: %w", lease.Err())
+	}
+	return r, err
+}
+
+// joinWith runs the join loop under lease; ctx ends when the lease does.
+func (c *Consul) joinWith(ctx context.Context, req JoinRequest, lease *store.Lease) (Round, error) {
+	sess := lease.Session()
 	// The watcher's first read returns at once: with it a node given another --nnodes
 	// or --max-restarts than the job's unfinished run is refused before it becomes a
 	// member (the leader would count it). The loop below starts from the same read.
@@ -319,11 +445,6 @@ func (c *Consul) Join(ctx context.Context, req JoinRequest) (Round, error) {
 	waitedFor := "" // the run this node saw running while it waited to join
 	retryLead, readFirst := false, false
 	for {
-		select {
-		case <-lost:
-			return nil, fmt.Errorf("rendezvous session lost while joining")
-		default:
-		}
 		var entries []store.Entry
 		switch {
 		case !readFirst: // (an empty prefix reads as nil: a flag, not first != nil)
@@ -359,25 +480,39 @@ func (c *Consul) Join(ctx context.Context, req JoinRequest) (Round, error) {
 		}
 		switch {
 		case st == nil:
-			if _, err := c.casState(ctx, 0, c.freshRun()); err != nil {
+			if _, err := c.casState(ctx, 0, c.freshRun(nil)); err != nil {
 				return nil, err
 			}
 		case st.Error != "":
 			return nil, errors.New(st.Error)
 		case cfgErr != nil:
 			return nil, cfgErr
-		case st.Status == statusFinished && st.Run == waitedFor:
-			// The run this node waited to join is over (the rounds had no room for it).
+		case st.Status == statusFinished && (st.Run == waitedFor || c.history() != nil):
+			// The run this node waited to join is over (the rounds had no room for it), or
+			// this node, in the middle of the job, finds it finished (by the others, while
+			// it was cut off): either way the job is done, and running it again alone would
+			// run it twice.
 			return nil, &JobFinishedError{JobID: c.cfg.JobID, Succeeded: st.End == "succeeded", Failure: st.Failure}
 		case st.Status == statusFinished:
 			c.log.Info("job id reused after the job finished: starting a new run", zap.String("job", c.cfg.JobID))
-			if _, err := c.casState(ctx, idx, c.freshRun()); err != nil {
+			if _, err := c.casState(ctx, idx, c.freshRun(st)); err != nil {
 				return nil, err
 			}
 		case st.Status == statusEnded:
 			prev := *st
 			prev.Previous = nil
 			if _, err := c.casState(ctx, idx, jobState{Run: st.Run, Round: st.Round + 1, Status: statusOpen, Failures: st.Failures, Previous: &prev, runConfig: st.runConfig}); err != nil {
+				return nil, err
+			}
+		case st.Status == statusOpen && c.behind(st):
+			// A run formed again after the coordinator lost the job's state, by nodes that
+			// remember less of it than this one: move its numbering past this node's.
+			h := c.history()
+			next := *st
+			next.Round, next.Failures = max(st.Round, h.Round+1), max(st.Failures, h.Failures)
+			c.log.Info("the job's round numbering is behind this node's: moving it on (the coordinator lost the job's state)",
+				zap.Int("round", st.Round), zap.Int("to_round", next.Round), zap.Int("failures", next.Failures))
+			if _, err := c.casState(ctx, idx, next); err != nil {
 				return nil, err
 			}
 		case st.Status == statusRunning:
@@ -388,7 +523,7 @@ func (c *Consul) Join(ctx context.Context, req JoinRequest) (Round, error) {
 				if r, ok, err := c.myRound(ctx, st, req.Node); err != nil {
 					return nil, err
 				} else if ok {
-					return c.newRound(r, st, req.Node, sess, lost, leader == sess), nil
+					return c.newRound(r, st, req.Node, lease, leader == sess), nil
 				}
 			}
 			if me.Round != st.Round+1 {
@@ -668,6 +803,7 @@ type consulRound struct {
 	run    string
 	node   string
 	sess   string
+	lease  *store.Lease
 	ended  chan struct{}
 	cancel context.CancelFunc
 
@@ -678,20 +814,45 @@ type consulRound struct {
 	hbAt   time.Time // when it was published
 }
 
-func (c *Consul) newRound(a Assignment, st *jobState, node, sess string, lost <-chan struct{}, leader bool) *consulRound {
+func (c *Consul) newRound(a Assignment, st *jobState, node string, lease *store.Lease, leader bool) *consulRound {
+	c.mu.Lock()
+	c.hist = &history{Round: a.Round, Failures: a.RestartCount}
+	c.mu.Unlock()
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &consulRound{c: c, a: a, run: st.Run, node: node, sess: sess, ended: make(chan struct{}), cancel: cancel, leader: leader}
-	go r.watch(ctx, lost)
+	r := &consulRound{c: c, a: a, run: st.Run, node: node, sess: lease.Session(), lease: lease,
+		ended: make(chan struct{}), cancel: cancel, leader: leader}
+	go r.watch(ctx)
 	return r
 }
 
 func (r *consulRound) Assignment() Assignment { return r.a }
 func (r *consulRound) Ended() <-chan struct{} { return r.ended }
 
+// End implements Round. It judges the lease on the caller's clock first: a supervisor
+// that wakes from a stall longer than the lease learns here, before it acts on
+// anything else it sees, that the round is over for this node.
 func (r *consulRound) End() End {
+	if !r.lease.Valid() {
+		r.leaseOver()
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.end
+}
+
+// leaseOver ends the round for this node because its lease is over: its workers must be
+// dead by the lease's kill time, before Consul may invalidate the session and the other
+// nodes re-form without this one.
+func (r *consulRound) leaseOver() {
+	r.finish(End{Kind: MembershipChanged, Lost: true, KillBy: r.lease.KillBy(),
+		Detail: "this node lost its lease with the coordinator: " + errString(r.lease.Err())})
+}
+
+func errString(err error) string {
+	if err == nil {
+		return "no error"
+	}
+	return err.Error()
 }
 
 func (r *consulRound) finish(e End) {
@@ -722,10 +883,11 @@ func endOf(st *jobState) End {
 
 // watch follows the job until the round ends. Every node watches ctl/; the leader (or
 // the node that takes over leadership) also watches the members and done markers.
-func (r *consulRound) watch(ctx context.Context, lost <-chan struct{}) {
+func (r *consulRound) watch(ctx context.Context) {
 	c := r.c
-	// A lost session must end the round at once, not when the job's keys next change:
+	// A lease that ends must end the round at once, not when the job's keys next change:
 	// a blocking query can wait minutes, and after a Consul restart nothing may change.
+	lost := r.lease.Done()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {
@@ -750,7 +912,7 @@ func (r *consulRound) watch(ctx context.Context, lost <-chan struct{}) {
 		}
 		select {
 		case <-lost:
-			r.finish(End{Kind: MembershipChanged, Detail: "this node's session was lost", Lost: true})
+			r.leaseOver()
 			return
 		default:
 		}
@@ -847,9 +1009,15 @@ func (c *Consul) oversee(ctx context.Context, entries []store.Entry, st *jobStat
 	}
 }
 
-// Fail implements Round: the first failure reported ends the round for every node.
+// Fail implements Round: the first failure reported ends the round for every node. A
+// node whose lease is over reports nothing: its workers were stopped for that, not for
+// a failure of theirs, and the round is over for it already.
 func (r *consulRound) Fail(ctx context.Context, f Failure) error {
 	c := r.c
+	if !r.lease.Valid() {
+		r.leaseOver()
+		return fmt.Errorf("report the failure: %w", r.lease.Err())
+	}
 	for {
 		entries, _, err := c.s.List(ctx, c.key("ctl")+"/")
 		if err != nil {
@@ -876,6 +1044,10 @@ func (r *consulRound) Fail(ctx context.Context, f Failure) error {
 // Succeed implements Round: it marks this node done and waits for the round's end.
 func (r *consulRound) Succeed(ctx context.Context) (End, error) {
 	c := r.c
+	if !r.lease.Valid() {
+		r.leaseOver()
+		return r.End(), fmt.Errorf("report this node's success: %w", r.lease.Err())
+	}
 	// The done marker is retried through a passing outage: giving up would look to the
 	// leader like a node that left without finishing. It stops when the store rejects
 	// the lock (this node's session is gone) or the round ends otherwise.
@@ -923,6 +1095,10 @@ func (r *consulRound) Leave(ctx context.Context) error {
 // second); the leader judges the gang by the newest of all.
 func (r *consulRound) Activity(ctx context.Context, local time.Time) time.Time {
 	c := r.c
+	if !r.lease.Valid() {
+		r.leaseOver()
+		return time.Now() // the round is over for this node; nothing to judge
+	}
 	r.mu.Lock()
 	publish := local.After(r.hbLast) && time.Since(r.hbAt) >= heartbeatEvery
 	leading := r.leader

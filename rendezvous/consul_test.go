@@ -256,14 +256,21 @@ func TestConsulRendezvousJobsAreSeparateAndReusable(t *testing.T) {
 		}
 		// Job b succeeds: every node reports success and sees the job succeed.
 		succeedAll(t, ctx, rb)
-		// Reusing job b's id after it finished starts fresh: round 0, no restarts.
+		// Reusing job b's id after it finished starts a new run: no restarts spent, and
+		// its rounds numbered on from the last one (attempt numbers, log directories and
+		// the fencing number never go back within a job id).
 		again := newNodes(t, s, "job-b", 2, 2, 2, nil)
 		for _, n := range b {
 			_ = n.rdzv.Close(ctx)
 		}
 		r2 := joinAll(t, again, "")
-		if round := checkRound(t, r2, 2, ""); round != 0 {
-			t.Errorf("reused job id starts at round %d, want 0", round)
+		if round := checkRound(t, r2, 2, ""); round != 1 {
+			t.Errorf("reused job id starts at round %d, want 1 (after the finished run's round 0)", round)
+		}
+		for name, r := range r2 {
+			if rc := r.Assignment().RestartCount; rc != 0 {
+				t.Errorf("%s: reused job id starts with %d restarts spent, want 0", name, rc)
+			}
 		}
 		// Reused once more by one node alone: the earlier runs' records of round 0
 		// (n000 and n001) must not make its leader think a node of its round left.

@@ -110,6 +110,13 @@ type JoinRequest struct {
 	// ChooseResume is called once per round, by node rank 0 only, to choose the
 	// checkpoint the whole gang resumes from ("" for none). It may be nil.
 	ChooseResume func(ctx context.Context) (string, error)
+	// OnLease, when set, is called with the time by which this node's workers must be
+	// dead unless the rendezvous renews its lease with the coordinator (store.Lease's
+	// KillBy), at once and after every renewal, from the rendezvous' own goroutine; it
+	// must not block. Rendezvous without a lease (Local, Static) never call it. The
+	// supervisor hands it to its guardian, which kills the workers at that time if the
+	// supervisor itself is frozen.
+	OnLease func(killBy time.Time)
 }
 
 // chooseResume asks req.ChooseResume for the round's checkpoint ("" when it is nil).
@@ -217,9 +224,14 @@ type End struct {
 	// Detail explains a membership change ("node b left", "node c is waiting").
 	Detail string
 	// Lost is set with MembershipChanged when this node can no longer see the round at
-	// all: its session was invalidated, or the job's state vanished (a Consul server
-	// that lost its data). Nothing then says how the other nodes ended.
+	// all: its lease with the coordinator is over (no renewal accepted in time, or its
+	// session was invalidated), or the job's state vanished (a Consul server that lost
+	// its data). Nothing then says how the other nodes ended.
 	Lost bool
+	// KillBy, when set, is when this node's workers must be dead: the coordinator may
+	// hand their place to others soon after (the lease's kill time). The supervisor
+	// cuts its SIGTERM grace short to meet it.
+	KillBy time.Time
 }
 
 // Round is one closed rendezvous round as a node sees it.

@@ -331,6 +331,10 @@ func runUnderGrant(e *env, tk *allocator.Ticket, g allocator.Grant, command []st
 	}
 	_ = guard.Watch(p.Pid())
 	defer func() { _ = guard.Forget(p.Pid()) }()
+	// The grant's GPUs are held by the session's lease: if this process freezes past it,
+	// the guardian kills the command before Consul can hand the GPUs to another grant.
+	tk.Lease().OnRenew(func(killBy time.Time) { _ = guard.KillBy(killBy) })
+	defer tk.Lease().OnRenew(nil)
 	code := -1
 	select {
 	case <-p.Exited():
@@ -342,11 +346,19 @@ func runUnderGrant(e *env, tk *allocator.Ticket, g allocator.Grant, command []st
 		}
 		code = 128 + int(sig)
 	case <-tk.Lost():
-		fmt.Fprintf(e.stderr, "gangrun alloc: grant %s lost: stopping the command\n", g.ID)
+		grace := 30 * time.Second
+		if l := tk.Lease(); l.Err() != nil {
+			// The lease is over: the command must be dead by its kill time, before Consul
+			// may free the GPUs for another grant.
+			grace = max(min(grace, time.Until(l.KillBy())), 0)
+			fmt.Fprintf(e.stderr, "gangrun alloc: grant %s lost (%v): stopping the command\n", g.ID, l.Err())
+		} else {
+			fmt.Fprintf(e.stderr, "gangrun alloc: grant %s lost: stopping the command\n", g.ID)
+		}
 		_ = p.Signal(syscall.SIGTERM)
 		select {
 		case <-p.Exited():
-		case <-time.After(30 * time.Second):
+		case <-time.After(grace):
 		}
 		code = exitFailure
 	}

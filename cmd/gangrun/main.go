@@ -132,7 +132,7 @@ func dispatch(ctx context.Context, e *env, args []string) int {
 		return runVersion(ctx, e, nil)
 	}
 	if args[0] == guardianCommand {
-		if err := proc.RunGuardian(os.Stdin); err != nil {
+		if err := proc.RunGuardian(os.Stdin, e.stderr); err != nil {
 			fmt.Fprintf(e.stderr, "gangrun guardian: %v\n", err)
 			return exitFailure
 		}

@@ -435,9 +435,13 @@ func TestRunKillsWhatLeftTheProcessGroup(t *testing.T) {
 		t.Run(how, func(t *testing.T) {
 			mark := testMark(t) // fails the test if the escaped sleep is still around
 			dir := t.TempDir()
-			script := `setsid sleep 300 >/dev/null 2>&1 & touch ` + dir + `/ready-$RANK; `
+			// The escaped process itself says it is ready, after setsid(2): a ready file
+			// touched by the worker could come first, and the group-wide SIGTERM would
+			// then kill the child before it escaped (1 run in 10 under load).
+			ready := dir + `/ready-$RANK`
+			script := `setsid sh -c 'touch ` + ready + `; exec sleep 300' >/dev/null 2>&1 & `
 			if how == "success" {
-				script += `sleep 0.2; exit 0`
+				script += `while [ ! -e ` + ready + ` ]; do sleep 0.05; done; exit 0`
 			} else {
 				script += `sleep 300`
 			}
@@ -490,5 +494,32 @@ func TestRunReapsOrphansDuringTheAttempt(t *testing.T) {
 	waitUntilFor(t, 15*time.Second, func() bool { return zombies() == 0 }, "gangrun to reap its zombies while the workers run")
 	if cmd.ProcessState != nil {
 		t.Fatal("gangrun exited: the zombies went with it, which proves nothing")
+	}
+}
+
+// TestRunLeavesInheritedChildrenAlone: a shell that sends its output through a process
+// substitution and then execs gangrun (`exec > >(tee run.log); exec gangrun run ...`)
+// hands gangrun its tee as a child. The sweep after each attempt kills only what came
+// from the workers: the tee lives on, and every attempt's output reaches the log.
+func TestRunLeavesInheritedChildrenAlone(t *testing.T) {
+	mark := testMark(t)
+	dir := t.TempDir()
+	logFile := filepath.Join(dir, "run.log")
+	script := `exec > >(tee ` + logFile + ` >/dev/null) 2>&1
+exec ` + gangrunBin + ` run --nproc-per-node 1 --max-restarts 2 --restart-backoff 0s -- /bin/sh -c 'echo "attempt $GANGRUN_ATTEMPT"; exit 3'`
+	cmd := exec.Command("bash", "-c", script)
+	cmd.Env = append(os.Environ(), mark)
+	out, _ := cmd.CombinedOutput()
+	if code := cmd.ProcessState.ExitCode(); code != 3 {
+		t.Fatalf("exit %d, want the worker's 3 after its restarts\n%s", code, out)
+	}
+	data, err := os.ReadFile(logFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"[rank0]: attempt 0", "[rank0]: attempt 1", "[rank0]: attempt 2", "no restarts left"} {
+		if !strings.Contains(string(data), want) {
+			t.Errorf("the tee'd log lacks %q (the tee was killed?):\n%s", want, data)
+		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -23,11 +24,20 @@ import (
 // each group's leader; the guardian catches the rest of the group: a trainer's data
 // loader processes, a shell's children.
 //
+// It also enforces the supervisor's lease with the coordinator (store.Lease): the
+// supervisor passes on the time by which its workers must be dead unless the lease is
+// renewed, after every renewal; if that time passes with no newer one, the guardian
+// SIGKILLs every registered group itself. A supervisor that is frozen (SIGSTOP, a stalled
+// disk, a paused container) cannot stop its workers when its lease runs out, and the
+// other nodes of the gang re-form without it soon after: the guardian, a process of its
+// own, stops them in its place.
+//
 // The protocol is one line per event on the guardian's stdin: "+PGID" registers a group,
 // "-PGID" forgets one, "dPATH" names a scratch directory to remove if the supervisor
-// dies, "q" means a clean shutdown. End of input without "q" means the supervisor died:
-// the guardian kills every group still registered, removes the scratch directories, and
-// exits.
+// dies, "kNS" sets the kill time to NS nanoseconds on CLOCK_MONOTONIC (shared by every
+// process of the machine; "k0" clears it), "q" means a clean shutdown. End of input
+// without "q" means the supervisor died: the guardian kills every group still
+// registered, removes the scratch directories, and exits.
 type Guardian struct {
 	mu  sync.Mutex
 	w   *os.File
@@ -80,6 +90,34 @@ func (g *Guardian) Watch(pgid int) error { return g.send("+" + strconv.Itoa(pgid
 // itself. A nil Guardian ignores the call.
 func (g *Guardian) Forget(pgid int) error { return g.send("-" + strconv.Itoa(pgid)) }
 
+// KillBy has the guardian SIGKILL every registered group at t unless a later KillBy
+// moves it; the zero time clears it. A nil Guardian ignores the call.
+func (g *Guardian) KillBy(t time.Time) error {
+	if g == nil {
+		return nil
+	}
+	if t.IsZero() {
+		return g.send("k0")
+	}
+	return g.send("k" + strconv.FormatInt(monotonicAt(t), 10))
+}
+
+// monotonicNow returns CLOCK_MONOTONIC in nanoseconds: one clock for every process of
+// the machine (Go's own monotonic readings are private to a process).
+func monotonicNow() int64 {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		return 0
+	}
+	return ts.Nano()
+}
+
+// monotonicAt converts t, a time of this process, to CLOCK_MONOTONIC nanoseconds; never
+// below 1, so a time already past still reads as a deadline.
+func monotonicAt(t time.Time) int64 {
+	return max(monotonicNow()+int64(time.Until(t)), 1)
+}
+
 // RemoveOnDeath has the guardian remove dir (recursively) if the supervisor dies without
 // a clean shutdown. dir must be absolute and hold no newline. A nil Guardian ignores the
 // call.
@@ -119,37 +157,81 @@ func (g *Guardian) Close() error {
 
 // RunGuardian is the guardian process's main loop: it reads the protocol described on
 // Guardian from r until "q" (returns nil, kills nothing) or end of input (SIGKILLs every
-// group still registered, returns nil). SIGINT, SIGTERM and SIGHUP are ignored so that a
+// group still registered, returns nil), and kills every registered group when a kill
+// time passes (reporting it on log). SIGINT, SIGTERM and SIGHUP are ignored so that a
 // signal meant for the supervisor's terminal or job cannot end the guardian first.
-func RunGuardian(r io.Reader) error {
+func RunGuardian(r io.Reader, log io.Writer) error {
 	signal.Ignore(syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	lines := make(chan string)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(r)
+		for sc.Scan() {
+			lines <- strings.TrimSpace(sc.Text())
+		}
+	}()
 	groups := map[int]bool{}
 	var dirs []string
-	sc := bufio.NewScanner(r)
-	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		switch {
-		case line == "q":
-			return nil
-		case strings.HasPrefix(line, "d/"):
-			dirs = append(dirs, line[1:])
-		case strings.HasPrefix(line, "+"), strings.HasPrefix(line, "-"):
-			pgid, err := strconv.Atoi(line[1:])
-			if err != nil || pgid <= 1 {
-				continue // never kill group 0, 1 or a negative id
-			}
-			if line[0] == '+' {
-				groups[pgid] = true
-			} else {
-				delete(groups, pgid)
-			}
+	var killAt int64 // CLOCK_MONOTONIC ns; 0: none
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	arm := func() {
+		timer.Stop()
+		if killAt > 0 {
+			timer.Reset(time.Duration(max(killAt-monotonicNow(), 0)))
 		}
 	}
-	for pgid := range groups {
-		_ = unix.Kill(-pgid, unix.SIGKILL)
+	for {
+		select {
+		case line, ok := <-lines:
+			if !ok {
+				for pgid := range groups {
+					_ = unix.Kill(-pgid, unix.SIGKILL)
+				}
+				for _, d := range dirs {
+					_ = os.RemoveAll(d)
+				}
+				return nil
+			}
+			switch {
+			case line == "q":
+				return nil
+			case strings.HasPrefix(line, "d/"):
+				dirs = append(dirs, line[1:])
+			case strings.HasPrefix(line, "k"):
+				if ns, err := strconv.ParseInt(line[1:], 10, 64); err == nil && ns >= 0 {
+					killAt = ns
+					arm()
+				}
+			case strings.HasPrefix(line, "+"), strings.HasPrefix(line, "-"):
+				pgid, err := strconv.Atoi(line[1:])
+				if err != nil || pgid <= 1 {
+					continue // never kill group 0, 1 or a negative id
+				}
+				if line[0] == '+' {
+					groups[pgid] = true
+				} else {
+					delete(groups, pgid)
+				}
+			}
+		case <-timer.C:
+			if killAt == 0 {
+				continue
+			}
+			if late := monotonicNow() - killAt; late < 0 {
+				arm() // woken early: wait out the rest
+				continue
+			}
+			n := 0
+			for pgid := range groups {
+				if unix.Kill(-pgid, unix.SIGKILL) == nil {
+					n++
+				}
+			}
+			if n > 0 && log != nil {
+				fmt.Fprintf(log, "gangrun guardian: the supervisor's lease with the coordinator ran out and it did not stop its workers (frozen?): killed %d worker process group(s)\n", n)
+			}
+			killAt = 0
+		}
 	}
-	for _, d := range dirs {
-		_ = os.RemoveAll(d)
-	}
-	return nil
 }

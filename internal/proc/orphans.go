@@ -29,18 +29,28 @@ func BecomeSubreaper() error {
 }
 
 // KillOrphans SIGKILLs and reaps every child of this process whose pid is not in keep
-// (the children it started itself and still owns), then does the same for the children
-// those leave behind, until none is left or orphanWait has passed. Only a subreaper
-// (BecomeSubreaper) has such children. It returns how many of them had left the process
-// groups in groups (the groups just killed, whose own stragglers it only reaps).
+// (the children it started itself and still owns) and for which ours reports true (nil:
+// every one), then does the same for the children those leave behind, until none is
+// left or orphanWait has passed. Only a subreaper (BecomeSubreaper) has such children.
+// It returns how many of them had left the process groups in groups (the groups just
+// killed, whose own stragglers it only reaps).
+//
+// ours keeps the sweep to what this program's workers left behind: a process that
+// inherited children when it was exec'd (a shell's `exec > >(tee log)` before `exec
+// gangrun ...`) must not kill them, nor what they leave behind (see Marked).
 //
 // Call it only when every process this program started and waits for is in keep or
 // already reaped: it reaps what it kills, which would steal another waiter's status.
-func KillOrphans(keep, groups map[int]bool) int {
+func KillOrphans(keep, groups map[int]bool, ours func(pid int) bool) int {
 	escaped := 0
 	deadline := time.Now().Add(orphanWait)
 	for time.Now().Before(deadline) {
-		kids := children(os.Getpid(), keep)
+		var kids []child
+		for _, k := range children(os.Getpid(), keep) {
+			if ours == nil || ours(k.pid) {
+				kids = append(kids, k)
+			}
+		}
 		if len(kids) == 0 {
 			return escaped
 		}
@@ -54,6 +64,37 @@ func KillOrphans(keep, groups map[int]bool) int {
 		}
 	}
 	return escaped
+}
+
+// Children returns the pids of this process's current children.
+func Children() []int {
+	var out []int
+	for _, k := range children(os.Getpid(), nil) {
+		out = append(out, k.pid)
+	}
+	return out
+}
+
+// Marked reports whether process pid's environment (as it was at its exec,
+// /proc/PID/environ) holds every one of the "KEY=VALUE" entries in marks. A supervisor
+// gives its workers such entries (GANGRUN_JOB_ID, GANGRUN_NODE_NAME); their descendants
+// inherit them unless they clear their environment. An environment that cannot be read
+// (the process exited, or changed its credentials) is not marked.
+func Marked(pid int, marks []string) bool {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/environ")
+	if err != nil {
+		return false
+	}
+	have := map[string]bool{}
+	for _, kv := range strings.Split(string(data), "\x00") {
+		have[kv] = true
+	}
+	for _, m := range marks {
+		if !have[m] {
+			return false
+		}
+	}
+	return true
 }
 
 // ReapZombies reaps the children of this process that have exited and whose pids are

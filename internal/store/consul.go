@@ -116,6 +116,59 @@ func (s *Consul) Close() {
 // Client returns the underlying Consul API client.
 func (s *Consul) Client() *api.Client { return s.c }
 
+// CallTimeout bounds every Consul request that is not a blocking query, and is the
+// slack added to a blocking query's wait: consul/api's HTTP client has no timeout of its
+// own, so a request into a partition that drops packets would otherwise never return. A
+// Consul server answers in milliseconds, and holds a request through a leader election
+// for at most its rpc_hold_timeout (7 s by default).
+const CallTimeout = 10 * time.Second
+
+// call bounds ctx by CallTimeout (an earlier deadline of ctx's own still applies).
+func call(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, CallTimeout)
+}
+
+// blockingTimeout bounds a blocking query of the given wait: Consul adds up to wait/16
+// of random jitter to it (Consul docs, "Blocking Queries"), plus CallTimeout of slack.
+func blockingTimeout(wait time.Duration) time.Duration { return wait + wait/16 + CallTimeout }
+
+// failed describes an error of request op. A cause that is no answer from Consul (a
+// transport error, a timeout of CallTimeout, an HTTP 5xx such as "No cluster leader")
+// is an *UnavailableError; an answer (an HTTP 4xx: an ACL refusal, a bad request) is
+// wrapped as it is. When parent itself ended, its error is returned.
+func failed(parent context.Context, op string, err error) error {
+	if parent.Err() != nil {
+		return parent.Err()
+	}
+	if code := statusCode(err); code > 0 && code < 500 {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	return &UnavailableError{Op: op, Err: err}
+}
+
+// statusCode returns the HTTP status of a consul/api error; 0 when it carries none.
+// Most calls return an api.StatusError; some (Session.Renew) only format the code into
+// the text, "Unexpected response code: 403", which is read here and nowhere else.
+func statusCode(err error) int {
+	var se api.StatusError
+	if errors.As(err, &se) {
+		return se.Code
+	}
+	const prefix = "Unexpected response code: "
+	msg := err.Error()
+	if i := strings.Index(msg, prefix); i >= 0 {
+		rest := msg[i+len(prefix):]
+		j := 0
+		for j < len(rest) && rest[j] >= '0' && rest[j] <= '9' {
+			j++
+		}
+		if n, err := strconv.Atoi(rest[:j]); err == nil {
+			return n
+		}
+	}
+	return 0
+}
+
 func qopts(ctx context.Context) *api.QueryOptions {
 	return (&api.QueryOptions{RequireConsistent: true}).WithContext(ctx)
 }
@@ -130,9 +183,11 @@ func fromPair(p *api.KVPair) Entry {
 
 // Get implements Store.
 func (s *Consul) Get(ctx context.Context, key string) (*Entry, error) {
-	p, _, err := s.c.KV().Get(key, qopts(ctx))
+	cctx, cancel := call(ctx)
+	defer cancel()
+	p, _, err := s.c.KV().Get(key, qopts(cctx))
 	if err != nil {
-		return nil, fmt.Errorf("consul get %s: %w", key, err)
+		return nil, failed(ctx, "consul get "+key, err)
 	}
 	if p == nil {
 		return nil, nil
@@ -143,9 +198,11 @@ func (s *Consul) Get(ctx context.Context, key string) (*Entry, error) {
 
 // List implements Store.
 func (s *Consul) List(ctx context.Context, prefix string) ([]Entry, uint64, error) {
-	pairs, meta, err := s.c.KV().List(prefix, qopts(ctx))
+	cctx, cancel := call(ctx)
+	defer cancel()
+	pairs, meta, err := s.c.KV().List(prefix, qopts(cctx))
 	if err != nil {
-		return nil, 0, fmt.Errorf("consul list %s: %w", prefix, err)
+		return nil, 0, failed(ctx, "consul list "+prefix, err)
 	}
 	return entries(pairs), meta.LastIndex, nil
 }
@@ -155,13 +212,13 @@ func (s *Consul) WatchList(ctx context.Context, prefix string, index uint64, wai
 	if wait > MaxWaitTime {
 		wait = MaxWaitTime
 	}
+	parent := ctx
+	ctx, cancel := context.WithTimeout(ctx, blockingTimeout(wait))
+	defer cancel()
 	q := (&api.QueryOptions{WaitIndex: index, WaitTime: wait, RequireConsistent: true}).WithContext(ctx)
 	pairs, meta, err := s.c.KV().List(prefix, q)
 	if err != nil {
-		if ctx.Err() != nil {
-			return nil, 0, ctx.Err()
-		}
-		return nil, 0, fmt.Errorf("consul watch %s: %w", prefix, err)
+		return nil, 0, failed(parent, "consul watch "+prefix, err)
 	}
 	return entries(pairs), meta.LastIndex, nil
 }
@@ -183,9 +240,11 @@ func (s *Consul) Txn(ctx context.Context, ops []Op) (TxnResult, error) {
 	for i, op := range ops {
 		tops[i] = &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVOp(op.Verb), Key: op.Key, Value: op.Value, Index: op.Index, Session: op.Session}}
 	}
-	ok, resp, _, err := s.c.Txn().Txn(tops, qopts(ctx))
+	cctx, cancel := call(ctx)
+	defer cancel()
+	ok, resp, _, err := s.c.Txn().Txn(tops, qopts(cctx))
 	if err != nil {
-		return TxnResult{}, fmt.Errorf("consul txn: %w", err)
+		return TxnResult{}, failed(ctx, "consul txn", err)
 	}
 	if !ok {
 		te := &TxnError{}
@@ -234,29 +293,33 @@ func (s *Consul) CreateSession(ctx context.Context, o SessionOptions) (string, e
 		// 15s default; 1ms is the smallest delay the API sends.
 		delay = time.Millisecond
 	}
+	cctx, cancel := call(ctx)
+	defer cancel()
 	se := &api.SessionEntry{Name: o.Name, TTL: o.TTL.String(), Behavior: string(b), LockDelay: delay}
 	var id string
 	var err error
 	if o.NodeHealth {
-		id, _, err = s.c.Session().Create(se, wopts(ctx))
+		id, _, err = s.c.Session().Create(se, wopts(cctx))
 	} else {
-		id, _, err = s.c.Session().CreateNoChecks(se, wopts(ctx))
+		id, _, err = s.c.Session().CreateNoChecks(se, wopts(cctx))
 	}
 	if err != nil {
-		return "", fmt.Errorf("consul create session %q: %w", o.Name, err)
+		return "", failed(ctx, fmt.Sprintf("consul create session %q", o.Name), err)
 	}
 	return id, nil
 }
 
 // RenewSession implements Store.
 func (s *Consul) RenewSession(ctx context.Context, id string) error {
-	se, _, err := s.c.Session().Renew(id, wopts(ctx))
+	cctx, cancel := call(ctx)
+	defer cancel()
+	se, _, err := s.c.Session().Renew(id, wopts(cctx))
 	if err != nil {
 		var status api.StatusError
-		if errors.As(err, &status) && status.Code == 404 || strings.Contains(err.Error(), "404") {
+		if errors.As(err, &status) && status.Code == 404 {
 			return fmt.Errorf("renew session %s: %w", id, ErrSessionGone)
 		}
-		return fmt.Errorf("renew session %s: %w", id, err)
+		return failed(ctx, "renew session "+id, err)
 	}
 	if se == nil {
 		return fmt.Errorf("renew session %s: %w", id, ErrSessionGone)
@@ -266,17 +329,21 @@ func (s *Consul) RenewSession(ctx context.Context, id string) error {
 
 // DestroySession implements Store.
 func (s *Consul) DestroySession(ctx context.Context, id string) error {
-	if _, err := s.c.Session().Destroy(id, wopts(ctx)); err != nil {
-		return fmt.Errorf("destroy session %s: %w", id, err)
+	cctx, cancel := call(ctx)
+	defer cancel()
+	if _, err := s.c.Session().Destroy(id, wopts(cctx)); err != nil {
+		return failed(ctx, "destroy session "+id, err)
 	}
 	return nil
 }
 
 // SessionExists implements Store.
 func (s *Consul) SessionExists(ctx context.Context, id string) (bool, error) {
-	se, _, err := s.c.Session().Info(id, qopts(ctx))
+	cctx, cancel := call(ctx)
+	defer cancel()
+	se, _, err := s.c.Session().Info(id, qopts(cctx))
 	if err != nil {
-		return false, fmt.Errorf("session info %s: %w", id, err)
+		return false, failed(ctx, "session info "+id, err)
 	}
 	return se != nil, nil
 }

@@ -199,6 +199,27 @@ func (o SessionOptions) Validate() error {
 // ErrSessionGone means the session no longer exists (expired or destroyed).
 var ErrSessionGone = errors.New("session no longer exists")
 
+// ErrUnavailable marks an error of a store that could not be asked, or did not answer in
+// time: Consul unreachable, a partition, no cluster leader (an election), a server
+// error (HTTP 5xx). Asking again later may succeed. Errors the store gave as an answer
+// (a rejected transaction, a gone session, an ACL refusal) are not unavailability.
+var ErrUnavailable = errors.New("coordinator unavailable")
+
+// UnavailableError is an error marked ErrUnavailable: Op is what was asked ("consul txn",
+// "consul list gangrun/jobs/x/"), Err the cause.
+type UnavailableError struct {
+	Op  string
+	Err error
+}
+
+func (e *UnavailableError) Error() string { return e.Op + ": " + e.Err.Error() }
+
+// Unwrap returns the cause.
+func (e *UnavailableError) Unwrap() error { return e.Err }
+
+// Is makes errors.Is(err, ErrUnavailable) true.
+func (e *UnavailableError) Is(target error) bool { return target == ErrUnavailable }
+
 // Store is the coordination store. Implementations: Consul (NewConsul) and Memory
 // (NewMemory). All methods are safe for concurrent use.
 type Store interface {

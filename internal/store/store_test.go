@@ -179,29 +179,6 @@ func TestStoreSemantics(t *testing.T) {
 	})
 }
 
-func TestKeepAliveHoldsSessionPastTTL(t *testing.T) {
-	// A 10s session renewed by KeepAlive outlives 2×TTL; once KeepAlive stops, the store
-	// invalidates it within 2×TTL. Memory only: the Consul path is exercised by the
-	// allocator's holder-death test.
-	s := NewMemory()
-	ctx, cancel := context.WithCancel(context.Background())
-	id := session(t, s, SessionOptions{TTL: MinSessionTTL})
-	done := make(chan error, 1)
-	go func() { done <- KeepAlive(ctx, s, id, MinSessionTTL, nil) }()
-	time.Sleep(2*MinSessionTTL + time.Second)
-	if ok, _ := s.SessionExists(ctx, id); !ok {
-		t.Fatal("session expired while kept alive")
-	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Errorf("KeepAlive after cancel: %v", err)
-	}
-	_ = s.DestroySession(context.Background(), id)
-	if err := KeepAlive(context.Background(), s, id, MinSessionTTL, nil); !errors.Is(err, ErrSessionGone) {
-		t.Errorf("KeepAlive of a gone session: %v", err)
-	}
-}
-
 // backwards is a Store whose index goes back once, as after a restore.
 type backwards struct {
 	Store

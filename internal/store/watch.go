@@ -2,10 +2,7 @@ package store
 
 import (
 	"context"
-	"errors"
 	"time"
-
-	"go.uber.org/zap"
 )
 
 // DefaultWait is how long one blocking query waits before returning unchanged.
@@ -82,59 +79,5 @@ func Sleep(ctx context.Context, d time.Duration) bool {
 		return true
 	case <-ctx.Done():
 		return false
-	}
-}
-
-// unreachableReport is how often KeepAlive repeats that the store is still unreachable.
-const unreachableReport = 30 * time.Second
-
-// KeepAlive renews session id every ttl/2 until ctx ends (it returns nil) or the store
-// says the session is gone (it returns an error wrapping ErrSessionGone). Renewals that
-// fail for another reason (the store unreachable) are retried with a backoff; the
-// session may still expire meanwhile, which the next successful contact reports. log
-// (nil: none) hears of the first failed renewal, every 30 s of failures after it, and
-// the recovery, so an operator sees a Consul outage while it lasts.
-func KeepAlive(ctx context.Context, s Store, id string, ttl time.Duration, log *zap.Logger) error {
-	if log == nil {
-		log = zap.NewNop()
-	}
-	every := ttl / 2
-	t := time.NewTimer(every)
-	defer t.Stop()
-	backoff := retryMin
-	var downSince, reported time.Time
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-		err := s.RenewSession(ctx, id)
-		switch {
-		case err == nil:
-			if !downSince.IsZero() {
-				log.Info("coordinator reachable again: session renewed", zap.Duration("after", time.Since(downSince).Round(time.Second)))
-				downSince = time.Time{}
-			}
-			backoff = retryMin
-			t.Reset(every)
-		case errors.Is(err, ErrSessionGone):
-			return err
-		case ctx.Err() != nil:
-			return nil
-		default:
-			now := time.Now()
-			switch {
-			case downSince.IsZero():
-				downSince, reported = now, now
-				log.Warn("coordinator unreachable: cannot renew the session, retrying", zap.Error(err),
-					zap.Duration("session_ttl", ttl))
-			case now.Sub(reported) >= unreachableReport:
-				reported = now
-				log.Warn("coordinator still unreachable", zap.Duration("for", now.Sub(downSince).Round(time.Second)), zap.Error(err))
-			}
-			t.Reset(backoff)
-			backoff = min(backoff*2, retryMax)
-		}
 	}
 }

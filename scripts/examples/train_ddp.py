@@ -18,6 +18,12 @@ attempt only (GANGRUN_ATTEMPT, else TORCHELASTIC_RESTART_COUNT, is 0), so a rest
 gang gets past it: it raises RuntimeError (recorded in TORCHELASTIC_ERROR_FILE by
 torch's @record), or exits with --fail-exit-code when that is given.
 
+Fencing: before it writes a checkpoint, rank 0 reads gangrun's fence file
+(CKPT_DIR/.gangrun/fence, written before every attempt starts). If it names another job
+or attempt than this worker's GANGRUN_JOB_ID and GANGRUN_ATTEMPT, a newer attempt owns
+the directory (this worker's node lost contact with the coordinator and the gang
+re-formed without it): it writes nothing and raises.
+
 Pre-emption: on SIGUSR1 the gang writes a checkpoint at the next step and goes on; on
 SIGTERM it writes one and exits with 143. All ranks agree on the step through an
 all-reduce, so they stop together.
@@ -27,6 +33,7 @@ Output, one line each, for people and for tests:
 """
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -71,8 +78,27 @@ def parse_args():
     return p.parse_args()
 
 
+def superseded(ckpt_dir):
+    """Returns who owns ckpt_dir when gangrun's fence names another attempt than this
+    worker's, else None (also when there is no fence: not run by gangrun)."""
+    job, attempt = os.environ.get("GANGRUN_JOB_ID"), os.environ.get("GANGRUN_ATTEMPT")
+    if not job or attempt is None:
+        return None
+    try:
+        with open(os.path.join(ckpt_dir, ".gangrun", "fence")) as f:
+            fence = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if fence.get("job") != job or str(fence.get("attempt")) != attempt:
+        return "job %s attempt %s" % (fence.get("job"), fence.get("attempt"))
+    return None
+
+
 def save_checkpoint(ckpt_dir, step, model, opt):
     """Writes ckpt_dir/step-N atomically: temp dir, rename, then the .complete marker."""
+    owner = superseded(ckpt_dir)
+    if owner:
+        raise RuntimeError("superseded: %s now owns %s; not writing step %d" % (owner, ckpt_dir, step))
     final = os.path.join(ckpt_dir, "step-%d" % step)
     tmp = os.path.join(ckpt_dir, ".tmp-step-%d-%d" % (step, os.getpid()))
     if os.path.exists(final):

@@ -1,0 +1,202 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/gangrun/gangrun/internal/consultest"
+)
+
+// blackHole is a Store whose renewals, while cut is set, hang until their context ends,
+// as a request into a partition that drops packets does.
+type blackHole struct {
+	Store
+	mu      sync.Mutex
+	cut     bool
+	renewed int
+}
+
+func (b *blackHole) setCut(v bool) {
+	b.mu.Lock()
+	b.cut = v
+	b.mu.Unlock()
+}
+
+func (b *blackHole) RenewSession(ctx context.Context, id string) error {
+	b.mu.Lock()
+	cut := b.cut
+	b.mu.Unlock()
+	if cut {
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	err := b.Store.RenewSession(ctx, id)
+	b.mu.Lock()
+	b.renewed++
+	b.mu.Unlock()
+	return err
+}
+
+// leaseTTL is the TTL the lease tests time their leases by: the store's session has
+// Consul's minimum TTL, the lease's own clock a shorter one, so the tests run fast.
+const leaseTTL = time.Second
+
+func TestLeaseRenewsAndExtendsKillBy(t *testing.T) {
+	s := &blackHole{Store: NewMemory()}
+	id := session(t, s, SessionOptions{TTL: MinSessionTTL})
+	l := Keep(s, id, leaseTTL, time.Now(), nil)
+	defer l.Close()
+	var mu sync.Mutex
+	var kills []time.Time
+	l.OnRenew(func(k time.Time) { mu.Lock(); kills = append(kills, k); mu.Unlock() })
+	time.Sleep(3 * leaseTTL)
+	if !l.Valid() || l.Err() != nil {
+		t.Fatalf("lease of a renewed session is over: %v", l.Err())
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(kills) < 5 {
+		t.Fatalf("OnRenew called %d times in 3 TTLs, want the registration call and a renewal every TTL/5", len(kills))
+	}
+	for i := 1; i < len(kills); i++ {
+		if kills[i].Before(kills[i-1]) {
+			t.Errorf("KillBy went back: %v after %v", kills[i], kills[i-1])
+		}
+	}
+	if d := time.Until(kills[len(kills)-1]); d <= 0 || d > LeaseKill(leaseTTL) {
+		t.Errorf("last KillBy is %s away, want within (0, %s]", d, LeaseKill(leaseTTL))
+	}
+}
+
+// TestLeaseEndsWhenRenewalsHang: a partition that drops packets makes every renewal
+// hang; each one gives up at its timeout, and the lease is over by its stop time,
+// before Consul may invalidate the session. It stays over when renewals succeed again.
+func TestLeaseEndsWhenRenewalsHang(t *testing.T) {
+	s := &blackHole{Store: NewMemory()}
+	id := session(t, s, SessionOptions{TTL: MinSessionTTL})
+	l := Keep(s, id, leaseTTL, time.Now(), nil)
+	defer l.Close()
+	time.Sleep(leaseTTL / 2)
+	s.setCut(true)
+	cutAt := time.Now()
+	select {
+	case <-l.Done():
+	case <-time.After(5 * leaseTTL):
+		t.Fatal("the lease did not end while no renewal got through")
+	}
+	if since := time.Since(cutAt); since > LeaseStop(leaseTTL)+leaseTTL/2 {
+		t.Errorf("the lease ended %s after the cut, want by its stop time %s", since, LeaseStop(leaseTTL))
+	}
+	if !errors.Is(l.Err(), ErrLeaseExpired) {
+		t.Errorf("Err() = %v, want ErrLeaseExpired", l.Err())
+	}
+	s.setCut(false)
+	time.Sleep(leaseTTL)
+	if l.Valid() {
+		t.Error("the lease holds again after renewals got through: it must stay over")
+	}
+	// An expired lease destroys its session as soon as the store answers.
+	deadline := time.Now().Add(5 * leaseTTL)
+	for {
+		ok, err := s.SessionExists(context.Background(), id)
+		if err == nil && !ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the session of an expired lease was not destroyed")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestLeaseJudgedOnTheCallersClock: a holder that was stalled past its lease (here: a
+// lease whose last renewal lies further back than its stop time) is told so by Valid
+// before the lease's own timer or goroutine has run.
+func TestLeaseJudgedOnTheCallersClock(t *testing.T) {
+	s := NewMemory()
+	id := session(t, s, SessionOptions{TTL: MinSessionTTL})
+	l := Keep(s, id, leaseTTL, time.Now().Add(-LeaseStop(leaseTTL)-time.Millisecond), nil)
+	defer l.Close()
+	if l.Valid() {
+		t.Fatal("a lease last renewed before its stop time is valid")
+	}
+	<-l.Done()
+}
+
+func TestLeaseEndsWhenTheSessionIsGone(t *testing.T) {
+	eachStore(t, func(t *testing.T, s Store) {
+		id := session(t, s, SessionOptions{TTL: MinSessionTTL})
+		l := Keep(s, id, MinSessionTTL, time.Now(), nil)
+		defer l.Close()
+		if err := s.DestroySession(context.Background(), id); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-l.Done():
+		case <-time.After(MinSessionTTL):
+			t.Fatal("the lease of a destroyed session did not end")
+		}
+		if !errors.Is(l.Err(), ErrSessionGone) {
+			t.Errorf("Err() = %v, want ErrSessionGone", l.Err())
+		}
+	})
+}
+
+// TestLeaseHoldsSessionPastTTL: a 10s session kept by a lease outlives 2×TTL.
+func TestLeaseHoldsSessionPastTTL(t *testing.T) {
+	s := NewMemory()
+	id := session(t, s, SessionOptions{TTL: MinSessionTTL})
+	l := Keep(s, id, MinSessionTTL, time.Now(), nil)
+	time.Sleep(2*MinSessionTTL + time.Second)
+	if ok, _ := s.SessionExists(context.Background(), id); !ok || !l.Valid() {
+		t.Fatalf("session expired (exists %v) or lease over (%v) while kept", ok, l.Err())
+	}
+	l.Close()
+	if l.Valid() {
+		t.Error("a closed lease is still valid")
+	}
+}
+
+// TestLeaseReportsAnOutage stops a real Consul server (one that keeps its data) under a
+// kept session: the lease says the coordinator is unreachable, ends at its stop time,
+// and says so.
+func TestLeaseReportsAnOutage(t *testing.T) {
+	agent := consultest.StartPersistent(t)
+	s, err := NewConsul(agent.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	id := session(t, s, SessionOptions{TTL: MinSessionTTL})
+	core, logs := observer.New(zapcore.InfoLevel)
+	l := Keep(s, id, MinSessionTTL, time.Now(), zap.New(core))
+	defer l.Close()
+	agent.Stop()
+	waitLog(t, logs, "coordinator unreachable: cannot renew the session, retrying", 2*MinSessionTTL)
+	waitLog(t, logs, "lease over: what this session guards must stop now", 2*MinSessionTTL)
+	if !errors.Is(l.Err(), ErrLeaseExpired) {
+		t.Errorf("Err() = %v, want ErrLeaseExpired", l.Err())
+	}
+	if n := logs.FilterMessage("coordinator unreachable: cannot renew the session, retrying").Len(); n != 1 {
+		t.Errorf("the outage was reported %d times at its start, want once", n)
+	}
+	agent.Restart()
+}
+
+func waitLog(t *testing.T, logs *observer.ObservedLogs, msg string, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for logs.FilterMessage(msg).Len() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no %q logged within %s; logged: %v", msg, within, logs.All())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
