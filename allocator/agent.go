@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 
@@ -257,7 +256,7 @@ func (a *Agent) elect(ctx context.Context, sess string) error {
 			continue
 		case ctx.Err() != nil:
 			return nil
-		case errors.Is(err, store.ErrTxnRejected) && strings.Contains(err.Error(), "invalid session"):
+		case errors.Is(err, store.ErrSessionGone):
 			return fmt.Errorf("elect: %w", store.ErrSessionGone)
 		}
 		// Held by another agent (or Consul unreachable): wait for a change of the key.

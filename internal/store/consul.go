@@ -249,7 +249,11 @@ func (s *Consul) Txn(ctx context.Context, ops []Op) (TxnResult, error) {
 	if !ok {
 		te := &TxnError{}
 		for _, e := range resp.Errors {
-			te.Errors = append(te.Errors, OpError{Op: e.OpIndex, What: e.What})
+			oe := OpError{Op: e.OpIndex, What: e.What, Reason: consulReason(e.What)}
+			if e.OpIndex >= 0 && e.OpIndex < len(ops) {
+				oe.Key = ops[e.OpIndex].Key
+			}
+			te.Errors = append(te.Errors, oe)
 		}
 		return TxnResult{}, te
 	}
@@ -276,6 +280,29 @@ func (s *Consul) Txn(ctx context.Context, ops []Op) (TxnResult, error) {
 		}
 	}
 	return res, nil
+}
+
+// consulReason maps Consul's description of a failed transaction operation to its
+// reason sentinel; nil when it is none of them. This is the one place Consul's wording
+// is read (agent/consul/state/txn.go, kvs.go and agent/consul/txn_endpoint.go, v1.14).
+func consulReason(what string) error {
+	switch {
+	case strings.Contains(what, "due to lock delay"):
+		return ErrLockDelay
+	case strings.Contains(what, "lock is already held"):
+		return ErrLockHeld
+	case strings.Contains(what, "invalid session"), strings.Contains(what, "missing session"):
+		return ErrSessionGone
+	case strings.Contains(what, "index is stale"), strings.Contains(what, "current modify index"):
+		return ErrStaleIndex
+	case strings.Contains(what, "doesn't exist"):
+		return ErrKeyNotFound
+	case strings.Contains(what, "exists"):
+		return ErrKeyExists
+	case strings.Contains(what, "failed session check"), strings.Contains(what, "lock isn't held"):
+		return ErrNotLockHolder
+	}
+	return nil
 }
 
 // CreateSession implements Store.

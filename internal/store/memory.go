@@ -130,49 +130,53 @@ func (m *Memory) Txn(_ context.Context, ops []Op) (TxnResult, error) {
 	now := m.now()
 	for i, op := range ops {
 		e := m.kv[op.Key]
-		fail := func(format string, a ...any) {
-			te.Errors = append(te.Errors, OpError{Op: i, What: fmt.Sprintf(format, a...)})
+		fail := func(reason error) {
+			te.Errors = append(te.Errors, OpError{Op: i, Key: op.Key, Reason: reason,
+				What: fmt.Sprintf("%s %s: %v", op.Verb, op.Key, reason)})
 		}
 		switch op.Verb {
 		case Set, Delete, DeleteTree:
 		case CAS:
 			if (op.Index == 0 && e != nil) || (op.Index != 0 && (e == nil || e.ModifyIndex != op.Index)) {
-				fail("failed to set key %q, index is stale", op.Key)
+				fail(ErrStaleIndex)
 			}
 		case DeleteCAS:
 			if e == nil || e.ModifyIndex != op.Index {
-				fail("failed to delete key %q, index is stale", op.Key)
+				fail(ErrStaleIndex)
 			}
 		case Lock:
 			if _, ok := m.sessions[op.Session]; !ok {
-				fail("invalid session %q", op.Session)
+				fail(ErrSessionGone)
 			} else if e != nil && e.Session != "" && e.Session != op.Session {
-				fail("failed to lock key %q, lock is already held", op.Key)
+				fail(ErrLockHeld)
 			} else if until, ok := m.lockDelay[op.Key]; ok && until.After(now) && (e == nil || e.Session != op.Session) {
-				fail("failed to lock key %q due to lock delay", op.Key)
+				fail(ErrLockDelay)
 			}
 		case Unlock:
 			if e == nil || e.Session != op.Session {
-				fail("failed to unlock key %q, lock isn't held, or is held by another session", op.Key)
+				fail(ErrNotLockHolder)
 			}
 		case Get:
 			if e == nil {
-				fail("key %q doesn't exist", op.Key)
+				fail(ErrKeyNotFound)
 			}
 		case CheckIndex:
-			if e == nil || e.ModifyIndex != op.Index {
-				fail("current modify index %d for key %q doesn't match %d", modIndex(e), op.Key, op.Index)
+			switch {
+			case e == nil:
+				fail(ErrKeyNotFound)
+			case e.ModifyIndex != op.Index:
+				fail(ErrStaleIndex)
 			}
 		case CheckNotExists:
 			if e != nil {
-				fail("key %q exists", op.Key)
+				fail(ErrKeyExists)
 			}
 		case CheckSession:
 			if e == nil || e.Session != op.Session {
-				fail("failed session check for key %q", op.Key)
+				fail(ErrNotLockHolder)
 			}
 		default:
-			fail("unknown verb %q", op.Verb)
+			fail(fmt.Errorf("unknown verb %q", op.Verb))
 		}
 	}
 	if len(te.Errors) > 0 {

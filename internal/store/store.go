@@ -100,16 +100,45 @@ type TxnResult struct {
 	Index uint64
 }
 
+// Why one operation made a transaction fail. Each reason is also a sentinel error:
+// errors.Is(err, ErrLockHeld) holds for a *TxnError with an operation rejected for that
+// reason, so callers never read the store's wording.
+var (
+	// ErrLockHeld: a Lock on a key another session holds.
+	ErrLockHeld = errors.New("lock held by another session")
+	// ErrLockDelay: a Lock on a key within the lock-delay of a session that held it and
+	// was invalidated (Consul's "lock-delay", default 15 s).
+	ErrLockDelay = errors.New("key in lock-delay")
+	// ErrStaleIndex: a CAS, DeleteCAS or CheckIndex whose index is not the key's.
+	ErrStaleIndex = errors.New("index is stale")
+	// ErrKeyNotFound: a Get or CheckIndex on a key that does not exist.
+	ErrKeyNotFound = errors.New("key does not exist")
+	// ErrKeyExists: a CheckNotExists on a key that exists.
+	ErrKeyExists = errors.New("key exists")
+	// ErrNotLockHolder: a CheckSession or Unlock on a key the session does not hold.
+	ErrNotLockHolder = errors.New("key not held by the session")
+	// ErrTxnTooLarge: a transaction over MaxTxnOps operations or MaxTxnBytes; refused
+	// before it is sent.
+	ErrTxnTooLarge = errors.New("transaction too large")
+)
+
 // OpError says why one operation made a transaction fail.
 type OpError struct {
 	// Op is the operation's position in the transaction.
 	Op int
-	// What is the store's reason.
+	// Key is the operation's key ("" when the store did not say).
+	Key string
+	// Reason is one of the reason sentinels above (ErrLockHeld, ErrLockDelay, ...), or
+	// ErrSessionGone for a Lock with a session that does not exist; nil when the store's
+	// reason is none of them.
+	Reason error
+	// What is the store's own description.
 	What string
 }
 
 // TxnError is returned by Txn when the transaction was rejected as a whole; nothing
-// was applied. errors.Is(err, ErrTxnRejected) holds.
+// was applied. errors.Is(err, ErrTxnRejected) holds, and errors.Is(err, R) for the
+// Reason R of any of its operations.
 type TxnError struct {
 	Errors []OpError
 }
@@ -126,34 +155,29 @@ func (e *TxnError) Error() string {
 	return "transaction rejected: " + strings.Join(parts, "; ")
 }
 
-// Is makes errors.Is(err, ErrTxnRejected) true.
-func (e *TxnError) Is(target error) bool { return target == ErrTxnRejected }
+// Is makes errors.Is(err, ErrTxnRejected) true, and errors.Is(err, R) for every Reason
+// R of an operation.
+func (e *TxnError) Is(target error) bool {
+	if target == ErrTxnRejected {
+		return true
+	}
+	for _, oe := range e.Errors {
+		if oe.Reason != nil && oe.Reason == target {
+			return true
+		}
+	}
+	return false
+}
 
-// LockDelayed reports whether a lock failed because of a lock-delay (Consul:
-// "failed to lock key ... due to lock delay"), and which keys.
+// LockDelayed returns the keys whose Lock failed because of a lock-delay.
 func (e *TxnError) LockDelayed() []string {
 	var keys []string
 	for _, oe := range e.Errors {
-		if strings.Contains(oe.What, "lock delay") {
-			if k, ok := quoted(oe.What); ok {
-				keys = append(keys, k)
-			}
+		if oe.Reason == ErrLockDelay && oe.Key != "" {
+			keys = append(keys, oe.Key)
 		}
 	}
 	return keys
-}
-
-// quoted returns the first double-quoted string in s.
-func quoted(s string) (string, bool) {
-	i := strings.IndexByte(s, '"')
-	if i < 0 {
-		return "", false
-	}
-	j := strings.IndexByte(s[i+1:], '"')
-	if j < 0 {
-		return "", false
-	}
-	return s[i+1 : i+1+j], true
 }
 
 // Behavior is what happens to a session's keys when it is invalidated.
@@ -247,24 +271,61 @@ type Store interface {
 	SessionExists(ctx context.Context, id string) (bool, error)
 }
 
-// CheckTxn validates ops against the transaction limits before they are sent.
+// CheckTxn validates ops against the transaction limits before they are sent; an
+// error wraps ErrTxnTooLarge (or says the transaction is empty).
 func CheckTxn(ops []Op) error {
 	if len(ops) == 0 {
 		return errors.New("empty transaction")
 	}
 	if len(ops) > MaxTxnOps {
-		return fmt.Errorf("transaction of %d operations: Consul allows at most %d", len(ops), MaxTxnOps)
+		return fmt.Errorf("%w: %d operations, Consul allows at most %d", ErrTxnTooLarge, len(ops), MaxTxnOps)
 	}
-	// The request is JSON with each value base64-encoded (4 bytes per 3), plus the
-	// per-operation framing.
 	size := 0
 	for _, op := range ops {
-		size += len(op.Key) + (len(op.Value)+2)/3*4 + len(op.Session) + 96
+		size += opBytes(op)
 	}
 	if size > MaxTxnBytes {
-		return fmt.Errorf("transaction of about %d bytes: Consul allows at most %d", size, MaxTxnBytes)
+		return fmt.Errorf("%w: about %d bytes, Consul allows at most %d", ErrTxnTooLarge, size, MaxTxnBytes)
 	}
 	return nil
+}
+
+// opBytes estimates one operation's share of a transaction request: JSON with the
+// value base64-encoded (4 bytes per 3), plus the per-operation framing.
+func opBytes(op Op) int { return len(op.Key) + (len(op.Value)+2)/3*4 + len(op.Session) + 96 }
+
+// SplitTxn splits ops into transactions that each begin with fence (checks every chunk
+// must repeat: a check-session on a leader key, a check-index on a state) and stay within
+// MaxTxnOps operations and MaxTxnBytes: the one place the chunking rule lives. Operations
+// keep their order. It fails (ErrTxnTooLarge) when fence alone, or fence and any single
+// operation, exceeds the limits. No ops gives no transactions.
+func SplitTxn(fence, ops []Op) ([][]Op, error) {
+	fenceBytes := 0
+	for _, op := range fence {
+		fenceBytes += opBytes(op)
+	}
+	if len(fence) >= MaxTxnOps || fenceBytes >= MaxTxnBytes {
+		return nil, fmt.Errorf("%w: a fence of %d operations leaves no room", ErrTxnTooLarge, len(fence))
+	}
+	var out [][]Op
+	cur := append([]Op(nil), fence...)
+	size := fenceBytes
+	for _, op := range ops {
+		b := opBytes(op)
+		if fenceBytes+b > MaxTxnBytes {
+			return nil, fmt.Errorf("%w: operation on %s of about %d bytes", ErrTxnTooLarge, op.Key, b)
+		}
+		if len(cur) == MaxTxnOps || size+b > MaxTxnBytes {
+			out = append(out, cur)
+			cur, size = append([]Op(nil), fence...), fenceBytes
+		}
+		cur = append(cur, op)
+		size += b
+	}
+	if len(cur) > len(fence) {
+		out = append(out, cur)
+	}
+	return out, nil
 }
 
 // CheckSegment checks a name used as one segment of a key (a node name, a job or request

@@ -229,3 +229,105 @@ func TestWatcherIndexRules(t *testing.T) {
 		}
 	}
 }
+
+// TestTxnErrorReasons: every kind of rejected operation carries the same typed reason on
+// both stores, so callers test errors.Is and never the store's wording.
+func TestTxnErrorReasons(t *testing.T) {
+	eachStore(t, func(t *testing.T, s Store) {
+		ctx := context.Background()
+		a := session(t, s, SessionOptions{LockDelay: 5 * time.Second})
+		b := session(t, s, SessionOptions{})
+		c := session(t, s, SessionOptions{})
+		if _, err := s.Txn(ctx, []Op{
+			{Verb: Set, Key: "r/plain", Value: []byte("1")},
+			{Verb: Lock, Key: "r/held", Value: []byte("1"), Session: c},
+			{Verb: Lock, Key: "r/delayed", Value: []byte("1"), Session: a},
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.DestroySession(ctx, a); err != nil { // r/delayed enters its lock-delay
+			t.Fatal(err)
+		}
+		plain, _ := s.Get(ctx, "r/plain")
+		for _, tc := range []struct {
+			name string
+			op   Op
+			want error
+		}{
+			{"lock held", Op{Verb: Lock, Key: "r/held", Value: []byte("x"), Session: b}, ErrLockHeld},
+			{"lock delay", Op{Verb: Lock, Key: "r/delayed", Value: []byte("x"), Session: b}, ErrLockDelay},
+			{"invalid session", Op{Verb: Lock, Key: "r/free", Value: []byte("x"), Session: a}, ErrSessionGone},
+			{"cas stale", Op{Verb: CAS, Key: "r/plain", Value: []byte("x"), Index: plain.ModifyIndex + 100}, ErrStaleIndex},
+			{"cas create exists", Op{Verb: CAS, Key: "r/plain", Value: []byte("x"), Index: 0}, ErrStaleIndex},
+			{"check-index stale", Op{Verb: CheckIndex, Key: "r/plain", Index: plain.ModifyIndex + 100}, ErrStaleIndex},
+			{"check-index missing", Op{Verb: CheckIndex, Key: "r/none", Index: 1}, ErrKeyNotFound},
+			{"get missing", Op{Verb: Get, Key: "r/none"}, ErrKeyNotFound},
+			{"check-not-exists", Op{Verb: CheckNotExists, Key: "r/plain"}, ErrKeyExists},
+			{"check-session", Op{Verb: CheckSession, Key: "r/held", Session: b}, ErrNotLockHolder},
+			{"unlock not holder", Op{Verb: Unlock, Key: "r/held", Session: b}, ErrNotLockHolder},
+		} {
+			_, err := s.Txn(ctx, []Op{{Verb: Set, Key: "r/other", Value: []byte("y")}, tc.op})
+			var te *TxnError
+			if !errors.As(err, &te) || !errors.Is(err, ErrTxnRejected) || !errors.Is(err, tc.want) {
+				t.Errorf("%s: %v, want a *TxnError with reason %v", tc.name, err, tc.want)
+				continue
+			}
+			if len(te.Errors) == 0 || te.Errors[0].Op != 1 || te.Errors[0].Key != tc.op.Key {
+				t.Errorf("%s: op errors %+v, want op 1 on %s", tc.name, te.Errors, tc.op.Key)
+			}
+		}
+		if e, _ := s.Get(ctx, "r/other"); e != nil {
+			t.Error("a rejected transaction applied its other operation")
+		}
+	})
+}
+
+func TestSplitTxn(t *testing.T) {
+	fence := []Op{{Verb: CheckSession, Key: "leader", Session: "s"}, {Verb: CheckIndex, Key: "state", Index: 7}}
+	var ops []Op
+	for i := 0; i < 300; i++ {
+		ops = append(ops, Op{Verb: Lock, Key: fmt.Sprintf("gpus/n%03d", i), Value: []byte("g"), Session: "s"})
+	}
+	txns, err := SplitTxn(fence, ops)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := 0
+	for i, txn := range txns {
+		if err := CheckTxn(txn); err != nil {
+			t.Errorf("transaction %d: %v", i, err)
+		}
+		if txn[0].Key != fence[0].Key || txn[1].Key != fence[1].Key {
+			t.Errorf("transaction %d does not begin with the fence", i)
+		}
+		for _, op := range txn[len(fence):] {
+			if op.Key != ops[seen].Key {
+				t.Fatalf("transaction %d: %s out of order, want %s", i, op.Key, ops[seen].Key)
+			}
+			seen++
+		}
+	}
+	if seen != len(ops) || len(txns) != 3 {
+		t.Errorf("%d transactions holding %d operations, want 3 holding %d", len(txns), seen, len(ops))
+	}
+	// Large values split by bytes too.
+	big := []Op{}
+	for i := 0; i < 10; i++ {
+		big = append(big, Op{Verb: Set, Key: fmt.Sprint(i), Value: make([]byte, 100<<10)})
+	}
+	txns, err = SplitTxn(nil, big)
+	if err != nil || len(txns) < 3 {
+		t.Errorf("10 × 100 KiB: %d transactions (%v), want at least 3", len(txns), err)
+	}
+	for i, txn := range txns {
+		if err := CheckTxn(txn); err != nil {
+			t.Errorf("transaction %d: %v", i, err)
+		}
+	}
+	if _, err := SplitTxn(nil, []Op{{Verb: Set, Key: "huge", Value: make([]byte, MaxTxnBytes)}}); !errors.Is(err, ErrTxnTooLarge) {
+		t.Errorf("one operation over the limit: %v, want ErrTxnTooLarge", err)
+	}
+	if txns, err := SplitTxn(fence, nil); err != nil || len(txns) != 0 {
+		t.Errorf("no operations: %v, %v", txns, err)
+	}
+}
