@@ -42,9 +42,9 @@ func oneRound(b *testing.B, s store.Store, job string, n int) time.Duration {
 	b.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	nodes := make([]*Consul, n)
+	nodes := make([]*Dynamic, n)
 	for i := range nodes {
-		c, err := NewConsul(s, ConsulConfig{JobID: job, MinNodes: n, MaxNodes: n, MaxRestarts: 0, Host: "bench"})
+		c, err := NewDynamic(s, DynamicConfig{JobID: job, MinNodes: n, MaxNodes: n, MaxRestarts: 0, Host: "bench"})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -42,8 +42,8 @@ func (c *cutRenewals) RenewSession(ctx context.Context, id string) error {
 func TestConsulRoundEndsWhenTheLeaseIsOver(t *testing.T) {
 	mem := store.NewMemory()
 	b := &cutRenewals{Store: mem}
-	mk := func(s store.Store) *Consul {
-		c, err := NewConsul(s, ConsulConfig{JobID: "lease", MinNodes: 2, MaxNodes: 2, MaxRestarts: 3, LastCall: 300 * time.Millisecond, Host: "h"})
+	mk := func(s store.Store) *Dynamic {
+		c, err := NewDynamic(s, DynamicConfig{JobID: "lease", MinNodes: 2, MaxNodes: 2, MaxRestarts: 3, LastCall: 300 * time.Millisecond, Host: "h"})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -7,7 +7,8 @@
 // failure (the whole gang restarts in a new round), or when membership changes (a node
 // died, or one is waiting to join). Three implementations share the Round interface:
 //   - Local: one node, in-process, no service (the default);
-//   - Consul: nodes coordinate through Consul sessions, CAS and blocking queries;
+//   - Dynamic: nodes come and go, coordinating through a store (Consul): sessions, CAS
+//     and blocking queries;
 //   - Static: Slurm, where the layout is fixed by SLURM_* variables and no service runs.
 //
 // The vocabulary follows torch.distributed.elastic (torch/distributed/elastic/rendezvous):

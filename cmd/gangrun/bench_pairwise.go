@@ -247,7 +247,7 @@ func (p *pairRunner) run(ctx context.Context, t bench.PairTask) (*bench.Result, 
 	if p.progress != nil {
 		progress = filepath.Join(dir, "progress.jsonl")
 	}
-	rc, err := rendezvous.NewConsul(p.store, rendezvous.ConsulConfig{JobID: t.JobID, MinNodes: 2, MaxNodes: 2,
+	rc, err := rendezvous.NewDynamic(p.store, rendezvous.DynamicConfig{JobID: t.JobID, MinNodes: 2, MaxNodes: 2,
 		Host: p.host, Log: p.log.Named("rendezvous")})
 	if err != nil {
 		return nil, fmt.Errorf("pair %s–%s: %w", t.Self.Name, t.Partner.Name, err)

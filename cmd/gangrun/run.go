@@ -329,7 +329,7 @@ func (g *gangFlags) gang(ctx context.Context, e *env, cmd string, command []stri
 			out.config.Switch = labels[allocator.LabelSwitch]
 		}
 		host, _ := os.Hostname()
-		rc, err := rendezvous.NewConsul(s, rendezvous.ConsulConfig{JobID: jobID, MinNodes: nmin, MaxNodes: nmax,
+		rc, err := rendezvous.NewDynamic(s, rendezvous.DynamicConfig{JobID: jobID, MinNodes: nmin, MaxNodes: nmax,
 			MaxRestarts: maxRestarts, Host: host, Log: log.Named("rendezvous")})
 		if err != nil {
 			return fail("%v", err)

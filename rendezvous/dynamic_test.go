@@ -28,7 +28,7 @@ func eachStore(t *testing.T, fn func(t *testing.T, s store.Store)) {
 // testNode is one simulated node of a job.
 type testNode struct {
 	name string
-	rdzv *Consul
+	rdzv *Dynamic
 }
 
 func newNodes(t *testing.T, s store.Store, job string, n, min, max int, host func(i int) string) []*testNode {
@@ -39,7 +39,7 @@ func newNodes(t *testing.T, s store.Store, job string, n, min, max int, host fun
 		if host != nil {
 			h = host(i)
 		}
-		c, err := NewConsul(s, ConsulConfig{JobID: job, MinNodes: min, MaxNodes: max, MaxRestarts: 3, LastCall: 500 * time.Millisecond, Host: h})
+		c, err := NewDynamic(s, DynamicConfig{JobID: job, MinNodes: min, MaxNodes: max, MaxRestarts: 3, LastCall: 500 * time.Millisecond, Host: h})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -408,7 +408,7 @@ func TestConsulRendezvousRefusesAnotherMaxRestarts(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		defer cancel()
 		node := func(name string, nnodes, maxRestarts int) *testNode {
-			c, err := NewConsul(s, ConsulConfig{JobID: "budget", MinNodes: nnodes, MaxNodes: nnodes, MaxRestarts: maxRestarts, LastCall: 100 * time.Millisecond, Host: "host"})
+			c, err := NewDynamic(s, DynamicConfig{JobID: "budget", MinNodes: nnodes, MaxNodes: nnodes, MaxRestarts: maxRestarts, LastCall: 100 * time.Millisecond, Host: "host"})
 			if err != nil {
 				t.Fatal(err)
 			}

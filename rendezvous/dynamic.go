@@ -19,7 +19,7 @@ import (
 	"github.com/gangrun/gangrun/internal/store"
 )
 
-// Defaults of the Consul rendezvous.
+// Defaults of the dynamic rendezvous.
 const (
 	// DefaultLastCall is how long the leader waits for more nodes once MIN have joined
 	// and fewer than MAX have (torch's dynamic rendezvous calls it last_call_timeout).
@@ -36,16 +36,29 @@ const (
 	chunk = 120
 )
 
-// Job statuses, in the job's state key.
+// jobStatus is where a run of the job stands, in its state key.
+type jobStatus string
+
+// Job statuses.
 const (
-	statusOpen     = "open"     // the round accepts joins
-	statusRunning  = "running"  // the round is closed and its workers run
-	statusEnded    = "ended"    // the round failed or its membership changed; a new one opens next
-	statusFinished = "finished" // the job succeeded, or ran out of restarts: a new run starts fresh
+	statusOpen     jobStatus = "open"     // the round accepts joins
+	statusRunning  jobStatus = "running"  // the round is closed and its workers run
+	statusEnded    jobStatus = "ended"    // the round failed or its membership changed; a new one opens next
+	statusFinished jobStatus = "finished" // the job succeeded, or ran out of restarts: a new run starts fresh
 )
 
-// ConsulConfig configures a Consul rendezvous.
-type ConsulConfig struct {
+// roundEnd is how the last round of a run ended, in its state key.
+type roundEnd string
+
+// Round ends.
+const (
+	endFailed     roundEnd = "failed"     // a worker failed (or the gang hung): the budget is charged
+	endMembership roundEnd = "membership" // a node left or one waits to join
+	endSucceeded  roundEnd = "succeeded"  // every node's workers exited 0
+)
+
+// DynamicConfig configures a dynamic rendezvous.
+type DynamicConfig struct {
 	// JobID names the job; jobs with different ids never see each other's keys.
 	JobID string
 	// MinNodes and MaxNodes are --nnodes MIN:MAX.
@@ -67,13 +80,13 @@ type ConsulConfig struct {
 type jobState struct {
 	// Run identifies this run of the job; a job id reused after the job finished starts a
 	// new run.
-	Run      string   `json:"run"`
-	Round    int      `json:"round"`
-	Status   string   `json:"status"`
-	Failures int      `json:"failures"`
-	End      string   `json:"end,omitempty"` // "failed", "membership", "succeeded"
-	Failure  *Failure `json:"failure,omitempty"`
-	Detail   string   `json:"detail,omitempty"`
+	Run      string    `json:"run"`
+	Round    int       `json:"round"`
+	Status   jobStatus `json:"status"`
+	Failures int       `json:"failures"`
+	End      roundEnd  `json:"end,omitempty"`
+	Failure  *Failure  `json:"failure,omitempty"`
+	Detail   string    `json:"detail,omitempty"`
 	// Error is a configuration error every node reports and exits on.
 	Error string `json:"error,omitempty"`
 	// runConfig is set by the node that started the run and carried by every state of
@@ -105,8 +118,11 @@ type roundRecord struct {
 	Assignment
 }
 
-// Consul is the rendezvous over Consul: session-held membership keys, a CAS-guarded
-// job state, and blocking queries. Keys, under gangrun/jobs/<job>/:
+// Dynamic is the rendezvous of nodes that come and go (torch calls its own the dynamic
+// rendezvous, torch/distributed/elastic/rendezvous/dynamic_rendezvous.py), over a
+// coordination store — Consul in a cluster, the in-memory twin in tests: session-held
+// membership keys, a CAS-guarded job state, and blocking queries. Keys, under
+// gangrun/jobs/<job>/:
 //
 //	ctl/state               jobState (CAS)
 //	ctl/leader              held by the leader's session: it closes rounds and is node rank 0
@@ -117,9 +133,9 @@ type roundRecord struct {
 // and gangrun/heartbeat/<job>/<node> for --hang-timeout. Nodes other than the leader
 // watch only ctl/ (two small keys), so a round of 1,024 nodes costs each node one small
 // read of its own assignment.
-type Consul struct {
+type Dynamic struct {
 	s   store.Store
-	cfg ConsulConfig
+	cfg DynamicConfig
 	log *zap.Logger
 
 	mu      sync.Mutex
@@ -140,8 +156,8 @@ type history struct {
 	Failures int `json:"failures"`
 }
 
-// NewConsul returns a rendezvous for cfg.JobID in s.
-func NewConsul(s store.Store, cfg ConsulConfig) (*Consul, error) {
+// NewDynamic returns a rendezvous for cfg.JobID in s.
+func NewDynamic(s store.Store, cfg DynamicConfig) (*Dynamic, error) {
 	if err := store.CheckSegment("job id", cfg.JobID); err != nil {
 		return nil, err
 	}
@@ -155,14 +171,14 @@ func NewConsul(s store.Store, cfg ConsulConfig) (*Consul, error) {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &Consul{s: s, cfg: cfg, log: log}, nil
+	return &Dynamic{s: s, cfg: cfg, log: log}, nil
 }
 
-func (c *Consul) key(parts ...string) string {
+func (c *Dynamic) key(parts ...string) string {
 	return "gangrun/jobs/" + c.cfg.JobID + "/" + strings.Join(parts, "/")
 }
 
-func (c *Consul) heartbeatKey(node string) string {
+func (c *Dynamic) heartbeatKey(node string) string {
 	return "gangrun/heartbeat/" + c.cfg.JobID + "/" + node
 }
 
@@ -170,7 +186,7 @@ func (c *Consul) heartbeatKey(node string) string {
 // last one's lease is over. An old session whose lease ended may still be alive in
 // Consul (a partition that healed before Consul's timer ran out): it is destroyed
 // first, so its keys go at once and this node's name is free to join again.
-func (c *Consul) ensureSession(ctx context.Context, node string) (*store.Lease, error) {
+func (c *Dynamic) ensureSession(ctx context.Context, node string) (*store.Lease, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.lease != nil {
@@ -199,7 +215,7 @@ func (c *Consul) ensureSession(ctx context.Context, node string) (*store.Lease, 
 }
 
 // setOnLease registers the supervisor's OnLease with the current and every later lease.
-func (c *Consul) setOnLease(f func(time.Time)) {
+func (c *Dynamic) setOnLease(f func(time.Time)) {
 	c.mu.Lock()
 	c.onLease = f
 	l := c.lease
@@ -210,7 +226,7 @@ func (c *Consul) setOnLease(f func(time.Time)) {
 }
 
 // Close leaves the job: the node's session is destroyed, so its keys go at once.
-func (c *Consul) Close(ctx context.Context) error {
+func (c *Dynamic) Close(ctx context.Context) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.lease == nil {
@@ -226,7 +242,7 @@ func (c *Consul) Close(ctx context.Context) error {
 
 // readCtl parses the ctl/ entries: the state (nil when absent), its index, and the
 // leader's session.
-func (c *Consul) readCtl(entries []store.Entry) (*jobState, uint64, string) {
+func (c *Dynamic) readCtl(entries []store.Entry) (*jobState, uint64, string) {
 	var st *jobState
 	var idx uint64
 	leader := ""
@@ -245,7 +261,7 @@ func (c *Consul) readCtl(entries []store.Entry) (*jobState, uint64, string) {
 }
 
 // casState replaces the state at index idx (0: create). It reports whether it won.
-func (c *Consul) casState(ctx context.Context, idx uint64, st jobState, extra ...store.Op) (bool, error) {
+func (c *Dynamic) casState(ctx context.Context, idx uint64, st jobState, extra ...store.Op) (bool, error) {
 	b, _ := json.Marshal(st)
 	ops := append([]store.Op{{Verb: store.CAS, Key: c.key("ctl", "state"), Value: b, Index: idx}}, extra...)
 	_, err := c.s.Txn(ctx, ops)
@@ -262,7 +278,7 @@ func newRunID() string {
 }
 
 // nnodes is this node's --nnodes as the job state records it: "N", or "MIN:MAX".
-func (c *Consul) nnodes() string {
+func (c *Dynamic) nnodes() string {
 	if c.cfg.MinNodes == c.cfg.MaxNodes {
 		return strconv.Itoa(c.cfg.MinNodes)
 	}
@@ -273,7 +289,7 @@ func (c *Consul) nnodes() string {
 // first round comes after prev's (the finished run it replaces; nil when there is
 // none) and after the last round this process ran (a run formed again after the
 // coordinator lost the job's state is the same job: it keeps the restarts spent).
-func (c *Consul) freshRun(prev *jobState) jobState {
+func (c *Dynamic) freshRun(prev *jobState) jobState {
 	mr := c.cfg.MaxRestarts
 	st := jobState{Run: newRunID(), Round: 0, Status: statusOpen, runConfig: runConfig{NNodes: c.nnodes(), MaxRestarts: &mr}}
 	if prev != nil {
@@ -287,7 +303,7 @@ func (c *Consul) freshRun(prev *jobState) jobState {
 }
 
 // history returns what this process remembers of the job (nil before its first round).
-func (c *Consul) history() *history {
+func (c *Dynamic) history() *history {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.hist
@@ -296,7 +312,7 @@ func (c *Consul) history() *history {
 // behind reports whether an open state's numbering is behind this process's history,
 // as in a run formed again by nodes that remember less than this one: it must not
 // reuse a round number this node already ran, nor refill spent restarts.
-func (c *Consul) behind(st *jobState) bool {
+func (c *Dynamic) behind(st *jobState) bool {
 	h := c.history()
 	return h != nil && (st.Round <= h.Round || st.Failures < h.Failures)
 }
@@ -304,7 +320,7 @@ func (c *Consul) behind(st *jobState) bool {
 // checkConfig refuses to join a run (not yet finished) that was started with another
 // --nnodes or --max-restarts: the nodes would disagree on when a round closes and when
 // the job is out of restarts. A state without them (an older gangrun's) matches.
-func (c *Consul) checkConfig(st *jobState) error {
+func (c *Dynamic) checkConfig(st *jobState) error {
 	if st.Status == statusFinished {
 		return nil
 	}
@@ -334,7 +350,7 @@ const (
 // are returned (a coordinator that cannot be reached at start is a usage problem).
 // Errors that no wait can fix (another --nnodes than the job's, a name held by another
 // node, the job finished meanwhile) are returned at once.
-func (c *Consul) Join(ctx context.Context, req JoinRequest) (Round, error) {
+func (c *Dynamic) Join(ctx context.Context, req JoinRequest) (Round, error) {
 	if err := store.CheckSegment("node name", req.Node); err != nil {
 		return nil, err
 	}
@@ -379,7 +395,7 @@ func (c *Consul) Join(ctx context.Context, req JoinRequest) (Round, error) {
 }
 
 // join is one try of Join with one session.
-func (c *Consul) join(ctx context.Context, req JoinRequest) (Round, error) {
+func (c *Dynamic) join(ctx context.Context, req JoinRequest) (Round, error) {
 	lease, err := c.ensureSession(ctx, req.Node)
 	if err != nil {
 		return nil, err
@@ -405,7 +421,7 @@ func (c *Consul) join(ctx context.Context, req JoinRequest) (Round, error) {
 }
 
 // joinWith runs the join loop under lease; ctx ends when the lease does.
-func (c *Consul) joinWith(ctx context.Context, req JoinRequest, lease *store.Lease) (Round, error) {
+func (c *Dynamic) joinWith(ctx context.Context, req JoinRequest, lease *store.Lease) (Round, error) {
 	sess := lease.Session()
 	// The watcher's first read returns at once: with it a node given another --nnodes
 	// or --max-restarts than the job's unfinished run is refused before it becomes a
@@ -492,7 +508,7 @@ func (c *Consul) joinWith(ctx context.Context, req JoinRequest, lease *store.Lea
 			// this node, in the middle of the job, finds it finished (by the others, while
 			// it was cut off): either way the job is done, and running it again alone would
 			// run it twice.
-			return nil, &JobFinishedError{JobID: c.cfg.JobID, Succeeded: st.End == "succeeded", Failure: st.Failure}
+			return nil, &JobFinishedError{JobID: c.cfg.JobID, Succeeded: st.End == endSucceeded, Failure: st.Failure}
 		case st.Status == statusFinished:
 			c.log.Info("job id reused after the job finished: starting a new run", zap.String("job", c.cfg.JobID))
 			if _, err := c.casState(ctx, idx, c.freshRun(st)); err != nil {
@@ -558,7 +574,7 @@ func (c *Consul) joinWith(ctx context.Context, req JoinRequest, lease *store.Lea
 
 // putMember writes this node's membership key, locked by its session. A name held by
 // another live session is an error.
-func (c *Consul) putMember(ctx context.Context, sess string, m memberRecord) error {
+func (c *Dynamic) putMember(ctx context.Context, sess string, m memberRecord) error {
 	b, _ := json.Marshal(m)
 	_, err := c.s.Txn(ctx, []store.Op{{Verb: store.Lock, Key: c.key("members", m.Node), Value: b, Session: sess}})
 	if errors.Is(err, store.ErrTxnRejected) {
@@ -582,7 +598,7 @@ const memberTakeover = 2*SessionTTL + 5*time.Second
 // --node-name) it retries until memberTakeover has passed, then gives up with
 // putMember's error. It polls: the holder's expiry is a key deletion a blocking query
 // would see, but nothing changes when it does not expire, and that must end too.
-func (c *Consul) becomeMember(ctx context.Context, sess string, m memberRecord) error {
+func (c *Dynamic) becomeMember(ctx context.Context, sess string, m memberRecord) error {
 	deadline := time.Now().Add(memberTakeover)
 	for logged := false; ; logged = true {
 		err := c.putMember(ctx, sess, m)
@@ -600,7 +616,7 @@ func (c *Consul) becomeMember(ctx context.Context, sess string, m memberRecord) 
 }
 
 // myRound reads this node's part of the running round, if it has one.
-func (c *Consul) myRound(ctx context.Context, st *jobState, node string) (Assignment, bool, error) {
+func (c *Dynamic) myRound(ctx context.Context, st *jobState, node string) (Assignment, bool, error) {
 	e, err := c.s.Get(ctx, c.key("rounds", strconv.Itoa(st.Round), node))
 	if err != nil || e == nil {
 		return Assignment{}, false, err
@@ -613,7 +629,7 @@ func (c *Consul) myRound(ctx context.Context, st *jobState, node string) (Assign
 }
 
 // members reads every membership key of the job.
-func (c *Consul) members(entries []store.Entry) map[string]memberRecord {
+func (c *Dynamic) members(entries []store.Entry) map[string]memberRecord {
 	out := map[string]memberRecord{}
 	prefix := c.key("members") + "/"
 	for _, e := range entries {
@@ -631,7 +647,7 @@ func (c *Consul) members(entries []store.Entry) map[string]memberRecord {
 // lead runs the leader's side of an open round: it waits until MaxNodes have joined, or
 // MinNodes have and the last call has passed, then closes the round. It returns when the
 // round is closed or the state changed under it.
-func (c *Consul) lead(ctx context.Context, req JoinRequest, st *jobState, idx uint64, sess string) error {
+func (c *Dynamic) lead(ctx context.Context, req JoinRequest, st *jobState, idx uint64, sess string) error {
 	w := store.NewWatcher(c.s, c.key()+"")
 	var deadline time.Time
 	for {
@@ -677,7 +693,7 @@ func (c *Consul) lead(ctx context.Context, req JoinRequest, st *jobState, idx ui
 
 // watchOver runs the leader's checks on a round this node is not part of, until the
 // state moves on.
-func (c *Consul) watchOver(ctx context.Context, st *jobState, idx uint64) error {
+func (c *Dynamic) watchOver(ctx context.Context, st *jobState, idx uint64) error {
 	w := store.NewWatcher(c.s, c.key())
 	for {
 		entries, err := w.Next(ctx)
@@ -721,7 +737,7 @@ func order(leader string, ms []memberRecord) []memberRecord {
 // close closes the open round with joined nodes: node rank 0 (this node) picks the
 // master port and the resume checkpoint, writes every node's assignment, then flips the
 // state to running.
-func (c *Consul) close(ctx context.Context, req JoinRequest, st *jobState, idx uint64, sess string, joined []memberRecord) error {
+func (c *Dynamic) close(ctx context.Context, req JoinRequest, st *jobState, idx uint64, sess string, joined []memberRecord) error {
 	ms := order(req.Node, joined)
 	if len(ms) > c.cfg.MaxNodes {
 		ms = ms[:c.cfg.MaxNodes]
@@ -796,9 +812,9 @@ func (c *Consul) close(ctx context.Context, req JoinRequest, st *jobState, idx u
 	return err
 }
 
-// consulRound is a running round as one node sees it.
-type consulRound struct {
-	c      *Consul
+// dynamicRound is a running round as one node sees it.
+type dynamicRound struct {
+	c      *Dynamic
 	a      Assignment
 	run    string
 	node   string
@@ -814,24 +830,24 @@ type consulRound struct {
 	hbAt   time.Time // when it was published
 }
 
-func (c *Consul) newRound(a Assignment, st *jobState, node string, lease *store.Lease, leader bool) *consulRound {
+func (c *Dynamic) newRound(a Assignment, st *jobState, node string, lease *store.Lease, leader bool) *dynamicRound {
 	c.mu.Lock()
 	c.hist = &history{Round: a.Round, Failures: a.RestartCount}
 	c.mu.Unlock()
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &consulRound{c: c, a: a, run: st.Run, node: node, sess: lease.Session(), lease: lease,
+	r := &dynamicRound{c: c, a: a, run: st.Run, node: node, sess: lease.Session(), lease: lease,
 		ended: make(chan struct{}), cancel: cancel, leader: leader}
 	go r.watch(ctx)
 	return r
 }
 
-func (r *consulRound) Assignment() Assignment { return r.a }
-func (r *consulRound) Ended() <-chan struct{} { return r.ended }
+func (r *dynamicRound) Assignment() Assignment { return r.a }
+func (r *dynamicRound) Ended() <-chan struct{} { return r.ended }
 
 // End implements Round. It judges the lease on the caller's clock first: a supervisor
 // that wakes from a stall longer than the lease learns here, before it acts on
 // anything else it sees, that the round is over for this node.
-func (r *consulRound) End() End {
+func (r *dynamicRound) End() End {
 	if !r.lease.Valid() {
 		r.leaseOver()
 	}
@@ -843,7 +859,7 @@ func (r *consulRound) End() End {
 // leaseOver ends the round for this node because its lease is over: its workers must be
 // dead by the lease's kill time, before Consul may invalidate the session and the other
 // nodes re-form without this one.
-func (r *consulRound) leaseOver() {
+func (r *dynamicRound) leaseOver() {
 	r.finish(End{Kind: MembershipChanged, Lost: true, KillBy: r.lease.KillBy(),
 		Detail: "this node lost its lease with the coordinator: " + errString(r.lease.Err())})
 }
@@ -855,7 +871,7 @@ func errString(err error) string {
 	return err.Error()
 }
 
-func (r *consulRound) finish(e End) {
+func (r *dynamicRound) finish(e End) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.end.Kind != Running {
@@ -871,9 +887,9 @@ func endOf(st *jobState) End {
 	switch {
 	case st == nil:
 		return End{Kind: MembershipChanged, Detail: "the job's state disappeared", Lost: true}
-	case st.End == "failed":
+	case st.End == endFailed:
 		return End{Kind: Failed, Failure: st.Failure}
-	case st.End == "succeeded":
+	case st.End == endSucceeded:
 		return End{Kind: Succeeded}
 	case st.Error != "":
 		return End{Kind: Failed, Failure: &Failure{Rank: -1, LocalRank: -1, ExitCode: 1, Reason: st.Error}}
@@ -883,7 +899,7 @@ func endOf(st *jobState) End {
 
 // watch follows the job until the round ends. Every node watches ctl/; the leader (or
 // the node that takes over leadership) also watches the members and done markers.
-func (r *consulRound) watch(ctx context.Context) {
+func (r *dynamicRound) watch(ctx context.Context) {
 	c := r.c
 	// A lease that ends must end the round at once, not when the job's keys next change:
 	// a blocking query can wait minutes, and after a Consul restart nothing may change.
@@ -947,7 +963,7 @@ func (r *consulRound) watch(ctx context.Context) {
 // oversee is the leader's check of a running round: a member gone or restarted ends it
 // (membership change), a node waiting to join ends it when the round has room
 // (scale-up), and every member's done marker finishes the job.
-func (c *Consul) oversee(ctx context.Context, entries []store.Entry, st *jobState, idx uint64) {
+func (c *Dynamic) oversee(ctx context.Context, entries []store.Entry, st *jobState, idx uint64) {
 	members := c.members(entries)
 	assigned := map[string]bool{}
 	prefix := c.key("rounds", strconv.Itoa(st.Round)) + "/"
@@ -965,7 +981,7 @@ func (c *Consul) oversee(ctx context.Context, entries []store.Entry, st *jobStat
 			done[n] = true
 		}
 	}
-	end := func(status, kind, detail string) {
+	end := func(status jobStatus, kind roundEnd, detail string) {
 		ns := jobState{Run: st.Run, Round: st.Round, Status: status, Failures: st.Failures, End: kind, Detail: detail, runConfig: st.runConfig}
 		if _, err := c.casState(ctx, idx, ns); err != nil {
 			c.log.Warn("end round", zap.Error(err))
@@ -981,7 +997,7 @@ func (c *Consul) oversee(ctx context.Context, entries []store.Entry, st *jobStat
 			if done[n] {
 				continue // finished its part; its session may end
 			}
-			end(statusEnded, "membership", "node "+n+" left")
+			end(statusEnded, endMembership, "node "+n+" left")
 			return
 		}
 	}
@@ -994,7 +1010,7 @@ func (c *Consul) oversee(ctx context.Context, entries []store.Entry, st *jobStat
 		}
 		if len(waiting) > 0 {
 			sort.Strings(waiting)
-			end(statusEnded, "membership", "node "+strings.Join(waiting, ", ")+" waiting to join")
+			end(statusEnded, endMembership, "node "+strings.Join(waiting, ", ")+" waiting to join")
 			return
 		}
 	}
@@ -1004,7 +1020,7 @@ func (c *Consul) oversee(ctx context.Context, entries []store.Entry, st *jobStat
 			all = all && done[n]
 		}
 		if all {
-			end(statusFinished, "succeeded", "")
+			end(statusFinished, endSucceeded, "")
 		}
 	}
 }
@@ -1012,7 +1028,7 @@ func (c *Consul) oversee(ctx context.Context, entries []store.Entry, st *jobStat
 // Fail implements Round: the first failure reported ends the round for every node. A
 // node whose lease is over reports nothing: its workers were stopped for that, not for
 // a failure of theirs, and the round is over for it already.
-func (r *consulRound) Fail(ctx context.Context, f Failure) error {
+func (r *dynamicRound) Fail(ctx context.Context, f Failure) error {
 	c := r.c
 	if !r.lease.Valid() {
 		r.leaseOver()
@@ -1027,7 +1043,7 @@ func (r *consulRound) Fail(ctx context.Context, f Failure) error {
 		if st == nil || st.Run != r.run || st.Round != r.a.Round || st.Status != statusRunning {
 			return nil // already ended
 		}
-		ns := jobState{Run: st.Run, Round: st.Round, Status: statusEnded, Failures: st.Failures + 1, End: "failed", Failure: &f, runConfig: st.runConfig}
+		ns := jobState{Run: st.Run, Round: st.Round, Status: statusEnded, Failures: st.Failures + 1, End: endFailed, Failure: &f, runConfig: st.runConfig}
 		if ns.Failures > c.cfg.MaxRestarts {
 			ns.Status = statusFinished
 		}
@@ -1042,7 +1058,7 @@ func (r *consulRound) Fail(ctx context.Context, f Failure) error {
 }
 
 // Succeed implements Round: it marks this node done and waits for the round's end.
-func (r *consulRound) Succeed(ctx context.Context) (End, error) {
+func (r *dynamicRound) Succeed(ctx context.Context) (End, error) {
 	c := r.c
 	if !r.lease.Valid() {
 		r.leaseOver()
@@ -1081,7 +1097,7 @@ func (r *consulRound) Succeed(ctx context.Context) (End, error) {
 }
 
 // Leave implements Round: the node's membership key goes, so the others re-form.
-func (r *consulRound) Leave(ctx context.Context) error {
+func (r *dynamicRound) Leave(ctx context.Context) error {
 	c := r.c
 	_, err := c.s.Txn(ctx, []store.Op{
 		{Verb: store.Delete, Key: c.key("members", r.node)},
@@ -1093,7 +1109,7 @@ func (r *consulRound) Leave(ctx context.Context) error {
 
 // Activity implements Round: nodes publish their last output time (at most once per
 // second); the leader judges the gang by the newest of all.
-func (r *consulRound) Activity(ctx context.Context, local time.Time) time.Time {
+func (r *dynamicRound) Activity(ctx context.Context, local time.Time) time.Time {
 	c := r.c
 	if !r.lease.Valid() {
 		r.leaseOver()
