@@ -29,6 +29,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gangrun/gangrun/checkpoint"
+	"github.com/gangrun/gangrun/event"
 	"github.com/gangrun/gangrun/internal/proc"
 	"github.com/gangrun/gangrun/rendezvous"
 )
@@ -159,6 +160,10 @@ type Config struct {
 	// Signals delivers the signals sent to gangrun: SIGINT, SIGTERM and SIGHUP are
 	// forwarded to every worker and stop the run; SIGUSR1 and SIGUSR2 are forwarded only.
 	Signals <-chan os.Signal
+	// Events receives the worker group's state changes (event.StateChanged, with
+	// GroupState names), failures, restarts, the checkpoint each attempt resumes from
+	// and how each round ended; nil discards them.
+	Events event.Sink
 }
 
 // Result is how a run ended.
@@ -177,10 +182,12 @@ type Result struct {
 
 // Supervisor runs and restarts one node's workers. Create it with New; Run once.
 type Supervisor struct {
-	cfg   Config
-	rdzv  rendezvous.Rendezvous
-	log   *zap.Logger
-	torch *Torchrun // non-nil when wrapping torchrun
+	cfg    Config
+	rdzv   rendezvous.Rendezvous
+	log    *zap.Logger
+	events event.Sink
+	state  GroupState // the worker group's state, as last recorded
+	torch  *Torchrun  // non-nil when wrapping torchrun
 
 	console, consoleErr *lineWriter
 	act                 activity
@@ -244,7 +251,7 @@ func New(cfg Config, rdzv rendezvous.Rendezvous) (*Supervisor, error) {
 	cfg.Env.MaxRestarts = cfg.MaxRestarts
 	cfg.Env.NodeName = cfg.NodeName
 	cfg.Env.CheckpointDir = cfg.CheckpointDir
-	s := &Supervisor{cfg: cfg, rdzv: rdzv, log: cfg.Log, strikes: map[string]int{}}
+	s := &Supervisor{cfg: cfg, rdzv: rdzv, log: cfg.Log, events: event.Or(cfg.Events), strikes: map[string]int{}}
 	t, isTorchrun, err := ParseTorchrun(cfg.Command)
 	if err != nil {
 		return nil, err
@@ -384,150 +391,275 @@ func (s *Supervisor) Run(ctx context.Context) Result {
 	}
 	defer s.pin("")
 
-	res := Result{}
+	// One loop moves the worker group between its states (GroupState), as torch's
+	// elastic agent does; each state's step returns the next, or done.
+	var res Result
+	var at attempt
+	state := StateInit
+	s.setState(state, &at)
 	for {
-		round, sig, err := s.join(ctx)
-		if sig != 0 {
-			res.ExitCode = 128 + int(sig)
+		var next GroupState
+		var done bool
+		switch state {
+		case StateInit:
+			next, done = s.begin(ctx, &at, &res)
+		case StateHealthy:
+			next = s.watch(ctx, &at)
+		case StateSucceeded:
+			next, done = s.succeeded(ctx, &at, &res)
+		case StateFailed:
+			next, done = s.failed(ctx, &at, &res)
+		case StateUnhealthy:
+			next, done = s.unhealthy(ctx, &at, &res)
+		case StateStopped:
+			_ = at.round.Leave(context.WithoutCancel(ctx))
+			s.log.Info("forwarding signal to workers and stopping", zap.String("signal", proc.SignalName(at.out.sig)), zap.Duration("term_timeout", s.cfg.TermTimeout))
+			s.stop(at.g, at.out.sig, at.round.End().KillBy)
+			res.ExitCode = 128 + int(at.out.sig)
+			done = true
+		}
+		if done {
 			return res
 		}
-		var finished *rendezvous.JobFinishedError
-		if errors.As(err, &finished) {
-			// The job ended while this node waited for room: it reports the job's end,
-			// as its nodes did (0, or the root cause's code).
-			res.Err, res.Failure = err, finished.Failure
-			switch {
-			case finished.Succeeded:
-				s.log.Info(finished.Error())
-				res.Err = nil
-			case finished.Failure != nil && finished.Failure.ExitCode != 0:
-				s.log.Error(finished.Error())
-				res.ExitCode = finished.Failure.ExitCode
-			default:
-				s.log.Error(finished.Error())
-				res.ExitCode = 1
-			}
-			return res
-		}
-		if err != nil {
-			res.ExitCode, res.Err = 1, err
-			return res
-		}
-		a := round.Assignment()
-		if end := round.End(); end.Lost {
-			// The lease ran out between the round's closing and now (a stall): nothing of
-			// this round may be written or started.
-			s.log.Warn("the round was lost before its workers started: joining the next", zap.String("reason", end.Detail))
-			continue
-		}
-		s.pin(a.ResumeFrom)
-		s.fence(a)
-		specs, err := s.specs(a)
-		if err != nil {
-			_ = round.Fail(ctx, rendezvous.Failure{Node: s.cfg.NodeName, Rank: -1, LocalRank: -1, ExitCode: 1, Reason: err.Error()})
-			res.ExitCode, res.Err = 1, err
-			return res
-		}
-		fields := []zap.Field{zap.Int("attempt", a.Round), zap.Int("restarts", a.RestartCount),
-			zap.Int("max_restarts", s.cfg.MaxRestarts), zap.Int("node_rank", a.NodeRank),
-			zap.Int("nnodes", a.NNodes), zap.Int("world_size", a.WorldSize),
-			zap.String("master", a.MasterEndpoint())}
-		if a.ResumeFrom != "" {
-			fields = append(fields, zap.String("resume_from", a.ResumeFrom))
-		}
-		s.log.Info("starting workers", fields...)
-		s.act.touch()
-		g, err := startGroup(specs, s.console, s.consoleErr, &s.act, s.guard)
-		if err != nil {
-			_ = round.Fail(ctx, rendezvous.Failure{Node: s.cfg.NodeName, Rank: -1, LocalRank: -1, ExitCode: 1, Reason: err.Error()})
-			res.ExitCode, res.Err = 1, err
-			if errors.Is(err, ErrCommandNotFound) {
-				res.ExitCode = 127
-			}
-			return res
-		}
-		res.Attempts++
-		out := s.monitor(ctx, g, round, a)
-		switch out.kind {
-		case outSucceeded:
-			s.stop(g, 0, time.Time{})
-			end, sig, err := s.awaitSuccess(ctx, round)
-			if sig != 0 {
-				res.ExitCode = 128 + int(sig)
-				return res
-			}
-			if end.Kind == rendezvous.Succeeded {
-				s.log.Info("all workers finished", zap.Int("attempt", a.Round))
-				res.ExitCode = 0
-				return res
-			}
-			if err != nil || end.Lost {
-				// This node's workers all finished, and the coordinator can no longer
-				// say how the others did. Starting them again would run a finished
-				// job a second time; each other node's gangrun reports its own end.
-				reason := end.Detail
-				if err != nil {
-					reason = err.Error()
-				}
-				s.log.Warn("this node's workers all finished; the other nodes' outcome is unknown: the rendezvous was lost",
-					zap.Int("attempt", a.Round), zap.String("reason", reason))
-				res.ExitCode = 0
-				return res
-			}
-		case outFailed:
-			_ = round.Fail(ctx, *out.failure) // first, so the other nodes stop at once
-			if out.failed != nil {
-				// The report says "see its output above": let the worker's last lines
-				// (its traceback) reach the console first.
-				out.failed.awaitOutput(reportOutputWait)
-			}
-			s.report(a, out.failure)
-			s.stop(g, syscall.SIGTERM, round.End().KillBy)
-		case outEnded:
-			end := round.End()
-			if end.Lost {
-				s.log.Warn("stopping this node's workers: the round is over for this node", zap.String("reason", end.Detail),
-					zap.Duration("kill_in", time.Until(end.KillBy).Round(100*time.Millisecond)))
-			}
-			s.stop(g, syscall.SIGTERM, end.KillBy)
-		case outStopped:
-			_ = round.Leave(context.WithoutCancel(ctx))
-			s.log.Info("forwarding signal to workers and stopping", zap.String("signal", proc.SignalName(out.sig)), zap.Duration("term_timeout", s.cfg.TermTimeout))
-			s.stop(g, out.sig, round.End().KillBy)
-			res.ExitCode = 128 + int(out.sig)
-			return res
-		}
-
-		end := round.End()
-		switch end.Kind {
-		case rendezvous.Failed:
-			res.Failure = end.Failure
-			if end.Failure != nil && end.Failure.Node != s.cfg.NodeName {
-				s.log.Warn("gang failed on another node", zap.String("root_cause", end.Failure.String()))
-			}
-			used := a.RestartCount + 1
-			if used > s.cfg.MaxRestarts {
-				code := 1
-				if end.Failure != nil && end.Failure.ExitCode != 0 {
-					code = end.Failure.ExitCode
-				}
-				s.log.Error("no restarts left", zap.Int("restarts", a.RestartCount), zap.Int("max_restarts", s.cfg.MaxRestarts), zap.Int("exit_code", code))
-				res.ExitCode = code
-				return res
-			}
-			s.strike(a.ResumeFrom)
-			delay := s.cfg.Backoff.Delay(used)
-			s.log.Info("restarting the gang", zap.Int("restart", used), zap.Int("max_restarts", s.cfg.MaxRestarts), zap.Duration("backoff", delay))
-			if sig := s.sleep(ctx, delay); sig != 0 {
-				res.ExitCode = 128 + int(sig)
-				return res
-			}
-		case rendezvous.MembershipChanged:
-			s.log.Info("gang membership changed: re-forming", zap.String("detail", end.Detail))
-		default:
-			// Succeeded is handled above; a round still running here has been left.
-		}
+		s.setState(next, &at)
+		state = next
 	}
+}
+
+// GroupState is the state of this node's worker group, in the names of torch's elastic
+// agent (torch/distributed/elastic/agent/server/api.py, WorkerState).
+type GroupState string
+
+// The worker group's states. Run starts in INIT and moves: INIT → HEALTHY (workers
+// started); HEALTHY → SUCCEEDED (every worker exited 0), FAILED (a worker here failed,
+// or the gang hung), UNHEALTHY (the round ended elsewhere: another node failed, the
+// membership changed, or this node's lease with the coordinator is over) or STOPPED (a
+// signal to gangrun); SUCCEEDED, FAILED and UNHEALTHY → INIT (the next round) or the
+// end of the run; STOPPED ends it.
+const (
+	StateInit      GroupState = "INIT"
+	StateHealthy   GroupState = "HEALTHY"
+	StateUnhealthy GroupState = "UNHEALTHY"
+	StateFailed    GroupState = "FAILED"
+	StateSucceeded GroupState = "SUCCEEDED"
+	StateStopped   GroupState = "STOPPED"
+)
+
+// attempt is what the states of one round share.
+type attempt struct {
+	round rendezvous.Round
+	a     rendezvous.Assignment
+	g     *group
+	out   outcome
+}
+
+// setState records that the worker group is now in state st (INIT again starts the
+// next round; any other state entered twice is recorded once).
+func (s *Supervisor) setState(st GroupState, at *attempt) {
+	if st == s.state && st != StateInit {
+		return
+	}
+	s.state = st
+	e := event.Event{Time: time.Now(), Kind: event.StateChanged, Job: s.cfg.JobID, Node: s.cfg.NodeName, Attempt: -1, State: string(st)}
+	if at.round != nil {
+		e.Attempt = at.a.Round
+	}
+	s.events.Emit(e)
+}
+
+// begin is INIT: it joins the next round and starts this node's workers (HEALTHY), or
+// ends the run (the job finished meanwhile, a signal, an error).
+func (s *Supervisor) begin(ctx context.Context, at *attempt, res *Result) (GroupState, bool) {
+	round, sig, err := s.join(ctx)
+	if sig != 0 {
+		s.setState(StateStopped, at)
+		res.ExitCode = 128 + int(sig)
+		return "", true
+	}
+	var finished *rendezvous.JobFinishedError
+	if errors.As(err, &finished) {
+		// The job ended while this node waited for room: it reports the job's end,
+		// as its nodes did (0, or the root cause's code).
+		res.Err, res.Failure = err, finished.Failure
+		switch {
+		case finished.Succeeded:
+			s.log.Info(finished.Error())
+			res.Err = nil
+		case finished.Failure != nil && finished.Failure.ExitCode != 0:
+			s.log.Error(finished.Error())
+			res.ExitCode = finished.Failure.ExitCode
+		default:
+			s.log.Error(finished.Error())
+			res.ExitCode = 1
+		}
+		return "", true
+	}
+	if err != nil {
+		res.ExitCode, res.Err = 1, err
+		return "", true
+	}
+	*at = attempt{round: round, a: round.Assignment()}
+	a := at.a
+	if end := round.End(); end.Lost {
+		// The lease ran out between the round's closing and now (a stall): nothing of
+		// this round may be written or started.
+		s.log.Warn("the round was lost before its workers started: joining the next", zap.String("reason", end.Detail))
+		return StateInit, false
+	}
+	s.pin(a.ResumeFrom)
+	s.fence(a)
+	s.events.Emit(event.Event{Time: time.Now(), Kind: event.CheckpointChosen, Job: s.cfg.JobID, Node: s.cfg.NodeName,
+		Attempt: a.Round, Checkpoint: a.ResumeFrom})
+	specs, err := s.specs(a)
+	if err != nil {
+		_ = round.Fail(ctx, rendezvous.Failure{Node: s.cfg.NodeName, Rank: -1, LocalRank: -1, ExitCode: 1, Reason: err.Error()})
+		res.ExitCode, res.Err = 1, err
+		return "", true
+	}
+	fields := []zap.Field{zap.Int("attempt", a.Round), zap.Int("restarts", a.RestartCount),
+		zap.Int("max_restarts", s.cfg.MaxRestarts), zap.Int("node_rank", a.NodeRank),
+		zap.Int("nnodes", a.NNodes), zap.Int("world_size", a.WorldSize),
+		zap.String("master", a.MasterEndpoint())}
+	if a.ResumeFrom != "" {
+		fields = append(fields, zap.String("resume_from", a.ResumeFrom))
+	}
+	s.log.Info("starting workers", fields...)
+	s.act.touch()
+	g, err := startGroup(specs, s.console, s.consoleErr, &s.act, s.guard)
+	if err != nil {
+		_ = round.Fail(ctx, rendezvous.Failure{Node: s.cfg.NodeName, Rank: -1, LocalRank: -1, ExitCode: 1, Reason: err.Error()})
+		res.ExitCode, res.Err = 1, err
+		if errors.Is(err, ErrCommandNotFound) {
+			res.ExitCode = 127
+		}
+		return "", true
+	}
+	at.g = g
+	res.Attempts++
+	return StateHealthy, false
+}
+
+// watch is HEALTHY: it monitors the workers until the attempt ends, and names the state
+// that follows.
+func (s *Supervisor) watch(ctx context.Context, at *attempt) GroupState {
+	at.out = s.monitor(ctx, at.g, at.round, at.a)
+	switch at.out.kind {
+	case outSucceeded:
+		return StateSucceeded
+	case outFailed:
+		return StateFailed
+	case outStopped:
+		return StateStopped
+	}
+	return StateUnhealthy
+}
+
+// succeeded is SUCCEEDED: this node's workers all exited 0; it reports that and waits
+// for the gang. The run ends when the gang succeeded (or can no longer be asked);
+// otherwise the round ended elsewhere and the gang goes on.
+func (s *Supervisor) succeeded(ctx context.Context, at *attempt, res *Result) (GroupState, bool) {
+	s.stop(at.g, 0, time.Time{})
+	end, sig, err := s.awaitSuccess(ctx, at.round)
+	if sig != 0 {
+		s.setState(StateStopped, at)
+		res.ExitCode = 128 + int(sig)
+		return "", true
+	}
+	if end.Kind == rendezvous.Succeeded {
+		s.log.Info("all workers finished", zap.Int("attempt", at.a.Round))
+		res.ExitCode = 0
+		return "", true
+	}
+	if err != nil || end.Lost {
+		// This node's workers all finished, and the coordinator can no longer say how
+		// the others did. Starting them again would run a finished job a second time;
+		// each other node's gangrun reports its own end.
+		reason := end.Detail
+		if err != nil {
+			reason = err.Error()
+		}
+		s.log.Warn("this node's workers all finished; the other nodes' outcome is unknown: the rendezvous was lost",
+			zap.Int("attempt", at.a.Round), zap.String("reason", reason))
+		res.ExitCode = 0
+		return "", true
+	}
+	return s.next(ctx, at, res)
+}
+
+// failed is FAILED: a worker of this node failed (or the gang hung). It tells the gang
+// first, so the other nodes stop at once, reports the root cause and stops the workers.
+func (s *Supervisor) failed(ctx context.Context, at *attempt, res *Result) (GroupState, bool) {
+	out := at.out
+	_ = at.round.Fail(ctx, *out.failure)
+	if out.failed != nil {
+		// The report says "see its output above": let the worker's last lines (its
+		// traceback) reach the console first.
+		out.failed.awaitOutput(reportOutputWait)
+	}
+	s.report(at.a, out.failure)
+	s.events.Emit(event.Event{Time: time.Now(), Kind: event.WorkerFailed, Job: s.cfg.JobID, Node: s.cfg.NodeName,
+		Attempt: at.a.Round, Rank: out.failure.Rank, ExitCode: out.failure.ExitCode, Cause: out.failure.Reason, Detail: out.failure.Message})
+	s.stop(at.g, syscall.SIGTERM, at.round.End().KillBy)
+	return s.next(ctx, at, res)
+}
+
+// unhealthy is UNHEALTHY: the round ended elsewhere (or this node's lease is over); it
+// stops the workers, by the lease's kill time when one applies.
+func (s *Supervisor) unhealthy(ctx context.Context, at *attempt, res *Result) (GroupState, bool) {
+	end := at.round.End()
+	if end.Lost {
+		s.log.Warn("stopping this node's workers: the round is over for this node", zap.String("reason", end.Detail),
+			zap.Duration("kill_in", time.Until(end.KillBy).Round(100*time.Millisecond)))
+	}
+	s.stop(at.g, syscall.SIGTERM, end.KillBy)
+	return s.next(ctx, at, res)
+}
+
+// next decides, once a round's workers are stopped, how the run goes on: after a failed
+// round, a restart (INIT, after the backoff) while the budget lasts, else the end with
+// the root cause's code; after a membership change, the next round at once.
+func (s *Supervisor) next(ctx context.Context, at *attempt, res *Result) (GroupState, bool) {
+	a := at.a
+	end := at.round.End()
+	s.events.Emit(event.Event{Time: time.Now(), Kind: event.RoundEnded, Job: s.cfg.JobID, Node: s.cfg.NodeName,
+		Attempt: a.Round, Cause: end.Kind.String(), Detail: end.Detail})
+	switch end.Kind {
+	case rendezvous.Failed:
+		res.Failure = end.Failure
+		if end.Failure != nil && end.Failure.Node != s.cfg.NodeName {
+			s.log.Warn("gang failed on another node", zap.String("root_cause", end.Failure.String()))
+		}
+		used := a.RestartCount + 1
+		if used > s.cfg.MaxRestarts {
+			code := 1
+			if end.Failure != nil && end.Failure.ExitCode != 0 {
+				code = end.Failure.ExitCode
+			}
+			s.log.Error("no restarts left", zap.Int("restarts", a.RestartCount), zap.Int("max_restarts", s.cfg.MaxRestarts), zap.Int("exit_code", code))
+			s.setState(StateFailed, at)
+			res.ExitCode = code
+			return "", true
+		}
+		s.strike(a.ResumeFrom)
+		delay := s.cfg.Backoff.Delay(used)
+		s.log.Info("restarting the gang", zap.Int("restart", used), zap.Int("max_restarts", s.cfg.MaxRestarts), zap.Duration("backoff", delay))
+		cause := ""
+		if end.Failure != nil {
+			cause = end.Failure.Reason
+		}
+		s.events.Emit(event.Event{Time: time.Now(), Kind: event.Restarting, Job: s.cfg.JobID, Node: s.cfg.NodeName,
+			Attempt: a.Round, Cause: cause, Detail: "backoff " + delay.String()})
+		if sig := s.sleep(ctx, delay); sig != 0 {
+			s.setState(StateStopped, at)
+			res.ExitCode = 128 + int(sig)
+			return "", true
+		}
+	case rendezvous.MembershipChanged:
+		s.log.Info("gang membership changed: re-forming", zap.String("detail", end.Detail))
+	default:
+		// Succeeded ends the run in succeeded; a round still running here has been left.
+	}
+	return StateInit, false
 }
 
 // join joins the next round, giving up when gangrun is told to stop.

@@ -19,6 +19,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	"golang.org/x/sys/unix"
 
+	"github.com/gangrun/gangrun/event"
 	"github.com/gangrun/gangrun/rendezvous"
 )
 
@@ -483,4 +484,41 @@ func nofile() uint64 {
 	var lim unix.Rlimit
 	_ = unix.Getrlimit(unix.RLIMIT_NOFILE, &lim) // cannot fail on Linux for this resource
 	return lim.Cur
+}
+
+// TestRunReportsItsStates: the worker group moves through torch's states, and the run's
+// events say so: a failed first attempt, a restart, a resumed second attempt that
+// succeeds.
+func TestRunReportsItsStates(t *testing.T) {
+	r := newTestRun(t, 2, `if [ "$GANGRUN_ATTEMPT" = 0 ] && [ "$RANK" = 1 ]; then exit 7; fi
+[ "$GANGRUN_ATTEMPT" = 0 ] && sleep 30
+exit 0`)
+	r.cfg.MaxRestarts = 1
+	rec := &event.Recorder{}
+	r.cfg.Events = rec
+	if res := r.run(t); res.ExitCode != 0 {
+		t.Fatalf("exit %d; stderr:\n%s", res.ExitCode, r.stderr)
+	}
+	var states []string
+	for _, e := range rec.Of(event.StateChanged) {
+		states = append(states, e.State)
+	}
+	want := []string{"INIT", "HEALTHY", "FAILED", "INIT", "HEALTHY", "SUCCEEDED"}
+	if strings.Join(states, " ") != strings.Join(want, " ") {
+		t.Errorf("states %v, want %v", states, want)
+	}
+	failed := rec.Of(event.WorkerFailed)
+	if len(failed) != 1 || failed[0].Rank != 1 || failed[0].ExitCode != 7 || failed[0].Attempt != 0 {
+		t.Errorf("worker failures %+v, want rank 1 exit 7 in attempt 0", failed)
+	}
+	if r := rec.Of(event.Restarting); len(r) != 1 || r[0].Cause != "exit code 7" {
+		t.Errorf("restarts %+v, want one, caused by exit code 7", r)
+	}
+	if c := rec.Of(event.CheckpointChosen); len(c) != 2 || c[1].Attempt != 1 {
+		t.Errorf("checkpoint choices %+v, want one per attempt", c)
+	}
+	ends := rec.Of(event.RoundEnded)
+	if len(ends) != 1 || ends[0].Cause != "failed" {
+		t.Errorf("round ends %+v, want attempt 0's failure (the last round's success ends the run)", ends)
+	}
 }

@@ -16,6 +16,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/gangrun/gangrun/event"
 	"github.com/gangrun/gangrun/internal/store"
 )
 
@@ -73,6 +74,10 @@ type DynamicConfig struct {
 	Host string
 	// Log receives the rendezvous' messages; nil discards them.
 	Log *zap.Logger
+	// Events receives event.RoundClosed when this node gets its assignment of a round
+	// (Nodes: the round's nodes in node-rank order, when the round carries them); the
+	// supervisor reports how rounds end. nil discards them.
+	Events event.Sink
 }
 
 // jobState is the job's state key: which round, and where it stands. Every change is a
@@ -134,9 +139,10 @@ type roundRecord struct {
 // watch only ctl/ (two small keys), so a round of 1,024 nodes costs each node one small
 // read of its own assignment.
 type Dynamic struct {
-	s   store.Store
-	cfg DynamicConfig
-	log *zap.Logger
+	s      store.Store
+	cfg    DynamicConfig
+	log    *zap.Logger
+	events event.Sink
 
 	mu      sync.Mutex
 	lease   *store.Lease           // the node's session and its lease; nil before the first join
@@ -171,7 +177,7 @@ func NewDynamic(s store.Store, cfg DynamicConfig) (*Dynamic, error) {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &Dynamic{s: s, cfg: cfg, log: log}, nil
+	return &Dynamic{s: s, cfg: cfg, log: log, events: event.Or(cfg.Events)}, nil
 }
 
 func (c *Dynamic) key(parts ...string) string {
@@ -837,6 +843,11 @@ func (c *Dynamic) newRound(a Assignment, st *jobState, node string, lease *store
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &dynamicRound{c: c, a: a, run: st.Run, node: node, sess: lease.Session(), lease: lease,
 		ended: make(chan struct{}), cancel: cancel, leader: leader}
+	var nodes []string
+	for _, m := range a.Nodes {
+		nodes = append(nodes, m.Node)
+	}
+	c.events.Emit(event.Event{Time: time.Now(), Kind: event.RoundClosed, Job: c.cfg.JobID, Node: node, Attempt: a.Round, Nodes: nodes})
 	go r.watch(ctx)
 	return r
 }

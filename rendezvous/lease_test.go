@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gangrun/gangrun/event"
 	"github.com/gangrun/gangrun/internal/store"
 )
 
@@ -165,4 +166,28 @@ func TestConsulRendezvousKeepsCountAcrossStateLoss(t *testing.T) {
 			}
 		}
 	})
+}
+
+func TestDynamicReportsClosedRounds(t *testing.T) {
+	s := store.NewMemory()
+	rec := &event.Recorder{}
+	var nodes []*testNode
+	for i := 0; i < 2; i++ {
+		c, err := NewDynamic(s, DynamicConfig{JobID: "ev", MinNodes: 2, MaxNodes: 2, MaxRestarts: 1, LastCall: 100 * time.Millisecond, Host: "h", Events: rec})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close(context.Background()) })
+		nodes = append(nodes, &testNode{name: []string{"n000", "n001"}[i], rdzv: c})
+	}
+	checkRound(t, joinAll(t, nodes, ""), 2, "")
+	closed := rec.Of(event.RoundClosed)
+	if len(closed) != 2 {
+		t.Fatalf("%d RoundClosed events, want one per node: %+v", len(closed), closed)
+	}
+	for _, e := range closed {
+		if e.Job != "ev" || e.Attempt != 0 || len(e.Nodes) != 2 {
+			t.Errorf("event %+v: want job ev, attempt 0, both nodes", e)
+		}
+	}
 }
