@@ -26,21 +26,6 @@ func inventory(t testing.TB, name, node string) *topology.Inventory {
 	return inv
 }
 
-// eachStore runs fn on the in-memory store and on a real Consul dev agent.
-func eachStore(t *testing.T, fn func(t *testing.T, s store.Store)) {
-	t.Run("memory", func(t *testing.T) { fn(t, store.NewMemory()) })
-	t.Run("consul", func(t *testing.T) { fn(t, consulStore(t, consultest.Start(t))) })
-}
-
-func consulStore(t testing.TB, a *consultest.Agent) store.Store {
-	t.Helper()
-	s, err := store.NewConsul(a.Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
-}
-
 // testCluster is a set of in-process agents with recorded inventories.
 type testCluster struct {
 	t      testing.TB
@@ -180,7 +165,7 @@ func submitAndWait(t testing.TB, s store.Store, r Request) (*Ticket, Grant) {
 }
 
 func TestGrantAllOrNothingAndRelease(t *testing.T) {
-	eachStore(t, func(t *testing.T, s store.Store) {
+	consultest.EachStore(t, func(t *testing.T, s store.Store) {
 		startCluster(t, s, 3, "dgx-h100", nil)
 		ctx := context.Background()
 		a, ga := submitAndWait(t, s, Request{Nodes: 2, GPUsPerNode: 8, Holder: "test a"})
@@ -237,7 +222,7 @@ func TestGrantAllOrNothingAndRelease(t *testing.T) {
 func TestLargeGangIsNeverVisibleHalfGranted(t *testing.T) {
 	// 40 nodes × 8 GPUs = 320 locks: three transactions. An observer reading the store
 	// all along must never see a granted grant that is not whole.
-	s := consulStore(t, consultest.Start(t))
+	s := consultest.ConsulStore(t, consultest.Start(t))
 	startCluster(t, s, 40, "dgx-a100", nil)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup

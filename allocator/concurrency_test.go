@@ -25,7 +25,7 @@ func TestInvariantsUnderConcurrency(t *testing.T) {
 	// 64 nodes × 8 GPUs on a real Consul, 50 requesters asking for random gangs and
 	// holders killed at random; after every grant and all along, the store is read
 	// directly: no GPU is held by two grants, and every grant is whole.
-	s := consulStore(t, consultest.Start(t))
+	s := consultest.ConsulStore(t, consultest.Start(t))
 	startCluster(t, s, 64, "dgx-h100", func(i int) map[string]string {
 		return map[string]string{LabelSwitch: "leaf" + string(rune('a'+i/8))}
 	})
@@ -129,7 +129,7 @@ func TestInvariantsUnderConcurrency(t *testing.T) {
 }
 
 func TestPriorityAndReservationPreventStarvation(t *testing.T) {
-	eachStore(t, func(t *testing.T, s store.Store) {
+	consultest.EachStore(t, func(t *testing.T, s store.Store) {
 		ctx := context.Background()
 		// Six 8-GPU nodes. A holds two; two smalls of 5 GPUs take 5 on two more (best fit
 		// puts them on different nodes). Big (3 nodes × 8, high priority) cannot fit: it

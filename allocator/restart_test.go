@@ -13,7 +13,7 @@ func TestConsulRestartKeepsGrantsAndAgents(t *testing.T) {
 	// agents stay (or come back) up, the grant is neither lost nor duplicated, and the
 	// cluster keeps granting.
 	agent := consultest.StartPersistent(t)
-	s := consulStore(t, agent)
+	s := consultest.ConsulStore(t, agent)
 	startCluster(t, s, 3, "dgx-h100", nil)
 	tk, g := submitAndWait(t, s, Request{Nodes: 2, GPUsPerNode: 4, Holder: "before restart"})
 
@@ -61,7 +61,7 @@ func TestAgentsReregisterAfterConsulLosesItsState(t *testing.T) {
 	// A dev agent keeps its state in memory: a restart loses every session and key. The
 	// agents notice their sessions are gone and register again.
 	agent := consultest.Start(t)
-	s := consulStore(t, agent)
+	s := consultest.ConsulStore(t, agent)
 	startCluster(t, s, 2, "pcie-2socket", nil)
 	agent.Restart()
 	waitFor(t, 90*time.Second, func() bool {

@@ -14,18 +14,6 @@ import (
 	"github.com/gangrun/gangrun/internal/store"
 )
 
-// eachStore runs fn on the in-memory store and on a real Consul dev agent.
-func eachStore(t *testing.T, fn func(t *testing.T, s store.Store)) {
-	t.Run("memory", func(t *testing.T) { fn(t, store.NewMemory()) })
-	t.Run("consul", func(t *testing.T) {
-		s, err := store.NewConsul(consultest.Start(t).Addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		fn(t, s)
-	})
-}
-
 // simResult is the result a simulated pair reports: one all_reduce row of 1 MiB whose
 // busbw is busbw.
 func simResult(busbw float64) *Result {
@@ -77,7 +65,7 @@ func figureOf(slow int) func(a, b string) float64 {
 func holder(t PairTask) bool { return t.Self.Name < t.Partner.Name }
 
 func TestNodeSweepAcrossNodes(t *testing.T) {
-	eachStore(t, func(t *testing.T, s store.Store) {
+	consultest.EachStore(t, func(t *testing.T, s store.Store) {
 		const n = 5
 		for run, slow := range []int{3, -1} { // a second sweep of the same job id starts afresh
 			figure := figureOf(slow)

@@ -14,17 +14,6 @@ import (
 	"github.com/gangrun/gangrun/internal/store"
 )
 
-func eachStore(t *testing.T, fn func(t *testing.T, s store.Store)) {
-	t.Run("memory", func(t *testing.T) { fn(t, store.NewMemory()) })
-	t.Run("consul", func(t *testing.T) {
-		s, err := store.NewConsul(consultest.Start(t).Addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		fn(t, s)
-	})
-}
-
 // testNode is one simulated node of a job.
 type testNode struct {
 	name string
@@ -117,7 +106,7 @@ func checkRound(t *testing.T, rounds map[string]Round, wantNodes int, resume str
 func TestConsulRendezvousForms(t *testing.T) {
 	for _, n := range []int{2, 8, 64} {
 		t.Run(fmt.Sprint(n), func(t *testing.T) {
-			eachStore(t, func(t *testing.T, s store.Store) {
+			consultest.EachStore(t, func(t *testing.T, s store.Store) {
 				nodes := newNodes(t, s, "job", n, n, n, nil)
 				rounds := joinAll(t, nodes, "/ckpt/step-10")
 				round := checkRound(t, rounds, n, "/ckpt/step-10")
@@ -143,7 +132,7 @@ func TestConsulRendezvousForms(t *testing.T) {
 }
 
 func TestConsulRendezvousFailureRestartsEveryone(t *testing.T) {
-	eachStore(t, func(t *testing.T, s store.Store) {
+	consultest.EachStore(t, func(t *testing.T, s store.Store) {
 		nodes := newNodes(t, s, "job", 3, 3, 3, nil)
 		rounds := joinAll(t, nodes, "")
 		ctx := context.Background()
@@ -180,7 +169,7 @@ func TestConsulRendezvousFailureRestartsEveryone(t *testing.T) {
 }
 
 func TestConsulRendezvousElastic(t *testing.T) {
-	eachStore(t, func(t *testing.T, s store.Store) {
+	consultest.EachStore(t, func(t *testing.T, s store.Store) {
 		ctx := context.Background()
 		nodes := newNodes(t, s, "elastic", 3, 2, 3, nil)
 		// Two nodes join; with MIN 2 the round closes after the last call without the third.
@@ -236,7 +225,7 @@ func TestConsulRendezvousElastic(t *testing.T) {
 }
 
 func TestConsulRendezvousJobsAreSeparateAndReusable(t *testing.T) {
-	eachStore(t, func(t *testing.T, s store.Store) {
+	consultest.EachStore(t, func(t *testing.T, s store.Store) {
 		ctx := context.Background()
 		a := newNodes(t, s, "job-a", 2, 2, 2, nil)
 		b := newNodes(t, s, "job-b", 2, 2, 2, nil)
@@ -332,7 +321,7 @@ func TestConsulActivityLeaderSeesTheGang(t *testing.T) {
 }
 
 func TestConsulRendezvousResumesAJobWhoseNodesAllDied(t *testing.T) {
-	eachStore(t, func(t *testing.T, s store.Store) {
+	consultest.EachStore(t, func(t *testing.T, s store.Store) {
 		ctx := context.Background()
 		first := newNodes(t, s, "crashed", 2, 2, 2, nil)
 		checkRound(t, joinAll(t, first, ""), 2, "")
@@ -360,7 +349,7 @@ func TestConsulRendezvousResumesAJobWhoseNodesAllDied(t *testing.T) {
 // was started with --nnodes 2 is refused at once, in one line naming both; the first
 // node goes on waiting for a second node of the same --nnodes, which completes it.
 func TestConsulRendezvousRefusesAnotherNNodes(t *testing.T) {
-	eachStore(t, func(t *testing.T, s store.Store) {
+	consultest.EachStore(t, func(t *testing.T, s store.Store) {
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		defer cancel()
 		two := newNodes(t, s, "mixed", 2, 2, 2, nil)
@@ -404,7 +393,7 @@ func TestConsulRendezvousRefusesAnotherNNodes(t *testing.T) {
 // with a smaller budget would finish the job under the others' feet), and a run stays
 // refused to other settings even once its nodes are gone: only a new job id starts over.
 func TestConsulRendezvousRefusesAnotherMaxRestarts(t *testing.T) {
-	eachStore(t, func(t *testing.T, s store.Store) {
+	consultest.EachStore(t, func(t *testing.T, s store.Store) {
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		defer cancel()
 		node := func(name string, nnodes, maxRestarts int) *testNode {
@@ -453,7 +442,7 @@ func TestConsulRendezvousRefusesAnotherMaxRestarts(t *testing.T) {
 // gang runs (--nnodes 1, no room) waits; when the job succeeds, its Join ends with a
 // JobFinishedError instead of starting a second run of the job on its own.
 func TestConsulRendezvousWaiterDoesNotRerunAFinishedJob(t *testing.T) {
-	eachStore(t, func(t *testing.T, s store.Store) {
+	consultest.EachStore(t, func(t *testing.T, s store.Store) {
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		defer cancel()
 		nodes := newNodes(t, s, "full", 2, 1, 1, nil)
@@ -486,7 +475,7 @@ func TestConsulRendezvousWaiterDoesNotRerunAFinishedJob(t *testing.T) {
 // waits for that session to go, then succeeds (it had failed at once with "already in
 // job").
 func TestConsulRendezvousRejoinAfterKill(t *testing.T) {
-	eachStore(t, func(t *testing.T, s store.Store) {
+	consultest.EachStore(t, func(t *testing.T, s store.Store) {
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		defer cancel()
 		// The dead gangrun's session and key, as it left them.

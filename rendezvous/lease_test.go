@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/gangrun/gangrun/event"
+	"github.com/gangrun/gangrun/internal/consultest"
 	"github.com/gangrun/gangrun/internal/store"
 )
 
@@ -128,7 +129,7 @@ func TestConsulRoundEndsWhenTheLeaseIsOver(t *testing.T) {
 // new run whose rounds come after the ones they ran and whose restart count keeps the
 // failures spent: attempt numbers never go back and the budget is not refilled.
 func TestConsulRendezvousKeepsCountAcrossStateLoss(t *testing.T) {
-	eachStore(t, func(t *testing.T, s store.Store) {
+	consultest.EachStore(t, func(t *testing.T, s store.Store) {
 		ctx := context.Background()
 		nodes := newNodes(t, s, "lossy", 2, 2, 2, nil)
 		r0 := joinAll(t, nodes, "")

@@ -1,4 +1,4 @@
-package store
+package store_test
 
 import (
 	"context"
@@ -12,12 +12,13 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/gangrun/gangrun/internal/consultest"
+	"github.com/gangrun/gangrun/internal/store"
 )
 
 // blackHole is a Store whose renewals, while cut is set, hang until their context ends,
 // as a request into a partition that drops packets does.
 type blackHole struct {
-	Store
+	store.Store
 	mu      sync.Mutex
 	cut     bool
 	renewed int
@@ -49,9 +50,9 @@ func (b *blackHole) RenewSession(ctx context.Context, id string) error {
 const leaseTTL = time.Second
 
 func TestLeaseRenewsAndExtendsKillBy(t *testing.T) {
-	s := &blackHole{Store: NewMemory()}
-	id := session(t, s, SessionOptions{TTL: MinSessionTTL})
-	l := Keep(s, id, leaseTTL, time.Now(), nil)
+	s := &blackHole{Store: store.NewMemory()}
+	id := session(t, s, store.SessionOptions{TTL: store.MinSessionTTL})
+	l := store.Keep(s, id, leaseTTL, time.Now(), nil)
 	defer l.Close()
 	var mu sync.Mutex
 	var kills []time.Time
@@ -70,8 +71,8 @@ func TestLeaseRenewsAndExtendsKillBy(t *testing.T) {
 			t.Errorf("KillBy went back: %v after %v", kills[i], kills[i-1])
 		}
 	}
-	if d := time.Until(kills[len(kills)-1]); d <= 0 || d > LeaseKill(leaseTTL) {
-		t.Errorf("last KillBy is %s away, want within (0, %s]", d, LeaseKill(leaseTTL))
+	if d := time.Until(kills[len(kills)-1]); d <= 0 || d > store.LeaseKill(leaseTTL) {
+		t.Errorf("last KillBy is %s away, want within (0, %s]", d, store.LeaseKill(leaseTTL))
 	}
 }
 
@@ -79,9 +80,9 @@ func TestLeaseRenewsAndExtendsKillBy(t *testing.T) {
 // hang; each one gives up at its timeout, and the lease is over by its stop time,
 // before Consul may invalidate the session. It stays over when renewals succeed again.
 func TestLeaseEndsWhenRenewalsHang(t *testing.T) {
-	s := &blackHole{Store: NewMemory()}
-	id := session(t, s, SessionOptions{TTL: MinSessionTTL})
-	l := Keep(s, id, leaseTTL, time.Now(), nil)
+	s := &blackHole{Store: store.NewMemory()}
+	id := session(t, s, store.SessionOptions{TTL: store.MinSessionTTL})
+	l := store.Keep(s, id, leaseTTL, time.Now(), nil)
 	defer l.Close()
 	time.Sleep(leaseTTL / 2)
 	s.setCut(true)
@@ -91,10 +92,10 @@ func TestLeaseEndsWhenRenewalsHang(t *testing.T) {
 	case <-time.After(5 * leaseTTL):
 		t.Fatal("the lease did not end while no renewal got through")
 	}
-	if since := time.Since(cutAt); since > LeaseStop(leaseTTL)+leaseTTL/2 {
-		t.Errorf("the lease ended %s after the cut, want by its stop time %s", since, LeaseStop(leaseTTL))
+	if since := time.Since(cutAt); since > store.LeaseStop(leaseTTL)+leaseTTL/2 {
+		t.Errorf("the lease ended %s after the cut, want by its stop time %s", since, store.LeaseStop(leaseTTL))
 	}
-	if !errors.Is(l.Err(), ErrLeaseExpired) {
+	if !errors.Is(l.Err(), store.ErrLeaseExpired) {
 		t.Errorf("Err() = %v, want ErrLeaseExpired", l.Err())
 	}
 	s.setCut(false)
@@ -120,9 +121,9 @@ func TestLeaseEndsWhenRenewalsHang(t *testing.T) {
 // lease whose last renewal lies further back than its stop time) is told so by Valid
 // before the lease's own timer or goroutine has run.
 func TestLeaseJudgedOnTheCallersClock(t *testing.T) {
-	s := NewMemory()
-	id := session(t, s, SessionOptions{TTL: MinSessionTTL})
-	l := Keep(s, id, leaseTTL, time.Now().Add(-LeaseStop(leaseTTL)-time.Millisecond), nil)
+	s := store.NewMemory()
+	id := session(t, s, store.SessionOptions{TTL: store.MinSessionTTL})
+	l := store.Keep(s, id, leaseTTL, time.Now().Add(-store.LeaseStop(leaseTTL)-time.Millisecond), nil)
 	defer l.Close()
 	if l.Valid() {
 		t.Fatal("a lease last renewed before its stop time is valid")
@@ -131,19 +132,19 @@ func TestLeaseJudgedOnTheCallersClock(t *testing.T) {
 }
 
 func TestLeaseEndsWhenTheSessionIsGone(t *testing.T) {
-	eachStore(t, func(t *testing.T, s Store) {
-		id := session(t, s, SessionOptions{TTL: MinSessionTTL})
-		l := Keep(s, id, MinSessionTTL, time.Now(), nil)
+	consultest.EachStore(t, func(t *testing.T, s store.Store) {
+		id := session(t, s, store.SessionOptions{TTL: store.MinSessionTTL})
+		l := store.Keep(s, id, store.MinSessionTTL, time.Now(), nil)
 		defer l.Close()
 		if err := s.DestroySession(context.Background(), id); err != nil {
 			t.Fatal(err)
 		}
 		select {
 		case <-l.Done():
-		case <-time.After(MinSessionTTL):
+		case <-time.After(store.MinSessionTTL):
 			t.Fatal("the lease of a destroyed session did not end")
 		}
-		if !errors.Is(l.Err(), ErrSessionGone) {
+		if !errors.Is(l.Err(), store.ErrSessionGone) {
 			t.Errorf("Err() = %v, want ErrSessionGone", l.Err())
 		}
 	})
@@ -151,10 +152,10 @@ func TestLeaseEndsWhenTheSessionIsGone(t *testing.T) {
 
 // TestLeaseHoldsSessionPastTTL: a 10s session kept by a lease outlives 2×TTL.
 func TestLeaseHoldsSessionPastTTL(t *testing.T) {
-	s := NewMemory()
-	id := session(t, s, SessionOptions{TTL: MinSessionTTL})
-	l := Keep(s, id, MinSessionTTL, time.Now(), nil)
-	time.Sleep(2*MinSessionTTL + time.Second)
+	s := store.NewMemory()
+	id := session(t, s, store.SessionOptions{TTL: store.MinSessionTTL})
+	l := store.Keep(s, id, store.MinSessionTTL, time.Now(), nil)
+	time.Sleep(2*store.MinSessionTTL + time.Second)
 	if ok, _ := s.SessionExists(context.Background(), id); !ok || !l.Valid() {
 		t.Fatalf("session expired (exists %v) or lease over (%v) while kept", ok, l.Err())
 	}
@@ -169,19 +170,15 @@ func TestLeaseHoldsSessionPastTTL(t *testing.T) {
 // and says so.
 func TestLeaseReportsAnOutage(t *testing.T) {
 	agent := consultest.StartPersistent(t)
-	s, err := NewConsul(agent.Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	id := session(t, s, SessionOptions{TTL: MinSessionTTL})
+	s := consultest.ConsulStore(t, agent)
+	id := session(t, s, store.SessionOptions{TTL: store.MinSessionTTL})
 	core, logs := observer.New(zapcore.InfoLevel)
-	l := Keep(s, id, MinSessionTTL, time.Now(), zap.New(core))
+	l := store.Keep(s, id, store.MinSessionTTL, time.Now(), zap.New(core))
 	defer l.Close()
 	agent.Stop()
-	waitLog(t, logs, "coordinator unreachable: cannot renew the session, retrying", 2*MinSessionTTL)
-	waitLog(t, logs, "lease over: what this session guards must stop now", 2*MinSessionTTL)
-	if !errors.Is(l.Err(), ErrLeaseExpired) {
+	waitLog(t, logs, "coordinator unreachable: cannot renew the session, retrying", 2*store.MinSessionTTL)
+	waitLog(t, logs, "lease over: what this session guards must stop now", 2*store.MinSessionTTL)
+	if !errors.Is(l.Err(), store.ErrLeaseExpired) {
 		t.Errorf("Err() = %v, want ErrLeaseExpired", l.Err())
 	}
 	if n := logs.FilterMessage("coordinator unreachable: cannot renew the session, retrying").Len(); n != 1 {

@@ -1,4 +1,4 @@
-package store
+package store_test
 
 import (
 	"context"
@@ -10,23 +10,10 @@ import (
 	"time"
 
 	"github.com/gangrun/gangrun/internal/consultest"
+	"github.com/gangrun/gangrun/internal/store"
 )
 
-// eachStore runs fn on a Memory store and on a real Consul dev agent: both must behave
-// the same.
-func eachStore(t *testing.T, fn func(t *testing.T, s Store)) {
-	t.Run("memory", func(t *testing.T) { fn(t, NewMemory()) })
-	t.Run("consul", func(t *testing.T) {
-		agent := consultest.Start(t)
-		c, err := NewConsul(agent.Addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		fn(t, c)
-	})
-}
-
-func session(t *testing.T, s Store, o SessionOptions) string {
+func session(t *testing.T, s store.Store, o store.SessionOptions) string {
 	t.Helper()
 	if o.TTL == 0 {
 		o.TTL = 30 * time.Second
@@ -39,20 +26,20 @@ func session(t *testing.T, s Store, o SessionOptions) string {
 }
 
 func TestStoreSemantics(t *testing.T) {
-	eachStore(t, func(t *testing.T, s Store) {
+	consultest.EachStore(t, func(t *testing.T, s store.Store) {
 		ctx := context.Background()
 		t.Run("txn is all or nothing", func(t *testing.T) {
-			a := session(t, s, SessionOptions{Name: "a"})
-			b := session(t, s, SessionOptions{Name: "b"})
-			if _, err := s.Txn(ctx, []Op{{Verb: Lock, Key: "t1/x", Value: []byte("a"), Session: a}}); err != nil {
+			a := session(t, s, store.SessionOptions{Name: "a"})
+			b := session(t, s, store.SessionOptions{Name: "b"})
+			if _, err := s.Txn(ctx, []store.Op{{Verb: store.Lock, Key: "t1/x", Value: []byte("a"), Session: a}}); err != nil {
 				t.Fatal(err)
 			}
-			_, err := s.Txn(ctx, []Op{
-				{Verb: Lock, Key: "t1/y", Value: []byte("b"), Session: b},
-				{Verb: Lock, Key: "t1/x", Value: []byte("b"), Session: b},
+			_, err := s.Txn(ctx, []store.Op{
+				{Verb: store.Lock, Key: "t1/y", Value: []byte("b"), Session: b},
+				{Verb: store.Lock, Key: "t1/x", Value: []byte("b"), Session: b},
 			})
-			var te *TxnError
-			if !errors.As(err, &te) || !errors.Is(err, ErrTxnRejected) || len(te.Errors) != 1 || te.Errors[0].Op != 1 {
+			var te *store.TxnError
+			if !errors.As(err, &te) || !errors.Is(err, store.ErrTxnRejected) || len(te.Errors) != 1 || te.Errors[0].Op != 1 {
 				t.Fatalf("err = %v, want a rejection naming op 1", err)
 			}
 			if e, _ := s.Get(ctx, "t1/y"); e != nil {
@@ -63,28 +50,28 @@ func TestStoreSemantics(t *testing.T) {
 			}
 		})
 		t.Run("cas and checks", func(t *testing.T) {
-			if _, err := s.Txn(ctx, []Op{{Verb: CAS, Key: "t2/k", Value: []byte("1"), Index: 0}}); err != nil {
+			if _, err := s.Txn(ctx, []store.Op{{Verb: store.CAS, Key: "t2/k", Value: []byte("1"), Index: 0}}); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := s.Txn(ctx, []Op{{Verb: CAS, Key: "t2/k", Value: []byte("2"), Index: 0}}); !errors.Is(err, ErrTxnRejected) {
+			if _, err := s.Txn(ctx, []store.Op{{Verb: store.CAS, Key: "t2/k", Value: []byte("2"), Index: 0}}); !errors.Is(err, store.ErrTxnRejected) {
 				t.Errorf("CAS index 0 on an existing key: %v, want rejected", err)
 			}
 			e, _ := s.Get(ctx, "t2/k")
-			if _, err := s.Txn(ctx, []Op{{Verb: CheckIndex, Key: "t2/k", Index: e.ModifyIndex}, {Verb: CAS, Key: "t2/k", Value: []byte("3"), Index: e.ModifyIndex}}); err != nil {
+			if _, err := s.Txn(ctx, []store.Op{{Verb: store.CheckIndex, Key: "t2/k", Index: e.ModifyIndex}, {Verb: store.CAS, Key: "t2/k", Value: []byte("3"), Index: e.ModifyIndex}}); err != nil {
 				t.Errorf("CAS with the current index: %v", err)
 			}
-			if _, err := s.Txn(ctx, []Op{{Verb: CAS, Key: "t2/k", Value: []byte("4"), Index: e.ModifyIndex}}); !errors.Is(err, ErrTxnRejected) {
+			if _, err := s.Txn(ctx, []store.Op{{Verb: store.CAS, Key: "t2/k", Value: []byte("4"), Index: e.ModifyIndex}}); !errors.Is(err, store.ErrTxnRejected) {
 				t.Errorf("CAS with a stale index: %v, want rejected", err)
 			}
-			if _, err := s.Txn(ctx, []Op{{Verb: CheckNotExists, Key: "t2/k"}}); !errors.Is(err, ErrTxnRejected) {
+			if _, err := s.Txn(ctx, []store.Op{{Verb: store.CheckNotExists, Key: "t2/k"}}); !errors.Is(err, store.ErrTxnRejected) {
 				t.Errorf("check-not-exists on an existing key: %v", err)
 			}
-			got, err := s.Txn(ctx, []Op{{Verb: CheckNotExists, Key: "t2/none"}, {Verb: Get, Key: "t2/k"}})
+			got, err := s.Txn(ctx, []store.Op{{Verb: store.CheckNotExists, Key: "t2/none"}, {Verb: store.Get, Key: "t2/k"}})
 			if err != nil || len(got.Entries) != 1 || string(got.Entries[0].Value) != "3" {
 				t.Errorf("get in txn = %+v, %v", got, err)
 			}
 			// A write reports the index it was applied at: a List from then on sees it.
-			w, err := s.Txn(ctx, []Op{{Verb: Set, Key: "t2/w", Value: []byte("x")}})
+			w, err := s.Txn(ctx, []store.Op{{Verb: store.Set, Key: "t2/w", Value: []byte("x")}})
 			if err != nil || w.Index == 0 {
 				t.Fatalf("write index = %d, %v", w.Index, err)
 			}
@@ -93,12 +80,12 @@ func TestStoreSemantics(t *testing.T) {
 			}
 		})
 		t.Run("session behaviors and lock-delay", func(t *testing.T) {
-			del := session(t, s, SessionOptions{Name: "del", Behavior: DeleteKeys, LockDelay: 2 * time.Second})
-			rel := session(t, s, SessionOptions{Name: "rel", Behavior: Release})
-			other := session(t, s, SessionOptions{Name: "other"})
-			if _, err := s.Txn(ctx, []Op{
-				{Verb: Lock, Key: "t3/d", Value: []byte("x"), Session: del},
-				{Verb: Lock, Key: "t3/r", Value: []byte("y"), Session: rel},
+			del := session(t, s, store.SessionOptions{Name: "del", Behavior: store.DeleteKeys, LockDelay: 2 * time.Second})
+			rel := session(t, s, store.SessionOptions{Name: "rel", Behavior: store.Release})
+			other := session(t, s, store.SessionOptions{Name: "other"})
+			if _, err := s.Txn(ctx, []store.Op{
+				{Verb: store.Lock, Key: "t3/d", Value: []byte("x"), Session: del},
+				{Verb: store.Lock, Key: "t3/r", Value: []byte("y"), Session: rel},
 			}); err != nil {
 				t.Fatal(err)
 			}
@@ -114,14 +101,14 @@ func TestStoreSemantics(t *testing.T) {
 			if e, _ := s.Get(ctx, "t3/r"); e == nil || e.Session != "" || string(e.Value) != "y" {
 				t.Errorf("release behavior: %+v, want the key kept, unlocked", e)
 			}
-			_, err := s.Txn(ctx, []Op{{Verb: Lock, Key: "t3/d", Session: other}})
-			var te *TxnError
+			_, err := s.Txn(ctx, []store.Op{{Verb: store.Lock, Key: "t3/d", Session: other}})
+			var te *store.TxnError
 			if !errors.As(err, &te) || len(te.LockDelayed()) != 1 || te.LockDelayed()[0] != "t3/d" {
 				t.Fatalf("lock within the lock-delay: %v, want a lock-delay rejection of t3/d", err)
 			}
 			deadline := time.Now().Add(10 * time.Second)
 			for {
-				_, err = s.Txn(ctx, []Op{{Verb: Lock, Key: "t3/d", Session: other}})
+				_, err = s.Txn(ctx, []store.Op{{Verb: store.Lock, Key: "t3/d", Session: other}})
 				if err == nil || time.Now().After(deadline) {
 					break
 				}
@@ -133,7 +120,7 @@ func TestStoreSemantics(t *testing.T) {
 			if ok, _ := s.SessionExists(ctx, del); ok {
 				t.Errorf("destroyed session still exists")
 			}
-			if err := s.RenewSession(ctx, del); !errors.Is(err, ErrSessionGone) {
+			if err := s.RenewSession(ctx, del); !errors.Is(err, store.ErrSessionGone) {
 				t.Errorf("renew of a destroyed session: %v, want ErrSessionGone", err)
 			}
 		})
@@ -149,7 +136,7 @@ func TestStoreSemantics(t *testing.T) {
 			}
 			go func() {
 				time.Sleep(200 * time.Millisecond)
-				_, _ = s.Txn(ctx, []Op{{Verb: Set, Key: "t4/a", Value: []byte("v")}})
+				_, _ = s.Txn(ctx, []store.Op{{Verb: store.Set, Key: "t4/a", Value: []byte("v")}})
 			}()
 			got, idx3, err := s.WatchList(ctx, "t4/", idx, 20*time.Second)
 			if err != nil || idx3 <= idx || len(got) != 1 || got[0].Key != "t4/a" {
@@ -157,20 +144,20 @@ func TestStoreSemantics(t *testing.T) {
 			}
 		})
 		t.Run("transaction limits", func(t *testing.T) {
-			ops := make([]Op, MaxTxnOps)
+			ops := make([]store.Op, store.MaxTxnOps)
 			for i := range ops {
-				ops[i] = Op{Verb: Set, Key: fmt.Sprintf("t5/%03d", i), Value: []byte("v")}
+				ops[i] = store.Op{Verb: store.Set, Key: fmt.Sprintf("t5/%03d", i), Value: []byte("v")}
 			}
 			if _, err := s.Txn(ctx, ops); err != nil {
-				t.Errorf("%d operations: %v", MaxTxnOps, err)
+				t.Errorf("%d operations: %v", store.MaxTxnOps, err)
 			}
-			ops = append(ops, Op{Verb: Set, Key: "t5/extra"})
+			ops = append(ops, store.Op{Verb: store.Set, Key: "t5/extra"})
 			if _, err := s.Txn(ctx, ops); err == nil || !strings.Contains(err.Error(), "at most 128") {
 				t.Errorf("%d operations: %v, want refused", len(ops), err)
 			}
 		})
 		t.Run("bad session options", func(t *testing.T) {
-			for _, o := range []SessionOptions{{TTL: time.Second}, {TTL: 48 * time.Hour}, {TTL: 20 * time.Second, LockDelay: 2 * time.Minute}, {TTL: 20 * time.Second, Behavior: "explode"}} {
+			for _, o := range []store.SessionOptions{{TTL: time.Second}, {TTL: 48 * time.Hour}, {TTL: 20 * time.Second, LockDelay: 2 * time.Minute}, {TTL: 20 * time.Second, Behavior: "explode"}} {
 				if _, err := s.CreateSession(ctx, o); err == nil {
 					t.Errorf("CreateSession(%+v) accepted", o)
 				}
@@ -181,13 +168,13 @@ func TestStoreSemantics(t *testing.T) {
 
 // backwards is a Store whose index goes back once, as after a restore.
 type backwards struct {
-	Store
+	store.Store
 	mu    sync.Mutex
 	calls int
 	seen  []uint64
 }
 
-func (b *backwards) WatchList(ctx context.Context, prefix string, index uint64, wait time.Duration) ([]Entry, uint64, error) {
+func (b *backwards) WatchList(ctx context.Context, prefix string, index uint64, wait time.Duration) ([]store.Entry, uint64, error) {
 	b.mu.Lock()
 	b.calls++
 	n := b.calls
@@ -195,13 +182,13 @@ func (b *backwards) WatchList(ctx context.Context, prefix string, index uint64, 
 	b.mu.Unlock()
 	switch n {
 	case 1:
-		return []Entry{{Key: "k", Value: []byte("empty")}}, 0, nil // 0 is taken as 1
+		return []store.Entry{{Key: "k", Value: []byte("empty")}}, 0, nil // 0 is taken as 1
 	case 2:
-		return []Entry{{Key: "k", Value: []byte("old")}}, 100, nil
+		return []store.Entry{{Key: "k", Value: []byte("old")}}, 100, nil
 	case 3:
-		return []Entry{{Key: "k", Value: []byte("restored")}}, 7, nil // backwards
+		return []store.Entry{{Key: "k", Value: []byte("restored")}}, 7, nil // backwards
 	case 4:
-		return []Entry{{Key: "k", Value: []byte("restored")}}, 7, nil
+		return []store.Entry{{Key: "k", Value: []byte("restored")}}, 7, nil
 	}
 	<-ctx.Done()
 	return nil, 0, ctx.Err()
@@ -209,7 +196,7 @@ func (b *backwards) WatchList(ctx context.Context, prefix string, index uint64, 
 
 func TestWatcherIndexRules(t *testing.T) {
 	b := &backwards{}
-	w := NewWatcher(b, "p/")
+	w := store.NewWatcher(b, "p/")
 	ctx := context.Background()
 	for i, want := range []string{"empty", "old", "restored", "restored"} {
 		got, err := w.Next(ctx)
@@ -233,15 +220,15 @@ func TestWatcherIndexRules(t *testing.T) {
 // TestTxnErrorReasons: every kind of rejected operation carries the same typed reason on
 // both stores, so callers test errors.Is and never the store's wording.
 func TestTxnErrorReasons(t *testing.T) {
-	eachStore(t, func(t *testing.T, s Store) {
+	consultest.EachStore(t, func(t *testing.T, s store.Store) {
 		ctx := context.Background()
-		a := session(t, s, SessionOptions{LockDelay: 5 * time.Second})
-		b := session(t, s, SessionOptions{})
-		c := session(t, s, SessionOptions{})
-		if _, err := s.Txn(ctx, []Op{
-			{Verb: Set, Key: "r/plain", Value: []byte("1")},
-			{Verb: Lock, Key: "r/held", Value: []byte("1"), Session: c},
-			{Verb: Lock, Key: "r/delayed", Value: []byte("1"), Session: a},
+		a := session(t, s, store.SessionOptions{LockDelay: 5 * time.Second})
+		b := session(t, s, store.SessionOptions{})
+		c := session(t, s, store.SessionOptions{})
+		if _, err := s.Txn(ctx, []store.Op{
+			{Verb: store.Set, Key: "r/plain", Value: []byte("1")},
+			{Verb: store.Lock, Key: "r/held", Value: []byte("1"), Session: c},
+			{Verb: store.Lock, Key: "r/delayed", Value: []byte("1"), Session: a},
 		}); err != nil {
 			t.Fatal(err)
 		}
@@ -251,24 +238,24 @@ func TestTxnErrorReasons(t *testing.T) {
 		plain, _ := s.Get(ctx, "r/plain")
 		for _, tc := range []struct {
 			name string
-			op   Op
+			op   store.Op
 			want error
 		}{
-			{"lock held", Op{Verb: Lock, Key: "r/held", Value: []byte("x"), Session: b}, ErrLockHeld},
-			{"lock delay", Op{Verb: Lock, Key: "r/delayed", Value: []byte("x"), Session: b}, ErrLockDelay},
-			{"invalid session", Op{Verb: Lock, Key: "r/free", Value: []byte("x"), Session: a}, ErrSessionGone},
-			{"cas stale", Op{Verb: CAS, Key: "r/plain", Value: []byte("x"), Index: plain.ModifyIndex + 100}, ErrStaleIndex},
-			{"cas create exists", Op{Verb: CAS, Key: "r/plain", Value: []byte("x"), Index: 0}, ErrStaleIndex},
-			{"check-index stale", Op{Verb: CheckIndex, Key: "r/plain", Index: plain.ModifyIndex + 100}, ErrStaleIndex},
-			{"check-index missing", Op{Verb: CheckIndex, Key: "r/none", Index: 1}, ErrKeyNotFound},
-			{"get missing", Op{Verb: Get, Key: "r/none"}, ErrKeyNotFound},
-			{"check-not-exists", Op{Verb: CheckNotExists, Key: "r/plain"}, ErrKeyExists},
-			{"check-session", Op{Verb: CheckSession, Key: "r/held", Session: b}, ErrNotLockHolder},
-			{"unlock not holder", Op{Verb: Unlock, Key: "r/held", Session: b}, ErrNotLockHolder},
+			{"lock held", store.Op{Verb: store.Lock, Key: "r/held", Value: []byte("x"), Session: b}, store.ErrLockHeld},
+			{"lock delay", store.Op{Verb: store.Lock, Key: "r/delayed", Value: []byte("x"), Session: b}, store.ErrLockDelay},
+			{"invalid session", store.Op{Verb: store.Lock, Key: "r/free", Value: []byte("x"), Session: a}, store.ErrSessionGone},
+			{"cas stale", store.Op{Verb: store.CAS, Key: "r/plain", Value: []byte("x"), Index: plain.ModifyIndex + 100}, store.ErrStaleIndex},
+			{"cas create exists", store.Op{Verb: store.CAS, Key: "r/plain", Value: []byte("x"), Index: 0}, store.ErrStaleIndex},
+			{"check-index stale", store.Op{Verb: store.CheckIndex, Key: "r/plain", Index: plain.ModifyIndex + 100}, store.ErrStaleIndex},
+			{"check-index missing", store.Op{Verb: store.CheckIndex, Key: "r/none", Index: 1}, store.ErrKeyNotFound},
+			{"get missing", store.Op{Verb: store.Get, Key: "r/none"}, store.ErrKeyNotFound},
+			{"check-not-exists", store.Op{Verb: store.CheckNotExists, Key: "r/plain"}, store.ErrKeyExists},
+			{"check-session", store.Op{Verb: store.CheckSession, Key: "r/held", Session: b}, store.ErrNotLockHolder},
+			{"unlock not holder", store.Op{Verb: store.Unlock, Key: "r/held", Session: b}, store.ErrNotLockHolder},
 		} {
-			_, err := s.Txn(ctx, []Op{{Verb: Set, Key: "r/other", Value: []byte("y")}, tc.op})
-			var te *TxnError
-			if !errors.As(err, &te) || !errors.Is(err, ErrTxnRejected) || !errors.Is(err, tc.want) {
+			_, err := s.Txn(ctx, []store.Op{{Verb: store.Set, Key: "r/other", Value: []byte("y")}, tc.op})
+			var te *store.TxnError
+			if !errors.As(err, &te) || !errors.Is(err, store.ErrTxnRejected) || !errors.Is(err, tc.want) {
 				t.Errorf("%s: %v, want a *TxnError with reason %v", tc.name, err, tc.want)
 				continue
 			}
@@ -283,18 +270,18 @@ func TestTxnErrorReasons(t *testing.T) {
 }
 
 func TestSplitTxn(t *testing.T) {
-	fence := []Op{{Verb: CheckSession, Key: "leader", Session: "s"}, {Verb: CheckIndex, Key: "state", Index: 7}}
-	var ops []Op
+	fence := []store.Op{{Verb: store.CheckSession, Key: "leader", Session: "s"}, {Verb: store.CheckIndex, Key: "state", Index: 7}}
+	var ops []store.Op
 	for i := 0; i < 300; i++ {
-		ops = append(ops, Op{Verb: Lock, Key: fmt.Sprintf("gpus/n%03d", i), Value: []byte("g"), Session: "s"})
+		ops = append(ops, store.Op{Verb: store.Lock, Key: fmt.Sprintf("gpus/n%03d", i), Value: []byte("g"), Session: "s"})
 	}
-	txns, err := SplitTxn(fence, ops)
+	txns, err := store.SplitTxn(fence, ops)
 	if err != nil {
 		t.Fatal(err)
 	}
 	seen := 0
 	for i, txn := range txns {
-		if err := CheckTxn(txn); err != nil {
+		if err := store.CheckTxn(txn); err != nil {
 			t.Errorf("transaction %d: %v", i, err)
 		}
 		if txn[0].Key != fence[0].Key || txn[1].Key != fence[1].Key {
@@ -311,23 +298,23 @@ func TestSplitTxn(t *testing.T) {
 		t.Errorf("%d transactions holding %d operations, want 3 holding %d", len(txns), seen, len(ops))
 	}
 	// Large values split by bytes too.
-	big := []Op{}
+	big := []store.Op{}
 	for i := 0; i < 10; i++ {
-		big = append(big, Op{Verb: Set, Key: fmt.Sprint(i), Value: make([]byte, 100<<10)})
+		big = append(big, store.Op{Verb: store.Set, Key: fmt.Sprint(i), Value: make([]byte, 100<<10)})
 	}
-	txns, err = SplitTxn(nil, big)
+	txns, err = store.SplitTxn(nil, big)
 	if err != nil || len(txns) < 3 {
 		t.Errorf("10 × 100 KiB: %d transactions (%v), want at least 3", len(txns), err)
 	}
 	for i, txn := range txns {
-		if err := CheckTxn(txn); err != nil {
+		if err := store.CheckTxn(txn); err != nil {
 			t.Errorf("transaction %d: %v", i, err)
 		}
 	}
-	if _, err := SplitTxn(nil, []Op{{Verb: Set, Key: "huge", Value: make([]byte, MaxTxnBytes)}}); !errors.Is(err, ErrTxnTooLarge) {
+	if _, err := store.SplitTxn(nil, []store.Op{{Verb: store.Set, Key: "huge", Value: make([]byte, store.MaxTxnBytes)}}); !errors.Is(err, store.ErrTxnTooLarge) {
 		t.Errorf("one operation over the limit: %v, want ErrTxnTooLarge", err)
 	}
-	if txns, err := SplitTxn(fence, nil); err != nil || len(txns) != 0 {
+	if txns, err := store.SplitTxn(fence, nil); err != nil || len(txns) != 0 {
 		t.Errorf("no operations: %v, %v", txns, err)
 	}
 }
