@@ -15,9 +15,14 @@ import (
 	"github.com/gangrun/gangrun/topology"
 )
 
-// registerRetryMax bounds the backoff between registration attempts while Consul is
-// unreachable or a previous agent's session for the same node still lives.
-const registerRetryMax = 5 * time.Second
+// The backoff between registration attempts while Consul is unreachable or a previous
+// agent's session for the same node still lives: registerRetryMin doubling up to
+// registerRetryMax; and how long a stopping agent waits to destroy its session.
+const (
+	registerRetryMin = 100 * time.Millisecond
+	registerRetryMax = 5 * time.Second
+	deregisterWait   = 5 * time.Second
+)
 
 // AgentConfig configures a node's agent.
 type AgentConfig struct {
@@ -146,7 +151,7 @@ func (a *Agent) register(ctx context.Context) (string, time.Time, error) {
 // Run keeps the node registered until ctx ends, then destroys its session (the node
 // shows down at once) and returns nil.
 func (a *Agent) Run(ctx context.Context) error {
-	backoff := 100 * time.Millisecond
+	backoff := registerRetryMin
 	for {
 		sess, since, err := a.register(ctx)
 		if err != nil {
@@ -162,10 +167,10 @@ func (a *Agent) Run(ctx context.Context) error {
 			backoff = min(backoff*2, registerRetryMax)
 			continue
 		}
-		backoff = 100 * time.Millisecond
+		backoff = registerRetryMin
 		err = a.serve(ctx, sess, since)
 		if ctx.Err() != nil {
-			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), deregisterWait)
 			_ = a.s.DestroySession(dctx, sess)
 			cancel()
 			a.log.Info("deregistered")

@@ -217,7 +217,7 @@ func Snapshot(ctx context.Context, s store.Store) (*Cluster, error) {
 	return parseCluster(entries, idx), nil
 }
 
-// NodeStatus is one row of `gangrun nodes` (JSON fields are stable: DESIGN.md).
+// NodeStatus is one row of `gangrun nodes` (JSON fields are stable; README.md, "Cluster mode").
 type NodeStatus struct {
 	Name      string            `json:"name"`
 	State     string            `json:"state"`

@@ -21,7 +21,7 @@ const (
 	// the "# Avg bus bandwidth" line.
 	Table Format = iota
 	// JSON prints one Result object per operation, one per line (JSON Lines), with the
-	// fields of DESIGN.md.
+	// fields docs/bench.md lists ("Output formats").
 	JSON
 	// CSV prints a header and one line per Row (CSVHeader).
 	CSV

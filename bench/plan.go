@@ -62,7 +62,7 @@ func (p Plan) Validate() error {
 func (p Plan) Sizes() ([]int64, error) { return Sizes(p.MinBytes, p.MaxBytes, p.StepFactor) }
 
 // NCCLTestsArgs returns the command line of the nccl-tests binary for op on gpus GPUs
-// in one process (README "Arguments": -b, -e, -f, -w, -n, -g, -d, -c).
+// in one process (nccl-tests' README, "Arguments": -b, -e, -f, -w, -n, -g, -d, -c).
 func (p Plan) NCCLTestsArgs(op Op, gpus int) []string {
 	check := "0"
 	if p.Check {

@@ -9,7 +9,7 @@ import (
 
 // Row is one timed half of one message size: nccl-tests prints an out-of-place and an
 // in-place half on each line, and each half is a Row here. Its JSON fields are those of
-// DESIGN.md (`bench --json`), plus root and wrong.
+// docs/bench.md ("Output formats"), plus root and wrong.
 type Row struct {
 	// Op is the operation timed.
 	Op Op `json:"op"`
@@ -97,8 +97,8 @@ func NewRow(op Op, ranks int, sizeBytes, count int64, dtype, redop string, root 
 }
 
 // Result is one operation's sweep over message sizes on one set of ranks. Its JSON
-// fields are those of DESIGN.md (`bench --json`): op, ranks, rows, avg_busbw_gbps; the
-// others are added where known.
+// fields are those of docs/bench.md ("Output formats"): op, ranks, rows,
+// avg_busbw_gbps; the others are added where known.
 type Result struct {
 	// Op is the operation; "" when parsed nccl-tests output did not say which.
 	Op Op `json:"op"`

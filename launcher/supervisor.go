@@ -34,7 +34,7 @@ import (
 	"github.com/gangrun/gangrun/rendezvous"
 )
 
-// Defaults of `gangrun run` (DESIGN.md, the command line).
+// Defaults of `gangrun run` (README.md, the flag table of `gangrun run`).
 const (
 	// DefaultMaxRestarts is --max-restarts: how many failed attempts are retried.
 	DefaultMaxRestarts = 3

@@ -342,10 +342,13 @@ func (c *Dynamic) checkConfig(st *jobState) error {
 }
 
 // joinRetry bounds the pause between two tries to join while the coordinator is
-// unavailable (joinRetryMin doubling to joinRetryMax).
+// unavailable (joinRetryMin doubling to joinRetryMax); successRetry the pause between
+// two tries to report this node's success.
 const (
-	joinRetryMin = 500 * time.Millisecond
-	joinRetryMax = 5 * time.Second
+	joinRetryMin    = 500 * time.Millisecond
+	joinRetryMax    = 5 * time.Second
+	successRetryMin = 100 * time.Millisecond
+	successRetryMax = 5 * time.Second
 )
 
 // Join implements Rendezvous: it blocks until a round closes with this node in it.
@@ -1079,7 +1082,7 @@ func (r *dynamicRound) Succeed(ctx context.Context) (End, error) {
 	// leader like a node that left without finishing. It stops when the store rejects
 	// the lock (this node's session is gone) or the round ends otherwise.
 	done := []store.Op{{Verb: store.Lock, Key: c.key("done", r.run, strconv.Itoa(r.a.Round), r.node), Value: []byte("ok"), Session: r.sess}}
-	for backoff := 100 * time.Millisecond; ; backoff = min(backoff*2, 5*time.Second) {
+	for backoff := successRetryMin; ; backoff = min(backoff*2, successRetryMax) {
 		_, err := c.s.Txn(ctx, done)
 		if err == nil {
 			break

@@ -200,7 +200,7 @@ func orDash(s string) string {
 	return s
 }
 
-// allocJSON is `gangrun alloc --json` (DESIGN.md: {"id", "nodes": [{"name", "gpus"}]}).
+// allocJSON is `gangrun alloc --json` (README.md, "Cluster mode": {"id", "nodes": [{"name", "gpus"}]}).
 type allocJSON struct {
 	ID    string                `json:"id"`
 	Nodes []allocator.GrantNode `json:"nodes"`
