@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"math/rand/v2"
@@ -87,20 +88,34 @@ func TestBurstOfGrantsWithKilledHolders(t *testing.T) {
 		procs[i] = &burstProc{i: i, nodes: 1 + rng.IntN(2), gpus: 1 + rng.IntN(8),
 			hold: 500*time.Millisecond + time.Duration(rng.IntN(2500))*time.Millisecond, done: make(chan struct{})}
 	}
+	// Started all at once: Start returns once the child has exec'd, so one at a time
+	// would spread the burst over seconds on a loaded machine.
 	start := time.Now()
+	var wg sync.WaitGroup
+	startErrs := make([]error, len(procs))
+	for i, p := range procs {
+		wg.Add(1)
+		go func() { defer wg.Done(); startErrs[i] = p.start(consul, mark) }()
+	}
+	wg.Wait()
 	for _, p := range procs {
-		p.start(t, consul, mark)
+		if p.cmd.Process != nil {
+			t.Cleanup(p.stop)
+		}
+	}
+	if err := errors.Join(startErrs...); err != nil {
+		t.Fatal(err)
 	}
 	t.Logf("seed %d: %d allocs started in %s", seed, len(procs), time.Since(start).Round(time.Millisecond))
 
 	// The killer: 17 kills at random moments, each of a random process in the state the
-	// kill is for (8 waiting, 9 holding, in a random order; the other state when none is
+	// kill is for (9 waiting, 8 holding, in a random order; the other state when none is
 	// in that one). A kill counts only if the process died of it.
 	killerDone := make(chan struct{})
 	var killErr error
 	go func() {
 		defer close(killerDone)
-		modes := make([]bool, burstKills) // true: kill a holder
+		modes := make([]bool, burstKills) // true: kill a holder (odd positions before the shuffle)
 		for i := range modes {
 			modes[i] = i%2 == 1
 		}
@@ -146,7 +161,7 @@ func TestBurstOfGrantsWithKilledHolders(t *testing.T) {
 
 	// Outcomes: the killed died of SIGKILL; every other alloc was granted, ran its
 	// command and exited with its code 0.
-	var killedPending, killedHolding, grantedAfterDeath, grantedByAllocs int
+	var killedPending, killedHolding, grantedAfterDeath, grantedByAllocs, unseen int
 	var lastKill, lastExit time.Time
 	var lockLife []time.Duration // per killed holder: from its death to its last key gone
 	for _, p := range procs {
@@ -158,6 +173,9 @@ func TestBurstOfGrantsWithKilledHolders(t *testing.T) {
 		}
 		if granted {
 			grantedByAllocs++
+			if _, seen := obs.grantedAt(id); !seen {
+				unseen++ // granted and released between two reads of a starved observer
+			}
 		}
 		ws, _ := p.cmd.ProcessState.Sys().(syscall.WaitStatus)
 		if killedAt.IsZero() {
@@ -238,7 +256,13 @@ func TestBurstOfGrantsWithKilledHolders(t *testing.T) {
 	}
 	slices.Sort(lockLife)
 
-	snaps, states, maxGap, violations, distinct, grantsSeen := obs.figures()
+	snaps, states, gaps, violations, distinct, grantsSeen := obs.figures()
+	gap := func(q float64) time.Duration {
+		if len(gaps) == 0 {
+			return 0
+		}
+		return gaps[min(len(gaps)-1, int(q*float64(len(gaps))))].Round(time.Millisecond)
+	}
 	doubles := 0
 	for _, v := range distinct {
 		if v.Kind == allocator.DoubleBooked {
@@ -247,9 +271,11 @@ func TestBurstOfGrantsWithKilledHolders(t *testing.T) {
 	}
 	t.Logf("burst: %d allocs (1-2 nodes × 1-8 GPUs, holding 0.5-3 s) on %d nodes × 8 GPUs; all exited %s after the start",
 		burstRequests, burstNodes, burstTook.Round(100*time.Millisecond))
-	t.Logf("snapshots of Consul's keys checked: %d (%d distinct states; at most %s between two reads); double-booked GPUs: %d; grants not whole: %d (in %d snapshots with a violation)",
-		snaps, states, maxGap.Round(time.Millisecond), doubles, len(distinct)-doubles, violations)
-	t.Logf("grants made: %d seen granted in Consul, %d allocs told they were granted", grantsSeen, grantedByAllocs)
+	t.Logf("snapshots of Consul's keys checked: %d (%d distinct states; between two reads: median %s, 99th percentile %s, max %s)",
+		snaps, states, gap(0.5), gap(0.99), gap(1))
+	t.Logf("double-booked GPUs: %d; grants not whole: %d (in %d snapshots with a violation)", doubles, len(distinct)-doubles, violations)
+	t.Logf("grants made: %d seen granted in Consul, %d allocs told they were granted (%d of those never seen: made and released between two reads)",
+		grantsSeen, grantedByAllocs, unseen)
 	t.Logf("holders killed: %d (%d waiting, of which %d granted after their death; %d holding), the last %s after the start",
 		killedPending+killedHolding, killedPending, grantedAfterDeath, killedHolding, lastKill.Sub(start).Round(time.Millisecond))
 	if len(lockLife) > 0 {
@@ -288,8 +314,8 @@ type burstProc struct {
 
 var submittedRE = regexp.MustCompile(`^gangrun alloc: request ([0-9a-f]+) submitted`)
 
-func (p *burstProc) start(t *testing.T, consul, mark string) {
-	t.Helper()
+// start starts p; a goroutine reaps it and closes p.done.
+func (p *burstProc) start(consul, mark string) error {
 	p.cmd = exec.Command(gangrunBin, "alloc", "--consul", consul, "--nodes", strconv.Itoa(p.nodes),
 		"--gpus-per-node", strconv.Itoa(p.gpus), "--wait", burstWait.String(), "--",
 		"sleep", strconv.FormatFloat(p.hold.Seconds(), 'f', 3, 64))
@@ -313,16 +339,8 @@ func (p *burstProc) start(t *testing.T, consul, mark string) {
 	// returns anyway (and testMark reports it).
 	p.cmd.WaitDelay = 10 * time.Second
 	if err := p.cmd.Start(); err != nil {
-		t.Fatalf("start alloc #%d: %v", p.i, err)
+		return fmt.Errorf("start alloc #%d: %w", p.i, err)
 	}
-	t.Cleanup(func() { // on a failure that left it running
-		select {
-		case <-p.done:
-		default:
-			_ = p.cmd.Process.Kill()
-			<-p.done
-		}
-	})
 	go func() {
 		_ = p.cmd.Wait()
 		p.mu.Lock()
@@ -330,6 +348,17 @@ func (p *burstProc) start(t *testing.T, consul, mark string) {
 		p.mu.Unlock()
 		close(p.done)
 	}()
+	return nil
+}
+
+// stop kills p if a failure of the test left it running.
+func (p *burstProc) stop() {
+	select {
+	case <-p.done:
+	default:
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
 }
 
 // state says whether p waits (submitted, not granted) or holds its grant, while alive.
@@ -459,7 +488,7 @@ type keyObserver struct {
 	snapshots int
 	states    map[uint64]bool                // fingerprints of the distinct states read
 	last      time.Time                      // the last read
-	maxGap    time.Duration                  // the longest time between two reads
+	gaps      []time.Duration                // between consecutive reads
 	violating int                            // snapshots with a violation
 	distinct  map[string]allocator.Violation // by its text
 	granted   map[string]time.Time           // id → first seen granted
@@ -535,7 +564,7 @@ func (o *keyObserver) check(entries []store.Entry, index uint64) time.Time {
 	o.snapshots++
 	o.states[state] = true
 	if !o.last.IsZero() {
-		o.maxGap = max(o.maxGap, now.Sub(o.last))
+		o.gaps = append(o.gaps, now.Sub(o.last))
 	}
 	o.last = now
 	if len(vs) > 0 {
@@ -574,10 +603,10 @@ func (o *keyObserver) goneAt(id string) (time.Time, bool) {
 	return at, ok
 }
 
-// figures returns the snapshots read, the distinct states among them, the longest time
-// between two reads, the snapshots with a violation, the distinct violations (sorted)
-// and the grants seen granted.
-func (o *keyObserver) figures() (snapshots, states int, maxGap time.Duration, violating int, distinct []allocator.Violation, granted int) {
+// figures returns the snapshots read, the distinct states among them, the times
+// between consecutive reads (sorted), the snapshots with a violation, the distinct
+// violations (sorted) and the grants seen granted.
+func (o *keyObserver) figures() (snapshots, states int, gaps []time.Duration, violating int, distinct []allocator.Violation, granted int) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	keys := make([]string, 0, len(o.distinct))
@@ -588,7 +617,9 @@ func (o *keyObserver) figures() (snapshots, states int, maxGap time.Duration, vi
 	for _, k := range keys {
 		distinct = append(distinct, o.distinct[k])
 	}
-	return o.snapshots, len(o.states), o.maxGap, o.violating, distinct, len(o.granted)
+	gaps = slices.Clone(o.gaps)
+	slices.Sort(gaps)
+	return o.snapshots, len(o.states), gaps, o.violating, distinct, len(o.granted)
 }
 
 // allocSessions lists the Consul sessions of alloc requesters ("gangrun alloc <id>").
