@@ -232,6 +232,7 @@ func TestBurstOfGrantsWithKilledHolders(t *testing.T) {
 	}
 	// Each killed holder's keys went within the bound of its own death.
 	var lastLockGone time.Time
+	var seenLate time.Duration // the latest start of a read that saw a killed holder's key, after its death
 	for _, p := range procs {
 		p.mu.Lock()
 		killedAt, id := p.killedAt, p.id
@@ -249,9 +250,13 @@ func TestBurstOfGrantsWithKilledHolders(t *testing.T) {
 		if gone.After(lastLockGone) {
 			lastLockGone = gone
 		}
-		if life > allocator.ReleaseBound {
-			t.Errorf("alloc #%d (request %s) was killed at +%s; its keys went %s later, past the %s bound",
-				p.i, id, killedAt.Sub(start).Round(time.Millisecond), life.Round(time.Millisecond), allocator.ReleaseBound)
+		// A read begun past the bound that still saw its keys is a lock held too long;
+		// an answer that merely came late (a starved observer) is not.
+		late := obs.seenAfter(id).Sub(killedAt)
+		seenLate = max(seenLate, late)
+		if late > allocator.ReleaseBound {
+			t.Errorf("alloc #%d (request %s) was killed at +%s; a read begun %s later still saw its keys, past the %s bound",
+				p.i, id, killedAt.Sub(start).Round(time.Millisecond), late.Round(time.Millisecond), allocator.ReleaseBound)
 		}
 	}
 	slices.Sort(lockLife)
@@ -279,9 +284,9 @@ func TestBurstOfGrantsWithKilledHolders(t *testing.T) {
 	t.Logf("holders killed: %d (%d waiting, of which %d granted after their death; %d holding), the last %s after the start",
 		killedPending+killedHolding, killedPending, grantedAfterDeath, killedHolding, lastKill.Sub(start).Round(time.Millisecond))
 	if len(lockLife) > 0 {
-		t.Logf("killed holders' keys gone after their death: median %s, max %s (bound %s); the last lock went %s after the last kill",
-			lockLife[len(lockLife)/2].Round(time.Millisecond), lockLife[len(lockLife)-1].Round(time.Millisecond), allocator.ReleaseBound,
-			lastLockGone.Sub(lastKill).Round(time.Millisecond))
+		t.Logf("killed holders' keys gone after their death (first answer without them): median %s, max %s; last seen by a read begun %s after the death (bound %s); the last lock went %s after the last kill",
+			lockLife[len(lockLife)/2].Round(time.Millisecond), lockLife[len(lockLife)-1].Round(time.Millisecond),
+			seenLate.Round(time.Millisecond), allocator.ReleaseBound, lastLockGone.Sub(lastKill).Round(time.Millisecond))
 	}
 	t.Logf("orphaned locks %s after the last holder died: %d; alloc sessions left: %d", allocator.ReleaseBound, len(orphans), len(sessions))
 	for i, v := range distinct {
@@ -481,25 +486,28 @@ func isHeldKey(key string) bool {
 
 // keyObserver reads gangrun/cluster/ as often as it can and checks every state it reads
 // with allocator.CheckInvariants: a watcher (blocking queries, each returning as soon as
-// something changed) and a poller (consistent reads back to back). From the watcher's
-// reads it also remembers, per request id, when the last of its keys went.
+// something changed) and a poller (consistent reads back to back). It also remembers,
+// per request id, the start of the latest read that still saw one of its keys (the key
+// existed at that moment or later: a sound lower bound however late the answer comes on
+// a starved machine), and when the watcher's reads first showed them gone.
 type keyObserver struct {
 	mu        sync.Mutex
 	snapshots int
 	states    map[uint64]bool                // fingerprints of the distinct states read
-	last      time.Time                      // the last read
-	gaps      []time.Duration                // between consecutive reads
+	last      time.Time                      // the last read's answer
+	gaps      []time.Duration                // between consecutive answers
 	violating int                            // snapshots with a violation
 	distinct  map[string]allocator.Violation // by its text
 	granted   map[string]time.Time           // id → first seen granted
+	seenSince map[string]time.Time           // id → start of the latest read that saw its keys
 	present   map[string]bool                // ids with a key in the watcher's last read
-	gone      map[string]time.Time           // id → the watcher's first read without its keys
+	gone      map[string]time.Time           // id → the watcher's first answer without its keys
 	lastHeld  []string                       // held keys in the watcher's last read
 }
 
 func newKeyObserver() *keyObserver {
 	return &keyObserver{states: map[uint64]bool{}, distinct: map[string]allocator.Violation{}, granted: map[string]time.Time{},
-		present: map[string]bool{}, gone: map[string]time.Time{}, lastHeld: []string{"(no snapshot yet)"}}
+		seenSince: map[string]time.Time{}, present: map[string]bool{}, gone: map[string]time.Time{}, lastHeld: []string{"(no snapshot yet)"}}
 }
 
 // run observes until ctx ends.
@@ -509,33 +517,22 @@ func (o *keyObserver) run(ctx context.Context, s store.Store) {
 	go func() {
 		defer wg.Done()
 		for ctx.Err() == nil {
+			began := time.Now()
 			entries, idx, err := s.List(ctx, allocator.ClusterPrefix)
 			if err == nil {
-				o.check(entries, idx)
+				o.check(entries, idx, began)
 			}
 		}
 	}()
 	defer wg.Wait()
 	w := store.NewWatcher(s, allocator.ClusterPrefix)
 	for {
+		began := time.Now()
 		entries, err := w.Next(ctx)
 		if err != nil {
 			return // ctx ended (the watcher retries everything else)
 		}
-		now := o.check(entries, w.Index())
-		ids := map[string]bool{}
-		var held []string
-		for _, e := range entries {
-			if !isHeldKey(e.Key) {
-				continue
-			}
-			held = append(held, e.Key)
-			if strings.HasPrefix(e.Key, allocator.ClusterPrefix+"gpus/") {
-				ids[string(e.Value)] = true
-			} else {
-				ids[e.Key[strings.LastIndexByte(e.Key, '/')+1:]] = true
-			}
-		}
+		now, ids, held := o.check(entries, w.Index(), began)
 		o.mu.Lock()
 		for id := range o.present {
 			if !ids[id] {
@@ -550,13 +547,25 @@ func (o *keyObserver) run(ctx context.Context, s store.Store) {
 	}
 }
 
-// check checks one read of the keys and returns when it was made.
-func (o *keyObserver) check(entries []store.Entry, index uint64) time.Time {
+// check checks one read of the keys, begun at began, and returns when its answer came,
+// the request ids with a key in it and its held keys.
+func (o *keyObserver) check(entries []store.Entry, index uint64, began time.Time) (time.Time, map[string]bool, []string) {
 	now := time.Now()
 	c, vs := allocator.CheckInvariants(entries, index)
 	h := fnv.New64a()
-	for _, e := range entries { // a key's value changes only with its ModifyIndex
-		fmt.Fprintf(h, "%s|%d|%s\n", e.Key, e.ModifyIndex, e.Session)
+	ids := map[string]bool{}
+	var held []string
+	for _, e := range entries {
+		fmt.Fprintf(h, "%s|%d|%s\n", e.Key, e.ModifyIndex, e.Session) // a value changes only with its ModifyIndex
+		if !isHeldKey(e.Key) {
+			continue
+		}
+		held = append(held, e.Key)
+		if strings.HasPrefix(e.Key, allocator.ClusterPrefix+"gpus/") {
+			ids[string(e.Value)] = true
+		} else {
+			ids[e.Key[strings.LastIndexByte(e.Key, '/')+1:]] = true
+		}
 	}
 	state := h.Sum64()
 	o.mu.Lock()
@@ -578,7 +587,12 @@ func (o *keyObserver) check(entries []store.Entry, index uint64) time.Time {
 			o.granted[id] = now
 		}
 	}
-	return now
+	for id := range ids {
+		if began.After(o.seenSince[id]) {
+			o.seenSince[id] = began
+		}
+	}
+	return now, ids, held
 }
 
 // leftover returns the held keys (GPU locks, grants, requests) of the last snapshot.
@@ -593,6 +607,13 @@ func (o *keyObserver) grantedAt(id string) (time.Time, bool) {
 	defer o.mu.Unlock()
 	at, ok := o.granted[id]
 	return at, ok
+}
+
+// seenAfter returns the start of the latest read that saw a key of request id.
+func (o *keyObserver) seenAfter(id string) time.Time {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.seenSince[id]
 }
 
 // goneAt returns when the last key of request id went (false: seen, and still there).
