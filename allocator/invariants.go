@@ -29,6 +29,7 @@ type Violation struct {
 	Holder, Session string
 }
 
+// String describes the violation in one line, naming the device and the grants.
 func (v Violation) String() string {
 	if v.Kind == DoubleBooked {
 		return fmt.Sprintf("device %s granted to both %s and %s", v.Key, v.Grants[0], v.Grants[1])

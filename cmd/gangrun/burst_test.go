@@ -49,9 +49,9 @@ const (
 // back) and every read is checked: no GPU is held by two grants and every grant is
 // whole (a double booking that lasts longer than the longest gap between two reads,
 // logged, cannot go unseen). At the end every alloc has exited (the others with their
-// command's code 0), the locks of each killed holder are gone within 25 s of its death (2×TTL
-// plus the lock-delay, README "25 s at most"), and nothing is left: no GPU key, grant,
-// request or alloc session, and no process of a killed holder's command.
+// command's code 0), no read begun more than 25 s after a killed holder's death saw its
+// keys (2×TTL plus the lock-delay, README "25 s at most"), and nothing is left: no GPU
+// key, grant, request or alloc session, and no process of a killed holder's command.
 func TestBurstOfGrantsWithKilledHolders(t *testing.T) {
 	consul := consultest.Start(t).Addr
 	for i := range burstNodes {
@@ -284,7 +284,8 @@ func TestBurstOfGrantsWithKilledHolders(t *testing.T) {
 	t.Logf("holders killed: %d (%d waiting, of which %d granted after their death; %d holding), the last %s after the start",
 		killedPending+killedHolding, killedPending, grantedAfterDeath, killedHolding, lastKill.Sub(start).Round(time.Millisecond))
 	if len(lockLife) > 0 {
-		t.Logf("killed holders' keys gone after their death (first answer without them): median %s, max %s; last seen by a read begun %s after the death (bound %s); the last lock went %s after the last kill",
+		t.Logf("killed holders' keys gone after their death (first answer without them): median %s, max %s; "+
+			"last seen by a read begun %s after the death (bound %s); the last lock went %s after the last kill",
 			lockLife[len(lockLife)/2].Round(time.Millisecond), lockLife[len(lockLife)-1].Round(time.Millisecond),
 			seenLate.Round(time.Millisecond), allocator.ReleaseBound, lastLockGone.Sub(lastKill).Round(time.Millisecond))
 	}
