@@ -42,14 +42,16 @@ import (
 
 // Key prefixes (see the package documentation).
 const (
-	Prefix          = "gangrun/"
-	clusterPrefix   = Prefix + "cluster/"
-	nodesPrefix     = clusterPrefix + "nodes/"
-	alivePrefix     = clusterPrefix + "alive/"
-	drainPrefix     = clusterPrefix + "drain/"
-	requestsPrefix  = clusterPrefix + "requests/"
-	grantsPrefix    = clusterPrefix + "grants/"
-	gpusPrefix      = clusterPrefix + "gpus/"
+	Prefix = "gangrun/"
+	// ClusterPrefix holds the allocator's cluster state (nodes, requests, grants, GPU
+	// locks): one List of it is a consistent snapshot (Snapshot, CheckInvariants).
+	ClusterPrefix   = Prefix + "cluster/"
+	nodesPrefix     = ClusterPrefix + "nodes/"
+	alivePrefix     = ClusterPrefix + "alive/"
+	drainPrefix     = ClusterPrefix + "drain/"
+	requestsPrefix  = ClusterPrefix + "requests/"
+	grantsPrefix    = ClusterPrefix + "grants/"
+	gpusPrefix      = ClusterPrefix + "gpus/"
 	schedulerKey    = Prefix + "scheduler/leader"
 	statusKey       = Prefix + "scheduler/status"
 	inventoryPrefix = Prefix + "inventory/"

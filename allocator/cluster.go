@@ -210,7 +210,7 @@ func parseClusterWith(entries []store.Entry, index uint64, decode func(e store.E
 
 // Snapshot reads the cluster's state with one consistent read.
 func Snapshot(ctx context.Context, s store.Store) (*Cluster, error) {
-	entries, idx, err := s.List(ctx, clusterPrefix)
+	entries, idx, err := s.List(ctx, ClusterPrefix)
 	if err != nil {
 		return nil, err
 	}

@@ -127,7 +127,7 @@ func (sc *Scheduler) Run(ctx context.Context) error {
 		var snap *Cluster
 		switch {
 		case sc.unknown:
-			entries, idx, err := sc.s.List(ctx, clusterPrefix)
+			entries, idx, err := sc.s.List(ctx, ClusterPrefix)
 			if err != nil {
 				sc.log.Warn("read the cluster", zap.Error(err))
 				timer = time.After(time.Second)
@@ -144,7 +144,7 @@ func (sc *Scheduler) Run(ctx context.Context) error {
 				timer = time.After(wait)
 				continue
 			}
-			entries, idx, err := sc.s.List(ctx, clusterPrefix)
+			entries, idx, err := sc.s.List(ctx, ClusterPrefix)
 			if err != nil {
 				sc.log.Warn("read the cluster", zap.Error(err))
 				timer = time.After(time.Second)
