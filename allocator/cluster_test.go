@@ -121,43 +121,19 @@ func waitFor(t testing.TB, d time.Duration, cond func() bool, what string) {
 	}
 }
 
-// checkInvariants reads the store directly, in one consistent read: no device is held
-// by two grants, every granted grant holds every device it lists (locked by its
-// session, naming it), and nothing is granted on a node twice. It is safe to call from
-// any goroutine (it reports with t.Errorf).
+// checkInvariants reads the store directly, in one consistent read (CheckGrants): no
+// device is held by two grants, and every granted grant holds every device it lists
+// (locked by its session, naming it). It is safe to call from any goroutine (it reports
+// with t.Errorf).
 func checkInvariants(t testing.TB, s store.Store) *Cluster {
 	t.Helper()
-	entries, idx, err := s.List(context.Background(), clusterPrefix)
+	c, bad, err := CheckGrants(context.Background(), s)
 	if err != nil {
 		t.Errorf("read the store: %v", err)
 		return &Cluster{}
 	}
-	c := parseCluster(entries, idx)
-	type lock struct{ grant, session string }
-	locks := map[string]lock{}
-	for _, e := range entries {
-		if _, _, ok := parseGPUKey(e.Key); ok {
-			locks[e.Key] = lock{string(e.Value), e.Session}
-		}
-	}
-	owner := map[string]string{}
-	for id, g := range c.Grants {
-		if g.State != GrantGranted {
-			continue
-		}
-		for _, gn := range g.Nodes {
-			for _, d := range gn.Devices {
-				key := gpuKey(gn.Name, d)
-				if prev, dup := owner[key]; dup {
-					t.Errorf("device %s granted to both %s and %s", key, prev, id)
-				}
-				owner[key] = id
-				l, ok := locks[key]
-				if !ok || l.grant != id || l.session != g.Session || l.session == "" {
-					t.Errorf("grant %s is not whole: %s is %+v", id, key, l)
-				}
-			}
-		}
+	for _, b := range bad {
+		t.Error(b)
 	}
 	return c
 }
