@@ -35,9 +35,9 @@ const (
 	failoverOutage = 5 * time.Second
 	// failoverDeadline bounds every wait on a condition in the test.
 	failoverDeadline = 2 * time.Minute
-	// schedulerKey is the key the elected scheduler holds (README: "How a gang is
+	// schedulerLeaderKey is the key the elected scheduler holds (README: "How a gang is
 	// granted").
-	schedulerKey = "gangrun/scheduler/leader"
+	schedulerLeaderKey = "gangrun/scheduler/leader"
 )
 
 // grantObserver reads the allocator's keys through one Consul agent all along the test
@@ -52,15 +52,16 @@ type grantObserver struct {
 	failed     []time.Time // when reads failed
 	lastErrMsg string
 	breaches   map[string]bool
-	tracked    map[string]allocator.Grant // grant id → as it was granted
-	lost       map[string]string          // grant id → what a read showed instead
+	tracked    map[string]trackedGrant // grant id → as it was granted
+	gen        uint64                  // counts calls of track
+	lost       map[string]string       // grant id → what a read showed instead
 	stop       chan struct{}
 	done       chan struct{}
 	closeOnce  sync.Once
 }
 
 func startObserver(s store.Store) *grantObserver {
-	o := &grantObserver{s: s, breaches: map[string]bool{}, tracked: map[string]allocator.Grant{},
+	o := &grantObserver{s: s, breaches: map[string]bool{}, tracked: map[string]trackedGrant{},
 		lost: map[string]string{}, stop: make(chan struct{}), done: make(chan struct{})}
 	go o.run()
 	return o
@@ -78,8 +79,12 @@ func (o *grantObserver) run() {
 	}
 }
 
-// check is one read.
+// check is one read. Only grants tracked before the read began are checked: a read
+// that began before a holder saw its grant may show it still pending.
 func (o *grantObserver) check() {
+	o.mu.Lock()
+	gen := o.gen
+	o.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	c, bad, err := allocator.CheckGrants(ctx, o.s)
@@ -95,6 +100,9 @@ func (o *grantObserver) check() {
 		o.breaches[b] = true
 	}
 	for id, want := range o.tracked {
+		if want.gen > gen {
+			continue
+		}
 		g, ok := c.Grants[id]
 		switch {
 		case !ok:
@@ -122,7 +130,8 @@ func (o *grantObserver) failedSince(t time.Time) (int, time.Time) {
 func (o *grantObserver) track(g allocator.Grant) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	o.tracked[g.ID] = g
+	o.gen++
+	o.tracked[g.ID] = trackedGrant{g, o.gen}
 }
 
 // untrack stops checking grant id (its holder is about to release it).
@@ -142,6 +151,120 @@ func sameNodes(a, b []allocator.GrantNode) bool {
 	ja, _ := json.Marshal(a)
 	jb, _ := json.Marshal(b)
 	return string(ja) == string(jb)
+}
+
+// churn grants and releases 1-GPU requests in a loop, through the allocator's own client
+// inside the test, so that grants are being committed, held and released at the moment
+// of each kill. A grant lost while its holder held it is an error; failed calls are
+// counted (each is retried after a pause).
+type churn struct {
+	s   store.Store
+	obs *grantObserver
+
+	mu         sync.Mutex
+	granted    int
+	failed     map[string]int // what failed (submit, wait, release) → how often
+	lastErr    string
+	lost       []string
+	stop       chan struct{}
+	wg         sync.WaitGroup
+	stopOnce   sync.Once
+	holdFor    time.Duration
+	retryAfter time.Duration
+}
+
+func startChurn(s store.Store, obs *grantObserver, workers int) *churn {
+	c := &churn{s: s, obs: obs, failed: map[string]int{}, stop: make(chan struct{}),
+		holdFor: 300 * time.Millisecond, retryAfter: 100 * time.Millisecond}
+	for i := 0; i < workers; i++ {
+		c.wg.Add(1)
+		go c.run(i)
+	}
+	return c
+}
+
+// pause waits d, or until the churn is stopped (false).
+func (c *churn) pause(d time.Duration) bool {
+	select {
+	case <-c.stop:
+		return false
+	case <-time.After(d):
+		return true
+	}
+}
+
+func (c *churn) fail(what string, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.failed[what]++
+	c.lastErr = what + ": " + err.Error()
+}
+
+func (c *churn) run(worker int) {
+	defer c.wg.Done()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		<-c.stop
+		cancel()
+	}()
+	for {
+		select {
+		case <-c.stop:
+			return
+		default:
+		}
+		tk, err := allocator.Submit(ctx, c.s, allocator.Request{Nodes: 1, GPUsPerNode: 1, Priority: 5,
+			Holder: fmt.Sprintf("churn %d", worker)})
+		if err != nil {
+			if ctx.Err() == nil {
+				c.fail("submit", err)
+			}
+			if !c.pause(c.retryAfter) {
+				return
+			}
+			continue
+		}
+		g, err := tk.Wait(ctx, nil)
+		if err != nil {
+			if ctx.Err() == nil {
+				c.fail("wait", err)
+			}
+			_ = tk.Release(context.Background())
+			continue
+		}
+		c.obs.track(g)
+		c.mu.Lock()
+		c.granted++
+		c.mu.Unlock()
+		select {
+		case <-tk.Lost():
+		case <-time.After(c.holdFor):
+		}
+		c.obs.untrack(g.ID)
+		select {
+		case <-tk.Lost():
+			c.mu.Lock()
+			c.lost = append(c.lost, g.ID)
+			c.mu.Unlock()
+		default:
+		}
+		if err := tk.Release(context.Background()); err != nil {
+			c.fail("release", err)
+		}
+	}
+}
+
+// close stops the churn and waits for its workers; safe to call twice.
+func (c *churn) close() {
+	c.stopOnce.Do(func() { close(c.stop) })
+	c.wg.Wait()
+}
+
+// trackedGrant is a grant the observer checks, and the track call that added it.
+type trackedGrant struct {
+	allocator.Grant
+	gen uint64
 }
 
 // allocRequest is one `gangrun alloc --json` holder process.
@@ -178,6 +301,9 @@ func (n *gangrunNode) exited() bool {
 		return false
 	}
 }
+
+// checkpointRE is rank 0's line for each checkpoint.
+var checkpointRE = regexp.MustCompile(`(?m)^\[rank0\]: checkpoint step \d+ `)
 
 // attemptRE is rank 0's first line of each attempt (gangrun prefixes each worker's
 // lines with its rank).
@@ -227,7 +353,7 @@ func TestConsulLeaderFailover(t *testing.T) {
 				up++
 			}
 		}
-		e, err := s.Get(ctx, schedulerKey)
+		e, err := s.Get(ctx, schedulerLeaderKey)
 		return up == 2 && err == nil && e != nil && e.Session != ""
 	}, "two agents up and a scheduler elected")
 	var killed time.Time // when the Consul leader was SIGKILLed
@@ -255,8 +381,9 @@ func TestConsulLeaderFailover(t *testing.T) {
 	})
 
 	// Requests: two granted and held, two pending (more than is free), all from the
-	// login node's client agent. H1 takes 3 GPUs on each node and H2 4 on one: 6 of 16
-	// stay free, so P1 (2 × 6) and P2 (1 × 8) wait.
+	// login node's client agent. H1 takes 3 GPUs on each node and H2 2 on one: 8 of 16
+	// stay free (3 on one node, 5 on the other), so P1 (2 × 6) and P2 (1 × 8) wait, and
+	// the 1-GPU requests of the churn and of each fail-over (of higher priorities) fit.
 	alloc := func(label string, args ...string) *allocRequest {
 		return &allocRequest{gangrunNode: startNode(t, label, []string{mark},
 			append([]string{"alloc", "--consul", login, "--json"}, args...)...), label: label}
@@ -314,7 +441,7 @@ func TestConsulLeaderFailover(t *testing.T) {
 		}
 	}
 	held := map[string]*allocRequest{}
-	for _, h := range []struct{ label, nodes, gpus string }{{"H1", "2", "3"}, {"H2", "1", "4"}} {
+	for _, h := range []struct{ label, nodes, gpus string }{{"H1", "2", "3"}, {"H2", "1", "2"}} {
 		r := alloc(h.label, "--nodes", h.nodes, "--gpus-per-node", h.gpus)
 		obs.track(waitGranted(r))
 		held[h.label] = r
@@ -369,6 +496,29 @@ func TestConsulLeaderFailover(t *testing.T) {
 			n = max(n, step)
 		}
 		return n
+	}
+	// lastAttempt is the number of rank 0's last attempt so far (-1 before the first).
+	lastAttempt := func() int {
+		n := -1
+		for _, m := range attemptRE.FindAllStringSubmatch(jobOut(), -1) {
+			if a, err := strconv.Atoi(m[4]); err == nil {
+				n = max(n, a)
+			}
+		}
+		return n
+	}
+	// restarted reports whether an attempt after attempt has written its first
+	// checkpoint (on whichever node its rank 0 runs).
+	restarted := func(attempt int) bool {
+		for _, n := range job {
+			out := n.stdout.String()
+			for _, m := range attemptRE.FindAllStringSubmatchIndex(out, -1) {
+				if a, err := strconv.Atoi(out[m[8]:m[9]]); err == nil && a > attempt && checkpointRE.MatchString(out[m[1]:]) {
+					return true
+				}
+			}
+		}
+		return false
 	}
 	// firstPast returns the first complete checkpoint past step and when it was
 	// complete; ok is false while there is none.
@@ -433,6 +583,7 @@ func TestConsulLeaderFailover(t *testing.T) {
 			}
 		}
 		f.step = newest()
+		attemptAtKill := lastAttempt()
 		killed = time.Now()
 		old.Kill()
 		if worker != 0 {
@@ -456,11 +607,18 @@ func TestConsulLeaderFailover(t *testing.T) {
 		obs.track(g)
 		held[label+"-N1"] = nr
 		waitUntilFor(t, 5*time.Minute, func() bool {
-			at, ok := firstPast(f.step)
-			f.progress = at.Sub(killed)
-			return ok
-		}, label+": the job's progress past the step it was at")
-		t.Logf("%s: %s leads %.1f s after the kill; first new grant after %.1f s; the job's first checkpoint past step %d after %.1f s",
+			if !workerToo {
+				at, ok := firstPast(f.step)
+				f.progress = at.Sub(killed)
+				return ok
+			}
+			if restarted(attemptAtKill) {
+				f.progress = time.Since(killed) // polled: within 0.1 s
+				return true
+			}
+			return false
+		}, label+": the job's progress after the kill")
+		t.Logf("%s: %s leads %.1f s after the kill; first new grant after %.1f s; the job's next checkpoint (past step %d, or of its next attempt) after %.1f s",
 			label, newLeader.Name, f.elected.Seconds(), f.grant.Seconds(), f.step, f.progress.Seconds())
 		// The old leader stays down a while, then comes back with its data.
 		time.Sleep(time.Until(killed.Add(failoverOutage))) // a deliberate outage, not a wait for a condition
@@ -487,6 +645,10 @@ func TestConsulLeaderFailover(t *testing.T) {
 		f.failedSubmits = submitFailures[label+"-N1"] + submitFailures[label+"-N2"]
 		return f
 	}
+
+	// Grants made and released all along, two at a time.
+	ch := startChurn(s, obs, 2)
+	defer ch.close()
 
 	// The job has progressed and still trains.
 	waitUntilFor(t, failoverDeadline, func() bool { return newest() >= 20 }, "the job's checkpoint at step 20")
@@ -529,7 +691,9 @@ func TestConsulLeaderFailover(t *testing.T) {
 		}
 	}
 
-	// Everything is released; the pending requests get their grants in turn.
+	// Everything is released; the pending requests get their grants in turn (the churn,
+	// of a higher priority, would take them first).
+	ch.close()
 	release := func(label string, r *allocRequest) {
 		t.Helper()
 		if g, ok := r.grant(); ok {
@@ -582,16 +746,23 @@ func TestConsulLeaderFailover(t *testing.T) {
 	for id, why := range obs.lost {
 		t.Errorf("held grant %s lost while its holder held it: %s", id, why)
 	}
+	for _, id := range ch.lost {
+		t.Errorf("churn grant %s was lost while its holder held it", id)
+	}
+	if ch.granted < 10 {
+		t.Errorf("the churn made only %d grants: the scheduler made too few to judge", ch.granted)
+	}
+	t.Logf("churn: %d grants made and released; failed calls %v (the last: %s)", ch.granted, ch.failed, ch.lastErr)
 	if obs.reads < 50 {
 		t.Errorf("only %d reads of Consul succeeded: the observer saw too little", obs.reads)
 	}
 	t.Logf("figures: grants lost %d, GPUs double-booked %d in %d consistent reads of Consul; the job finished at step %d once, "+
-		"with %d restart(s) after the leader's death alone and %d in all", len(obs.lost), len(breaches), obs.reads, failoverSteps, restartsBefore, restarts)
+		"with %d restart(s) after the leader's death alone and %d in all", len(obs.lost)+len(ch.lost), len(breaches), obs.reads, failoverSteps, restartsBefore, restarts)
 	for _, f := range []struct {
 		label string
 		f     figures
 	}{{"leader killed", leaderOnly}, {"leader killed as the gang restarts", withRestart}} {
-		t.Logf("figures, %s at step %d: new leader %.1f s; first new grant %.1f s; job's first checkpoint past that step %.1f s; "+
+		t.Logf("figures, %s at step %d: new leader %.1f s; first new grant %.1f s; job's next checkpoint %.1f s; "+
 			"%d failed reads (the last %.1f s after the kill), %d failed alloc submissions; "+
 			"old leader back and the cluster whole %.1f s after its launch, a new grant %.1f s after it",
 			f.label, f.f.step, f.f.elected.Seconds(), f.f.grant.Seconds(), f.f.progress.Seconds(),
