@@ -61,9 +61,6 @@ func StartCluster(t testing.TB, servers, clients int) *Cluster {
 	_, _ = rand.Read(id[:])
 	dc := "gangrun-" + hex.EncodeToString(id[:])
 	c := &Cluster{t: t}
-	// Stop everything at the end, also after a failed start: registered before any
-	// process exists.
-	t.Cleanup(c.stop)
 	n := servers + clients
 	ports, err := freePorts(4 * n)
 	if err != nil {
@@ -103,6 +100,10 @@ func StartCluster(t testing.TB, servers, clients int) *Cluster {
 		}
 	}
 	c.Servers, c.Clients = agents[:servers], agents[servers:]
+	// Stop everything at the end, also after a failed start: registered before any
+	// process exists, and after the data directories, so that cleanups (last in, first
+	// out) stop the agents before their directories are removed.
+	t.Cleanup(c.stop)
 	for _, a := range agents {
 		if err := a.spawn(); err != nil {
 			t.Fatal(err)
