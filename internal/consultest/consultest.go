@@ -1,7 +1,8 @@
 // Package consultest starts real Consul agents for tests: a `consul agent -dev` on free
 // loopback ports, a single-server agent with a data directory that survives a restart,
-// or a cluster of several servers and client agents (cluster.go). The binary is $GANGRUN_CONSUL, else the repository's .tools/bin/consul (built
-// by scripts/install-consul.sh, which `make test` runs), else consul on PATH. A missing
+// or a cluster of several servers and client agents (cluster.go). The binary is
+// $GANGRUN_CONSUL, else the repository's .tools/bin/consul (built by
+// scripts/install-consul.sh, which `make test` runs), else consul on PATH. A missing
 // binary fails the test: tests never skip for it.
 package consultest
 
