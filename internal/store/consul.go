@@ -169,6 +169,63 @@ func statusCode(err error) int {
 	return 0
 }
 
+// A request that reached no server is sent again after a pause of retryMin doubling up
+// to notReachedRetryMax, within the call's CallTimeout; when the local agent itself
+// refuses the connection (an agent that is down, more often than one restarting), for
+// dialRetryFor at most, so a command against a Consul that is not there fails soon.
+const (
+	notReachedRetryMax = time.Second
+	dialRetryFor       = 3 * time.Second
+)
+
+// notReached reports whether err shows that the request reached no Consul server able
+// to apply it: the local agent refused the connection, or answered that it could not
+// get a connection to a server, knows none, or that the servers have no leader (an
+// election, which takes a few seconds). Such a request was not applied, so sending it
+// again is safe for a write too. ("leadership lost while committing" is not such an
+// answer: the write may have been applied.)
+func notReached(err error) bool {
+	if dialFailed(err) {
+		return true
+	}
+	var se api.StatusError
+	if errors.As(err, &se) && se.Code >= 500 {
+		for _, m := range []string{"No cluster leader", "rpc error getting client", "No known Consul servers", "No path to datacenter"} {
+			if strings.Contains(se.Body, m) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// dialFailed reports whether err is a failure to connect to the local agent.
+func dialFailed(err error) bool {
+	var oe *net.OpError
+	return errors.As(err, &oe) && oe.Op == "dial"
+}
+
+// attempt runs f, bounded by CallTimeout, and runs it again while its error shows the
+// request reached no server (notReached), until the bound: a one-shot command such as
+// `gangrun alloc` then rides out a Consul leader election instead of failing at once.
+// op names the request in the error; parent is the caller's context.
+func attempt[T any](parent context.Context, op string, f func(ctx context.Context) (T, error)) (T, error) {
+	ctx, cancel := call(parent)
+	defer cancel()
+	start := time.Now()
+	backoff := retryMin
+	for {
+		v, err := f(ctx)
+		if err == nil {
+			return v, nil
+		}
+		if !notReached(err) || dialFailed(err) && time.Since(start) >= dialRetryFor || !Sleep(ctx, backoff) {
+			return v, failed(parent, op, err)
+		}
+		backoff = min(backoff*2, notReachedRetryMax)
+	}
+}
+
 func qopts(ctx context.Context) *api.QueryOptions {
 	return (&api.QueryOptions{RequireConsistent: true}).WithContext(ctx)
 }
@@ -183,11 +240,12 @@ func fromPair(p *api.KVPair) Entry {
 
 // Get implements Store.
 func (s *Consul) Get(ctx context.Context, key string) (*Entry, error) {
-	cctx, cancel := call(ctx)
-	defer cancel()
-	p, _, err := s.c.KV().Get(key, qopts(cctx))
+	p, err := attempt(ctx, "consul get "+key, func(ctx context.Context) (*api.KVPair, error) {
+		p, _, err := s.c.KV().Get(key, qopts(ctx))
+		return p, err
+	})
 	if err != nil {
-		return nil, failed(ctx, "consul get "+key, err)
+		return nil, err
 	}
 	if p == nil {
 		return nil, nil
@@ -198,13 +256,21 @@ func (s *Consul) Get(ctx context.Context, key string) (*Entry, error) {
 
 // List implements Store.
 func (s *Consul) List(ctx context.Context, prefix string) ([]Entry, uint64, error) {
-	cctx, cancel := call(ctx)
-	defer cancel()
-	pairs, meta, err := s.c.KV().List(prefix, qopts(cctx))
-	if err != nil {
-		return nil, 0, failed(ctx, "consul list "+prefix, err)
+	type listed struct {
+		pairs api.KVPairs
+		index uint64
 	}
-	return entries(pairs), meta.LastIndex, nil
+	l, err := attempt(ctx, "consul list "+prefix, func(ctx context.Context) (listed, error) {
+		pairs, meta, err := s.c.KV().List(prefix, qopts(ctx))
+		if err != nil {
+			return listed{}, err
+		}
+		return listed{pairs, meta.LastIndex}, nil
+	})
+	if err != nil {
+		return nil, 0, err
+	}
+	return entries(l.pairs), l.index, nil
 }
 
 // WatchList implements Store with a blocking query.
@@ -240,12 +306,18 @@ func (s *Consul) Txn(ctx context.Context, ops []Op) (TxnResult, error) {
 	for i, op := range ops {
 		tops[i] = &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVOp(op.Verb), Key: op.Key, Value: op.Value, Index: op.Index, Session: op.Session}}
 	}
-	cctx, cancel := call(ctx)
-	defer cancel()
-	ok, resp, _, err := s.c.Txn().Txn(tops, qopts(cctx))
-	if err != nil {
-		return TxnResult{}, failed(ctx, "consul txn", err)
+	type answer struct {
+		ok   bool
+		resp *api.TxnResponse
 	}
+	ans, err := attempt(ctx, "consul txn", func(ctx context.Context) (answer, error) {
+		ok, resp, _, err := s.c.Txn().Txn(tops, qopts(ctx))
+		return answer{ok, resp}, err
+	})
+	if err != nil {
+		return TxnResult{}, err
+	}
+	ok, resp := ans.ok, ans.resp
 	if !ok {
 		te := &TxnError{}
 		for _, e := range resp.Errors {
@@ -320,33 +392,25 @@ func (s *Consul) CreateSession(ctx context.Context, o SessionOptions) (string, e
 		// 15s default; 1ms is the smallest delay the API sends.
 		delay = time.Millisecond
 	}
-	cctx, cancel := call(ctx)
-	defer cancel()
 	se := &api.SessionEntry{Name: o.Name, TTL: o.TTL.String(), Behavior: string(b), LockDelay: delay}
-	var id string
-	var err error
-	if o.NodeHealth {
-		id, _, err = s.c.Session().Create(se, wopts(cctx))
-	} else {
-		id, _, err = s.c.Session().CreateNoChecks(se, wopts(cctx))
-	}
-	if err != nil {
-		return "", failed(ctx, fmt.Sprintf("consul create session %q", o.Name), err)
-	}
-	return id, nil
+	return attempt(ctx, fmt.Sprintf("consul create session %q", o.Name), func(ctx context.Context) (string, error) {
+		if o.NodeHealth {
+			id, _, err := s.c.Session().Create(se, wopts(ctx))
+			return id, err
+		}
+		id, _, err := s.c.Session().CreateNoChecks(se, wopts(ctx))
+		return id, err
+	})
 }
 
 // RenewSession implements Store.
 func (s *Consul) RenewSession(ctx context.Context, id string) error {
-	cctx, cancel := call(ctx)
-	defer cancel()
-	se, _, err := s.c.Session().Renew(id, wopts(cctx))
+	se, err := attempt(ctx, "renew session "+id, func(ctx context.Context) (*api.SessionEntry, error) {
+		se, _, err := s.c.Session().Renew(id, wopts(ctx))
+		return se, err
+	})
 	if err != nil {
-		var status api.StatusError
-		if errors.As(err, &status) && status.Code == 404 {
-			return fmt.Errorf("renew session %s: %w", id, ErrSessionGone)
-		}
-		return failed(ctx, "renew session "+id, err)
+		return err
 	}
 	if se == nil {
 		return fmt.Errorf("renew session %s: %w", id, ErrSessionGone)
@@ -356,21 +420,21 @@ func (s *Consul) RenewSession(ctx context.Context, id string) error {
 
 // DestroySession implements Store.
 func (s *Consul) DestroySession(ctx context.Context, id string) error {
-	cctx, cancel := call(ctx)
-	defer cancel()
-	if _, err := s.c.Session().Destroy(id, wopts(cctx)); err != nil {
-		return failed(ctx, "destroy session "+id, err)
-	}
-	return nil
+	_, err := attempt(ctx, "destroy session "+id, func(ctx context.Context) (struct{}, error) {
+		_, err := s.c.Session().Destroy(id, wopts(ctx))
+		return struct{}{}, err
+	})
+	return err
 }
 
 // SessionExists implements Store.
 func (s *Consul) SessionExists(ctx context.Context, id string) (bool, error) {
-	cctx, cancel := call(ctx)
-	defer cancel()
-	se, _, err := s.c.Session().Info(id, qopts(cctx))
+	se, err := attempt(ctx, "session info "+id, func(ctx context.Context) (*api.SessionEntry, error) {
+		se, _, err := s.c.Session().Info(id, qopts(ctx))
+		return se, err
+	})
 	if err != nil {
-		return false, failed(ctx, "session info "+id, err)
+		return false, err
 	}
 	return se != nil, nil
 }
