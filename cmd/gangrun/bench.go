@@ -18,6 +18,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/gangrun/gangrun/bench"
+	"github.com/gangrun/gangrun/internal/userfile"
 	"github.com/gangrun/gangrun/launcher"
 	benchscript "github.com/gangrun/gangrun/scripts/bench"
 )
@@ -133,9 +134,11 @@ func runBenchParse(_ context.Context, e *env, args []string) int {
 	}
 	var in io.Reader = e.stdin
 	if name != "-" {
-		f, err := os.Open(name)
+		// Not os.Open: a named pipe would block it until a writer came (use - to read
+		// a pipe on standard input).
+		f, err := userfile.OpenFile(name)
 		if err != nil {
-			return failErr(e, cmd, err)
+			return usageErr(e, cmd, "%v", err)
 		}
 		defer f.Close()
 		in = f
@@ -475,7 +478,7 @@ func shellJoin(args []string) string {
 
 // isTerminal reports whether w is a terminal (golang.org/x/term).
 func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
+	f, ok := rawWriter(w).(*os.File)
 	return ok && term.IsTerminal(int(f.Fd()))
 }
 

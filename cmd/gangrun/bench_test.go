@@ -217,7 +217,9 @@ func TestBenchUsageErrors(t *testing.T) {
 		{"missing python", []string{"bench", "nccl", "--python", "/nonexistent/python3", "--backend", "gloo"}, 127, "/nonexistent/python3"},
 		{"parse no file", []string{"bench", "parse"}, 2, "want one FILE"},
 		{"parse two formats", []string{"bench", "parse", "--json", "--csv", "x"}, 2, "--json and --csv"},
-		{"parse missing file", []string{"bench", "parse", "/nonexistent/out.txt"}, 1, "/nonexistent/out.txt"},
+		{"parse missing file", []string{"bench", "parse", "/nonexistent/out.txt"}, 2, "gangrun bench parse: /nonexistent/out.txt: no such file"},
+		{"parse a directory", []string{"bench", "parse", "/tmp"}, 2, "gangrun bench parse: /tmp: is a directory, want a regular file"},
+		{"parse a device", []string{"bench", "parse", "/dev/zero"}, 2, "gangrun bench parse: /dev/zero: is a character device, want a regular file"},
 		{"parse bad op", []string{"bench", "parse", "--op", "x", "f"}, 2, `unknown operation "x"`},
 	}
 	for _, c := range cases {

@@ -23,6 +23,7 @@ import (
 	"github.com/gangrun/gangrun/hostlist"
 	"github.com/gangrun/gangrun/internal/proc"
 	"github.com/gangrun/gangrun/internal/store"
+	"github.com/gangrun/gangrun/launcher"
 	"github.com/gangrun/gangrun/topology"
 )
 
@@ -108,6 +109,9 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 	}
 	actx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	if !e.startup.handOver() {
+		return exitFailure // stopped by a signal while starting: main says so
+	}
 	go func() {
 		for sig := range e.signals {
 			if ss, ok := sig.(syscall.Signal); ok && terminating(ss) {
@@ -234,9 +238,9 @@ func runAlloc(ctx context.Context, e *env, args []string) int {
 	}
 	command := fs.Args()
 	if len(command) > 0 {
-		if _, err := exec.LookPath(command[0]); err != nil {
-			fmt.Fprintf(e.stderr, "gangrun alloc: command not found: %s\n", command[0])
-			return exitNotFound
+		if _, err := launcher.LookCommand(command[0]); err != nil {
+			fmt.Fprintf(e.stderr, "gangrun alloc: %s\n", oneLine(err.Error()))
+			return commandExitCode(err)
 		}
 	}
 	r.Holder = holder()
@@ -245,19 +249,14 @@ func runAlloc(ctx context.Context, e *env, args []string) int {
 		return code
 	}
 	defer s.Close()
-	tk, err := allocator.Submit(ctx, s, r)
-	if err != nil {
-		if errors.Is(err, store.ErrTxnRejected) || strings.Contains(err.Error(), "consul") {
-			return failErr(e, "alloc", err)
-		}
-		return usageErr(e, "alloc", "%v", err)
-	}
-	id := tk.Request().ID
-	defer tk.Release(context.WithoutCancel(ctx)) //nolint:errcheck // reported below where it matters
-	fmt.Fprintf(e.stderr, "gangrun alloc: request %s submitted, waiting for %d node(s) × %d GPU(s)\n", id, r.Nodes, r.GPUsPerNode)
 
+	// From here a signal withdraws the request: Submit (which may wait on Consul) and
+	// Wait end with wctx.
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	if !e.startup.handOver() {
+		return exitFailure // stopped by a signal while starting: main says so
+	}
 	stopped := make(chan syscall.Signal, 1)
 	go func() {
 		for sig := range e.signals {
@@ -268,6 +267,24 @@ func runAlloc(ctx context.Context, e *env, args []string) int {
 			}
 		}
 	}()
+	tk, err := allocator.Submit(wctx, s, r)
+	if err != nil {
+		select {
+		case sig := <-stopped:
+			// Submit destroys the session of a request it could not finish writing.
+			fmt.Fprintf(e.stderr, "gangrun alloc: stopped by %s before the request was submitted\n", proc.SignalName(sig))
+			return 128 + int(sig)
+		default:
+		}
+		if errors.Is(err, store.ErrTxnRejected) || strings.Contains(err.Error(), "consul") {
+			return failErr(e, "alloc", err)
+		}
+		return usageErr(e, "alloc", "%v", err)
+	}
+	id := tk.Request().ID
+	defer tk.Release(context.WithoutCancel(ctx)) //nolint:errcheck // reported below where it matters
+	fmt.Fprintf(e.stderr, "gangrun alloc: request %s submitted, waiting for %d node(s) × %d GPU(s)\n", id, r.Nodes, r.GPUsPerNode)
+
 	g, err := tk.Wait(wctx, func(why string) { fmt.Fprintf(e.stderr, "gangrun alloc: %s pending: %s\n", id, why) })
 	if err != nil {
 		select {
@@ -312,7 +329,7 @@ func runUnderGrant(e *env, tk *allocator.Ticket, g allocator.Grant, command []st
 	cmd := exec.Command(command[0], command[1:]...)
 	cmd.Env = append(os.Environ(), "GANGRUN_GRANT_ID="+g.ID, "GANGRUN_NODELIST="+hostlist.Compress(names),
 		"GANGRUN_NNODES="+strconv.Itoa(len(g.Nodes)), "GANGRUN_GRANT="+string(grantJSON))
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, e.stdout, e.stderr
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, rawWriter(e.stdout), rawWriter(e.stderr)
 	// As under `gangrun run`: a guardian SIGKILLs the command's process group if this
 	// gangrun dies without releasing it (the grant's GPUs go back to the pool when its
 	// session expires, so nothing of the command may go on using them).

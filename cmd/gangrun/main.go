@@ -30,6 +30,7 @@ const (
 	exitOK       = 0
 	exitFailure  = 1   // a failure the command reports
 	exitUsage    = 2   // usage error: nothing was started
+	exitNotExec  = 126 // the command to launch exists but cannot be executed (as in POSIX shells)
 	exitNotFound = 127 // the command to launch does not exist (as in POSIX shells)
 )
 
@@ -50,6 +51,10 @@ type env struct {
 	// tests that call dispatch in-process) runs without a guardian, since the test
 	// binary is not gangrun.
 	self string
+	// startup stops a command that catches signals when one arrives before its
+	// long-running loop reads them (signals.go); nil in tests that call dispatch
+	// in-process and for the other commands.
+	startup *startup
 }
 
 // command is one `gangrun NAME` subcommand.
@@ -83,12 +88,14 @@ func commands() []command {
 }
 
 func main() {
+	args := os.Args[1:]
 	sigs := make(chan os.Signal, 16)
 	// The signals gangrun forwards to its workers (issue: process control), caught only
 	// for the commands that act on them (and the guardian, which must outlive them).
 	// SIGPIPE is ignored by all: a closed stdout must not kill the supervisor
 	// mid-teardown, and a write to it then fails with an error the command reports.
-	if catchesSignals(os.Args[1:]) {
+	catches := catchesSignals(args)
+	if catches {
 		signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGUSR1, syscall.SIGUSR2)
 	}
 	signal.Ignore(syscall.SIGPIPE)
@@ -96,7 +103,27 @@ func main() {
 	if exe, err := os.Executable(); err == nil {
 		e.self = exe
 	}
-	os.Exit(dispatch(context.Background(), e, os.Args[1:]))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if catches && args[0] != guardianCommand {
+		// Until the command's loop takes them over, a terminating signal ends it at once
+		// (a caught signal would otherwise wait in sigs while it probes, reads a file or
+		// waits for Consul).
+		st := newStartup(commandName(args), sigs, cancel, os.Stderr, os.Exit)
+		e.startup, e.signals = st, st.signals
+		e.stdout, e.stderr = st.writer(os.Stdout), st.writer(os.Stderr)
+		code := st.done(dispatch(ctx, e, args))
+		os.Exit(code)
+	}
+	os.Exit(dispatch(ctx, e, args))
+}
+
+// commandName is the command args name, as its messages call it: "run", "bench nccl".
+func commandName(args []string) string {
+	if len(args) > 1 && args[0] == "bench" {
+		return "bench " + args[1]
+	}
+	return args[0]
 }
 
 // catchesSignals reports whether the command that args name acts on signals itself.

@@ -121,6 +121,9 @@ func runRun(ctx context.Context, e *env, args []string) int {
 	cfg.MaxRestarts, cfg.Backoff = t.maxRestarts, backoff
 	cfg.CheckpointDir, cfg.ResumeArg = t.checkpointDir, t.resumeArg
 	cfg.LogDir, cfg.Tee, cfg.HangTimeout, cfg.LocalRankArg = t.logDir, t.tee, t.hangTimeout, t.localRankArg
+	// One node alone in its log directory: a rerun into it is refused before anything
+	// starts. The nodes of a job (Consul, Slurm) share one, each adding its ranks.
+	cfg.FreshLogDir = gang.coordinator == "embedded"
 	// The gangrun binary (not a test calling dispatch) has no other children than its
 	// guardian and workers: it can reap whatever the workers leave behind.
 	cfg.Subreaper = e.self != ""
@@ -138,9 +141,9 @@ func superviseGang(ctx context.Context, e *env, cmd string, cfg launcher.Config,
 // Result, or, when cfg is refused before anything starts, a Result whose Err says why.
 func supervise(ctx context.Context, e *env, cmd string, cfg launcher.Config, g gang, log *zap.Logger) (int, launcher.Result) {
 	sup, err := launcher.New(cfg, g.rdzv)
-	if errors.Is(err, launcher.ErrCommandNotFound) {
+	if code := commandExitCode(err); code != exitUsage {
 		fmt.Fprintf(e.stderr, "gangrun %s: %s\n", cmd, oneLine(err.Error()))
-		return exitNotFound, launcher.Result{ExitCode: exitNotFound, Err: err}
+		return code, launcher.Result{ExitCode: code, Err: err}
 	}
 	if err != nil {
 		return usageErr(e, cmd, "%v", err), launcher.Result{ExitCode: exitUsage, Err: err}
@@ -153,11 +156,27 @@ func supervise(ctx context.Context, e *env, cmd string, cfg launcher.Config, g g
 	if g.close != nil {
 		defer g.close()
 	}
+	if !e.startup.handOver() {
+		return exitFailure, launcher.Result{ExitCode: exitFailure, Err: ctx.Err()} // stopped by a signal: main says so
+	}
 	res := sup.Run(ctx)
 	if res.Err != nil {
 		log.Error(cmd+" failed", zap.Error(res.Err))
 	}
 	return res.ExitCode, res
+}
+
+// commandExitCode is the exit code for an error finding the command to launch: 127
+// when it does not exist, 126 when it exists but cannot be executed (POSIX shells'
+// codes), exitUsage for any other error.
+func commandExitCode(err error) int {
+	switch {
+	case errors.Is(err, launcher.ErrCommandNotFound):
+		return exitNotFound
+	case errors.Is(err, launcher.ErrNotExecutable):
+		return exitNotExec
+	}
+	return exitUsage
 }
 
 // gang is what gangFlags resolve to: a launcher configuration without the training
@@ -166,6 +185,8 @@ type gang struct {
 	config    launcher.Config
 	rdzv      rendezvous.Rendezvous
 	inventory *topology.Inventory
+	// coordinator is "embedded", "slurm" or the consul:// URL.
+	coordinator string
 	// close leaves the rendezvous (a Consul session); nil when there is nothing to close.
 	close func()
 }
@@ -309,7 +330,7 @@ func (g *gangFlags) gang(ctx context.Context, e *env, cmd string, command []stri
 		Stdout: e.stdout, Stderr: e.stderr, Log: log, Report: e.stderr,
 		GuardianArgv: guardian, Signals: e.signals,
 	}
-	out := gang{config: cfg, inventory: inv}
+	out := gang{config: cfg, inventory: inv, coordinator: coordinator}
 	switch {
 	case coordinator == "embedded":
 		out.rdzv = rendezvous.NewLocal(jobID)
@@ -363,11 +384,21 @@ func nodeInventory(ctx context.Context, file, node string) (*topology.Inventory,
 	if file != "" {
 		inv, err := topology.LoadFile(file)
 		if err != nil {
-			return nil, fmt.Errorf("--topology-file: %w", err)
+			return nil, topologyFileError(err)
 		}
 		return inv, nil
 	}
 	return topology.NewProber(topology.ProbeOptions{Node: node}).Inventory(ctx)
+}
+
+// topologyFileError words a topology.LoadFile error after the flag that named the
+// file: "--topology-file PATH: is a named pipe (FIFO), want a regular file".
+func topologyFileError(err error) error {
+	var fe *topology.FileError
+	if errors.As(err, &fe) {
+		return fmt.Errorf("--topology-file %s: %w", fe.Path, fe.Err)
+	}
+	return fmt.Errorf("--topology-file: %w", err)
 }
 
 // newJobID returns a fresh job id such as "gr-3f9a1c0b7d2e".
