@@ -184,8 +184,10 @@ func (b *benchFlags) register(fs *pflag.FlagSet) {
 	fs.BoolVar(&b.check, "check", true, "check each size's result once on known data (the #wrong column)")
 	fs.BoolVar(&b.pairwise, "pairwise", false, "benchmark every pair of nodes and print a node × node busbw matrix")
 	fs.Float64Var(&b.slowThreshold, "slow-threshold", bench.DefaultSlowThreshold, "with --pairwise: flag a node or pair this fraction below the median")
-	fs.DurationVar(&b.pairTimeout, "pair-timeout", bench.DefaultPairTimeout, "with --pairwise: the longest one pair may take on a node (joining its gang, running, stopping); a pair past it fails")
-	fs.DurationVar(&b.joinTimeout, "join-timeout", bench.DefaultJoinTimeout, "with --pairwise: the longest the nodes may take to meet before the first pair")
+	durationVar(fs, &b.pairTimeout, "pair-timeout", bench.DefaultPairTimeout, durationFlag{max: maxGrace},
+		"with --pairwise: the longest one pair may take on a node (joining its gang, running, stopping); a pair past it fails (at most 24h)")
+	durationVar(fs, &b.joinTimeout, "join-timeout", bench.DefaultJoinTimeout, durationFlag{max: maxGrace},
+		"with --pairwise: the longest the nodes may take to meet before the first pair (at most 24h)")
 	fs.StringVar(&b.python, "python", "python3", "Python interpreter with torch for the torch engine")
 	b.out.register(fs)
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -14,7 +15,6 @@ import (
 	"syscall"
 	"text/tabwriter"
 	"time"
-	"unicode"
 
 	"github.com/spf13/pflag"
 	"go.uber.org/zap"
@@ -35,6 +35,11 @@ func consulFlag(fs *pflag.FlagSet) *string {
 // openStore connects to Consul (the API client dials on first use). The caller defers
 // Close, which drops idle connections.
 func openStore(e *env, cmd, addr string) (*store.Consul, int) {
+	if addr != "" {
+		if err := store.CheckConsulAddr("--consul", addr); err != nil {
+			return nil, usageErr(e, cmd, "%v", err)
+		}
+	}
 	s, err := store.NewConsul(addr)
 	if err != nil {
 		return nil, usageErr(e, cmd, "%v", err)
@@ -57,6 +62,9 @@ func parseLabels(values []string) (map[string]string, error) {
 			}
 			out[k] = val
 		}
+	}
+	if err := allocator.CheckLabels(out); err != nil {
+		return nil, err
 	}
 	return out, nil
 }
@@ -89,6 +97,13 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 		if name, err = os.Hostname(); err != nil {
 			return usageErr(e, "agent", "--node-name not given and the hostname is unknown: %v", err)
 		}
+	}
+	// The node name is a key segment in Consul and a name the other nodes see.
+	if err := store.CheckSegment("--node-name", name); err != nil {
+		return usageErr(e, "agent", "%v", err)
+	}
+	if *addr != "" && net.ParseIP(*addr) == nil {
+		return usageErr(e, "agent", "--advertise-addr %q: want an IP address (the other nodes connect to it)", *addr)
 	}
 	inv, err := nodeInventory(ctx, *topoFile, name)
 	if err != nil {
@@ -221,7 +236,8 @@ func runAlloc(ctx context.Context, e *env, args []string) int {
 	fs.StringVar(&r.Partition, "partition", "", "only nodes labelled partition=P")
 	labels := fs.StringArray("labels", nil, "only nodes with these labels KEY=VALUE[,...] (repeatable)")
 	fs.IntVar(&r.Priority, "priority", 0, "higher goes first")
-	fs.DurationVar(&r.Wait, "wait", 0, "give up when not granted within this long (0: wait forever)")
+	durationVar(fs, &r.Wait, "wait", 0, durationFlag{max: maxWait, zeroOK: true},
+		"give up when not granted within this long (0: wait forever; at most 10000h)")
 	asJSON := fs.Bool("json", false, "print the grant as JSON")
 	if done, code := parseFlags(e, fs, args); done {
 		return code
@@ -447,12 +463,18 @@ func runShow(ctx context.Context, e *env, args []string) int {
 	if fs.NArg() != 1 {
 		return usageErr(e, "show", "want exactly one request or grant id")
 	}
+	if err := store.CheckSegment("id", fs.Arg(0)); err != nil {
+		return usageErr(e, "show", "%v", err)
+	}
 	s, code := openStore(e, "show", *consul)
 	if code != exitOK {
 		return code
 	}
 	defer s.Close()
 	r, g, err := allocator.Show(ctx, s, fs.Arg(0))
+	if errors.Is(err, allocator.ErrNotFound) {
+		return usageErr(e, "show", "%s", unknownID(fs.Arg(0)))
+	}
 	if err != nil {
 		return failErr(e, "show", err)
 	}
@@ -501,21 +523,44 @@ func runCancel(ctx context.Context, e *env, args []string) int {
 	if fs.NArg() == 0 {
 		return usageErr(e, "cancel", "want one or more request or grant ids")
 	}
+	for _, id := range fs.Args() {
+		if err := store.CheckSegment("id", id); err != nil {
+			return usageErr(e, "cancel", "%v", err)
+		}
+	}
 	s, code := openStore(e, "cancel", *consul)
 	if code != exitOK {
 		return code
 	}
 	defer s.Close()
-	status := exitOK
+	// Each id is cancelled in turn; the exit code is 1 if any failed, else 2 if any
+	// was unknown (a usage error, as for show and drain), else 0.
+	unknown, failed := false, false
 	for _, id := range fs.Args() {
-		if err := allocator.Cancel(ctx, s, id); err != nil {
+		err := allocator.Cancel(ctx, s, id)
+		switch {
+		case errors.Is(err, allocator.ErrNotFound):
+			usageErr(e, "cancel", "%s", unknownID(id))
+			unknown = true
+		case err != nil:
 			failErr(e, "cancel", err)
-			status = exitFailure
-			continue
+			failed = true
+		default:
+			fmt.Fprintf(e.stdout, "cancelled %s\n", id)
 		}
-		fmt.Fprintf(e.stdout, "cancelled %s\n", id)
 	}
-	return status
+	switch {
+	case failed:
+		return exitFailure
+	case unknown:
+		return exitUsage
+	}
+	return exitOK
+}
+
+// unknownID says that id names no request or grant.
+func unknownID(id string) string {
+	return fmt.Sprintf("no request or grant %q (gangrun queue lists them)", id)
 }
 
 func runDrain(ctx context.Context, e *env, args []string) int {
@@ -528,11 +573,8 @@ func runDrain(ctx context.Context, e *env, args []string) int {
 	if fs.NArg() != 1 {
 		return usageErr(e, "drain", "want exactly one node name")
 	}
-	if strings.TrimSpace(*reason) == "" {
-		return usageErr(e, "drain", "--reason is required (it shows in gangrun nodes)")
-	}
-	if i := strings.IndexFunc(*reason, unicode.IsControl); i >= 0 {
-		return usageErr(e, "drain", "--reason %q: one line without control characters (it is a cell of gangrun nodes' table)", *reason)
+	if err := allocator.CheckReason(*reason); err != nil {
+		return usageErr(e, "drain", "%v", err)
 	}
 	return setDrain(ctx, e, "drain", *consul, fs.Arg(0), *reason)
 }
@@ -550,6 +592,9 @@ func runResume(ctx context.Context, e *env, args []string) int {
 }
 
 func setDrain(ctx context.Context, e *env, cmd, consul, node, reason string) int {
+	if err := store.CheckSegment("node", node); err != nil {
+		return usageErr(e, cmd, "%v", err)
+	}
 	s, code := openStore(e, cmd, consul)
 	if code != exitOK {
 		return code

@@ -16,6 +16,8 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/spf13/pflag"
 
@@ -184,7 +186,15 @@ func usage(w io.Writer) {
 	fmt.Fprintln(w, "Run 'gangrun COMMAND --help' for a command's flags.")
 }
 
-func runVersion(_ context.Context, e *env, _ []string) int {
+// runVersion prints gangrun's version; it takes no arguments and no flags but --help.
+func runVersion(_ context.Context, e *env, args []string) int {
+	fs := newFlagSet(e, "version", "")
+	if done, code := parseFlags(e, fs, args); done {
+		return code
+	}
+	if fs.NArg() > 0 {
+		return usageErr(e, "version", "unexpected argument %q: version takes none", fs.Arg(0))
+	}
 	fmt.Fprintf(e.stdout, "gangrun %s\n", version)
 	return exitOK
 }
@@ -212,7 +222,15 @@ func parseFlags(e *env, fs *pflag.FlagSet, args []string) (done bool, code int) 
 		return true, exitOK // pflag already called fs.Usage
 	}
 	if err != nil {
-		fmt.Fprintf(e.stderr, "%s: %s\n", fs.Name(), oneLine(err.Error()))
+		msg, ok := flagValueError(err)
+		if !ok {
+			msg = err.Error()
+		}
+		fmt.Fprintf(e.stderr, "%s: %s\n", fs.Name(), oneLine(msg))
+		return true, exitUsage
+	}
+	if name, found := emptyFlag(fs); found {
+		fmt.Fprintf(e.stderr, "%s: --%s \"\": must not be empty\n", fs.Name(), name)
 		return true, exitUsage
 	}
 	return false, exitOK
@@ -230,10 +248,25 @@ func failErr(e *env, cmd string, err error) int {
 	return exitFailure
 }
 
-// oneLine folds a possibly multi-line message onto one line.
+// oneLine folds a possibly multi-line message onto one line, and escapes what a
+// terminal would not show as it is: control characters (an escape sequence), Unicode
+// format characters (U+202E reorders the rest of the line) and invalid UTF-8, written
+// as \u202e or \xff. Values in messages are quoted with %q where they are built; this
+// catches a path or a name that was not.
 func oneLine(s string) string {
-	s = strings.TrimSpace(s)
-	return strings.Join(strings.Fields(strings.ReplaceAll(s, "\n", " ")), " ")
+	s = strings.Join(strings.Fields(s), " ")
+	var b strings.Builder
+	for i, r := range s {
+		switch {
+		case r == utf8.RuneError && !strings.HasPrefix(s[i:], "\uFFFD"):
+			fmt.Fprintf(&b, "\\x%02x", s[i])
+		case unicode.IsControl(r) || unicode.Is(unicode.Cf, r):
+			fmt.Fprintf(&b, "\\u%04x", r)
+		default:
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
 }
 
 // writeJSON writes v to w as indented JSON, HTML characters unescaped.

@@ -52,7 +52,8 @@ func (g *gangFlags) register(fs *pflag.FlagSet) {
 	fs.IntVar(&g.masterPort, "master-port", 0, "MASTER_PORT; 0 picks a free port for every attempt")
 	fs.StringVar(&g.topologyFile, "topology-file", "", "use a recorded inventory (gangrun topo --json) instead of probing")
 	fs.StringArrayVar(&g.env, "env", nil, "extra worker environment KEY=VAL (repeatable)")
-	fs.DurationVar(&g.termTimeout, "term-timeout", launcher.DefaultTermTimeout, "SIGTERM to SIGKILL grace when stopping workers")
+	durationVar(fs, &g.termTimeout, "term-timeout", launcher.DefaultTermTimeout, durationFlag{max: maxGrace},
+		"SIGTERM to SIGKILL grace when stopping workers (at most 24h)")
 	fs.StringVar(&g.logFormat, "log-format", "text", "gangrun's own log lines: text or json")
 }
 
@@ -75,7 +76,9 @@ func (t *trainFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&t.resumeArg, "resume-arg", "", "on resume, append FLAG PATH to the command")
 	fs.StringVar(&t.logDir, "log-dir", "", "write DIR/attempt_K/rank_N/{stdout,stderr}.log")
 	fs.BoolVar(&t.tee, "tee", true, "with --log-dir, also show worker output on the console (--tee=false: files only)")
-	fs.DurationVar(&t.hangTimeout, "hang-timeout", 0, "no output from any rank for this long is a failure; 0 is off")
+	durationVar(fs, &t.hangTimeout, "hang-timeout", 0, durationFlag{min: minHangTimeout, max: maxWait, zeroOK: true,
+		minWhy: "it is checked every 100ms to 5s, so a shorter one cannot be honoured"},
+		"no output from any rank for this long is a failure; 0 is off (else 1s to 10000h)")
 	fs.BoolVar(&t.localRankArg, "local-rank-arg", false, "append --local_rank=N (legacy torch.distributed.launch scripts)")
 }
 
@@ -289,11 +292,10 @@ func (g *gangFlags) gang(ctx context.Context, e *env, cmd string, command []stri
 		}
 		node = h
 	}
-	if coordinator != "embedded" {
-		// The node name is a key segment in Consul and a name the other nodes see.
-		if err := store.CheckSegment("--node-name", node); err != nil {
-			return fail("%v", err)
-		}
+	// The node name is a key segment in Consul and a name the other nodes see; on one
+	// node it is still GANGRUN_NODE_NAME and in every log line: the same rule for all.
+	if err := store.CheckSegment("--node-name", node); err != nil {
+		return fail("%v", err)
 	}
 	if g.advertiseAddr != "" && net.ParseIP(g.advertiseAddr) == nil {
 		return fail("--advertise-addr %q: want an IP address (the other nodes connect to it)", g.advertiseAddr)
