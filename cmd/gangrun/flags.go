@@ -87,7 +87,7 @@ func formatHours(d time.Duration) string {
 }
 
 // emptyFlag returns the first string flag given on the command line with an empty
-// value (--checkpoint-dir ”, --node-name ”, one --env ”): an empty value is never
+// value (--checkpoint-dir "", --node-name "", one --env ""): an empty value is never
 // what a flag means (leaving the flag out gives its default), and was accepted in
 // silence as "not given".
 func emptyFlag(fs *pflag.FlagSet) (name string, found bool) {
