@@ -14,6 +14,9 @@ const (
 	DefaultStepFactor = 2
 	DefaultWarmup     = 5
 	DefaultIters      = 20
+	// MaxIters bounds --iters and --warmup: a million iterations of the largest size is
+	// hours; more is a typo.
+	MaxIters = 1000000
 	DefaultDType      = "float"
 )
 
@@ -46,11 +49,11 @@ func (p Plan) Validate() error {
 	if _, err := p.Sizes(); err != nil {
 		return err
 	}
-	if p.Warmup < 0 {
-		return fmt.Errorf("--warmup %d: must not be negative", p.Warmup)
+	if p.Warmup < 0 || p.Warmup > MaxIters {
+		return fmt.Errorf("--warmup %d: want 0 to %d", p.Warmup, MaxIters)
 	}
-	if p.Iters < 1 {
-		return fmt.Errorf("--iters %d: want at least 1", p.Iters)
+	if p.Iters < 1 || p.Iters > MaxIters {
+		return fmt.Errorf("--iters %d: want 1 to %d", p.Iters, MaxIters)
 	}
 	if _, _, err := ParseDType(p.DType); err != nil {
 		return err

@@ -37,6 +37,11 @@ import (
 const (
 	// DefaultMaxRestarts is --max-restarts: how many failed attempts are retried.
 	DefaultMaxRestarts = 3
+	// MaxMaxRestarts bounds --max-restarts: 10000 restarts, even 1s apart, is about
+	// three hours of a gang failing; more is a typo.
+	MaxMaxRestarts = 10000
+	// MaxBackoff bounds a fixed --restart-backoff: 24h.
+	MaxBackoff = 24 * time.Hour
 	// DefaultTermTimeout is --term-timeout: the SIGTERM → SIGKILL grace.
 	DefaultTermTimeout = 30 * time.Second
 	// DefaultBackoffInitial and DefaultBackoffMax bound the default exponential
@@ -56,14 +61,14 @@ type Backoff struct {
 }
 
 // ParseBackoff parses --restart-backoff: "" or "exp" for the default exponential 1s..30s,
-// or a Go duration ("5s", "0s" for none) for a fixed delay.
+// or a Go duration ("5s", "0s" for none, at most MaxBackoff) for a fixed delay.
 func ParseBackoff(s string) (Backoff, error) {
 	if s == "" || s == "exp" {
 		return Backoff{Initial: DefaultBackoffInitial, Max: DefaultBackoffMax}, nil
 	}
 	d, err := time.ParseDuration(s)
-	if err != nil || d < 0 {
-		return Backoff{}, fmt.Errorf("--restart-backoff %q: want a duration such as 5s (0s for none) or exp", s)
+	if err != nil || d < 0 || d > MaxBackoff {
+		return Backoff{}, fmt.Errorf("--restart-backoff %q: want a duration such as 5s (0s for none, at most 24h) or exp", s)
 	}
 	return Backoff{Initial: d, Max: d}, nil
 }
@@ -208,8 +213,8 @@ func New(cfg Config, rdzv rendezvous.Rendezvous) (*Supervisor, error) {
 	if cfg.NProcPerNode < 1 {
 		return nil, fmt.Errorf("--nproc-per-node %d: must be at least 1", cfg.NProcPerNode)
 	}
-	if cfg.MaxRestarts < 0 {
-		return nil, fmt.Errorf("--max-restarts %d: must not be negative", cfg.MaxRestarts)
+	if cfg.MaxRestarts < 0 || cfg.MaxRestarts > MaxMaxRestarts {
+		return nil, fmt.Errorf("--max-restarts %d: want 0 to %d", cfg.MaxRestarts, MaxMaxRestarts)
 	}
 	var lim unix.Rlimit
 	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err == nil {

@@ -60,6 +60,9 @@ func parseLabels(values []string) (map[string]string, error) {
 			if !ok || k == "" {
 				return nil, fmt.Errorf("--labels %q: want KEY=VALUE[,KEY=VALUE...]", kv)
 			}
+			if first, dup := out[k]; dup {
+				return nil, fmt.Errorf("--labels: label %q given twice (%q and %q)", k, k+"="+first, kv)
+			}
 			out[k] = val
 		}
 	}
@@ -176,6 +179,9 @@ func runNodes(ctx context.Context, e *env, args []string) int {
 	asJSON := fs.Bool("json", false, "print JSON")
 	if done, code := parseFlags(e, fs, args); done {
 		return code
+	}
+	if fs.NArg() > 0 {
+		return usageErr(e, "nodes", "unexpected argument %q: nodes takes flags only", fs.Arg(0))
 	}
 	s, code := openStore(e, "nodes", *consul)
 	if code != exitOK {
@@ -413,6 +419,9 @@ func runQueue(ctx context.Context, e *env, args []string) int {
 	asJSON := fs.Bool("json", false, "print JSON")
 	if done, code := parseFlags(e, fs, args); done {
 		return code
+	}
+	if fs.NArg() > 0 {
+		return usageErr(e, "queue", "unexpected argument %q: queue takes flags only (gangrun show ID shows one)", fs.Arg(0))
 	}
 	s, code := openStore(e, "queue", *consul)
 	if code != exitOK {

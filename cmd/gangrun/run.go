@@ -97,8 +97,8 @@ func runRun(ctx context.Context, e *env, args []string) int {
 	if len(command) == 0 {
 		return usageErr(e, "run", "no command to run: give it after --, as in gangrun run -- python train.py")
 	}
-	if t.maxRestarts < 0 {
-		return usageErr(e, "run", "--max-restarts %d: must not be negative", t.maxRestarts)
+	if t.maxRestarts < 0 || t.maxRestarts > launcher.MaxMaxRestarts {
+		return usageErr(e, "run", "--max-restarts %d: want 0 to %d", t.maxRestarts, launcher.MaxMaxRestarts)
 	}
 	if t.hangTimeout < 0 {
 		return usageErr(e, "run", "--hang-timeout %s: must not be negative", t.hangTimeout)
@@ -254,10 +254,16 @@ func (g *gangFlags) gang(ctx context.Context, e *env, cmd string, command []stri
 	if g.termTimeout < 0 {
 		return fail("--term-timeout %s: must not be negative", g.termTimeout)
 	}
+	given := map[string]string{}
 	for _, kv := range g.env {
 		if _, err := launcher.ParseEnvFlag(kv); err != nil {
 			return fail("%v", err)
 		}
+		name, _, _ := strings.Cut(kv, "=")
+		if first, dup := given[name]; dup {
+			return fail("--env %s given twice (%q and %q): give each variable once", name, first, kv)
+		}
+		given[name] = kv
 	}
 	inv, err := nodeInventory(ctx, g.topologyFile, g.nodeName)
 	if err != nil {
