@@ -232,11 +232,14 @@ func workerDir(base string, rel []string) (*os.File, error) {
 }
 
 // subdir makes (or opens an existing one of this user's) directory name in the
-// directory parent, following no link; path names it in errors.
+// directory parent, following no link; path names it in errors. An existing one owned
+// by another user is refused: its owner could swap our files' names under us.
 func subdir(parent int, path, name string) (int, error) {
-	if err := unix.Mkdirat(parent, name, logDirMode); err != nil && err != unix.EEXIST {
+	err := unix.Mkdirat(parent, name, logDirMode)
+	if err != nil && err != unix.EEXIST {
 		return -1, fmt.Errorf("create %s: %s", path, whyNotWritable(path, err))
 	}
+	existed := err == unix.EEXIST
 	fd, err := unix.Openat(parent, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
 	if err != nil {
 		if what := describeAt(parent, name); what != "" {
@@ -249,7 +252,9 @@ func subdir(parent int, path, name string) (int, error) {
 		unix.Close(fd)
 		return -1, fmt.Errorf("fstat %s: %w", path, err)
 	}
-	if uid := uint32(os.Geteuid()); st.Uid != uid {
+	// Only a directory that was there already is judged by its owner: one just made
+	// is this process's, even where the file system says otherwise (NFS root_squash).
+	if uid := uint32(os.Geteuid()); existed && st.Uid != uid {
 		unix.Close(fd)
 		return -1, fmt.Errorf("%s: belongs to uid %d, not to this user (uid %d): refused, as someone else could redirect the logs", path, st.Uid, uid)
 	}

@@ -37,9 +37,9 @@ import (
 const (
 	// DefaultMaxRestarts is --max-restarts: how many failed attempts are retried.
 	DefaultMaxRestarts = 3
-	// MaxMaxRestarts bounds --max-restarts: 10000 restarts, even 1s apart, is about
+	// MaxRestartsLimit bounds --max-restarts: 10000 restarts, even 1s apart, is about
 	// three hours of a gang failing; more is a typo.
-	MaxMaxRestarts = 10000
+	MaxRestartsLimit = 10000
 	// MaxBackoff bounds a fixed --restart-backoff: 24h.
 	MaxBackoff = 24 * time.Hour
 	// DefaultTermTimeout is --term-timeout: the SIGTERM → SIGKILL grace.
@@ -213,8 +213,8 @@ func New(cfg Config, rdzv rendezvous.Rendezvous) (*Supervisor, error) {
 	if cfg.NProcPerNode < 1 {
 		return nil, fmt.Errorf("--nproc-per-node %d: must be at least 1", cfg.NProcPerNode)
 	}
-	if cfg.MaxRestarts < 0 || cfg.MaxRestarts > MaxMaxRestarts {
-		return nil, fmt.Errorf("--max-restarts %d: want 0 to %d", cfg.MaxRestarts, MaxMaxRestarts)
+	if cfg.MaxRestarts < 0 || cfg.MaxRestarts > MaxRestartsLimit {
+		return nil, fmt.Errorf("--max-restarts %d: want 0 to %d", cfg.MaxRestarts, MaxRestartsLimit)
 	}
 	var lim unix.Rlimit
 	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err == nil {

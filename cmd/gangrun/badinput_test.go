@@ -83,7 +83,7 @@ func TestBadInputs(t *testing.T) {
 		{"checkpoint dir empty", run("--checkpoint-dir", ""), nil, 2, `gangrun run: --checkpoint-dir "": must not be empty`},
 		{"log dir empty", run("--log-dir", ""), nil, 2, `gangrun run: --log-dir "": must not be empty`},
 		{"node name empty", []string{"agent", "--node-name", ""}, nil, 2, `gangrun agent: --node-name "": must not be empty`},
-		{"env empty", run("--env", ""), nil, 2, `gangrun run: --env "": must not be empty`},
+		{"env empty", run("--env", ""), nil, 2, `gangrun run: --env "": want KEY=VALUE`},
 		{"env given twice", run("--env", "A=1", "--env", "A=2"), nil, 2, `gangrun run: --env A given twice ("A=1" and "A=2"): give each variable once`},
 		{"hostlist expand empty", []string{"hostlist", "expand", ""}, nil, 2, `gangrun hostlist expand: argument 1 "" is empty: want a hostlist expression such as node[01-04]`},
 		{"version flag", []string{"version", "--bogus"}, nil, 2, "gangrun version: unknown flag: --bogus"},

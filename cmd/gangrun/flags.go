@@ -87,24 +87,14 @@ func formatHours(d time.Duration) string {
 }
 
 // emptyFlag returns the first string flag given on the command line with an empty
-// value (--checkpoint-dir "", --node-name "", one --env ""): an empty value is never
-// what a flag means (leaving the flag out gives its default), and was accepted in
-// silence as "not given".
+// value (--checkpoint-dir "", --node-name ""): an empty value is never what such a flag
+// means (leaving the flag out gives its default), and was accepted in silence as "not
+// given". Repeatable list flags are not judged here: --labels "" is no labels (a
+// script's empty variable), and --env "" is refused by its own check (want KEY=VALUE).
 func emptyFlag(fs *pflag.FlagSet) (name string, found bool) {
 	fs.Visit(func(f *pflag.Flag) {
-		if found {
-			return
-		}
-		switch v := f.Value.(type) {
-		case pflag.SliceValue:
-			for _, s := range v.GetSlice() {
-				found = found || s == ""
-			}
-		default:
-			found = f.Value.Type() == "string" && f.Value.String() == ""
-		}
-		if found {
-			name = f.Name
+		if !found && f.Value.Type() == "string" && f.Value.String() == "" {
+			name, found = f.Name, true
 		}
 	})
 	return name, found

@@ -97,8 +97,8 @@ func runRun(ctx context.Context, e *env, args []string) int {
 	if len(command) == 0 {
 		return usageErr(e, "run", "no command to run: give it after --, as in gangrun run -- python train.py")
 	}
-	if t.maxRestarts < 0 || t.maxRestarts > launcher.MaxMaxRestarts {
-		return usageErr(e, "run", "--max-restarts %d: want 0 to %d", t.maxRestarts, launcher.MaxMaxRestarts)
+	if t.maxRestarts < 0 || t.maxRestarts > launcher.MaxRestartsLimit {
+		return usageErr(e, "run", "--max-restarts %d: want 0 to %d", t.maxRestarts, launcher.MaxRestartsLimit)
 	}
 	if t.hangTimeout < 0 {
 		return usageErr(e, "run", "--hang-timeout %s: must not be negative", t.hangTimeout)
