@@ -16,8 +16,8 @@ const (
 	DefaultIters      = 20
 	// MaxIters bounds --iters and --warmup: a million iterations of the largest size is
 	// hours; more is a typo.
-	MaxIters = 1000000
-	DefaultDType      = "float"
+	MaxIters     = 1000000
+	DefaultDType = "float"
 )
 
 // Plan is what a benchmark run times: which operations, at which message sizes, how many
