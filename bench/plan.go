@@ -14,11 +14,12 @@ const (
 	DefaultStepFactor = 2
 	DefaultWarmup     = 5
 	DefaultIters      = 20
-	// MaxIters bounds --iters and --warmup: a million iterations of the largest size is
-	// hours; more is a typo.
-	MaxIters     = 1000000
-	DefaultDType = "float"
+	DefaultDType      = "float"
 )
+
+// MaxIters bounds --iters and --warmup: a million iterations of the largest size is
+// hours; more is a typo.
+const MaxIters = 1000000
 
 // Plan is what a benchmark run times: which operations, at which message sizes, how many
 // times, on which element type.
