@@ -1,5 +1,6 @@
 # gangrun's build, demo and test entry points. `make demo` and `make test` install what
-# is missing first (scripts/install-deps.sh), so both work on a fresh Debian machine.
+# is missing first (scripts/install-deps.sh), so both work on a fresh Debian machine;
+# each target installs only what it needs.
 
 GO        ?= go
 PYTHON    ?= /usr/bin/python3
@@ -15,6 +16,13 @@ export GANGRUN_PYTHON := $(PYTHON)
 VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -X main.version=$(VERSION)
 
+# What each target installs (scripts/install-deps.sh components). The demo runs on one
+# machine with the embedded coordinator: torch only, no Consul build. The tests start
+# Consul dev agents and real PyTorch, and use ip; the benchmarks Consul and PyTorch.
+DEMO_DEPS  := torch
+TEST_DEPS  := torch consul iproute2
+BENCH_DEPS := torch consul
+
 .PHONY: all build deps demo test test-short bench fuzz lint clean
 
 all: build
@@ -22,18 +30,21 @@ all: build
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/gangrun
 
+# Everything any target needs.
 deps:
-	scripts/install-deps.sh
+	scripts/install-deps.sh $(sort $(DEMO_DEPS) $(TEST_DEPS) $(BENCH_DEPS))
 
 # The main job: 2 workers of a real PyTorch DDP trainer for 200 steps; one rank fails at
 # step 130 on the first attempt, gangrun stops the gang and resumes it from step 120.
-demo: deps build
+demo: build
+	scripts/install-deps.sh $(DEMO_DEPS)
 	rm -rf demo-run
 	$(BIN) run --nproc-per-node 2 --checkpoint-dir demo-run/ckpt --log-dir demo-run/logs \
 	  --restart-backoff 1s -- \
 	  $(PYTHON) scripts/examples/train_ddp.py --steps 200 --ckpt-every 20 --fail-at-step 130
 
-test: deps
+test:
+	scripts/install-deps.sh $(TEST_DEPS)
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 40m ./...
 
@@ -41,7 +52,8 @@ test: deps
 test-short:
 	$(GO) test -count=1 -short ./...
 
-bench: deps build
+bench: build
+	scripts/install-deps.sh $(BENCH_DEPS)
 	benchmarks/run.sh
 
 # Each fuzz target for 30 s (go test runs one -fuzz target per invocation).

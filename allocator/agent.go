@@ -63,10 +63,8 @@ func NewAgent(s store.Store, cfg AgentConfig) (*Agent, error) {
 	if cfg.Inventory == nil {
 		return nil, errors.New("agent: no inventory")
 	}
-	for k := range cfg.Labels {
-		if k == "" {
-			return nil, errors.New("--labels: empty label name")
-		}
+	if err := CheckLabels(cfg.Labels); err != nil {
+		return nil, err
 	}
 	log := cfg.Log
 	if log == nil {

@@ -36,8 +36,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sort"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 )
 
 // Key prefixes (see the package documentation).
@@ -143,7 +146,8 @@ type Request struct {
 	Submitted time.Time `json:"submitted"`
 }
 
-// Validate checks the request's own fields.
+// Validate checks the request's own fields: counts of at least 1, no negative wait,
+// labels as CheckLabels wants them, and a partition and GPU model of printable text.
 func (r Request) Validate() error {
 	switch {
 	case r.Nodes < 1:
@@ -153,12 +157,94 @@ func (r Request) Validate() error {
 	case r.Wait < 0:
 		return fmt.Errorf("--wait %s: must not be negative", r.Wait)
 	}
-	for k := range r.Labels {
-		if k == "" {
-			return errors.New("--labels: empty label name")
+	if err := checkPrintable("--partition", r.Partition); err != nil {
+		return err
+	}
+	if err := checkPrintable("--gpu-model", r.GPUModel); err != nil {
+		return err
+	}
+	return CheckLabels(r.Labels)
+}
+
+// CheckLabels refuses labels that could not be written back as --labels KEY=VALUE,...
+// or would show raw in `gangrun nodes`: an empty name; '=' or ',' in a name; ',' in a
+// value; and, in either, a control character (newline, tab, escape), a Unicode format
+// character (the right-to-left override U+202E, a zero-width space) or invalid UTF-8.
+// The error quotes the label with %q, so nothing raw reaches a terminal.
+func CheckLabels(labels map[string]string) error {
+	keys := make([]string, 0, len(labels))
+	for k := range labels {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys) // the same label reported first every time
+	for _, k := range keys {
+		v := labels[k]
+		switch {
+		case k == "":
+			return fmt.Errorf("--labels %q: empty label name", "="+v)
+		case strings.ContainsAny(k, "=,"):
+			return fmt.Errorf("--labels: label name %q: no '=' or ',' in a name", k)
+		case strings.Contains(v, ","):
+			return fmt.Errorf("--labels %q: no ',' in a value (',' separates labels)", k+"="+v)
+		}
+		if err := checkPrintable("--labels", k+"="+v); err != nil {
+			return err
 		}
 	}
 	return nil
+}
+
+// CheckReason refuses a drain reason that is empty, or not one line of printable text:
+// it is a cell of `gangrun nodes`' table.
+func CheckReason(reason string) error {
+	if strings.TrimSpace(reason) == "" {
+		return errors.New("--reason is required (it shows in gangrun nodes)")
+	}
+	return checkPrintable("--reason", reason)
+}
+
+// checkPrintable refuses text that would show raw, or invisibly reordered, in gangrun's
+// tables and logs: a control character (newline, tab, escape, DEL, C1), a Unicode format
+// character (U+202E right-to-left override, U+200B zero-width space, U+FEFF) or invalid
+// UTF-8. what names the flag; the text is quoted with %q.
+func checkPrintable(what, s string) error {
+	if !utf8.ValidString(s) {
+		return fmt.Errorf("%s %q: not valid UTF-8", what, s)
+	}
+	for _, c := range s {
+		if unicode.IsControl(c) || unicode.Is(unicode.Cf, c) {
+			return fmt.Errorf("%s %q: holds the invisible character %U (%s): only printable text is allowed", what, s, c, charName(c))
+		}
+	}
+	return nil
+}
+
+// charName names the characters people paste by mistake; others by category.
+func charName(c rune) string {
+	switch c {
+	case '\n':
+		return "newline"
+	case '\r':
+		return "carriage return"
+	case '\t':
+		return "tab"
+	case 0x1b:
+		return "escape"
+	case 0:
+		return "NUL"
+	case 0x202e:
+		return "right-to-left override"
+	case 0x202d:
+		return "left-to-right override"
+	case 0x200b:
+		return "zero-width space"
+	case 0xfeff:
+		return "byte order mark"
+	}
+	if unicode.IsControl(c) {
+		return "a control character"
+	}
+	return "a format character"
 }
 
 // Grant states.

@@ -349,7 +349,7 @@ func SetDrain(ctx context.Context, s store.Store, node, reason string) error {
 		return err
 	}
 	if e == nil {
-		return fmt.Errorf("node %s: %w (registered nodes: gangrun nodes)", node, ErrNotFound)
+		return fmt.Errorf("node %q: %w (registered nodes: gangrun nodes)", node, ErrNotFound)
 	}
 	if reason == "" {
 		_, err = s.Txn(ctx, []store.Op{{Verb: store.Delete, Key: drainPrefix + node}})

@@ -243,6 +243,8 @@ func TestPlanValidate(t *testing.T) {
 		{"sizes", func(p *Plan) { p.MaxBytes = 10 }, "--max-bytes 10"},
 		{"warmup", func(p *Plan) { p.Warmup = -1 }, "--warmup -1"},
 		{"iters", func(p *Plan) { p.Iters = 0 }, "--iters 0"},
+		{"too many iters", func(p *Plan) { p.Iters = MaxIters + 1 }, "--iters 1000001: want 1 to 1000000"},
+		{"too much warmup", func(p *Plan) { p.Warmup = 99999999999 }, "--warmup 99999999999: want 0 to 1000000"},
 		{"dtype", func(p *Plan) { p.DType = "fp4" }, `--dtype "fp4"`},
 	}
 	for _, c := range cases {

@@ -17,6 +17,10 @@ const (
 	DefaultDType      = "float"
 )
 
+// MaxIters bounds --iters and --warmup: a million iterations of the largest size is
+// hours; more is a typo.
+const MaxIters = 1000000
+
 // Plan is what a benchmark run times: which operations, at which message sizes, how many
 // times, on which element type.
 type Plan struct {
@@ -46,11 +50,11 @@ func (p Plan) Validate() error {
 	if _, err := p.Sizes(); err != nil {
 		return err
 	}
-	if p.Warmup < 0 {
-		return fmt.Errorf("--warmup %d: must not be negative", p.Warmup)
+	if p.Warmup < 0 || p.Warmup > MaxIters {
+		return fmt.Errorf("--warmup %d: want 0 to %d", p.Warmup, MaxIters)
 	}
-	if p.Iters < 1 {
-		return fmt.Errorf("--iters %d: want at least 1", p.Iters)
+	if p.Iters < 1 || p.Iters > MaxIters {
+		return fmt.Errorf("--iters %d: want 1 to %d", p.Iters, MaxIters)
 	}
 	if _, _, err := ParseDType(p.DType); err != nil {
 		return err

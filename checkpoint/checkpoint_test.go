@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -544,5 +545,50 @@ func TestUnreadableDirectory(t *testing.T) {
 	want := fmt.Sprintf("error: checkpoint dir %q: unreadable: permission denied", dir)
 	if got != want {
 		t.Fatalf("Latest on an unreadable directory printed %q; want %q", got, want)
+	}
+}
+
+// TestNamedPipesNeverBlock: a named pipe where a rule reads a file (HF's
+// trainer_state.json, DeepSpeed's latest, Megatron's tracker) or given as the directory
+// is judged at once, never opened for a blocking read.
+func TestNamedPipesNeverBlock(t *testing.T) {
+	root := t.TempDir()
+	mkfifo := func(rel string) string {
+		p := filepath.Join(root, rel)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := syscall.Mkfifo(p, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	mkfifo("hf/checkpoint-10/trainer_state.json")
+	mkfifo("ds/latest")
+	if err := os.MkdirAll(filepath.Join(root, "ds", "global_step5"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	mkfifo("mg/latest_checkpointed_iteration.txt")
+	mkfifo("pipe")
+	for _, tc := range []struct {
+		dir, want string
+	}{
+		{"hf", "trainer_state.json: is a named pipe (FIFO), want a regular file"},
+		{"ds", "no complete checkpoint"},
+		{"mg", "no complete checkpoint"},
+		{"pipe", "is a named pipe (FIFO), not a directory"},
+	} {
+		t.Run(tc.dir, func(t *testing.T) {
+			done := make(chan error, 1)
+			go func() { _, err := Latest(filepath.Join(root, tc.dir), Options{}); done <- err }()
+			select {
+			case err := <-done:
+				if err == nil || !strings.Contains(err.Error(), tc.want) {
+					t.Errorf("Latest(%s) = %v, want %q", tc.dir, err, tc.want)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("Latest(%s) blocked", tc.dir)
+			}
+		})
 	}
 }

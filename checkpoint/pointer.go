@@ -5,11 +5,12 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/gangrun/gangrun/internal/userfile"
 )
 
 // maxPointerBytes bounds how much of a pointer file is read: DeepSpeed's `latest`
@@ -88,16 +89,10 @@ func readMegatronTracker(dir string, targetFor func(iteration int64) string) *po
 	return p
 }
 
-// readSmall reads at most maxPointerBytes of a regular file (following symlinks).
+// readSmall reads at most maxPointerBytes of a regular file (following symlinks). A
+// named pipe or a device is refused without blocking.
 func readSmall(path string) ([]byte, error) {
-	fi, err := os.Stat(path)
-	if err != nil {
-		return nil, err
-	}
-	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("%s: not a regular file", path)
-	}
-	f, err := os.Open(path)
+	f, err := userfile.OpenFile(path)
 	if err != nil {
 		return nil, err
 	}

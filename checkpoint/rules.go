@@ -9,6 +9,8 @@ import (
 	"os"
 	"path/filepath"
 	"syscall"
+
+	"github.com/gangrun/gangrun/internal/userfile"
 )
 
 // verdict is a completion rule's answer for one candidate.
@@ -37,6 +39,9 @@ const (
 	// writes it after the model, optimizer, scheduler and RNG state
 	// (transformers/trainer.py).
 	hfTrainerState = "trainer_state.json"
+	// maxTrainerStateBytes bounds how much of trainer_state.json is read, in bytes (256
+	// MiB): its log history grows with the run, to a few MiB for a long one.
+	maxTrainerStateBytes = 256 << 20
 )
 
 // describeFSError turns a file-system error met while reading a candidate into a
@@ -51,6 +56,11 @@ func describeFSError(err error) string {
 		return "not a directory"
 	case errors.Is(err, fs.ErrPermission):
 		return "unreadable: permission denied"
+	case errors.Is(err, userfile.ErrNotRegular), errors.Is(err, userfile.ErrTooLarge):
+		var ue *userfile.Error
+		if errors.As(err, &ue) {
+			return ue.Err.Error()
+		}
 	}
 	return "unreadable: " + err.Error()
 }
@@ -95,7 +105,8 @@ func checkHF(dir string) verdict {
 	if _, err := os.Stat(dir); err != nil {
 		return notDone(FormatHF, "%s", describeFSError(err))
 	}
-	data, err := os.ReadFile(filepath.Join(dir, hfTrainerState))
+	// Not os.ReadFile: a named pipe there would block the scan for ever.
+	data, err := userfile.ReadFile(filepath.Join(dir, hfTrainerState), maxTrainerStateBytes)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		return notDone(FormatHF, "no %s: the Trainer writes it after the model and optimizer, so the save did not finish", hfTrainerState)

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/gangrun/gangrun/internal/userfile"
 )
 
 // scan is one look at a checkpoint directory: its candidates in newest-first order,
@@ -38,7 +40,7 @@ func checkDir(dir string) error {
 		if fi.Mode().IsRegular() {
 			return &DirError{Path: dir, Problem: "is a file, not a directory"}
 		}
-		return &DirError{Path: dir, Problem: "is not a directory"}
+		return &DirError{Path: dir, Problem: "is " + userfile.Kind(fi.Mode()) + ", not a directory"}
 	}
 	return nil
 }
@@ -48,7 +50,7 @@ func readDir(dir string) ([]fs.DirEntry, error) {
 	if err := checkDir(dir); err != nil {
 		return nil, err
 	}
-	f, err := os.Open(dir)
+	f, err := userfile.OpenDir(dir) // never blocks, should dir have become a FIFO since
 	if err != nil {
 		return nil, dirError(dir, err)
 	}

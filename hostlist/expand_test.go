@@ -110,6 +110,14 @@ func TestExpandSyntaxErrors(t *testing.T) {
 		{"whitespace in brackets", "n[1, 2]", 4, " 2", "whitespace"},
 		{"number too large", "n[18446744073709551616]", 2, "18446744073709551616", "number too large"},
 		{"end too large", "n[1-99999999999999999999]", 4, "99999999999999999999", "number too large"},
+		{"escape sequence", "n1\x1b[31m", 2, "\x1b", "control character U+001B"},
+		{"NUL", "n\x001", 1, "\x00", "control character U+0000"},
+		{"DEL", "n\x7f", 1, "\x7f", "control character U+007F"},
+		{"C1 control", "n\u0085", 1, "\u0085", "control character U+0085"},
+		{"right-to-left override", "node\u202e10", 4, "\u202e", "invisible format character U+202E"},
+		{"zero-width space", "n\u200b1", 1, "\u200b", "invisible format character U+200B"},
+		{"byte order mark", "\ufeffn1", 0, "\ufeff", "invisible format character U+FEFF"},
+		{"invalid UTF-8", "n\xff1", 1, "\xff", "invalid UTF-8"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -4,6 +4,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -38,8 +39,30 @@ func isSep(c byte) bool {
 
 func isDigit(c byte) bool { return '0' <= c && c <= '9' }
 
+// checkText refuses what no host name holds and a terminal would show raw or reorder:
+// invalid UTF-8, a control character other than the separators (escape, NUL, carriage
+// return inside a name...) and a Unicode format character (U+202E right-to-left
+// override, U+200B zero-width space, U+FEFF).
+func checkText(expr string) error {
+	for i, c := range expr {
+		switch {
+		case c == utf8.RuneError && !strings.HasPrefix(expr[i:], "\uFFFD"):
+			return syntaxErr(expr, i, expr[i:i+1], "invalid UTF-8")
+		case c < utf8.RuneSelf && isSep(byte(c)):
+		case unicode.IsControl(c):
+			return syntaxErr(expr, i, string(c), "control character %U", c)
+		case unicode.Is(unicode.Cf, c):
+			return syntaxErr(expr, i, string(c), "invisible format character %U", c)
+		}
+	}
+	return nil
+}
+
 // parse splits expr into its patterns; empty patterns are skipped.
 func parse(expr string) ([]pattern, error) {
+	if err := checkText(expr); err != nil {
+		return nil, err
+	}
 	var pats []pattern
 	for i := 0; i < len(expr); {
 		if isSep(expr[i]) {

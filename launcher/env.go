@@ -80,6 +80,23 @@ func validName(s string) bool {
 	return true
 }
 
+// consulCredential reports whether name is one of the Consul client's credentials that
+// consul/api reads from the environment (api.go: HTTPTokenEnvName, HTTPTokenFileEnvName,
+// HTTPAuthEnvName, HTTPClientCert, HTTPClientKey): an ACL token, a file holding one,
+// HTTP basic-auth user:password, and the client certificate and key of mutual TLS.
+// gangrun removes them from every worker's environment: training code has no business
+// with the cluster's credentials. The rest of CONSUL_* (CONSUL_HTTP_ADDR,
+// CONSUL_HTTP_SSL, CONSUL_HTTP_SSL_VERIFY, CONSUL_CACERT, CONSUL_CAPATH,
+// CONSUL_TLS_SERVER_NAME, CONSUL_NAMESPACE, CONSUL_PARTITION, CONSUL_GRPC_*) says where
+// Consul is and which CA to trust, grants nothing, and is kept.
+func consulCredential(name string) bool {
+	switch name {
+	case "CONSUL_HTTP_TOKEN", "CONSUL_HTTP_TOKEN_FILE", "CONSUL_HTTP_AUTH", "CONSUL_CLIENT_CERT", "CONSUL_CLIENT_KEY":
+		return true
+	}
+	return false
+}
+
 // envMap is an environment under construction.
 type envMap map[string]string
 
@@ -112,8 +129,18 @@ func (m envMap) list() []string {
 }
 
 // nodeEnv sets what every process gangrun starts on this node gets, worker or torchrun.
+// The Consul credentials inherited from gangrun's environment are left out; one given
+// with --env (Extra) is kept.
 func nodeEnv(c EnvConfig, a rendezvous.Assignment) envMap {
-	m := newEnvMap(c.Base, c.Extra)
+	m := newEnvMap(c.Base)
+	for k := range m {
+		if consulCredential(k) {
+			delete(m, k)
+		}
+	}
+	for k, v := range newEnvMap(c.Extra) {
+		m[k] = v
+	}
 	for _, kv := range c.NCCL {
 		if k, v, ok := strings.Cut(kv, "="); ok {
 			m.setDefault(k, v)
@@ -141,7 +168,10 @@ func nodeEnv(c EnvConfig, a rendezvous.Assignment) envMap {
 // as sorted "KEY=VALUE" entries: torchrun's worker contract exactly (the variables and
 // values of torch/distributed/elastic/agent/server/local_elastic_agent.py and
 // torch/distributed/run.py) plus GANGRUN_JOB_ID, GANGRUN_NODE_NAME, GANGRUN_ATTEMPT,
-// GANGRUN_CHECKPOINT_DIR and GANGRUN_RESUME_FROM (the last two only when set).
+// GANGRUN_CHECKPOINT_DIR and GANGRUN_RESUME_FROM (the last two only when set), over the
+// inherited environment less the Consul credentials (CONSUL_HTTP_TOKEN,
+// CONSUL_HTTP_TOKEN_FILE, CONSUL_HTTP_AUTH, CONSUL_CLIENT_CERT, CONSUL_CLIENT_KEY) unless
+// --env gives them.
 //
 //   - TORCH_NCCL_ASYNC_ERROR_HANDLING keeps an inherited value, else "1";
 //   - OMP_NUM_THREADS is "1" when unset and the node runs more than one worker;
@@ -179,7 +209,8 @@ func WorkerEnv(c EnvConfig, a rendezvous.Assignment, localRank int, errorFile st
 }
 
 // TorchrunEnv returns the environment of a wrapped torchrun process: the node-wide part
-// of WorkerEnv (NCCL_*, CUDA_*, GANGRUN_*) and TORCHELASTIC_ERROR_FILE, into which
+// of WorkerEnv (NCCL_*, CUDA_*, GANGRUN_*, no Consul credentials unless --env gives
+// them) and TORCHELASTIC_ERROR_FILE, into which
 // torchrun's @record main copies its root-cause worker's error. The per-worker variables
 // are left to torchrun, which sets them for its own workers; any inherited from
 // gangrun's environment are removed so they cannot confuse it.

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/hashicorp/consul/api"
+
 	"github.com/gangrun/gangrun/rendezvous"
 )
 
@@ -152,5 +154,48 @@ func assertEnv(t *testing.T, got, want map[string]string) {
 		if _, ok := want[k]; !ok {
 			t.Errorf("unexpected variable %s=%q", k, v)
 		}
+	}
+}
+
+// TestConsulCredentialsStayOut: the Consul client's credentials gangrun inherited do
+// not reach workers or a wrapped torchrun, unless --env gives them; the variables that
+// only say where Consul is are kept. The names are checked against consul/api's own.
+func TestConsulCredentialsStayOut(t *testing.T) {
+	credentials := []string{api.HTTPTokenEnvName, api.HTTPTokenFileEnvName, api.HTTPAuthEnvName, api.HTTPClientCert, api.HTTPClientKey}
+	kept := []string{api.HTTPAddrEnvName, api.HTTPSSLEnvName, api.HTTPSSLVerifyEnvName, api.HTTPCAFile, api.HTTPCAPath,
+		api.HTTPTLSServerName, api.HTTPNamespaceEnvName, api.HTTPPartitionEnvName, api.GRPCAddrEnvName}
+	var base []string
+	for _, k := range append(append([]string{}, credentials...), kept...) {
+		base = append(base, k+"=inherited")
+	}
+	a := rendezvous.Assignment{JobID: "j", NNodes: 1, LocalWorldSize: 1, WorldSize: 1, MasterAddr: "127.0.0.1", MasterPort: 1}
+	for _, tc := range []struct {
+		name  string
+		extra []string
+		want  map[string]string // credential -> value; absent: not in the environment
+	}{
+		{"inherited", nil, map[string]string{}},
+		{"given with --env", []string{"CONSUL_HTTP_TOKEN=given"}, map[string]string{"CONSUL_HTTP_TOKEN": "given"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := EnvConfig{Base: base, Extra: tc.extra}
+			for what, env := range map[string]map[string]string{
+				"worker":   envOf(t, WorkerEnv(c, a, 0, "/e")),
+				"torchrun": envOf(t, TorchrunEnv(c, a, "/e")),
+			} {
+				for _, k := range credentials {
+					v, ok := env[k]
+					want, wantOK := tc.want[k]
+					if ok != wantOK || v != want {
+						t.Errorf("%s: %s = %q (set %v), want %q (set %v)", what, k, v, ok, want, wantOK)
+					}
+				}
+				for _, k := range kept {
+					if env[k] != "inherited" {
+						t.Errorf("%s: %s = %q, want it kept", what, k, env[k])
+					}
+				}
+			}
+		})
 	}
 }

@@ -2,10 +2,11 @@ package launcher
 
 import (
 	"encoding/json"
-	"os"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/gangrun/gangrun/internal/userfile"
 )
 
 // ErrorReport is what a worker wrote to its TORCHELASTIC_ERROR_FILE through torch's
@@ -25,10 +26,15 @@ type ErrorReport struct {
 	Time time.Time
 }
 
+// maxErrorFileBytes bounds how much of a worker's error file is read, in bytes (16 MiB);
+// a traceback is a few KiB.
+const maxErrorFileBytes = 16 << 20
+
 // ReadErrorFile reads a worker's error file. ok is false when the file is missing,
-// empty or not in torch's format.
+// empty, not a regular file (a named pipe the worker made there is never opened for a
+// blocking read), over 16 MiB or not in torch's format.
 func ReadErrorFile(path string) (r ErrorReport, ok bool) {
-	data, err := os.ReadFile(path)
+	data, err := userfile.ReadFile(path, maxErrorFileBytes)
 	if err != nil || len(data) == 0 {
 		return ErrorReport{}, false
 	}

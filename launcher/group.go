@@ -6,7 +6,6 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"sync"
 	"syscall"
@@ -26,10 +25,12 @@ type workerSpec struct {
 	rank      int
 	argv      []string
 	env       []string
-	prefix    string // console prefix, "[rank3]: "
-	dir       string // per-attempt, per-rank directory: error file and logs
-	errorFile string // TORCHELASTIC_ERROR_FILE, already in env
-	logFiles  bool   // write stdout.log / stderr.log into dir
+	prefix    string   // console prefix, "[rank3]: "
+	base      string   // the log directory (or scratch directory) the attempt's tree is under
+	rel       []string // dir below base: attempt_K, rank_N (or node_N)
+	dir       string   // base/rel...: the per-attempt, per-rank directory, error file and logs
+	errorFile string   // TORCHELASTIC_ERROR_FILE, already in env
+	logFiles  bool     // write stdout.log / stderr.log into dir
 }
 
 // worker is one started process of a group.
@@ -73,15 +74,23 @@ func startGroup(specs []workerSpec, console, consoleErr *lineWriter, act *activi
 	return g, nil
 }
 
+// errorFileName is the name of a worker's TORCHELASTIC_ERROR_FILE in its directory.
+const errorFileName = "error.json"
+
 func startWorker(s workerSpec, console, consoleErr *lineWriter, act *activity) (*worker, error) {
-	if err := os.MkdirAll(s.dir, 0o755); err != nil {
-		return nil, fmt.Errorf("rank %d: create %s: %w", s.rank, s.dir, err)
+	// No link below the log directory is followed (logdir.go): the directories and log
+	// files are made relative to their parents' descriptors.
+	dir, err := workerDir(s.base, s.rel)
+	if err != nil {
+		return nil, fmt.Errorf("rank %d: %w", s.rank, err)
 	}
+	defer dir.Close()
 	w := &worker{spec: s}
 	// torch's error handler warns about and overwrites a stale file; a stale one from an
-	// earlier run would be misread as this attempt's root cause, so remove it.
-	if err := os.Remove(s.errorFile); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("rank %d: remove stale error file: %w", s.rank, err)
+	// earlier attempt with the same number would be misread as this attempt's root
+	// cause, so remove it.
+	if err := removeStaleAt(dir, errorFileName); err != nil {
+		return nil, fmt.Errorf("rank %d: %w", s.rank, err)
 	}
 	cmd := exec.Command(s.argv[0], s.argv[1:]...)
 	cmd.Env = s.env
@@ -100,7 +109,7 @@ func startWorker(s workerSpec, console, consoleErr *lineWriter, act *activity) (
 		w.readers = append(w.readers, r)
 		childEnds = append(childEnds, wr)
 		if s.logFiles {
-			f, err := os.Create(filepath.Join(s.dir, name+".log"))
+			f, err := createLogFile(dir, name+".log")
 			if err != nil {
 				closeAll()
 				return nil, fmt.Errorf("rank %d: %w", s.rank, err)
@@ -116,9 +125,14 @@ func startWorker(s workerSpec, console, consoleErr *lineWriter, act *activity) (
 	childEnds = nil
 	if err != nil {
 		closeAll()
-		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) || errors.Is(err, os.ErrPermission) {
-			// The command vanished or lost its execute bit since New checked it.
+		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
+			// The command vanished since New checked it.
 			return nil, fmt.Errorf("start rank %d: %w: %s (%v)", s.rank, ErrCommandNotFound, s.argv[0], unwrapPath(err))
+		}
+		if errors.Is(err, os.ErrPermission) || errors.Is(err, syscall.ENOEXEC) {
+			// It lost its execute bit since New checked it, or is in no format the
+			// kernel runs (no #! line, not a binary for this machine).
+			return nil, fmt.Errorf("start rank %d: %w", s.rank, &notExecutableError{s.argv[0], unwrapPath(err).Error()})
 		}
 		return nil, fmt.Errorf("start rank %d (%s): %w", s.rank, s.argv[0], err)
 	}

@@ -18,7 +18,6 @@ import (
 	"io"
 	"io/fs"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -31,6 +30,7 @@ import (
 	"github.com/gangrun/gangrun/checkpoint"
 	"github.com/gangrun/gangrun/event"
 	"github.com/gangrun/gangrun/internal/proc"
+	"github.com/gangrun/gangrun/internal/userfile"
 	"github.com/gangrun/gangrun/rendezvous"
 )
 
@@ -38,6 +38,11 @@ import (
 const (
 	// DefaultMaxRestarts is --max-restarts: how many failed attempts are retried.
 	DefaultMaxRestarts = 3
+	// MaxRestartsLimit bounds --max-restarts: 10000 restarts, even 1s apart, is about
+	// three hours of a gang failing; more is a typo.
+	MaxRestartsLimit = 10000
+	// MaxBackoff bounds a fixed --restart-backoff: 24h.
+	MaxBackoff = 24 * time.Hour
 	// DefaultTermTimeout is --term-timeout: the SIGTERM → SIGKILL grace.
 	DefaultTermTimeout = 30 * time.Second
 	// DefaultBackoffInitial and DefaultBackoffMax bound the default exponential
@@ -49,10 +54,6 @@ const (
 	StrikesBeforeFallback = 2
 )
 
-// ErrCommandNotFound means the command to launch does not exist or cannot be executed;
-// gangrun exits 127 for it, as POSIX shells do.
-var ErrCommandNotFound = errors.New("command not found")
-
 // Backoff is the wait before each restart: before restart k (1-based) it waits
 // min(Max, Initial × 2^(k−1)). Initial == Max gives a fixed delay; zero values none.
 type Backoff struct {
@@ -61,14 +62,14 @@ type Backoff struct {
 }
 
 // ParseBackoff parses --restart-backoff: "" or "exp" for the default exponential 1s..30s,
-// or a Go duration ("5s", "0s" for none) for a fixed delay.
+// or a Go duration ("5s", "0s" for none, at most MaxBackoff) for a fixed delay.
 func ParseBackoff(s string) (Backoff, error) {
 	if s == "" || s == "exp" {
 		return Backoff{Initial: DefaultBackoffInitial, Max: DefaultBackoffMax}, nil
 	}
 	d, err := time.ParseDuration(s)
-	if err != nil || d < 0 {
-		return Backoff{}, fmt.Errorf("--restart-backoff %q: want a duration such as 5s (0s for none) or exp", s)
+	if err != nil || d < 0 || d > MaxBackoff {
+		return Backoff{}, fmt.Errorf("--restart-backoff %q: want a duration such as 5s (0s for none, at most 24h) or exp", s)
 	}
 	return Backoff{Initial: d, Max: d}, nil
 }
@@ -115,8 +116,16 @@ type Config struct {
 	// ResumeArg, when set, appends "ResumeArg PATH" to the command when resuming.
 	ResumeArg string
 	// LogDir, when set, receives LogDir/attempt_K/rank_N/{stdout,stderr}.log and the
-	// workers' error files.
+	// workers' error files. LogDir itself may be a symbolic link; below it gangrun
+	// follows none: it creates attempt_K and rank_N (0755) and the log files (0644, new:
+	// never an existing file overwritten) relative to their parents' descriptors with
+	// O_NOFOLLOW, and an attempt whose files cannot be created so fails to start.
 	LogDir string
+	// FreshLogDir makes New refuse a LogDir that already holds an attempt_* entry (an
+	// earlier run's logs), so that a rerun into the same directory is a usage error and
+	// not a failed attempt. For a node alone in its LogDir (one node, the embedded
+	// coordinator); the nodes of a job that share one leave it false.
+	FreshLogDir bool
 	// Tee keeps worker output on the console when LogDir is set (without LogDir the
 	// console always gets it).
 	Tee bool
@@ -203,8 +212,11 @@ type Supervisor struct {
 }
 
 // New validates cfg and returns a Supervisor that joins rounds of rdzv. Errors are the
-// user's: a missing command (wraps ErrCommandNotFound), a torchrun option that
-// conflicts with gangrun's, an unreadable checkpoint directory.
+// user's: a missing command (wraps ErrCommandNotFound), one that cannot be executed
+// (ErrNotExecutable: a directory, no execute permission), a torchrun option that
+// conflicts with gangrun's, an unreadable checkpoint directory (or one that is a named
+// pipe, refused without blocking), a log directory that cannot be written (or, with
+// FreshLogDir, holds an earlier run's logs).
 func New(cfg Config, rdzv rendezvous.Rendezvous) (*Supervisor, error) {
 	if len(cfg.Command) == 0 {
 		return nil, errors.New("no command to run (give it after --)")
@@ -212,8 +224,8 @@ func New(cfg Config, rdzv rendezvous.Rendezvous) (*Supervisor, error) {
 	if cfg.NProcPerNode < 1 {
 		return nil, fmt.Errorf("--nproc-per-node %d: must be at least 1", cfg.NProcPerNode)
 	}
-	if cfg.MaxRestarts < 0 {
-		return nil, fmt.Errorf("--max-restarts %d: must not be negative", cfg.MaxRestarts)
+	if cfg.MaxRestarts < 0 || cfg.MaxRestarts > MaxRestartsLimit {
+		return nil, fmt.Errorf("--max-restarts %d: want 0 to %d", cfg.MaxRestarts, MaxRestartsLimit)
 	}
 	var lim unix.Rlimit
 	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err == nil {
@@ -222,11 +234,8 @@ func New(cfg Config, rdzv rendezvous.Rendezvous) (*Supervisor, error) {
 				cfg.NProcPerNode, need, lim.Cur)
 		}
 	}
-	if cfg.Command[0] == "" {
-		return nil, fmt.Errorf("%w: the command after -- is an empty string", ErrCommandNotFound)
-	}
-	if _, err := exec.LookPath(cfg.Command[0]); err != nil {
-		return nil, fmt.Errorf("%w: %s", ErrCommandNotFound, cfg.Command[0])
+	if _, err := LookCommand(cfg.Command[0]); err != nil {
+		return nil, err
 	}
 	if cfg.CheckpointDir != "" {
 		if err := checkReadableDir(cfg.CheckpointDir); err != nil {
@@ -234,7 +243,7 @@ func New(cfg Config, rdzv rendezvous.Rendezvous) (*Supervisor, error) {
 		}
 	}
 	if cfg.LogDir != "" {
-		if err := checkWritableDir(cfg.LogDir); err != nil {
+		if err := checkLogDir(cfg.LogDir, cfg.FreshLogDir); err != nil {
 			return nil, err
 		}
 	}
@@ -270,26 +279,43 @@ func New(cfg Config, rdzv rendezvous.Rendezvous) (*Supervisor, error) {
 }
 
 // checkReadableDir accepts a directory that does not exist yet (the trainer creates it)
-// and rejects one that exists but cannot be listed.
+// and rejects one that exists but cannot be listed, or is not a directory (a named pipe
+// is refused without blocking in open(2)).
 func checkReadableDir(dir string) error {
-	f, err := os.Open(dir)
+	f, err := userfile.OpenDir(dir)
 	if errors.Is(err, os.ErrNotExist) {
-		if _, lerr := os.Lstat(dir); lerr == nil {
+		if fi, lerr := os.Lstat(dir); lerr == nil && fi.Mode()&fs.ModeSymlink != 0 {
 			return fmt.Errorf("--checkpoint-dir %s: dangling symbolic link", dir)
+		}
+		if existingAncestorIsFile(dir) {
+			return fmt.Errorf("--checkpoint-dir %s: cannot be created: %s", dir, whyNotWritable(dir, unix.ENOTDIR))
 		}
 		return nil
 	}
+	if errors.Is(err, userfile.ErrNotDir) {
+		if fi, serr := os.Stat(dir); serr == nil && fi.Mode().IsRegular() {
+			return fmt.Errorf("--checkpoint-dir %s: is a file, not a directory", dir)
+		}
+	}
 	if err != nil {
-		return fmt.Errorf("--checkpoint-dir %s: %w", dir, err)
+		return fmt.Errorf("--checkpoint-dir %w", err)
 	}
 	defer f.Close()
-	if fi, err := f.Stat(); err == nil && !fi.IsDir() {
-		return fmt.Errorf("--checkpoint-dir %s: is a file, not a directory", dir)
-	}
 	if _, err := f.Readdirnames(1); err != nil && !errors.Is(err, io.EOF) {
 		return fmt.Errorf("--checkpoint-dir %s: cannot be read: %w", dir, err)
 	}
 	return nil
+}
+
+// existingAncestorIsFile reports whether the nearest existing ancestor of path is not
+// a directory (so path cannot be created).
+func existingAncestorIsFile(path string) bool {
+	a := existingAncestor(path)
+	if a == "" || a == filepath.Clean(path) {
+		return false
+	}
+	fi, err := os.Stat(a)
+	return err == nil && !fi.IsDir()
 }
 
 // zombieReapEvery is how often a subreaper supervisor reaps exited orphans during an
@@ -303,23 +329,6 @@ const (
 	fdsPerWorker = 6
 	fdsReserved  = 64
 )
-
-// checkWritableDir creates the --log-dir directory when it is missing and checks that
-// files can be created in it, so a bad one is refused before any worker starts.
-func checkWritableDir(dir string) error {
-	if fi, err := os.Stat(dir); err == nil && !fi.IsDir() {
-		return fmt.Errorf("--log-dir %s: is a file, not a directory", dir)
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("--log-dir %s: cannot be created: %w", dir, unwrapPath(err))
-	}
-	f, err := os.CreateTemp(dir, ".gangrun-write-check-*")
-	if err != nil {
-		return fmt.Errorf("--log-dir %s: cannot be written: %w", dir, unwrapPath(err))
-	}
-	f.Close()
-	return os.Remove(f.Name())
-}
 
 // unwrapPath returns the cause inside a *fs.PathError ("permission denied"), whose
 // own text repeats the operation and path.
@@ -531,6 +540,8 @@ func (s *Supervisor) begin(ctx context.Context, at *attempt, res *Result) (Group
 		res.ExitCode, res.Err = 1, err
 		if errors.Is(err, ErrCommandNotFound) {
 			res.ExitCode = 127
+		} else if errors.Is(err, ErrNotExecutable) {
+			res.ExitCode = 126
 		}
 		return "", true
 	}
@@ -898,7 +909,8 @@ func (s *Supervisor) specs(a rendezvous.Assignment) ([]workerSpec, error) {
 	if base == "" {
 		base = s.scratch
 	}
-	attemptDir := filepath.Join(base, "attempt_"+strconv.Itoa(a.Round))
+	attempt := attemptPrefix + strconv.Itoa(a.Round)
+	attemptDir := filepath.Join(base, attempt)
 	resume := []string(nil)
 	if a.ResumeFrom != "" && s.cfg.ResumeArg != "" {
 		resume = []string{s.cfg.ResumeArg, a.ResumeFrom}
@@ -911,21 +923,24 @@ func (s *Supervisor) specs(a rendezvous.Assignment) ([]workerSpec, error) {
 		if err := s.torch.CheckRound(v); err != nil {
 			return nil, err
 		}
-		dir := filepath.Join(attemptDir, "node_"+strconv.Itoa(a.NodeRank))
-		errFile := filepath.Join(dir, "error.json")
+		node := "node_" + strconv.Itoa(a.NodeRank)
+		dir := filepath.Join(attemptDir, node)
+		errFile := filepath.Join(dir, errorFileName)
 		return []workerSpec{{
 			localRank: -1, rank: -1,
 			argv:   append(s.torch.Command(v), resume...),
 			env:    TorchrunEnv(s.cfg.Env, a, errFile),
 			prefix: "[node" + strconv.Itoa(a.NodeRank) + "]: ",
-			dir:    dir, errorFile: errFile, logFiles: s.cfg.LogDir != "",
+			base:   base, rel: []string{attempt, node},
+			dir: dir, errorFile: errFile, logFiles: s.cfg.LogDir != "",
 		}}, nil
 	}
 	specs := make([]workerSpec, 0, a.LocalWorldSize)
 	for lr := 0; lr < a.LocalWorldSize; lr++ {
 		rank := a.RankOffset + lr
-		dir := filepath.Join(attemptDir, "rank_"+strconv.Itoa(rank))
-		errFile := filepath.Join(dir, "error.json")
+		rankDir := "rank_" + strconv.Itoa(rank)
+		dir := filepath.Join(attemptDir, rankDir)
+		errFile := filepath.Join(dir, errorFileName)
 		argv := append(append([]string{}, s.cfg.Command...), resume...)
 		if s.cfg.LocalRankArg {
 			argv = append(argv, "--local_rank="+strconv.Itoa(lr))
@@ -933,7 +948,8 @@ func (s *Supervisor) specs(a rendezvous.Assignment) ([]workerSpec, error) {
 		specs = append(specs, workerSpec{
 			localRank: lr, rank: rank, argv: argv,
 			env:    WorkerEnv(s.cfg.Env, a, lr, errFile),
-			prefix: rankPrefix(rank), dir: dir, errorFile: errFile, logFiles: s.cfg.LogDir != "",
+			prefix: rankPrefix(rank), base: base, rel: []string{attempt, rankDir},
+			dir: dir, errorFile: errFile, logFiles: s.cfg.LogDir != "",
 		})
 	}
 	return specs, nil
@@ -960,9 +976,9 @@ func (s *Supervisor) report(a rendezvous.Assignment, f *rendezvous.Failure) {
 	}
 	var errFile string
 	if f.Rank >= 0 {
-		errFile = filepath.Join(s.attemptBase(a), "rank_"+strconv.Itoa(f.Rank), "error.json")
+		errFile = filepath.Join(s.attemptBase(a), "rank_"+strconv.Itoa(f.Rank), errorFileName)
 	} else if s.torch != nil {
-		errFile = filepath.Join(s.attemptBase(a), "node_"+strconv.Itoa(a.NodeRank), "error.json")
+		errFile = filepath.Join(s.attemptBase(a), "node_"+strconv.Itoa(a.NodeRank), errorFileName)
 	}
 	r, hasReport := ReadErrorFile(errFile)
 	if hasReport {

@@ -208,7 +208,7 @@ func TestBackoff(t *testing.T) {
 	if fixed.Delay(1) != 2*time.Second || fixed.Delay(9) != 2*time.Second {
 		t.Errorf("2s: %s %s", fixed.Delay(1), fixed.Delay(9))
 	}
-	for _, bad := range []string{"soon", "-1s", "5"} {
+	for _, bad := range []string{"soon", "-1s", "5", "25h", "2000000h", "9999999h"} {
 		if _, err := ParseBackoff(bad); err == nil || !strings.Contains(err.Error(), bad) {
 			t.Errorf("ParseBackoff(%q) = %v, want an error naming it", bad, err)
 		}

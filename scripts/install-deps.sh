@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
-# Installs what gangrun's demo and tests need on a fresh Debian machine, skipping what is
-# already there: Debian's python3-torch (torch 1.13, CPU, gloo; used through
-# /usr/bin/python3), iproute2, and a Consul v1.14.11 dev server (scripts/install-consul.sh).
+# Installs what gangrun's demo, tests and benchmarks need on a fresh Debian machine,
+# skipping what is already there. Components:
+#   torch     Debian's python3-torch and python3-numpy (torch 1.13, CPU, gloo; used through
+#             /usr/bin/python3): the demo, the end-to-end tests, the benchmarks
+#   consul    a Consul v1.14.11 server built from the Go module proxy into .tools/bin
+#             (scripts/install-consul.sh; about 4 minutes once, then cached): the tests
+#             and benchmarks start Consul dev agents; the demo does not need it
+#   iproute2  the `ip` tool: tests that give nodes their own network namespaces
 #
-# Usage: scripts/install-deps.sh [torch] [consul]    (no arguments: both)
+# Usage: scripts/install-deps.sh [torch] [consul] [iproute2]    (no arguments: all three)
+# The Makefile asks for what each target needs: `make demo` torch only, `make test`
+# all three, `make bench` torch and consul.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-want=("$@"); [ ${#want[@]} -eq 0 ] && want=(torch consul)
+want=("$@"); [ ${#want[@]} -eq 0 ] && want=(torch consul iproute2)
 
 apt_install() {
   local sudo=""
@@ -29,6 +36,12 @@ for w in "${want[@]}"; do
     consul)
       "$root/scripts/install-consul.sh" >/dev/null
       ;;
-    *) echo "install-deps.sh: unknown component $w (want torch or consul)" >&2; exit 2 ;;
+    iproute2)
+      if ! command -v ip >/dev/null 2>&1; then
+        echo "installing iproute2 (ip) ..." >&2
+        apt_install iproute2
+      fi
+      ;;
+    *) echo "install-deps.sh: unknown component $w (want torch, consul or iproute2)" >&2; exit 2 ;;
   esac
 done

@@ -6,9 +6,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"os"
+	"io/fs"
 	"sort"
+
+	"github.com/gangrun/gangrun/internal/userfile"
 )
 
 // SchemaVersion is the version of the Inventory JSON this package writes and reads.
@@ -304,29 +305,45 @@ func (f fileSource) Inventory(ctx context.Context) (*Inventory, error) {
 // exhausting memory.
 const MaxFileBytes = 16 << 20
 
+// FileError is the error LoadFile returns: the file, and what is wrong with it.
+type FileError struct {
+	// Path is the file as given.
+	Path string
+	// Err says what is wrong, in one line, without the path.
+	Err error
+}
+
+// Error returns "topology file PATH: what is wrong".
+func (e *FileError) Error() string { return "topology file " + e.Path + ": " + e.Err.Error() }
+
+// Unwrap returns Err.
+func (e *FileError) Unwrap() error { return e.Err }
+
 // LoadFile reads a recorded inventory (the JSON `gangrun topo --json` prints). Errors
-// name the file and say what is wrong: missing file, invalid JSON (with line and
-// column), a file over MaxFileBytes, a schema_version other than SchemaVersion, or inconsistent contents (a
-// duplicate GPU index, a link to an unknown GPU, ...).
+// are a *FileError naming the file and saying what is wrong: missing file; not a regular
+// file (a named pipe, a directory, a device: refused before any read, so a FIFO never
+// blocks); invalid JSON (with line and column, and for a value of the wrong type the
+// field's path and what was expected, in JSON terms); a file over MaxFileBytes; a
+// schema_version other than SchemaVersion; or inconsistent contents (a duplicate GPU
+// index, a link to an unknown GPU, ...).
 func LoadFile(path string) (*Inventory, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return nil, fmt.Errorf("topology file %s: no such file", path)
+	fail := func(err error) (*Inventory, error) { return nil, &FileError{Path: path, Err: err} }
+	data, err := userfile.ReadFile(path, MaxFileBytes)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return fail(errors.New("no such file"))
+	case errors.Is(err, userfile.ErrTooLarge):
+		return fail(fmt.Errorf("larger than %d MiB: not a recorded inventory", MaxFileBytes>>20))
+	case err != nil:
+		var ue *userfile.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // the path is FileError's
 		}
-		return nil, fmt.Errorf("topology file %s: %w", path, err)
-	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, MaxFileBytes+1))
-	if err != nil {
-		return nil, fmt.Errorf("topology file %s: %w", path, err)
-	}
-	if len(data) > MaxFileBytes {
-		return nil, fmt.Errorf("topology file %s: larger than %d MiB: not a recorded inventory", path, MaxFileBytes>>20)
+		return fail(err)
 	}
 	inv, err := Decode(data)
 	if err != nil {
-		return nil, fmt.Errorf("topology file %s: %w", path, err)
+		return fail(err)
 	}
 	return inv, nil
 }
@@ -354,23 +371,6 @@ func Decode(data []byte) (*Inventory, error) {
 		return nil, err
 	}
 	return inv, nil
-}
-
-// jsonError turns a decoding error into one line with the line and column.
-func jsonError(data []byte, err error) error {
-	var syn *json.SyntaxError
-	var typ *json.UnmarshalTypeError
-	switch {
-	case errors.As(err, &syn):
-		// Offset counts the bytes read, the offending one included.
-		line, col := lineCol(data, syn.Offset-1)
-		return fmt.Errorf("invalid JSON at line %d, column %d: %w", line, col, err)
-	case errors.As(err, &typ):
-		line, col := lineCol(data, typ.Offset)
-		return fmt.Errorf("invalid JSON at line %d, column %d: field %q: %s where %s is expected",
-			line, col, typ.Field, typ.Value, typ.Type)
-	}
-	return fmt.Errorf("invalid JSON: %w", err)
 }
 
 func lineCol(data []byte, offset int64) (line, col int) {

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -20,19 +21,36 @@ func TestLoadFileErrors(t *testing.T) {
 		}
 		return p
 	}
+	sparse := func(name string, size int64) string {
+		p := write(name, "")
+		if err := os.Truncate(p, size); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	fifo := func(name string) string {
+		p := filepath.Join(dir, name)
+		if err := syscall.Mkfifo(p, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
 	tests := []struct {
 		name, path, want string
 	}{
 		{"missing", filepath.Join(dir, "nope.json"), "topology file " + filepath.Join(dir, "nope.json") + ": no such file"},
 		{"bad json", write("bad.json", "{\n  \"schema_version\": 1,\n  \"node\": x\n}"), "invalid JSON at line 3, column 11"},
-		{"wrong type", write("type.json", `{"schema_version": 1, "gpus": [{"index": "zero"}]}`), `field "gpus.index": string where int is expected`},
+		{"wrong type", write("type.json", `{"schema_version": 1, "gpus": [{"index": "zero"}]}`), `field "gpus[0].index": want an integer from -9223372036854775808 to 9223372036854775807, got a string`},
 		{"no version", write("nover.json", `{"node": "a"}`), "no schema_version"},
 		{"new version", write("v2.json", `{"schema_version": 2}`), "schema_version 2 is not supported (this gangrun reads 1)"},
 		{"duplicate gpu", write("dup.json", `{"schema_version": 1, "gpus": [{"index": 0, "health": {"state": "healthy"}}, {"index": 0, "health": {"state": "healthy"}}]}`), "gpu index 0 appears twice"},
 		{"bad link", write("link.json", `{"schema_version": 1, "gpus": [{"index": 0, "health": {"state": "healthy"}}], "gpu_links": [{"a": 0, "b": 3, "nvlinks": 1, "level": "PIX"}]}`), "gpu link 0-3 names an unknown gpu"},
 		{"bad level", write("level.json", `{"schema_version": 1, "gpu_links": [{"a": 0, "b": 1, "level": "NV4"}]}`), `unknown PCIe level "NV4"`},
 		{"bad state", write("state.json", `{"schema_version": 1, "gpus": [{"index": 0, "health": {"state": "sick"}}]}`), `gpu 0: health state "sick" is not healthy, degraded or failed`},
-		{"endless", "/dev/zero", "larger than 16 MiB: not a recorded inventory"},
+		{"too large", sparse("huge.json", MaxFileBytes+1), "larger than 16 MiB: not a recorded inventory"},
+		{"endless device", "/dev/zero", "is a character device, want a regular file"},
+		{"named pipe", fifo("fifo.json"), "is a named pipe (FIFO), want a regular file"},
+		{"directory", dir, "is a directory, want a regular file"},
 		{"unknown nic", write("nic.json", `{"schema_version": 1, "gpus": [{"index": 0, "health": {"state": "healthy"}, "nics": ["mlx5_9"]}]}`), `gpu 0: nic "mlx5_9" is not among rdma_devices`},
 	}
 	for _, tc := range tests {
@@ -46,6 +64,44 @@ func TestLoadFileErrors(t *testing.T) {
 			}
 			if !strings.HasPrefix(err.Error(), "topology file "+tc.path) {
 				t.Errorf("error %q does not name the file", err)
+			}
+		})
+	}
+}
+
+// TestDecodeShapeErrors: a value of the wrong JSON type is named by its path in the
+// document and described in JSON's terms, never with a Go type name.
+func TestDecodeShapeErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name, doc, want string
+	}{
+		{"top level an array", `[1, 2]`, "line 1, column 2: the top level: want an object, got an array"},
+		{"version a string", `{"schema_version": "1"}`, `field "schema_version": want an integer from -9223372036854775808 to 9223372036854775807, got a string`},
+		{"links a string", `{"schema_version": 1, "gpus": [{"index": 0}, {"index": 1, "nvlinks": "x"}]}`, `field "gpus[1].nvlinks": want an array, got a string`},
+		{"link a number", `{"schema_version": 1, "gpu_links": [{"a": 0, "b": 1}, 7]}`, `field "gpu_links[1]": want an object, got a number`},
+		{"gpus an object", `{"schema_version": 1, "gpus": {"a": 1}}`, `field "gpus": want an array, got an object`},
+		{"sockets a fraction", `{"schema_version": 1, "cpu": {"sockets": 1.5}}`, `field "cpu.sockets": want an integer from -9223372036854775808 to 9223372036854775807, got 1.5`},
+		{"index out of range", `{"schema_version": 1, "gpus": [{"index": -99999999999999999999}]}`, `field "gpus[0].index": want an integer from -9223372036854775808 to 9223372036854775807, got -99999999999999999999`},
+		{"memory negative", `{"schema_version": 1, "gpus": [{"index": 0, "memory_bytes": -1}]}`, `field "gpus[0].memory_bytes": want an integer from 0 to 18446744073709551615, got -1`},
+		{"state a number", `{"schema_version": 1, "gpus": [{"index": 0, "health": {"state": 3}}]}`, `field "gpus[0].health.state": want a string, got a number`},
+		{"level a number", `{"schema_version": 1, "gpu_links": [{"a": 0, "b": 1, "level": 2}]}`, `field "gpu_links[0].level": want a string, got a number`},
+		{"mig a string", `{"schema_version": 1, "gpus": [{"index": 0, "mig_enabled": "yes"}]}`, `field "gpus[0].mig_enabled": want true or false, got a string`},
+		{"nested key after arrays", `{"schema_version": 1, "numa_nodes": [{"id": 0}], "gpus": [{"index": 0, "nics": [1]}]}`, `field "gpus[0].nics[0]": want a string, got a number`},
+		{"truncated", `{"schema_version": 1, "gpus": [`, "the file ends before the document does (truncated?)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Decode([]byte(tc.doc))
+			if err == nil {
+				t.Fatalf("Decode succeeded, want %q", tc.want)
+			}
+			msg := err.Error()
+			if !strings.Contains(msg, tc.want) {
+				t.Errorf("error %q, want it to contain %q", msg, tc.want)
+			}
+			for _, goName := range []string{"struct {", "topology.", "[]", "int64", "*int", "uint64"} {
+				if strings.Contains(msg, goName) {
+					t.Errorf("error %q names a Go type (%q)", msg, goName)
+				}
 			}
 		})
 	}

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/gangrun/gangrun/bench"
+	"github.com/gangrun/gangrun/internal/userfile"
 	"github.com/gangrun/gangrun/launcher"
 	benchscript "github.com/gangrun/gangrun/scripts/bench"
 )
@@ -133,9 +134,11 @@ func runBenchParse(_ context.Context, e *env, args []string) int {
 	}
 	var in io.Reader = e.stdin
 	if name != "-" {
-		f, err := os.Open(name)
+		// Not os.Open: a named pipe would block it until a writer came (use - to read
+		// a pipe on standard input).
+		f, err := userfile.OpenFile(name)
 		if err != nil {
-			return failErr(e, cmd, err)
+			return usageErr(e, cmd, "%v", err)
 		}
 		defer f.Close()
 		in = f
@@ -181,8 +184,10 @@ func (b *benchFlags) register(fs *pflag.FlagSet) {
 	fs.BoolVar(&b.check, "check", true, "check each size's result once on known data (the #wrong column)")
 	fs.BoolVar(&b.pairwise, "pairwise", false, "benchmark every pair of nodes and print a node × node busbw matrix")
 	fs.Float64Var(&b.slowThreshold, "slow-threshold", bench.DefaultSlowThreshold, "with --pairwise: flag a node or pair this fraction below the median")
-	fs.DurationVar(&b.pairTimeout, "pair-timeout", bench.DefaultPairTimeout, "with --pairwise: the longest one pair may take on a node (joining its gang, running, stopping); a pair past it fails")
-	fs.DurationVar(&b.joinTimeout, "join-timeout", bench.DefaultJoinTimeout, "with --pairwise: the longest the nodes may take to meet before the first pair")
+	durationVar(fs, &b.pairTimeout, "pair-timeout", bench.DefaultPairTimeout, durationFlag{max: maxGrace},
+		"with --pairwise: the longest one pair may take on a node (joining its gang, running, stopping); a pair past it fails (at most 24h)")
+	durationVar(fs, &b.joinTimeout, "join-timeout", bench.DefaultJoinTimeout, durationFlag{max: maxGrace},
+		"with --pairwise: the longest the nodes may take to meet before the first pair (at most 24h)")
 	fs.StringVar(&b.python, "python", "python3", "Python interpreter with torch for the torch engine")
 	b.out.register(fs)
 }
@@ -475,7 +480,7 @@ func shellJoin(args []string) string {
 
 // isTerminal reports whether w is a terminal (golang.org/x/term).
 func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
+	f, ok := rawWriter(w).(*os.File)
 	return ok && term.IsTerminal(int(f.Fd()))
 }
 

@@ -102,6 +102,9 @@ func runPairwise(ctx context.Context, e *env, g gang, coordinator string, b *ben
 	}
 	defer s.Close()
 
+	if !e.startup.handOver() {
+		return exitFailure // stopped by a signal: main says so
+	}
 	ctx, stopped, release := watchSignals(ctx, e.signals)
 	defer release()
 

@@ -197,7 +197,7 @@ func TestBenchUsageErrors(t *testing.T) {
 		{"pairwise under slurm", []string{"bench", "nccl", "--pairwise", "--nnodes", "4", "--coordinator", "slurm"}, 2, "--pairwise needs --coordinator consul://HOST:PORT (got slurm)"},
 		{"pairwise two ops", []string{"bench", "nccl", "--pairwise", "--nnodes", "2", "--coordinator", "consul://127.0.0.1:1", "--job-id", "j", "--op", "all_reduce,broadcast"}, 2, `--pairwise measures one operation: --op "all_reduce,broadcast" lists 2`},
 		{"pairwise pair timeout", []string{"bench", "nccl", "--pairwise", "--nnodes", "2", "--coordinator", "consul://127.0.0.1:1", "--job-id", "j", "--pair-timeout", "0s"}, 2, "--pair-timeout 0s: must be positive"},
-		{"pairwise join timeout", []string{"bench", "nccl", "--pairwise", "--nnodes", "2", "--coordinator", "consul://127.0.0.1:1", "--job-id", "j", "--join-timeout", "-1s"}, 2, "--join-timeout -1s: must be positive"},
+		{"pairwise join timeout", []string{"bench", "nccl", "--pairwise", "--nnodes", "2", "--coordinator", "consul://127.0.0.1:1", "--job-id", "j", "--join-timeout", "-1s"}, 2, `--join-timeout "-1s": must not be negative`},
 		{"pairwise without job id", []string{"bench", "nccl", "--pairwise", "--nnodes", "2", "--coordinator", "consul://127.0.0.1:1"}, 2, "needs --job-id"},
 		{"pairwise consul unreachable", []string{"bench", "nccl", "--pairwise", "--nnodes", "2", "--coordinator", "consul://127.0.0.1:1", "--job-id", "j",
 			"--python", benchPython(), "--backend", "gloo", "--topology-file", filepath.Join(inventories, "cpu-only.json")}, 1, "pairwise sweep j: read the sweep key"},
@@ -217,7 +217,9 @@ func TestBenchUsageErrors(t *testing.T) {
 		{"missing python", []string{"bench", "nccl", "--python", "/nonexistent/python3", "--backend", "gloo"}, 127, "/nonexistent/python3"},
 		{"parse no file", []string{"bench", "parse"}, 2, "want one FILE"},
 		{"parse two formats", []string{"bench", "parse", "--json", "--csv", "x"}, 2, "--json and --csv"},
-		{"parse missing file", []string{"bench", "parse", "/nonexistent/out.txt"}, 1, "/nonexistent/out.txt"},
+		{"parse missing file", []string{"bench", "parse", "/nonexistent/out.txt"}, 2, "gangrun bench parse: /nonexistent/out.txt: no such file"},
+		{"parse a directory", []string{"bench", "parse", "/tmp"}, 2, "gangrun bench parse: /tmp: is a directory, want a regular file"},
+		{"parse a device", []string{"bench", "parse", "/dev/zero"}, 2, "gangrun bench parse: /dev/zero: is a character device, want a regular file"},
 		{"parse bad op", []string{"bench", "parse", "--op", "x", "f"}, 2, `unknown operation "x"`},
 	}
 	for _, c := range cases {

@@ -203,7 +203,7 @@ func TestCkptBadInput(t *testing.T) {
 		{[]string{"ckpt", "prune", dir}, "gangrun ckpt prune: --keep N is required"},
 		{[]string{"ckpt", "prune", dir, "--keep", "-1", "--yes"}, "gangrun ckpt prune: --keep -1: must be at least 1"},
 		{[]string{"ckpt", "prune", dir, "--keep", "0", "--yes"}, "gangrun ckpt prune: --keep 0: must be at least 1"},
-		{[]string{"ckpt", "prune", dir, "--keep", "two", "--yes"}, `gangrun ckpt prune: invalid argument "two" for "--keep" flag`},
+		{[]string{"ckpt", "prune", dir, "--keep", "two", "--yes"}, `gangrun ckpt prune: --keep "two": must be an integer`},
 		{[]string{"ckpt", "prune", file, "--keep", "1", "--yes"}, fmt.Sprintf("gangrun ckpt prune: checkpoint dir %q: is a file, not a directory", file)},
 		{[]string{"ckpt", "prune", loop, "--keep", "1", "--yes"}, fmt.Sprintf("gangrun ckpt prune: checkpoint dir %q: symlink loop", loop)},
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -14,7 +15,6 @@ import (
 	"syscall"
 	"text/tabwriter"
 	"time"
-	"unicode"
 
 	"github.com/spf13/pflag"
 	"go.uber.org/zap"
@@ -23,6 +23,7 @@ import (
 	"github.com/gangrun/gangrun/hostlist"
 	"github.com/gangrun/gangrun/internal/proc"
 	"github.com/gangrun/gangrun/internal/store"
+	"github.com/gangrun/gangrun/launcher"
 	"github.com/gangrun/gangrun/topology"
 )
 
@@ -34,6 +35,11 @@ func consulFlag(fs *pflag.FlagSet) *string {
 // openStore connects to Consul (the API client dials on first use). The caller defers
 // Close, which drops idle connections.
 func openStore(e *env, cmd, addr string) (*store.Consul, int) {
+	if addr != "" {
+		if err := store.CheckConsulAddr("--consul", addr); err != nil {
+			return nil, usageErr(e, cmd, "%v", err)
+		}
+	}
 	s, err := store.NewConsul(addr)
 	if err != nil {
 		return nil, usageErr(e, cmd, "%v", err)
@@ -54,8 +60,14 @@ func parseLabels(values []string) (map[string]string, error) {
 			if !ok || k == "" {
 				return nil, fmt.Errorf("--labels %q: want KEY=VALUE[,KEY=VALUE...]", kv)
 			}
+			if first, dup := out[k]; dup {
+				return nil, fmt.Errorf("--labels: label %q given twice (%q and %q)", k, k+"="+first, kv)
+			}
 			out[k] = val
 		}
+	}
+	if err := allocator.CheckLabels(out); err != nil {
+		return nil, err
 	}
 	return out, nil
 }
@@ -89,6 +101,13 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 			return usageErr(e, "agent", "--node-name not given and the hostname is unknown: %v", err)
 		}
 	}
+	// The node name is a key segment in Consul and a name the other nodes see.
+	if err := store.CheckSegment("--node-name", name); err != nil {
+		return usageErr(e, "agent", "%v", err)
+	}
+	if *addr != "" && net.ParseIP(*addr) == nil {
+		return usageErr(e, "agent", "--advertise-addr %q: want an IP address (the other nodes connect to it)", *addr)
+	}
 	inv, err := nodeInventory(ctx, *topoFile, name)
 	if err != nil {
 		return usageErr(e, "agent", "%v", err)
@@ -108,6 +127,9 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 	}
 	actx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	if !e.startup.handOver() {
+		return exitFailure // stopped by a signal while starting: main says so
+	}
 	go func() {
 		for sig := range e.signals {
 			if ss, ok := sig.(syscall.Signal); ok && terminating(ss) {
@@ -157,6 +179,9 @@ func runNodes(ctx context.Context, e *env, args []string) int {
 	asJSON := fs.Bool("json", false, "print JSON")
 	if done, code := parseFlags(e, fs, args); done {
 		return code
+	}
+	if fs.NArg() > 0 {
+		return usageErr(e, "nodes", "unexpected argument %q: nodes takes flags only", fs.Arg(0))
 	}
 	s, code := openStore(e, "nodes", *consul)
 	if code != exitOK {
@@ -217,7 +242,8 @@ func runAlloc(ctx context.Context, e *env, args []string) int {
 	fs.StringVar(&r.Partition, "partition", "", "only nodes labelled partition=P")
 	labels := fs.StringArray("labels", nil, "only nodes with these labels KEY=VALUE[,...] (repeatable)")
 	fs.IntVar(&r.Priority, "priority", 0, "higher goes first")
-	fs.DurationVar(&r.Wait, "wait", 0, "give up when not granted within this long (0: wait forever)")
+	durationVar(fs, &r.Wait, "wait", 0, durationFlag{max: maxWait, zeroOK: true},
+		"give up when not granted within this long (0: wait forever; at most 10000h)")
 	asJSON := fs.Bool("json", false, "print the grant as JSON")
 	if done, code := parseFlags(e, fs, args); done {
 		return code
@@ -234,9 +260,9 @@ func runAlloc(ctx context.Context, e *env, args []string) int {
 	}
 	command := fs.Args()
 	if len(command) > 0 {
-		if _, err := exec.LookPath(command[0]); err != nil {
-			fmt.Fprintf(e.stderr, "gangrun alloc: command not found: %s\n", command[0])
-			return exitNotFound
+		if _, err := launcher.LookCommand(command[0]); err != nil {
+			fmt.Fprintf(e.stderr, "gangrun alloc: %s\n", oneLine(err.Error()))
+			return commandExitCode(err)
 		}
 	}
 	r.Holder = holder()
@@ -245,19 +271,14 @@ func runAlloc(ctx context.Context, e *env, args []string) int {
 		return code
 	}
 	defer s.Close()
-	tk, err := allocator.Submit(ctx, s, r)
-	if err != nil {
-		if errors.Is(err, store.ErrTxnRejected) || strings.Contains(err.Error(), "consul") {
-			return failErr(e, "alloc", err)
-		}
-		return usageErr(e, "alloc", "%v", err)
-	}
-	id := tk.Request().ID
-	defer tk.Release(context.WithoutCancel(ctx)) //nolint:errcheck // reported below where it matters
-	fmt.Fprintf(e.stderr, "gangrun alloc: request %s submitted, waiting for %d node(s) × %d GPU(s)\n", id, r.Nodes, r.GPUsPerNode)
 
+	// From here a signal withdraws the request: Submit (which may wait on Consul) and
+	// Wait end with wctx.
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	if !e.startup.handOver() {
+		return exitFailure // stopped by a signal while starting: main says so
+	}
 	stopped := make(chan syscall.Signal, 1)
 	go func() {
 		for sig := range e.signals {
@@ -268,6 +289,24 @@ func runAlloc(ctx context.Context, e *env, args []string) int {
 			}
 		}
 	}()
+	tk, err := allocator.Submit(wctx, s, r)
+	if err != nil {
+		select {
+		case sig := <-stopped:
+			// Submit destroys the session of a request it could not finish writing.
+			fmt.Fprintf(e.stderr, "gangrun alloc: stopped by %s before the request was submitted\n", proc.SignalName(sig))
+			return 128 + int(sig)
+		default:
+		}
+		if errors.Is(err, store.ErrTxnRejected) || strings.Contains(err.Error(), "consul") {
+			return failErr(e, "alloc", err)
+		}
+		return usageErr(e, "alloc", "%v", err)
+	}
+	id := tk.Request().ID
+	defer tk.Release(context.WithoutCancel(ctx)) //nolint:errcheck // reported below where it matters
+	fmt.Fprintf(e.stderr, "gangrun alloc: request %s submitted, waiting for %d node(s) × %d GPU(s)\n", id, r.Nodes, r.GPUsPerNode)
+
 	g, err := tk.Wait(wctx, func(why string) { fmt.Fprintf(e.stderr, "gangrun alloc: %s pending: %s\n", id, why) })
 	if err != nil {
 		select {
@@ -312,7 +351,7 @@ func runUnderGrant(e *env, tk *allocator.Ticket, g allocator.Grant, command []st
 	cmd := exec.Command(command[0], command[1:]...)
 	cmd.Env = append(os.Environ(), "GANGRUN_GRANT_ID="+g.ID, "GANGRUN_NODELIST="+hostlist.Compress(names),
 		"GANGRUN_NNODES="+strconv.Itoa(len(g.Nodes)), "GANGRUN_GRANT="+string(grantJSON))
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, e.stdout, e.stderr
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, rawWriter(e.stdout), rawWriter(e.stderr)
 	// As under `gangrun run`: a guardian SIGKILLs the command's process group if this
 	// gangrun dies without releasing it (the grant's GPUs go back to the pool when its
 	// session expires, so nothing of the command may go on using them).
@@ -393,6 +432,9 @@ func runQueue(ctx context.Context, e *env, args []string) int {
 	if done, code := parseFlags(e, fs, args); done {
 		return code
 	}
+	if fs.NArg() > 0 {
+		return usageErr(e, "queue", "unexpected argument %q: queue takes flags only (gangrun show ID shows one)", fs.Arg(0))
+	}
 	s, code := openStore(e, "queue", *consul)
 	if code != exitOK {
 		return code
@@ -442,12 +484,18 @@ func runShow(ctx context.Context, e *env, args []string) int {
 	if fs.NArg() != 1 {
 		return usageErr(e, "show", "want exactly one request or grant id")
 	}
+	if err := store.CheckSegment("id", fs.Arg(0)); err != nil {
+		return usageErr(e, "show", "%v", err)
+	}
 	s, code := openStore(e, "show", *consul)
 	if code != exitOK {
 		return code
 	}
 	defer s.Close()
 	r, g, err := allocator.Show(ctx, s, fs.Arg(0))
+	if errors.Is(err, allocator.ErrNotFound) {
+		return usageErr(e, "show", "%s", unknownID(fs.Arg(0)))
+	}
 	if err != nil {
 		return failErr(e, "show", err)
 	}
@@ -496,21 +544,44 @@ func runCancel(ctx context.Context, e *env, args []string) int {
 	if fs.NArg() == 0 {
 		return usageErr(e, "cancel", "want one or more request or grant ids")
 	}
+	for _, id := range fs.Args() {
+		if err := store.CheckSegment("id", id); err != nil {
+			return usageErr(e, "cancel", "%v", err)
+		}
+	}
 	s, code := openStore(e, "cancel", *consul)
 	if code != exitOK {
 		return code
 	}
 	defer s.Close()
-	status := exitOK
+	// Each id is cancelled in turn; the exit code is 1 if any failed, else 2 if any
+	// was unknown (a usage error, as for show and drain), else 0.
+	unknown, failed := false, false
 	for _, id := range fs.Args() {
-		if err := allocator.Cancel(ctx, s, id); err != nil {
+		err := allocator.Cancel(ctx, s, id)
+		switch {
+		case errors.Is(err, allocator.ErrNotFound):
+			usageErr(e, "cancel", "%s", unknownID(id))
+			unknown = true
+		case err != nil:
 			failErr(e, "cancel", err)
-			status = exitFailure
-			continue
+			failed = true
+		default:
+			fmt.Fprintf(e.stdout, "cancelled %s\n", id)
 		}
-		fmt.Fprintf(e.stdout, "cancelled %s\n", id)
 	}
-	return status
+	switch {
+	case failed:
+		return exitFailure
+	case unknown:
+		return exitUsage
+	}
+	return exitOK
+}
+
+// unknownID says that id names no request or grant.
+func unknownID(id string) string {
+	return fmt.Sprintf("no request or grant %q (gangrun queue lists them)", id)
 }
 
 func runDrain(ctx context.Context, e *env, args []string) int {
@@ -523,11 +594,8 @@ func runDrain(ctx context.Context, e *env, args []string) int {
 	if fs.NArg() != 1 {
 		return usageErr(e, "drain", "want exactly one node name")
 	}
-	if strings.TrimSpace(*reason) == "" {
-		return usageErr(e, "drain", "--reason is required (it shows in gangrun nodes)")
-	}
-	if i := strings.IndexFunc(*reason, unicode.IsControl); i >= 0 {
-		return usageErr(e, "drain", "--reason %q: one line without control characters (it is a cell of gangrun nodes' table)", *reason)
+	if err := allocator.CheckReason(*reason); err != nil {
+		return usageErr(e, "drain", "%v", err)
 	}
 	return setDrain(ctx, e, "drain", *consul, fs.Arg(0), *reason)
 }
@@ -545,6 +613,9 @@ func runResume(ctx context.Context, e *env, args []string) int {
 }
 
 func setDrain(ctx context.Context, e *env, cmd, consul, node, reason string) int {
+	if err := store.CheckSegment("node", node); err != nil {
+		return usageErr(e, cmd, "%v", err)
+	}
 	s, code := openStore(e, cmd, consul)
 	if code != exitOK {
 		return code

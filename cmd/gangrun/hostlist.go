@@ -54,9 +54,15 @@ func hostlistMain(_ context.Context, e *env, stdin io.Reader, args []string) int
 }
 
 // hostlistArgs returns the expressions given as args, or the job's node list
-// from the environment when there are none.
+// from the environment when there are none. An argument that is empty (or separators
+// only) is refused: it names no host, and is a variable that was not set.
 func hostlistArgs(e *env, cmd string, args []string) ([]string, int) {
 	if len(args) > 0 {
+		for i, a := range args {
+			if code := nonEmptyExpr(e, cmd, i, a); code != exitOK {
+				return nil, code
+			}
+		}
 		return args, exitOK
 	}
 	for _, name := range []string{"SLURM_JOB_NODELIST", "SLURM_NODELIST"} {
@@ -65,6 +71,15 @@ func hostlistArgs(e *env, cmd string, args []string) ([]string, int) {
 		}
 	}
 	return nil, usageErr(e, cmd, "no EXPR given and SLURM_JOB_NODELIST is not set")
+}
+
+// nonEmptyExpr refuses argument i (0-based) when it holds no host at all: "" or
+// separators only.
+func nonEmptyExpr(e *env, cmd string, i int, arg string) int {
+	if strings.Trim(arg, ", \t\n\r\v\f") == "" {
+		return usageErr(e, cmd, "argument %d %q is empty: want a hostlist expression such as node[01-04]", i+1, arg)
+	}
+	return exitOK
 }
 
 func hostlistExpand(e *env, args []string) int {
@@ -115,6 +130,9 @@ func hostlistCompress(e *env, stdin io.Reader, args []string) int {
 	}
 	if fs.NArg() > 0 {
 		for i, arg := range fs.Args() {
+			if code := nonEmptyExpr(e, cmd, i, arg); code != exitOK {
+				return code
+			}
 			if code := add("argument "+strconv.Itoa(i+1), arg); code != exitOK {
 				return code
 			}

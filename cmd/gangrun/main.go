@@ -16,6 +16,8 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/spf13/pflag"
 
@@ -30,6 +32,7 @@ const (
 	exitOK       = 0
 	exitFailure  = 1   // a failure the command reports
 	exitUsage    = 2   // usage error: nothing was started
+	exitNotExec  = 126 // the command to launch exists but cannot be executed (as in POSIX shells)
 	exitNotFound = 127 // the command to launch does not exist (as in POSIX shells)
 )
 
@@ -50,6 +53,10 @@ type env struct {
 	// tests that call dispatch in-process) runs without a guardian, since the test
 	// binary is not gangrun.
 	self string
+	// startup stops a command that catches signals when one arrives before its
+	// long-running loop reads them (signals.go); nil in tests that call dispatch
+	// in-process and for the other commands.
+	startup *startup
 }
 
 // command is one `gangrun NAME` subcommand.
@@ -83,12 +90,14 @@ func commands() []command {
 }
 
 func main() {
+	args := os.Args[1:]
 	sigs := make(chan os.Signal, 16)
 	// The signals gangrun forwards to its workers (README.md, "Processes and signals"), caught only
 	// for the commands that act on them (and the guardian, which must outlive them).
 	// SIGPIPE is ignored by all: a closed stdout must not kill the supervisor
 	// mid-teardown, and a write to it then fails with an error the command reports.
-	if catchesSignals(os.Args[1:]) {
+	catches := catchesSignals(args)
+	if catches {
 		signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGUSR1, syscall.SIGUSR2)
 	}
 	signal.Ignore(syscall.SIGPIPE)
@@ -96,7 +105,27 @@ func main() {
 	if exe, err := os.Executable(); err == nil {
 		e.self = exe
 	}
-	os.Exit(dispatch(context.Background(), e, os.Args[1:]))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if catches && args[0] != guardianCommand {
+		// Until the command's loop takes them over, a terminating signal ends it at once
+		// (a caught signal would otherwise wait in sigs while it probes, reads a file or
+		// waits for Consul).
+		st := newStartup(commandName(args), sigs, cancel, os.Stderr, os.Exit)
+		e.startup, e.signals = st, st.signals
+		e.stdout, e.stderr = st.writer(os.Stdout), st.writer(os.Stderr)
+		code := st.done(dispatch(ctx, e, args))
+		os.Exit(code)
+	}
+	os.Exit(dispatch(ctx, e, args))
+}
+
+// commandName is the command args name, as its messages call it: "run", "bench nccl".
+func commandName(args []string) string {
+	if len(args) > 1 && args[0] == "bench" {
+		return "bench " + args[1]
+	}
+	return args[0]
 }
 
 // catchesSignals reports whether the command that args name acts on signals itself.
@@ -157,7 +186,15 @@ func usage(w io.Writer) {
 	fmt.Fprintln(w, "Run 'gangrun COMMAND --help' for a command's flags.")
 }
 
-func runVersion(_ context.Context, e *env, _ []string) int {
+// runVersion prints gangrun's version; it takes no arguments and no flags but --help.
+func runVersion(_ context.Context, e *env, args []string) int {
+	fs := newFlagSet(e, "version", "")
+	if done, code := parseFlags(e, fs, args); done {
+		return code
+	}
+	if fs.NArg() > 0 {
+		return usageErr(e, "version", "unexpected argument %q: version takes none", fs.Arg(0))
+	}
 	fmt.Fprintf(e.stdout, "gangrun %s\n", version)
 	return exitOK
 }
@@ -185,7 +222,15 @@ func parseFlags(e *env, fs *pflag.FlagSet, args []string) (done bool, code int) 
 		return true, exitOK // pflag already called fs.Usage
 	}
 	if err != nil {
-		fmt.Fprintf(e.stderr, "%s: %s\n", fs.Name(), oneLine(err.Error()))
+		msg, ok := flagValueError(err)
+		if !ok {
+			msg = err.Error()
+		}
+		fmt.Fprintf(e.stderr, "%s: %s\n", fs.Name(), oneLine(msg))
+		return true, exitUsage
+	}
+	if name, found := emptyFlag(fs); found {
+		fmt.Fprintf(e.stderr, "%s: --%s \"\": must not be empty\n", fs.Name(), name)
 		return true, exitUsage
 	}
 	return false, exitOK
@@ -203,10 +248,25 @@ func failErr(e *env, cmd string, err error) int {
 	return exitFailure
 }
 
-// oneLine folds a possibly multi-line message onto one line.
+// oneLine folds a possibly multi-line message onto one line, and escapes what a
+// terminal would not show as it is: control characters (an escape sequence), Unicode
+// format characters (U+202E reorders the rest of the line) and invalid UTF-8, written
+// as \u202e or \xff. Values in messages are quoted with %q where they are built; this
+// catches a path or a name that was not.
 func oneLine(s string) string {
-	s = strings.TrimSpace(s)
-	return strings.Join(strings.Fields(strings.ReplaceAll(s, "\n", " ")), " ")
+	s = strings.Join(strings.Fields(s), " ")
+	var b strings.Builder
+	for i, r := range s {
+		switch {
+		case r == utf8.RuneError && !strings.HasPrefix(s[i:], "\uFFFD"):
+			fmt.Fprintf(&b, "\\x%02x", s[i])
+		case unicode.IsControl(r) || unicode.Is(unicode.Cf, r):
+			fmt.Fprintf(&b, "\\u%04x", r)
+		default:
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
 }
 
 // writeJSON writes v to w as indented JSON, HTML characters unescaped.

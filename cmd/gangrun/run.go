@@ -52,7 +52,8 @@ func (g *gangFlags) register(fs *pflag.FlagSet) {
 	fs.IntVar(&g.masterPort, "master-port", 0, "MASTER_PORT; 0 picks a free port for every attempt")
 	fs.StringVar(&g.topologyFile, "topology-file", "", "use a recorded inventory (gangrun topo --json) instead of probing")
 	fs.StringArrayVar(&g.env, "env", nil, "extra worker environment KEY=VAL (repeatable)")
-	fs.DurationVar(&g.termTimeout, "term-timeout", launcher.DefaultTermTimeout, "SIGTERM to SIGKILL grace when stopping workers")
+	durationVar(fs, &g.termTimeout, "term-timeout", launcher.DefaultTermTimeout, durationFlag{max: maxGrace},
+		"SIGTERM to SIGKILL grace when stopping workers (at most 24h)")
 	fs.StringVar(&g.logFormat, "log-format", "text", "gangrun's own log lines: text or json")
 }
 
@@ -75,7 +76,9 @@ func (t *trainFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&t.resumeArg, "resume-arg", "", "on resume, append FLAG PATH to the command")
 	fs.StringVar(&t.logDir, "log-dir", "", "write DIR/attempt_K/rank_N/{stdout,stderr}.log")
 	fs.BoolVar(&t.tee, "tee", true, "with --log-dir, also show worker output on the console (--tee=false: files only)")
-	fs.DurationVar(&t.hangTimeout, "hang-timeout", 0, "no output from any rank for this long is a failure; 0 is off")
+	durationVar(fs, &t.hangTimeout, "hang-timeout", 0, durationFlag{min: minHangTimeout, max: maxWait, zeroOK: true,
+		minWhy: "it is checked every 100ms to 5s, so a shorter one cannot be honoured"},
+		"no output from any rank for this long is a failure; 0 is off (else 1s to 10000h)")
 	fs.BoolVar(&t.localRankArg, "local-rank-arg", false, "append --local_rank=N (legacy torch.distributed.launch scripts)")
 }
 
@@ -94,8 +97,8 @@ func runRun(ctx context.Context, e *env, args []string) int {
 	if len(command) == 0 {
 		return usageErr(e, "run", "no command to run: give it after --, as in gangrun run -- python train.py")
 	}
-	if t.maxRestarts < 0 {
-		return usageErr(e, "run", "--max-restarts %d: must not be negative", t.maxRestarts)
+	if t.maxRestarts < 0 || t.maxRestarts > launcher.MaxRestartsLimit {
+		return usageErr(e, "run", "--max-restarts %d: want 0 to %d", t.maxRestarts, launcher.MaxRestartsLimit)
 	}
 	if t.hangTimeout < 0 {
 		return usageErr(e, "run", "--hang-timeout %s: must not be negative", t.hangTimeout)
@@ -121,6 +124,9 @@ func runRun(ctx context.Context, e *env, args []string) int {
 	cfg.MaxRestarts, cfg.Backoff = t.maxRestarts, backoff
 	cfg.CheckpointDir, cfg.ResumeArg = t.checkpointDir, t.resumeArg
 	cfg.LogDir, cfg.Tee, cfg.HangTimeout, cfg.LocalRankArg = t.logDir, t.tee, t.hangTimeout, t.localRankArg
+	// One node alone in its log directory: a rerun into it is refused before anything
+	// starts. The nodes of a job (Consul, Slurm) share one, each adding its ranks.
+	cfg.FreshLogDir = gang.coordinator == "embedded"
 	// The gangrun binary (not a test calling dispatch) has no other children than its
 	// guardian and workers: it can reap whatever the workers leave behind.
 	cfg.Subreaper = e.self != ""
@@ -138,9 +144,9 @@ func superviseGang(ctx context.Context, e *env, cmd string, cfg launcher.Config,
 // Result, or, when cfg is refused before anything starts, a Result whose Err says why.
 func supervise(ctx context.Context, e *env, cmd string, cfg launcher.Config, g gang, log *zap.Logger) (int, launcher.Result) {
 	sup, err := launcher.New(cfg, g.rdzv)
-	if errors.Is(err, launcher.ErrCommandNotFound) {
+	if code := commandExitCode(err); code != exitUsage {
 		fmt.Fprintf(e.stderr, "gangrun %s: %s\n", cmd, oneLine(err.Error()))
-		return exitNotFound, launcher.Result{ExitCode: exitNotFound, Err: err}
+		return code, launcher.Result{ExitCode: code, Err: err}
 	}
 	if err != nil {
 		return usageErr(e, cmd, "%v", err), launcher.Result{ExitCode: exitUsage, Err: err}
@@ -153,11 +159,27 @@ func supervise(ctx context.Context, e *env, cmd string, cfg launcher.Config, g g
 	if g.close != nil {
 		defer g.close()
 	}
+	if !e.startup.handOver() {
+		return exitFailure, launcher.Result{ExitCode: exitFailure, Err: ctx.Err()} // stopped by a signal: main says so
+	}
 	res := sup.Run(ctx)
 	if res.Err != nil {
 		log.Error(cmd+" failed", zap.Error(res.Err))
 	}
 	return res.ExitCode, res
+}
+
+// commandExitCode is the exit code for an error finding the command to launch: 127
+// when it does not exist, 126 when it exists but cannot be executed (POSIX shells'
+// codes), exitUsage for any other error.
+func commandExitCode(err error) int {
+	switch {
+	case errors.Is(err, launcher.ErrCommandNotFound):
+		return exitNotFound
+	case errors.Is(err, launcher.ErrNotExecutable):
+		return exitNotExec
+	}
+	return exitUsage
 }
 
 // gang is what gangFlags resolve to: a launcher configuration without the training
@@ -166,6 +188,8 @@ type gang struct {
 	config    launcher.Config
 	rdzv      rendezvous.Rendezvous
 	inventory *topology.Inventory
+	// coordinator is "embedded", "slurm" or the consul:// URL.
+	coordinator string
 	// close leaves the rendezvous (a Consul session); nil when there is nothing to close.
 	close func()
 }
@@ -230,10 +254,16 @@ func (g *gangFlags) gang(ctx context.Context, e *env, cmd string, command []stri
 	if g.termTimeout < 0 {
 		return fail("--term-timeout %s: must not be negative", g.termTimeout)
 	}
+	given := map[string]string{}
 	for _, kv := range g.env {
 		if _, err := launcher.ParseEnvFlag(kv); err != nil {
 			return fail("%v", err)
 		}
+		name, _, _ := strings.Cut(kv, "=")
+		if first, dup := given[name]; dup {
+			return fail("--env %s given twice (%q and %q): give each variable once", name, first, kv)
+		}
+		given[name] = kv
 	}
 	inv, err := nodeInventory(ctx, g.topologyFile, g.nodeName)
 	if err != nil {
@@ -268,11 +298,10 @@ func (g *gangFlags) gang(ctx context.Context, e *env, cmd string, command []stri
 		}
 		node = h
 	}
-	if coordinator != "embedded" {
-		// The node name is a key segment in Consul and a name the other nodes see.
-		if err := store.CheckSegment("--node-name", node); err != nil {
-			return fail("%v", err)
-		}
+	// The node name is a key segment in Consul and a name the other nodes see; on one
+	// node it is still GANGRUN_NODE_NAME and in every log line: the same rule for all.
+	if err := store.CheckSegment("--node-name", node); err != nil {
+		return fail("%v", err)
 	}
 	if g.advertiseAddr != "" && net.ParseIP(g.advertiseAddr) == nil {
 		return fail("--advertise-addr %q: want an IP address (the other nodes connect to it)", g.advertiseAddr)
@@ -309,7 +338,7 @@ func (g *gangFlags) gang(ctx context.Context, e *env, cmd string, command []stri
 		Stdout: e.stdout, Stderr: e.stderr, Log: log, Report: e.stderr,
 		GuardianArgv: guardian, Signals: e.signals,
 	}
-	out := gang{config: cfg, inventory: inv}
+	out := gang{config: cfg, inventory: inv, coordinator: coordinator}
 	switch {
 	case coordinator == "embedded":
 		out.rdzv = rendezvous.NewLocal(jobID)
@@ -363,11 +392,21 @@ func nodeInventory(ctx context.Context, file, node string) (*topology.Inventory,
 	if file != "" {
 		inv, err := topology.LoadFile(file)
 		if err != nil {
-			return nil, fmt.Errorf("--topology-file: %w", err)
+			return nil, topologyFileError(err)
 		}
 		return inv, nil
 	}
 	return topology.NewProber(topology.ProbeOptions{Node: node}).Inventory(ctx)
+}
+
+// topologyFileError words a topology.LoadFile error after the flag that named the
+// file: "--topology-file PATH: is a named pipe (FIFO), want a regular file".
+func topologyFileError(err error) error {
+	var fe *topology.FileError
+	if errors.As(err, &fe) {
+		return fmt.Errorf("--topology-file %s: %w", fe.Path, fe.Err)
+	}
+	return fmt.Errorf("--topology-file: %w", err)
 }
 
 // newJobID returns a fresh job id such as "gr-3f9a1c0b7d2e".

@@ -134,6 +134,10 @@ func TestRunUsageErrors(t *testing.T) {
 	if err := os.WriteFile(file, []byte("x"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	used := filepath.Join(dir, "used-logs")
+	if err := os.MkdirAll(filepath.Join(used, "attempt_0", "rank_0"), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	shim := filepath.Join(repoRoot(t), "cmd", "gangrun", "testdata", "bin", "torchrun")
 	for _, tc := range []struct {
 		name string
@@ -165,8 +169,12 @@ func TestRunUsageErrors(t *testing.T) {
 		{"advertise addr not an IP", append([]string{"run", "--advertise-addr", "notanip", "--"}, touch...), 2, `--advertise-addr "notanip": want an IP address`},
 		{"resume arg without a checkpoint dir", append([]string{"run", "--resume-arg", "--resume", "--"}, touch...), 2, "--resume-arg --resume needs --checkpoint-dir"},
 		{"log dir is a file", append([]string{"run", "--log-dir", file, "--"}, touch...), 2, "--log-dir " + file + ": is a file, not a directory"},
-		{"log dir under a file", append([]string{"run", "--log-dir", filepath.Join(file, "logs"), "--"}, touch...), 2, "--log-dir " + filepath.Join(file, "logs") + ": cannot be created: not a directory"},
-		{"log dir in /proc", append([]string{"run", "--log-dir", "/proc/gangrun-logs", "--"}, touch...), 2, "--log-dir /proc/gangrun-logs: cannot be created: no such file or directory"},
+		{"log dir under a file", append([]string{"run", "--log-dir", filepath.Join(file, "logs"), "--"}, touch...), 2, "--log-dir " + filepath.Join(file, "logs") + ": cannot be created: " + file + " is a regular file, not a directory"},
+		{"log dir in /proc", append([]string{"run", "--log-dir", "/proc/gangrun-logs", "--"}, touch...), 2, "--log-dir /proc/gangrun-logs: cannot be created: /proc is in the kernel's proc file system, where no files can be created"},
+		{"log dir is /proc/1", append([]string{"run", "--log-dir", "/proc/1", "--"}, touch...), 2, "--log-dir /proc/1: cannot be written: /proc/1 is in the kernel's proc file system, where no files can be created"},
+		{"log dir of an earlier run", append([]string{"run", "--log-dir", used, "--"}, touch...), 2, "--log-dir " + used + " already holds attempt_0 (an earlier run's logs): give each run its own directory"},
+		{"command is a directory", []string{"run", "--", dir}, 126, dir + ": is a directory, not a command"},
+		{"command not executable", []string{"run", "--", file}, 126, file + ": is not executable (no execute permission)"},
 		{"empty command", []string{"run", "--", ""}, 127, "command not found: the command after -- is an empty string"},
 		{"missing command", []string{"run", "--", "no-such-trainer-9f2"}, 127, "command not found: no-such-trainer-9f2"},
 		{"missing command path", []string{"run", "--", "/nonexistent/train"}, 127, "command not found: /nonexistent/train"},

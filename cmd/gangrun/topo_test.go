@@ -123,7 +123,7 @@ func TestTopoErrors(t *testing.T) {
 		{[]string{"topo", "--json", "--nccl-env"}, exitUsage, "gangrun topo: --json and --nccl-env are exclusive\n"},
 		{[]string{"topo", "extra"}, exitUsage, "gangrun topo: unexpected argument \"extra\"\n"},
 		{[]string{"topo", "--bogus"}, exitUsage, "gangrun topo: unknown flag: --bogus\n"},
-		{[]string{"topo", "--topology-file", missing}, exitUsage, "gangrun topo: topology file " + missing + ": no such file\n"},
+		{[]string{"topo", "--topology-file", missing}, exitUsage, "gangrun topo: --topology-file " + missing + ": no such file\n"},
 		{[]string{"topo", "--topology-file", "x.json", "--sysfs-root", "/"}, exitUsage, "gangrun topo: --topology-file and --sysfs-root are exclusive\n"},
 		{[]string{"topo", "--json", "--nccl-topo-xml", "-"}, exitUsage, "gangrun topo: --nccl-topo-xml - writes to stdout and cannot be combined with --json or --nccl-env\n"},
 	}

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -35,6 +36,9 @@ func ParseConsulURL(s string) (string, error) {
 	if err != nil || host == "" {
 		return "", fmt.Errorf("coordinator %q: want consul://HOST:PORT", s)
 	}
+	if err := checkHost(host); err != nil {
+		return "", fmt.Errorf("coordinator %q: %w", s, err)
+	}
 	if err := checkPort(port); err != nil {
 		return "", fmt.Errorf("coordinator %q: %w", s, err)
 	}
@@ -43,13 +47,23 @@ func ParseConsulURL(s string) (string, error) {
 
 // NewConsul returns a Store talking to the Consul agent at addr (HOST:PORT, or "" for
 // CONSUL_HTTP_ADDR, else 127.0.0.1:8500). The token and TLS settings come from the
-// standard CONSUL_* variables (api.DefaultConfig reads them).
+// standard CONSUL_* variables (api.DefaultConfig reads them). A malformed address is
+// refused here, naming where it came from ("consul address", or CONSUL_HTTP_ADDR),
+// rather than failing as a DNS error at the first request.
 func NewConsul(addr string) (*Consul, error) {
 	cfg := api.DefaultConfig()
+	what := "consul address"
 	if addr != "" {
 		cfg.Address = addr
+	} else if env := os.Getenv(api.HTTPAddrEnvName); env != "" {
+		what = api.HTTPAddrEnvName
+		// DefaultConfig strips a scheme it understands into cfg.Scheme: judge the
+		// variable as the user wrote it.
+		if err := CheckConsulAddr(what, env); err != nil {
+			return nil, err
+		}
 	}
-	if err := checkConsulAddr(cfg.Address); err != nil {
+	if err := CheckConsulAddr(what, cfg.Address); err != nil {
 		return nil, err
 	}
 	c, err := api.NewClient(cfg)
@@ -59,14 +73,18 @@ func NewConsul(addr string) (*Consul, error) {
 	return &Consul{c: c, transport: cfg.Transport}, nil
 }
 
-// checkConsulAddr accepts what consul/api's Config.Address takes: HOST[:PORT], or
-// http:// or https:// before it (with a path, for a reverse proxy), or unix://PATH.
-// Anything else would only fail, and be retried, at the first request.
-func checkConsulAddr(addr string) error {
-	bad := fmt.Errorf("consul address %q: want HOST:PORT, http://HOST:PORT, https://HOST:PORT or unix://PATH", addr)
+// CheckConsulAddr accepts what consul/api's Config.Address takes: HOST[:PORT], or
+// http:// or https:// before it (with a path, for a reverse proxy), or unix://PATH,
+// where HOST is an IP address or a host name (letters, digits, '-' and '_' in dot
+// separated labels, not all digits at the end: 127.0.0.1.8500 is no host). Anything
+// else would only fail, and be retried, at the first request, as a DNS error. The error
+// begins with what, naming where addr came from ("--consul", "CONSUL_HTTP_ADDR"), and
+// quotes addr.
+func CheckConsulAddr(what, addr string) error {
+	bad := fmt.Errorf("%s %q: want HOST:PORT, http://HOST:PORT, https://HOST:PORT or unix://PATH", what, addr)
 	if rest, ok := strings.CutPrefix(addr, "unix://"); ok {
 		if rest == "" {
-			return fmt.Errorf("consul address %q: no socket path after unix://", addr)
+			return fmt.Errorf("%s %q: no socket path after unix://", what, addr)
 		}
 		return nil
 	}
@@ -82,17 +100,52 @@ func checkConsulAddr(addr string) error {
 	}
 	host, port, err := net.SplitHostPort(hostport)
 	if err != nil {
-		// No port: the scheme's default. A bracket left open is no host.
-		if hostport == "" || strings.ContainsAny(hostport, "[]") {
+		// No port: the scheme's default. A bracket left open, or colons that are not
+		// a bracketed IPv6 address's, are no host.
+		host = hostport
+		if strings.HasPrefix(host, "[") && strings.HasSuffix(host, "]") {
+			host = host[1 : len(host)-1]
+			if net.ParseIP(host) == nil {
+				return bad
+			}
+		} else if host == "" || strings.ContainsAny(host, "[]:") {
 			return bad
 		}
+	} else if host == "" {
+		return bad
+	} else if err := checkPort(port); err != nil {
+		return fmt.Errorf("%s %q: %w", what, addr, err)
+	}
+	if err := checkHost(host); err != nil {
+		return fmt.Errorf("%s %q: %w", what, addr, err)
+	}
+	return nil
+}
+
+// checkHost accepts an IP address or a host name: dot-separated labels of 1 to 63
+// letters, digits, '-' and '_', not beginning or ending with '-', at most 253 bytes,
+// the last label not all digits (a mistyped IPv4 address such as 10.0.0.1.8500).
+func checkHost(host string) error {
+	if net.ParseIP(host) != nil {
 		return nil
 	}
-	if host == "" {
+	bad := fmt.Errorf("host %q: want an IP address or a host name (letters, digits, '-', '.')", host)
+	if len(strings.TrimSuffix(host, ".")) > 253 {
 		return bad
 	}
-	if err := checkPort(port); err != nil {
-		return fmt.Errorf("consul address %q: %w", addr, err)
+	labels := strings.Split(strings.TrimSuffix(host, "."), ".")
+	for _, l := range labels {
+		if l == "" || len(l) > 63 || l[0] == '-' || l[len(l)-1] == '-' {
+			return bad
+		}
+		for _, c := range []byte(l) {
+			if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+				return bad
+			}
+		}
+	}
+	if last := labels[len(labels)-1]; strings.Trim(last, "0123456789") == "" {
+		return fmt.Errorf("host %q: not an IP address (four numbers 0-255) nor a host name (its last label is all digits)", host)
 	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -26,12 +27,22 @@ func TestConsulAddresses(t *testing.T) {
 		{"h:0", `port "0": want 1..65535`},
 		{"h:http", `port "http": want 1..65535`},
 		{"unix://", "no socket path"},
+		{"http://[::1]", ""},
+		{"consul-1.dc_a.example", ""},
+		{"127.0.0.1;8500", `host "127.0.0.1;8500": want an IP address or a host name`},
+		{"127.0.0.1:8500:1", "want HOST:PORT"},
+		{"127.0.0.1.8500", `host "127.0.0.1.8500": not an IP address`},
+		{"1.2.3.4.5:8500", `host "1.2.3.4.5": not an IP address`},
+		{"-x", `host "-x": want an IP address or a host name`},
+		{"...:80", `host "...": want an IP address or a host name`},
+		{"a\nb", `host "a\nb": want an IP address or a host name`},
+		{"exa$mple:80", `host "exa$mple"`},
 	} {
-		err := checkConsulAddr(tc.addr)
+		err := CheckConsulAddr("consul address", tc.addr)
 		if tc.want == "" && err != nil {
 			t.Errorf("%q: %v, want it accepted", tc.addr, err)
 		}
-		if tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), tc.addr)) {
+		if tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), strconv.Quote(tc.addr))) {
 			t.Errorf("%q: error %v, want one naming it and saying %q", tc.addr, err, tc.want)
 		}
 	}
@@ -42,6 +53,7 @@ func TestConsulAddresses(t *testing.T) {
 		{"consul://h", "", "want consul://HOST:PORT"},
 		{"consul://u@h:1", "", "want consul://HOST:PORT"},
 		{"http://h:1", "", "want consul://HOST:PORT"},
+		{"consul://1.2.3.4.5:8500", "", `host "1.2.3.4.5"`},
 	} {
 		host, err := ParseConsulURL(tc.url)
 		if tc.want == "" && (err != nil || host != tc.host) {
@@ -50,5 +62,36 @@ func TestConsulAddresses(t *testing.T) {
 		if tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
 			t.Errorf("ParseConsulURL(%q) error %v, want %q", tc.url, err, tc.want)
 		}
+	}
+}
+
+// TestConsulAddrFromEnvironment: a malformed CONSUL_HTTP_ADDR is refused by NewConsul,
+// naming the variable, instead of surfacing as a DNS error at the first request.
+func TestConsulAddrFromEnvironment(t *testing.T) {
+	for _, tc := range []struct{ value, want string }{
+		{"127.0.0.1;8500", `CONSUL_HTTP_ADDR "127.0.0.1;8500": host "127.0.0.1;8500": want an IP address or a host name`},
+		{"127.0.0.1.8500", `CONSUL_HTTP_ADDR "127.0.0.1.8500": host "127.0.0.1.8500": not an IP address`},
+		{"ftp://h:1", `CONSUL_HTTP_ADDR "ftp://h:1": want HOST:PORT`},
+		{"https://h:0", `CONSUL_HTTP_ADDR "https://h:0": port "0": want 1..65535`},
+		{"127.0.0.1:8500", ""},
+		{"https://consul.example.com:8501", ""},
+	} {
+		t.Setenv("CONSUL_HTTP_ADDR", tc.value)
+		s, err := NewConsul("")
+		if tc.want == "" {
+			if err != nil {
+				t.Errorf("CONSUL_HTTP_ADDR=%q: %v", tc.value, err)
+			} else {
+				s.Close()
+			}
+			continue
+		}
+		if err == nil || !strings.HasPrefix(err.Error(), tc.want) {
+			t.Errorf("CONSUL_HTTP_ADDR=%q: error %v, want %q", tc.value, err, tc.want)
+		}
+	}
+	t.Setenv("CONSUL_HTTP_ADDR", "127.0.0.1;8500")
+	if _, err := NewConsul("127.0.0.1:8500"); err != nil {
+		t.Errorf("an explicit address wins over a bad CONSUL_HTTP_ADDR: %v", err)
 	}
 }

@@ -1,0 +1,60 @@
+package launcher
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/gangrun/gangrun/internal/userfile"
+)
+
+// ErrCommandNotFound means the command to launch does not exist; gangrun exits 127 for
+// it, as POSIX shells do.
+var ErrCommandNotFound = errors.New("command not found")
+
+// ErrNotExecutable means the command to launch exists but cannot be executed: a
+// directory, a file without execute permission, a named pipe; gangrun exits 126 for it,
+// as POSIX shells do for a command found but not executable.
+var ErrNotExecutable = errors.New("not executable")
+
+// notExecutableError is "NAME: why" and is ErrNotExecutable.
+type notExecutableError struct{ name, why string }
+
+func (e *notExecutableError) Error() string        { return e.name + ": " + e.why }
+func (e *notExecutableError) Is(target error) bool { return target == ErrNotExecutable }
+
+// LookCommand finds the command to launch as a shell would: a name with a slash is that
+// file, a name without one is searched on PATH. Errors:
+//   - wrapping ErrCommandNotFound, "command not found: NAME", when there is no such file
+//     (or no executable of that name on PATH, or the name is empty);
+//   - being ErrNotExecutable, "NAME: is a directory, not a command" or "NAME: is not
+//     executable (no execute permission)", when the file exists but cannot be run.
+func LookCommand(name string) (string, error) {
+	if name == "" {
+		return "", fmt.Errorf("%w: the command after -- is an empty string", ErrCommandNotFound)
+	}
+	if !strings.Contains(name, "/") {
+		p, err := exec.LookPath(name)
+		if err != nil {
+			return "", fmt.Errorf("%w: %s", ErrCommandNotFound, name)
+		}
+		return p, nil
+	}
+	fi, err := os.Stat(name)
+	if err != nil {
+		return "", fmt.Errorf("%w: %s", ErrCommandNotFound, name)
+	}
+	switch {
+	case fi.IsDir():
+		return "", &notExecutableError{name, "is a directory, not a command"}
+	case !fi.Mode().IsRegular():
+		return "", &notExecutableError{name, "is " + userfile.Kind(fi.Mode()) + ", not a command"}
+	case unix.Access(name, unix.X_OK) != nil:
+		return "", &notExecutableError{name, "is not executable (no execute permission)"}
+	}
+	return name, nil
+}
