@@ -14,12 +14,24 @@ dest="$root/.tools/bin/consul"
 cache_dir="${XDG_CACHE_HOME:-$HOME/.cache}/gangrun/consul-$version"
 cached="$cache_dir/consul"
 
-have() { [ -x "$1" ] && "$1" version 2>/dev/null | grep -q "Consul ${version}"; }
+# The version check reads the whole output: `| grep -q` under pipefail fails at random
+# when grep exits first and consul dies of SIGPIPE.
+have() {
+  local out
+  [ -x "$1" ] && out=$("$1" version 2>/dev/null) && [[ $out == *"Consul ${version}"* ]]
+}
+
+# install copies $1 to $2 through a temporary file and a rename: copying over a consul
+# that a test is running fails with "Text file busy".
+install_to() {
+  mkdir -p "$(dirname "$2")"
+  cp "$1" "$2.tmp.$$" && mv -f "$2.tmp.$$" "$2"
+}
 
 if have "$dest"; then echo "$dest"; exit 0; fi
 mkdir -p "$(dirname "$dest")"
 if have "$cached"; then
-  cp "$cached" "$dest"
+  install_to "$cached" "$dest"
   echo "$dest"
   exit 0
 fi
@@ -55,6 +67,6 @@ GOFLAGS=-mod=mod CGO_ENABLED=0 go build -trimpath \
   -ldflags "-X github.com/hashicorp/consul/version.GitCommit=gangrun-build -X github.com/hashicorp/consul/version.Version=${version#v} -X github.com/hashicorp/consul/version.VersionPrerelease=" \
   -o consul github.com/hashicorp/consul
 mkdir -p "$cache_dir"
-cp consul "$cached.tmp" && mv "$cached.tmp" "$cached"
-cp consul "$dest"
+install_to consul "$cached"
+install_to consul "$dest"
 echo "$dest"
