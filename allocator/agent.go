@@ -99,14 +99,7 @@ func (a *Agent) record() (NodeRecord, []byte, error) {
 	}
 	sum := sha256.Sum256(data)
 	r := NodeRecord{Name: a.cfg.Node, Addr: a.cfg.Addr, Labels: a.cfg.Labels, GPUs: len(inv.GPUs),
-		InventoryHash: hex.EncodeToString(sum[:8]), Registered: time.Now().UTC(), Devices: []Device{}}
-	health := map[int]string{}
-	for _, g := range inv.GPUs {
-		health[g.Index] = string(g.Health.State)
-	}
-	for _, d := range inv.Allocatable() {
-		r.Devices = append(r.Devices, Device{ID: d.ID, GPU: d.GPU, Model: d.Model, MemoryBytes: d.MemoryBytes, Health: health[d.GPU]})
-	}
+		InventoryHash: hex.EncodeToString(sum[:8]), Registered: time.Now().UTC(), Devices: inv.Allocatable()}
 	return r, data, nil
 }
 

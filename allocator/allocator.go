@@ -38,6 +38,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/gangrun/gangrun/topology"
 )
 
 // Key prefixes (see the package documentation).
@@ -82,28 +84,14 @@ const (
 	LabelSpine  = "spine"
 )
 
-// Device is one allocatable GPU or MIG device as the cluster sees it.
-type Device struct {
-	// ID is the device's key and CUDA_VISIBLE_DEVICES entry: the GPU's index ("3"), or
-	// a MIG device's UUID.
-	ID string `json:"id"`
-	// GPU is the (parent) GPU's index.
-	GPU int `json:"gpu"`
-	// Model is the GPU's name ("NVIDIA H100 80GB HBM3").
-	Model string `json:"model"`
-	// MemoryBytes is the device's memory.
-	MemoryBytes uint64 `json:"memory_bytes"`
-	// Health is "healthy" or "degraded"; failed devices are not listed.
-	Health string `json:"health"`
-}
-
 // NodeRecord is what an agent publishes about its node.
 type NodeRecord struct {
 	Name   string            `json:"name"`
 	Addr   string            `json:"addr,omitempty"`
 	Labels map[string]string `json:"labels,omitempty"`
-	// Devices are the node's allocatable devices (topology.Inventory.Allocatable).
-	Devices []Device `json:"devices"`
+	// Devices are the node's allocatable devices (topology.Inventory.Allocatable):
+	// whole GPUs by index, MIG devices by UUID, with their model and health.
+	Devices []topology.Device `json:"devices"`
 	// GPUs is the number of GPUs, allocatable or not.
 	GPUs int `json:"gpus"`
 	// InventoryHash identifies the inventory stored under gangrun/inventory/<node>, so

@@ -182,7 +182,7 @@ func (sc *Scheduler) Pass(ctx context.Context, c *Cluster) (time.Duration, error
 			delete(sc.delayed, k)
 		}
 	}
-	free := map[string][]Device{}
+	free := map[string][]topology.Device{}
 	for name, n := range c.Nodes {
 		if n.State() != NodeUp {
 			continue
@@ -286,12 +286,12 @@ func (sc *Scheduler) hasReservation(id string) bool {
 }
 
 // without returns devs minus the IDs in ids.
-func without(devs []Device, ids []string) []Device {
+func without(devs []topology.Device, ids []string) []topology.Device {
 	drop := map[string]bool{}
 	for _, id := range ids {
 		drop[id] = true
 	}
-	var out []Device
+	var out []topology.Device
 	for _, d := range devs {
 		if !drop[d.ID] {
 			out = append(out, d)
@@ -408,12 +408,12 @@ func feasible(r Request, n *NodeState) (bool, string) {
 }
 
 // matching returns the devices whose model contains model (case-insensitive).
-func matching(devs []Device, model string) []Device {
+func matching(devs []topology.Device, model string) []topology.Device {
 	if model == "" {
 		return devs
 	}
 	m := strings.ToLower(model)
-	var out []Device
+	var out []topology.Device
 	for _, d := range devs {
 		if strings.Contains(strings.ToLower(d.Model), m) {
 			out = append(out, d)
@@ -424,7 +424,7 @@ func matching(devs []Device, model string) []Device {
 
 // place chooses nodes and devices for r from the free devices, leaving out nodes kept
 // for earlier requests. It returns nil and the reason when r does not fit now.
-func (sc *Scheduler) place(ctx context.Context, c *Cluster, r PendingRequest, free map[string][]Device, reserved map[string]string) ([]GrantNode, string) {
+func (sc *Scheduler) place(ctx context.Context, c *Cluster, r PendingRequest, free map[string][]topology.Device, reserved map[string]string) ([]GrantNode, string) {
 	var cands []NodeCandidate
 	counts := map[string]int{}
 	for name, n := range c.Nodes {
@@ -492,7 +492,7 @@ func waitReason(r Request, cands []NodeCandidate, excluded map[string]int) strin
 
 // chooseDevices picks k of free on node n with the best interconnect, using the node's
 // inventory (fetched again only when its hash changed).
-func (sc *Scheduler) chooseDevices(ctx context.Context, n *NodeState, free []Device, k int) ([]Device, error) {
+func (sc *Scheduler) chooseDevices(ctx context.Context, n *NodeState, free []topology.Device, k int) ([]topology.Device, error) {
 	name := n.Record.Name
 	ci, ok := sc.invs[name]
 	if !ok || ci.hash != n.Record.InventoryHash {
@@ -510,21 +510,7 @@ func (sc *Scheduler) chooseDevices(ctx context.Context, n *NodeState, free []Dev
 		ci = cachedInventory{hash: n.Record.InventoryHash, inv: inv}
 		sc.invs[name] = ci
 	}
-	tdevs := make([]topology.Device, len(free))
-	byID := map[string]Device{}
-	for i, d := range free {
-		tdevs[i] = topology.Device{ID: d.ID, GPU: d.GPU, Model: d.Model, MemoryBytes: d.MemoryBytes}
-		byID[d.ID] = d
-	}
-	chosen, err := ChooseDevices(ci.inv, tdevs, k)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]Device, len(chosen))
-	for i, d := range chosen {
-		out[i] = byID[d.ID]
-	}
-	return out, nil
+	return ChooseDevices(ci.inv, free, k)
 }
 
 // reserve keeps nodes for r, the first request that does not fit, so that requests
