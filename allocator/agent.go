@@ -241,7 +241,7 @@ func (a *Agent) elect(ctx context.Context, sess string) error {
 		switch {
 		case err == nil:
 			a.log.Info("elected scheduler")
-			err = NewScheduler(a.s, sess, a.cfg.Node, a.log.Named("scheduler")).Run(ctx)
+			err = NewScheduler(a.s, SchedulerConfig{Session: sess, Name: a.cfg.Node, Log: a.log.Named("scheduler")}).Run(ctx)
 			if ctx.Err() != nil {
 				return nil
 			}

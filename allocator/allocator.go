@@ -6,10 +6,12 @@
 //   - Agent (one per node) registers the node, its inventory and labels, and keeps a
 //     session alive so the cluster sees it up; the agents elect one Scheduler.
 //   - Client submits a Request under its own session and waits for its Grant.
-//   - Scheduler orders pending requests by priority then arrival, places each (Nomad
-//     style: feasibility filters, then ChooseNodes and ChooseDevices), keeps a
-//     reservation for the first request that does not fit so a stream of small requests
-//     cannot starve it, and commits each grant in chunked transactions.
+//   - Scheduler orders pending requests by priority then arrival and places each
+//     through the pipeline (pipeline.go, in Nomad's shape: the feasibility checkers of
+//     feasible.go, then the node ranker ChooseNodes and the device ranker
+//     ChooseDevices), keeps a reservation for the first request that does not fit so a
+//     stream of small requests cannot starve it (reserve.go), and commits each grant in
+//     fenced, chunked transactions (commit.go).
 //
 // Key layout in the coordination store (everything under Prefix):
 //
@@ -24,12 +26,13 @@
 //	gangrun/inventory/<node>            the node's topology.Inventory (agent)
 //
 // A gang larger than one transaction (128 operations) is committed in chunks, and is
-// never visible half-granted: its Grant record says "pending" until the last chunk has
-// locked the last GPU, and a final transaction flips it to "granted". Readers count a
-// grant only when it says "granted"; a pending grant whose scheduler died is rolled back
-// by the next scheduler. Sessions use Behavior "delete", so when a holder dies, its
-// request, grant and GPU keys disappear in one step, 2×TTL after its last renewal at
-// most, and the GPUs can be locked again after GrantLockDelay.
+// never visible half-granted: its Grant record says
+// "pending" until the last chunk has locked the last GPU, and a final transaction flips
+// it to "granted". Readers count a grant only when it says "granted"; a pending grant
+// whose scheduler died is rolled back by the next scheduler. Sessions use Behavior
+// "delete", so when a holder dies, its request, grant and GPU keys disappear in one
+// step, 2×TTL after its last renewal at most, and the GPUs can be locked again after
+// GrantLockDelay.
 package allocator
 
 import (

@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -28,61 +27,6 @@ func NewID() string {
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])
-}
-
-// CheckFeasible reports, before anything is reserved, a request that no registered
-// node could ever satisfy (down and drained nodes count, since they may come back): an unknown partition or label, a GPU model no node has, more
-// GPUs per node than any node has, more nodes than could ever match. Errors name the
-// bad value.
-func CheckFeasible(c *Cluster, r Request) error {
-	if err := r.Validate(); err != nil {
-		return err
-	}
-	if len(c.Nodes) == 0 {
-		return errors.New("no nodes are registered (start `gangrun agent` on each node)")
-	}
-	hasLabel := func(k, v string) bool {
-		for _, n := range c.Nodes {
-			if n.Record.Labels[k] == v {
-				return true
-			}
-		}
-		return false
-	}
-	if r.Partition != "" && !hasLabel(LabelPartition, r.Partition) {
-		return fmt.Errorf("--partition %s: no node is in that partition", r.Partition)
-	}
-	keys := make([]string, 0, len(r.Labels))
-	for k := range r.Labels {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		if !hasLabel(k, r.Labels[k]) {
-			return fmt.Errorf("--labels %s=%s: no node has that label", k, r.Labels[k])
-		}
-	}
-	most, eligible, modelSeen := 0, 0, r.GPUModel == ""
-	for _, n := range c.Nodes {
-		m := len(matching(n.Record.Devices, r.GPUModel))
-		modelSeen = modelSeen || m > 0
-		most = max(most, m)
-		n2 := *n
-		n2.Up, n2.Drain = true, nil // down and drained nodes may come back: count them
-		if ok, _ := feasible(r, &n2); ok {
-			eligible++
-		}
-	}
-	if !modelSeen {
-		return fmt.Errorf("--gpu-model %s: no node has such GPUs", r.GPUModel)
-	}
-	if r.GPUsPerNode > most {
-		return fmt.Errorf("--gpus-per-node %d: no node has more than %d allocatable GPUs", r.GPUsPerNode, most)
-	}
-	if r.Nodes > eligible {
-		return fmt.Errorf("--nodes %d: only %s could ever take %s each with these constraints", r.Nodes, plural(eligible, "registered node"), plural(r.GPUsPerNode, "GPU"))
-	}
-	return nil
 }
 
 // Ticket is a submitted request and, once granted, its grant. Its session is kept
