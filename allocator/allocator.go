@@ -25,8 +25,8 @@
 //	gangrun/scheduler/status            SchedulerStatus: why each request waits
 //	gangrun/inventory/<node>            the node's topology.Inventory (agent)
 //
-// A gang larger than one transaction (128 operations) is committed in chunks, and is
-// never visible half-granted: its Grant record says
+// A gang larger than one transaction (128 operations, 512 KiB) is committed in chunks
+// (store.SplitTxn cuts them), and is never visible half-granted: its Grant record says
 // "pending" until the last chunk has locked the last GPU, and a final transaction flips
 // it to "granted". Readers count a grant only when it says "granted"; a pending grant
 // whose scheduler died is rolled back by the next scheduler. Sessions use Behavior
@@ -72,9 +72,6 @@ const (
 	GrantLockDelay = 5 * time.Second
 	// ReleaseBound is the longest a dead holder's GPUs stay unavailable.
 	ReleaseBound = 2*SessionTTL + GrantLockDelay
-	// chunkOps is how many GPU locks go in one transaction, leaving room for the fencing
-	// checks under Consul's 128 operations.
-	chunkOps = 120
 )
 
 // Label names with a meaning to the scheduler.

@@ -207,7 +207,8 @@ func (t *Ticket) Release(ctx context.Context) error {
 }
 
 // release deletes grant id (with its first chunk of GPU keys, so the grant disappears
-// in one step), the remaining GPU keys, the request, and then destroys session.
+// in one step), the remaining GPU keys, the request (in as many transactions as
+// store.SplitTxn cuts them into), and then destroys session.
 func release(ctx context.Context, s store.Store, id, session string) error {
 	ctx = context.WithoutCancel(ctx)
 	entries, _, err := s.List(ctx, gpusPrefix)
@@ -221,12 +222,14 @@ func release(ctx context.Context, s store.Store, id, session string) error {
 		}
 	}
 	ops = append(ops, store.Op{Verb: store.Delete, Key: requestsPrefix + id})
-	for len(ops) > 0 {
-		n := min(len(ops), store.MaxTxnOps)
-		if _, err := s.Txn(ctx, ops[:n]); err != nil {
+	txns, err := store.SplitTxn(nil, ops)
+	if err != nil {
+		return fmt.Errorf("release %s: %w", id, err)
+	}
+	for _, t := range txns {
+		if _, err := s.Txn(ctx, t); err != nil {
 			return fmt.Errorf("release %s: %w", id, err)
 		}
-		ops = ops[n:]
 	}
 	if session != "" {
 		if err := s.DestroySession(ctx, session); err != nil {
