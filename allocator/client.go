@@ -46,7 +46,9 @@ type Ticket struct {
 }
 
 // Submit validates r against the cluster (CheckFeasible), creates the requester's
-// session and writes the request. Nothing is reserved when it returns an error.
+// session and writes the request. Nothing is reserved when it returns an error: one
+// that wraps ErrInfeasible for a request no registered node could ever satisfy, one
+// that names r.ID when it is not a valid key segment, else the store's.
 func Submit(ctx context.Context, s store.Store, r Request) (*Ticket, error) {
 	c, err := Snapshot(ctx, s)
 	if err != nil {

@@ -97,18 +97,34 @@ func matching(devs []topology.Device, model string) []topology.Device {
 	return out
 }
 
+// ErrInfeasible marks a request that no registered node could ever satisfy: every
+// refusal of CheckFeasible (and so of Submit, before anything is reserved) matches it
+// with errors.Is, so a caller tells a bad request from a store that failed without
+// reading the text.
+var ErrInfeasible = errors.New("no registered node could ever satisfy the request")
+
+// infeasibleError is a refusal of CheckFeasible: its text is the refusal's own (it
+// names the bad flag and value), and it wraps both ErrInfeasible and the refusal.
+type infeasibleError struct{ err error }
+
+func (e *infeasibleError) Error() string   { return e.err.Error() }
+func (e *infeasibleError) Unwrap() []error { return []error{ErrInfeasible, e.err} }
+
+// refusal wraps err as a refusal of CheckFeasible.
+func refusal(err error) error { return &infeasibleError{err} }
+
 // CheckFeasible reports, before anything is reserved, a request that no registered node
 // could ever satisfy: invalid counts (Request.Validate), an unknown partition or label,
 // a GPU model no node has, more GPUs per node than any node has, more nodes than could
 // ever match. Down and drained nodes count, since they may come back: a node counts
 // when it passes the pipeline's fit checks (the scheduler's own, less those of the
-// node's state). Errors name the bad value.
+// node's state). Every error wraps ErrInfeasible and names the bad value.
 func CheckFeasible(c *Cluster, r Request) error {
 	if err := r.Validate(); err != nil {
-		return err
+		return refusal(err)
 	}
 	if len(c.Nodes) == 0 {
-		return errors.New("no nodes are registered (start `gangrun agent` on each node)")
+		return refusal(errors.New("no nodes are registered (start `gangrun agent` on each node)"))
 	}
 	hasLabel := func(k, v string) bool {
 		for _, n := range c.Nodes {
@@ -119,7 +135,7 @@ func CheckFeasible(c *Cluster, r Request) error {
 		return false
 	}
 	if r.Partition != "" && !hasLabel(LabelPartition, r.Partition) {
-		return fmt.Errorf("--partition %s: no node is in that partition", r.Partition)
+		return refusal(fmt.Errorf("--partition %s: no node is in that partition", r.Partition))
 	}
 	keys := make([]string, 0, len(r.Labels))
 	for k := range r.Labels {
@@ -128,7 +144,7 @@ func CheckFeasible(c *Cluster, r Request) error {
 	sort.Strings(keys)
 	for _, k := range keys {
 		if !hasLabel(k, r.Labels[k]) {
-			return fmt.Errorf("--labels %s=%s: no node has that label", k, r.Labels[k])
+			return refusal(fmt.Errorf("--labels %s=%s: no node has that label", k, r.Labels[k]))
 		}
 	}
 	fit := defaultPipeline().fit
@@ -142,13 +158,13 @@ func CheckFeasible(c *Cluster, r Request) error {
 		}
 	}
 	if !modelSeen {
-		return fmt.Errorf("--gpu-model %s: no node has such GPUs", r.GPUModel)
+		return refusal(fmt.Errorf("--gpu-model %s: no node has such GPUs", r.GPUModel))
 	}
 	if r.GPUsPerNode > most {
-		return fmt.Errorf("--gpus-per-node %d: no node has more than %d allocatable GPUs", r.GPUsPerNode, most)
+		return refusal(fmt.Errorf("--gpus-per-node %d: no node has more than %d allocatable GPUs", r.GPUsPerNode, most))
 	}
 	if r.Nodes > eligible {
-		return fmt.Errorf("--nodes %d: only %s could ever take %s each with these constraints", r.Nodes, plural(eligible, "registered node"), plural(r.GPUsPerNode, "GPU"))
+		return refusal(fmt.Errorf("--nodes %d: only %s could ever take %s each with these constraints", r.Nodes, plural(eligible, "registered node"), plural(r.GPUsPerNode, "GPU")))
 	}
 	return nil
 }

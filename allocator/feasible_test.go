@@ -1,6 +1,7 @@
 package allocator
 
 import (
+	"errors"
 	"strings"
 	"testing"
 
@@ -69,8 +70,11 @@ func TestCheckFeasibleCountsNodesThatMayComeBack(t *testing.T) {
 	if want := "--nodes 3: only 2 registered nodes could ever take 4 GPUs each with these constraints"; err == nil || err.Error() != want {
 		t.Errorf("3 × 4: %v, want %q", err, want)
 	}
+	if !errors.Is(err, ErrInfeasible) {
+		t.Errorf("3 × 4: %v is not ErrInfeasible", err)
+	}
 	err = CheckFeasible(&Cluster{Nodes: map[string]*NodeState{}}, Request{Nodes: 1, GPUsPerNode: 1})
-	if err == nil || !strings.Contains(err.Error(), "no nodes are registered") {
+	if !errors.Is(err, ErrInfeasible) || !strings.Contains(err.Error(), "no nodes are registered") {
 		t.Errorf("no nodes: %v", err)
 	}
 }
