@@ -11,6 +11,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/gangrun/gangrun/event"
 	"github.com/gangrun/gangrun/internal/store"
 	"github.com/gangrun/gangrun/topology"
 )
@@ -33,6 +34,9 @@ type AgentConfig struct {
 	NoScheduler bool
 	// Log receives the agent's messages; nil discards them.
 	Log *zap.Logger
+	// Events receives what the scheduler reports while this agent's is the elected one
+	// (SchedulerConfig.Events); nil discards it.
+	Events event.Sink
 }
 
 // Agent keeps one node registered: its record and inventory, and a session that holds
@@ -241,7 +245,8 @@ func (a *Agent) elect(ctx context.Context, sess string) error {
 		switch {
 		case err == nil:
 			a.log.Info("elected scheduler")
-			err = NewScheduler(a.s, SchedulerConfig{Session: sess, Name: a.cfg.Node, Log: a.log.Named("scheduler")}).Run(ctx)
+			err = NewScheduler(a.s, SchedulerConfig{Session: sess, Name: a.cfg.Node, Log: a.log.Named("scheduler"),
+				Events: a.cfg.Events}).Run(ctx)
 			if ctx.Err() != nil {
 				return nil
 			}

@@ -167,12 +167,16 @@ func (sc *Scheduler) refuse(ctx context.Context, r PendingRequest, reason string
 
 // cleanup rolls back what a dead scheduler or an interrupted release left, and removes
 // it from c: pending grants (no commit is in progress outside Pass), grants and GPU keys
-// of requests that are gone, and GPU keys without a grant.
-func (sc *Scheduler) cleanup(ctx context.Context, c *Cluster) error {
+// of requests that are gone, and GPU keys without a grant. It returns the ids of the
+// granted grants it removed (their request is gone or no longer held).
+func (sc *Scheduler) cleanup(ctx context.Context, c *Cluster) (expired []string, err error) {
 	var dels []store.Op
 	for id, g := range c.Grants {
 		r, ok := c.Requests[id]
 		if g.State == GrantPending || !ok || !r.Alive {
+			if g.State == GrantGranted {
+				expired = append(expired, id)
+			}
 			dels = append(dels, store.Op{Verb: store.Delete, Key: grantsPrefix + id})
 			for _, gn := range g.Nodes {
 				for _, d := range gn.Devices {
@@ -200,7 +204,7 @@ func (sc *Scheduler) cleanup(ctx context.Context, c *Cluster) error {
 		sc.log.Info("cleaning up", zap.Int("keys", len(dels)))
 	}
 	if err := sc.txnChunks(ctx, dels); err != nil {
-		return fmt.Errorf("clean up: %w", err)
+		return expired, fmt.Errorf("clean up: %w", err)
 	}
-	return nil
+	return expired, nil
 }

@@ -7,11 +7,13 @@ import (
 	"fmt"
 	"maps"
 	"reflect"
+	"slices"
 	"sync"
 	"time"
 
 	"go.uber.org/zap"
 
+	"github.com/gangrun/gangrun/event"
 	"github.com/gangrun/gangrun/internal/store"
 	"github.com/gangrun/gangrun/topology"
 )
@@ -28,6 +30,14 @@ type SchedulerConfig struct {
 	Name string
 	// Log receives the scheduler's messages; nil discards them.
 	Log *zap.Logger
+	// Events receives the grants it makes (event.Granted: Job the request id, Nodes, GPUs
+	// in all), every pending reason when it changes (event.Pending: Cause the reason, as
+	// `gangrun queue` shows it) and the releases it sees (event.Released: Cause
+	// "released" when a grant's keys went away, which its holder's release, `gangrun
+	// cancel` and its session's expiry look alike in; "expired" when the scheduler
+	// removed a grant whose request is no longer held). Events are emitted from the
+	// scheduler's loop; nil discards them.
+	Events event.Sink
 }
 
 // Scheduler places pending requests. Only the agent holding gangrun/scheduler/leader
@@ -39,6 +49,7 @@ type Scheduler struct {
 	session string // the agent session that holds the leader key
 	name    string
 	log     *zap.Logger
+	events  event.Sink
 	now     func() time.Time
 	pipe    pipeline
 	invs    *inventories
@@ -52,6 +63,10 @@ type Scheduler struct {
 	delayed  map[string]time.Time // GPU key → end of its lock-delay
 	reserved map[string][]string  // request → nodes kept for it
 	status   SchedulerStatus
+	// granted are the grants seen granted after the last pass (id → grant), so the next
+	// one tells which went away; told are the pending reasons last emitted.
+	granted map[string]Grant
+	told    map[string]string
 }
 
 // NewScheduler returns a scheduler acting under cfg.Session, which must hold the leader
@@ -61,9 +76,10 @@ func NewScheduler(s store.Store, cfg SchedulerConfig) *Scheduler {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &Scheduler{s: s, session: cfg.Session, name: cfg.Name, log: log, now: time.Now,
+	return &Scheduler{s: s, session: cfg.Session, name: cfg.Name, log: log, events: event.Or(cfg.Events), now: time.Now,
 		pipe: defaultPipeline(), invs: newInventories(s),
-		delayed: map[string]time.Time{}, reserved: map[string][]string{}, written: map[string]uint64{}}
+		delayed: map[string]time.Time{}, reserved: map[string][]string{}, written: map[string]uint64{},
+		granted: map[string]Grant{}, told: map[string]string{}}
 }
 
 // staleWait is how long the scheduler waits for its blocking queries to catch up with
@@ -181,9 +197,11 @@ func (sc *Scheduler) Run(ctx context.Context) error {
 // changes (0: only on a change).
 func (sc *Scheduler) Pass(ctx context.Context, c *Cluster) (time.Duration, error) {
 	now := sc.now()
-	if err := sc.cleanup(ctx, c); err != nil {
+	expired, err := sc.cleanup(ctx, c)
+	if err != nil {
 		return 0, err
 	}
+	sc.noteReleases(now, c, expired)
 	for k, until := range sc.delayed {
 		if !until.After(now) {
 			delete(sc.delayed, k)
@@ -251,6 +269,9 @@ func (sc *Scheduler) Pass(ctx context.Context, c *Cluster) (time.Duration, error
 		case err == nil:
 			delete(sc.reserved, r.ID)
 			sc.log.Info("granted", zap.String("id", r.ID), zap.Int("nodes", len(nodes)), zap.Int("gpus_per_node", r.GPUsPerNode))
+			g := Grant{ID: r.ID, State: GrantGranted, Nodes: nodes, Session: r.Session}
+			sc.granted[r.ID] = g
+			sc.emit(now, event.Granted, g, "")
 			for _, gn := range nodes {
 				free[gn.Name] = without(free[gn.Name], gn.Devices)
 			}
@@ -282,6 +303,7 @@ func (sc *Scheduler) Pass(ctx context.Context, c *Cluster) (time.Duration, error
 	for _, until := range sc.delayed {
 		soon(until.Sub(now))
 	}
+	sc.notePending(now, status.Pending)
 	if err := sc.publish(ctx, status); err != nil {
 		return 0, err
 	}
@@ -301,6 +323,48 @@ func without(devs []topology.Device, ids []string) []topology.Device {
 		}
 	}
 	return out
+}
+
+// noteReleases emits event.Released for each grant granted after the last pass that c
+// (after cleanup) no longer holds as granted: "expired" for those cleanup removed
+// (expired), "released" for the others. It then remembers c's granted grants.
+func (sc *Scheduler) noteReleases(now time.Time, c *Cluster, expired []string) {
+	for _, id := range slices.Sorted(maps.Keys(sc.granted)) {
+		if g, ok := c.Grants[id]; ok && g.State == GrantGranted {
+			continue
+		}
+		cause := "released"
+		if slices.Contains(expired, id) {
+			cause = "expired"
+		}
+		sc.emit(now, event.Released, sc.granted[id], cause)
+		delete(sc.granted, id)
+	}
+	for id, g := range c.Grants {
+		if g.State == GrantGranted {
+			sc.granted[id] = g
+		}
+	}
+}
+
+// notePending emits event.Pending for each request whose pending reason is new or
+// changed since the last pass, in request id order, and remembers pending.
+func (sc *Scheduler) notePending(now time.Time, pending map[string]string) {
+	for _, id := range slices.Sorted(maps.Keys(pending)) {
+		if why := pending[id]; sc.told[id] != why {
+			sc.events.Emit(event.Event{Time: now, Kind: event.Pending, Job: id, Attempt: -1, Cause: why})
+		}
+	}
+	sc.told = pending
+}
+
+// emit sends a grant's event (Granted or Released) with its nodes and device count.
+func (sc *Scheduler) emit(now time.Time, kind event.Kind, g Grant, cause string) {
+	names := make([]string, len(g.Nodes))
+	for i, gn := range g.Nodes {
+		names[i] = gn.Name
+	}
+	sc.events.Emit(event.Event{Time: now, Kind: kind, Job: g.ID, Attempt: -1, Cause: cause, Nodes: names, GPUs: g.DeviceCount()})
 }
 
 // publish writes the status when it changed.
