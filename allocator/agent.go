@@ -11,6 +11,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/gangrun/gangrun/event"
 	"github.com/gangrun/gangrun/internal/store"
 	"github.com/gangrun/gangrun/topology"
 )
@@ -38,6 +39,9 @@ type AgentConfig struct {
 	NoScheduler bool
 	// Log receives the agent's messages; nil discards them.
 	Log *zap.Logger
+	// Events receives what the scheduler reports while this agent's is the elected one
+	// (SchedulerConfig.Events); nil discards it.
+	Events event.Sink
 }
 
 // Agent keeps one node registered: its record and inventory, and a session that holds
@@ -102,14 +106,7 @@ func (a *Agent) record() (NodeRecord, []byte, error) {
 	}
 	sum := sha256.Sum256(data)
 	r := NodeRecord{Name: a.cfg.Node, Addr: a.cfg.Addr, Labels: a.cfg.Labels, GPUs: len(inv.GPUs),
-		InventoryHash: hex.EncodeToString(sum[:8]), Registered: time.Now().UTC(), Devices: []Device{}}
-	health := map[int]string{}
-	for _, g := range inv.GPUs {
-		health[g.Index] = string(g.Health.State)
-	}
-	for _, d := range inv.Allocatable() {
-		r.Devices = append(r.Devices, Device{ID: d.ID, GPU: d.GPU, Model: d.Model, MemoryBytes: d.MemoryBytes, Health: health[d.GPU]})
-	}
+		InventoryHash: hex.EncodeToString(sum[:8]), Registered: time.Now().UTC(), Devices: inv.Allocatable()}
 	return r, data, nil
 }
 
@@ -251,7 +248,8 @@ func (a *Agent) elect(ctx context.Context, sess string) error {
 		switch {
 		case err == nil:
 			a.log.Info("elected scheduler")
-			err = NewScheduler(a.s, sess, a.cfg.Node, a.log.Named("scheduler")).Run(ctx)
+			err = NewScheduler(a.s, SchedulerConfig{Session: sess, Name: a.cfg.Node, Log: a.log.Named("scheduler"),
+				Events: a.cfg.Events}).Run(ctx)
 			if ctx.Err() != nil {
 				return nil
 			}

@@ -6,10 +6,12 @@
 //   - Agent (one per node) registers the node, its inventory and labels, and keeps a
 //     session alive so the cluster sees it up; the agents elect one Scheduler.
 //   - Client submits a Request under its own session and waits for its Grant.
-//   - Scheduler orders pending requests by priority then arrival, places each (Nomad
-//     style: feasibility filters, then ChooseNodes and ChooseDevices), keeps a
-//     reservation for the first request that does not fit so a stream of small requests
-//     cannot starve it, and commits each grant in chunked transactions.
+//   - Scheduler orders pending requests by priority then arrival and places each
+//     through the pipeline (pipeline.go, in Nomad's shape: the feasibility checkers of
+//     feasible.go, then the node ranker ChooseNodes and the device ranker
+//     ChooseDevices), keeps a reservation for the first request that does not fit so a
+//     stream of small requests cannot starve it (reserve.go), and commits each grant in
+//     fenced, chunked transactions (commit.go).
 //
 // Key layout in the coordination store (everything under Prefix):
 //
@@ -23,13 +25,14 @@
 //	gangrun/scheduler/status            SchedulerStatus: why each request waits
 //	gangrun/inventory/<node>            the node's topology.Inventory (agent)
 //
-// A gang larger than one transaction (128 operations) is committed in chunks, and is
-// never visible half-granted: its Grant record says "pending" until the last chunk has
-// locked the last GPU, and a final transaction flips it to "granted". Readers count a
-// grant only when it says "granted"; a pending grant whose scheduler died is rolled back
-// by the next scheduler. Sessions use Behavior "delete", so when a holder dies, its
-// request, grant and GPU keys disappear in one step, 2×TTL after its last renewal at
-// most, and the GPUs can be locked again after GrantLockDelay.
+// A gang larger than one transaction (128 operations, 512 KiB) is committed in chunks
+// (store.SplitTxn cuts them), and is never visible half-granted: its Grant record says
+// "pending" until the last chunk has locked the last GPU, and a final transaction flips
+// it to "granted". Readers count a grant only when it says "granted"; a pending grant
+// whose scheduler died is rolled back by the next scheduler. Sessions use Behavior
+// "delete", so when a holder dies, its request, grant and GPU keys disappear in one
+// step, 2×TTL after its last renewal at most, and the GPUs can be locked again after
+// GrantLockDelay.
 package allocator
 
 import (
@@ -41,6 +44,8 @@ import (
 	"time"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/gangrun/gangrun/topology"
 )
 
 // Key prefixes (see the package documentation).
@@ -72,9 +77,6 @@ const (
 	GrantLockDelay = 5 * time.Second
 	// ReleaseBound is the longest a dead holder's GPUs stay unavailable.
 	ReleaseBound = 2*SessionTTL + GrantLockDelay
-	// chunkOps is how many GPU locks go in one transaction, leaving room for the fencing
-	// checks under Consul's 128 operations.
-	chunkOps = 120
 )
 
 // Label names with a meaning to the scheduler.
@@ -87,28 +89,14 @@ const (
 	LabelSpine  = "spine"
 )
 
-// Device is one allocatable GPU or MIG device as the cluster sees it.
-type Device struct {
-	// ID is the device's key and CUDA_VISIBLE_DEVICES entry: the GPU's index ("3"), or
-	// a MIG device's UUID.
-	ID string `json:"id"`
-	// GPU is the (parent) GPU's index.
-	GPU int `json:"gpu"`
-	// Model is the GPU's name ("NVIDIA H100 80GB HBM3").
-	Model string `json:"model"`
-	// MemoryBytes is the device's memory.
-	MemoryBytes uint64 `json:"memory_bytes"`
-	// Health is "healthy" or "degraded"; failed devices are not listed.
-	Health string `json:"health"`
-}
-
 // NodeRecord is what an agent publishes about its node.
 type NodeRecord struct {
 	Name   string            `json:"name"`
 	Addr   string            `json:"addr,omitempty"`
 	Labels map[string]string `json:"labels,omitempty"`
-	// Devices are the node's allocatable devices (topology.Inventory.Allocatable).
-	Devices []Device `json:"devices"`
+	// Devices are the node's allocatable devices (topology.Inventory.Allocatable):
+	// whole GPUs by index, MIG devices by UUID, with their model and health.
+	Devices []topology.Device `json:"devices"`
 	// GPUs is the number of GPUs, allocatable or not.
 	GPUs int `json:"gpus"`
 	// InventoryHash identifies the inventory stored under gangrun/inventory/<node>, so

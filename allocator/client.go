@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -30,61 +29,6 @@ func NewID() string {
 	return hex.EncodeToString(b[:])
 }
 
-// CheckFeasible reports, before anything is reserved, a request that no registered
-// node could ever satisfy (down and drained nodes count, since they may come back): an unknown partition or label, a GPU model no node has, more
-// GPUs per node than any node has, more nodes than could ever match. Errors name the
-// bad value.
-func CheckFeasible(c *Cluster, r Request) error {
-	if err := r.Validate(); err != nil {
-		return err
-	}
-	if len(c.Nodes) == 0 {
-		return errors.New("no nodes are registered (start `gangrun agent` on each node)")
-	}
-	hasLabel := func(k, v string) bool {
-		for _, n := range c.Nodes {
-			if n.Record.Labels[k] == v {
-				return true
-			}
-		}
-		return false
-	}
-	if r.Partition != "" && !hasLabel(LabelPartition, r.Partition) {
-		return fmt.Errorf("--partition %s: no node is in that partition", r.Partition)
-	}
-	keys := make([]string, 0, len(r.Labels))
-	for k := range r.Labels {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		if !hasLabel(k, r.Labels[k]) {
-			return fmt.Errorf("--labels %s=%s: no node has that label", k, r.Labels[k])
-		}
-	}
-	most, eligible, modelSeen := 0, 0, r.GPUModel == ""
-	for _, n := range c.Nodes {
-		m := len(matching(n.Record.Devices, r.GPUModel))
-		modelSeen = modelSeen || m > 0
-		most = max(most, m)
-		n2 := *n
-		n2.Up, n2.Drain = true, nil // down and drained nodes may come back: count them
-		if ok, _ := feasible(r, &n2); ok {
-			eligible++
-		}
-	}
-	if !modelSeen {
-		return fmt.Errorf("--gpu-model %s: no node has such GPUs", r.GPUModel)
-	}
-	if r.GPUsPerNode > most {
-		return fmt.Errorf("--gpus-per-node %d: no node has more than %d allocatable GPUs", r.GPUsPerNode, most)
-	}
-	if r.Nodes > eligible {
-		return fmt.Errorf("--nodes %d: only %s could ever take %s each with these constraints", r.Nodes, plural(eligible, "registered node"), plural(r.GPUsPerNode, "GPU"))
-	}
-	return nil
-}
-
 // Ticket is a submitted request and, once granted, its grant. Its session is kept
 // alive until Release; if the process dies, the session expires and everything the
 // ticket holds is freed by Consul.
@@ -102,7 +46,9 @@ type Ticket struct {
 }
 
 // Submit validates r against the cluster (CheckFeasible), creates the requester's
-// session and writes the request. Nothing is reserved when it returns an error.
+// session and writes the request. Nothing is reserved when it returns an error: one
+// that wraps ErrInfeasible for a request no registered node could ever satisfy, one
+// that names r.ID when it is not a valid key segment, else the store's.
 func Submit(ctx context.Context, s store.Store, r Request) (*Ticket, error) {
 	c, err := Snapshot(ctx, s)
 	if err != nil {
@@ -263,7 +209,8 @@ func (t *Ticket) Release(ctx context.Context) error {
 }
 
 // release deletes grant id (with its first chunk of GPU keys, so the grant disappears
-// in one step), the remaining GPU keys, the request, and then destroys session.
+// in one step), the remaining GPU keys, the request (in as many transactions as
+// store.SplitTxn cuts them into), and then destroys session.
 func release(ctx context.Context, s store.Store, id, session string) error {
 	ctx = context.WithoutCancel(ctx)
 	entries, _, err := s.List(ctx, gpusPrefix)
@@ -277,12 +224,14 @@ func release(ctx context.Context, s store.Store, id, session string) error {
 		}
 	}
 	ops = append(ops, store.Op{Verb: store.Delete, Key: requestsPrefix + id})
-	for len(ops) > 0 {
-		n := min(len(ops), store.MaxTxnOps)
-		if _, err := s.Txn(ctx, ops[:n]); err != nil {
+	txns, err := store.SplitTxn(nil, ops)
+	if err != nil {
+		return fmt.Errorf("release %s: %w", id, err)
+	}
+	for _, t := range txns {
+		if _, err := s.Txn(ctx, t); err != nil {
 			return fmt.Errorf("release %s: %w", id, err)
 		}
-		ops = ops[n:]
 	}
 	if session != "" {
 		if err := s.DestroySession(ctx, session); err != nil {

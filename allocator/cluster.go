@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/gangrun/gangrun/internal/store"
+	"github.com/gangrun/gangrun/topology"
 )
 
 // Node states, as `gangrun nodes` shows them (like sinfo's).
@@ -40,8 +41,8 @@ func (n *NodeState) State() string {
 }
 
 // Free returns the node's devices no grant holds, in device order.
-func (n *NodeState) Free() []Device {
-	var out []Device
+func (n *NodeState) Free() []topology.Device {
+	var out []topology.Device
 	for _, d := range n.Record.Devices {
 		if _, held := n.Held[d.ID]; !held {
 			out = append(out, d)

@@ -273,6 +273,9 @@ func TestCheckFeasibleRejectsBadRequestsBeforeReserving(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("Submit(%+v) = %v, want %q", tc.r, err, tc.want)
 		}
+		if !errors.Is(err, ErrInfeasible) {
+			t.Errorf("Submit(%+v) = %v, want an error that is ErrInfeasible", tc.r, err)
+		}
 	}
 	entries, _, _ := s.List(context.Background(), requestsPrefix)
 	if len(entries) != 0 {

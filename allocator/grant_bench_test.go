@@ -41,10 +41,8 @@ func registerNodes(b testing.TB, s store.Store, n int, invName string) string {
 		}
 		sum := sha256.Sum256(data)
 		rec := NodeRecord{Name: name, GPUs: len(inv.GPUs), InventoryHash: hex.EncodeToString(sum[:8]),
-			Labels: map[string]string{LabelSwitch: fmt.Sprintf("leaf%02d", i/32), LabelSpine: fmt.Sprintf("spine%d", i/256)}}
-		for _, d := range inv.Allocatable() {
-			rec.Devices = append(rec.Devices, Device{ID: d.ID, GPU: d.GPU, Model: d.Model, MemoryBytes: d.MemoryBytes, Health: "healthy"})
-		}
+			Labels:  map[string]string{LabelSwitch: fmt.Sprintf("leaf%02d", i/32), LabelSpine: fmt.Sprintf("spine%d", i/256)},
+			Devices: inv.Allocatable()}
 		ops = append(ops,
 			store.Op{Verb: store.Set, Key: inventoryPrefix + name, Value: data},
 			store.Op{Verb: store.Set, Key: nodesPrefix + name, Value: mustJSON(rec)},

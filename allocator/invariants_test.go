@@ -5,13 +5,14 @@ import (
 	"testing"
 
 	"github.com/gangrun/gangrun/internal/store"
+	"github.com/gangrun/gangrun/topology"
 )
 
 // TestCheckInvariantsFindsEachViolation: the checker the end-to-end tests rely on
 // reports a double booking and a grant that is not whole, and nothing on a sound
 // snapshot (a checker that finds nothing would make their zeros meaningless).
 func TestCheckInvariantsFindsEachViolation(t *testing.T) {
-	node := store.Entry{Key: nodesPrefix + "n1", Value: mustJSON(NodeRecord{Name: "n1", Devices: []Device{{ID: "0"}, {ID: "1"}, {ID: "2"}}})}
+	node := store.Entry{Key: nodesPrefix + "n1", Value: mustJSON(NodeRecord{Name: "n1", Devices: []topology.Device{{ID: "0"}, {ID: "1"}, {ID: "2"}}})}
 	grant := func(id, state, session string, devs ...string) store.Entry {
 		return store.Entry{Key: grantsPrefix + id, Session: session,
 			Value: mustJSON(Grant{ID: id, State: state, Session: session, Nodes: []GrantNode{{Name: "n1", Devices: devs}}})}

@@ -7,13 +7,13 @@ import (
 	"fmt"
 	"maps"
 	"reflect"
-	"sort"
-	"strings"
+	"slices"
 	"sync"
 	"time"
 
 	"go.uber.org/zap"
 
+	"github.com/gangrun/gangrun/event"
 	"github.com/gangrun/gangrun/internal/store"
 	"github.com/gangrun/gangrun/topology"
 )
@@ -21,17 +21,39 @@ import (
 // ErrNotLeader means the scheduler lost its leadership (its fencing check failed).
 var ErrNotLeader = errors.New("no longer the scheduler")
 
+// SchedulerConfig configures a Scheduler.
+type SchedulerConfig struct {
+	// Session is the agent session that holds the leader key (gangrun/scheduler/leader);
+	// every transaction the scheduler makes checks that it still does.
+	Session string
+	// Name identifies the scheduler in the published status (the agent's node name).
+	Name string
+	// Log receives the scheduler's messages; nil discards them.
+	Log *zap.Logger
+	// Events receives the grants it makes (event.Granted: Job the request id, Nodes, GPUs
+	// in all), every pending reason when it changes (event.Pending: Cause the reason, as
+	// `gangrun queue` shows it) and the releases it sees (event.Released: Cause
+	// "released" when a grant's keys went away, which its holder's release, `gangrun
+	// cancel` and its session's expiry look alike in; "expired" when the scheduler
+	// removed a grant whose request is no longer held). Events are emitted from the
+	// scheduler's loop; nil discards them.
+	Events event.Sink
+}
+
 // Scheduler places pending requests. Only the agent holding gangrun/scheduler/leader
 // runs one; every transaction it makes checks that it still holds that key (fencing),
-// so a deposed scheduler cannot grant anything.
+// so a deposed scheduler cannot grant anything. This file holds its loop: placement is
+// the pipeline (pipeline.go), the writes are commit.go's, the reservations reserve.go's.
 type Scheduler struct {
 	s       store.Store
 	session string // the agent session that holds the leader key
 	name    string
 	log     *zap.Logger
+	events  event.Sink
 	now     func() time.Time
+	pipe    pipeline
+	invs    *inventories
 
-	invs map[string]cachedInventory
 	// written holds, per watched prefix, the highest store index this scheduler wrote
 	// under it; the next pass must read a view at least that new, or it could grant a
 	// request twice. unknown is set when a write's index is not known (deletes only):
@@ -41,22 +63,23 @@ type Scheduler struct {
 	delayed  map[string]time.Time // GPU key → end of its lock-delay
 	reserved map[string][]string  // request → nodes kept for it
 	status   SchedulerStatus
+	// granted are the grants seen granted after the last pass (id → grant), so the next
+	// one tells which went away; told are the pending reasons last emitted.
+	granted map[string]Grant
+	told    map[string]string
 }
 
-type cachedInventory struct {
-	hash string
-	inv  *topology.Inventory
-}
-
-// NewScheduler returns a scheduler acting under session, which must hold the leader key
-// (see Agent). name identifies it in the published status.
-func NewScheduler(s store.Store, session, name string, log *zap.Logger) *Scheduler {
+// NewScheduler returns a scheduler acting under cfg.Session, which must hold the leader
+// key (see Agent).
+func NewScheduler(s store.Store, cfg SchedulerConfig) *Scheduler {
+	log := cfg.Log
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &Scheduler{s: s, session: session, name: name, log: log, now: time.Now,
-		invs: map[string]cachedInventory{}, delayed: map[string]time.Time{}, reserved: map[string][]string{},
-		written: map[string]uint64{}}
+	return &Scheduler{s: s, session: cfg.Session, name: cfg.Name, log: log, events: event.Or(cfg.Events), now: time.Now,
+		pipe: defaultPipeline(), invs: newInventories(s),
+		delayed: map[string]time.Time{}, reserved: map[string][]string{}, written: map[string]uint64{},
+		granted: map[string]Grant{}, told: map[string]string{}}
 }
 
 // staleWait is how long the scheduler waits for its blocking queries to catch up with
@@ -174,15 +197,17 @@ func (sc *Scheduler) Run(ctx context.Context) error {
 // changes (0: only on a change).
 func (sc *Scheduler) Pass(ctx context.Context, c *Cluster) (time.Duration, error) {
 	now := sc.now()
-	if err := sc.cleanup(ctx, c); err != nil {
+	expired, err := sc.cleanup(ctx, c)
+	if err != nil {
 		return 0, err
 	}
+	sc.noteReleases(now, c, expired)
 	for k, until := range sc.delayed {
 		if !until.After(now) {
 			delete(sc.delayed, k)
 		}
 	}
-	free := map[string][]Device{}
+	free := map[string][]topology.Device{}
 	for name, n := range c.Nodes {
 		if n.State() != NodeUp {
 			continue
@@ -221,7 +246,8 @@ func (sc *Scheduler) Pass(ctx context.Context, c *Cluster) (time.Duration, error
 				soon(left)
 			}
 		}
-		nodes, why := sc.place(ctx, c, r, free, reservedNodes)
+		nodes, why := sc.pipe.place(r.Request, c.Nodes, free, reservedNodes,
+			func(n *NodeState) (*topology.Inventory, error) { return sc.invs.get(ctx, n) })
 		if nodes == nil {
 			if n := len(sc.delayed); n > 0 {
 				why += fmt.Sprintf("; %d GPUs in lock-delay after their holder died (lockable again within %s)", n, GrantLockDelay)
@@ -243,6 +269,9 @@ func (sc *Scheduler) Pass(ctx context.Context, c *Cluster) (time.Duration, error
 		case err == nil:
 			delete(sc.reserved, r.ID)
 			sc.log.Info("granted", zap.String("id", r.ID), zap.Int("nodes", len(nodes)), zap.Int("gpus_per_node", r.GPUsPerNode))
+			g := Grant{ID: r.ID, State: GrantGranted, Nodes: nodes, Session: r.Session}
+			sc.granted[r.ID] = g
+			sc.emit(now, event.Granted, g, "")
 			for _, gn := range nodes {
 				free[gn.Name] = without(free[gn.Name], gn.Devices)
 			}
@@ -274,24 +303,20 @@ func (sc *Scheduler) Pass(ctx context.Context, c *Cluster) (time.Duration, error
 	for _, until := range sc.delayed {
 		soon(until.Sub(now))
 	}
+	sc.notePending(now, status.Pending)
 	if err := sc.publish(ctx, status); err != nil {
 		return 0, err
 	}
 	return next, nil
 }
 
-func (sc *Scheduler) hasReservation(id string) bool {
-	_, ok := sc.reserved[id]
-	return ok
-}
-
 // without returns devs minus the IDs in ids.
-func without(devs []Device, ids []string) []Device {
+func without(devs []topology.Device, ids []string) []topology.Device {
 	drop := map[string]bool{}
 	for _, id := range ids {
 		drop[id] = true
 	}
-	var out []Device
+	var out []topology.Device
 	for _, d := range devs {
 		if !drop[d.ID] {
 			out = append(out, d)
@@ -300,363 +325,46 @@ func without(devs []Device, ids []string) []Device {
 	return out
 }
 
-// fence is the check every scheduler transaction carries: it still leads.
-func (sc *Scheduler) fence() store.Op {
-	return store.Op{Verb: store.CheckSession, Key: schedulerKey, Session: sc.session}
-}
-
-// txn runs ops with the fencing check, mapping a failed fence to ErrNotLeader, and
-// records the index it wrote at.
-func (sc *Scheduler) txn(ctx context.Context, ops []store.Op) error {
-	res, err := sc.s.Txn(ctx, append([]store.Op{sc.fence()}, ops...))
-	if err == nil {
-		for _, op := range ops {
-			for _, p := range watchedPrefixes {
-				if !strings.HasPrefix(op.Key, p) {
-					continue
-				}
-				switch op.Verb {
-				case store.Set, store.CAS, store.Lock, store.Unlock:
-					if res.Index > 0 {
-						sc.written[p] = max(sc.written[p], res.Index)
-					} else {
-						sc.unknown = true
-					}
-				case store.Delete, store.DeleteCAS, store.DeleteTree:
-					// A delete's index is not reported (and deleting what is already gone
-					// changes nothing): read afresh next time.
-					sc.unknown = true
-				}
-			}
+// noteReleases emits event.Released for each grant granted after the last pass that c
+// (after cleanup) no longer holds as granted: "expired" for those cleanup removed
+// (expired), "released" for the others. It then remembers c's granted grants.
+func (sc *Scheduler) noteReleases(now time.Time, c *Cluster, expired []string) {
+	for _, id := range slices.Sorted(maps.Keys(sc.granted)) {
+		if g, ok := c.Grants[id]; ok && g.State == GrantGranted {
+			continue
 		}
-	}
-	var te *store.TxnError
-	if errors.As(err, &te) {
-		for _, oe := range te.Errors {
-			if oe.Op == 0 {
-				return ErrNotLeader
-			}
+		cause := "released"
+		if slices.Contains(expired, id) {
+			cause = "expired"
 		}
+		sc.emit(now, event.Released, sc.granted[id], cause)
+		delete(sc.granted, id)
 	}
-	return err
-}
-
-// cleanup rolls back what a dead scheduler or an interrupted release left: pending
-// grants (no commit is in progress outside Pass), grants and GPU keys of requests that
-// are gone, and GPU keys without a grant.
-func (sc *Scheduler) cleanup(ctx context.Context, c *Cluster) error {
-	var dels []store.Op
 	for id, g := range c.Grants {
-		r, ok := c.Requests[id]
-		if g.State == GrantPending || !ok || !r.Alive {
-			dels = append(dels, store.Op{Verb: store.Delete, Key: grantsPrefix + id})
-			for _, gn := range g.Nodes {
-				for _, d := range gn.Devices {
-					dels = append(dels, store.Op{Verb: store.Delete, Key: gpuKey(gn.Name, d)})
-				}
-			}
-			delete(c.Grants, id)
+		if g.State == GrantGranted {
+			sc.granted[id] = g
 		}
-	}
-	for key := range c.Orphans {
-		dels = append(dels, store.Op{Verb: store.Delete, Key: key})
-		if n, d, ok := parseGPUKey(key); ok {
-			if ns, ok := c.Nodes[n]; ok {
-				delete(ns.Held, d)
-			}
-		}
-	}
-	for id, r := range c.Requests {
-		if !r.Alive {
-			dels = append(dels, store.Op{Verb: store.Delete, Key: requestsPrefix + id})
-			delete(c.Requests, id)
-		}
-	}
-	if len(dels) > 0 {
-		sc.log.Info("cleaning up", zap.Int("keys", len(dels)))
-	}
-	for len(dels) > 0 {
-		n := min(len(dels), store.MaxTxnOps-1)
-		if err := sc.txn(ctx, dels[:n]); err != nil {
-			return fmt.Errorf("clean up: %w", err)
-		}
-		dels = dels[n:]
-	}
-	return nil
-}
-
-// feasible says whether node n can ever take r (ignoring what is in use), and why not.
-func feasible(r Request, n *NodeState) (bool, string) {
-	switch n.State() {
-	case NodeDown:
-		return false, "down"
-	case NodeDrained:
-		return false, "drained"
-	}
-	if r.Partition != "" && n.Record.Labels[LabelPartition] != r.Partition {
-		return false, "other partition"
-	}
-	for k, v := range r.Labels {
-		if n.Record.Labels[k] != v {
-			return false, "labels"
-		}
-	}
-	if len(matching(n.Record.Devices, r.GPUModel)) < r.GPUsPerNode {
-		return false, "too few GPUs"
-	}
-	return true, ""
-}
-
-// matching returns the devices whose model contains model (case-insensitive).
-func matching(devs []Device, model string) []Device {
-	if model == "" {
-		return devs
-	}
-	m := strings.ToLower(model)
-	var out []Device
-	for _, d := range devs {
-		if strings.Contains(strings.ToLower(d.Model), m) {
-			out = append(out, d)
-		}
-	}
-	return out
-}
-
-// place chooses nodes and devices for r from the free devices, leaving out nodes kept
-// for earlier requests. It returns nil and the reason when r does not fit now.
-func (sc *Scheduler) place(ctx context.Context, c *Cluster, r PendingRequest, free map[string][]Device, reserved map[string]string) ([]GrantNode, string) {
-	var cands []NodeCandidate
-	counts := map[string]int{}
-	for name, n := range c.Nodes {
-		ok, why := feasible(r.Request, n)
-		if !ok {
-			counts[why]++
-			continue
-		}
-		if owner, kept := reserved[name]; kept && owner != r.ID {
-			counts["reserved for a request ahead"]++
-			continue
-		}
-		f := len(matching(free[name], r.GPUModel))
-		cands = append(cands, NodeCandidate{Name: name, Switch: n.Record.Labels[LabelSwitch],
-			Spine: n.Record.Labels[LabelSpine], FreeGPUs: f, TotalGPUs: len(matching(n.Record.Devices, r.GPUModel))})
-	}
-	chosen, err := ChooseNodes(cands, r.Nodes, r.GPUsPerNode)
-	if err != nil {
-		return nil, waitReason(r.Request, cands, counts)
-	}
-	out := make([]GrantNode, 0, len(chosen))
-	for _, cn := range chosen {
-		n := c.Nodes[cn.Name]
-		devs, err := sc.chooseDevices(ctx, n, matching(free[cn.Name], r.GPUModel), r.GPUsPerNode)
-		if err != nil {
-			return nil, fmt.Sprintf("node %s: %v", cn.Name, err)
-		}
-		gn := GrantNode{Name: cn.Name, Addr: n.Record.Addr}
-		for _, d := range devs {
-			gn.Devices = append(gn.Devices, d.ID)
-			gn.GPUs = append(gn.GPUs, d.GPU)
-		}
-		out = append(out, gn)
-	}
-	return out, ""
-}
-
-// waitReason explains why r does not fit, in one line.
-func waitReason(r Request, cands []NodeCandidate, excluded map[string]int) string {
-	ready := 0
-	for _, c := range cands {
-		if c.FreeGPUs >= r.GPUsPerNode {
-			ready++
-		}
-	}
-	s := fmt.Sprintf("Resources: needs %s with %s", plural(r.Nodes, "node"), plural(r.GPUsPerNode, "free GPU"))
-	if r.GPUModel != "" {
-		s += " (" + r.GPUModel + ")"
-	}
-	verb := "have"
-	if len(cands) == 1 {
-		verb = "has"
-	}
-	s += fmt.Sprintf("; %d of %s %s them now", ready, plural(len(cands), "eligible node"), verb)
-	keys := make([]string, 0, len(excluded))
-	for k := range excluded {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		s += fmt.Sprintf("; %d %s", excluded[k], k)
-	}
-	return s
-}
-
-// chooseDevices picks k of free on node n with the best interconnect, using the node's
-// inventory (fetched again only when its hash changed).
-func (sc *Scheduler) chooseDevices(ctx context.Context, n *NodeState, free []Device, k int) ([]Device, error) {
-	name := n.Record.Name
-	ci, ok := sc.invs[name]
-	if !ok || ci.hash != n.Record.InventoryHash {
-		e, err := sc.s.Get(ctx, inventoryPrefix+name)
-		if err != nil {
-			return nil, err
-		}
-		if e == nil {
-			return nil, fmt.Errorf("no inventory stored")
-		}
-		inv, err := topology.Decode(e.Value)
-		if err != nil {
-			return nil, fmt.Errorf("stored inventory: %w", err)
-		}
-		ci = cachedInventory{hash: n.Record.InventoryHash, inv: inv}
-		sc.invs[name] = ci
-	}
-	tdevs := make([]topology.Device, len(free))
-	byID := map[string]Device{}
-	for i, d := range free {
-		tdevs[i] = topology.Device{ID: d.ID, GPU: d.GPU, Model: d.Model, MemoryBytes: d.MemoryBytes}
-		byID[d.ID] = d
-	}
-	chosen, err := ChooseDevices(ci.inv, tdevs, k)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]Device, len(chosen))
-	for i, d := range chosen {
-		out[i] = byID[d.ID]
-	}
-	return out, nil
-}
-
-// reserve keeps nodes for r, the first request that does not fit, so that requests
-// behind it cannot take what it waits for (backfill only what does not delay it). It
-// keeps the reservation of an earlier pass while its nodes stay eligible; otherwise it
-// picks the eligible nodes with the most free GPUs. It returns the kept nodes.
-func (sc *Scheduler) reserve(c *Cluster, r PendingRequest, taken map[string]string) []string {
-	eligible := func(name string) bool {
-		n, ok := c.Nodes[name]
-		if !ok {
-			return false
-		}
-		if _, other := taken[name]; other {
-			return false
-		}
-		ok, _ = feasible(r.Request, n)
-		return ok
-	}
-	if prev, ok := sc.reserved[r.ID]; ok {
-		all := true
-		for _, name := range prev {
-			all = all && eligible(name)
-		}
-		if all {
-			return prev
-		}
-	}
-	type cand struct {
-		name string
-		free int
-	}
-	var cands []cand
-	for name, n := range c.Nodes {
-		if eligible(name) {
-			cands = append(cands, cand{name, len(matching(n.Free(), r.GPUModel))})
-		}
-	}
-	if len(cands) < r.Nodes {
-		delete(sc.reserved, r.ID)
-		return nil // it can never fit as things are: keep nothing
-	}
-	sort.Slice(cands, func(i, j int) bool {
-		if cands[i].free != cands[j].free {
-			return cands[i].free > cands[j].free
-		}
-		return cands[i].name < cands[j].name
-	})
-	kept := make([]string, r.Nodes)
-	for i := range kept {
-		kept[i] = cands[i].name
-	}
-	sort.Strings(kept)
-	sc.reserved[r.ID] = kept
-	return kept
-}
-
-// commit grants r the chosen nodes: the pending grant and the GPU locks in chunks of at
-// most chunkOps, then the flip to "granted". Any rejection rolls back what was locked.
-func (sc *Scheduler) commit(ctx context.Context, r PendingRequest, nodes []GrantNode) error {
-	grantKey := grantsPrefix + r.ID
-	g := Grant{ID: r.ID, State: GrantPending, Nodes: nodes, Session: r.Session}
-	var locks []store.Op
-	for _, gn := range nodes {
-		for _, d := range gn.Devices {
-			locks = append(locks, store.Op{Verb: store.Lock, Key: gpuKey(gn.Name, d), Value: []byte(r.ID), Session: r.Session})
-		}
-	}
-	holds := []store.Op{{Verb: store.CheckSession, Key: requestsPrefix + r.ID, Session: r.Session}}
-	var done []store.Op
-	first := true
-	for first || len(locks) > 0 {
-		n := min(len(locks), chunkOps)
-		ops := append([]store.Op{}, holds...)
-		if first {
-			ops = append(ops, store.Op{Verb: store.CheckNotExists, Key: grantKey},
-				store.Op{Verb: store.Lock, Key: grantKey, Value: mustJSON(g), Session: r.Session})
-		} else {
-			ops = append(ops, store.Op{Verb: store.CheckSession, Key: grantKey, Session: r.Session})
-		}
-		ops = append(ops, locks[:n]...)
-		if err := sc.txn(ctx, ops); err != nil {
-			sc.rollback(ctx, grantKey, done, !first)
-			return err
-		}
-		done = append(done, locks[:n]...)
-		locks = locks[n:]
-		first = false
-	}
-	g.State, g.Granted = GrantGranted, sc.now().UTC()
-	err := sc.txn(ctx, append(holds, store.Op{Verb: store.Lock, Key: grantKey, Value: mustJSON(g), Session: r.Session}))
-	if err != nil {
-		sc.rollback(ctx, grantKey, done, true)
-		return err
-	}
-	return nil
-}
-
-// rollback deletes the GPU keys a failed commit locked and its pending grant.
-func (sc *Scheduler) rollback(ctx context.Context, grantKey string, locked []store.Op, grantWritten bool) {
-	var dels []store.Op
-	if grantWritten {
-		dels = append(dels, store.Op{Verb: store.Delete, Key: grantKey})
-	}
-	for _, op := range locked {
-		dels = append(dels, store.Op{Verb: store.Delete, Key: op.Key})
-	}
-	for len(dels) > 0 {
-		n := min(len(dels), store.MaxTxnOps-1)
-		if err := sc.txn(ctx, dels[:n]); err != nil {
-			// The next pass's cleanup removes what is left (a pending grant, or GPU keys
-			// whose grant is gone).
-			sc.log.Warn("roll back a failed grant", zap.String("grant", grantKey), zap.Error(err))
-			return
-		}
-		dels = dels[n:]
 	}
 }
 
-// refuse answers r with a refusal the requester reads.
-func (sc *Scheduler) refuse(ctx context.Context, r PendingRequest, reason string) error {
-	g := Grant{ID: r.ID, State: GrantRefused, Reason: reason, Session: r.Session}
-	err := sc.txn(ctx, []store.Op{
-		{Verb: store.CheckSession, Key: requestsPrefix + r.ID, Session: r.Session},
-		{Verb: store.Lock, Key: grantsPrefix + r.ID, Value: mustJSON(g), Session: r.Session},
-	})
-	if errors.Is(err, store.ErrTxnRejected) {
-		return nil // the requester left meanwhile
+// notePending emits event.Pending for each request whose pending reason is new or
+// changed since the last pass, in request id order, and remembers pending.
+func (sc *Scheduler) notePending(now time.Time, pending map[string]string) {
+	for _, id := range slices.Sorted(maps.Keys(pending)) {
+		if why := pending[id]; sc.told[id] != why {
+			sc.events.Emit(event.Event{Time: now, Kind: event.Pending, Job: id, Attempt: -1, Cause: why})
+		}
 	}
-	if err == nil {
-		sc.log.Info("refused", zap.String("id", r.ID), zap.String("reason", reason))
+	sc.told = pending
+}
+
+// emit sends a grant's event (Granted or Released) with its nodes and device count.
+func (sc *Scheduler) emit(now time.Time, kind event.Kind, g Grant, cause string) {
+	names := make([]string, len(g.Nodes))
+	for i, gn := range g.Nodes {
+		names[i] = gn.Name
 	}
-	return err
+	sc.events.Emit(event.Event{Time: now, Kind: kind, Job: g.ID, Attempt: -1, Cause: cause, Nodes: names, GPUs: g.DeviceCount()})
 }
 
 // publish writes the status when it changed.

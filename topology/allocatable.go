@@ -3,20 +3,28 @@ package topology
 import "strconv"
 
 // Device is one thing a scheduler may hand to a worker: a whole GPU or a MIG device.
+// It is the one device type of the allocator too: a node's record in the cluster
+// lists its allocatable devices in this form, and placement chooses among them. Its
+// JSON form (the record's) is id, gpu, model, memory_bytes and health; UUID and
+// MIGProfile are left out of it, since the record names devices by ID and the node's
+// inventory, stored beside it, has the rest.
 type Device struct {
 	// ID is what CUDA_VISIBLE_DEVICES takes: the GPU's NVML index ("3") for a whole GPU,
 	// the MIG device's UUID ("MIG-...") for a MIG device.
-	ID string
+	ID string `json:"id"`
 	// GPU is the NVML index of the (parent) GPU.
-	GPU int
+	GPU int `json:"gpu"`
 	// UUID is the GPU's or the MIG device's UUID.
-	UUID string
+	UUID string `json:"-"`
 	// Model is the GPU's product name ("NVIDIA H100 80GB HBM3").
-	Model string
+	Model string `json:"model"`
 	// MIGProfile is the MIG profile ("3g.20gb"); empty for a whole GPU.
-	MIGProfile string
+	MIGProfile string `json:"-"`
 	// MemoryBytes is the device's memory in bytes.
-	MemoryBytes uint64
+	MemoryBytes uint64 `json:"memory_bytes"`
+	// Health is the (parent) GPU's health: Healthy or Degraded (Allocatable leaves
+	// failed GPUs out).
+	Health HealthState `json:"health"`
 }
 
 // Allocatable returns what a scheduler may hand out on this node, in GPU index order:
@@ -33,14 +41,14 @@ func (inv *Inventory) Allocatable() []Device {
 		if !g.MIGEnabled {
 			out = append(out, Device{
 				ID: strconv.Itoa(g.Index), GPU: g.Index, UUID: g.UUID,
-				Model: g.Name, MemoryBytes: g.MemoryBytes,
+				Model: g.Name, MemoryBytes: g.MemoryBytes, Health: g.Health.State,
 			})
 			continue
 		}
 		for _, m := range g.MIGDevices {
 			out = append(out, Device{
 				ID: m.UUID, GPU: g.Index, UUID: m.UUID,
-				Model: g.Name, MIGProfile: m.Profile, MemoryBytes: m.MemoryBytes,
+				Model: g.Name, MIGProfile: m.Profile, MemoryBytes: m.MemoryBytes, Health: g.Health.State,
 			})
 		}
 	}

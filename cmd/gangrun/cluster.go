@@ -298,10 +298,10 @@ func runAlloc(ctx context.Context, e *env, args []string) int {
 			return 128 + int(sig)
 		default:
 		}
-		if errors.Is(err, store.ErrTxnRejected) || strings.Contains(err.Error(), "consul") {
-			return failErr(e, "alloc", err)
+		if errors.Is(err, allocator.ErrInfeasible) {
+			return usageErr(e, "alloc", "%v", err)
 		}
-		return usageErr(e, "alloc", "%v", err)
+		return failErr(e, "alloc", err)
 	}
 	id := tk.Request().ID
 	defer tk.Release(context.WithoutCancel(ctx)) //nolint:errcheck // reported below where it matters

@@ -1,0 +1,210 @@
+package allocator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"go.uber.org/zap"
+
+	"github.com/gangrun/gangrun/internal/store"
+)
+
+// The scheduler's writes. Every transaction it makes begins with the fence (a
+// check-session on the leader key), so a deposed scheduler cannot write anything; a
+// list of operations too long for one transaction is cut by store.SplitTxn, each piece
+// fenced again. A grant is committed in pieces without ever being visible half-granted
+// (commit), and a commit that fails is rolled back (rollback), or else by the next
+// pass's cleanup.
+
+// fence is the check every scheduler transaction begins with: it still leads.
+func (sc *Scheduler) fence() store.Op {
+	return store.Op{Verb: store.CheckSession, Key: schedulerKey, Session: sc.session}
+}
+
+// txn runs ops after the fence in one transaction (see apply).
+func (sc *Scheduler) txn(ctx context.Context, ops []store.Op) error {
+	return sc.apply(ctx, append([]store.Op{sc.fence()}, ops...))
+}
+
+// txnChunks runs ops after the fence in as many transactions as store.SplitTxn cuts
+// them into, in order, and stops at the first that fails (those before it stay
+// applied). Errors: store.ErrTxnTooLarge for an operation too large for any
+// transaction; apply's.
+func (sc *Scheduler) txnChunks(ctx context.Context, ops []store.Op) error {
+	txns, err := store.SplitTxn([]store.Op{sc.fence()}, ops)
+	if err != nil {
+		return err
+	}
+	for _, t := range txns {
+		if err := sc.apply(ctx, t); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// apply runs one transaction whose first operation is the fence, and records the index
+// it wrote at (Scheduler.written). Errors: ErrNotLeader when the fence failed; a
+// *store.TxnError when another operation was rejected; the store's when it could not
+// be asked.
+func (sc *Scheduler) apply(ctx context.Context, ops []store.Op) error {
+	res, err := sc.s.Txn(ctx, ops)
+	if err == nil {
+		for _, op := range ops[1:] {
+			for _, p := range watchedPrefixes {
+				if !strings.HasPrefix(op.Key, p) {
+					continue
+				}
+				switch op.Verb {
+				case store.Set, store.CAS, store.Lock, store.Unlock:
+					if res.Index > 0 {
+						sc.written[p] = max(sc.written[p], res.Index)
+					} else {
+						sc.unknown = true
+					}
+				case store.Delete, store.DeleteCAS, store.DeleteTree:
+					// A delete's index is not reported (and deleting what is already gone
+					// changes nothing): read afresh next time.
+					sc.unknown = true
+				}
+			}
+		}
+	}
+	var te *store.TxnError
+	if errors.As(err, &te) {
+		for _, oe := range te.Errors {
+			if oe.Op == 0 {
+				return ErrNotLeader
+			}
+		}
+	}
+	return err
+}
+
+// commit grants r the chosen nodes: the pending grant and the GPU locks in as many
+// transactions as store.SplitTxn needs, then the flip to "granted". The first
+// transaction creates the grant record (state "pending") and each later one checks
+// that the requester still holds it, so a gang is never visible half-granted. Any
+// rejection rolls back what was locked. Errors: apply's.
+func (sc *Scheduler) commit(ctx context.Context, r PendingRequest, nodes []GrantNode) error {
+	grantKey := grantsPrefix + r.ID
+	g := Grant{ID: r.ID, State: GrantPending, Nodes: nodes, Session: r.Session}
+	var locks []store.Op
+	for _, gn := range nodes {
+		for _, d := range gn.Devices {
+			locks = append(locks, store.Op{Verb: store.Lock, Key: gpuKey(gn.Name, d), Value: []byte(r.ID), Session: r.Session})
+		}
+	}
+	held := store.Op{Verb: store.CheckSession, Key: requestsPrefix + r.ID, Session: r.Session}
+	// The pieces are cut for the first transaction's header, the larger: the later
+	// header (a check instead of the grant's creation) is shorter, so they fit too.
+	first := []store.Op{sc.fence(), held,
+		{Verb: store.CheckNotExists, Key: grantKey},
+		{Verb: store.Lock, Key: grantKey, Value: mustJSON(g), Session: r.Session}}
+	later := []store.Op{sc.fence(), held, {Verb: store.CheckSession, Key: grantKey, Session: r.Session}}
+	txns, err := store.SplitTxn(first, locks)
+	if err != nil {
+		return fmt.Errorf("grant %s: %w", r.ID, err)
+	}
+	if len(txns) == 0 {
+		txns = [][]store.Op{first} // no device to lock: the grant record alone
+	}
+	var done []store.Op
+	for i, t := range txns {
+		chunk := t[len(first):]
+		if i > 0 {
+			t = append(append(make([]store.Op, 0, len(later)+len(chunk)), later...), chunk...)
+		}
+		if err := sc.apply(ctx, t); err != nil {
+			sc.rollback(ctx, grantKey, done, i > 0)
+			return err
+		}
+		done = append(done, chunk...)
+	}
+	g.State, g.Granted = GrantGranted, sc.now().UTC()
+	err = sc.txn(ctx, []store.Op{held, {Verb: store.Lock, Key: grantKey, Value: mustJSON(g), Session: r.Session}})
+	if err != nil {
+		sc.rollback(ctx, grantKey, done, true)
+		return err
+	}
+	return nil
+}
+
+// rollback deletes the GPU keys a failed commit locked and, when it was written, its
+// pending grant. What it cannot delete, the next pass's cleanup does (a pending grant,
+// or GPU keys whose grant is gone).
+func (sc *Scheduler) rollback(ctx context.Context, grantKey string, locked []store.Op, grantWritten bool) {
+	var dels []store.Op
+	if grantWritten {
+		dels = append(dels, store.Op{Verb: store.Delete, Key: grantKey})
+	}
+	for _, op := range locked {
+		dels = append(dels, store.Op{Verb: store.Delete, Key: op.Key})
+	}
+	if err := sc.txnChunks(ctx, dels); err != nil {
+		sc.log.Warn("roll back a failed grant", zap.String("grant", grantKey), zap.Error(err))
+	}
+}
+
+// refuse answers r with a refusal the requester reads. A requester that left meanwhile
+// is no error.
+func (sc *Scheduler) refuse(ctx context.Context, r PendingRequest, reason string) error {
+	g := Grant{ID: r.ID, State: GrantRefused, Reason: reason, Session: r.Session}
+	err := sc.txn(ctx, []store.Op{
+		{Verb: store.CheckSession, Key: requestsPrefix + r.ID, Session: r.Session},
+		{Verb: store.Lock, Key: grantsPrefix + r.ID, Value: mustJSON(g), Session: r.Session},
+	})
+	if errors.Is(err, store.ErrTxnRejected) {
+		return nil // the requester left meanwhile
+	}
+	if err == nil {
+		sc.log.Info("refused", zap.String("id", r.ID), zap.String("reason", reason))
+	}
+	return err
+}
+
+// cleanup rolls back what a dead scheduler or an interrupted release left, and removes
+// it from c: pending grants (no commit is in progress outside Pass), grants and GPU keys
+// of requests that are gone, and GPU keys without a grant. It returns the ids of the
+// granted grants it removed (their request is gone or no longer held).
+func (sc *Scheduler) cleanup(ctx context.Context, c *Cluster) (expired []string, err error) {
+	var dels []store.Op
+	for id, g := range c.Grants {
+		r, ok := c.Requests[id]
+		if g.State == GrantPending || !ok || !r.Alive {
+			if g.State == GrantGranted {
+				expired = append(expired, id)
+			}
+			dels = append(dels, store.Op{Verb: store.Delete, Key: grantsPrefix + id})
+			for _, gn := range g.Nodes {
+				for _, d := range gn.Devices {
+					dels = append(dels, store.Op{Verb: store.Delete, Key: gpuKey(gn.Name, d)})
+				}
+			}
+			delete(c.Grants, id)
+		}
+	}
+	for key := range c.Orphans {
+		dels = append(dels, store.Op{Verb: store.Delete, Key: key})
+		if n, d, ok := parseGPUKey(key); ok {
+			if ns, ok := c.Nodes[n]; ok {
+				delete(ns.Held, d)
+			}
+		}
+	}
+	for id, r := range c.Requests {
+		if !r.Alive {
+			dels = append(dels, store.Op{Verb: store.Delete, Key: requestsPrefix + id})
+			delete(c.Requests, id)
+		}
+	}
+	if len(dels) > 0 {
+		sc.log.Info("cleaning up", zap.Int("keys", len(dels)))
+	}
+	if err := sc.txnChunks(ctx, dels); err != nil {
+		return expired, fmt.Errorf("clean up: %w", err)
+	}
+	return expired, nil
+}

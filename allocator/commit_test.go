@@ -1,0 +1,122 @@
+package allocator
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"reflect"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gangrun/gangrun/internal/store"
+)
+
+// leaderSession creates a session that holds the scheduler's leader key, as an elected
+// agent's does.
+func leaderSession(t *testing.T, s store.Store) string {
+	t.Helper()
+	ctx := context.Background()
+	sess, err := s.CreateSession(ctx, store.SessionOptions{Name: "test scheduler", TTL: time.Minute, Behavior: store.DeleteKeys})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Txn(ctx, []store.Op{{Verb: store.Lock, Key: schedulerKey, Session: sess}}); err != nil {
+		t.Fatal(err)
+	}
+	return sess
+}
+
+// txnLog is a store that records every transaction it is asked to apply.
+type txnLog struct {
+	store.Store
+	mu   sync.Mutex
+	txns [][]store.Op
+}
+
+func (l *txnLog) Txn(ctx context.Context, ops []store.Op) (store.TxnResult, error) {
+	l.mu.Lock()
+	l.txns = append(l.txns, append([]store.Op(nil), ops...))
+	l.mu.Unlock()
+	return l.Store.Txn(ctx, ops)
+}
+
+func TestCommitInChunks(t *testing.T) {
+	// A 512-node × 8 gang: 4,096 locks cut by store.SplitTxn. Every transaction begins
+	// with the fence and the request check; the first creates the pending grant, each
+	// later one checks it is still held; a last one flips it to granted.
+	ctx := context.Background()
+	log := &txnLog{Store: store.NewMemory()}
+	sc := NewScheduler(log, SchedulerConfig{Session: leaderSession(t, log), Name: "test"})
+	sess, err := log.CreateSession(ctx, store.SessionOptions{Name: "requester", TTL: time.Minute, Behavior: store.DeleteKeys})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := PendingRequest{Request: Request{ID: "big", Nodes: 512, GPUsPerNode: 8, Session: sess}}
+	if _, err := log.Txn(ctx, []store.Op{{Verb: store.Lock, Key: requestsPrefix + r.ID, Value: mustJSON(r.Request), Session: sess}}); err != nil {
+		t.Fatal(err)
+	}
+	var nodes []GrantNode
+	for i := range 512 {
+		gn := GrantNode{Name: fmt.Sprintf("node%04d", i)}
+		for d := range 8 {
+			gn.GPUs = append(gn.GPUs, d)
+			gn.Devices = append(gn.Devices, fmt.Sprint(d))
+		}
+		nodes = append(nodes, gn)
+	}
+	log.txns = nil
+	if err := sc.commit(ctx, r, nodes); err != nil {
+		t.Fatal(err)
+	}
+
+	if len(log.txns) != 35 {
+		t.Errorf("%d transactions, want 34 chunks of locks and the flip", len(log.txns))
+	}
+	locks := 0
+	for i, txn := range log.txns {
+		if len(txn) > store.MaxTxnOps {
+			t.Errorf("transaction %d has %d operations", i, len(txn))
+		}
+		if err := store.CheckTxn(txn); err != nil {
+			t.Errorf("transaction %d: %v", i, err)
+		}
+		if !reflect.DeepEqual(txn[0], sc.fence()) || txn[1].Verb != store.CheckSession || txn[1].Key != requestsPrefix+r.ID {
+			t.Errorf("transaction %d begins %+v %+v, want the fence and the request check", i, txn[0], txn[1])
+		}
+		grantKey := grantsPrefix + r.ID
+		switch {
+		case i == 0:
+			if txn[2].Verb != store.CheckNotExists || txn[2].Key != grantKey || txn[3].Verb != store.Lock || txn[3].Key != grantKey {
+				t.Errorf("the first transaction does not create the grant: %+v %+v", txn[2], txn[3])
+			}
+			locks += len(txn) - 4
+		case i < len(log.txns)-1:
+			if txn[2].Verb != store.CheckSession || txn[2].Key != grantKey {
+				t.Errorf("transaction %d does not check the grant: %+v", i, txn[2])
+			}
+			locks += len(txn) - 3
+		default:
+			var g Grant
+			if len(txn) != 3 || txn[2].Key != grantKey || json.Unmarshal(txn[2].Value, &g) != nil || g.State != GrantGranted {
+				t.Errorf("the last transaction is not the flip to granted: %+v", txn)
+			}
+		}
+	}
+	if locks != 4096 {
+		t.Errorf("%d locks written, want 4096", locks)
+	}
+	entries, _, err := log.List(ctx, gpusPrefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := 0
+	for _, e := range entries {
+		if e.Session == sess && string(e.Value) == r.ID {
+			held++
+		}
+	}
+	if held != 4096 {
+		t.Errorf("%d GPU keys held by the requester, want 4096", held)
+	}
+}

@@ -1,0 +1,181 @@
+package allocator
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/gangrun/gangrun/topology"
+)
+
+// Checker is one feasibility check of the placement pipeline, in the shape of Nomad's
+// FeasibilityChecker (scheduler/feasible.go): it returns why node n cannot take request
+// r, in the few words `gangrun queue` counts in a pending reason ("2 down"), or "" when
+// n passes. A check looks at the node's record and state, never at which of its
+// devices are in use (the node ranker weighs free devices), and does not modify n.
+type Checker func(r Request, n *NodeState) (reason string)
+
+// Why a node is out, one reason per checker. The wording is what `gangrun queue` shows
+// ("Resources: ...; 2 down; 1 drained"), quoted by the README and the tests.
+const (
+	reasonDown      = "down"
+	reasonDrained   = "drained"
+	reasonPartition = "other partition"
+	reasonLabels    = "labels"
+	reasonDevices   = "too few GPUs"
+	reasonReserved  = "reserved for a request ahead"
+)
+
+// checkUp rules out a node whose agent is gone (its alive key is not held).
+func checkUp(_ Request, n *NodeState) string {
+	if n.State() == NodeDown {
+		return reasonDown
+	}
+	return ""
+}
+
+// checkNotDrained rules out a node an administrator drained.
+func checkNotDrained(_ Request, n *NodeState) string {
+	if n.Drain != nil {
+		return reasonDrained
+	}
+	return ""
+}
+
+// checkPartition rules out a node outside r's partition (its "partition" label).
+func checkPartition(r Request, n *NodeState) string {
+	if r.Partition != "" && n.Record.Labels[LabelPartition] != r.Partition {
+		return reasonPartition
+	}
+	return ""
+}
+
+// checkLabels rules out a node that lacks one of r's labels.
+func checkLabels(r Request, n *NodeState) string {
+	for k, v := range r.Labels {
+		if n.Record.Labels[k] != v {
+			return reasonLabels
+		}
+	}
+	return ""
+}
+
+// checkDevices rules out a node with fewer than r.GPUsPerNode allocatable devices of
+// r's model, free or not.
+func checkDevices(r Request, n *NodeState) string {
+	if len(matching(n.Record.Devices, r.GPUModel)) < r.GPUsPerNode {
+		return reasonDevices
+	}
+	return ""
+}
+
+// reservedFor returns the check that rules out nodes kept for another request: kept maps
+// a node to the request it is kept for (the scheduler's reservations of this pass).
+func reservedFor(kept map[string]string) Checker {
+	return func(r Request, n *NodeState) string {
+		if owner, ok := kept[n.Record.Name]; ok && owner != r.ID {
+			return reasonReserved
+		}
+		return ""
+	}
+}
+
+// matching returns the devices whose model contains model (case-insensitive); all of
+// them when model is "".
+func matching(devs []topology.Device, model string) []topology.Device {
+	if model == "" {
+		return devs
+	}
+	m := strings.ToLower(model)
+	var out []topology.Device
+	for _, d := range devs {
+		if strings.Contains(strings.ToLower(d.Model), m) {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// ErrInfeasible marks a request that no registered node could ever satisfy: every
+// refusal of CheckFeasible (and so of Submit, before anything is reserved) matches it
+// with errors.Is, so a caller tells a bad request from a store that failed without
+// reading the text.
+var ErrInfeasible = errors.New("no registered node could ever satisfy the request")
+
+// infeasibleError is a refusal of CheckFeasible: its text is the refusal's own (it
+// names the bad flag and value), and it wraps both ErrInfeasible and the refusal.
+type infeasibleError struct{ err error }
+
+func (e *infeasibleError) Error() string   { return e.err.Error() }
+func (e *infeasibleError) Unwrap() []error { return []error{ErrInfeasible, e.err} }
+
+// refusal wraps err as a refusal of CheckFeasible.
+func refusal(err error) error { return &infeasibleError{err} }
+
+// CheckFeasible reports, before anything is reserved, a request that no registered node
+// could ever satisfy: invalid counts (Request.Validate), an unknown partition or label,
+// a GPU model no node has, more GPUs per node than any node has, more nodes than could
+// ever match. Down and drained nodes count, since they may come back: a node counts
+// when it passes the pipeline's fit checks (the scheduler's own, less those of the
+// node's state). Every error wraps ErrInfeasible and names the bad value.
+func CheckFeasible(c *Cluster, r Request) error {
+	if err := r.Validate(); err != nil {
+		return refusal(err)
+	}
+	if len(c.Nodes) == 0 {
+		return refusal(errors.New("no nodes are registered (start `gangrun agent` on each node)"))
+	}
+	hasLabel := func(k, v string) bool {
+		for _, n := range c.Nodes {
+			if n.Record.Labels[k] == v {
+				return true
+			}
+		}
+		return false
+	}
+	if r.Partition != "" && !hasLabel(LabelPartition, r.Partition) {
+		return refusal(fmt.Errorf("--partition %s: no node is in that partition", r.Partition))
+	}
+	keys := make([]string, 0, len(r.Labels))
+	for k := range r.Labels {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		if !hasLabel(k, r.Labels[k]) {
+			return refusal(fmt.Errorf("--labels %s=%s: no node has that label", k, r.Labels[k]))
+		}
+	}
+	fit := defaultPipeline().fit
+	most, eligible, modelSeen := 0, 0, r.GPUModel == ""
+	for _, n := range c.Nodes {
+		m := len(matching(n.Record.Devices, r.GPUModel))
+		modelSeen = modelSeen || m > 0
+		most = max(most, m)
+		if firstReason(fit, r, n) == "" {
+			eligible++
+		}
+	}
+	if !modelSeen {
+		return refusal(fmt.Errorf("--gpu-model %s: no node has such GPUs", r.GPUModel))
+	}
+	if r.GPUsPerNode > most {
+		return refusal(fmt.Errorf("--gpus-per-node %d: no node has more than %d allocatable GPUs", r.GPUsPerNode, most))
+	}
+	if r.Nodes > eligible {
+		return refusal(fmt.Errorf("--nodes %d: only %s could ever take %s each with these constraints", r.Nodes, plural(eligible, "registered node"), plural(r.GPUsPerNode, "GPU")))
+	}
+	return nil
+}
+
+// firstReason runs checks on n in order and returns the first reason given, "" when n
+// passes them all.
+func firstReason(checks []Checker, r Request, n *NodeState) string {
+	for _, check := range checks {
+		if why := check(r, n); why != "" {
+			return why
+		}
+	}
+	return ""
+}

@@ -1,0 +1,80 @@
+package allocator
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/gangrun/gangrun/topology"
+)
+
+// node is a registered node with gpus devices of model, labelled labels.
+func node(name string, gpus int, model string, labels map[string]string) *NodeState {
+	n := &NodeState{Record: NodeRecord{Name: name, Labels: labels, GPUs: gpus}, Up: true, Held: map[string]string{}}
+	for i := range gpus {
+		n.Record.Devices = append(n.Record.Devices, topology.Device{ID: string(rune('0' + i)), GPU: i, Model: model})
+	}
+	return n
+}
+
+func TestCheckers(t *testing.T) {
+	h100 := "NVIDIA H100 80GB HBM3"
+	down := node("down", 8, h100, nil)
+	down.Up = false
+	drained := node("drained", 8, h100, nil)
+	drained.Drain = &Drain{Reason: "maintenance"}
+	drainedDown := node("drained-down", 8, h100, nil)
+	drainedDown.Up, drainedDown.Drain = false, &Drain{Reason: "maintenance"}
+	for _, tc := range []struct {
+		n    *NodeState
+		r    Request
+		want string
+	}{
+		{node("ok", 8, h100, map[string]string{"partition": "train", "rack": "r1"}),
+			Request{Nodes: 1, GPUsPerNode: 8, GPUModel: "h100", Partition: "train", Labels: map[string]string{"rack": "r1"}}, ""},
+		{down, Request{Nodes: 1, GPUsPerNode: 1}, "down"},
+		{drained, Request{Nodes: 1, GPUsPerNode: 1}, "drained"},
+		{drainedDown, Request{Nodes: 1, GPUsPerNode: 1}, "drained"}, // drained wins, as in State
+		{node("p", 8, h100, map[string]string{"partition": "batch"}), Request{Nodes: 1, GPUsPerNode: 1, Partition: "train"}, "other partition"},
+		{node("l", 8, h100, map[string]string{"rack": "r2"}), Request{Nodes: 1, GPUsPerNode: 1, Labels: map[string]string{"rack": "r1"}}, "labels"},
+		{node("g", 4, h100, nil), Request{Nodes: 1, GPUsPerNode: 8}, "too few GPUs"},
+		{node("m", 8, h100, nil), Request{Nodes: 1, GPUsPerNode: 1, GPUModel: "A100"}, "too few GPUs"},
+		// The first check that fails gives the reason: state before fit.
+		{down, Request{Nodes: 1, GPUsPerNode: 16, Partition: "x"}, "down"},
+	} {
+		if got := defaultPipeline().feasible(tc.r, tc.n); got != tc.want {
+			t.Errorf("node %s, request %+v: reason %q, want %q", tc.n.Record.Name, tc.r, got, tc.want)
+		}
+	}
+	kept := reservedFor(map[string]string{"n": "first"})
+	if got := kept(Request{ID: "second"}, node("n", 8, h100, nil)); got != "reserved for a request ahead" {
+		t.Errorf("a node kept for another request: %q", got)
+	}
+	if got := kept(Request{ID: "first"}, node("n", 8, h100, nil)); got != "" {
+		t.Errorf("a node kept for the request itself: %q", got)
+	}
+}
+
+func TestCheckFeasibleCountsNodesThatMayComeBack(t *testing.T) {
+	// A down node and a drained one may come back: the pre-check counts them, through the
+	// fit checkers alone.
+	down := node("a", 4, "H100", nil)
+	down.Up = false
+	drained := node("b", 4, "H100", nil)
+	drained.Drain = &Drain{Reason: "maintenance"}
+	c := &Cluster{Nodes: map[string]*NodeState{"a": down, "b": drained, "c": node("c", 2, "H100", nil)}}
+	if err := CheckFeasible(c, Request{Nodes: 2, GPUsPerNode: 4}); err != nil {
+		t.Errorf("2 × 4 on a down and a drained 4-GPU node: %v", err)
+	}
+	err := CheckFeasible(c, Request{Nodes: 3, GPUsPerNode: 4})
+	if want := "--nodes 3: only 2 registered nodes could ever take 4 GPUs each with these constraints"; err == nil || err.Error() != want {
+		t.Errorf("3 × 4: %v, want %q", err, want)
+	}
+	if !errors.Is(err, ErrInfeasible) {
+		t.Errorf("3 × 4: %v is not ErrInfeasible", err)
+	}
+	err = CheckFeasible(&Cluster{Nodes: map[string]*NodeState{}}, Request{Nodes: 1, GPUsPerNode: 1})
+	if !errors.Is(err, ErrInfeasible) || !strings.Contains(err.Error(), "no nodes are registered") {
+		t.Errorf("no nodes: %v", err)
+	}
+}

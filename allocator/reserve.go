@@ -1,0 +1,66 @@
+package allocator
+
+import "sort"
+
+// reserve keeps nodes for r, the first request that does not fit, so that requests
+// behind it cannot take what it waits for (backfill only what does not delay it). A node
+// is eligible when it passes the pipeline's checkers and no other request keeps it
+// (taken: node → request, this pass's reservations). It keeps the reservation of an
+// earlier pass while its nodes stay eligible; otherwise it picks the eligible nodes with
+// the most free GPUs of r's model, then by name. It returns the kept nodes, sorted, or
+// nil when fewer than r.Nodes are eligible (r can never fit as things are: nothing is
+// kept).
+func (sc *Scheduler) reserve(c *Cluster, r PendingRequest, taken map[string]string) []string {
+	eligible := func(name string) bool {
+		n, ok := c.Nodes[name]
+		if !ok {
+			return false
+		}
+		if _, other := taken[name]; other {
+			return false
+		}
+		return sc.pipe.feasible(r.Request, n) == ""
+	}
+	if prev, ok := sc.reserved[r.ID]; ok {
+		all := true
+		for _, name := range prev {
+			all = all && eligible(name)
+		}
+		if all {
+			return prev
+		}
+	}
+	type cand struct {
+		name string
+		free int
+	}
+	var cands []cand
+	for name, n := range c.Nodes {
+		if eligible(name) {
+			cands = append(cands, cand{name, len(matching(n.Free(), r.GPUModel))})
+		}
+	}
+	if len(cands) < r.Nodes {
+		delete(sc.reserved, r.ID)
+		return nil
+	}
+	sort.Slice(cands, func(i, j int) bool {
+		if cands[i].free != cands[j].free {
+			return cands[i].free > cands[j].free
+		}
+		return cands[i].name < cands[j].name
+	})
+	kept := make([]string, r.Nodes)
+	for i := range kept {
+		kept[i] = cands[i].name
+	}
+	sort.Strings(kept)
+	sc.reserved[r.ID] = kept
+	return kept
+}
+
+// hasReservation reports whether request id kept nodes in an earlier pass.
+func (sc *Scheduler) hasReservation(id string) bool {
+	_, ok := sc.reserved[id]
+	return ok
+}

@@ -1,0 +1,21 @@
+package topology
+
+import (
+	"encoding/json"
+	"testing"
+)
+
+func TestDeviceJSON(t *testing.T) {
+	// The allocator stores a node's devices in this form (gangrun/cluster/nodes/<node>):
+	// the fields and their order are the record's, UUID and MIG profile left out.
+	d := Device{ID: "MIG-1", GPU: 3, UUID: "MIG-1", Model: "NVIDIA A100-SXM4-40GB", MIGProfile: "3g.20gb",
+		MemoryBytes: 20 << 30, Health: Degraded}
+	b, err := json.Marshal(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `{"id":"MIG-1","gpu":3,"model":"NVIDIA A100-SXM4-40GB","memory_bytes":21474836480,"health":"degraded"}`
+	if string(b) != want {
+		t.Errorf("json %s\nwant %s", b, want)
+	}
+}
