@@ -21,6 +21,12 @@ func (t *Ticket) die(ctx context.Context) {
 	_ = t.s.DestroySession(ctx, t.req.Session)
 }
 
+// requestWait is how long a request of TestInvariantsUnderConcurrency waits before the
+// scheduler refuses it: long enough that a loaded machine's slowness does not turn
+// grants into refusals (it was 4 s, and a load of 20 on 2 cores made most requests
+// refused).
+const requestWait = 30 * time.Second
+
 func TestInvariantsUnderConcurrency(t *testing.T) {
 	// 64 nodes × 8 GPUs on a real Consul, 50 requesters asking for random gangs and
 	// holders killed at random; after every grant and all along, the store is read
@@ -29,7 +35,7 @@ func TestInvariantsUnderConcurrency(t *testing.T) {
 	startCluster(t, s, 64, "dgx-h100", func(i int) map[string]string {
 		return map[string]string{LabelSwitch: "leaf" + string(rune('a'+i/8))}
 	})
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	var granted, refused, killed, released atomic.Int64
 	stopObserver := make(chan struct{})
@@ -54,7 +60,7 @@ func TestInvariantsUnderConcurrency(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, 7))
 			for i := 0; i < 3; i++ {
 				r := Request{Nodes: 1 + rng.IntN(6), GPUsPerNode: 1 + rng.IntN(8), Priority: rng.IntN(3),
-					Wait: 4 * time.Second, Holder: "requester"}
+					Wait: requestWait, Holder: "requester"}
 				tk, err := Submit(ctx, s, r)
 				if err != nil {
 					if ctx.Err() == nil {
@@ -97,8 +103,10 @@ func TestInvariantsUnderConcurrency(t *testing.T) {
 	if granted.Load()+refused.Load() != 150 {
 		t.Errorf("%d requests answered, want all 150", granted.Load()+refused.Load())
 	}
-	if granted.Load() < 50 {
-		t.Errorf("only %d of 150 requests granted: the scheduler is not making progress", granted.Load())
+	// Every request fits the cluster; one refused means it waited requestWait with
+	// nothing freed for it: on a starved machine that can happen to a few, not to most.
+	if granted.Load() < refused.Load() {
+		t.Errorf("only %d of 150 requests granted, %d refused after %s: the scheduler is not making progress", granted.Load(), refused.Load(), requestWait)
 	}
 	if killed.Load() == 0 {
 		t.Errorf("no holder was killed: the test did not exercise holder death")
