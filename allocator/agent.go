@@ -42,6 +42,20 @@ type AgentConfig struct {
 	// Events receives what the scheduler reports while this agent's is the elected one
 	// (SchedulerConfig.Events); nil discards it.
 	Events event.Sink
+	// Health, when set, reports the node's GPU health changes while the agent runs; the
+	// agent republishes its inventory with each (a failed GPU is no longer allocatable).
+	Health HealthSource
+}
+
+// HealthSource reports changes of a node's GPU health, as they happen, until ctx ends
+// or it can watch no more (its error says why): NVMLHealth on a machine with NVIDIA's
+// driver, a recorded stream of changes in tests.
+type HealthSource func(ctx context.Context, inv *topology.Inventory, report func(topology.GPUHealthChange)) error
+
+// NVMLHealth is the HealthSource of a machine with NVIDIA's driver: NVML's events (Xid
+// errors, ECC) and health probes, through topology.WatchHealth.
+func NVMLHealth(ctx context.Context, inv *topology.Inventory, report func(topology.GPUHealthChange)) error {
+	return topology.WatchHealth(ctx, topology.ProbeOptions{}, inv, report)
 }
 
 // Agent keeps one node registered: its record and inventory, and a session that holds
@@ -146,6 +160,9 @@ func (a *Agent) register(ctx context.Context) (string, time.Time, error) {
 // Run keeps the node registered until ctx ends, then destroys its session (the node
 // shows down at once) and returns nil.
 func (a *Agent) Run(ctx context.Context) error {
+	if a.cfg.Health != nil {
+		go a.watchHealth(ctx)
+	}
 	backoff := registerRetryMin
 	for {
 		sess, since, err := a.register(ctx)
@@ -274,5 +291,28 @@ func (a *Agent) elect(ctx context.Context, sess string) error {
 				break
 			}
 		}
+	}
+}
+
+// watchHealth republishes the inventory whenever the health source reports a GPU's
+// health changing, until ctx ends.
+func (a *Agent) watchHealth(ctx context.Context) {
+	a.mu.Lock()
+	cur := *a.inv
+	a.mu.Unlock()
+	cur.GPUs = append([]topology.GPU(nil), cur.GPUs...)
+	err := a.cfg.Health(ctx, &cur, func(ch topology.GPUHealthChange) {
+		for i := range cur.GPUs {
+			if cur.GPUs[i].Index == ch.Index {
+				cur.GPUs[i].Health = ch.Health
+			}
+		}
+		a.log.Warn("gpu health changed", zap.Int("gpu", ch.Index), zap.String("health", string(ch.Health.State)), zap.Strings("reasons", ch.Health.Reasons))
+		next := cur
+		next.GPUs = append([]topology.GPU(nil), cur.GPUs...)
+		a.UpdateInventory(&next)
+	})
+	if err != nil && ctx.Err() == nil {
+		a.log.Warn("gpu health watch stopped", zap.Error(err))
 	}
 }

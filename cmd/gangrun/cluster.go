@@ -2,15 +2,12 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"os/user"
 	"sort"
-	"strconv"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -24,7 +21,6 @@ import (
 	"github.com/gangrun/gangrun/internal/proc"
 	"github.com/gangrun/gangrun/internal/store"
 	"github.com/gangrun/gangrun/launcher"
-	"github.com/gangrun/gangrun/topology"
 )
 
 // consulFlag registers --consul on fs.
@@ -118,7 +114,12 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 		return code
 	}
 	defer s.Close()
-	a, err := allocator.NewAgent(s, allocator.AgentConfig{Node: name, Addr: *addr, Labels: lbl, Inventory: inv, NoScheduler: *noSched, Log: log})
+	var health allocator.HealthSource
+	if *topoFile == "" && len(inv.GPUs) > 0 {
+		health = allocator.NVMLHealth // a recorded inventory has no driver to watch
+	}
+	a, err := allocator.NewAgent(s, allocator.AgentConfig{Node: name, Addr: *addr, Labels: lbl, Inventory: inv,
+		NoScheduler: *noSched, Log: log, Health: health})
 	if err != nil {
 		return usageErr(e, "agent", "%v", err)
 	}
@@ -139,9 +140,6 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 			}
 		}
 	}()
-	if *topoFile == "" && len(inv.GPUs) > 0 {
-		go watchHealth(actx, a, inv, log)
-	}
 	if err := a.Run(actx); err != nil {
 		return failErr(e, "agent", err)
 	}
@@ -151,26 +149,6 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 // terminating reports whether sig ends a long-running command (agent, alloc).
 func terminating(sig syscall.Signal) bool {
 	return sig == syscall.SIGINT || sig == syscall.SIGTERM || sig == syscall.SIGHUP
-}
-
-// watchHealth republishes the inventory whenever NVML reports a GPU getting worse.
-func watchHealth(ctx context.Context, a *allocator.Agent, inv *topology.Inventory, log *zap.Logger) {
-	cur := *inv
-	cur.GPUs = append([]topology.GPU(nil), inv.GPUs...)
-	err := topology.WatchHealth(ctx, topology.ProbeOptions{}, inv, func(ch topology.GPUHealthChange) {
-		for i := range cur.GPUs {
-			if cur.GPUs[i].Index == ch.Index {
-				cur.GPUs[i].Health = ch.Health
-			}
-		}
-		log.Warn("gpu health changed", zap.Int("gpu", ch.Index), zap.String("health", string(ch.Health.State)), zap.Strings("reasons", ch.Health.Reasons))
-		next := cur
-		next.GPUs = append([]topology.GPU(nil), cur.GPUs...)
-		a.UpdateInventory(&next)
-	})
-	if err != nil {
-		log.Warn("gpu health watch stopped", zap.Error(err))
-	}
 }
 
 func runNodes(ctx context.Context, e *env, args []string) int {
@@ -223,12 +201,6 @@ func orDash(s string) string {
 		return "-"
 	}
 	return s
-}
-
-// allocJSON is `gangrun alloc --json` (README.md, "Cluster mode": {"id", "nodes": [{"name", "gpus"}]}).
-type allocJSON struct {
-	ID    string                `json:"id"`
-	Nodes []allocator.GrantNode `json:"nodes"`
 }
 
 func runAlloc(ctx context.Context, e *env, args []string) int {
@@ -318,7 +290,7 @@ func runAlloc(ctx context.Context, e *env, args []string) int {
 		return failErr(e, "alloc", err)
 	}
 	if *asJSON {
-		writeJSON(e.stdout, allocJSON{ID: g.ID, Nodes: g.Nodes})
+		writeJSON(e.stdout, g.Summary())
 	} else {
 		fmt.Fprintf(e.stdout, "granted %s: %s\n", g.ID, grantSummary(g))
 	}
@@ -335,77 +307,16 @@ func runAlloc(ctx context.Context, e *env, args []string) int {
 			return failErr(e, "alloc", fmt.Errorf("grant %s was cancelled or its session expired", id))
 		}
 	}
-	return runUnderGrant(e, tk, g, command, stopped)
-}
-
-// runUnderGrant runs command with the grant in its environment (like salloc's command):
-// GANGRUN_GRANT_ID, GANGRUN_NODELIST (a Slurm hostlist), GANGRUN_NNODES and
-// GANGRUN_GRANT (the grant's JSON). It ends the command if the grant is lost and
-// returns the command's exit code.
-func runUnderGrant(e *env, tk *allocator.Ticket, g allocator.Grant, command []string, stopped <-chan syscall.Signal) int {
-	names := make([]string, len(g.Nodes))
-	for i, n := range g.Nodes {
-		names[i] = n.Name
-	}
-	grantJSON, _ := json.Marshal(allocJSON{ID: g.ID, Nodes: g.Nodes})
-	cmd := exec.Command(command[0], command[1:]...)
-	cmd.Env = append(os.Environ(), "GANGRUN_GRANT_ID="+g.ID, "GANGRUN_NODELIST="+hostlist.Compress(names),
-		"GANGRUN_NNODES="+strconv.Itoa(len(g.Nodes)), "GANGRUN_GRANT="+string(grantJSON))
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, rawWriter(e.stdout), rawWriter(e.stderr)
-	// As under `gangrun run`: a guardian SIGKILLs the command's process group if this
-	// gangrun dies without releasing it (the grant's GPUs go back to the pool when its
-	// session expires, so nothing of the command may go on using them).
-	var guard *proc.Guardian
+	var guardian []string
 	if e.self != "" {
-		g, gerr := proc.StartGuardian([]string{e.self, guardianCommand})
-		if gerr != nil {
-			fmt.Fprintf(e.stderr, "gangrun alloc: no guardian (the command's children may outlive a killed gangrun): %v\n", gerr)
-		}
-		guard = g
+		guardian = []string{e.self, guardianCommand}
 	}
-	defer func() { _ = guard.Close() }()
-	p, err := proc.Start(cmd)
+	exit, err := tk.Run(g, command, allocator.RunOptions{Stdin: os.Stdin, Stdout: rawWriter(e.stdout), Stderr: rawWriter(e.stderr),
+		GuardianArgv: guardian, Stopped: stopped, Notify: func(msg string) { fmt.Fprintf(e.stderr, "gangrun alloc: %s\n", msg) }})
 	if err != nil {
 		return failErr(e, "alloc", err)
 	}
-	_ = guard.Watch(p.Pid())
-	defer func() { _ = guard.Forget(p.Pid()) }()
-	// The grant's GPUs are held by the session's lease: if this process freezes past it,
-	// the guardian kills the command before Consul can hand the GPUs to another grant.
-	tk.Lease().OnRenew(func(killBy time.Time) { _ = guard.KillBy(killBy) })
-	defer tk.Lease().OnRenew(nil)
-	code := -1
-	select {
-	case <-p.Exited():
-	case sig := <-stopped:
-		_ = p.Signal(sig)
-		select {
-		case <-p.Exited():
-		case <-time.After(30 * time.Second):
-		}
-		code = 128 + int(sig)
-	case <-tk.Lost():
-		grace := 30 * time.Second
-		if l := tk.Lease(); l.Err() != nil {
-			// The lease is over: the command must be dead by its kill time, before Consul
-			// may free the GPUs for another grant.
-			grace = max(min(grace, time.Until(l.KillBy())), 0)
-			fmt.Fprintf(e.stderr, "gangrun alloc: grant %s lost (%v): stopping the command\n", g.ID, l.Err())
-		} else {
-			fmt.Fprintf(e.stderr, "gangrun alloc: grant %s lost: stopping the command\n", g.ID)
-		}
-		_ = p.Signal(syscall.SIGTERM)
-		select {
-		case <-p.Exited():
-		case <-time.After(grace):
-		}
-		code = exitFailure
-	}
-	st, _ := p.Release()
-	if code < 0 {
-		code = st.ShellCode()
-	}
-	return code
+	return exit
 }
 
 func grantSummary(g allocator.Grant) string {

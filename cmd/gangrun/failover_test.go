@@ -285,7 +285,7 @@ func (r *allocRequest) id() string {
 
 // grant returns the grant the holder printed, once it has printed all of it.
 func (r *allocRequest) grant() (allocator.Grant, bool) {
-	var a allocJSON
+	var a allocator.Summary
 	if json.Unmarshal([]byte(r.stdout.String()), &a) != nil || a.ID == "" {
 		return allocator.Grant{}, false
 	}
