@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"strings"
 
 	"go.uber.org/zap"
 
@@ -160,111 +159,6 @@ func newJobID() string {
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	return "gr-" + hex.EncodeToString(b[:])
-}
-
-// embedded is the one-node rendezvous in this process (Local).
-type embedded struct{}
-
-func (embedded) name() string { return "embedded" }
-
-func (embedded) claims(c string) bool { return c == "embedded" }
-
-func (embedded) open(_ context.Context, _ string, cfg Config) (*Opened, error) {
-	if cfg.MaxNodes > 1 {
-		return nil, usage("--nnodes %s needs a coordinator shared by the nodes: --coordinator consul://HOST:PORT or slurm", nnodesString(cfg.MinNodes, cfg.MaxNodes))
-	}
-	node, err := nodeName(cfg.NodeName)
-	if err != nil {
-		return nil, err
-	}
-	job := cfg.JobID
-	if job == "" {
-		job = newJobID()
-	}
-	return &Opened{Rendezvous: NewLocal(job), JobID: job, NodeName: node, MinNodes: 1, MaxNodes: 1,
-		Addr: cfg.AdvertiseAddr, GPUsOnNode: -1}, nil
-}
-
-// slurm is the static rendezvous of a Slurm job step (Static).
-type slurm struct{}
-
-func (slurm) name() string { return "slurm" }
-
-func (slurm) claims(c string) bool { return c == "slurm" }
-
-func (slurm) open(_ context.Context, _ string, cfg Config) (*Opened, error) {
-	env, err := ReadSlurmEnv(cfg.Getenv)
-	if err != nil {
-		return nil, &UsageError{Err: err}
-	}
-	if len(env.TasksPerNode) > env.NodeID && env.TasksPerNode[env.NodeID] > 1 {
-		return nil, usage("SLURM_TASKS_PER_NODE=%s: run one gangrun per node (srun --ntasks-per-node=1); gangrun starts the workers", cfg.Getenv("SLURM_TASKS_PER_NODE"))
-	}
-	n := len(env.Nodes)
-	if cfg.NNodesGiven && (cfg.MinNodes != n || cfg.MaxNodes != n) {
-		return nil, usage("--nnodes %s conflicts with the Slurm allocation's %d nodes (SLURM_JOB_NODELIST)", nnodesString(cfg.MinNodes, cfg.MaxNodes), n)
-	}
-	job := cfg.JobID
-	if job == "" {
-		job = env.JobID
-	}
-	name := cfg.NodeName
-	if name == "" {
-		name = env.Nodes[env.NodeID]
-	}
-	node, err := nodeName(name)
-	if err != nil {
-		return nil, err
-	}
-	return &Opened{Rendezvous: NewStatic(env, job), JobID: job, NodeName: node, MinNodes: n, MaxNodes: n,
-		Addr: cfg.AdvertiseAddr, Shared: true, GPUsOnNode: env.GPUsOnNode, SetsDevices: true}, nil
-}
-
-// consul is the dynamic rendezvous over a Consul cluster (Dynamic on store.Consul).
-type consul struct{}
-
-func (consul) name() string { return "consul" }
-
-func (consul) claims(c string) bool { return strings.HasPrefix(c, "consul://") }
-
-func (consul) open(_ context.Context, coordinator string, cfg Config) (*Opened, error) {
-	if cfg.JobID == "" {
-		return nil, usage("--coordinator %s needs --job-id (the nodes of a job meet under it)", coordinator)
-	}
-	addr, err := store.ParseConsulURL(coordinator)
-	if err != nil {
-		return nil, &UsageError{Err: err}
-	}
-	node, err := nodeName(cfg.NodeName)
-	if err != nil {
-		return nil, err
-	}
-	s, err := store.NewConsul(addr)
-	if err != nil {
-		return nil, &UsageError{Err: err}
-	}
-	self := cfg.AdvertiseAddr
-	if self == "" {
-		self = DefaultAddr(addr)
-	}
-	host, _ := os.Hostname()
-	d, err := NewDynamic(s, DynamicConfig{JobID: cfg.JobID, MinNodes: cfg.MinNodes, MaxNodes: cfg.MaxNodes,
-		MaxRestarts: cfg.MaxRestarts, Host: host, Log: cfg.Log.Named("rendezvous"), Events: cfg.Events})
-	if err != nil {
-		s.Close()
-		return nil, &UsageError{Err: err}
-	}
-	closed := false
-	return &Opened{Rendezvous: d, JobID: cfg.JobID, NodeName: node, MinNodes: cfg.MinNodes, MaxNodes: cfg.MaxNodes,
-		Addr: self, Shared: true, GPUsOnNode: -1, Store: s,
-		Close: func() {
-			if closed {
-				return
-			}
-			closed = true
-			_ = d.Close(context.Background())
-			s.Close()
-		}}, nil
 }
 
 // nnodesString is --nnodes as given: "N" or "MIN:MAX".
