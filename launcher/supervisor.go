@@ -101,6 +101,9 @@ func (b Backoff) String() string {
 type Config struct {
 	// Command is the training command: argv[0] is looked up on PATH.
 	Command []string
+	// Torchrun is Command parsed as a wrapped torchrun (Prepare sets it, having parsed
+	// it once); nil has New parse Command itself.
+	Torchrun *Torchrun
 	// NProcPerNode is the number of workers on this node (LOCAL_WORLD_SIZE). For a
 	// wrapped torchrun it is passed as --nproc_per_node and one torchrun process runs.
 	NProcPerNode int
@@ -224,8 +227,8 @@ func New(cfg Config, rdzv rendezvous.Rendezvous) (*Supervisor, error) {
 	if cfg.NProcPerNode < 1 {
 		return nil, fmt.Errorf("--nproc-per-node %d: must be at least 1", cfg.NProcPerNode)
 	}
-	if cfg.MaxRestarts < 0 || cfg.MaxRestarts > MaxRestartsLimit {
-		return nil, fmt.Errorf("--max-restarts %d: want 0 to %d", cfg.MaxRestarts, MaxRestartsLimit)
+	if err := checkMaxRestarts(cfg.MaxRestarts); err != nil {
+		return nil, err
 	}
 	var lim unix.Rlimit
 	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err == nil {
@@ -261,9 +264,12 @@ func New(cfg Config, rdzv rendezvous.Rendezvous) (*Supervisor, error) {
 	cfg.Env.NodeName = cfg.NodeName
 	cfg.Env.CheckpointDir = cfg.CheckpointDir
 	s := &Supervisor{cfg: cfg, rdzv: rdzv, log: cfg.Log, events: event.Or(cfg.Events), strikes: map[string]int{}}
-	t, isTorchrun, err := ParseTorchrun(cfg.Command)
-	if err != nil {
-		return nil, err
+	t, isTorchrun := cfg.Torchrun, cfg.Torchrun != nil
+	if t == nil {
+		var err error
+		if t, isTorchrun, err = ParseTorchrun(cfg.Command); err != nil {
+			return nil, err
+		}
 	}
 	if isTorchrun {
 		s.torch = t

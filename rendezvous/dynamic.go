@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"sort"
 	"strconv"
 	"strings"
@@ -1161,4 +1162,51 @@ func maxTime(a, b time.Time) time.Time {
 		return b
 	}
 	return a
+}
+
+// consul is the dynamic rendezvous over a Consul cluster (Dynamic on store.Consul).
+type consul struct{}
+
+func (consul) name() string { return "consul" }
+
+func (consul) claims(c string) bool { return strings.HasPrefix(c, "consul://") }
+
+func (consul) open(_ context.Context, coordinator string, cfg Config) (*Opened, error) {
+	if cfg.JobID == "" {
+		return nil, usage("--coordinator %s needs --job-id (the nodes of a job meet under it)", coordinator)
+	}
+	addr, err := store.ParseConsulURL(coordinator)
+	if err != nil {
+		return nil, &UsageError{Err: err}
+	}
+	node, err := nodeName(cfg.NodeName)
+	if err != nil {
+		return nil, err
+	}
+	s, err := store.NewConsul(addr)
+	if err != nil {
+		return nil, &UsageError{Err: err}
+	}
+	self := cfg.AdvertiseAddr
+	if self == "" {
+		self = DefaultAddr(addr)
+	}
+	host, _ := os.Hostname()
+	d, err := NewDynamic(s, DynamicConfig{JobID: cfg.JobID, MinNodes: cfg.MinNodes, MaxNodes: cfg.MaxNodes,
+		MaxRestarts: cfg.MaxRestarts, Host: host, Log: cfg.Log.Named("rendezvous"), Events: cfg.Events})
+	if err != nil {
+		s.Close()
+		return nil, &UsageError{Err: err}
+	}
+	closed := false
+	return &Opened{Rendezvous: d, JobID: cfg.JobID, NodeName: node, MinNodes: cfg.MinNodes, MaxNodes: cfg.MaxNodes,
+		Addr: self, Shared: true, GPUsOnNode: -1, Store: s,
+		Close: func() {
+			if closed {
+				return
+			}
+			closed = true
+			_ = d.Close(context.Background())
+			s.Close()
+		}}, nil
 }

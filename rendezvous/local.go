@@ -117,3 +117,26 @@ func (r *soloRound) Leave(_ context.Context) error {
 
 // Activity returns local: the node judges a hang by its own workers' output.
 func (r *soloRound) Activity(_ context.Context, local time.Time) time.Time { return local }
+
+// embedded is the one-node rendezvous in this process (Local).
+type embedded struct{}
+
+func (embedded) name() string { return "embedded" }
+
+func (embedded) claims(c string) bool { return c == "embedded" }
+
+func (embedded) open(_ context.Context, _ string, cfg Config) (*Opened, error) {
+	if cfg.MaxNodes > 1 {
+		return nil, usage("--nnodes %s needs a coordinator shared by the nodes: --coordinator consul://HOST:PORT or slurm", nnodesString(cfg.MinNodes, cfg.MaxNodes))
+	}
+	node, err := nodeName(cfg.NodeName)
+	if err != nil {
+		return nil, err
+	}
+	job := cfg.JobID
+	if job == "" {
+		job = newJobID()
+	}
+	return &Opened{Rendezvous: NewLocal(job), JobID: job, NodeName: node, MinNodes: 1, MaxNodes: 1,
+		Addr: cfg.AdvertiseAddr, GPUsOnNode: -1}, nil
+}

@@ -183,3 +183,38 @@ func (s *Static) countFailure() {
 	s.failures++
 	s.mu.Unlock()
 }
+
+// slurm is the static rendezvous of a Slurm job step (Static).
+type slurm struct{}
+
+func (slurm) name() string { return "slurm" }
+
+func (slurm) claims(c string) bool { return c == "slurm" }
+
+func (slurm) open(_ context.Context, _ string, cfg Config) (*Opened, error) {
+	env, err := ReadSlurmEnv(cfg.Getenv)
+	if err != nil {
+		return nil, &UsageError{Err: err}
+	}
+	if len(env.TasksPerNode) > env.NodeID && env.TasksPerNode[env.NodeID] > 1 {
+		return nil, usage("SLURM_TASKS_PER_NODE=%s: run one gangrun per node (srun --ntasks-per-node=1); gangrun starts the workers", cfg.Getenv("SLURM_TASKS_PER_NODE"))
+	}
+	n := len(env.Nodes)
+	if cfg.NNodesGiven && (cfg.MinNodes != n || cfg.MaxNodes != n) {
+		return nil, usage("--nnodes %s conflicts with the Slurm allocation's %d nodes (SLURM_JOB_NODELIST)", nnodesString(cfg.MinNodes, cfg.MaxNodes), n)
+	}
+	job := cfg.JobID
+	if job == "" {
+		job = env.JobID
+	}
+	name := cfg.NodeName
+	if name == "" {
+		name = env.Nodes[env.NodeID]
+	}
+	node, err := nodeName(name)
+	if err != nil {
+		return nil, err
+	}
+	return &Opened{Rendezvous: NewStatic(env, job), JobID: job, NodeName: node, MinNodes: n, MaxNodes: n,
+		Addr: cfg.AdvertiseAddr, Shared: true, GPUsOnNode: env.GPUsOnNode, SetsDevices: true}, nil
+}

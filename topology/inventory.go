@@ -305,6 +305,30 @@ func (f fileSource) Inventory(ctx context.Context) (*Inventory, error) {
 // exhausting memory.
 const MaxFileBytes = 16 << 20
 
+// ForNode returns node's inventory: read from the recorded file when one is given (a
+// --topology-file), else probed on this machine. A file's errors are worded after the
+// flag that names it ("--topology-file PATH: is a named pipe (FIFO), want a regular
+// file"); a probe's are the prober's.
+func ForNode(ctx context.Context, file, node string) (*Inventory, error) {
+	if file == "" {
+		return NewProber(ProbeOptions{Node: node}).Inventory(ctx)
+	}
+	inv, err := LoadFile(file)
+	if err != nil {
+		return nil, FlagError(err)
+	}
+	return inv, nil
+}
+
+// FlagError words a LoadFile error after the --topology-file flag that named the file.
+func FlagError(err error) error {
+	var fe *FileError
+	if errors.As(err, &fe) {
+		return fmt.Errorf("--topology-file %s: %w", fe.Path, fe.Err)
+	}
+	return fmt.Errorf("--topology-file: %w", err)
+}
+
 // FileError is the error LoadFile returns: the file, and what is wrong with it.
 type FileError struct {
 	// Path is the file as given.

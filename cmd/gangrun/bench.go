@@ -281,15 +281,18 @@ func runBenchNCCL(ctx context.Context, e *env, args []string) int {
 	} else {
 		placeholder = []string{"/bin/sh"}
 	}
-	gang, code := g.gang(ctx, e, cmd, placeholder, 0, log)
-	if code != exitOK {
-		return code
+	spec := g.spec(e, placeholder, log)
+	spec.MaxRestarts = 0
+	p, err := launcher.Prepare(ctx, spec)
+	if err != nil {
+		return usageErr(e, cmd, "%v", err)
 	}
+	defer p.Close()
 	if b.pairwise {
-		return runPairwise(ctx, e, gang, g.coordinator, &b, plan, format, dir, log)
+		return runPairwise(ctx, e, p, &b, plan, format, dir, log)
 	}
-	gpus := len(gang.inventory.Allocatable())
-	cfg := gang.config
+	gpus := len(p.Inventory.Allocatable())
+	cfg := p.Config
 	cfg.MaxRestarts = 0
 	cfg.Stdout, cfg.Stderr = e.stderr, e.stderr // stdout carries the results only
 	var pl *progressLine
@@ -297,7 +300,7 @@ func runBenchNCCL(ctx context.Context, e *env, args []string) int {
 		pl = &progressLine{w: e.stderr, start: time.Now()}
 		cfg.Stdout, cfg.Stderr = pl, pl
 	}
-	run := benchRun{e: e, cfg: cfg, g: gang, log: log, plan: plan, gpus: gpus, dir: dir, progress: pl}
+	run := benchRun{e: e, cfg: cfg, g: p, log: log, plan: plan, gpus: gpus, dir: dir, progress: pl}
 	var results []bench.Result
 	var failed int
 	if b.engine == engineNCCLTests {
@@ -321,7 +324,7 @@ func runBenchNCCL(ctx context.Context, e *env, args []string) int {
 type benchRun struct {
 	e        *env
 	cfg      launcher.Config
-	g        gang
+	g        *launcher.Prepared
 	log      *zap.Logger
 	plan     bench.Plan
 	gpus     int           // allocatable GPUs on this node
@@ -330,6 +333,15 @@ type benchRun struct {
 }
 
 const benchCmd = "bench nccl"
+
+// supervise runs the gang with cfg (the prepared one's, adjusted) and returns gangrun's
+// exit code.
+func (r benchRun) supervise(ctx context.Context, cfg launcher.Config) int {
+	p := *r.g
+	p.Config = cfg
+	code, _ := supervise(ctx, r.e, benchCmd, &p)
+	return code
+}
 
 // torch runs the bundled script on the gang. It returns the results and the number of
 // halves with wrong elements, or nil and the exit code when the run failed.
@@ -363,7 +375,7 @@ func (r benchRun) torch(ctx context.Context, backend, python string) ([]bench.Re
 	if r.progress != nil {
 		stop = r.progress.follow(ctx, progress)
 	}
-	code := superviseGang(ctx, e, benchCmd, cfg, r.g, r.log)
+	code := r.supervise(ctx, cfg)
 	stop()
 	if code != exitOK {
 		return nil, code
@@ -413,7 +425,7 @@ func (r benchRun) ncclTests(ctx context.Context) ([]bench.Result, int) {
 	if r.progress != nil {
 		stop = r.progress.tick("nccl-tests " + joinOps(r.plan.Ops))
 	}
-	code := superviseGang(ctx, e, benchCmd, cfg, r.g, r.log)
+	code := r.supervise(ctx, cfg)
 	stop()
 	if code != exitOK {
 		for _, o := range outs {

@@ -65,12 +65,9 @@ func (b *benchFlags) checkPairwise(e *env, coordinator string, plan bench.Plan) 
 // Exit codes: 0 when every pair (on node rank 0) or every pair of this node's (on the
 // others) gave a figure, slow ones included; 1 when a pair failed or the sweep could
 // not run; 2 usage; 127 no interpreter; 128+N when stopped by signal N.
-func runPairwise(ctx context.Context, e *env, g gang, coordinator string, b *benchFlags, plan bench.Plan, format bench.Format, dir string, log *zap.Logger) int {
-	if g.close != nil {
-		defer g.close()
-	}
-	cfg := g.config
-	gpus := len(g.inventory.Allocatable())
+func runPairwise(ctx context.Context, e *env, g *launcher.Prepared, b *benchFlags, plan bench.Plan, format bench.Format, dir string, log *zap.Logger) int {
+	cfg := g.Config
+	gpus := len(g.Inventory.Allocatable())
 	backend := b.backend
 	if backend == "" {
 		backend = "gloo"
@@ -92,15 +89,10 @@ func runPairwise(ctx context.Context, e *env, g gang, coordinator string, b *ben
 	if err != nil {
 		return failErr(e, benchCmd, err)
 	}
-	addr, err := store.ParseConsulURL(coordinator)
-	if err != nil {
-		return usageErr(e, benchCmd, "%v", err)
+	s := g.Opened.Store
+	if s == nil {
+		return usageErr(e, benchCmd, "--pairwise needs --coordinator consul://HOST:PORT (the pairs meet in Consul)")
 	}
-	s, err := store.NewConsul(addr)
-	if err != nil {
-		return failErr(e, benchCmd, err)
-	}
-	defer s.Close()
 
 	if !e.startup.handOver() {
 		return exitFailure // stopped by a signal: main says so
@@ -114,7 +106,7 @@ func runPairwise(ctx context.Context, e *env, g gang, coordinator string, b *ben
 		return failErr(e, benchCmd, err)
 	}
 	jctx, cancel := context.WithTimeout(ctx, b.joinTimeout)
-	round, err := g.rdzv.Join(jctx, rendezvous.JoinRequest{Node: cfg.NodeName, Addr: cfg.Addr,
+	round, err := g.Opened.Rendezvous.Join(jctx, rendezvous.JoinRequest{Node: cfg.NodeName, Addr: cfg.Addr,
 		LocalWorldSize: cfg.NProcPerNode, Switch: cfg.Switch})
 	cancel()
 	if sig := stopped.signal(); sig != 0 {
@@ -142,7 +134,7 @@ func runPairwise(ctx context.Context, e *env, g gang, coordinator string, b *ben
 	pr := &pairRunner{e: e, cfg: wcfg, g: g, store: s, log: log, plan: plan, backend: backend,
 		python: b.python, script: script, dir: dir, host: host, progress: pl}
 	var nics []string
-	for _, d := range g.inventory.RDMADevices {
+	for _, d := range g.Inventory.RDMADevices {
 		nics = append(nics, d.Name)
 	}
 	ns := bench.NodeSweep{Store: s, JobID: cfg.JobID, Self: bench.Node{Name: cfg.NodeName, NICs: nics},
@@ -227,7 +219,7 @@ func ownSummary(f *bench.Fabric, rank int) string {
 type pairRunner struct {
 	e        *env
 	cfg      launcher.Config // the node's launcher configuration; JobID and sizes are set per pair
-	g        gang
+	g        *launcher.Prepared
 	store    store.Store
 	log      *zap.Logger
 	plan     bench.Plan
@@ -259,14 +251,14 @@ func (p *pairRunner) run(ctx context.Context, t bench.PairTask) (*bench.Result, 
 	cfg := p.cfg
 	cfg.JobID, cfg.NNodesMin, cfg.NNodesMax, cfg.MaxRestarts = t.JobID, 2, 2, 0
 	cfg.Command = append([]string{p.python, p.script}, benchscript.Args(p.plan, p.backend, out, progress)...)
-	g := gang{config: cfg, rdzv: rc, inventory: p.g.inventory}
+	g := &launcher.Prepared{Config: cfg, Opened: &rendezvous.Opened{Rendezvous: rc}, Inventory: p.g.Inventory}
 
 	stop := func() {}
 	if p.progress != nil {
 		p.progress.setPair(fmt.Sprintf("%s–%s (round %d)", t.Self.Name, t.Partner.Name, t.Round))
 		stop = p.progress.follow(ctx, progress)
 	}
-	code, res := supervise(ctx, p.e, benchCmd, cfg, g, p.log)
+	code, res := supervise(ctx, p.e, benchCmd, g)
 	stop()
 	if code != exitOK {
 		switch {

@@ -104,7 +104,7 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 	if *addr != "" && net.ParseIP(*addr) == nil {
 		return usageErr(e, "agent", "--advertise-addr %q: want an IP address (the other nodes connect to it)", *addr)
 	}
-	inv, err := nodeInventory(ctx, *topoFile, name)
+	inv, err := topology.ForNode(ctx, *topoFile, name)
 	if err != nil {
 		return usageErr(e, "agent", "%v", err)
 	}

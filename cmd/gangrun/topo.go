@@ -47,7 +47,7 @@ func runTopo(ctx context.Context, e *env, args []string) int {
 	inv, err := src.Inventory(ctx)
 	if err != nil {
 		if *file != "" {
-			return usageErr(e, "topo", "%v", topologyFileError(err)) // a recording named on the command line: bad input
+			return usageErr(e, "topo", "%v", topology.FlagError(err)) // a recording named on the command line: bad input
 		}
 		return failErr(e, "topo", err)
 	}

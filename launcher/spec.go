@@ -1,0 +1,306 @@
+package launcher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"runtime"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/gangrun/gangrun/allocator"
+	"github.com/gangrun/gangrun/event"
+	"github.com/gangrun/gangrun/rendezvous"
+	"github.com/gangrun/gangrun/topology"
+)
+
+// Spec is one node's run of a training command as a user describes it — the flags of
+// `gangrun run` — or as a cluster job's step is given it: what to run, on how many
+// workers and nodes, where the gang meets, how failures are handled. Prepare turns it
+// into the supervisor's Config and the node's rendezvous; it is the one path from a
+// description to a running gang, for the CLI and the node agent alike.
+type Spec struct {
+	// Command is the training command; a wrapped torchrun is recognised and parsed here.
+	Command []string
+	// NProcPerNode is --nproc-per-node: "N", "auto" (the allocatable GPUs seen, else 1),
+	// "gpu" or "cpu"; "" is "auto". NProcGiven says the user gave it (a wrapped
+	// torchrun's own --nproc_per_node counts otherwise).
+	NProcPerNode string
+	NProcGiven   bool
+	// NNodes is --nnodes, "N" or "MIN:MAX"; "" is "1". NNodesGiven says the user gave it.
+	NNodes      string
+	NNodesGiven bool
+	// Coordinator is --coordinator (rendezvous.Open); "" is the default.
+	Coordinator string
+	// JobID, NodeName and AdvertiseAddr: "" lets the coordinator decide.
+	JobID, NodeName, AdvertiseAddr string
+	// MasterPort is MASTER_PORT, 0..65535 (0: a free port for every attempt).
+	MasterPort int
+	// Inventory is the node's topology; nil reads TopologyFile, or probes this machine
+	// when that is "" too.
+	Inventory    *topology.Inventory
+	TopologyFile string
+	// Devices, when set, are the only devices (topology.Device IDs) the run may use: a
+	// grant's. CUDA_VISIBLE_DEVICES then names exactly them, in this order.
+	Devices []string
+	// Env holds the --env KEY=VALUE entries.
+	Env []string
+	// Environ is the environment inherited (os.Environ() when nil); Getenv reads it for
+	// the coordinator (os.Getenv when nil).
+	Environ []string
+	Getenv  func(string) string
+	// MaxRestarts is --max-restarts, 0..MaxRestartsLimit; Backoff is --restart-backoff
+	// ("" is "exp").
+	MaxRestarts int
+	Backoff     string
+	// TermTimeout (0: DefaultTermTimeout) and HangTimeout (0: off), as the flags.
+	TermTimeout, HangTimeout time.Duration
+	// CheckpointDir, ResumeArg, LogDir, Tee and LocalRankArg are the flags of the same
+	// names; see Config.
+	CheckpointDir, ResumeArg, LogDir string
+	Tee, LocalRankArg                bool
+	// Stdout, Stderr, Report, Log, GuardianArgv, Signals, Subreaper and Events are
+	// handed to the supervisor's Config as they are.
+	Stdout, Stderr, Report io.Writer
+	Log                    *zap.Logger
+	GuardianArgv           []string
+	Signals                <-chan os.Signal
+	Subreaper              bool
+	Events                 event.Sink
+}
+
+// Prepared is a Spec resolved: the supervisor's Config, the node's rendezvous (opened:
+// Close it when the run ends) and the node's inventory.
+type Prepared struct {
+	Config    Config
+	Opened    *rendezvous.Opened
+	Inventory *topology.Inventory
+}
+
+// Close leaves the rendezvous and releases what it holds (a Consul session).
+func (p *Prepared) Close() {
+	if p != nil && p.Opened != nil {
+		p.Opened.Close()
+	}
+}
+
+// Supervisor returns the supervisor of the prepared run (New with its Config and
+// rendezvous); its errors are New's.
+func (p *Prepared) Supervisor() (*Supervisor, error) {
+	return New(p.Config, p.Opened.Rendezvous)
+}
+
+// Prepare checks spec and resolves it: it parses --nnodes, --restart-backoff and a
+// wrapped torchrun (once: the Config carries it), reads or probes the node's topology,
+// works out the workers per node and the devices they see, and opens the rendezvous on
+// the coordinator. Every error is the user's to fix (gangrun exits 2 for it) and leaves
+// nothing held.
+func Prepare(ctx context.Context, spec Spec) (*Prepared, error) {
+	if len(spec.Command) == 0 {
+		return nil, errors.New("no command to run: give it after --, as in gangrun run -- python train.py")
+	}
+	if err := checkMaxRestarts(spec.MaxRestarts); err != nil {
+		return nil, err
+	}
+	if spec.HangTimeout < 0 {
+		return nil, fmt.Errorf("--hang-timeout %s: must not be negative", spec.HangTimeout)
+	}
+	if spec.TermTimeout < 0 {
+		return nil, fmt.Errorf("--term-timeout %s: must not be negative", spec.TermTimeout)
+	}
+	if spec.ResumeArg != "" && spec.CheckpointDir == "" {
+		return nil, fmt.Errorf("--resume-arg %s needs --checkpoint-dir (where gangrun finds the checkpoint to resume from)", spec.ResumeArg)
+	}
+	backoff, err := ParseBackoff(spec.Backoff)
+	if err != nil {
+		return nil, err
+	}
+	nnodes := spec.NNodes
+	if nnodes == "" {
+		nnodes = "1"
+	}
+	nmin, nmax, err := ParseNNodes(nnodes)
+	if err != nil {
+		return nil, err
+	}
+	if spec.MasterPort < 0 || spec.MasterPort > 65535 {
+		return nil, fmt.Errorf("--master-port %d: want 0..65535", spec.MasterPort)
+	}
+	given := map[string]string{}
+	for _, kv := range spec.Env {
+		if _, err := ParseEnvFlag(kv); err != nil {
+			return nil, err
+		}
+		name, _, _ := strings.Cut(kv, "=")
+		if first, dup := given[name]; dup {
+			return nil, fmt.Errorf("--env %s given twice (%q and %q): give each variable once", name, first, kv)
+		}
+		given[name] = kv
+	}
+	if spec.AdvertiseAddr != "" && net.ParseIP(spec.AdvertiseAddr) == nil {
+		return nil, fmt.Errorf("--advertise-addr %q: want an IP address (the other nodes connect to it)", spec.AdvertiseAddr)
+	}
+	torch, isTorchrun, err := ParseTorchrun(spec.Command)
+	if err != nil {
+		return nil, err
+	}
+	if !isTorchrun {
+		torch = nil
+	}
+	getenv := spec.Getenv
+	if getenv == nil {
+		getenv = os.Getenv
+	}
+	log := spec.Log
+	if log == nil {
+		log = zap.NewNop()
+	}
+
+	inv := spec.Inventory
+	if inv == nil {
+		if inv, err = topology.ForNode(ctx, spec.TopologyFile, spec.NodeName); err != nil {
+			return nil, err
+		}
+	}
+	devices := inv.Allocatable()
+	if spec.Devices != nil {
+		if devices, err = grantedDevices(devices, spec.Devices); err != nil {
+			return nil, err
+		}
+	}
+	opened, err := rendezvous.Open(ctx, spec.Coordinator, rendezvous.Config{
+		JobID: spec.JobID, NodeName: spec.NodeName, MinNodes: nmin, MaxNodes: nmax, NNodesGiven: spec.NNodesGiven,
+		MaxRestarts: spec.MaxRestarts, AdvertiseAddr: spec.AdvertiseAddr, Getenv: getenv, Log: log, Events: spec.Events,
+	})
+	if err != nil {
+		return nil, err
+	}
+	p, err := resolve(ctx, spec, opened, inv, devices, torch, backoff)
+	if err != nil {
+		opened.Close()
+		return nil, err
+	}
+	return p, nil
+}
+
+// resolve completes Prepare once the rendezvous is open: workers per node, the devices
+// they see, and the supervisor's Config.
+func resolve(ctx context.Context, spec Spec, o *rendezvous.Opened, inv *topology.Inventory, devices []topology.Device,
+	torch *Torchrun, backoff Backoff) (*Prepared, error) {
+	gpusSeen := len(devices)
+	if o.GPUsOnNode >= 0 && !spec.NProcGiven {
+		gpusSeen = o.GPUsOnNode // what the coordinator gave this node (Slurm sets CUDA_VISIBLE_DEVICES)
+	}
+	nprocFlag := spec.NProcPerNode
+	if nprocFlag == "" {
+		nprocFlag = "auto"
+	}
+	nproc, err := ResolveNProcPerNode(nprocFlag, gpusSeen, runtime.NumCPU())
+	if err != nil {
+		return nil, err
+	}
+	if torch != nil {
+		// A wrapped torchrun's own --nproc_per_node counts when gangrun's was not given.
+		if v, given := torch.NProcPerNode(); given && !spec.NProcGiven {
+			n, err := ResolveNProcPerNode(v, gpusSeen, runtime.NumCPU())
+			if err != nil {
+				return nil, fmt.Errorf("torchrun --nproc_per_node: %w", err)
+			}
+			nproc = n
+		}
+	}
+	var nccl []string
+	for _, v := range inv.NCCLEnv() {
+		nccl = append(nccl, v.String())
+	}
+	visible := chosenDevices(inv, devices, spec.Devices != nil)
+	if o.SetsDevices {
+		visible = nil // the coordinator sets CUDA_VISIBLE_DEVICES for the step itself
+	}
+	if visible != nil {
+		for _, kv := range spec.Env {
+			if strings.HasPrefix(kv, "CUDA_VISIBLE_DEVICES=") {
+				return nil, fmt.Errorf("--env %s: gangrun sets CUDA_VISIBLE_DEVICES=%s on this node (the devices it can allocate: MIG instances, or the GPUs not failed); drop it",
+					kv, strings.Join(visible, ","))
+			}
+		}
+	}
+	environ := spec.Environ
+	if environ == nil {
+		environ = os.Environ()
+	}
+	term := spec.TermTimeout
+	if term == 0 {
+		term = DefaultTermTimeout
+	}
+	cfg := Config{
+		Command: spec.Command, Torchrun: torch, NProcPerNode: nproc, NNodesMin: o.MinNodes, NNodesMax: o.MaxNodes,
+		MaxRestarts: spec.MaxRestarts, Backoff: backoff, CheckpointDir: spec.CheckpointDir, ResumeArg: spec.ResumeArg,
+		LogDir: spec.LogDir, Tee: spec.Tee, TermTimeout: term, HangTimeout: spec.HangTimeout,
+		LocalRankArg: spec.LocalRankArg, MasterPort: spec.MasterPort, JobID: o.JobID,
+		NodeName: o.NodeName, Addr: o.Addr,
+		// One node alone in its log directory: a rerun into it is refused before
+		// anything starts. The nodes of a job (Consul, Slurm) share one.
+		FreshLogDir: !o.Shared,
+		Env:         EnvConfig{Base: environ, Extra: spec.Env, NCCL: nccl, CUDAVisibleDevices: visible},
+		Stdout:      spec.Stdout, Stderr: spec.Stderr, Log: spec.Log, Report: spec.Report,
+		GuardianArgv: spec.GuardianArgv, Subreaper: spec.Subreaper, Signals: spec.Signals, Events: spec.Events,
+	}
+	if o.Store != nil {
+		// The node's switch label, from its agent's registration, orders node ranks.
+		if labels, err := allocator.NodeLabels(ctx, o.Store, o.NodeName); err == nil {
+			cfg.Switch = labels[allocator.LabelSwitch]
+		}
+	}
+	return &Prepared{Config: cfg, Opened: o, Inventory: inv}, nil
+}
+
+// checkMaxRestarts is the one check of a restart budget: 0..MaxRestartsLimit.
+func checkMaxRestarts(n int) error {
+	if n < 0 || n > MaxRestartsLimit {
+		return fmt.Errorf("--max-restarts %d: want 0 to %d", n, MaxRestartsLimit)
+	}
+	return nil
+}
+
+// grantedDevices narrows the node's allocatable devices to ids (a grant's), in ids'
+// order; a device that is not allocatable here is an error naming it.
+func grantedDevices(all []topology.Device, ids []string) ([]topology.Device, error) {
+	byID := map[string]topology.Device{}
+	for _, d := range all {
+		byID[d.ID] = d
+	}
+	out := make([]topology.Device, 0, len(ids))
+	for _, id := range ids {
+		d, ok := byID[id]
+		if !ok {
+			return nil, fmt.Errorf("granted device %q is not an allocatable device of this node", id)
+		}
+		out = append(out, d)
+	}
+	return out, nil
+}
+
+// chosenDevices returns CUDA_VISIBLE_DEVICES when gangrun narrows what the workers see:
+// a grant's devices (granted), or, when some GPU is failed or runs MIG, the allocatable
+// devices in local-rank order; nil when every GPU is allocatable as a whole and nothing
+// was granted (the workers see them all).
+func chosenDevices(inv *topology.Inventory, devices []topology.Device, granted bool) []string {
+	whole := true
+	for _, d := range devices {
+		whole = whole && d.MIGProfile == ""
+	}
+	if !granted && whole && len(devices) == len(inv.GPUs) {
+		return nil
+	}
+	ids := make([]string, len(devices))
+	for i, d := range devices {
+		ids[i] = d.ID
+	}
+	return ids
+}

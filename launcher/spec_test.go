@@ -1,0 +1,85 @@
+package launcher
+
+import (
+	"context"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/gangrun/gangrun/topology"
+)
+
+func loadInventory(t *testing.T, name string) *topology.Inventory {
+	t.Helper()
+	inv, err := topology.LoadFile(filepath.Join("..", "topology", "testdata", "inventories", name+".json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return inv
+}
+
+// TestPrepareResolvesASpec: the workers per node follow the devices seen (all of an
+// 8-GPU node; a grant's, in its order), a wrapped torchrun is parsed once into the
+// Config, and the embedded coordinator gives a one-node run with a fresh log directory.
+func TestPrepareResolvesASpec(t *testing.T) {
+	h100 := loadInventory(t, "dgx-h100")
+	for _, tc := range []struct {
+		name        string
+		spec        Spec
+		nproc       int
+		visible     []string
+		torchrun    bool
+		wantErr     string
+		wantFresh   bool
+		wantBackoff string
+	}{
+		{name: "whole node", spec: Spec{Command: []string{"/bin/true"}, Inventory: h100, NodeName: "a"},
+			nproc: 8, wantFresh: true, wantBackoff: "exponential 1s..30s"},
+		{name: "a grant", spec: Spec{Command: []string{"/bin/true"}, Inventory: h100, NodeName: "a", Devices: []string{"5", "2"}, Backoff: "0s"},
+			nproc: 2, visible: []string{"5", "2"}, wantFresh: true, wantBackoff: "none"},
+		{name: "torchrun", spec: Spec{Command: []string{"torchrun", "--nproc_per_node=4", "train.py"}, Inventory: h100, NodeName: "a"},
+			nproc: 4, torchrun: true, wantFresh: true, wantBackoff: "exponential 1s..30s"},
+		{name: "a device not on the node", spec: Spec{Command: []string{"/bin/true"}, Inventory: h100, NodeName: "a", Devices: []string{"9"}},
+			wantErr: `granted device "9" is not an allocatable device of this node`},
+		{name: "restart budget", spec: Spec{Command: []string{"/bin/true"}, Inventory: h100, MaxRestarts: -1},
+			wantErr: "--max-restarts -1: want 0 to 10000"},
+		{name: "no command", spec: Spec{Inventory: h100}, wantErr: "no command to run"},
+		{name: "resume arg alone", spec: Spec{Command: []string{"/bin/true"}, Inventory: h100, ResumeArg: "--resume"},
+			wantErr: "--resume-arg --resume needs --checkpoint-dir"},
+		{name: "two nodes on the embedded coordinator", spec: Spec{Command: []string{"/bin/true"}, Inventory: h100, NNodes: "2"},
+			wantErr: "--nnodes 2 needs a coordinator shared by the nodes"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := Prepare(context.Background(), tc.spec)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err = %v, want %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Close()
+			c := p.Config
+			if c.NProcPerNode != tc.nproc {
+				t.Errorf("nproc %d, want %d", c.NProcPerNode, tc.nproc)
+			}
+			if strings.Join(c.Env.CUDAVisibleDevices, ",") != strings.Join(tc.visible, ",") {
+				t.Errorf("CUDA_VISIBLE_DEVICES %v, want %v", c.Env.CUDAVisibleDevices, tc.visible)
+			}
+			if (c.Torchrun != nil) != tc.torchrun {
+				t.Errorf("Config.Torchrun = %v, want parsed: %v", c.Torchrun, tc.torchrun)
+			}
+			if c.FreshLogDir != tc.wantFresh || c.Backoff.String() != tc.wantBackoff || c.TermTimeout != DefaultTermTimeout {
+				t.Errorf("fresh %v backoff %s term %s", c.FreshLogDir, c.Backoff, c.TermTimeout)
+			}
+			if p.Opened.Backend != "embedded" || c.JobID != p.Opened.JobID || c.NodeName != "a" {
+				t.Errorf("backend %s job %s node %s", p.Opened.Backend, c.JobID, c.NodeName)
+			}
+			if _, err := p.Supervisor(); tc.torchrun && err != nil && !strings.Contains(err.Error(), "torchrun") {
+				t.Errorf("Supervisor: %v", err)
+			}
+		})
+	}
+}
