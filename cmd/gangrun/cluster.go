@@ -21,6 +21,7 @@ import (
 	"github.com/gangrun/gangrun/internal/proc"
 	"github.com/gangrun/gangrun/internal/store"
 	"github.com/gangrun/gangrun/launcher"
+	"github.com/gangrun/gangrun/topology"
 )
 
 // consulFlag registers --consul on fs.
