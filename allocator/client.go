@@ -101,6 +101,10 @@ func (t *Ticket) Lost() <-chan struct{} { return t.lost }
 // Lease returns the lease of the requester's session, which holds the grant's GPU keys.
 func (t *Ticket) Lease() *store.Lease { return t.lease }
 
+// pendingReasonEvery is how often Wait reads the scheduler's status for the request's
+// pending reason, when it reports progress.
+const pendingReasonEvery = time.Second
+
 // Wait blocks until the request is granted, refused (ErrRefused, with the reason), the
 // session is lost (ErrRequestLost) or ctx ends. While it waits, progress receives the
 // scheduler's pending reason whenever it changes (progress may be nil).
@@ -129,7 +133,7 @@ func (t *Ticket) Wait(ctx context.Context, progress func(reason string)) (Grant,
 	}()
 	var statusTick <-chan time.Time
 	if progress != nil {
-		tk := time.NewTicker(time.Second)
+		tk := time.NewTicker(pendingReasonEvery)
 		defer tk.Stop()
 		statusTick = tk.C
 	}

@@ -2,6 +2,7 @@ package allocator
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -118,26 +119,49 @@ func (sc *Scheduler) commit(ctx context.Context, r PendingRequest, nodes []Grant
 			t = append(append(make([]store.Op, 0, len(later)+len(chunk)), later...), chunk...)
 		}
 		if err := sc.apply(ctx, t); err != nil {
-			sc.rollback(ctx, grantKey, done, i > 0)
+			sc.rollback(ctx, grantKey, 0, done, i > 0)
 			return err
 		}
 		done = append(done, chunk...)
 	}
 	g.State, g.Granted = GrantGranted, sc.now().UTC()
 	err = sc.txn(ctx, []store.Op{held, {Verb: store.Lock, Key: grantKey, Value: mustJSON(g), Session: r.Session}})
-	if err != nil {
-		sc.rollback(ctx, grantKey, done, true)
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, store.ErrTxnRejected) {
+		sc.rollback(ctx, grantKey, 0, done, true)
 		return err
 	}
-	return nil
+	// No answer (a timeout, a leader lost while committing): the flip may have been
+	// applied, and the requester may already run on the GPUs. Look before undoing: a
+	// granted grant stays; a pending one is rolled back only as it was read, so a flip
+	// landing meanwhile is never undone; what cannot be read is left to the next
+	// pass's cleanup, which removes pending grants.
+	e, rerr := sc.s.Get(ctx, grantKey)
+	if rerr != nil || e == nil {
+		return err
+	}
+	var cur Grant
+	if json.Unmarshal(e.Value, &cur) == nil && cur.State == GrantGranted && e.Session == r.Session {
+		sc.log.Info("grant applied although its commit got no answer", zap.String("grant", r.ID), zap.Error(err))
+		return nil
+	}
+	sc.rollback(ctx, grantKey, e.ModifyIndex, done, true)
+	return err
 }
 
 // rollback deletes the GPU keys a failed commit locked and, when it was written, its
-// pending grant. What it cannot delete, the next pass's cleanup does (a pending grant,
-// or GPU keys whose grant is gone).
-func (sc *Scheduler) rollback(ctx context.Context, grantKey string, locked []store.Op, grantWritten bool) {
+// pending grant; with grantIndex (non-zero) the grant only if it is still as read at
+// that index, and then nothing at all if it is not (the grant, first, and the keys go
+// in one transaction while they fit in one). What it cannot delete, the next pass's
+// cleanup does (a pending grant, or GPU keys whose grant is gone).
+func (sc *Scheduler) rollback(ctx context.Context, grantKey string, grantIndex uint64, locked []store.Op, grantWritten bool) {
 	var dels []store.Op
-	if grantWritten {
+	switch {
+	case grantWritten && grantIndex != 0:
+		dels = append(dels, store.Op{Verb: store.DeleteCAS, Key: grantKey, Index: grantIndex})
+	case grantWritten:
 		dels = append(dels, store.Op{Verb: store.Delete, Key: grantKey})
 	}
 	for _, op := range locked {

@@ -120,3 +120,70 @@ func TestCommitInChunks(t *testing.T) {
 		t.Errorf("%d GPU keys held by the requester, want 4096", held)
 	}
 }
+
+// lostAnswer is a store whose transactions that flip a grant to granted get no answer:
+// applied (or not) by the store, then reported as an unavailable store.
+type lostAnswer struct {
+	store.Store
+	apply bool
+}
+
+func (l *lostAnswer) Txn(ctx context.Context, ops []store.Op) (store.TxnResult, error) {
+	for _, op := range ops {
+		var g Grant
+		if op.Verb == store.Lock && json.Unmarshal(op.Value, &g) == nil && g.State == GrantGranted {
+			if l.apply {
+				if _, err := l.Store.Txn(ctx, ops); err != nil {
+					return store.TxnResult{}, err
+				}
+			}
+			return store.TxnResult{}, &store.UnavailableError{Op: "consul txn", Err: fmt.Errorf("leadership lost while committing log")}
+		}
+	}
+	return l.Store.Txn(ctx, ops)
+}
+
+// TestCommitWithoutAnAnswer: a flip to granted that the store applied but did not
+// confirm is not rolled back (the requester may already use the GPUs); one that was not
+// applied is.
+func TestCommitWithoutAnAnswer(t *testing.T) {
+	for _, applied := range []bool{true, false} {
+		t.Run(fmt.Sprint("applied=", applied), func(t *testing.T) {
+			ctx := context.Background()
+			s := &lostAnswer{Store: store.NewMemory(), apply: applied}
+			sc := NewScheduler(s, SchedulerConfig{Session: leaderSession(t, s), Name: "test"})
+			sess, err := s.CreateSession(ctx, store.SessionOptions{Name: "requester", TTL: time.Minute, Behavior: store.DeleteKeys})
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := PendingRequest{Request: Request{ID: "r1", Nodes: 1, GPUsPerNode: 2, Session: sess}}
+			if _, err := s.Txn(ctx, []store.Op{{Verb: store.Lock, Key: requestsPrefix + r.ID, Value: mustJSON(r.Request), Session: sess}}); err != nil {
+				t.Fatal(err)
+			}
+			err = sc.commit(ctx, r, []GrantNode{{Name: "n1", GPUs: []int{0, 1}, Devices: []string{"0", "1"}}})
+			entries, idx, lerr := s.List(ctx, ClusterPrefix)
+			if lerr != nil {
+				t.Fatal(lerr)
+			}
+			c, bad := CheckInvariants(entries, idx)
+			if len(bad) > 0 {
+				t.Fatalf("invariants: %v", bad)
+			}
+			g, ok := c.Grants[r.ID]
+			if applied {
+				if err != nil || !ok || g.State != GrantGranted {
+					t.Errorf("commit = %v, grant %+v: an applied flip must stand", err, g)
+				}
+				return
+			}
+			if err == nil || ok {
+				t.Errorf("commit = %v, grant present %v: a flip not applied must be rolled back", err, ok)
+			}
+			for _, e := range entries {
+				if _, _, isGPU := parseGPUKey(e.Key); isGPU {
+					t.Errorf("GPU key %s left after the rollback", e.Key)
+				}
+			}
+		})
+	}
+}

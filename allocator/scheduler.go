@@ -82,9 +82,15 @@ func NewScheduler(s store.Store, cfg SchedulerConfig) *Scheduler {
 		granted: map[string]Grant{}, told: map[string]string{}}
 }
 
-// staleWait is how long the scheduler waits for its blocking queries to catch up with
-// its own writes before it reads the cluster afresh.
-const staleWait = 500 * time.Millisecond
+// The scheduler's waits: staleWait for its blocking queries to catch up with its own
+// writes before it reads the cluster afresh; storeErrorRetry before it tries again
+// after a store error; raceRetry before it places again a request whose placement
+// raced with another change.
+const (
+	staleWait       = 500 * time.Millisecond
+	storeErrorRetry = time.Second
+	raceRetry       = 100 * time.Millisecond
+)
 
 // watchedPrefixes are the parts of gangrun/cluster/ the scheduler follows with separate
 // blocking queries, so that a new request does not make it read every node record again.
@@ -153,7 +159,7 @@ func (sc *Scheduler) Run(ctx context.Context) error {
 			entries, idx, err := sc.s.List(ctx, ClusterPrefix)
 			if err != nil {
 				sc.log.Warn("read the cluster", zap.Error(err))
-				timer = time.After(time.Second)
+				timer = time.After(storeErrorRetry)
 				continue
 			}
 			snap, sc.unknown = cache.parse(entries, idx), false
@@ -170,7 +176,7 @@ func (sc *Scheduler) Run(ctx context.Context) error {
 			entries, idx, err := sc.s.List(ctx, ClusterPrefix)
 			if err != nil {
 				sc.log.Warn("read the cluster", zap.Error(err))
-				timer = time.After(time.Second)
+				timer = time.After(storeErrorRetry)
 				continue
 			}
 			snap = cache.parse(entries, idx)
@@ -184,7 +190,7 @@ func (sc *Scheduler) Run(ctx context.Context) error {
 				return err
 			}
 			sc.log.Warn("scheduling pass", zap.Error(err))
-			next = time.Second
+			next = storeErrorRetry
 		}
 		timer = nil
 		if next > 0 {
@@ -287,7 +293,7 @@ func (sc *Scheduler) Pass(ctx context.Context, c *Cluster) (time.Duration, error
 				soon(GrantLockDelay)
 			}
 			status.Pending[r.ID] = "placement raced with another change; retrying"
-			soon(100 * time.Millisecond)
+			soon(raceRetry)
 			for _, gn := range nodes {
 				free[gn.Name] = without(free[gn.Name], gn.Devices)
 			}
