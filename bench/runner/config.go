@@ -33,7 +33,9 @@ const (
 
 // Backends of torch.distributed the torch engine runs on (--backend).
 const (
+	// BackendNCCL runs the collectives on the GPUs, through NCCL.
 	BackendNCCL = "nccl"
+	// BackendGloo runs them on the CPUs, through gloo.
 	BackendGloo = "gloo"
 )
 

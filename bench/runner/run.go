@@ -15,7 +15,9 @@ import (
 // (bench.DecodeScript) and progress file (bench.ParseStep) in the run's scratch
 // directory.
 const (
-	ResultsFile  = "results.json"
+	// ResultsFile is written by the script's rank 0 once every operation has run.
+	ResultsFile = "results.json"
+	// ProgressFile gets one JSON line per step, only when Config.Progress is set.
 	ProgressFile = "progress.jsonl"
 )
 
