@@ -126,3 +126,35 @@ func WriteFabric(w io.Writer, ft Format, op Op, f *Fabric, d Diagnosis) error {
 	}
 	return nil
 }
+
+// FailedPairs describes the pairs of f that failed, "a–b: why" each, in schedule order;
+// nil when none failed.
+func (f *Fabric) FailedPairs() []string {
+	var out []string
+	for _, pr := range f.Pairs {
+		if pr.Err != nil {
+			out = append(out, fmt.Sprintf("%s–%s: %v", f.Nodes[pr.Pair.A].Name, f.Nodes[pr.Pair.B].Name, pr.Err))
+		}
+	}
+	return out
+}
+
+// NodeSummary is the one line a node other than node rank 0 prints at the end of a
+// sweep across nodes (f then holds its own pairs only; rank is its index in f.Nodes):
+// each partner's busbw in GB/s, or why the pair failed, and who prints the matrix.
+func (f *Fabric) NodeSummary(rank int) string {
+	var parts []string
+	for _, pr := range f.Pairs {
+		other := pr.Pair.A
+		if other == rank {
+			other = pr.Pair.B
+		}
+		if pr.Err != nil {
+			parts = append(parts, fmt.Sprintf("%s failed (%v)", f.Nodes[other].Name, pr.Err))
+			continue
+		}
+		parts = append(parts, fmt.Sprintf("%s %.2f GB/s", f.Nodes[other].Name, pr.Figure()))
+	}
+	return fmt.Sprintf("pairwise sweep of %d nodes done; %s (node rank %d), busbw with %s; node rank 0 (%s) prints the matrix",
+		len(f.Nodes), f.Nodes[rank].Name, rank, strings.Join(parts, ", "), f.Nodes[0].Name)
+}

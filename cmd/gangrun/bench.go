@@ -6,9 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
 	"time"
 
@@ -18,52 +16,11 @@ import (
 	"golang.org/x/term"
 
 	"github.com/gangrun/gangrun/bench"
+	"github.com/gangrun/gangrun/bench/runner"
+	"github.com/gangrun/gangrun/internal/proc"
 	"github.com/gangrun/gangrun/internal/userfile"
 	"github.com/gangrun/gangrun/launcher"
-	benchscript "github.com/gangrun/gangrun/scripts/bench"
 )
-
-// Engines of `gangrun bench nccl --engine`.
-const (
-	engineTorch     = "torch"
-	engineNCCLTests = "nccl-tests"
-)
-
-// torchCheckTimeout bounds checkTorch: importing torch takes a second or two.
-const torchCheckTimeout = 2 * time.Minute
-
-// torchUsable refuses, in one line with exit 2, a --python that cannot import torch.
-// One that is not found at all is left to the caller, which reports it with exit 127.
-func torchUsable(ctx context.Context, e *env, python string) int {
-	if _, err := exec.LookPath(python); err != nil {
-		return exitOK
-	}
-	if err := checkTorch(ctx, python); err != nil {
-		return usageErr(e, benchCmd, "--python %s: %v; give --python an interpreter that has torch (Debian's: /usr/bin/python3)", python, err)
-	}
-	return exitOK
-}
-
-// checkTorch runs `python -c "import torch.distributed"` so that an interpreter without
-// torch is refused in one line before any worker starts, rather than as a gang failure
-// with a traceback from every rank. The error holds the interpreter's last line of
-// output (e.g. "ModuleNotFoundError: No module named 'torch'").
-func checkTorch(ctx context.Context, python string) error {
-	ctx, cancel := context.WithTimeout(ctx, torchCheckTimeout)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, python, "-c", "import torch.distributed").CombinedOutput()
-	if err == nil {
-		return nil
-	}
-	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	if last := strings.TrimSpace(lines[len(lines)-1]); last != "" {
-		return fmt.Errorf("cannot import torch.distributed: %s", last)
-	}
-	return fmt.Errorf("cannot import torch.distributed: %w", err)
-}
-
-// progressInterval is how often the progress line is redrawn and the progress file read.
-const progressInterval = 500 * time.Millisecond
 
 func runBench(ctx context.Context, e *env, args []string) int {
 	if len(args) == 0 {
@@ -180,7 +137,7 @@ func (b *benchFlags) register(fs *pflag.FlagSet) {
 	fs.IntVar(&b.iters, "iters", bench.DefaultIters, "timed iterations per size; the time is their mean")
 	fs.StringVar(&b.dtype, "dtype", bench.DefaultDType, "element type: float (float32), half (float16), bfloat16, double (float64), int8, uint8, int32, int64")
 	fs.StringVar(&b.backend, "backend", "", "torch.distributed backend: nccl or gloo (default: nccl when the node has GPUs, else gloo)")
-	fs.StringVar(&b.engine, "engine", engineTorch, "torch (the bundled PyTorch script) or nccl-tests (all_reduce_perf … on PATH)")
+	fs.StringVar(&b.engine, "engine", runner.EngineTorch, "torch (the bundled PyTorch script) or nccl-tests (all_reduce_perf … on PATH)")
 	fs.BoolVar(&b.check, "check", true, "check each size's result once on known data (the #wrong column)")
 	fs.BoolVar(&b.pairwise, "pairwise", false, "benchmark every pair of nodes and print a node × node busbw matrix")
 	fs.Float64Var(&b.slowThreshold, "slow-threshold", bench.DefaultSlowThreshold, "with --pairwise: flag a node or pair this fraction below the median")
@@ -188,7 +145,7 @@ func (b *benchFlags) register(fs *pflag.FlagSet) {
 		"with --pairwise: the longest one pair may take on a node (joining its gang, running, stopping); a pair past it fails (at most 24h)")
 	durationVar(fs, &b.joinTimeout, "join-timeout", bench.DefaultJoinTimeout, durationFlag{max: maxGrace},
 		"with --pairwise: the longest the nodes may take to meet before the first pair (at most 24h)")
-	fs.StringVar(&b.python, "python", "python3", "Python interpreter with torch for the torch engine")
+	fs.StringVar(&b.python, "python", runner.DefaultPython, "Python interpreter with torch for the torch engine")
 	b.out.register(fs)
 }
 
@@ -216,8 +173,7 @@ func (b *benchFlags) plan() (bench.Plan, error) {
 }
 
 func runBenchNCCL(ctx context.Context, e *env, args []string) int {
-	const cmd = "bench nccl"
-	fs := newFlagSet(e, cmd, "[FLAGS]")
+	fs := newFlagSet(e, benchCmd, "[FLAGS]")
 	var g gangFlags
 	var b benchFlags
 	g.register(fs)
@@ -227,267 +183,83 @@ func runBenchNCCL(ctx context.Context, e *env, args []string) int {
 	}
 	g.nprocGiven, g.nnodesGiven = fs.Changed("nproc-per-node"), fs.Changed("nnodes")
 	if fs.NArg() > 0 {
-		return usageErr(e, cmd, "unexpected argument %q: bench nccl takes flags only", fs.Arg(0))
+		return usageErr(e, benchCmd, "unexpected argument %q: bench nccl takes flags only", fs.Arg(0))
 	}
 	format, err := b.out.format()
 	if err != nil {
-		return usageErr(e, cmd, "%v", err)
+		return usageErr(e, benchCmd, "%v", err)
 	}
 	plan, err := b.plan()
 	if err != nil {
-		return usageErr(e, cmd, "%v", err)
+		return usageErr(e, benchCmd, "%v", err)
 	}
-	if b.engine != engineTorch && b.engine != engineNCCLTests {
-		return usageErr(e, cmd, "--engine %q: want torch or nccl-tests", b.engine)
-	}
-	if b.backend != "" && b.backend != "nccl" && b.backend != "gloo" {
-		return usageErr(e, cmd, "--backend %q: want nccl or gloo", b.backend)
-	}
-	if !(b.slowThreshold > 0 && b.slowThreshold < 1) {
-		return usageErr(e, cmd, "--slow-threshold %g: want a fraction between 0 and 1 (0.2 is 20%%)", b.slowThreshold)
-	}
-	_, nmax, err := launcher.ParseNNodes(g.nnodes)
-	if err != nil {
-		return usageErr(e, cmd, "%v", err)
-	}
-	if b.pairwise && nmax < 2 {
-		return usageErr(e, cmd, "--pairwise needs --nnodes >= 2 (got --nnodes %s): pairs are of nodes", g.nnodes)
-	}
-	if b.engine == engineNCCLTests && nmax > 1 {
-		return usageErr(e, cmd, "--engine nccl-tests runs on one node: across nodes nccl-tests needs MPI (use --engine torch)")
-	}
-	if b.pairwise {
-		if msg := b.checkPairwise(e, g.coordinator, plan); msg != "" {
-			return usageErr(e, cmd, "%s", msg)
-		}
+	cfg := runner.Config{Spec: g.spec(e, nil, nil), Plan: plan, OpsFlag: b.ops, Engine: b.engine, Backend: b.backend,
+		Python: b.python, Pairwise: b.pairwise, SlowThreshold: b.slowThreshold, PairTimeout: b.pairTimeout,
+		JoinTimeout: b.joinTimeout, HandOver: e.startup.handOver,
+		Supervise: func(ctx context.Context, p *launcher.Prepared) launcher.Result {
+			_, res := supervise(ctx, e, benchCmd, p)
+			return res
+		}}
+	if err := cfg.Check(); err != nil {
+		return benchExit(e, err)
 	}
 	log, err := newLogger(g.logFormat, e.stderr)
 	if err != nil {
-		return usageErr(e, cmd, "%v", err)
+		return usageErr(e, benchCmd, "%v", err)
 	}
 	// Only warnings and errors: stderr carries the progress line and worker output.
-	log = log.WithOptions(zap.IncreaseLevel(zapcore.WarnLevel))
-	defer log.Sync() //nolint:errcheck // stderr cannot be synced on some systems
-
-	dir, err := os.MkdirTemp("", "gangrun-bench-")
-	if err != nil {
-		return failErr(e, cmd, fmt.Errorf("create a temporary directory: %w", err))
-	}
-	defer os.RemoveAll(dir)
-
-	var placeholder []string
-	if b.engine == engineTorch {
-		placeholder = []string{b.python}
-	} else {
-		placeholder = []string{"/bin/sh"}
-	}
-	spec := g.spec(e, placeholder, log)
-	spec.MaxRestarts = 0
-	p, err := launcher.Prepare(ctx, spec)
-	if err != nil {
-		return usageErr(e, cmd, "%v", err)
-	}
-	defer p.Close()
-	if b.pairwise {
-		return runPairwise(ctx, e, p, &b, plan, format, dir, log)
-	}
-	gpus := len(p.Inventory.Allocatable())
-	cfg := p.Config
-	cfg.MaxRestarts = 0
-	cfg.Stdout, cfg.Stderr = e.stderr, e.stderr // stdout carries the results only
-	var pl *progressLine
+	cfg.Spec.Log = log.WithOptions(zap.IncreaseLevel(zapcore.WarnLevel))
+	defer cfg.Spec.Log.Sync() //nolint:errcheck // stderr cannot be synced on some systems
+	// Standard output carries the results only; worker output goes to stderr, through
+	// the progress line on a terminal.
+	cfg.Spec.Stdout, cfg.Spec.Stderr = e.stderr, e.stderr
 	if isTerminal(e.stdout) {
-		pl = &progressLine{w: e.stderr, start: time.Now()}
-		cfg.Stdout, cfg.Stderr = pl, pl
+		pl := &progressLine{w: e.stderr}
+		cfg.Spec.Stdout, cfg.Spec.Stderr, cfg.Progress = pl, pl, pl.show
 	}
-	run := benchRun{e: e, cfg: cfg, g: p, log: log, plan: plan, gpus: gpus, dir: dir, progress: pl}
-	var results []bench.Result
-	var failed int
-	if b.engine == engineNCCLTests {
-		results, failed = run.ncclTests(ctx)
-	} else {
-		results, failed = run.torch(ctx, b.backend, b.python)
+	if b.pairwise {
+		sw, err := runner.RunPairwise(ctx, cfg)
+		return printSweep(e, format, sw, err)
 	}
+	results, err := runner.Run(ctx, cfg)
 	if results == nil {
-		return failed
+		return benchExit(e, err)
 	}
 	if err := bench.Write(e.stdout, format, results); err != nil {
-		return failErr(e, cmd, err)
+		return failErr(e, benchCmd, err)
 	}
-	if failed > 0 {
-		return failErr(e, cmd, fmt.Errorf("%d timed halves had wrong elements (see the #wrong column)", failed))
-	}
-	return exitOK
-}
-
-// benchRun is one `gangrun bench nccl` on this node's gang.
-type benchRun struct {
-	e        *env
-	cfg      launcher.Config
-	g        *launcher.Prepared
-	log      *zap.Logger
-	plan     bench.Plan
-	gpus     int           // allocatable GPUs on this node
-	dir      string        // scratch directory for the script, results and progress
-	progress *progressLine // nil when stdout is not a terminal
+	return benchExit(e, err) // some halves had wrong elements: the results are printed first
 }
 
 const benchCmd = "bench nccl"
 
-// supervise runs the gang with cfg (the prepared one's, adjusted) and returns gangrun's
-// exit code.
-func (r benchRun) supervise(ctx context.Context, cfg launcher.Config) int {
-	p := *r.g
-	p.Config = cfg
-	code, _ := supervise(ctx, r.e, benchCmd, &p)
-	return code
-}
-
-// torch runs the bundled script on the gang. It returns the results and the number of
-// halves with wrong elements, or nil and the exit code when the run failed.
-func (r benchRun) torch(ctx context.Context, backend, python string) ([]bench.Result, int) {
-	e := r.e
-	if backend == "" {
-		backend = "gloo"
-		if r.gpus > 0 {
-			backend = "nccl"
-		}
+// benchExit prints err, an error of bench/runner, as gangrun bench nccl reports it and
+// returns the exit code: 0 for nil; 2 for a usage error; 127 for a program not on PATH;
+// the gang's code for a gang that failed (its supervisor reported it); 128+N for signal
+// N; 1 (nothing printed: main says so) when a signal stopped it while it started; else 1.
+func benchExit(e *env, err error) int {
+	var (
+		usage    *runner.UsageError
+		notFound *runner.NotFoundError
+		gang     *runner.GangError
+		sig      *proc.SignalError
+	)
+	switch {
+	case err == nil:
+		return exitOK
+	case errors.As(err, &gang):
+		return gang.Result.ExitCode
+	case errors.As(err, &sig):
+		return sig.ExitCode()
+	case errors.Is(err, runner.ErrStopped):
+		return exitFailure
+	case errors.As(err, &notFound):
+		fmt.Fprintf(e.stderr, "gangrun %s: %s\n", benchCmd, err)
+		return exitNotFound
+	case errors.As(err, &usage):
+		return usageErr(e, benchCmd, "%v", err)
 	}
-	if backend == "nccl" && r.gpus == 0 {
-		return nil, usageErr(e, benchCmd, "--backend nccl needs GPUs, and this node has none allocatable (use --backend gloo)")
-	}
-	if code := torchUsable(ctx, e, python); code != exitOK {
-		return nil, code
-	}
-	script, err := benchscript.Write(r.dir)
-	if err != nil {
-		return nil, failErr(e, benchCmd, err)
-	}
-	out := filepath.Join(r.dir, "results.json")
-	progress := ""
-	if r.progress != nil {
-		progress = filepath.Join(r.dir, "progress.jsonl")
-	}
-	cfg := r.cfg
-	cfg.Command = append([]string{python, script}, benchscript.Args(r.plan, backend, out, progress)...)
-
-	stop := func() {}
-	if r.progress != nil {
-		stop = r.progress.follow(ctx, progress)
-	}
-	code := r.supervise(ctx, cfg)
-	stop()
-	if code != exitOK {
-		return nil, code
-	}
-	f, err := os.Open(out)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, failErr(e, benchCmd, errors.New("no results: rank 0 wrote none (it runs on node rank 0; see that node's output)"))
-	}
-	if err != nil {
-		return nil, failErr(e, benchCmd, err)
-	}
-	defer f.Close()
-	results, err := bench.DecodeScript(f)
-	if err != nil {
-		return nil, failErr(e, benchCmd, err)
-	}
-	return results, wrongHalves(results)
-}
-
-// ncclTests runs the nccl-tests binaries one after the other, each as one process
-// driving all of the node's workers' GPUs (-g), and parses what they print.
-func (r benchRun) ncclTests(ctx context.Context) ([]bench.Result, int) {
-	e := r.e
-	if r.gpus == 0 {
-		return nil, usageErr(e, benchCmd, "--engine nccl-tests needs GPUs, and this node has none allocatable")
-	}
-	nproc := r.cfg.NProcPerNode
-	var sh strings.Builder
-	sh.WriteString("set -e\n")
-	outs := make([]string, len(r.plan.Ops))
-	for i, op := range r.plan.Ops {
-		if _, err := exec.LookPath(op.Program()); err != nil {
-			fmt.Fprintf(e.stderr, "gangrun %s: --engine nccl-tests: %s not found on PATH (build NVIDIA/nccl-tests and put its build/ directory on PATH)\n", benchCmd, op.Program())
-			return nil, exitNotFound
-		}
-		outs[i] = filepath.Join(r.dir, op.Program()+".out")
-		sh.WriteString(shellJoin(r.plan.NCCLTestsArgs(op, nproc)) + " >" + shellQuote(outs[i]) + "\n")
-	}
-	runner := filepath.Join(r.dir, "nccl-tests.sh")
-	if err := os.WriteFile(runner, []byte(sh.String()), 0o644); err != nil {
-		return nil, failErr(e, benchCmd, fmt.Errorf("write the nccl-tests runner: %w", err))
-	}
-	cfg := r.cfg
-	cfg.Command = []string{"/bin/sh", runner}
-	cfg.NProcPerNode = 1 // one nccl-tests process drives every GPU (-g)
-	stop := func() {}
-	if r.progress != nil {
-		stop = r.progress.tick("nccl-tests " + joinOps(r.plan.Ops))
-	}
-	code := r.supervise(ctx, cfg)
-	stop()
-	if code != exitOK {
-		for _, o := range outs {
-			if b, err := os.ReadFile(o); err == nil && len(b) > 0 {
-				fmt.Fprintf(e.stderr, "--- %s ---\n%s", filepath.Base(o), b)
-			}
-		}
-		return nil, code
-	}
-	var results []bench.Result
-	for i, op := range r.plan.Ops {
-		f, err := os.Open(outs[i])
-		if err != nil {
-			return nil, failErr(e, benchCmd, err)
-		}
-		rs, err := bench.Parse(f, bench.ParseOptions{Op: op})
-		f.Close()
-		if err != nil {
-			return nil, failErr(e, benchCmd, fmt.Errorf("%s: %w", op.Program(), err))
-		}
-		for j := range rs {
-			if rs[j].Ranks == 0 {
-				rs[j].Ranks = nproc
-			}
-		}
-		results = append(results, rs...)
-	}
-	return results, wrongHalves(results)
-}
-
-// wrongHalves counts the rows with wrong elements.
-func wrongHalves(results []bench.Result) int {
-	n := 0
-	for _, r := range results {
-		for _, row := range r.Rows {
-			if row.Wrong != nil && *row.Wrong > 0 {
-				n++
-			}
-		}
-	}
-	return n
-}
-
-func joinOps(ops []bench.Op) string {
-	s := make([]string, len(ops))
-	for i, op := range ops {
-		s[i] = string(op)
-	}
-	return strings.Join(s, ",")
-}
-
-// shellQuote quotes s for /bin/sh: in single quotes, each ' written as '\”.
-func shellQuote(s string) string {
-	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
-}
-
-func shellJoin(args []string) string {
-	q := make([]string, len(args))
-	for i, a := range args {
-		q[i] = shellQuote(a)
-	}
-	return strings.Join(q, " ")
+	return failErr(e, benchCmd, err)
 }
 
 // isTerminal reports whether w is a terminal (golang.org/x/term).
@@ -500,18 +272,9 @@ func isTerminal(w io.Writer) bool {
 // place ("\r", erase to end of line) and steps aside for worker output passed through
 // its Write, so the two never mix.
 type progressLine struct {
-	mu    sync.Mutex
-	w     io.Writer
-	start time.Time
-	text  string
-	pair  string // the pair of nodes being measured (--pairwise), "" otherwise
-}
-
-// setPair names the pair of nodes the next steps measure.
-func (p *progressLine) setPair(pair string) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.pair = pair
+	mu   sync.Mutex
+	w    io.Writer
+	text string
 }
 
 // Write prints worker output above the progress line.
@@ -543,85 +306,11 @@ func (p *progressLine) done() {
 	p.text = ""
 }
 
-// follow shows the bundled script's steps from its progress file until stop is called.
-func (p *progressLine) follow(ctx context.Context, path string) (stop func()) {
-	ctx, cancel := context.WithCancel(ctx)
-	var mu sync.Mutex
-	var last *bench.Step
-	var first time.Time
-	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		_ = bench.Follow(ctx, path, progressInterval, func(line []byte) {
-			s, err := bench.ParseStep(line)
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			if last == nil {
-				first = time.Now()
-			}
-			last = &s
-			mu.Unlock()
-		})
-	}()
-	go func() {
-		defer wg.Done()
-		t := time.NewTicker(progressInterval)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			mu.Lock()
-			s, since := last, time.Since(first)
-			mu.Unlock()
-			p.mu.Lock()
-			pair := p.pair
-			p.mu.Unlock()
-			if s == nil {
-				what := "starting the gang"
-				if pair != "" {
-					what = "starting the gang of pair " + pair
-				}
-				p.set(fmt.Sprintf("%s · %s elapsed", what, time.Since(p.start).Round(time.Second)))
-				continue
-			}
-			left, ok := s.Remaining(since)
-			p.set(bench.ProgressLine(*s, pair, time.Since(p.start), left, ok))
-		}
-	}()
-	return func() {
-		cancel()
-		wg.Wait()
+// show is runner.Config.Progress: it draws text, or erases the line when text is "".
+func (p *progressLine) show(text string) {
+	if text == "" {
 		p.done()
+		return
 	}
-}
-
-// tick shows what and the time elapsed until stop is called.
-func (p *progressLine) tick(what string) (stop func()) {
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		t := time.NewTicker(progressInterval)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-				p.set(fmt.Sprintf("%s · %s elapsed", what, time.Since(p.start).Round(time.Second)))
-			}
-		}
-	}()
-	return func() {
-		close(done)
-		wg.Wait()
-		p.done()
-	}
+	p.set(text)
 }
