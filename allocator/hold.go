@@ -54,8 +54,9 @@ type RunOptions struct {
 	// GuardianArgv starts the guardian (proc.Guardian) that kills the command's process
 	// group if this process dies, or is frozen past the lease; nil runs without one.
 	GuardianArgv []string
-	// Stopped delivers a terminating signal to forward to the command before stopping.
-	Stopped <-chan syscall.Signal
+	// Stopped watches gangrun's signals: the first terminating one is forwarded to the
+	// command, which is then stopped; nil: none.
+	Stopped *proc.SignalWatch
 	// Notify hears, in one line, why the command is being stopped or what went wrong
 	// with the guardian (nil: nobody).
 	Notify func(msg string)
@@ -64,7 +65,7 @@ type RunOptions struct {
 // Run runs command under grant g, which t holds, and returns its exit code (128+N for
 // death by signal N), like salloc's command: the grant's variables (Grant.Env) in its
 // environment, in a process group of its own with a guardian. It stops the command
-// (SIGTERM, then SIGKILL after CommandGrace) when a signal arrives on o.Stopped (the
+// (SIGTERM, then SIGKILL after CommandGrace) when o.Stopped reports a terminating signal (the
 // code is then 128+N) or the grant is lost (the code is 1): cancelled, or its lease
 // over — then by the lease's kill time, before Consul can hand the GPUs to another
 // grant; the guardian kills it then if this process is frozen. An error means the
@@ -107,10 +108,15 @@ func (t *Ticket) Run(g Grant, command []string, o RunOptions) (int, error) {
 		case <-timer.C:
 		}
 	}
+	var stopped <-chan struct{}
+	if o.Stopped != nil {
+		stopped = o.Stopped.Stopped()
+	}
 	code := -1
 	select {
 	case <-p.Exited():
-	case sig := <-o.Stopped:
+	case <-stopped:
+		sig := o.Stopped.Signal()
 		stop(sig, CommandGrace)
 		code = 128 + int(sig)
 	case <-t.Lost():

@@ -9,7 +9,6 @@ import (
 	"os/user"
 	"sort"
 	"strings"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -127,29 +126,22 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 	for _, n := range inv.Notes {
 		log.Info("topology", zap.String("note", n))
 	}
-	actx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	if !e.startup.handOver() {
 		return exitFailure // stopped by a signal while starting: main says so
 	}
+	actx, watch := proc.WatchSignals(ctx, e.signals)
+	defer watch.Stop()
 	go func() {
-		for sig := range e.signals {
-			if ss, ok := sig.(syscall.Signal); ok && terminating(ss) {
-				log.Info("stopping", zap.String("signal", proc.SignalName(ss)))
-				cancel()
-				return
-			}
+		select {
+		case <-watch.Stopped():
+			log.Info("stopping", zap.String("signal", proc.SignalName(watch.Signal())))
+		case <-actx.Done():
 		}
 	}()
 	if err := a.Run(actx); err != nil {
 		return failErr(e, "agent", err)
 	}
 	return exitOK
-}
-
-// terminating reports whether sig ends a long-running command (agent, alloc).
-func terminating(sig syscall.Signal) bool {
-	return sig == syscall.SIGINT || sig == syscall.SIGTERM || sig == syscall.SIGHUP
 }
 
 func runNodes(ctx context.Context, e *env, args []string) int {
@@ -247,29 +239,17 @@ func runAlloc(ctx context.Context, e *env, args []string) int {
 
 	// From here a signal withdraws the request: Submit (which may wait on Consul) and
 	// Wait end with wctx.
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	if !e.startup.handOver() {
 		return exitFailure // stopped by a signal while starting: main says so
 	}
-	stopped := make(chan syscall.Signal, 1)
-	go func() {
-		for sig := range e.signals {
-			if ss, ok := sig.(syscall.Signal); ok && terminating(ss) {
-				stopped <- ss
-				cancel()
-				return
-			}
-		}
-	}()
+	wctx, watch := proc.WatchSignals(ctx, e.signals)
+	defer watch.Stop()
 	tk, err := allocator.Submit(wctx, s, r)
 	if err != nil {
-		select {
-		case sig := <-stopped:
+		if sig := watch.Signal(); sig != 0 {
 			// Submit destroys the session of a request it could not finish writing.
 			fmt.Fprintf(e.stderr, "gangrun alloc: stopped by %s before the request was submitted\n", proc.SignalName(sig))
 			return 128 + int(sig)
-		default:
 		}
 		if errors.Is(err, allocator.ErrInfeasible) {
 			return usageErr(e, "alloc", "%v", err)
@@ -282,11 +262,9 @@ func runAlloc(ctx context.Context, e *env, args []string) int {
 
 	g, err := tk.Wait(wctx, func(why string) { fmt.Fprintf(e.stderr, "gangrun alloc: %s pending: %s\n", id, why) })
 	if err != nil {
-		select {
-		case sig := <-stopped:
+		if sig := watch.Signal(); sig != 0 {
 			fmt.Fprintf(e.stderr, "gangrun alloc: %s withdrawn on %s\n", id, proc.SignalName(sig))
 			return 128 + int(sig)
-		default:
 		}
 		return failErr(e, "alloc", err)
 	}
@@ -298,11 +276,11 @@ func runAlloc(ctx context.Context, e *env, args []string) int {
 	if len(command) == 0 {
 		fmt.Fprintf(e.stderr, "gangrun alloc: holding %s; Ctrl-C, SIGTERM or `gangrun cancel %s` releases it\n", id, id)
 		select {
-		case sig := <-stopped:
+		case <-watch.Stopped():
 			if err := tk.Release(context.WithoutCancel(ctx)); err != nil {
 				return failErr(e, "alloc", err)
 			}
-			fmt.Fprintf(e.stderr, "gangrun alloc: released %s on %s\n", id, proc.SignalName(sig))
+			fmt.Fprintf(e.stderr, "gangrun alloc: released %s on %s\n", id, proc.SignalName(watch.Signal()))
 			return exitOK
 		case <-tk.Lost():
 			return failErr(e, "alloc", fmt.Errorf("grant %s was cancelled or its session expired", id))
@@ -313,7 +291,7 @@ func runAlloc(ctx context.Context, e *env, args []string) int {
 		guardian = []string{e.self, guardianCommand}
 	}
 	exit, err := tk.Run(g, command, allocator.RunOptions{Stdin: os.Stdin, Stdout: rawWriter(e.stdout), Stderr: rawWriter(e.stderr),
-		GuardianArgv: guardian, Stopped: stopped, Notify: func(msg string) { fmt.Fprintf(e.stderr, "gangrun alloc: %s\n", msg) }})
+		GuardianArgv: guardian, Stopped: watch, Notify: func(msg string) { fmt.Fprintf(e.stderr, "gangrun alloc: %s\n", msg) }})
 	if err != nil {
 		return failErr(e, "alloc", err)
 	}

@@ -64,12 +64,12 @@ func (s *startup) relay(in <-chan os.Signal) {
 		ss, _ := sig.(syscall.Signal)
 		s.mu.Lock()
 		handed, first := s.handed, s.stopped
-		if !handed && terminating(ss) && first == 0 {
+		if !handed && proc.Terminating(ss) && first == 0 {
 			s.stopped = ss
 		}
 		s.mu.Unlock()
 		switch {
-		case handed || !terminating(ss):
+		case handed || !proc.Terminating(ss):
 			select {
 			case s.signals <- sig:
 			default: // full: dropped, as signal.Notify's own channel does
