@@ -303,7 +303,7 @@ func (s *scan) judge(c *candidate) verdict {
 	if c.badStep != "" {
 		return notDone(s.label(c), "%s", c.badStep)
 	}
-	if c.fam == famHFTemp {
+	if c.fam == famHFTemp && (s.opts.Format == FormatAuto || s.opts.Format == FormatHF) {
 		return notDone(FormatHF, "staging directory: transformers renames tmp-checkpoint-N to checkpoint-N when the save ends")
 	}
 	switch s.opts.Format {
@@ -317,19 +317,28 @@ func (s *scan) judge(c *candidate) verdict {
 		return checkDeepSpeed(path)
 	case FormatMegatron:
 		return checkMegatron(path)
+	case FormatLightning, FormatNeMo:
+		return s.judgeCkpt(c, s.opts.Format)
 	}
 	if c.fam == famCkpt || c.fam == famNeMoDir || (c.fam == famNone && !isDirPath(path)) {
-		label := s.label(c)
-		if marker := nemoMarkerName(c.name); s.markers[marker] {
-			return notDone(FormatNeMo, "NeMo's marker %s exists: the save did not finish", marker)
-		}
-		return checkCkpt(path, label)
+		return s.judgeCkpt(c, s.label(c))
 	}
 	dcpLabel := FormatDCP
 	if s.mg != nil && (c.fam == famIter || c.fam == famRelease) {
 		dcpLabel = FormatMegatron
 	}
 	return classifyDir(path, s.label(c), dcpLabel)
+}
+
+// judgeCkpt is the *.ckpt rule (Lightning's and NeMo's) for c, reported as label:
+// unfinished when NeMo's marker for it exists (NeMo saves through Lightning's
+// ModelCheckpoint, so even with --format lightning a save NeMo marks unfinished is not
+// resumed from), then checkCkpt. Under auto-detection a marker makes label nemo.
+func (s *scan) judgeCkpt(c *candidate, label Format) verdict {
+	if marker := nemoMarkerName(c.name); s.markers[marker] {
+		return notDone(label, "NeMo's marker %s exists: the save did not finish", marker)
+	}
+	return checkCkpt(filepath.Join(s.dir, c.name), label)
 }
 
 // label is the format reported for c when its rule cannot tell.
