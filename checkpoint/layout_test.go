@@ -102,3 +102,35 @@ func TestForcedLightningAndNeMo(t *testing.T) {
 		}
 	}
 }
+
+// TestRegistry checks the layout list: one layout per format, each parsed back by
+// ParseFormat and named in its error, and the phrases messages build from the list.
+func TestRegistry(t *testing.T) {
+	seen := map[Format]bool{}
+	for _, f := range Formats() {
+		if f == FormatAuto || seen[f] {
+			t.Errorf("Formats() = %v: %q empty or twice", Formats(), f)
+		}
+		seen[f] = true
+		if got, err := ParseFormat(string(f)); err != nil || got != f {
+			t.Errorf("ParseFormat(%q) = %q, %v", f, got, err)
+		}
+		if l := layoutFor(f); l == nil || l.info().format != f {
+			t.Errorf("layoutFor(%q) = %v", f, l)
+		}
+	}
+	_, err := ParseFormat("keras")
+	want := `unknown checkpoint format "keras" (want one of auto, generic, hf, dcp, deepspeed, megatron, nemo, lightning)`
+	if err == nil || err.Error() != want {
+		t.Errorf("ParseFormat(keras) = %v; want %s", err, want)
+	}
+	const names = "step-N, checkpoint-N, global_stepN and iter_N directories, DeepSpeed's latest, " +
+		"Megatron's latest_checkpointed_iteration.txt and *.ckpt"
+	if got := NamesLookedFor(); got != names {
+		t.Errorf("NamesLookedFor() = %q; want %q", got, names)
+	}
+	nc := &NoCompleteError{Dir: "d"}
+	if got := nc.Error(); got != "no complete checkpoint in d: no candidates (looked for "+names+")" {
+		t.Errorf("NoCompleteError without candidates: %q", got)
+	}
+}
