@@ -1,7 +1,6 @@
 package checkpoint
 
 import (
-	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -173,13 +172,22 @@ func (s *scan) autoJudge(c *candidate) verdict {
 	if len(entries) == 0 {
 		return notDone(format, "empty directory: the save did not start or did not finish")
 	}
-	var markers []string
-	for _, l := range s.layouts {
-		if in := l.info(); in.marker != "" {
-			markers = append(markers, fmt.Sprintf("%s (%s)", in.marker, in.format))
+	return notDone(format, "no completion marker: none of %s", s.markerList())
+}
+
+// markerList is "M (F), ..." for every layout with a marker, in layouts order: what
+// auto-detection looks for inside a directory. It is built once per scan.
+func (s *scan) markerList() string {
+	if s.markers == "" {
+		var parts []string
+		for _, l := range s.layouts {
+			if in := l.info(); in.marker != "" {
+				parts = append(parts, in.marker+" ("+string(in.format)+")")
+			}
 		}
+		s.markers = strings.Join(parts, ", ")
 	}
-	return notDone(format, "no completion marker: none of %s", strings.Join(markers, ", "))
+	return s.markers
 }
 
 // owner returns the first layout that claims c's name, and its claim. Every name a

@@ -80,7 +80,9 @@ type candidate struct {
 	step int64
 	// badStep is set when the name's number does not fit in an int64.
 	badStep string
-	tier    int
+	// tier is one of the tier constants (an int8, so that a candidate fits in 64
+	// bytes: a directory listing makes one per entry).
+	tier int8
 	// link is true when the entry is a symlink.
 	link bool
 	// typ is the entry's type bits from the directory listing.

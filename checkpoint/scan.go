@@ -34,6 +34,8 @@ type scan struct {
 	notes    []string
 	// verdicts caches each candidate's own rule verdict, by name.
 	verdicts map[string]verdict
+	// markers caches markerList.
+	markers string
 }
 
 // emptyScan returns a scan of dir with nothing listed.
@@ -177,7 +179,7 @@ func (s *scan) path(c *candidate) string { return filepath.Join(s.dir, c.name) }
 // 10,000 stepped directories costs no stat call.
 func (s *scan) order() {
 	type key struct {
-		tier int
+		tier int8
 		step int64
 	}
 	count := map[key]int{}
