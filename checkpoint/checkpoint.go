@@ -5,7 +5,7 @@
 // Trainers save non-atomically: a crash or a power loss mid-save leaves a newest
 // directory that looks complete and is not. Each layout has one rule, taken from the
 // trainer's own save code, for telling a finished save from an interrupted one; this
-// package applies it (see rules.go and the per-layout files) and never trusts a
+// package applies it (one file per layout, registered in layout.go) and never trusts a
 // pointer file (DeepSpeed's `latest`, Megatron-LM's tracker) whose target is missing or
 // incomplete.
 //
@@ -23,63 +23,36 @@ import (
 )
 
 // Format names a checkpoint layout: which names are candidates and which rule says a
-// candidate is complete.
+// candidate is complete. Each layout's constant (FormatGeneric, FormatHF, FormatDCP,
+// FormatDeepSpeed, FormatMegatron, FormatNeMo, FormatLightning) is declared in the
+// layout's own file, with the source of its rule; Formats lists them.
 type Format string
 
-// The layouts this package knows. FormatAuto detects the layout of each candidate from
-// its name, the pointer files next to it and its contents.
-const (
-	// FormatAuto detects the layout per candidate.
-	FormatAuto Format = ""
-	// FormatDCP is torch.distributed.checkpoint (also torchtitan's step-N and
-	// Megatron's torch_dist): complete when a non-empty `.metadata` exists, because
-	// FileSystemWriter.finish renames `.metadata.tmp` to `.metadata` after every data
-	// file is written (torch/distributed/checkpoint/filesystem.py).
-	FormatDCP Format = "dcp"
-	// FormatDeepSpeed is DeepSpeed's engine.save_checkpoint layout: tag directories
-	// (global_stepN by default) and a `latest` file naming the newest tag
-	// (deepspeed/runtime/engine.py).
-	FormatDeepSpeed Format = "deepspeed"
-	// FormatMegatron is Megatron-LM's layout: iter_NNNNNNN directories and
-	// latest_checkpointed_iteration.txt (megatron/training/checkpointing.py).
-	FormatMegatron Format = "megatron"
-	// FormatHF is the Hugging Face Trainer's checkpoint-N directories
-	// (transformers/trainer.py, Trainer._save_checkpoint).
-	FormatHF Format = "hf"
-	// FormatLightning is PyTorch Lightning's *.ckpt files, written by torch.save
-	// (lightning/pytorch/callbacks/model_checkpoint.py).
-	FormatLightning Format = "lightning"
-	// FormatNeMo is NeMo's *.ckpt files and checkpoint directories with their
-	// `-unfinished` markers (nemo/utils/callbacks/nemo_model_checkpoint.py).
-	FormatNeMo Format = "nemo"
-	// FormatGeneric is step-N / checkpoint-N / global_stepN / iter_N directories
-	// holding a `.complete` marker, written last by the trainer (gangrun's example
-	// trainer does this).
-	FormatGeneric Format = "generic"
-)
+// FormatAuto detects the layout of each candidate from its name, the pointer files
+// next to it and its contents (layout.go, layouts).
+const FormatAuto Format = ""
 
-// Formats returns every forcible format, in the order the documentation lists them.
+// Formats returns every forcible format, in auto-detection order (the order of
+// layouts in layout.go).
 func Formats() []Format {
-	return []Format{FormatDCP, FormatDeepSpeed, FormatMegatron, FormatHF, FormatLightning, FormatNeMo, FormatGeneric}
+	ls := layouts()
+	out := make([]Format, len(ls))
+	for i, l := range ls {
+		out[i] = l.info().format
+	}
+	return out
 }
 
 // ParseFormat returns the Format named by s: one of Formats(), or "" / "auto" for
-// FormatAuto. Any other value is an error naming it.
+// FormatAuto. Any other value is an error naming it and listing the accepted ones.
 func ParseFormat(s string) (Format, error) {
 	if s == "" || s == "auto" {
 		return FormatAuto, nil
 	}
-	for _, f := range Formats() {
-		if string(f) == s {
-			return f, nil
-		}
+	if l := layoutFor(Format(s)); l != nil {
+		return l.info().format, nil
 	}
-	names := make([]string, 0, len(Formats())+1)
-	names = append(names, "auto")
-	for _, f := range Formats() {
-		names = append(names, string(f))
-	}
-	return FormatAuto, fmt.Errorf("unknown checkpoint format %q (want one of %s)", s, strings.Join(names, ", "))
+	return FormatAuto, fmt.Errorf("unknown checkpoint format %q (want one of %s)", s, formatList())
 }
 
 // Checkpoint is one candidate checkpoint: a directory (or, for Lightning and NeMo, a
@@ -156,7 +129,7 @@ func (e *NoCompleteError) Error() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s in %s", ErrNoComplete, e.Dir)
 	if len(e.Rejected) == 0 {
-		b.WriteString(": no candidates (" + candidateNamesHelp + ")")
+		b.WriteString(": no candidates (looked for " + NamesLookedFor() + ")")
 	}
 	for i, c := range e.Rejected {
 		if i == maxReasonsInError {
@@ -208,7 +181,3 @@ func (e *DirError) Error() string {
 
 // Unwrap returns the underlying error.
 func (e *DirError) Unwrap() error { return e.Err }
-
-// candidateNamesHelp lists, for error messages, the names this package looks for.
-const candidateNamesHelp = "looked for step-N, checkpoint-N, global_stepN and iter_N directories, " +
-	"DeepSpeed's latest, Megatron's latest_checkpointed_iteration.txt and *.ckpt"

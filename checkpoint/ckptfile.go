@@ -6,8 +6,80 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 )
+
+// The *.ckpt files and directories Lightning's ModelCheckpoint writes, and NeMo's after
+// it, are two layouts with one completion rule: this file holds what they share (the
+// names, the torch.save file check, the directory check). lightning.go and nemo.go
+// hold what differs.
+
+// famCkpt: NAME.ckpt, a file (torch.save) or a directory (Lightning's DeepSpeed and
+// FSDP strategies, NeMo's distributed checkpoints).
+const famCkpt family = "ckpt"
+
+// ckptExt is Lightning's ModelCheckpoint.FILE_EXTENSION.
+const ckptExt = ".ckpt"
+
+var (
+	// stepEqRe finds Lightning's and NeMo's "step=N" in a file name
+	// (ModelCheckpoint's default filename is "{epoch}-{step}" → "epoch=E-step=N").
+	stepEqRe = regexp.MustCompile(`step=([0-9]+)`)
+	// lightningLastRe matches Lightning's last checkpoint: CHECKPOINT_NAME_LAST
+	// ("last"), with the version counter's "-vN" when the name was taken.
+	lightningLastRe = regexp.MustCompile(`^last(-v[0-9]+)?$`)
+)
+
+// ckptCandidate returns the candidate for a NAME.ckpt entry of dir, or nil: its step
+// is the name's "step=N"; a "last" name without one is the trainer's newest
+// (tierNamedLatest), and when it is a symlink (Lightning's save_last="link") it takes
+// the step its target's name carries, so that it orders with the checkpoint it stands
+// for.
+func ckptCandidate(dir, name string, typ fs.FileMode) *candidate {
+	if !strings.HasSuffix(name, ckptExt) || len(name) == len(ckptExt) {
+		return nil
+	}
+	c := newCandidate(name, famCkpt, typ)
+	stem := strings.TrimSuffix(name, ckptExt)
+	if m := stepEqRe.FindStringSubmatch(stem); m != nil {
+		c.setStep(m[1])
+	} else if isLastName(stem) {
+		c.tier = tierNamedLatest
+	}
+	if c.link && c.tier == tierNamedLatest {
+		if target, err := os.Readlink(filepath.Join(dir, name)); err == nil {
+			if m := stepEqRe.FindStringSubmatch(filepath.Base(target)); m != nil {
+				c.setStep(m[1])
+			}
+		}
+	}
+	return c
+}
+
+// isLastName reports whether a .ckpt stem is a "last" checkpoint: Lightning's
+// last / last-vN, or NeMo's "{filename}-last".
+func isLastName(stem string) bool {
+	return lightningLastRe.MatchString(stem) || strings.HasSuffix(stem, "-last")
+}
+
+// isCkptEntry reports whether auto-detection judges c by the *.ckpt rule from its name
+// alone: a NAME.ckpt entry, or a Verify path no name rule took that is not a
+// directory.
+func (s *scan) isCkptEntry(c *candidate) bool {
+	return c.fam == famCkpt || s.isFileCandidate(c)
+}
+
+// judgeCkpt is the *.ckpt layouts' rule for c, reported as label: unfinished when
+// NeMo's marker for it exists (NeMo saves through Lightning's ModelCheckpoint, so
+// even with --format lightning a save NeMo marks unfinished is not resumed from), then
+// checkCkpt.
+func (s *scan) judgeCkpt(c *candidate, label Format) verdict {
+	if marker := nemoMarkerName(c.name); s.hasReserved(marker) {
+		return notDone(label, "NeMo's marker %s exists: the save did not finish", marker)
+	}
+	return checkCkpt(s.path(c), label)
+}
 
 // checkCkpt applies Lightning's and NeMo's rule to a *.ckpt candidate (or a NeMo 2
 // checkpoint directory). label is the format reported.

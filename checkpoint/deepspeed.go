@@ -1,13 +1,105 @@
 package checkpoint
 
 import (
+	"fmt"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"regexp"
 	"sort"
 	"strconv"
 	"strings"
 )
+
+// FormatDeepSpeed is DeepSpeed's engine.save_checkpoint layout: tag directories
+// (global_stepN by default) and a `latest` file naming the newest tag
+// (deepspeed/runtime/engine.py).
+const FormatDeepSpeed Format = "deepspeed"
+
+// famTag: a DeepSpeed tag directory with a custom name, named by `latest`.
+const famTag family = "tag"
+
+// deepSpeedPointer is the file DeepSpeed's save_checkpoint writes, after every rank
+// saved, holding the newest tag's name.
+const deepSpeedPointer = "latest"
+
+// deepSpeedLayout is DeepSpeed's layout: global_stepN tag directories (the default
+// tag), the tag of any name that `latest` names, and `latest` itself, a pointer
+// (pointer.go). Under auto-detection it owns both kinds of name; a directory holding
+// *mp_rank_*_model_states.pt decides after `.complete`, trainer_state.json and
+// `.metadata`.
+type deepSpeedLayout struct{}
+
+func (deepSpeedLayout) info() layoutInfo {
+	return layoutInfo{format: FormatDeepSpeed, names: "DeepSpeed's " + deepSpeedPointer, marker: "mp_rank_*_model_states.pt"}
+}
+
+func (deepSpeedLayout) candidate(_, name string, typ fs.FileMode) *candidate {
+	return stepDirCandidate(name, typ, famGlobalStep)
+}
+
+func (deepSpeedLayout) reserves(name string) bool { return name == deepSpeedPointer }
+
+func (deepSpeedLayout) judge(s *scan, c *candidate) verdict { return checkDeepSpeed(s.path(c)) }
+
+func (deepSpeedLayout) claim(_ *scan, c *candidate) nameClaim {
+	if c.fam == famGlobalStep || c.fam == famTag {
+		return mine
+	}
+	return notMine
+}
+
+func (deepSpeedLayout) detect(_ *scan, _ *candidate, dir string, entries []fs.DirEntry) (verdict, bool) {
+	if hasDeepSpeedFiles(entries) {
+		return checkDeepSpeedEntries(dir, entries), true
+	}
+	return verdict{}, false
+}
+
+func (deepSpeedLayout) notes(*scan) []string { return nil }
+
+// readPointer reads DIR/latest when the listing holds it and it is a regular file
+// (following a symlink): one tag name, written in place by rank 0 once its own files
+// are saved (engine.py, save_checkpoint).
+func (deepSpeedLayout) readPointer(s *scan) *pointer {
+	if !s.hasReserved(deepSpeedPointer) {
+		return nil
+	}
+	data, err := readSmall(filepath.Join(s.dir, deepSpeedPointer))
+	if err != nil {
+		return nil
+	}
+	p := &pointer{file: deepSpeedPointer, who: "DeepSpeed writes " + deepSpeedPointer}
+	tag := strings.TrimSpace(string(data))
+	switch {
+	case tag == "":
+		p.problem = "is empty"
+	case !validTag(tag):
+		p.problem = fmt.Sprintf("holds %q, not a tag name", clip(tag))
+	default:
+		p.target = tag
+	}
+	return p
+}
+
+// adopt makes the tag `latest` names a candidate when no name rule took it: a tag can
+// have any name (save_checkpoint's tag argument). A NeMo marker is never a checkpoint.
+func (deepSpeedLayout) adopt(s *scan, p *pointer) {
+	if p.target == "" || s.byName[p.target] != nil || isNeMoMarker(p.target) {
+		return
+	}
+	if typ, ok := s.listed[p.target]; ok {
+		c := newCandidate(p.target, famTag, typ)
+		c.tier = tierNamedLatest
+		s.add(c)
+	}
+}
+
+// governs: a trusted `latest` governs the candidates named like its tag, and every
+// custom tag.
+func (deepSpeedLayout) governs(c, target *candidate) bool {
+	return c.fam == target.fam || c.fam == famTag
+}
 
 // DeepSpeed's file names inside a tag directory (deepspeed/runtime/engine.py):
 //   - _get_ckpt_name: mp_rank_{mp:02d}_model_states.pt, or with ZeRO-3

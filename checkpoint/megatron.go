@@ -2,6 +2,7 @@ package checkpoint
 
 import (
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -9,6 +10,137 @@ import (
 	"strconv"
 	"strings"
 )
+
+// FormatMegatron is Megatron-LM's layout: iter_NNNNNNN directories and
+// latest_checkpointed_iteration.txt (megatron/training/checkpointing.py).
+const FormatMegatron Format = "megatron"
+
+// famRelease: Megatron-LM's "release" directory.
+const famRelease family = "release"
+
+const (
+	// megatronTracker is Megatron-LM's get_checkpoint_tracker_filename: it holds the
+	// newest iteration, or "release", and is written after a barrier.
+	megatronTracker = "latest_checkpointed_iteration.txt"
+	// megatronRelease is the directory get_checkpoint_name uses for release=True.
+	megatronRelease = "release"
+)
+
+// megatronLayout is Megatron-LM's layout: iter_NNNNNNN directories, the release
+// directory, and the tracker file naming the newest (a pointer, pointer.go). Under
+// auto-detection it owns both kinds of name; mp_rank_* directories inside a directory
+// decide last, and a `.metadata` directory of its own (torch_dist) is reported as
+// megatron when the tracker is there.
+type megatronLayout struct{}
+
+func (megatronLayout) info() layoutInfo {
+	return layoutInfo{format: FormatMegatron, names: "Megatron's " + megatronTracker, marker: "mp_rank_*/" + megatronModelFile}
+}
+
+func (megatronLayout) candidate(_, name string, typ fs.FileMode) *candidate {
+	return stepDirCandidate(name, typ, famIter)
+}
+
+// reserves takes the tracker and the release directory: release is a candidate only
+// when the tracker was read or the format is forced (readPointer).
+func (megatronLayout) reserves(name string) bool {
+	return name == megatronTracker || name == megatronRelease
+}
+
+func (megatronLayout) judge(s *scan, c *candidate) verdict { return checkMegatron(s.path(c)) }
+
+func (megatronLayout) claim(_ *scan, c *candidate) nameClaim {
+	if c.fam == famIter || c.fam == famRelease {
+		return mine
+	}
+	return notMine
+}
+
+func (megatronLayout) detect(_ *scan, _ *candidate, dir string, entries []fs.DirEntry) (verdict, bool) {
+	if hasMegatronRanks(entries) {
+		return checkMegatronEntries(dir, entries), true
+	}
+	return verdict{}, false
+}
+
+func (megatronLayout) notes(*scan) []string { return nil }
+
+// writesDCP: an iter_ or release directory next to a tracker is Megatron-LM's, in the
+// torch_dist (DCP) format when it holds `.metadata`.
+func (megatronLayout) writesDCP(s *scan, c *candidate) bool {
+	return s.pointerOf(FormatMegatron) != nil && (c.fam == famIter || c.fam == famRelease)
+}
+
+// readPointer reads DIR/latest_checkpointed_iteration.txt when the listing holds it
+// and it is a regular file. Like Megatron's read_metadata it accepts an integer
+// (iteration ≥ 0), naming the iter_ directory iterNameFor finds, or "release". It
+// then makes the release directory a candidate when the tracker was read or the
+// format is forced; ranked first when the tracker names it.
+func (megatronLayout) readPointer(s *scan) *pointer {
+	var p *pointer
+	if s.hasReserved(megatronTracker) {
+		p = readMegatronTracker(s)
+	}
+	if typ, ok := s.listed[megatronRelease]; ok && (p != nil || s.opts.Format == FormatMegatron) {
+		c := newCandidate(megatronRelease, famRelease, typ)
+		if p != nil && p.target == megatronRelease {
+			c.tier = tierNamedLatest
+		}
+		s.add(c)
+	}
+	return p
+}
+
+// adopt adds nothing: the tracker names an iteration or release, candidates already.
+func (megatronLayout) adopt(*scan, *pointer) {}
+
+// governs: a trusted tracker governs every iter_ and release candidate.
+func (megatronLayout) governs(c, _ *candidate) bool {
+	return c.fam == famIter || c.fam == famRelease
+}
+
+// readMegatronTracker reads the tracker; nil when it is not a readable regular file.
+func readMegatronTracker(s *scan) *pointer {
+	data, err := readSmall(filepath.Join(s.dir, megatronTracker))
+	if err != nil {
+		return nil
+	}
+	p := &pointer{file: megatronTracker, who: "Megatron-LM writes " + megatronTracker}
+	text := strings.TrimSpace(string(data))
+	if text == "" {
+		p.problem = "is empty"
+		return p
+	}
+	if text == megatronRelease {
+		p.target = megatronRelease
+		return p
+	}
+	n, err := strconv.ParseInt(text, 10, 64)
+	if err != nil || n < 0 {
+		p.problem = fmt.Sprintf("holds %q, neither an iteration nor \"release\"", clip(text))
+		return p
+	}
+	p.target = s.iterNameFor(n)
+	return p
+}
+
+// iterNameFor returns the iter_ candidate holding iteration n, preferring Megatron's
+// own iter_%07d spelling, or that spelling when none exists.
+func (s *scan) iterNameFor(n int64) string {
+	want := megatronIterName(n)
+	if s.byName[want] != nil {
+		return want
+	}
+	for _, c := range s.cands {
+		if c.fam == famIter && c.step == n {
+			return c.name
+		}
+	}
+	return want
+}
+
+// megatronIterName is get_checkpoint_name's directory for an iteration: iter_%07d.
+func megatronIterName(iteration int64) string { return fmt.Sprintf("iter_%07d", iteration) }
 
 // Megatron-LM's per-rank directories inside iter_NNNNNNN (megatron/training/
 // checkpointing.py, get_checkpoint_name): mp_rank_{tp:02d}, with pipeline parallelism

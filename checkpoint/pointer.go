@@ -6,8 +6,6 @@ import (
 	"io"
 	"io/fs"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"syscall"
 
 	"github.com/gangrun/gangrun/internal/userfile"
@@ -35,6 +33,11 @@ type pointer struct {
 	target string
 	// problem says why the pointer cannot be trusted before looking at its target.
 	problem string
+	// who says who writes the file, for the reason given to a newer candidate:
+	// "DeepSpeed writes latest".
+	who string
+	// layout is the layout whose file it is; the scan sets it.
+	layout pointerLayout
 
 	resolved bool
 	trusted  bool
@@ -42,51 +45,87 @@ type pointer struct {
 	note string
 }
 
-// readDeepSpeedPointer reads DIR/latest. It returns nil when there is no such regular
-// file.
-func readDeepSpeedPointer(dir string) *pointer {
-	data, err := readSmall(filepath.Join(dir, deepSpeedPointer))
-	if err != nil {
-		return nil
-	}
-	p := &pointer{file: deepSpeedPointer}
-	tag := strings.TrimSpace(string(data))
-	switch {
-	case tag == "":
-		p.problem = "is empty"
-	case !validTag(tag):
-		p.problem = fmt.Sprintf("holds %q, not a tag name", clip(tag))
-	default:
-		p.target = tag
-	}
-	return p
+// pointerLayout is a layout whose trainer writes a pointer file naming its newest
+// checkpoint (deepspeed.go, megatron.go). The scan calls readPointer on each, in
+// layouts order, under auto-detection or when the layout is forced, once the listing's
+// candidates are known; then adopt on each pointer read; then, once the pointer is
+// trusted, governs for every candidate.
+type pointerLayout interface {
+	layout
+	// readPointer reads the layout's pointer file when the directory holds one and
+	// returns it, or nil (no such regular file). It may add the candidates that only
+	// the pointer file (or the forced format) makes checkpoints: Megatron's release.
+	readPointer(s *scan) *pointer
+	// adopt makes p's target a candidate when no name rule took it and the layout's
+	// pointer may name any entry (a DeepSpeed tag); called after every readPointer.
+	adopt(s *scan, p *pointer)
+	// governs reports whether the trusted pointer naming target governs c: c newer
+	// than target is then an unfinished save.
+	governs(c, target *candidate) bool
 }
 
-// readMegatronTracker reads DIR/latest_checkpointed_iteration.txt. It returns nil
-// when there is no such regular file. Like Megatron's read_metadata it accepts an
-// integer (iteration ≥ 0) or "release"; targetFor finds the iter_ directory.
-func readMegatronTracker(dir string, targetFor func(iteration int64) string) *pointer {
-	data, err := readSmall(filepath.Join(dir, megatronTracker))
-	if err != nil {
-		return nil
+// readPointers reads the pointer file of every pointer layout the format allows, then
+// lets each adopt its target.
+func (s *scan) readPointers() {
+	for _, l := range s.layouts {
+		pl, ok := l.(pointerLayout)
+		if !ok || (s.forced != nil && s.forced != l) {
+			continue
+		}
+		if p := pl.readPointer(s); p != nil {
+			p.layout = pl
+			s.pointers = append(s.pointers, p)
+		}
 	}
-	p := &pointer{file: megatronTracker}
-	s := strings.TrimSpace(string(data))
-	if s == "" {
-		p.problem = "is empty"
-		return p
+	for _, p := range s.pointers {
+		p.layout.adopt(s, p)
 	}
-	if s == megatronRelease {
-		p.target = megatronRelease
-		return p
+}
+
+// pointerOf returns the pointer the layout named f read, or nil.
+func (s *scan) pointerOf(f Format) *pointer {
+	for _, p := range s.pointers {
+		if p.layout.info().format == f {
+			return p
+		}
 	}
-	n, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || n < 0 {
-		p.problem = fmt.Sprintf("holds %q, neither an iteration nor \"release\"", clip(s))
-		return p
+	return nil
+}
+
+// resolve decides whether pointer p is trusted, and records a note when it is not.
+func (s *scan) resolve(p *pointer) {
+	if p.resolved {
+		return
 	}
-	p.target = targetFor(n)
-	return p
+	p.resolved = true
+	switch t := s.byName[p.target]; {
+	case p.problem != "":
+		p.note = fmt.Sprintf("%s %s: not trusted", p.file, p.problem)
+	case t == nil:
+		p.note = fmt.Sprintf("%s names %s, which does not exist: not trusted", p.file, p.target)
+	default:
+		if v := s.own(t); !v.complete {
+			p.note = fmt.Sprintf("%s names %s, which is incomplete (%s): not trusted", p.file, p.target, v.reason)
+		} else {
+			p.trusted = true
+		}
+	}
+	if p.note != "" {
+		s.notes = append(s.notes, p.note+"; every candidate is judged by its own files")
+	}
+}
+
+// pointerOver returns the trusted pointer that governs c and its target, if any.
+func (s *scan) pointerOver(c *candidate) (*pointer, *candidate) {
+	for _, p := range s.pointers {
+		if !p.trusted {
+			continue
+		}
+		if t := s.byName[p.target]; p.layout.governs(c, t) {
+			return p, t
+		}
+	}
+	return nil, nil
 }
 
 // readSmall reads at most maxPointerBytes of a regular file (following symlinks). A

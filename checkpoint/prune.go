@@ -86,8 +86,8 @@ func Prune(dir string, keep int, opts Options) (Plan, error) {
 		}
 	}
 	pointedBy := map[string]string{}
-	for _, p := range []*pointer{s.ds, s.mg} {
-		if p != nil && p.target != "" {
+	for _, p := range s.pointers {
+		if p.target != "" {
 			pointedBy[p.target] = p.file
 		}
 	}

@@ -15,19 +15,42 @@ import (
 )
 
 // scan is one look at a checkpoint directory: its candidates in newest-first order,
-// its pointer files and NeMo markers, and the rule verdicts computed so far.
+// the entries layouts reserve (pointer files, markers), the pointers read, and the
+// rule verdicts computed so far.
 type scan struct {
-	dir    string
-	opts   Options
-	cands  []*candidate
-	byName map[string]*candidate
-	// markers holds the names of NeMo "-unfinished" markers in the directory.
-	markers map[string]bool
-	ds, mg  *pointer
-	pins    pinSet
-	notes   []string
+	dir  string
+	opts Options
+	// layouts is layouts(), once per scan; forced is the layout opts.Format names, nil
+	// under auto-detection.
+	layouts []layout
+	forced  layout
+	cands   []*candidate
+	byName  map[string]*candidate
+	// listed holds every entry's type from the listing, by name (dot names left out).
+	listed map[string]fs.FileMode
+	// reserved holds the entries some layout reserves (see layout.reserves), by name.
+	reserved map[string]fs.FileMode
+	// pointers holds the pointer files read, in layouts order.
+	pointers []*pointer
+	pins     pinSet
+	notes    []string
 	// verdicts caches each candidate's own rule verdict, by name.
 	verdicts map[string]verdict
+	// markers caches markerList.
+	markers string
+}
+
+// emptyScan returns a scan of dir with nothing listed.
+func emptyScan(dir string, opts Options) *scan {
+	return &scan{
+		dir: dir, opts: opts,
+		layouts:  layouts(),
+		forced:   layoutFor(opts.Format),
+		byName:   map[string]*candidate{},
+		listed:   map[string]fs.FileMode{},
+		reserved: map[string]fs.FileMode{},
+		verdicts: map[string]verdict{},
+	}
 }
 
 // checkDir returns a *DirError when dir is not a directory it can stat.
@@ -84,98 +107,60 @@ func dirError(path string, err error) *DirError {
 // the candidates newest first. It reads no candidate's contents except the pointer
 // targets'.
 func newScan(dir string, opts Options) (*scan, error) {
-	if _, err := ParseFormat(string(opts.Format)); err != nil {
+	if err := checkFormat(opts.Format); err != nil {
 		return nil, err
 	}
 	entries, err := readDir(dir)
 	if err != nil {
 		return nil, err
 	}
-	s := &scan{
-		dir: dir, opts: opts,
-		byName:   make(map[string]*candidate),
-		markers:  map[string]bool{},
-		verdicts: map[string]verdict{},
+	s := emptyScan(dir, opts)
+	s.listed = make(map[string]fs.FileMode, len(entries))
+	takers := s.layouts
+	if s.forced != nil {
+		takers = []layout{s.forced}
 	}
-	f := opts.Format
-	var hasLatest, hasTracker bool
-	var release fs.DirEntry
-	types := make(map[string]fs.FileMode, len(entries))
 	for _, e := range entries {
 		name := e.Name()
 		if strings.HasPrefix(name, ".") {
 			continue
 		}
-		types[name] = e.Type()
-		switch {
-		case strings.HasSuffix(name, nemoUnfinishedSuffix):
-			s.markers[name] = true
-			continue
-		case name == deepSpeedPointer:
-			hasLatest = true
-			continue
-		case name == megatronTracker:
-			hasTracker = true
-			continue
-		case name == megatronRelease:
-			release = e
+		s.listed[name] = e.Type()
+		if s.isReserved(name) {
+			s.reserved[name] = e.Type()
 			continue
 		}
-		if c := parseName(name, e.Type(), f); c != nil {
-			s.linkStep(c)
+		if c := parseCandidate(takers, dir, name, e.Type()); c != nil {
 			s.add(c)
 		}
 	}
-	if hasLatest && (f == FormatAuto || f == FormatDeepSpeed) {
-		s.ds = readDeepSpeedPointer(dir)
-	}
-	if hasTracker && (f == FormatAuto || f == FormatMegatron) {
-		s.mg = readMegatronTracker(dir, s.iterNameFor)
-	}
-	if release != nil && (f == FormatMegatron || (f == FormatAuto && s.mg != nil)) {
-		c := &candidate{name: megatronRelease, fam: famRelease, step: -1, tier: tierUnstepped,
-			link: release.Type()&fs.ModeSymlink != 0, typ: release.Type()}
-		if s.mg != nil && s.mg.target == megatronRelease {
-			c.tier = tierNamedLatest
-		}
-		s.add(c)
-	}
-	if s.ds != nil && s.ds.target != "" && s.byName[s.ds.target] == nil {
-		if typ, ok := types[s.ds.target]; ok && !strings.HasSuffix(s.ds.target, nemoUnfinishedSuffix) {
-			s.add(&candidate{name: s.ds.target, fam: famTag, step: -1, tier: tierNamedLatest,
-				link: typ&fs.ModeSymlink != 0, typ: typ})
-		}
-	}
-	for marker := range s.markers {
-		if !s.markerHasCheckpoint(marker) {
-			s.notes = append(s.notes, fmt.Sprintf("NeMo marker %s has no checkpoint next to it", marker))
-		}
+	s.readPointers()
+	for _, l := range s.layouts {
+		s.notes = append(s.notes, l.notes(s)...)
 	}
 	s.pins, s.notes = loadPins(dir, s.notes)
 	s.order()
-	for _, p := range []*pointer{s.ds, s.mg} {
-		if p != nil {
-			s.resolve(p)
-		}
+	for _, p := range s.pointers {
+		s.resolve(p)
 	}
 	sort.Strings(s.notes)
 	return s, nil
 }
 
-// linkStep gives a *.ckpt symlink without a step of its own (Lightning's last.ckpt
-// with save_last="link") the step its target's name carries, so that it orders with
-// the checkpoint it stands for.
-func (s *scan) linkStep(c *candidate) {
-	if !c.link || c.fam != famCkpt || c.tier != tierNamedLatest {
-		return
+// isReserved reports whether some layout reserves the entry name.
+func (s *scan) isReserved(name string) bool {
+	for _, l := range s.layouts {
+		if l.reserves(name) {
+			return true
+		}
 	}
-	target, err := os.Readlink(filepath.Join(s.dir, c.name))
-	if err != nil {
-		return
-	}
-	if m := stepEqRe.FindStringSubmatch(filepath.Base(target)); m != nil {
-		c.setStep(m[1])
-	}
+	return false
+}
+
+// hasReserved reports whether the listing holds the reserved entry name.
+func (s *scan) hasReserved(name string) bool {
+	_, ok := s.reserved[name]
+	return ok
 }
 
 func (s *scan) add(c *candidate) {
@@ -186,36 +171,8 @@ func (s *scan) add(c *candidate) {
 	s.cands = append(s.cands, c)
 }
 
-// iterNameFor returns the iter_ candidate holding iteration n, preferring Megatron's
-// own iter_%07d spelling, or that spelling when none exists.
-func (s *scan) iterNameFor(n int64) string {
-	want := megatronIterName(n)
-	if s.byName[want] != nil {
-		return want
-	}
-	for _, c := range s.cands {
-		if c.fam == famIter && c.step == n {
-			return c.name
-		}
-	}
-	return want
-}
-
-// markerHasCheckpoint reports whether some candidate's NeMo marker is marker.
-func (s *scan) markerHasCheckpoint(marker string) bool {
-	for _, c := range s.cands {
-		if (c.fam == famCkpt || c.fam == famNeMoDir) && nemoMarkerName(c.name) == marker {
-			return true
-		}
-	}
-	stem := strings.TrimSuffix(marker, nemoUnfinishedSuffix)
-	for _, name := range []string{stem, stem + ckptExt, stem + "-EMA" + ckptExt, stem + ".nemo"} {
-		if _, err := os.Lstat(filepath.Join(s.dir, name)); err == nil {
-			return true
-		}
-	}
-	return false
-}
+// path returns c's path: the checkpoint directory joined with its name.
+func (s *scan) path(c *candidate) string { return filepath.Join(s.dir, c.name) }
 
 // order sorts the candidates newest first: by tier (a "named latest" candidate without
 // a step first, unstepped ones last), then by step, then — only among candidates that
@@ -224,7 +181,7 @@ func (s *scan) markerHasCheckpoint(marker string) bool {
 // 10,000 stepped directories costs no stat call.
 func (s *scan) order() {
 	type key struct {
-		tier int
+		tier int8
 		step int64
 	}
 	count := map[key]int{}
@@ -266,29 +223,6 @@ func modTime(path string) time.Time {
 	return time.Time{}
 }
 
-// resolve decides whether pointer p is trusted, and records a note when it is not.
-func (s *scan) resolve(p *pointer) {
-	if p.resolved {
-		return
-	}
-	p.resolved = true
-	switch t := s.byName[p.target]; {
-	case p.problem != "":
-		p.note = fmt.Sprintf("%s %s: not trusted", p.file, p.problem)
-	case t == nil:
-		p.note = fmt.Sprintf("%s names %s, which does not exist: not trusted", p.file, p.target)
-	default:
-		if v := s.own(t); !v.complete {
-			p.note = fmt.Sprintf("%s names %s, which is incomplete (%s): not trusted", p.file, p.target, v.reason)
-		} else {
-			p.trusted = true
-		}
-	}
-	if p.note != "" {
-		s.notes = append(s.notes, p.note+"; every candidate is judged by its own files")
-	}
-}
-
 // own returns c's verdict under its layout's rule alone, without pointers.
 func (s *scan) own(c *candidate) verdict {
 	if v, ok := s.verdicts[c.name]; ok {
@@ -299,94 +233,14 @@ func (s *scan) own(c *candidate) verdict {
 	return v
 }
 
-// judge applies the rule for c's layout.
-func (s *scan) judge(c *candidate) verdict {
-	path := filepath.Join(s.dir, c.name)
-	if c.badStep != "" {
-		return notDone(s.label(c), "%s", c.badStep)
-	}
-	if c.fam == famHFTemp {
-		return notDone(FormatHF, "staging directory: transformers renames tmp-checkpoint-N to checkpoint-N when the save ends")
-	}
-	switch s.opts.Format {
-	case FormatGeneric:
-		return checkGeneric(path)
-	case FormatDCP:
-		return checkDCP(path, FormatDCP)
-	case FormatHF:
-		return checkHF(path)
-	case FormatDeepSpeed:
-		return checkDeepSpeed(path)
-	case FormatMegatron:
-		return checkMegatron(path)
-	}
-	if c.fam == famCkpt || c.fam == famNeMoDir || (c.fam == famNone && !isDirPath(path)) {
-		label := s.label(c)
-		if marker := nemoMarkerName(c.name); s.markers[marker] {
-			return notDone(FormatNeMo, "NeMo's marker %s exists: the save did not finish", marker)
-		}
-		return checkCkpt(path, label)
-	}
-	dcpLabel := FormatDCP
-	if s.mg != nil && (c.fam == famIter || c.fam == famRelease) {
-		dcpLabel = FormatMegatron
-	}
-	return classifyDir(path, s.label(c), dcpLabel)
-}
-
-// label is the format reported for c when its rule cannot tell.
-func (s *scan) label(c *candidate) Format {
-	if s.opts.Format != FormatAuto {
-		return s.opts.Format
-	}
-	switch {
-	case c.fam == famCkpt || (c.fam == famNone && !isDirPath(filepath.Join(s.dir, c.name))):
-		if len(s.markers) > 0 || strings.Contains(c.name, "--") {
-			return FormatNeMo
-		}
-		return FormatLightning
-	case s.ds != nil && (c.fam == famGlobalStep || c.fam == famTag):
-		return FormatDeepSpeed
-	case s.mg != nil && (c.fam == famIter || c.fam == famRelease):
-		return FormatMegatron
-	case c.fam == famStep || c.fam == famNone:
-		return FormatGeneric
-	}
-	return guessFormat(c.fam)
-}
-
-// isDirPath reports whether path is (or links to) a directory.
-func isDirPath(path string) bool {
-	fi, err := os.Stat(path)
-	return err == nil && fi.IsDir()
-}
-
-// pointerOver returns the trusted pointer that governs c and its target, if any.
-func (s *scan) pointerOver(c *candidate) (*pointer, *candidate) {
-	if p := s.ds; p != nil && p.trusted {
-		t := s.byName[p.target]
-		if c.fam == t.fam || c.fam == famTag {
-			return p, t
-		}
-	}
-	if p := s.mg; p != nil && p.trusted && (c.fam == famIter || c.fam == famRelease) {
-		return p, s.byName[p.target]
-	}
-	return nil, nil
-}
-
 // evaluate returns c as a Checkpoint with its final verdict: its own rule, then the
 // pointer governing it. Size and time are not filled (see fill).
 func (s *scan) evaluate(c *candidate) Checkpoint {
 	v := s.own(c)
 	if v.complete {
 		if p, t := s.pointerOver(c); p != nil && t != c && newerKey(c, t) {
-			who := "DeepSpeed writes latest"
-			if p == s.mg {
-				who = "Megatron-LM writes " + megatronTracker
-			}
 			v = notDone(v.format, "newer than %s, which %s names: %s only after every rank has saved, so this save did not finish",
-				t.name, p.file, who)
+				t.name, p.file, p.who)
 		}
 	}
 	return Checkpoint{
@@ -517,7 +371,7 @@ func Inspect(dir string, opts Options) (Listing, error) {
 // Errors: a *DirError when path does not exist (a dangling symlink does exist: it is
 // an incomplete checkpoint); an error for an unknown format.
 func Verify(path string, opts Options) (Checkpoint, error) {
-	if _, err := ParseFormat(string(opts.Format)); err != nil {
+	if err := checkFormat(opts.Format); err != nil {
 		return Checkpoint{}, err
 	}
 	clean := filepath.Clean(path)
@@ -534,15 +388,13 @@ func Verify(path string, opts Options) (Checkpoint, error) {
 	parent, name := filepath.Dir(abs), filepath.Base(abs)
 	s, err := newScan(parent, opts)
 	if err != nil {
-		s = &scan{dir: parent, opts: opts, byName: map[string]*candidate{}, markers: map[string]bool{}, verdicts: map[string]verdict{}}
+		s = emptyScan(parent, opts)
 	}
 	c := s.byName[name]
 	if c == nil {
-		c = parseName(name, lfi.Mode().Type(), FormatAuto)
-		if c != nil {
-			s.linkStep(c)
-		} else {
-			c = &candidate{name: name, fam: famNone, step: -1, link: lfi.Mode()&fs.ModeSymlink != 0, typ: lfi.Mode().Type()}
+		c = parseCandidate(s.layouts, parent, name, lfi.Mode().Type())
+		if c == nil {
+			c = newCandidate(name, famNone, lfi.Mode().Type())
 		}
 	}
 	cp := s.evaluate(c)

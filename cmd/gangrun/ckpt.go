@@ -14,21 +14,56 @@ import (
 	"github.com/gangrun/gangrun/checkpoint"
 )
 
-const ckptUsage = `usage: gangrun ckpt SUBCOMMAND [FLAGS] ARG
+// ckptUsage returns `gangrun ckpt --help`. The names looked for and the --format
+// values come from the checkpoint package's layouts.
+func ckptUsage() string {
+	return `usage: gangrun ckpt SUBCOMMAND [FLAGS] ARG
 
   latest DIR           print the newest complete checkpoint's path (exit 1 when none)
   ls DIR               list every candidate: step, format, complete or why not, size, time
   verify PATH          judge one checkpoint (exit 1 when incomplete)
   prune DIR --keep N   keep the newest N complete checkpoints; a dry run unless --yes
 
-Candidates are the entries of DIR named step-N, checkpoint-N, global_stepN, iter_N
-(and the tag DeepSpeed's latest names, Megatron's release) and *.ckpt. Each layout's
-completion rule is in docs/checkpoint.md.
+` + wrap("gangrun ckpt looks in DIR for "+checkpoint.NamesLookedFor()+
+		". Each layout's completion rule is in docs/checkpoint.md.", ckptHelpWidth) + `
 
-Every subcommand takes --format (auto, dcp, deepspeed, megatron, hf, lightning, nemo,
-generic) and --json. Exit codes: 0 success; 1 no complete checkpoint, an incomplete
-checkpoint, or a failed deletion; 2 bad flags or a DIR/PATH that cannot be used.
-`
+` + wrap("Every subcommand takes --format ("+strings.Join(formatNames(), ", ")+") and --json. "+
+		"Exit codes: 0 success; 1 no complete checkpoint, an incomplete checkpoint, or a failed deletion; "+
+		"2 bad flags or a DIR/PATH that cannot be used.", ckptHelpWidth) + "\n"
+}
+
+// ckptHelpWidth is the column ckptUsage wraps its paragraphs at, in characters.
+const ckptHelpWidth = 87
+
+// formatNames returns "auto" and every checkpoint format, in the layouts' order.
+func formatNames() []string {
+	names := []string{"auto"}
+	for _, f := range checkpoint.Formats() {
+		names = append(names, string(f))
+	}
+	return names
+}
+
+// wrap breaks text into lines of at most width characters at spaces (a longer word
+// stands alone).
+func wrap(text string, width int) string {
+	var b strings.Builder
+	n := 0
+	for _, w := range strings.Fields(text) {
+		switch {
+		case n == 0:
+		case n+1+len(w) > width:
+			b.WriteByte('\n')
+			n = 0
+		default:
+			b.WriteByte(' ')
+			n++
+		}
+		b.WriteString(w)
+		n += len(w)
+	}
+	return b.String()
+}
 
 // runCkpt dispatches `gangrun ckpt SUBCOMMAND`.
 func runCkpt(ctx context.Context, e *env, args []string) int {
@@ -37,7 +72,7 @@ func runCkpt(ctx context.Context, e *env, args []string) int {
 	}
 	switch args[0] {
 	case "-h", "--help", "help":
-		fmt.Fprint(e.stdout, ckptUsage)
+		fmt.Fprint(e.stdout, ckptUsage())
 		return exitOK
 	case "latest":
 		return runCkptLatest(ctx, e, args[1:])
@@ -58,7 +93,9 @@ type ckptFlags struct {
 }
 
 func (f *ckptFlags) register(fs *pflag.FlagSet) {
-	fs.StringVar(&f.format, "format", "auto", "checkpoint layout: auto, dcp, deepspeed, megatron, hf, lightning, nemo or generic")
+	names := formatNames()
+	help := "checkpoint layout: " + strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]
+	fs.StringVar(&f.format, "format", "auto", help)
 	fs.BoolVar(&f.json, "json", false, "print JSON")
 }
 
