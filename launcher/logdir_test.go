@@ -184,7 +184,7 @@ func TestNewChecksLogDir(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			c := Config{Command: []string{"/bin/true"}, NProcPerNode: 1, JobID: "j", NodeName: "n", LogDir: tc.dir, FreshLogDir: tc.fresh}
 			done := make(chan error, 1)
-			go func() { _, err := New(c, rendezvous.NewLocal("j")); done <- err }()
+			go func() { _, err := New(c, rendezvous.NewLocal("j", c.MaxRestarts)); done <- err }()
 			select {
 			case err := <-done:
 				if err == nil || err.Error() != tc.want {
@@ -197,14 +197,14 @@ func TestNewChecksLogDir(t *testing.T) {
 	}
 	// Shared by the nodes of a job: an earlier attempt_K is no reason to refuse.
 	c := Config{Command: []string{"/bin/true"}, NProcPerNode: 1, JobID: "j", NodeName: "n", LogDir: used}
-	if _, err := New(c, rendezvous.NewLocal("j")); err != nil {
+	if _, err := New(c, rendezvous.NewLocal("j", c.MaxRestarts)); err != nil {
 		t.Errorf("a shared log directory with attempts: %v", err)
 	}
 	// A missing one is checked by creating it, and removed again: the first worker
 	// creates it.
 	missing := filepath.Join(dir, "new", "logs")
 	c.LogDir = missing
-	if _, err := New(c, rendezvous.NewLocal("j")); err != nil {
+	if _, err := New(c, rendezvous.NewLocal("j", c.MaxRestarts)); err != nil {
 		t.Fatalf("a missing log directory: %v", err)
 	}
 	if _, err := os.Lstat(filepath.Join(dir, "new")); !errors.Is(err, os.ErrNotExist) {
@@ -239,7 +239,7 @@ func TestNewRefusesCommandsThatCannotRun(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := Config{Command: []string{tc.command}, NProcPerNode: 1, JobID: "j", NodeName: "n"}
-			_, err := New(c, rendezvous.NewLocal("j"))
+			_, err := New(c, rendezvous.NewLocal("j", c.MaxRestarts))
 			if !errors.Is(err, tc.target) || err.Error() != tc.want {
 				t.Errorf("err = %v, want %q (%v)", err, tc.want, tc.target)
 			}
@@ -255,7 +255,7 @@ func TestNewRefusesCheckpointFIFO(t *testing.T) {
 	}
 	c := Config{Command: []string{"/bin/true"}, NProcPerNode: 1, JobID: "j", NodeName: "n", CheckpointDir: fifo}
 	done := make(chan error, 1)
-	go func() { _, err := New(c, rendezvous.NewLocal("j")); done <- err }()
+	go func() { _, err := New(c, rendezvous.NewLocal("j", c.MaxRestarts)); done <- err }()
 	select {
 	case err := <-done:
 		if want := "--checkpoint-dir " + fifo + ": is a named pipe (FIFO), want a directory"; err == nil || err.Error() != want {

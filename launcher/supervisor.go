@@ -647,7 +647,7 @@ func (s *Supervisor) next(ctx context.Context, at *attempt, res *Result) (GroupS
 			s.log.Warn("gang failed on another node", zap.String("root_cause", end.Failure.String()))
 		}
 		used := a.RestartCount + 1
-		if used > s.cfg.MaxRestarts {
+		if end.OutOfRestarts { // the rendezvous judges the budget (the run's, which a job may raise)
 			code := 1
 			if end.Failure != nil && end.Failure.ExitCode != 0 {
 				code = end.Failure.ExitCode

@@ -71,7 +71,7 @@ func newTestRun(t *testing.T, n int, script string) *testRun {
 
 func (r *testRun) run(t *testing.T) Result {
 	t.Helper()
-	sup, err := New(r.cfg, rendezvous.NewLocal(r.cfg.JobID))
+	sup, err := New(r.cfg, rendezvous.NewLocal(r.cfg.JobID, r.cfg.MaxRestarts))
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -448,7 +448,7 @@ func TestNewRejectsBadInput(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			c := base
 			tc.edit(&c)
-			_, err := New(c, rendezvous.NewLocal("j"))
+			_, err := New(c, rendezvous.NewLocal("j", c.MaxRestarts))
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("err = %v, want %q", err, tc.want)
 			}

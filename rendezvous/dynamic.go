@@ -75,6 +75,11 @@ type DynamicConfig struct {
 	Host string
 	// Log receives the rendezvous' messages; nil discards them.
 	Log *zap.Logger
+	// FollowRun makes this node join the run whatever --nnodes and --max-restarts it
+	// records: a cluster job's step, whose budget the job keeps (and raises for a node
+	// failure, AddRestarts) and whose placement may change size, joins the job's run as
+	// it stands.
+	FollowRun bool
 	// Events receives event.RoundClosed when this node gets its assignment of a round
 	// (Nodes: the round's nodes in node-rank order, when the round carries them); the
 	// supervisor reports how rounds end. nil discards them.
@@ -101,6 +106,15 @@ type jobState struct {
 	// Previous is how the previous round ended, kept when the next round opens so a node
 	// that sees the state only after that still learns why its round ended.
 	Previous *jobState `json:"previous,omitempty"`
+}
+
+// budget is the run's restart budget: the one it records (which a job may have raised,
+// AddRestarts), else def.
+func (rc runConfig) budget(def int) int {
+	if rc.MaxRestarts != nil {
+		return *rc.MaxRestarts
+	}
+	return def
 }
 
 // runConfig is what every node of a run must agree on: --nnodes ("N" or "MIN:MAX") and
@@ -331,11 +345,11 @@ func (c *Dynamic) checkConfig(st *jobState) error {
 	if st.Status == statusFinished {
 		return nil
 	}
-	if st.NNodes != "" && st.NNodes != c.nnodes() {
+	if st.NNodes != "" && st.NNodes != c.nnodes() && !c.cfg.FollowRun {
 		return fmt.Errorf("--nnodes %s differs from job %s's --nnodes %s (given by the node that started its run): every node of a job must give the same (a new --job-id starts over)",
 			c.nnodes(), c.cfg.JobID, st.NNodes)
 	}
-	if st.MaxRestarts != nil && *st.MaxRestarts != c.cfg.MaxRestarts {
+	if st.MaxRestarts != nil && *st.MaxRestarts != c.cfg.MaxRestarts && !c.cfg.FollowRun {
 		return fmt.Errorf("--max-restarts %d differs from job %s's --max-restarts %d (given by the node that started its run): every node of a job must give the same (a new --job-id starts over)",
 			c.cfg.MaxRestarts, c.cfg.JobID, *st.MaxRestarts)
 	}
@@ -903,11 +917,11 @@ func endOf(st *jobState) End {
 	case st == nil:
 		return End{Kind: MembershipChanged, Detail: "the job's state disappeared", Lost: true}
 	case st.End == endFailed:
-		return End{Kind: Failed, Failure: st.Failure}
+		return End{Kind: Failed, Failure: st.Failure, OutOfRestarts: st.Status == statusFinished}
 	case st.End == endSucceeded:
 		return End{Kind: Succeeded}
 	case st.Error != "":
-		return End{Kind: Failed, Failure: &Failure{Rank: -1, LocalRank: -1, ExitCode: 1, Reason: st.Error}}
+		return End{Kind: Failed, Failure: &Failure{Rank: -1, LocalRank: -1, ExitCode: 1, Reason: st.Error}, OutOfRestarts: true}
 	}
 	return End{Kind: MembershipChanged, Detail: st.Detail}
 }
@@ -1059,7 +1073,7 @@ func (r *dynamicRound) Fail(ctx context.Context, f Failure) error {
 			return nil // already ended
 		}
 		ns := jobState{Run: st.Run, Round: st.Round, Status: statusEnded, Failures: st.Failures + 1, End: endFailed, Failure: &f, runConfig: st.runConfig}
-		if ns.Failures > c.cfg.MaxRestarts {
+		if ns.Failures > st.budget(c.cfg.MaxRestarts) {
 			ns.Status = statusFinished
 		}
 		won, err := c.casState(ctx, idx, ns)
@@ -1210,3 +1224,72 @@ func (consul) open(_ context.Context, coordinator string, cfg Config) (*Opened, 
 			s.Close()
 		}}, nil
 }
+
+// RunInfo is how the current run of a job of the dynamic rendezvous stands, as its
+// state key records it.
+type RunInfo struct {
+	// Run identifies the run; Round is its current (or last) round.
+	Run   string
+	Round int
+	// Failures counts its failed rounds; MaxRestarts is its budget (-1: not recorded).
+	Failures, MaxRestarts int
+	// Finished is true when the run is over: succeeded, or out of restarts.
+	Finished bool
+	// LastFailed is true when the current round, or the one before it when a new one is
+	// open, ended failed; Failure is then its root cause.
+	LastFailed bool
+	Failure    *Failure
+}
+
+// ReadRun reads job jobID's current run; ok is false when the job has no state.
+func ReadRun(ctx context.Context, s store.Store, jobID string) (info RunInfo, ok bool, err error) {
+	e, err := s.Get(ctx, "gangrun/jobs/"+jobID+"/ctl/state")
+	if err != nil || e == nil {
+		return RunInfo{}, false, err
+	}
+	var st jobState
+	if err := json.Unmarshal(e.Value, &st); err != nil {
+		return RunInfo{}, false, fmt.Errorf("job %s's rendezvous state: %w", jobID, err)
+	}
+	info = RunInfo{Run: st.Run, Round: st.Round, Failures: st.Failures, MaxRestarts: st.budget(-1), Finished: st.Status == statusFinished}
+	last := &st
+	if st.Status == statusOpen && st.Previous != nil {
+		last = st.Previous
+	}
+	if last.End == endFailed {
+		info.LastFailed, info.Failure = true, last.Failure
+	}
+	return info, true, nil
+}
+
+// AddRestarts raises the restart budget of job jobID's current run by n, for every node
+// at once (their next failure is judged against it): a cluster job gives back the
+// restart that a node's failure cost its gang. It reports false when the run is over
+// already (or there is none), and changes nothing then.
+func AddRestarts(ctx context.Context, s store.Store, jobID string, n int) (bool, error) {
+	key := "gangrun/jobs/" + jobID + "/ctl/state"
+	for {
+		e, err := s.Get(ctx, key)
+		if err != nil || e == nil {
+			return false, err
+		}
+		var st jobState
+		if err := json.Unmarshal(e.Value, &st); err != nil {
+			return false, fmt.Errorf("job %s's rendezvous state: %w", jobID, err)
+		}
+		if st.Status == statusFinished {
+			return false, nil
+		}
+		b := st.budget(0) + n
+		st.MaxRestarts = &b
+		data, _ := json.Marshal(st)
+		_, err = s.Txn(ctx, []store.Op{{Verb: store.CAS, Key: key, Value: data, Index: e.ModifyIndex}})
+		if err == nil {
+			return true, nil
+		}
+		if !errors.Is(err, store.ErrStaleIndex) {
+			return false, err
+		}
+	}
+}
+

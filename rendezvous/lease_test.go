@@ -192,3 +192,47 @@ func TestDynamicReportsClosedRounds(t *testing.T) {
 		}
 	}
 }
+
+// TestAddRestartsRaisesTheRunsBudget: a job that gives back a restart (a node failure
+// cost its gang) lets every node of the run take one more failure; the run records it,
+// and the nodes, following the run (job steps do), join whatever budget it holds.
+func TestAddRestartsRaisesTheRunsBudget(t *testing.T) {
+	consultest.EachStore(t, func(t *testing.T, s store.Store) {
+		ctx := context.Background()
+		var nodes []*testNode
+		for i := 0; i < 2; i++ {
+			c, err := NewDynamic(s, DynamicConfig{JobID: "refund", MinNodes: 2, MaxNodes: 2, MaxRestarts: 0, LastCall: 100 * time.Millisecond, Host: "h", FollowRun: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = c.Close(context.Background()) })
+			nodes = append(nodes, &testNode{name: []string{"n000", "n001"}[i], rdzv: c})
+		}
+		r0 := joinAll(t, nodes, "")
+		if ok, err := AddRestarts(ctx, s, "refund", 1); !ok || err != nil {
+			t.Fatalf("AddRestarts = %v, %v", ok, err)
+		}
+		if err := r0["n000"].Fail(ctx, Failure{Node: "n000", Rank: 0, ExitCode: 1}); err != nil {
+			t.Fatal(err)
+		}
+		<-r0["n001"].Ended()
+		if e := r0["n001"].End(); e.Kind != Failed || e.OutOfRestarts {
+			t.Fatalf("end %+v: with the budget raised to 1 the first failure must leave a restart", e)
+		}
+		info, ok, err := ReadRun(ctx, s, "refund")
+		if err != nil || !ok || info.Failures != 1 || info.MaxRestarts != 1 || info.Finished || !info.LastFailed {
+			t.Fatalf("ReadRun = %+v, %v, %v", info, ok, err)
+		}
+		r1 := joinAll(t, nodes, "")
+		if err := r1["n001"].Fail(ctx, Failure{Node: "n001", Rank: 2, ExitCode: 3}); err != nil {
+			t.Fatal(err)
+		}
+		<-r1["n000"].Ended()
+		if e := r1["n000"].End(); e.Kind != Failed || !e.OutOfRestarts || e.Failure.ExitCode != 3 {
+			t.Fatalf("end %+v: the second failure uses up the raised budget", e)
+		}
+		if ok, err := AddRestarts(ctx, s, "refund", 1); ok || err != nil {
+			t.Errorf("AddRestarts on a finished run = %v, %v; want false", ok, err)
+		}
+	})
+}

@@ -14,15 +14,19 @@ const LoopbackAddr = "127.0.0.1"
 // at once with this node alone, at node rank 0, with MASTER_ADDR 127.0.0.1. It counts
 // failed rounds itself. Safe for use by one supervisor at a time.
 type Local struct {
-	jobID string
+	jobID       string
+	maxRestarts int
 
 	mu       sync.Mutex
 	round    int // the next round's number
 	failures int
 }
 
-// NewLocal returns a Local rendezvous for job jobID.
-func NewLocal(jobID string) *Local { return &Local{jobID: jobID} }
+// NewLocal returns a Local rendezvous for job jobID whose restart budget is maxRestarts:
+// the round that fails for the (maxRestarts+1)th time ends OutOfRestarts.
+func NewLocal(jobID string, maxRestarts int) *Local {
+	return &Local{jobID: jobID, maxRestarts: maxRestarts}
+}
 
 // Join closes the next round with this node alone. It picks a free MASTER_PORT unless
 // req.MasterPort is set, and calls req.ChooseResume for the resume checkpoint.
@@ -55,10 +59,12 @@ func (l *Local) Join(ctx context.Context, req JoinRequest) (Round, error) {
 	return newSoloRound(a, l.countFailure), nil
 }
 
-func (l *Local) countFailure() {
+// countFailure counts a failed round and reports whether it used up the budget.
+func (l *Local) countFailure() bool {
 	l.mu.Lock()
+	defer l.mu.Unlock()
 	l.failures++
-	l.mu.Unlock()
+	return l.failures > l.maxRestarts
 }
 
 // soloRound is a round only this node ends (Local's and Static's): nobody else can fail
@@ -66,12 +72,12 @@ func (l *Local) countFailure() {
 type soloRound struct {
 	a      Assignment
 	ended  chan struct{}
-	onFail func() // counts a failed round
+	onFail func() bool // counts a failed round; true when it used up the budget
 	mu     sync.Mutex
 	end    End
 }
 
-func newSoloRound(a Assignment, onFail func()) *soloRound {
+func newSoloRound(a Assignment, onFail func() bool) *soloRound {
 	return &soloRound{a: a, ended: make(chan struct{}), onFail: onFail}
 }
 
@@ -97,9 +103,13 @@ func (r *soloRound) finish(e End) bool {
 
 // Fail ends the round and counts the failure.
 func (r *soloRound) Fail(_ context.Context, f Failure) error {
-	if r.finish(End{Kind: Failed, Failure: &f}) {
-		r.onFail()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.end.Kind != Running {
+		return nil
 	}
+	r.end = End{Kind: Failed, Failure: &f, OutOfRestarts: r.onFail()}
+	close(r.ended)
 	return nil
 }
 
@@ -137,6 +147,6 @@ func (embedded) open(_ context.Context, _ string, cfg Config) (*Opened, error) {
 	if job == "" {
 		job = newJobID()
 	}
-	return &Opened{Rendezvous: NewLocal(job), JobID: job, NodeName: node, MinNodes: 1, MaxNodes: 1,
+	return &Opened{Rendezvous: NewLocal(job, cfg.MaxRestarts), JobID: job, NodeName: node, MinNodes: 1, MaxNodes: 1,
 		Addr: cfg.AdvertiseAddr, GPUsOnNode: -1}, nil
 }

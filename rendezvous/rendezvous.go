@@ -222,6 +222,11 @@ type End struct {
 	Kind EndKind
 	// Failure is the root cause when Kind is Failed.
 	Failure *Failure
+	// OutOfRestarts is set with Failed when the failure used up the job's restart budget:
+	// the run is over, and no node starts another round of it. The rendezvous is the one
+	// judge of the budget (its MaxRestarts; for the dynamic rendezvous the run's, which a
+	// job may raise: AddRestarts).
+	OutOfRestarts bool
 	// Detail explains a membership change ("node b left", "node c is waiting").
 	Detail string
 	// Lost is set with MembershipChanged when this node can no longer see the round at

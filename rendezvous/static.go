@@ -135,16 +135,20 @@ func SlurmMasterPort(jobID string) int {
 // from the shared checkpoint directory. Use the Consul coordinator for gang-wide
 // restarts within seconds, elasticity, and one resume choice for all.
 type Static struct {
-	env      SlurmEnv
-	jobID    string
-	mu       sync.Mutex
+	env         SlurmEnv
+	jobID       string
+	maxRestarts int
+	mu          sync.Mutex
 	round    int
 	failures int
 }
 
 // NewStatic returns the static rendezvous for a Slurm step; jobID is the gangrun job id
-// (TORCHELASTIC_RUN_ID), typically the Slurm job id.
-func NewStatic(env SlurmEnv, jobID string) *Static { return &Static{env: env, jobID: jobID} }
+// (TORCHELASTIC_RUN_ID), typically the Slurm job id; maxRestarts is this node's restart
+// budget (each node counts its own failures).
+func NewStatic(env SlurmEnv, jobID string, maxRestarts int) *Static {
+	return &Static{env: env, jobID: jobID, maxRestarts: maxRestarts}
+}
 
 // Join returns this node's fixed part. The master port is req.MasterPort, else derived
 // from the Slurm job id.
@@ -178,10 +182,11 @@ func (s *Static) Join(ctx context.Context, req JoinRequest) (Round, error) {
 
 // countFailure counts a local failure; the other nodes learn of it only through their
 // workers.
-func (s *Static) countFailure() {
+func (s *Static) countFailure() bool {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.failures++
-	s.mu.Unlock()
+	return s.failures > s.maxRestarts
 }
 
 // slurm is the static rendezvous of a Slurm job step (Static).
@@ -215,6 +220,6 @@ func (slurm) open(_ context.Context, _ string, cfg Config) (*Opened, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Opened{Rendezvous: NewStatic(env, job), JobID: job, NodeName: node, MinNodes: n, MaxNodes: n,
+	return &Opened{Rendezvous: NewStatic(env, job, cfg.MaxRestarts), JobID: job, NodeName: node, MinNodes: n, MaxNodes: n,
 		Addr: cfg.AdvertiseAddr, Shared: true, GPUsOnNode: env.GPUsOnNode, SetsDevices: true}, nil
 }
