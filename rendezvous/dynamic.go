@@ -1292,4 +1292,3 @@ func AddRestarts(ctx context.Context, s store.Store, jobID string, n int) (bool,
 		}
 	}
 }
-

@@ -139,8 +139,8 @@ type Static struct {
 	jobID       string
 	maxRestarts int
 	mu          sync.Mutex
-	round    int
-	failures int
+	round       int
+	failures    int
 }
 
 // NewStatic returns the static rendezvous for a Slurm step; jobID is the gangrun job id
