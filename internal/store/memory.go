@@ -125,24 +125,74 @@ func (m *Memory) Txn(_ context.Context, ops []Op) (TxnResult, error) {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	// Check every operation against the current state first, then apply them all.
+	// As Consul's state store does, operations are applied in order, each seeing what
+	// the ones before it wrote (an Unlock then a Lock of one key by another session hand
+	// the key over); an operation that fails writes nothing, the others go on being
+	// checked so that every failure is reported, and any failure discards them all.
 	te := &TxnError{}
 	now := m.now()
+	idx := m.index + 1 // the index the transaction is applied at, if it is
+	staged := map[string]*Entry{}
+	deleted := map[string]bool{}
+	get := func(key string) *Entry {
+		if deleted[key] {
+			return nil
+		}
+		if e, ok := staged[key]; ok {
+			return e
+		}
+		return m.kv[key]
+	}
+	put := func(key string, value []byte, session string, lock bool) {
+		prev := get(key)
+		e := &Entry{Key: key, Value: append([]byte(nil), value...), CreateIndex: idx, ModifyIndex: idx, Session: session}
+		if prev != nil {
+			e.CreateIndex, e.LockIndex = prev.CreateIndex, prev.LockIndex
+		}
+		if lock && (prev == nil || prev.Session != session) {
+			e.LockIndex++
+		}
+		staged[key] = e
+		delete(deleted, key)
+	}
+	del := func(key string) {
+		delete(staged, key)
+		deleted[key] = true
+	}
+	var out []Entry
 	for i, op := range ops {
-		e := m.kv[op.Key]
+		e := get(op.Key)
 		fail := func(reason error) {
 			te.Errors = append(te.Errors, OpError{Op: i, Key: op.Key, Reason: reason,
 				What: fmt.Sprintf("%s %s: %v", op.Verb, op.Key, reason)})
 		}
 		switch op.Verb {
-		case Set, Delete, DeleteTree:
+		case Set:
+			put(op.Key, op.Value, keepSession(e), false)
+		case Delete:
+			del(op.Key)
+		case DeleteTree:
+			for k := range m.kv {
+				if strings.HasPrefix(k, op.Key) {
+					del(k)
+				}
+			}
+			for k := range staged {
+				if strings.HasPrefix(k, op.Key) {
+					del(k)
+				}
+			}
 		case CAS:
 			if (op.Index == 0 && e != nil) || (op.Index != 0 && (e == nil || e.ModifyIndex != op.Index)) {
 				fail(ErrStaleIndex)
+			} else {
+				put(op.Key, op.Value, keepSession(e), false)
 			}
 		case DeleteCAS:
 			if e == nil || e.ModifyIndex != op.Index {
 				fail(ErrStaleIndex)
+			} else {
+				del(op.Key)
 			}
 		case Lock:
 			if _, ok := m.sessions[op.Session]; !ok {
@@ -151,14 +201,20 @@ func (m *Memory) Txn(_ context.Context, ops []Op) (TxnResult, error) {
 				fail(ErrLockHeld)
 			} else if until, ok := m.lockDelay[op.Key]; ok && until.After(now) && (e == nil || e.Session != op.Session) {
 				fail(ErrLockDelay)
+			} else {
+				put(op.Key, op.Value, op.Session, true)
 			}
 		case Unlock:
 			if e == nil || e.Session != op.Session {
 				fail(ErrNotLockHolder)
+			} else {
+				put(op.Key, op.Value, "", false)
 			}
 		case Get:
 			if e == nil {
 				fail(ErrKeyNotFound)
+			} else {
+				out = append(out, clone(e))
 			}
 		case CheckIndex:
 			switch {
@@ -182,30 +238,15 @@ func (m *Memory) Txn(_ context.Context, ops []Op) (TxnResult, error) {
 	if len(te.Errors) > 0 {
 		return TxnResult{}, te
 	}
-	var out []Entry
-	idx := m.bump()
-	for _, op := range ops {
-		e := m.kv[op.Key]
-		switch op.Verb {
-		case Set, CAS:
-			m.put(op.Key, op.Value, idx, keepSession(e))
-		case Lock:
-			m.put(op.Key, op.Value, idx, op.Session)
-			if e == nil || e.Session != op.Session {
-				m.kv[op.Key].LockIndex++
-			}
-		case Unlock:
-			m.put(op.Key, op.Value, idx, "")
-		case Delete, DeleteCAS:
-			m.del(op.Key, idx)
-		case DeleteTree:
-			for k := range m.kv {
-				if strings.HasPrefix(k, op.Key) {
-					m.del(k, idx)
-				}
-			}
-		case Get:
-			out = append(out, clone(e))
+	written := len(staged) > 0 || len(deleted) > 0
+	if written {
+		m.bump() // idx
+		for k := range deleted {
+			m.del(k, idx)
+		}
+		for k, e := range staged {
+			m.kv[k] = e
+			delete(m.tombstones, k)
 		}
 	}
 	res := TxnResult{Entries: out}

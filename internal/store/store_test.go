@@ -318,3 +318,41 @@ func TestSplitTxn(t *testing.T) {
 		t.Errorf("no operations: %v, %v", txns, err)
 	}
 }
+
+// TestTxnHandsALockOver: operations apply in order, each seeing what the ones before it
+// wrote, on both stores: an Unlock by the holder and a Lock by another session in one
+// transaction hand the key over (a job's GPUs go from the node's agent to its step); a
+// check after a write sees the write.
+func TestTxnHandsALockOver(t *testing.T) {
+	consultest.EachStore(t, func(t *testing.T, s store.Store) {
+		ctx := context.Background()
+		agent := session(t, s, store.SessionOptions{Name: "agent"})
+		step := session(t, s, store.SessionOptions{Name: "step"})
+		if _, err := s.Txn(ctx, []store.Op{{Verb: store.Lock, Key: "h/gpu0", Value: []byte("g1"), Session: agent}}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Txn(ctx, []store.Op{
+			{Verb: store.CheckSession, Key: "h/gpu0", Session: agent},
+			{Verb: store.Unlock, Key: "h/gpu0", Value: []byte("g1"), Session: agent},
+			{Verb: store.Lock, Key: "h/gpu0", Value: []byte("g1"), Session: step},
+			{Verb: store.CheckSession, Key: "h/gpu0", Session: step},
+		}); err != nil {
+			t.Fatalf("hand-over: %v", err)
+		}
+		e, err := s.Get(ctx, "h/gpu0")
+		if err != nil || e == nil || e.Session != step || string(e.Value) != "g1" {
+			t.Fatalf("after the hand-over: %+v, %v", e, err)
+		}
+		// The old holder can no longer give it away.
+		_, err = s.Txn(ctx, []store.Op{
+			{Verb: store.Unlock, Key: "h/gpu0", Value: []byte("g1"), Session: agent},
+			{Verb: store.Lock, Key: "h/gpu0", Value: []byte("g2"), Session: agent},
+		})
+		if !errors.Is(err, store.ErrNotLockHolder) {
+			t.Errorf("a second hand-over by the old holder: %v, want ErrNotLockHolder", err)
+		}
+		if e, _ := s.Get(ctx, "h/gpu0"); e == nil || e.Session != step {
+			t.Errorf("the failed hand-over changed the key: %+v", e)
+		}
+	})
+}
