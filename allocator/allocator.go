@@ -129,10 +129,22 @@ type Request struct {
 	Wait time.Duration `json:"wait"`
 	// Holder describes who asked ("user@host pid 123").
 	Holder string `json:"holder"`
-	// Session is the requester's session, which holds the request, grant and GPUs.
+	// Session is the requester's session, which holds the request, grant and GPUs; ""
+	// for a job's request.
 	Session   string    `json:"session"`
 	Submitted time.Time `json:"submitted"`
+	// Job, when set, makes the request a cluster job's: durable, held by no session (it
+	// outlives its submitter), and granted with each node's GPU keys locked by that
+	// node's agent session (GrantNode.Session), which the job's step on the node then
+	// takes over (HandOver). The job removes the request, and its grant, when it ends.
+	Job string `json:"job,omitempty"`
+	// Exclude names nodes the request must not be placed on (a job placed again after
+	// losing them).
+	Exclude []string `json:"exclude,omitempty"`
 }
+
+// Durable reports whether the request is a job's, held by no session.
+func (r Request) Durable() bool { return r.Job != "" }
 
 // Validate checks the request's own fields: counts of at least 1, no negative wait,
 // labels as CheckLabels wants them, and a partition and GPU model of printable text.
@@ -250,6 +262,10 @@ type GrantNode struct {
 	GPUs []int `json:"gpus"`
 	// Devices are the device IDs (CUDA_VISIBLE_DEVICES entries).
 	Devices []string `json:"devices"`
+	// Session, in a job's grant, is the session that holds this node's GPU keys: the
+	// node's agent's when granted, its step's once the step took them over. "" in a
+	// grant of a requester's session (Grant.Session holds every key).
+	Session string `json:"session,omitempty"`
 }
 
 // Grant is the scheduler's answer to a request.
@@ -260,6 +276,15 @@ type Grant struct {
 	Reason  string      `json:"reason,omitempty"` // why refused
 	Session string      `json:"session"`
 	Granted time.Time   `json:"granted,omitzero"`
+}
+
+// KeySession returns the session that must hold node gn's GPU keys of grant g: the
+// node's own for a job's grant, else the grant's.
+func (g Grant) KeySession(gn GrantNode) string {
+	if gn.Session != "" {
+		return gn.Session
+	}
+	return g.Session
 }
 
 // DeviceCount returns the number of devices in the grant.

@@ -21,8 +21,10 @@ const (
 // NodeState is one node in a Cluster snapshot.
 type NodeState struct {
 	Record NodeRecord
-	// Up is true while the node's agent holds its alive key.
-	Up bool
+	// Up is true while the node's agent holds its alive key; AliveSession is that
+	// agent's session ("" when down).
+	Up           bool
+	AliveSession string
 	// Drain is set when the node is drained.
 	Drain *Drain
 	// Held maps each held device ID to the grant holding it.
@@ -56,8 +58,12 @@ type PendingRequest struct {
 	Request
 	// Arrival is the store index at which the request was written: arrival order.
 	Arrival uint64
-	// Alive is false when the request's key is no longer locked by its session.
+	// Alive is false when the request's key is no longer locked by its session (a job's
+	// request, held by none, is alive while it exists).
 	Alive bool
+	// Index is the request key's ModifyIndex: a job's grant is committed only while the
+	// request is as read.
+	Index uint64
 }
 
 // Cluster is a snapshot of the allocator's keys.
@@ -166,7 +172,8 @@ func parseClusterWith(entries []store.Entry, index uint64, decode func(e store.E
 			}
 		case strings.HasPrefix(e.Key, alivePrefix):
 			if e.Session != "" {
-				node(strings.TrimPrefix(e.Key, alivePrefix)).Up = true
+				n := node(strings.TrimPrefix(e.Key, alivePrefix))
+				n.Up, n.AliveSession = true, e.Session
 			}
 		case strings.HasPrefix(e.Key, drainPrefix):
 			var d Drain
@@ -176,7 +183,11 @@ func parseClusterWith(entries []store.Entry, index uint64, decode func(e store.E
 		case strings.HasPrefix(e.Key, requestsPrefix):
 			var r Request
 			if decode(e, &r) {
-				c.Requests[r.ID] = PendingRequest{Request: r, Arrival: e.CreateIndex, Alive: e.Session != "" && e.Session == r.Session}
+				alive := e.Session != "" && e.Session == r.Session
+				if r.Durable() {
+					alive = e.Session == ""
+				}
+				c.Requests[r.ID] = PendingRequest{Request: r, Arrival: e.CreateIndex, Alive: alive, Index: e.ModifyIndex}
 			}
 		case strings.HasPrefix(e.Key, grantsPrefix):
 			var g Grant

@@ -95,16 +95,27 @@ func (sc *Scheduler) commit(ctx context.Context, r PendingRequest, nodes []Grant
 	var locks []store.Op
 	for _, gn := range nodes {
 		for _, d := range gn.Devices {
-			locks = append(locks, store.Op{Verb: store.Lock, Key: gpuKey(gn.Name, d), Value: []byte(r.ID), Session: r.Session})
+			locks = append(locks, store.Op{Verb: store.Lock, Key: gpuKey(gn.Name, d), Value: []byte(r.ID), Session: g.KeySession(gn)})
 		}
 	}
+	// The request still stands: held by its requester's session, or, a job's (held by
+	// none), unchanged since it was read.
 	held := store.Op{Verb: store.CheckSession, Key: requestsPrefix + r.ID, Session: r.Session}
+	writeGrant := func(g Grant) store.Op {
+		return store.Op{Verb: store.Lock, Key: grantKey, Value: mustJSON(g), Session: r.Session}
+	}
+	stillPending := store.Op{Verb: store.CheckSession, Key: grantKey, Session: r.Session}
+	if r.Durable() {
+		held = store.Op{Verb: store.CheckIndex, Key: requestsPrefix + r.ID, Index: r.Index}
+		writeGrant = func(g Grant) store.Op { return store.Op{Verb: store.Set, Key: grantKey, Value: mustJSON(g)} }
+		stillPending = store.Op{Verb: store.Get, Key: grantKey}
+	}
 	// The pieces are cut for the first transaction's header, the larger: the later
 	// header (a check instead of the grant's creation) is shorter, so they fit too.
 	first := []store.Op{sc.fence(), held,
 		{Verb: store.CheckNotExists, Key: grantKey},
-		{Verb: store.Lock, Key: grantKey, Value: mustJSON(g), Session: r.Session}}
-	later := []store.Op{sc.fence(), held, {Verb: store.CheckSession, Key: grantKey, Session: r.Session}}
+		writeGrant(g)}
+	later := []store.Op{sc.fence(), held, stillPending}
 	txns, err := store.SplitTxn(first, locks)
 	if err != nil {
 		return fmt.Errorf("grant %s: %w", r.ID, err)
@@ -125,7 +136,7 @@ func (sc *Scheduler) commit(ctx context.Context, r PendingRequest, nodes []Grant
 		done = append(done, chunk...)
 	}
 	g.State, g.Granted = GrantGranted, sc.now().UTC()
-	err = sc.txn(ctx, []store.Op{held, {Verb: store.Lock, Key: grantKey, Value: mustJSON(g), Session: r.Session}})
+	err = sc.txn(ctx, []store.Op{held, writeGrant(g)})
 	if err == nil {
 		return nil
 	}

@@ -25,6 +25,7 @@ const (
 	reasonLabels    = "labels"
 	reasonDevices   = "too few GPUs"
 	reasonReserved  = "reserved for a request ahead"
+	reasonExcluded  = "excluded"
 )
 
 // checkUp rules out a node whose agent is gone (its alive key is not held).
@@ -39,6 +40,17 @@ func checkUp(_ Request, n *NodeState) string {
 func checkNotDrained(_ Request, n *NodeState) string {
 	if n.Drain != nil {
 		return reasonDrained
+	}
+	return ""
+}
+
+// checkNotExcluded rules out a node the request excludes (a job placed again after it
+// lost the node).
+func checkNotExcluded(r Request, n *NodeState) string {
+	for _, x := range r.Exclude {
+		if x == n.Record.Name {
+			return reasonExcluded
+		}
 	}
 	return ""
 }

@@ -41,8 +41,11 @@ func (v Violation) String() string {
 // ClusterPrefix as one consistent read returned them (Store.List, or a Watcher of
 // ClusterPrefix), at store index index: no device is held by two granted grants, and
 // every granted grant is whole (each device it lists has its key, naming the grant and
-// locked by the grant's session). Pending and refused grants are not grants yet and are
-// not checked. It returns the snapshot the entries parse to and the violations, sorted
+// locked by the grant's session, or for a job's grant by the node's: Grant.KeySession).
+// A job's grant may lack the keys of a node whose holder died (they went with its
+// session) until the job replaces the node; keys it lists that something else holds are
+// violations all the same. Pending and refused grants are not grants yet and are not
+// checked. It returns the snapshot the entries parse to and the violations, sorted
 // by key; none when the invariants hold. Tests call it all along a run, from any
 // goroutine.
 func CheckInvariants(entries []store.Entry, index uint64) (*Cluster, []Violation) {
@@ -74,7 +77,13 @@ func CheckInvariants(entries []store.Entry, index uint64) (*Cluster, []Violation
 				}
 				owner[key] = id
 				l, ok := locks[key]
-				if !ok || l.grant != id || l.session != g.Session || l.session == "" {
+				if !ok && g.Session == "" {
+					// A job's grant: the node's keys went with the session that held them
+					// (the node or its step died); the job replaces the node. Nothing else
+					// holds them, which is what matters.
+					continue
+				}
+				if !ok || l.grant != id || l.session != g.KeySession(gn) || l.session == "" {
 					out = append(out, Violation{Kind: NotWhole, Key: key, Grants: []string{id}, Holder: l.grant, Session: l.session})
 				}
 			}

@@ -58,7 +58,7 @@ type pipeline struct {
 // DeviceRanker in a file of its own and the one line here that names it.
 func defaultPipeline() pipeline {
 	return pipeline{
-		state:   []Checker{checkUp, checkNotDrained},
+		state:   []Checker{checkUp, checkNotDrained, checkNotExcluded},
 		fit:     []Checker{checkPartition, checkLabels, checkDevices},
 		nodes:   ChooseNodes,
 		devices: ChooseDevices,

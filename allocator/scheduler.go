@@ -269,6 +269,13 @@ func (sc *Scheduler) Pass(ctx context.Context, c *Cluster) (time.Duration, error
 			}
 			continue
 		}
+		if r.Durable() {
+			// A job's GPU keys are held, node by node, by the node's agent until the
+			// job's step there takes them over.
+			for i := range nodes {
+				nodes[i].Session = c.Nodes[nodes[i].Name].AliveSession
+			}
+		}
 		err := sc.commit(ctx, r, nodes)
 		var te *store.TxnError
 		switch {
