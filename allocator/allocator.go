@@ -45,6 +45,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/gangrun/gangrun/internal/store"
 	"github.com/gangrun/gangrun/topology"
 )
 
@@ -67,10 +68,10 @@ const (
 
 // Session settings.
 const (
-	// SessionTTL is the TTL of agent and grant sessions: Consul's minimum, so a dead
+	// SessionTTL is the TTL of agent and grant sessions (store.SessionTTL, 20 s): a dead
 	// holder's GPUs come back within 2×SessionTTL (Consul invalidates a session up to
 	// twice its TTL after the last renewal) plus GrantLockDelay.
-	SessionTTL = 10 * time.Second
+	SessionTTL = store.SessionTTL
 	// GrantLockDelay is the lock-delay of grant sessions: after a holder dies, its GPUs
 	// cannot be locked again for this long, so a holder that lost its session but still
 	// runs (cut off from Consul) gets time to notice and stop.
@@ -114,9 +115,12 @@ type Drain struct {
 
 // Request is a gang request: Nodes nodes with GPUsPerNode devices each.
 type Request struct {
-	ID          string `json:"id"`
-	Nodes       int    `json:"nodes"`
-	GPUsPerNode int    `json:"gpus_per_node"`
+	ID string `json:"id"`
+	// Nodes is how many nodes the request needs; MaxNodes, when larger, how many it
+	// takes when they are free (a job's --nodes MIN:MAX).
+	Nodes       int `json:"nodes"`
+	MaxNodes    int `json:"max_nodes,omitempty"`
+	GPUsPerNode int `json:"gpus_per_node"`
 	// GPUModel, when set, must appear (case-insensitive) in the devices' model name.
 	GPUModel string `json:"gpu_model,omitempty"`
 	// Partition, when set, must equal the node's "partition" label.

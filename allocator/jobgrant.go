@@ -21,6 +21,13 @@ import (
 // (ReleaseNode) in one transaction with its keys. The job removes what is left, and
 // the grant and its request, when it ends (ReleaseJob).
 
+// RequestKey and GrantKey are the keys of request (or job) id and of its grant, for a
+// caller that writes them in its own transaction (a job's cancel checks the grant's).
+func RequestKey(id string) string { return requestsPrefix + id }
+
+// GrantKey is the key of the grant of request id.
+func GrantKey(id string) string { return grantsPrefix + id }
+
 // ErrNotHolder means the node's keys in the grant are not held by the session that
 // tried to take them over or give them back (its agent's session ended, another step
 // took them, the node left the grant).
@@ -179,11 +186,12 @@ func (n *NodeState) holds(d, id string) bool {
 	return n != nil && n.Held[d] == id
 }
 
-// JobRequest is the durable request of cluster job job: nodes nodes of gpus GPUs each,
+// JobRequest is the durable request of cluster job job: nodes nodes (up to maxNodes when
+// free) of gpus GPUs each,
 // in partition (may be ""), of priority, never refused (it waits as long as the job
 // does), away from the exclude nodes.
-func JobRequest(job string, nodes, gpus int, partition, model string, labels map[string]string, priority int, exclude []string) Request {
-	return Request{ID: job, Job: job, Nodes: nodes, GPUsPerNode: gpus, Partition: partition, GPUModel: model,
+func JobRequest(job string, nodes, maxNodes, gpus int, partition, model string, labels map[string]string, priority int, exclude []string) Request {
+	return Request{ID: job, Job: job, Nodes: nodes, MaxNodes: maxNodes, GPUsPerNode: gpus, Partition: partition, GPUModel: model,
 		Labels: labels, Priority: priority, Holder: "job " + job, Submitted: time.Now().UTC(), Exclude: exclude}
 }
 

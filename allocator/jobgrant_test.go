@@ -18,7 +18,7 @@ func TestJobGrantLifecycle(t *testing.T) {
 	consultest.EachStore(t, func(t *testing.T, s store.Store) {
 		ctx := context.Background()
 		tc := startCluster(t, s, 3, "dgx-h100", nil)
-		r := JobRequest("41", 2, 4, "", "", nil, 0, []string{"node02"})
+		r := JobRequest("41", 2, 2, 4, "", "", nil, 0, []string{"node02"})
 		ops, err := JobRequestOps(r)
 		if err != nil {
 			t.Fatal(err)

@@ -98,7 +98,14 @@ func (p pipeline) place(r Request, nodes map[string]*NodeState, free map[string]
 		cands = append(cands, NodeCandidate{Name: name, Switch: n.Record.Labels[LabelSwitch],
 			Spine: n.Record.Labels[LabelSpine], FreeGPUs: f, TotalGPUs: len(matching(n.Record.Devices, r.GPUModel))})
 	}
-	chosen, err := p.nodes(cands, r.Nodes, r.GPUsPerNode)
+	// A request for a range of nodes takes as many as fit, from MaxNodes down.
+	var chosen []NodeCandidate
+	var err error
+	for k := max(r.MaxNodes, r.Nodes); k >= r.Nodes; k-- {
+		if chosen, err = p.nodes(cands, k, r.GPUsPerNode); err == nil {
+			break
+		}
+	}
 	if err != nil {
 		return nil, waitReason(r, cands, counts)
 	}

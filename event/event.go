@@ -29,7 +29,7 @@ const (
 	// RoundClosed: rendezvous round Attempt closed with Nodes.
 	RoundClosed Kind = "round_closed"
 	// RoundEnded: round Attempt ended for this node; Cause is the end's kind
-	// ("succeeded", "failed", "membership changed"), Detail why.
+	// ("succeeded", "failed", "membership changed"), Detail why (a failure's root cause).
 	RoundEnded Kind = "round_ended"
 	// Granted: the scheduler granted request Job its Nodes (GPUs in all).
 	Granted Kind = "granted"

@@ -35,8 +35,10 @@ type Spec struct {
 	// NNodes is --nnodes, "N" or "MIN:MAX"; "" is "1". NNodesGiven says the user gave it.
 	NNodes      string
 	NNodesGiven bool
-	// Coordinator is --coordinator (rendezvous.Open); "" is the default.
+	// Coordinator is --coordinator (rendezvous.Open); "" is the default. FollowRun
+	// joins the job's run as it stands (a cluster job's step: rendezvous.Config).
 	Coordinator string
+	FollowRun   bool
 	// JobID, NodeName and AdvertiseAddr: "" lets the coordinator decide.
 	JobID, NodeName, AdvertiseAddr string
 	// MasterPort is MASTER_PORT, 0..65535 (0: a free port for every attempt).
@@ -176,6 +178,7 @@ func Prepare(ctx context.Context, spec Spec) (*Prepared, error) {
 	opened, err := rendezvous.Open(ctx, spec.Coordinator, rendezvous.Config{
 		JobID: spec.JobID, NodeName: spec.NodeName, MinNodes: nmin, MaxNodes: nmax, NNodesGiven: spec.NNodesGiven,
 		MaxRestarts: spec.MaxRestarts, AdvertiseAddr: spec.AdvertiseAddr, Getenv: getenv, Log: log, Events: spec.Events,
+		FollowRun: spec.FollowRun,
 	})
 	if err != nil {
 		return nil, err

@@ -638,8 +638,12 @@ func (s *Supervisor) unhealthy(ctx context.Context, at *attempt, res *Result) (G
 func (s *Supervisor) next(ctx context.Context, at *attempt, res *Result) (GroupState, bool) {
 	a := at.a
 	end := at.round.End()
+	detail := end.Detail
+	if end.Failure != nil {
+		detail = end.Failure.String()
+	}
 	s.events.Emit(event.Event{Time: time.Now(), Kind: event.RoundEnded, Job: s.cfg.JobID, Node: s.cfg.NodeName,
-		Attempt: a.Round, Cause: end.Kind.String(), Detail: end.Detail})
+		Attempt: a.Round, Cause: end.Kind.String(), Detail: detail})
 	switch end.Kind {
 	case rendezvous.Failed:
 		res.Failure = end.Failure

@@ -26,9 +26,10 @@ const (
 	// DefaultLastCall is how long the leader waits for more nodes once MIN have joined
 	// and fewer than MAX have (torch's dynamic rendezvous calls it last_call_timeout).
 	DefaultLastCall = 3 * time.Second
-	// SessionTTL is the TTL of a node's job session: a dead node's membership key goes
-	// away 2×SessionTTL after its last renewal at most (Consul's rule).
-	SessionTTL = 10 * time.Second
+	// SessionTTL is the TTL of a node's job session (store.SessionTTL, 20 s): a dead
+	// node's membership key goes away 2×SessionTTL after its last renewal at most
+	// (Consul's rule).
+	SessionTTL = store.SessionTTL
 	// joinReportEvery is how often a node still waiting for a round says so.
 	joinReportEvery = 30 * time.Second
 	// heartbeatEvery throttles the output heartbeats nodes publish for --hang-timeout.
@@ -1207,7 +1208,7 @@ func (consul) open(_ context.Context, coordinator string, cfg Config) (*Opened, 
 	}
 	host, _ := os.Hostname()
 	d, err := NewDynamic(s, DynamicConfig{JobID: cfg.JobID, MinNodes: cfg.MinNodes, MaxNodes: cfg.MaxNodes,
-		MaxRestarts: cfg.MaxRestarts, Host: host, Log: cfg.Log.Named("rendezvous"), Events: cfg.Events})
+		MaxRestarts: cfg.MaxRestarts, Host: host, Log: cfg.Log.Named("rendezvous"), Events: cfg.Events, FollowRun: cfg.FollowRun})
 	if err != nil {
 		s.Close()
 		return nil, &UsageError{Err: err}

@@ -31,6 +31,9 @@ type Config struct {
 	// MaxRestarts is the job's restart budget (the dynamic rendezvous finishes a job that
 	// runs out of it).
 	MaxRestarts int
+	// FollowRun joins the job's run as it stands (DynamicConfig.FollowRun): a cluster
+	// job's step.
+	FollowRun bool
 	// AdvertiseAddr is the address other nodes reach this one at; "" lets the backend
 	// choose (Consul: the local address of the route towards Consul).
 	AdvertiseAddr string

@@ -9,7 +9,6 @@ import (
 
 	"github.com/spf13/pflag"
 	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 
 	"github.com/gangrun/gangrun/launcher"
 )
@@ -165,23 +164,5 @@ func commandExitCode(err error) int {
 	return exitUsage
 }
 
-// newLogger returns gangrun's own logger: zap's console encoder ("text") or JSON.
-func newLogger(format string, w io.Writer) (*zap.Logger, error) {
-	ec := zapcore.EncoderConfig{
-		TimeKey: "ts", LevelKey: "level", NameKey: "logger", MessageKey: "msg",
-		LineEnding: zapcore.DefaultLineEnding, EncodeLevel: zapcore.CapitalLevelEncoder,
-		EncodeTime: zapcore.ISO8601TimeEncoder, EncodeDuration: zapcore.StringDurationEncoder,
-		EncodeName: zapcore.FullNameEncoder,
-	}
-	var enc zapcore.Encoder
-	switch format {
-	case "text":
-		enc = zapcore.NewConsoleEncoder(ec)
-	case "json":
-		enc = zapcore.NewJSONEncoder(ec)
-	default:
-		return nil, fmt.Errorf("--log-format %q: want text or json", format)
-	}
-	core := zapcore.NewCore(enc, zapcore.Lock(zapcore.AddSync(w)), zapcore.InfoLevel)
-	return zap.New(core).Named("gangrun"), nil
-}
+// newLogger returns gangrun's own logger (launcher.NewLogger).
+func newLogger(format string, w io.Writer) (*zap.Logger, error) { return launcher.NewLogger(format, w) }

@@ -25,11 +25,11 @@ import (
 // renewal, the session is therefore its own for at least TTL. The lease gives the
 // holder less than that, on its own monotonic clock:
 //
-//	renew every        TTL/5            (2 s for gangrun's 10 s sessions)
+//	renew every        TTL/5             (4 s for gangrun's 20 s sessions, SessionTTL)
 //	each renewal times out after TTL/5
-//	stop by            TTL×6/10 (6 s)   with no renewal accepted since: the lease is over
-//	kill by            TTL×8/10 (8 s)   everything the session guards must be dead
-//	Consul's earliest invalidation: TTL (10 s); in practice 2×TTL (20 s)
+//	stop by            TTL×6/10 (12 s)   with no renewal accepted since: the lease is over
+//	kill by            TTL×8/10 (16 s)   everything the session guards must be dead
+//	Consul's earliest invalidation: TTL (20 s); in practice 2×TTL (40 s)
 //
 // A lease that is over stays over, even if a later renewal succeeds: a process that was
 // stopped (SIGSTOP, a VM paused) longer than the lease wakes to a lease it no longer
@@ -39,6 +39,15 @@ const (
 	leaseStopTenths   = 6
 	leaseKillTenths   = 8
 )
+
+// SessionTTL is the TTL of every session gangrun holds (an agent's, a requester's, a
+// rendezvous node's, a job step's): 20 s, twice Consul's minimum. With it a lease ends
+// 12 s after the last accepted renewal, so a holder rides out a Consul leader election
+// (2 to 5 s with raft_multiplier 1, measured here under load up to 5.4 s; up to about
+// 10 s at Consul's default raft_multiplier 5) without stopping what it guards, while a
+// holder that died is known within 2×TTL = 40 s (sooner when its machine dies: a session
+// bound to the node's serfHealth ends with the node).
+const SessionTTL = 20 * time.Second
 
 // LeaseStop returns how long after its last accepted renewal a lease of a session with
 // the given TTL is over (TTL×6/10).
