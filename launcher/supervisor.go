@@ -584,6 +584,8 @@ func (s *Supervisor) succeeded(ctx context.Context, at *attempt, res *Result) (G
 	}
 	if end.Kind == rendezvous.Succeeded {
 		s.log.Info("all workers finished", zap.Int("attempt", at.a.Round))
+		s.events.Emit(event.Event{Time: time.Now(), Kind: event.RoundEnded, Job: s.cfg.JobID, Node: s.cfg.NodeName,
+			Attempt: at.a.Round, Cause: end.Kind.String()})
 		res.ExitCode = 0
 		return "", true
 	}

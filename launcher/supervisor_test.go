@@ -518,7 +518,7 @@ exit 0`)
 		t.Errorf("checkpoint choices %+v, want one per attempt", c)
 	}
 	ends := rec.Of(event.RoundEnded)
-	if len(ends) != 1 || ends[0].Cause != "failed" {
-		t.Errorf("round ends %+v, want attempt 0's failure (the last round's success ends the run)", ends)
+	if len(ends) != 2 || ends[0].Cause != "failed" || ends[0].Attempt != 0 || ends[1].Cause != "succeeded" || ends[1].Attempt != 1 {
+		t.Errorf("round ends %+v, want attempt 0's failure, then attempt 1's success", ends)
 	}
 }
