@@ -1,11 +1,16 @@
 package allocator
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -45,12 +50,63 @@ type AgentConfig struct {
 	// Health, when set, reports the node's GPU health changes while the agent runs; the
 	// agent republishes its inventory with each (a failed GPU is no longer allocatable).
 	Health HealthSource
+	// Leader lists what else runs while this agent is the elected scheduler (the job
+	// controller), each until ctx ends or it returns; session is the leader's, for a
+	// LeaderFence on its writes.
+	Leader []func(ctx context.Context, s store.Store, session string) error
+}
+
+// LeaderFence is the transaction operation that makes a write of the elected
+// scheduler's (or of what runs beside it, AgentConfig.Leader) fail once session no
+// longer leads: a deposed leader changes nothing.
+func LeaderFence(session string) store.Op {
+	return store.Op{Verb: store.CheckSession, Key: schedulerKey, Session: session}
 }
 
 // HealthSource reports changes of a node's GPU health, as they happen, until ctx ends
 // or it can watch no more (its error says why): NVMLHealth on a machine with NVIDIA's
 // driver, a recorded stream of changes in tests.
 type HealthSource func(ctx context.Context, inv *topology.Inventory, report func(topology.GPUHealthChange)) error
+
+// RecordedHealth returns a HealthSource that replays the GPU health changes appended to
+// file, one topology.GPUHealthChange as JSON per line, as they are written (it polls
+// the file every 200 ms): a drill or a test stands in for NVML's events with it. A line
+// that does not parse is skipped and logged by the caller's agent as nothing more.
+func RecordedHealth(file string) HealthSource {
+	return func(ctx context.Context, _ *topology.Inventory, report func(topology.GPUHealthChange)) error {
+		var off int64
+		var partial []byte
+		for {
+			f, err := os.Open(file)
+			if err == nil {
+				if _, err = f.Seek(off, io.SeekStart); err == nil {
+					var data []byte
+					data, err = io.ReadAll(io.LimitReader(f, 1<<20))
+					off += int64(len(data))
+					partial = append(partial, data...)
+					for {
+						i := bytes.IndexByte(partial, '\n')
+						if i < 0 {
+							break
+						}
+						var ch topology.GPUHealthChange
+						if json.Unmarshal(partial[:i], &ch) == nil {
+							report(ch)
+						}
+						partial = partial[i+1:]
+					}
+				}
+				f.Close()
+			}
+			if !store.Sleep(ctx, recordedHealthPoll) {
+				return nil
+			}
+		}
+	}
+}
+
+// recordedHealthPoll is how often RecordedHealth looks for new lines.
+const recordedHealthPoll = 200 * time.Millisecond
 
 // NVMLHealth is the HealthSource of a machine with NVIDIA's driver: NVML's events (Xid
 // errors, ECC) and health probes, through topology.WatchHealth.
@@ -265,8 +321,21 @@ func (a *Agent) elect(ctx context.Context, sess string) error {
 		switch {
 		case err == nil:
 			a.log.Info("elected scheduler")
+			lctx, stopLeading := context.WithCancel(ctx)
+			var wg sync.WaitGroup
+			for _, f := range a.cfg.Leader {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					if err := f(lctx, a.s, sess); err != nil && lctx.Err() == nil {
+						a.log.Warn("a leader's task stopped", zap.Error(err))
+					}
+				}()
+			}
 			err = NewScheduler(a.s, SchedulerConfig{Session: sess, Name: a.cfg.Node, Log: a.log.Named("scheduler"),
 				Events: a.cfg.Events}).Run(ctx)
+			stopLeading()
+			wg.Wait()
 			if ctx.Err() != nil {
 				return nil
 			}
@@ -311,6 +380,16 @@ func (a *Agent) watchHealth(ctx context.Context) {
 		next := cur
 		next.GPUs = append([]topology.GPU(nil), cur.GPUs...)
 		a.UpdateInventory(&next)
+		if ch.Health.State == topology.Failed {
+			// A failed GPU drains its node (Slurm drains a node whose health check fails):
+			// no new work lands there, and the jobs running there move off it.
+			reason := fmt.Sprintf("GPU %d failed: %s", ch.Index, strings.Join(ch.Health.Reasons, "; "))
+			if err := SetDrain(ctx, a.s, a.cfg.Node, reason); err != nil {
+				a.log.Warn("drain the node after a GPU failed", zap.Error(err))
+			} else {
+				a.log.Warn("node drained", zap.String("reason", reason))
+			}
+		}
 	})
 	if err != nil && ctx.Err() == nil {
 		a.log.Warn("gpu health watch stopped", zap.Error(err))
