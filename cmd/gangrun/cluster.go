@@ -16,9 +16,9 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/gangrun/gangrun/allocator"
-	"github.com/gangrun/gangrun/hostlist"
 	"github.com/gangrun/gangrun/internal/proc"
 	"github.com/gangrun/gangrun/internal/store"
+	"github.com/gangrun/gangrun/job"
 	"github.com/gangrun/gangrun/launcher"
 	"github.com/gangrun/gangrun/topology"
 )
@@ -76,6 +76,7 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 	topoFile := fs.String("topology-file", "", "use a recorded inventory (gangrun topo --json) instead of probing")
 	labels := fs.StringArray("labels", nil, "node labels KEY=VALUE[,...]: partition, switch, spine, anything (repeatable)")
 	noSched := fs.Bool("no-scheduler", false, "never act as the cluster's scheduler")
+	healthEvents := fs.String("health-events", "", "replay GPU health changes appended to FILE (JSON lines) instead of watching NVML: drills and tests")
 	logFormat := fs.String("log-format", "text", "log lines: text or json")
 	if done, code := parseFlags(e, fs, args); done {
 		return code
@@ -115,11 +116,15 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 	}
 	defer s.Close()
 	var health allocator.HealthSource
-	if *topoFile == "" && len(inv.GPUs) > 0 {
+	switch {
+	case *healthEvents != "":
+		health = allocator.RecordedHealth(*healthEvents)
+	case *topoFile == "" && len(inv.GPUs) > 0:
 		health = allocator.NVMLHealth // a recorded inventory has no driver to watch
 	}
 	a, err := allocator.NewAgent(s, allocator.AgentConfig{Node: name, Addr: *addr, Labels: lbl, Inventory: inv,
-		NoScheduler: *noSched, Log: log, Health: health})
+		NoScheduler: *noSched, Log: log, Health: health,
+		Leader: []func(context.Context, store.Store, string) error{job.Control(log.Named("jobs"))}})
 	if err != nil {
 		return usageErr(e, "agent", "%v", err)
 	}
@@ -137,6 +142,15 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 			log.Info("stopping", zap.String("signal", proc.SignalName(watch.Signal())))
 		case <-actx.Done():
 		}
+	}()
+	// The node's part of cluster jobs: it starts their steps here (slurmd's part).
+	stepLogs, err := os.MkdirTemp("", "gangrun-agent-"+name+"-")
+	if err != nil {
+		return failErr(e, "agent", err)
+	}
+	go func() {
+		_ = job.RunLauncher(actx, job.LauncherConfig{Store: s, Node: name, Log: log.Named("jobs"),
+			Spawn: spawnStep(e, *consul, *topoFile, name, stepLogs)})
 	}()
 	if err := a.Run(actx); err != nil {
 		return failErr(e, "agent", err)
@@ -316,9 +330,10 @@ func holder() string {
 }
 
 func runQueue(ctx context.Context, e *env, args []string) int {
-	fs := newFlagSet(e, "queue", "[--json]")
+	fs := newFlagSet(e, "queue", "[--all] [--json]")
 	consul := consulFlag(fs)
 	asJSON := fs.Bool("json", false, "print JSON")
+	all := fs.Bool("all", false, "also list jobs that ended (squeue --states=all)")
 	if done, code := parseFlags(e, fs, args); done {
 		return code
 	}
@@ -330,37 +345,14 @@ func runQueue(ctx context.Context, e *env, args []string) int {
 		return code
 	}
 	defer s.Close()
-	c, err := allocator.Snapshot(ctx, s)
+	q, err := job.Queue(ctx, s, *all)
 	if err != nil {
 		return failErr(e, "queue", err)
 	}
-	st, err := allocator.ReadStatus(ctx, s)
-	if err != nil {
-		return failErr(e, "queue", err)
-	}
-	q := c.Queue(st.Pending)
 	if *asJSON {
-		if q == nil {
-			q = []allocator.QueueEntry{}
-		}
 		return printJSON(e, q)
 	}
-	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tSTATE\tNODES\tGPUS/NODE\tPRIO\tHOLDER\tSUBMITTED\tNODELIST(REASON)")
-	for _, q := range q {
-		where := q.Reason
-		if q.State == allocator.GrantGranted {
-			names := make([]string, len(q.Granted))
-			for i, n := range q.Granted {
-				names[i] = n.Name
-			}
-			where = hostlist.Compress(names)
-		} else if where != "" {
-			where = "(" + where + ")"
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\n", q.ID, q.State, q.Nodes, q.GPUsPerNode, q.Priority, q.Holder, q.Submitted, where)
-	}
-	tw.Flush()
+	printJobs(e, q)
 	return exitOK
 }
 
@@ -382,6 +374,11 @@ func runShow(ctx context.Context, e *env, args []string) int {
 		return code
 	}
 	defer s.Close()
+	if j, err := job.Read(ctx, s, fs.Arg(0)); err == nil {
+		return showJob(e, j, *asJSON)
+	} else if !errors.Is(err, job.ErrNotFound) {
+		return failErr(e, "show", err)
+	}
 	r, g, err := allocator.Show(ctx, s, fs.Arg(0))
 	if errors.Is(err, allocator.ErrNotFound) {
 		return usageErr(e, "show", "%s", unknownID(fs.Arg(0)))
@@ -448,6 +445,18 @@ func runCancel(ctx context.Context, e *env, args []string) int {
 	// was unknown (a usage error, as for show and drain), else 0.
 	unknown, failed := false, false
 	for _, id := range fs.Args() {
+		if changed, err := job.Cancel(ctx, s, id); !errors.Is(err, job.ErrNotFound) {
+			switch {
+			case err != nil:
+				failErr(e, "cancel", err)
+				failed = true
+			case changed:
+				fmt.Fprintf(e.stdout, "cancelled job %s\n", id)
+			default:
+				fmt.Fprintf(e.stdout, "job %s had ended or is ending already\n", id)
+			}
+			continue
+		}
 		err := allocator.Cancel(ctx, s, id)
 		switch {
 		case errors.Is(err, allocator.ErrNotFound):
@@ -471,7 +480,7 @@ func runCancel(ctx context.Context, e *env, args []string) int {
 
 // unknownID says that id names no request or grant.
 func unknownID(id string) string {
-	return fmt.Sprintf("no request or grant %q (gangrun queue lists them)", id)
+	return fmt.Sprintf("no job, request or grant %q (gangrun queue lists them)", id)
 }
 
 func runDrain(ctx context.Context, e *env, args []string) int {

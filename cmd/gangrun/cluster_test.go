@@ -105,7 +105,7 @@ func TestClusterWalkthrough(t *testing.T) {
 		t.Fatalf("free %d of %d after the grant, want 8 of 16", free, total)
 	}
 	code, out, _ := inProcess("queue", "--consul", consul, "--json")
-	if code != 0 || !strings.Contains(out, `"state": "granted"`) || !strings.Contains(out, grant.ID) {
+	if code != 0 || !strings.Contains(out, `"state": "RUNNING"`) || !strings.Contains(out, `"kind": "alloc"`) || !strings.Contains(out, grant.ID) {
 		t.Errorf("queue --json = %d %s", code, out)
 	}
 

@@ -77,9 +77,11 @@ func commands() []command {
 		{"agent", "register this node with Consul and keep it alive", runAgent, true},
 		{"nodes", "list the cluster's nodes and free GPUs (like sinfo)", runNodes, false},
 		{"alloc", "reserve a gang of GPUs across nodes, all or nothing (like salloc)", runAlloc, true},
-		{"queue", "list grants and pending requests (like squeue)", runQueue, false},
-		{"show", "show one grant or request (like scontrol show job)", runShow, false},
-		{"cancel", "release a grant or withdraw a request (like scancel)", runCancel, false},
+		{"submit", "queue a job the cluster places, launches and supervises (like sbatch)", runSubmit, false},
+		{"queue", "list jobs and allocations (like squeue)", runQueue, false},
+		{"show", "show one job, grant or request (like scontrol show job)", runShow, false},
+		{"cancel", "cancel jobs, release grants or withdraw requests (like scancel)", runCancel, false},
+		{"logs", "print a job's output (like reading slurm-JOBID.out)", runLogs, false},
 		{"drain", "mark a node drained: no new grants land on it", runDrain, false},
 		{"resume", "return a drained node to service", runResume, false},
 		{"ckpt", "find, list, verify and prune checkpoints", runCkpt, false},
@@ -133,7 +135,7 @@ func catchesSignals(args []string) bool {
 	if len(args) == 0 {
 		return false
 	}
-	if args[0] == guardianCommand {
+	if args[0] == guardianCommand || args[0] == stepCommand {
 		return true
 	}
 	if args[0] == "bench" { // bench nccl runs a gang; bench parse reads a file
@@ -159,6 +161,9 @@ func dispatch(ctx context.Context, e *env, args []string) int {
 		return exitOK
 	case "-v", "--version":
 		return runVersion(ctx, e, nil)
+	}
+	if args[0] == stepCommand {
+		return runStep(ctx, e, args[1:])
 	}
 	if args[0] == guardianCommand {
 		if err := proc.RunGuardian(os.Stdin, e.stderr); err != nil {

@@ -1,0 +1,433 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/gangrun/gangrun/hostlist"
+	"github.com/gangrun/gangrun/internal/store"
+	"github.com/gangrun/gangrun/internal/userfile"
+	"github.com/gangrun/gangrun/job"
+	"github.com/gangrun/gangrun/launcher"
+	"github.com/gangrun/gangrun/topology"
+)
+
+// stepCommand is the hidden subcommand an agent starts for a job's step on its node.
+const stepCommand = "__step"
+
+// submitFlags are `gangrun submit`'s options, which a script may also give on #GANGRUN
+// lines (the command line wins).
+type submitFlags struct {
+	nodes, name, partition, account, timeLimit, signal, checkpointDir, output string
+	gpus, priority, spares, maxRestarts                                       int
+	termTimeout                                                               time.Duration
+	env                                                                       []string
+	asJSON                                                                    bool
+	consul                                                                    *string
+}
+
+func (f *submitFlags) register(fs *pflag.FlagSet) {
+	f.consul = consulFlag(fs)
+	fs.StringVar(&f.nodes, "nodes", "1", "nodes, N or MIN:MAX (the job takes as many as are free, and shrinks within them)")
+	fs.IntVar(&f.gpus, "gpus-per-node", 1, "GPUs on each node")
+	fs.StringVar(&f.name, "name", "", "the job's name (%x in --output; default: the command's or script's base name)")
+	fs.StringVar(&f.partition, "partition", "", "run on nodes of this partition (their partition label)")
+	fs.StringVar(&f.account, "account", "", "the account (project) the job is charged to")
+	fs.IntVar(&f.priority, "priority", 0, "higher goes first")
+	fs.StringVar(&f.timeLimit, "time", "", "time limit: minutes, MM:SS, HH:MM:SS, D-HH[:MM[:SS]] or a duration (90m); the job ends TIMEOUT")
+	fs.StringVar(&f.signal, "signal", "", "SIG@DUR: send SIG to the workers DUR (seconds or a duration) before the time limit")
+	fs.IntVar(&f.spares, "spare-nodes", 0, "nodes granted with the job, idle until one of its nodes fails")
+	fs.StringVar(&f.checkpointDir, "checkpoint-dir", "", "where the trainer writes checkpoints; every attempt resumes from the newest complete one")
+	fs.IntVar(&f.maxRestarts, "max-restarts", job.DefaultMaxRestarts, "restarts after the job's own failures (a lost node's do not count)")
+	durationVar(fs, &f.termTimeout, "term-timeout", launcher.DefaultTermTimeout, durationFlag{max: maxGrace},
+		"SIGTERM to SIGKILL grace when the job is stopped (at most 24h)")
+	fs.StringVar(&f.output, "output", job.DefaultOutput, "output file pattern (%j job id, %x name, %n node, %u user), relative to the submit directory")
+	fs.StringArrayVar(&f.env, "env", nil, "extra worker environment KEY=VAL (repeatable)")
+	fs.BoolVar(&f.asJSON, "json", false, `print {"id"}`)
+}
+
+func runSubmit(ctx context.Context, e *env, args []string) int {
+	fs := newFlagSet(e, "submit", "[FLAGS] (-- COMMAND [ARGS...] | SCRIPT [ARGS...])")
+	fs.SetInterspersed(false)
+	var f submitFlags
+	f.register(fs)
+	if done, code := parseFlags(e, fs, args); done {
+		return code
+	}
+	rest := fs.Args()
+	if len(rest) == 0 {
+		return usageErr(e, "submit", "no command: give one after --, as in gangrun submit -- python train.py, or a script")
+	}
+	var script string
+	command := rest
+	if fs.ArgsLenAtDash() != 0 {
+		// A script, as sbatch takes one: its #GANGRUN lines are options the command
+		// line overrides; the job runs the script's text as it is now.
+		data, err := userfile.ReadFile(rest[0], job.MaxScriptBytes)
+		if err != nil {
+			return usageErr(e, "submit", "script %s: %v", rest[0], err)
+		}
+		script = string(data)
+		if !job.HasCommand(script) {
+			return usageErr(e, "submit", "script %s has no command, only comments: nothing to run", rest[0])
+		}
+		directives, err := job.ScriptOptions(script)
+		if err != nil {
+			return usageErr(e, "submit", "%s: %v", rest[0], err)
+		}
+		flagArgs := args[:len(args)-len(rest)]
+		all := newFlagSet(e, "submit", "")
+		f = submitFlags{}
+		f.register(all)
+		if done, code := parseFlags(e, all, append(append([]string{}, directives...), flagArgs...)); done {
+			return code
+		}
+		if all.NArg() > 0 {
+			return usageErr(e, "submit", "%s: a %s line holds %q, which is no option", rest[0], job.Directive, all.Arg(0))
+		}
+		command = rest[1:]
+	}
+	spec, err := f.spec(command, script, scriptName(rest, script))
+	if err != nil {
+		return usageErr(e, "submit", "%v", err)
+	}
+	s, code := openStore(e, "submit", *f.consul)
+	if code != exitOK {
+		return code
+	}
+	defer s.Close()
+	id, err := job.Submit(ctx, s, spec)
+	if errors.Is(err, job.ErrInvalid) {
+		return usageErr(e, "submit", "%v", err)
+	}
+	if err != nil {
+		return failErr(e, "submit", err)
+	}
+	if f.asJSON {
+		return printJSON(e, map[string]string{"id": id})
+	}
+	fmt.Fprintln(e.stdout, id)
+	return exitOK
+}
+
+// scriptName is the name a job defaults to: the script's base name, else the command's.
+func scriptName(rest []string, script string) string {
+	if script != "" || len(rest) > 0 {
+		return filepath.Base(rest[0])
+	}
+	return "job"
+}
+
+// spec builds the job's spec from the flags; command follows the script when there is
+// one (the script's arguments).
+func (f *submitFlags) spec(command []string, script, name string) (job.Spec, error) {
+	lo, hi, err := job.ParseNodes(f.nodes)
+	if err != nil {
+		return job.Spec{}, err
+	}
+	limit := time.Duration(0)
+	if f.timeLimit != "" {
+		if limit, err = job.ParseTime(f.timeLimit); err != nil {
+			return job.Spec{}, err
+		}
+	}
+	var sig syscall.Signal
+	var before time.Duration
+	if f.signal != "" {
+		if sig, before, err = job.ParseSignal(f.signal); err != nil {
+			return job.Spec{}, err
+		}
+	}
+	env, err := lastEnv(f.env)
+	if err != nil {
+		return job.Spec{}, err
+	}
+	wd, err := os.Getwd()
+	if err != nil {
+		return job.Spec{}, fmt.Errorf("the submit directory: %w", err)
+	}
+	spec := job.Spec{Name: f.name, User: currentUser(), Account: f.account, Partition: f.partition,
+		MinNodes: lo, MaxNodes: hi, GPUsPerNode: f.gpus, Priority: f.priority, TimeLimit: limit,
+		Signal: sig, SignalBefore: before, SpareNodes: f.spares, CheckpointDir: f.checkpointDir,
+		MaxRestarts: f.maxRestarts, TermTimeout: f.termTimeout, Output: f.output, Env: env,
+		Command: command, Script: script, WorkDir: wd}
+	if spec.Name == "" {
+		spec.Name = name
+	}
+	if script != "" {
+		// The script's own arguments, after it (sbatch script.sh ARGS).
+		spec.Command = command
+	}
+	return spec, nil
+}
+
+// lastEnv checks --env entries and keeps the last of a variable given twice (a script's
+// #GANGRUN line first, the command line's after it, wins).
+func lastEnv(env []string) ([]string, error) {
+	var out []string
+	seen := map[string]int{}
+	for _, kv := range env {
+		if _, err := launcher.ParseEnvFlag(kv); err != nil {
+			return nil, err
+		}
+		name, _, _ := strings.Cut(kv, "=")
+		if i, ok := seen[name]; ok {
+			out[i] = kv
+			continue
+		}
+		seen[name] = len(out)
+		out = append(out, kv)
+	}
+	return out, nil
+}
+
+// currentUser is the Unix user running gangrun, as Slurm takes the submitter.
+func currentUser() string {
+	if u, err := user.Current(); err == nil && u.Username != "" {
+		return u.Username
+	}
+	if u := os.Getenv("USER"); u != "" {
+		return u
+	}
+	return strconv.Itoa(os.Getuid())
+}
+
+func runLogs(ctx context.Context, e *env, args []string) int {
+	fs := newFlagSet(e, "logs", "JOBID [--follow]")
+	consul := consulFlag(fs)
+	follow := fs.BoolP("follow", "f", false, "go on printing what the job writes until it ends")
+	if done, code := parseFlags(e, fs, args); done {
+		return code
+	}
+	if fs.NArg() != 1 {
+		return usageErr(e, "logs", "want exactly one job id")
+	}
+	if err := store.CheckSegment("job id", fs.Arg(0)); err != nil {
+		return usageErr(e, "logs", "%v", err)
+	}
+	s, code := openStore(e, "logs", *consul)
+	if code != exitOK {
+		return code
+	}
+	defer s.Close()
+	err := job.Logs(ctx, s, fs.Arg(0), *follow, rawWriter(e.stdout))
+	if errors.Is(err, job.ErrNotFound) {
+		return usageErr(e, "logs", "no job %q (gangrun queue --all lists them)", fs.Arg(0))
+	}
+	if err != nil {
+		return failErr(e, "logs", err)
+	}
+	return exitOK
+}
+
+// printJobs prints the queue as squeue does.
+func printJobs(e *env, entries []job.Entry) {
+	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "JOBID\tNAME\tUSER\tPARTITION\tSTATE\tTIME\tNODES\tGPUS/NODE\tRESTARTS\tNODELIST(REASON)")
+	for _, q := range entries {
+		where := hostlist.Compress(q.Nodes)
+		if q.State == job.Pending || where == "" {
+			where = "(" + orDash(q.Reason) + ")"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\n", q.ID, q.Name, q.User, orDash(q.Partition), q.State,
+			elapsed(q.Elapsed), len(q.Nodes), q.GPUsPerNode, q.Restarts, where)
+	}
+	tw.Flush()
+}
+
+// elapsed prints seconds as squeue's TIME: [D-]H:MM:SS, or M:SS under an hour.
+func elapsed(s int64) string {
+	d, h, m, sec := s/86400, s/3600%24, s/60%60, s%60
+	switch {
+	case d > 0:
+		return fmt.Sprintf("%d-%02d:%02d:%02d", d, h, m, sec)
+	case h > 0:
+		return fmt.Sprintf("%d:%02d:%02d", h, m, sec)
+	}
+	return fmt.Sprintf("%d:%02d", m, sec)
+}
+
+// showJob prints a job's whole record, as scontrol show job does.
+func showJob(e *env, j *job.Job, asJSON bool) int {
+	if asJSON {
+		return printJSON(e, jobJSON(j))
+	}
+	sp, st := j.Spec, j.State
+	w := e.stdout
+	fmt.Fprintf(w, "JobId=%s JobName=%s UserId=%s Account=%s Partition=%s\n", sp.ID, sp.Name, sp.User, orDash(sp.Account), orDash(sp.Partition))
+	fmt.Fprintf(w, "   JobState=%s Reason=%s ExitCode=%d Restarts=%d NodeFailures=%d\n", st.Status, orDash(st.Reason), st.ExitCode, st.Restarts, st.NodeFailures)
+	fmt.Fprintf(w, "   SubmitTime=%s StartTime=%s EndTime=%s TimeLimit=%s\n", stampOr(sp.Submitted), stampOr(st.Started), stampOr(st.Ended), limitOr(sp.TimeLimit))
+	fmt.Fprintf(w, "   NumNodes=%s GPUsPerNode=%d SpareNodes=%d MaxRestarts=%d\n", nodesRange(sp), sp.GPUsPerNode, sp.SpareNodes, sp.MaxRestarts)
+	fmt.Fprintf(w, "   NodeList=%s Spares=%s\n", orDash(hostlist.Compress(st.Nodes)), orDash(hostlist.Compress(st.Spares)))
+	fmt.Fprintf(w, "   Command=%s\n", strings.Join(sp.Command, " "))
+	if sp.Script != "" {
+		fmt.Fprintf(w, "   Script=%d bytes (kept with the job)\n", len(sp.Script))
+	}
+	fmt.Fprintf(w, "   WorkDir=%s\n   StdOut=%s\n", sp.WorkDir, strings.Join(job.OutputFiles(j), ","))
+	if sp.CheckpointDir != "" {
+		fmt.Fprintf(w, "   CheckpointDir=%s\n", sp.CheckpointDir)
+	}
+	for _, a := range st.Attempts {
+		fmt.Fprintf(w, "   Attempt %d: nodes %s, started %s, ended %s, %s", a.Number, orDash(strings.Join(a.Nodes, ",")),
+			stampOr(a.Started), stampOr(a.Ended), orDash(a.Cause))
+		if a.ResumeFrom != "" {
+			fmt.Fprintf(w, ", resumed from %s", a.ResumeFrom)
+		}
+		fmt.Fprintln(w)
+	}
+	for _, l := range st.LostNodes {
+		fmt.Fprintf(w, "   Lost node %s at %s: %s\n", l.Node, stampOr(l.At), l.Why)
+	}
+	return exitOK
+}
+
+// jobJSON is `gangrun show ID --json` for a job: the queue's fields plus "exit_code",
+// "nodes" as [{"name", "gpus"}], "attempts" and "lost_nodes".
+func jobJSON(j *job.Job) any {
+	e := job.EntryOf(*j, "", time.Now())
+	type node struct {
+		Name string `json:"name"`
+		GPUs int    `json:"gpus"`
+	}
+	type attempt struct {
+		Nodes      []string  `json:"nodes"`
+		Started    time.Time `json:"started"`
+		Ended      time.Time `json:"ended,omitzero"`
+		Cause      string    `json:"cause"`
+		ResumeFrom string    `json:"resume_from"`
+		Number     int       `json:"number"`
+	}
+	out := struct {
+		job.Entry
+		Nodes     []node         `json:"nodes"`
+		ExitCode  int            `json:"exit_code"`
+		Attempts  []attempt      `json:"attempts"`
+		LostNodes []job.LostNode `json:"lost_nodes"`
+		Spares    []string       `json:"spares"`
+		Spec      job.Spec       `json:"spec"`
+		Ended     string         `json:"ended"`
+	}{Entry: e, ExitCode: j.State.ExitCode, Spec: j.Spec, Spares: append([]string{}, j.State.Spares...),
+		LostNodes: append([]job.LostNode{}, j.State.LostNodes...), Nodes: []node{}, Attempts: []attempt{}}
+	for _, n := range j.State.Nodes {
+		out.Nodes = append(out.Nodes, node{Name: n, GPUs: j.Spec.GPUsPerNode})
+	}
+	for _, a := range j.State.Attempts {
+		out.Attempts = append(out.Attempts, attempt{Nodes: a.Nodes, Started: a.Started, Ended: a.Ended, Cause: a.Cause, ResumeFrom: a.ResumeFrom, Number: a.Number})
+	}
+	if !j.State.Ended.IsZero() {
+		out.Ended = j.State.Ended.UTC().Format(time.RFC3339)
+	}
+	return out
+}
+
+func stampOr(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.UTC().Format(time.RFC3339)
+}
+
+func limitOr(d time.Duration) string {
+	if d == 0 {
+		return "UNLIMITED"
+	}
+	return d.String()
+}
+
+func nodesRange(s job.Spec) string {
+	if s.MinNodes == s.MaxNodes {
+		return strconv.Itoa(s.MinNodes)
+	}
+	return fmt.Sprintf("%d:%d", s.MinNodes, s.MaxNodes)
+}
+
+// runStep is the hidden `gangrun __step --consul ADDR [--topology-file F] JOB NODE` an
+// agent starts for a job's step on its node.
+func runStep(ctx context.Context, e *env, args []string) int {
+	fs := newFlagSet(e, stepCommand, "--consul ADDR [--topology-file F] JOB NODE")
+	consul := consulFlag(fs)
+	topoFile := fs.String("topology-file", "", "the node's recorded inventory (as its agent's)")
+	if done, code := parseFlags(e, fs, args); done {
+		return code
+	}
+	if fs.NArg() != 2 {
+		return usageErr(e, stepCommand, "want JOB NODE")
+	}
+	id, node := fs.Arg(0), fs.Arg(1)
+	log, _ := launcher.NewLogger("text", e.stderr)
+	s, code := openStore(e, stepCommand, *consul)
+	if code != exitOK {
+		return code
+	}
+	defer s.Close()
+	var inv *topology.Inventory
+	if *topoFile != "" {
+		var err error
+		if inv, err = topology.LoadFile(*topoFile); err != nil {
+			return usageErr(e, stepCommand, "%v", topology.FlagError(err))
+		}
+		inv.Node = node
+	}
+	addr := *consul
+	if addr == "" {
+		addr = os.Getenv("CONSUL_HTTP_ADDR")
+	}
+	var guardian []string
+	if e.self != "" {
+		guardian = []string{e.self, guardianCommand}
+	}
+	if !e.startup.handOver() {
+		return exitFailure // stopped by a signal while starting: main says so
+	}
+	return job.RunStep(ctx, job.StepConfig{Store: s, ConsulAddr: addr, Job: id, Node: node, Inventory: inv,
+		GuardianArgv: guardian, Subreaper: e.self != "", Signals: e.signals, Log: log})
+}
+
+// spawnStep returns the agent's way to start a job's step on node: this binary's hidden
+// step command, in a session of its own (it outlives the agent, as slurmstepd outlives
+// slurmd), its own messages before the job's output opens in dir/job-ID-step.log (dir
+// is the agent's, one per agent process).
+func spawnStep(e *env, consul, topoFile, node, dir string) func(id string) error {
+	return func(id string) error {
+		if e.self == "" {
+			return errors.New("no gangrun binary to start the step with")
+		}
+		logFile, err := os.OpenFile(filepath.Join(dir, "job-"+id+"-step.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+		if err != nil {
+			return err
+		}
+		defer logFile.Close()
+		args := []string{stepCommand}
+		if consul != "" {
+			args = append(args, "--consul", consul)
+		}
+		if topoFile != "" {
+			abs, err := filepath.Abs(topoFile)
+			if err != nil {
+				return err
+			}
+			args = append(args, "--topology-file", abs)
+		}
+		cmd := exec.Command(e.self, append(args, id, node)...)
+		cmd.Stdout, cmd.Stderr = logFile, logFile
+		cmd.Dir = "/"
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+		if err := cmd.Start(); err != nil {
+			return err
+		}
+		go func() { _ = cmd.Wait() }() // reap it, while this agent lives
+		return nil
+	}
+}

@@ -1,0 +1,505 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gangrun/gangrun/allocator"
+	"github.com/gangrun/gangrun/internal/consultest"
+	"github.com/gangrun/gangrun/internal/store"
+	"github.com/gangrun/gangrun/job"
+)
+
+// jobCluster is a test cluster for jobs: a Consul dev agent and gangrun agents as
+// nodes (recorded DGX H100 inventories), every process carrying mark.
+type jobCluster struct {
+	t         *testing.T
+	consul    string
+	mark      string
+	inventory string
+	agents    map[string]*exec.Cmd
+	logs      map[string]*syncBuffer
+	// health is each node's recorded stream of GPU health changes (agent
+	// --health-events): a line appended there is a GPU event on that node.
+	health map[string]string
+	dir    string
+}
+
+func startJobCluster(t *testing.T, nodes ...string) *jobCluster {
+	t.Helper()
+	c := &jobCluster{t: t, consul: consultest.Start(t).Addr, mark: testMark(t), agents: map[string]*exec.Cmd{}, logs: map[string]*syncBuffer{},
+		inventory: filepath.Join(repoRoot(t), "topology", "testdata", "inventories", "dgx-h100.json"),
+		health:    map[string]string{}, dir: t.TempDir()}
+	for _, n := range nodes {
+		c.startAgent(n)
+	}
+	waitUntilFor(t, 60*time.Second, func() bool {
+		up := 0
+		for _, n := range nodesJSON(t, c.consul) {
+			if n.State == "up" {
+				up++
+			}
+		}
+		return up == len(nodes)
+	}, "every agent up")
+	return c
+}
+
+func (c *jobCluster) startAgent(node string) {
+	c.t.Helper()
+	if c.health[node] == "" {
+		c.health[node] = filepath.Join(c.dir, node+".health")
+		if err := os.WriteFile(c.health[node], nil, 0o644); err != nil {
+			c.t.Fatal(err)
+		}
+	}
+	cmd := exec.Command(gangrunBin, "agent", "--consul", c.consul, "--node-name", node, "--advertise-addr", "127.0.0.1",
+		"--topology-file", c.inventory, "--health-events", c.health[node])
+	cmd.Env = append(os.Environ(), c.mark)
+	log := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		c.t.Fatal(err)
+	}
+	c.agents[node], c.logs[node] = cmd, log
+	c.t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		_ = cmd.Wait()
+		if c.t.Failed() {
+			c.t.Logf("agent %s log:\n%s", node, log.String())
+		}
+	})
+}
+
+// gangrun runs the CLI against the cluster and returns its exit code and output.
+func (c *jobCluster) gangrun(args ...string) (int, string, string) {
+	return inProcess(append([]string{args[0], "--consul", c.consul}, args[1:]...)...)
+}
+
+func (c *jobCluster) show(id string) map[string]any {
+	c.t.Helper()
+	code, out, errOut := inProcess("show", "--consul", c.consul, "--json", id)
+	if code != 0 {
+		c.t.Fatalf("show %s: exit %d: %s", id, code, errOut)
+	}
+	var m map[string]any
+	if err := json.Unmarshal([]byte(out), &m); err != nil {
+		c.t.Fatalf("show --json: %v\n%s", err, out)
+	}
+	return m
+}
+
+// waitState waits until job id is in state.
+func (c *jobCluster) waitState(id string, state job.Status, within time.Duration) map[string]any {
+	c.t.Helper()
+	var m map[string]any
+	deadline := time.Now().Add(within)
+	for {
+		m = c.show(id)
+		if m["state"] == string(state) {
+			return m
+		}
+		if time.Now().After(deadline) {
+			b, _ := json.MarshalIndent(m, "", "  ")
+			_, logs, _ := c.gangrun("logs", id)
+			steps, _ := filepath.Glob(filepath.Join(os.TempDir(), "gangrun-agent-*", "job-"+id+"-step.log"))
+			var stepLogs []byte
+			for _, p := range steps {
+				b, _ := os.ReadFile(p)
+				stepLogs = append(append(stepLogs, "--- "+p+"\n"...), b...)
+			}
+			c.t.Fatalf("job %s did not reach %s within %s:\n%s\n--- its output:\n%s%s", id, state, within, b, logs, stepLogs)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func (c *jobCluster) submit(args ...string) string {
+	c.t.Helper()
+	code, out, errOut := c.gangrun(append([]string{"submit"}, args...)...)
+	if code != 0 {
+		c.t.Fatalf("submit: exit %d: %s", code, errOut)
+	}
+	return strings.TrimSpace(out)
+}
+
+// TestSubmitRunsAJobToCompletion: a submitted 2-node job is placed, its steps start on
+// both nodes with the granted GPUs, its workers get torchrun's environment and the
+// job's node list, its output lands in gangrun-<id>.out with rank prefixes, and it ends
+// COMPLETED with its GPUs given back and nothing left running.
+func TestSubmitRunsAJobToCompletion(t *testing.T) {
+	c := startJobCluster(t, "gpu-a", "gpu-b", "gpu-c")
+	dir := t.TempDir()
+	t.Chdir(dir)
+	id := c.submit("--nodes", "2", "--gpus-per-node", "4", "--name", "hello", "--",
+		"/bin/sh", "-c", `echo "rank $RANK of $WORLD_SIZE on $GANGRUN_NODE_NAME devices $CUDA_VISIBLE_DEVICES nodes $GANGRUN_NODELIST"`)
+	m := c.waitState(id, job.Completed, 90*time.Second)
+	if m["exit_code"] != float64(0) {
+		t.Errorf("exit code %v, want 0", m["exit_code"])
+	}
+	out, err := os.ReadFile(filepath.Join(dir, "gangrun-"+id+".out"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"[rank0]: rank 0 of 8", "[rank7]: rank 7 of 8", "devices 0,1,2,3", "nodes gpu-"} {
+		if !bytes.Contains(out, []byte(want)) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	code, logs, _ := c.gangrun("logs", id)
+	if code != 0 || logs != string(out) {
+		t.Errorf("logs: exit %d, %d bytes, want the output file's %d", code, len(logs), len(out))
+	}
+	code, q, _ := c.gangrun("queue", "--all", "--json")
+	if code != 0 || !strings.Contains(q, `"state": "COMPLETED"`) || !strings.Contains(q, `"name": "hello"`) {
+		t.Errorf("queue --all --json: %d %s", code, q)
+	}
+	waitUntilFor(t, 30*time.Second, func() bool {
+		free, total := freeGPUs(nodesJSON(t, c.consul))
+		return free == total
+	}, "every GPU free again")
+}
+
+// TestJobResumesAfterAWorkerFails: a real PyTorch DDP job on two nodes whose last rank
+// fails once restarts as a gang from its newest checkpoint and completes; show records
+// both attempts, the second resumed from the checkpoint, and one restart of its own.
+func TestJobResumesAfterAWorkerFails(t *testing.T) {
+	c := startJobCluster(t, "gpu-a", "gpu-b")
+	args := append([]string{"--nodes", "2", "--gpus-per-node", "2", "--checkpoint-dir", "ckpt", "--"},
+		trainer(t, "--steps", "40", "--ckpt-every", "10", "--fail-at-step", "25")...)
+	dir := t.TempDir()
+	t.Chdir(dir)
+	id := c.submit(args...)
+	m := c.waitState(id, job.Completed, 3*time.Minute)
+	attempts, _ := m["attempts"].([]any)
+	if len(attempts) < 2 {
+		t.Fatalf("attempts %v, want the failed one and the resumed one", m["attempts"])
+	}
+	last := attempts[len(attempts)-1].(map[string]any)
+	if !strings.HasSuffix(last["resume_from"].(string), "step-20") {
+		t.Errorf("the last attempt resumed from %v, want .../step-20", last["resume_from"])
+	}
+	if m["restarts"] != float64(1) || m["node_failures"] != float64(0) {
+		t.Errorf("restarts %v, node failures %v: want 1 and 0", m["restarts"], m["node_failures"])
+	}
+	out, _ := os.ReadFile(filepath.Join(dir, "gangrun-"+id+".out"))
+	for _, want := range []string{"injected failure at step 25", "resumed from step 20", "finished at step 40"} {
+		if !bytes.Contains(out, []byte(want)) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+// TestCancelStopsARunningJob: cancel of a running 2-node job stops every worker (none
+// is left), gives the GPUs back, and the job ends CANCELLED; a pending job is simply
+// dropped from the queue.
+func TestCancelStopsARunningJob(t *testing.T) {
+	c := startJobCluster(t, "gpu-a", "gpu-b")
+	t.Chdir(t.TempDir())
+	id := c.submit("--nodes", "2", "--gpus-per-node", "8", "--term-timeout", "2s", "--",
+		"/bin/sh", "-c", `echo started; sleep 300`)
+	c.waitState(id, job.Running, 60*time.Second)
+	waitUntilFor(t, 60*time.Second, func() bool { return countWorkers(c.mark) == 16 }, "16 workers")
+	pending := c.submit("--nodes", "1", "--gpus-per-node", "8", "--", "/bin/true")
+	if code, out, errOut := c.gangrun("cancel", id, pending); code != 0 || !strings.Contains(out, "cancelled job "+id) {
+		t.Fatalf("cancel: %d %s %s", code, out, errOut)
+	}
+	c.waitState(id, job.Cancelled, 60*time.Second)
+	if m := c.show(pending); m["state"] != string(job.Cancelled) {
+		t.Errorf("the pending job is %v, want CANCELLED", m["state"])
+	}
+	if n := countWorkers(c.mark); n != 0 {
+		t.Errorf("%d workers left after the cancel", n)
+	}
+	waitUntilFor(t, 30*time.Second, func() bool {
+		free, total := freeGPUs(nodesJSON(t, c.consul))
+		return free == total
+	}, "every GPU free again")
+	code, q, _ := c.gangrun("queue")
+	if code != 0 || strings.Contains(q, "RUNNING") || strings.Contains(q, "PENDING") {
+		t.Errorf("queue after the cancels:\n%s", q)
+	}
+}
+
+// heldGPUs counts node's GPU keys, read from Consul.
+func heldGPUs(t *testing.T, consul, node string) int {
+	t.Helper()
+	s, err := store.NewConsul(consul)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	c, err := allocator.Snapshot(context.Background(), s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, ok := c.Nodes[node]; ok {
+		return len(n.Held)
+	}
+	return 0
+}
+
+// countWorkers counts the live workers carrying mark: processes with a RANK that lead
+// their process group (a worker's own children share its group).
+func countWorkers(mark string) int {
+	n := 0
+	for _, p := range marked(mark) {
+		f := strings.Fields(p) // pid, then /proc/PID/stat: pid (comm) state ppid pgrp ...
+		if len(f) > 5 && f[3] != "Z" && f[0] == f[5] && workerEnv(f[0]) {
+			n++
+		}
+	}
+	return n
+}
+
+// workerEnv reports whether process pid's environment has a RANK (it is a worker).
+func workerEnv(pid string) bool {
+	data, err := os.ReadFile("/proc/" + pid + "/environ")
+	return err == nil && bytes.Contains(data, []byte("\x00RANK="))
+}
+
+// TestJobTimeLimit: a job past --time gets --signal's signal first, then SIGTERM, and
+// ends TIMEOUT.
+func TestJobTimeLimit(t *testing.T) {
+	c := startJobCluster(t, "gpu-a")
+	dir := t.TempDir()
+	t.Chdir(dir)
+	id := c.submit("--gpus-per-node", "1", "--time", "4s", "--signal", "USR1@2", "--term-timeout", "2s", "--",
+		"/bin/sh", "-c", `trap 'echo got USR1' USR1; trap 'echo got TERM; exit 143' TERM; while :; do sleep 0.1; done`)
+	m := c.waitState(id, job.Timeout, 60*time.Second)
+	if !strings.Contains(m["reason"].(string), "time limit") {
+		t.Errorf("reason %v, want the time limit", m["reason"])
+	}
+	out, _ := os.ReadFile(filepath.Join(dir, "gangrun-"+id+".out"))
+	if i, j := bytes.Index(out, []byte("got USR1")), bytes.Index(out, []byte("got TERM")); i < 0 || j < i {
+		t.Errorf("want USR1 before TERM in the output:\n%s", out)
+	}
+}
+
+// TestJobSurvivesItsAgentsRestart: an agent restarted while its node runs a job's step
+// leaves the step running (as slurmstepd outlives slurmd) and its GPUs held; the job
+// completes.
+func TestJobSurvivesItsAgentsRestart(t *testing.T) {
+	c := startJobCluster(t, "gpu-a")
+	dir := t.TempDir()
+	t.Chdir(dir)
+	gate := filepath.Join(dir, "go")
+	id := c.submit("--gpus-per-node", "2", "--", "/bin/sh", "-c", `while [ ! -e `+gate+` ]; do sleep 0.1; done; echo done`)
+	c.waitState(id, job.Running, 60*time.Second)
+	waitUntilFor(t, 30*time.Second, func() bool { return countWorkers(c.mark) == 2 }, "2 workers")
+	a := c.agents["gpu-a"]
+	_ = a.Process.Signal(syscall.SIGTERM)
+	_ = a.Wait()
+	if n := countWorkers(c.mark); n != 2 {
+		t.Fatalf("%d workers after the agent stopped, want the 2 still running", n)
+	}
+	if held := heldGPUs(t, c.consul, "gpu-a"); held != 2 {
+		t.Errorf("%d GPUs held with the agent down, want the step's 2", held)
+	}
+	c.startAgent("gpu-a")
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c.waitState(id, job.Completed, 60*time.Second)
+}
+
+// TestSubmitRefusesBadSpecs: what no node could run, or cannot be read, is refused in one
+// line with exit 2, and nothing is queued.
+func TestSubmitRefusesBadSpecs(t *testing.T) {
+	c := startJobCluster(t, "gpu-a")
+	dir := t.TempDir()
+	t.Chdir(dir)
+	noCmd := filepath.Join(dir, "empty.sh")
+	_ = os.WriteFile(noCmd, []byte("#!/bin/sh\n#GANGRUN --nodes 1\n"), 0o644)
+	badLine := filepath.Join(dir, "bad.sh")
+	_ = os.WriteFile(badLine, []byte("#!/bin/sh\n#GANGRUN --nodes 'one\necho hi\n"), 0o644)
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--partition", "nope", "--", "/bin/true"}, "--partition nope: no node is in that partition"},
+		{[]string{"--gpus-per-node", "9", "--", "/bin/true"}, "GPUs"},
+		{[]string{"--time", "abc", "--", "/bin/true"}, `--time "abc"`},
+		{[]string{"--signal", "USR1@60", "--", "/bin/true"}, "--signal USR1@1m0s needs --time"},
+		{[]string{"--nodes", "3:2", "--", "/bin/true"}, `--nodes "3:2"`},
+		{[]string{"--output", "x-%q", "--", "/bin/true"}, "unknown pattern %q"},
+		{[]string{noCmd}, "nothing to run"},
+		{[]string{badLine}, "unterminated single quote"},
+		{[]string{filepath.Join(dir, "missing.sh")}, "missing.sh"},
+		{nil, "no command"},
+	} {
+		code, _, errOut := c.gangrun(append([]string{"submit"}, tc.args...)...)
+		if code != 2 || !strings.Contains(errOut, tc.want) || strings.Count(errOut, "\n") != 1 {
+			t.Errorf("submit %v: exit %d %q, want 2 and one line with %q", tc.args, code, errOut, tc.want)
+		}
+	}
+	if code, q, _ := c.gangrun("queue", "--all", "--json"); code != 0 || strings.TrimSpace(q) != "[]" {
+		t.Errorf("queue after the refusals: %s", q)
+	}
+}
+
+// stepPID finds the pid of job id's step on node among the processes carrying mark.
+func stepPID(mark, id, node string) int {
+	for _, p := range marked(mark) {
+		pid := strings.Fields(p)[0]
+		cmdline, _ := os.ReadFile("/proc/" + pid + "/cmdline")
+		args := strings.Split(strings.TrimRight(string(cmdline), "\x00"), "\x00")
+		if len(args) >= 3 && args[1] == stepCommand && args[len(args)-2] == id && args[len(args)-1] == node {
+			n, _ := strconv.Atoi(pid)
+			return n
+		}
+	}
+	return 0
+}
+
+// watchInvariants reads Consul's grant keys every 50 ms until the test ends and fails
+// it if a GPU is ever held by two grants (or a grant is not whole).
+func watchInvariants(t *testing.T, consul string) {
+	s, err := store.NewConsul(consul)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	reads := 0
+	go func() {
+		defer close(done)
+		for ctx.Err() == nil {
+			entries, idx, err := s.List(ctx, allocator.ClusterPrefix)
+			if err == nil {
+				reads++
+				if _, bad := allocator.CheckInvariants(entries, idx); len(bad) > 0 {
+					t.Errorf("invariants broken: %v", bad)
+					return
+				}
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}()
+	t.Cleanup(func() { cancel(); <-done; s.Close(); t.Logf("%d reads of the grants, no GPU held twice", reads) })
+}
+
+// TestJobMovesToTheSpareWhenANodeDies: a node of a running 2-node job dies (its agent
+// and the job's step there SIGKILLed): once Consul expires its session the node shows
+// down, the job's spare takes its place, and the gang resumes from its newest complete
+// checkpoint and completes. The lost node counts as a node failure, not against
+// --max-restarts; no GPU is held twice at any moment; nothing is left running.
+func TestJobMovesToTheSpareWhenANodeDies(t *testing.T) {
+	c := startJobCluster(t, "gpu-a", "gpu-b", "gpu-c")
+	watchInvariants(t, c.consul)
+	args := append([]string{"--nodes", "2", "--spare-nodes", "1", "--gpus-per-node", "2", "--checkpoint-dir", "ckpt", "--max-restarts", "0", "--"},
+		trainer(t, "--steps", "400", "--ckpt-every", "10", "--step-time", "0.05")...)
+	dir := t.TempDir()
+	t.Chdir(dir)
+	id := c.submit(args...)
+	m := c.waitState(id, job.Running, 60*time.Second)
+	waitUntilFor(t, 2*time.Minute, func() bool {
+		_, err := os.Stat(filepath.Join(dir, "ckpt", "step-20", ".complete"))
+		return err == nil
+	}, "checkpoint step-20")
+	m = c.show(id)
+	spares, _ := m["spares"].([]any)
+	if len(spares) != 1 {
+		t.Fatalf("spares %v, want one", m["spares"])
+	}
+	spare := spares[0].(string)
+	victim := m["nodes"].([]any)[1].(map[string]any)["name"].(string)
+	killed := time.Now()
+	step := stepPID(c.mark, id, victim)
+	if step == 0 {
+		t.Fatalf("no step of job %s on %s", id, victim)
+	}
+	_ = c.agents[victim].Process.Signal(syscall.SIGKILL)
+	_ = syscall.Kill(step, syscall.SIGKILL)
+	waitUntilFor(t, 2*time.Minute, func() bool {
+		for _, n := range nodesJSON(t, c.consul) {
+			if n.Name == victim {
+				return n.State == "down"
+			}
+		}
+		return false
+	}, victim+" down")
+	m = c.waitState(id, job.Completed, 4*time.Minute)
+	t.Logf("job %s completed %s after %s died", id, time.Since(killed).Round(time.Second), victim)
+	nodes := []string{}
+	for _, n := range m["nodes"].([]any) {
+		nodes = append(nodes, n.(map[string]any)["name"].(string))
+	}
+	if !slicesContains(nodes, spare) || slicesContains(nodes, victim) {
+		t.Errorf("the job ended on %v, want the spare %s in place of %s", nodes, spare, victim)
+	}
+	lost, _ := m["lost_nodes"].([]any)
+	if len(lost) != 1 || lost[0].(map[string]any)["node"] != victim {
+		t.Errorf("lost nodes %v, want %s", m["lost_nodes"], victim)
+	}
+	if m["node_failures"] != float64(1) || m["restarts"] != float64(0) {
+		t.Errorf("node failures %v, restarts %v: want 1 and 0 (the node's failure does not count)", m["node_failures"], m["restarts"])
+	}
+	out, _ := os.ReadFile(filepath.Join(dir, "gangrun-"+id+".out"))
+	if !bytes.Contains(out, []byte("finished at step 400")) || !bytes.Contains(out, []byte("resumed from step")) {
+		t.Errorf("the job did not resume and finish:\n%s", out)
+	}
+}
+
+// TestJobMovesOffANodeWhoseGPUFails: an Xid 79 on a GPU of the node a job runs on
+// (replayed by its agent) drains the node with the reason; the job, which cannot do
+// without it, stops, waits PENDING, is placed again on another node, resumes from its
+// checkpoint and completes.
+func TestJobMovesOffANodeWhoseGPUFails(t *testing.T) {
+	c := startJobCluster(t, "gpu-a", "gpu-b")
+	watchInvariants(t, c.consul)
+	args := append([]string{"--gpus-per-node", "2", "--checkpoint-dir", "ckpt", "--max-restarts", "0", "--"},
+		trainer(t, "--steps", "300", "--ckpt-every", "10", "--step-time", "0.05")...)
+	dir := t.TempDir()
+	t.Chdir(dir)
+	id := c.submit(args...)
+	c.waitState(id, job.Running, 60*time.Second)
+	waitUntilFor(t, 2*time.Minute, func() bool {
+		_, err := os.Stat(filepath.Join(dir, "ckpt", "step-20", ".complete"))
+		return err == nil
+	}, "checkpoint step-20")
+	first := c.show(id)["nodes"].([]any)[0].(map[string]any)["name"].(string)
+	xid := `{"Index": 0, "Xid": 79, "GPUInstanceID": -1, "ComputeInstanceID": -1, "Health": {"state": "failed", "reasons": ["Xid 79: GPU has fallen off the bus"]}}` + "\n"
+	f, err := os.OpenFile(c.health[first], os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = f.WriteString(xid)
+	f.Close()
+	m := c.waitState(id, job.Completed, 4*time.Minute)
+	nodes := m["nodes"].([]any)
+	if len(nodes) != 1 || nodes[0].(map[string]any)["name"] == first {
+		t.Errorf("the job ended on %v, want another node than %s", nodes, first)
+	}
+	lost, _ := m["lost_nodes"].([]any)
+	if len(lost) != 1 || !strings.Contains(lost[0].(map[string]any)["why"].(string), "Xid 79") {
+		t.Errorf("lost nodes %v, want %s drained for its Xid 79", m["lost_nodes"], first)
+	}
+	for _, n := range nodesJSON(t, c.consul) {
+		if n.Name == first && n.State != "drained" {
+			t.Errorf("%s is %s, want drained", first, n.State)
+		}
+	}
+	out, _ := os.ReadFile(filepath.Join(dir, "gangrun-"+id+".out"))
+	if !bytes.Contains(out, []byte("finished at step 300")) || !bytes.Contains(out, []byte("resumed from step")) {
+		t.Errorf("the job did not resume and finish:\n%s", out)
+	}
+}
+
+func slicesContains(s []string, v string) bool {
+	for _, x := range s {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}

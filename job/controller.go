@@ -1,0 +1,381 @@
+package job
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/gangrun/gangrun/allocator"
+	"github.com/gangrun/gangrun/internal/store"
+	"github.com/gangrun/gangrun/rendezvous"
+)
+
+// Controller moves cluster jobs through their states. It runs on the elected agent,
+// beside the scheduler (allocator.AgentConfig.Leader), and each of its writes is fenced
+// by the leader's session, so a deposed controller changes nothing. On every change of
+// the cluster's keys it makes one pass over the jobs:
+//
+//   - a pending job whose request was granted starts running: its first nodes run it,
+//     the others (--spare-nodes) are kept idle;
+//   - a running job that lost a node — down, drained (a GPU failed), or its step gone
+//     — records it, gives the gang back the restart the loss cost (the rendezvous'
+//     budget: node failures do not use up --max-restarts), and replaces the node with a
+//     spare, else shrinks within --nodes MIN:MAX, else stops and waits PENDING to be
+//     placed again (away from the node);
+//   - a job whose steps have all stopped after its end (COMPLETING) ends, and its
+//     grant and request go.
+type Controller struct {
+	s       store.Store
+	session string
+	log     *zap.Logger
+	now     func() time.Time
+}
+
+// controllerRetry is how often the controller passes again without a change (a step
+// that did not start, a release that must wait for a step to give its GPUs back).
+const controllerRetry = 2 * time.Second
+
+// Control runs the controller until ctx ends, as the leader whose session is session:
+// the signature allocator.AgentConfig.Leader takes (with the log bound).
+func Control(log *zap.Logger) func(ctx context.Context, s store.Store, session string) error {
+	return func(ctx context.Context, s store.Store, session string) error {
+		c := &Controller{s: s, session: session, log: log, now: time.Now}
+		if c.log == nil {
+			c.log = zap.NewNop()
+		}
+		return c.Run(ctx)
+	}
+}
+
+// Run passes over the jobs on every change of the cluster's keys, and every
+// controllerRetry, until ctx ends.
+func (c *Controller) Run(ctx context.Context) error {
+	w := store.NewWatcher(c.s, allocator.ClusterPrefix)
+	changed := make(chan struct{}, 1)
+	go func() {
+		for {
+			if _, err := w.Next(ctx); err != nil {
+				return
+			}
+			select {
+			case changed <- struct{}{}:
+			default:
+			}
+		}
+	}()
+	tick := time.NewTicker(controllerRetry)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-changed:
+		case <-tick.C:
+		}
+		if err := c.Pass(ctx); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			if errors.Is(err, store.ErrNotLockHolder) {
+				return err // no longer the leader
+			}
+			c.log.Warn("job controller pass", zap.Error(err))
+		}
+	}
+}
+
+// Pass makes one pass over every job not yet ended.
+func (c *Controller) Pass(ctx context.Context) error {
+	cl, err := allocator.Snapshot(ctx, c.s)
+	if err != nil {
+		return err
+	}
+	jobs, err := List(ctx, c.s)
+	if err != nil {
+		return err
+	}
+	var firstErr error
+	for _, j := range jobs {
+		if err := c.job(ctx, cl, j); err != nil {
+			if errors.Is(err, store.ErrNotLockHolder) {
+				return err
+			}
+			if firstErr == nil {
+				firstErr = err
+			}
+		}
+	}
+	return firstErr
+}
+
+// job is one job's part of the pass.
+func (c *Controller) job(ctx context.Context, cl *allocator.Cluster, j Job) error {
+	id := j.Spec.ID
+	g, granted := cl.Grants[id]
+	_, requested := cl.Requests[id]
+	switch st := j.State; {
+	case st.Status.Final():
+		if granted || requested {
+			return c.release(ctx, id)
+		}
+	case st.Status == Pending && st.Requeue:
+		// Requeued: once its steps have stopped, the old grant goes and a new request is
+		// made, away from the nodes it lost.
+		steps, err := Steps(ctx, c.s, id)
+		if err != nil || len(steps) > 0 {
+			return err
+		}
+		if granted || requested {
+			if err := allocator.ReleaseJob(ctx, c.s, id); err != nil {
+				return err
+			}
+		}
+		var lost []string
+		for _, l := range st.LostNodes {
+			lost = append(lost, l.Node)
+		}
+		reqOps, err := allocator.JobRequestOps(request(j.Spec, lost))
+		if err != nil {
+			return err
+		}
+		_, _, err = c.update(ctx, id, func(j *Job) bool {
+			if j.State.Status != Pending || !j.State.Requeue {
+				return false
+			}
+			j.State.Requeue, j.State.Reason = false, "Resources"
+			return true
+		}, reqOps...)
+		return err
+	case st.Status == Pending && granted && g.State == allocator.GrantGranted:
+		return c.start(ctx, j, g)
+	case st.Status == Completing:
+		steps, err := Steps(ctx, c.s, id)
+		if err != nil || len(steps) > 0 {
+			return err
+		}
+		var silent []string
+		for _, n := range st.Nodes {
+			if !slices.Contains(st.StepsEnded, n) {
+				silent = append(silent, n)
+			}
+		}
+		if st.End == Failed && len(silent) > 0 {
+			// The gang failed, and a node's step ended without a word: the node died or
+			// was cut off, and its peers' failure followed. That is the node's failure,
+			// not the job's: it is placed again, away from the node, its budget intact.
+			return c.requeueSilent(ctx, id, silent)
+		}
+		if err := allocator.ReleaseJob(ctx, c.s, id); err != nil {
+			return err
+		}
+		_, _, err = c.update(ctx, id, func(j *Job) bool {
+			if j.State.Status != Completing {
+				return false
+			}
+			j.State.Status, j.State.Ended = j.State.End, c.now().UTC()
+			c.countRestarts(ctx, j)
+			return true
+		})
+		return err
+	case st.Status == Running:
+		return c.watchNodes(ctx, cl, j, g)
+	}
+	return nil
+}
+
+// start makes a pending job whose request was granted run: its first nodes run it (in
+// the grant's node-rank order), the rest are its spares.
+func (c *Controller) start(ctx context.Context, j Job, g allocator.Grant) error {
+	var names []string
+	for _, gn := range g.Nodes {
+		names = append(names, gn.Name)
+	}
+	spares := min(j.Spec.SpareNodes, max(len(names)-j.Spec.MinNodes, 0))
+	_, changed, err := c.update(ctx, j.Spec.ID, func(j *Job) bool {
+		if j.State.Status != Pending || j.State.Requeue {
+			return false
+		}
+		now := c.now().UTC()
+		j.State.Status, j.State.Reason = Running, ""
+		j.State.Nodes, j.State.Spares = names[:len(names)-spares], names[len(names)-spares:]
+		j.State.Placement++
+		j.State.StepsEnded = nil
+		if j.State.Started.IsZero() {
+			j.State.Started = now
+		}
+		return true
+	})
+	if changed {
+		c.log.Info("job running", zap.String("job", j.Spec.ID), zap.Strings("nodes", names[:len(names)-spares]), zap.Int("spares", spares))
+	}
+	return err
+}
+
+// requeueSilent places a failed job again after the nodes silent lost their steps
+// without a word: they count as node failures, and the job waits PENDING (Requeue) for
+// the old grant to go and a new request away from them.
+func (c *Controller) requeueSilent(ctx context.Context, id string, silent []string) error {
+	_, changed, err := c.update(ctx, id, func(j *Job) bool {
+		st := &j.State
+		if st.Status != Completing || st.End != Failed {
+			return false
+		}
+		now := c.now().UTC()
+		for _, n := range silent {
+			st.LostNodes = append(st.LostNodes, LostNode{Node: n, Why: "the job's step on node " + n + " ended without a word (the node died or was cut off)", At: now})
+			st.NodeFailures++
+		}
+		st.Status, st.End, st.ExitCode, st.Requeue = Pending, "", 0, true
+		st.Reason = "requeued: lost " + strings.Join(silent, ", ")
+		st.Nodes, st.Spares, st.StepsEnded = nil, nil, nil
+		return true
+	})
+	if changed {
+		c.log.Warn("job failed after it lost nodes: requeued (a node failure, not the job's)", zap.String("job", id), zap.Strings("lost", silent))
+	}
+	return err
+}
+
+// lostWhy says why node n of a running job is lost ("" when it is not): down, drained
+// for a failed GPU, or its step gone after it had taken the node's GPUs over.
+func lostWhy(cl *allocator.Cluster, g allocator.Grant, n string, steps map[string]StepRecord) string {
+	ns, ok := cl.Nodes[n]
+	switch {
+	case !ok || !ns.Up:
+		return "node " + n + " is down (its agent's session ended)"
+	case ns.Drain != nil:
+		return "node " + n + " was drained: " + ns.Drain.Reason
+	}
+	i := slices.IndexFunc(g.Nodes, func(gn allocator.GrantNode) bool { return gn.Name == n })
+	if i < 0 {
+		return "node " + n + " left the job's grant"
+	}
+	if _, running := steps[n]; !running && g.Nodes[i].Session != ns.AliveSession {
+		// The step had taken the GPUs over (they are no longer its agent's) and is gone.
+		return "the job's step on node " + n + " ended"
+	}
+	return ""
+}
+
+// watchNodes handles a running job's lost nodes.
+func (c *Controller) watchNodes(ctx context.Context, cl *allocator.Cluster, j Job, g allocator.Grant) error {
+	steps, err := Steps(ctx, c.s, j.Spec.ID)
+	if err != nil {
+		return err
+	}
+	lost := map[string]string{}
+	for _, n := range j.State.Nodes {
+		if why := lostWhy(cl, g, n, steps); why != "" {
+			lost[n] = why
+		}
+	}
+	var spareLost []string
+	for _, n := range j.State.Spares {
+		if ns, ok := cl.Nodes[n]; !ok || !ns.Up || ns.Drain != nil {
+			spareLost = append(spareLost, n)
+		}
+	}
+	if len(lost) == 0 && len(spareLost) == 0 {
+		c.syncRestarts(ctx, j)
+		return nil
+	}
+	// The gang's failure that a lost node caused is no failure of the job's: the run's
+	// budget gets it back.
+	refunded := 0
+	for range lost {
+		if ok, err := rendezvous.AddRestarts(ctx, c.s, j.Spec.ID, 1); err == nil && ok {
+			refunded++
+		}
+	}
+	_, _, err = c.update(ctx, j.Spec.ID, func(jj *Job) bool {
+		st := &jj.State
+		if st.Status != Running {
+			return false
+		}
+		now := c.now().UTC()
+		st.Spares = slices.DeleteFunc(st.Spares, func(n string) bool { return slices.Contains(spareLost, n) })
+		for _, n := range sortedKeys(lost) {
+			if !slices.Contains(st.Nodes, n) {
+				continue
+			}
+			st.LostNodes = append(st.LostNodes, LostNode{Node: n, Why: lost[n], At: now})
+			st.NodeFailures++
+			st.Nodes = slices.DeleteFunc(st.Nodes, func(x string) bool { return x == n })
+			switch {
+			case len(st.Spares) > 0:
+				st.Nodes = append(st.Nodes, st.Spares[0])
+				st.Spares = st.Spares[1:]
+				c.log.Warn("job lost a node: a spare takes its place", zap.String("job", jj.Spec.ID), zap.String("lost", n), zap.String("why", lost[n]), zap.String("spare", st.Nodes[len(st.Nodes)-1]))
+			case len(st.Nodes) >= jj.Spec.MinNodes:
+				c.log.Warn("job lost a node: it goes on without it", zap.String("job", jj.Spec.ID), zap.String("lost", n), zap.String("why", lost[n]), zap.Int("nodes", len(st.Nodes)))
+			default:
+				// Not enough nodes left: every step stops, and the job waits to be placed
+				// again, away from the nodes it lost.
+				c.log.Warn("job lost a node it cannot do without: requeued", zap.String("job", jj.Spec.ID), zap.String("lost", n), zap.String("why", lost[n]))
+				st.Status, st.Reason, st.Requeue = Pending, "requeued: "+lost[n], true
+				st.Nodes, st.Spares, st.StepsEnded = nil, nil, nil
+				return true
+			}
+		}
+		return true
+	})
+	if err == nil && refunded > 0 {
+		c.log.Info("node failures do not count against --max-restarts: the restarts they cost were given back", zap.String("job", j.Spec.ID), zap.Int("restarts", refunded))
+	}
+	return err
+}
+
+// syncRestarts keeps a running job's count of its own restarts (the run's failures
+// less those its lost nodes caused) in its state, for queue and show.
+func (c *Controller) syncRestarts(ctx context.Context, j Job) {
+	info, ok, err := rendezvous.ReadRun(ctx, c.s, j.Spec.ID)
+	if err != nil || !ok {
+		return
+	}
+	own := max(info.Failures-j.State.NodeFailures, 0)
+	if own == j.State.Restarts {
+		return
+	}
+	_, _, _ = c.update(ctx, j.Spec.ID, func(jj *Job) bool {
+		if jj.State.Restarts == own {
+			return false
+		}
+		jj.State.Restarts = own
+		return true
+	})
+}
+
+// countRestarts sets j's own restarts from its run, as it ends.
+func (c *Controller) countRestarts(ctx context.Context, j *Job) {
+	if info, ok, err := rendezvous.ReadRun(ctx, c.s, j.Spec.ID); err == nil && ok {
+		j.State.Restarts = max(info.Failures-j.State.NodeFailures, 0)
+	}
+}
+
+// release removes an ended job's grant and request (a cancelled pending job granted
+// meanwhile; a final job whose removal was cut short).
+func (c *Controller) release(ctx context.Context, id string) error {
+	steps, err := Steps(ctx, c.s, id)
+	if err != nil || len(steps) > 0 {
+		return err
+	}
+	return allocator.ReleaseJob(ctx, c.s, id)
+}
+
+// update is the package's update, fenced by the controller's leadership.
+func (c *Controller) update(ctx context.Context, id string, change func(j *Job) bool, extra ...store.Op) (*Job, bool, error) {
+	return update(ctx, c.s, id, change, append([]store.Op{allocator.LeaderFence(c.session)}, extra...)...)
+}
+
+func sortedKeys(m map[string]string) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}

@@ -1,0 +1,103 @@
+package job
+
+import (
+	"context"
+	"time"
+
+	"github.com/gangrun/gangrun/allocator"
+	"github.com/gangrun/gangrun/internal/store"
+)
+
+// Entry is one line of `gangrun queue` (squeue): a job, or an allocation of `gangrun
+// alloc` (Kind "alloc"), which squeue would show as a job too. Its JSON fields are the
+// ones tools rely on (README.md, "Cluster jobs"); more may be added, none renamed.
+type Entry struct {
+	ID        string   `json:"id"`
+	Kind      string   `json:"kind"` // "job" or "alloc"
+	Name      string   `json:"name"`
+	User      string   `json:"user"`
+	Account   string   `json:"account"`
+	Partition string   `json:"partition"`
+	State     Status   `json:"state"`
+	Reason    string   `json:"reason"`
+	Nodes     []string `json:"nodes"`
+	// GPUsPerNode and Priority as asked.
+	GPUsPerNode int `json:"gpus_per_node"`
+	Priority    int `json:"priority"`
+	// Restarts counts the job's own restarts; NodeFailures the nodes it lost.
+	Restarts     int    `json:"restarts"`
+	NodeFailures int    `json:"node_failures"`
+	Submitted    string `json:"submitted"`
+	Started      string `json:"started"`
+	// Elapsed is how long it has run (until it ended), in seconds.
+	Elapsed int64 `json:"elapsed_seconds"`
+}
+
+// Queue lists the jobs not yet ended (or, with all, every job) in submission order,
+// then the allocations of `gangrun alloc`, for `gangrun queue`. A pending job's reason is
+// the scheduler's (allocator.ReadStatus) when it has one.
+func Queue(ctx context.Context, s store.Store, all bool) ([]Entry, error) {
+	jobs, err := List(ctx, s)
+	if err != nil {
+		return nil, err
+	}
+	st, err := allocator.ReadStatus(ctx, s)
+	if err != nil {
+		return nil, err
+	}
+	c, err := allocator.Snapshot(ctx, s)
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now()
+	out := []Entry{}
+	for _, j := range jobs {
+		if !all && j.State.Status.Final() {
+			continue
+		}
+		out = append(out, EntryOf(j, st.Pending[j.Spec.ID], now))
+	}
+	for _, q := range c.Queue(st.Pending) {
+		if r, ok := c.Requests[q.ID]; ok && r.Durable() {
+			continue // a job's request: listed as the job
+		}
+		e := Entry{ID: q.ID, Kind: "alloc", Name: "(alloc)", User: q.Holder, State: Pending, Reason: q.Reason,
+			Nodes: []string{}, GPUsPerNode: q.GPUsPerNode, Priority: q.Priority, Submitted: q.Submitted}
+		if q.State == allocator.GrantGranted {
+			e.State = Running
+			for _, n := range q.Granted {
+				e.Nodes = append(e.Nodes, n.Name)
+			}
+		}
+		out = append(out, e)
+	}
+	return out, nil
+}
+
+// EntryOf is job j's queue entry; reason is the scheduler's pending reason for it.
+func EntryOf(j Job, reason string, now time.Time) Entry {
+	st := j.State
+	e := Entry{ID: j.Spec.ID, Kind: "job", Name: j.Spec.Name, User: j.Spec.User, Account: j.Spec.Account,
+		Partition: j.Spec.Partition, State: st.Status, Reason: st.Reason, Nodes: append([]string{}, st.Nodes...),
+		GPUsPerNode: j.Spec.GPUsPerNode, Priority: j.Spec.Priority, Restarts: st.Restarts, NodeFailures: st.NodeFailures,
+		Submitted: stamp(j.Spec.Submitted), Started: stamp(st.Started)}
+	if st.Status == Pending && reason != "" && !st.Requeue {
+		e.Reason = reason
+	}
+	if !st.Started.IsZero() {
+		end := now
+		if !st.Ended.IsZero() {
+			end = st.Ended
+		}
+		e.Elapsed = int64(end.Sub(st.Started) / time.Second)
+	}
+	return e
+}
+
+// stamp is a time as the queue prints it (RFC 3339, UTC), "" for none.
+func stamp(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return t.UTC().Format(time.RFC3339)
+}

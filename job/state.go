@@ -1,0 +1,198 @@
+package job
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/gangrun/gangrun/internal/store"
+)
+
+// Keys of a job, under gangrun/cluster/jobs/<id>/:
+//
+//	spec           Spec, written once by Submit
+//	state          State, changed only by check-and-set
+//	steps/<node>   StepRecord, held by the session of the job's step on the node: the
+//	               step runs while the key exists
+//
+// and gangrun/cluster/jobseq, the last job id given. The job's request and grant are
+// the allocator's (gangrun/cluster/requests/<id>, grants/<id>); its rendezvous is
+// gangrun/jobs/<id>/, as `gangrun run --job-id <id>`'s.
+const (
+	jobsPrefix = "gangrun/cluster/jobs/"
+	seqKey     = "gangrun/cluster/jobseq"
+)
+
+func specKey(id string) string       { return jobsPrefix + id + "/spec" }
+func stateKey(id string) string      { return jobsPrefix + id + "/state" }
+func stepsPrefix(id string) string   { return jobsPrefix + id + "/steps/" }
+func stepKey(id, node string) string { return stepsPrefix(id) + node }
+
+// Status is a job's state, in Slurm's names (squeue's JOB STATE CODES).
+type Status string
+
+// The statuses. A job moves PENDING → RUNNING → COMPLETING → one of the final ones;
+// REQUEUED is a PENDING job that ran before and lost a node it could not do without.
+const (
+	Pending    Status = "PENDING"
+	Running    Status = "RUNNING"
+	Completing Status = "COMPLETING"
+	Completed  Status = "COMPLETED"
+	Failed     Status = "FAILED"
+	Cancelled  Status = "CANCELLED"
+	Timeout    Status = "TIMEOUT"
+	NodeFail   Status = "NODE_FAIL"
+	Preempted  Status = "PREEMPTED"
+	Requeued   Status = "REQUEUED"
+)
+
+// Final reports whether s is an end state: the job will not run again.
+func (s Status) Final() bool {
+	switch s {
+	case Completed, Failed, Cancelled, Timeout, NodeFail:
+		return true
+	}
+	return false
+}
+
+// Active reports whether the job may hold GPUs or run: pending (its request stands),
+// running or completing.
+func (s Status) Active() bool { return !s.Final() }
+
+// Attempt is one rendezvous round of the job: the gang from start to end.
+type Attempt struct {
+	// Number is the round (GANGRUN_ATTEMPT).
+	Number int `json:"number"`
+	// Nodes are the round's nodes in node-rank order.
+	Nodes []string `json:"nodes"`
+	// Started and Ended bound it; Ended is zero while it runs.
+	Started time.Time `json:"started"`
+	Ended   time.Time `json:"ended,omitzero"`
+	// Cause is how it ended: "succeeded", "failed: rank 3 on node-b: exit code 1", "node
+	// node-b lost: its agent's session ended", ...
+	Cause string `json:"cause,omitempty"`
+	// ResumeFrom is the checkpoint it resumed from ("" for a fresh start).
+	ResumeFrom string `json:"resume_from,omitempty"`
+}
+
+// LostNode is a node the job lost while it ran there.
+type LostNode struct {
+	Node string    `json:"node"`
+	Why  string    `json:"why"`
+	At   time.Time `json:"at"`
+}
+
+// State is a job's changing record. Every change is a check-and-set on its index.
+type State struct {
+	Status Status `json:"state"`
+	// Reason says why a pending job waits (the scheduler's pending reason), or why a
+	// final one ended.
+	Reason string `json:"reason,omitempty"`
+	// End is, while COMPLETING, the status the job ends in once its steps have stopped.
+	End Status `json:"end,omitempty"`
+	// Nodes are the nodes the job runs on (its steps'), Spares the ones it holds idle.
+	Nodes  []string `json:"nodes,omitempty"`
+	Spares []string `json:"spares,omitempty"`
+	// Placement counts the job's placements: 1 for its first grant, more after a requeue.
+	Placement int `json:"placement"`
+	// Requeue is set on a PENDING job placed again after losing a node it could not do
+	// without, until its old grant is gone and its new request written.
+	Requeue bool `json:"requeue,omitempty"`
+	// StepsEnded lists the nodes whose step of this placement ended and said so: a node
+	// the job ran on that is missing here when every step is gone lost its step without
+	// a word (the node died, or was cut off).
+	StepsEnded []string `json:"steps_ended,omitempty"`
+	// Started is when it first ran, Ended when it ended.
+	Started time.Time `json:"started,omitzero"`
+	Ended   time.Time `json:"ended,omitzero"`
+	// ExitCode is the job's exit code once final: 0, or the root cause's (128+N for
+	// signal N), as `gangrun run` exits.
+	ExitCode int `json:"exit_code"`
+	// Restarts counts the restarts of the job's own failures (they use up --max-restarts);
+	// NodeFailures those caused by a lost node (they do not).
+	Restarts     int `json:"restarts"`
+	NodeFailures int `json:"node_failures"`
+	// Attempts are the job's rendezvous rounds, oldest first; LostNodes the nodes it lost.
+	Attempts  []Attempt  `json:"attempts,omitempty"`
+	LostNodes []LostNode `json:"lost_nodes,omitempty"`
+}
+
+// maxAttemptsKept bounds the attempts a job's state keeps (the newest): a month-long job
+// restarted every few hours keeps its history, and its key stays small.
+const maxAttemptsKept = 256
+
+// ErrNotFound means there is no such job.
+var ErrNotFound = errors.New("no such job")
+
+// Job is a job's spec and state, as read together.
+type Job struct {
+	Spec  Spec
+	State State
+	// Index is the state key's index (for a check-and-set).
+	Index uint64
+}
+
+// Read returns job id; ErrNotFound when there is none.
+func Read(ctx context.Context, s store.Store, id string) (*Job, error) {
+	if err := checkID(id); err != nil {
+		return nil, err
+	}
+	entries, _, err := s.List(ctx, jobsPrefix+id+"/")
+	if err != nil {
+		return nil, err
+	}
+	return decode(id, entries)
+}
+
+// decode builds a Job from its keys.
+func decode(id string, entries []store.Entry) (*Job, error) {
+	var j Job
+	var haveSpec, haveState bool
+	for _, e := range entries {
+		switch e.Key {
+		case specKey(id):
+			if err := json.Unmarshal(e.Value, &j.Spec); err != nil {
+				return nil, fmt.Errorf("job %s: spec: %w", id, err)
+			}
+			haveSpec = true
+		case stateKey(id):
+			if err := json.Unmarshal(e.Value, &j.State); err != nil {
+				return nil, fmt.Errorf("job %s: state: %w", id, err)
+			}
+			j.Index, haveState = e.ModifyIndex, true
+		}
+	}
+	if !haveSpec || !haveState {
+		return nil, fmt.Errorf("job %s: %w", id, ErrNotFound)
+	}
+	return &j, nil
+}
+
+// update applies change to job id's state with check-and-set, reading it again and
+// retrying when another writer won; change returns false to leave the state as it is
+// (Update then returns false too). extra operations go in the same transaction.
+func update(ctx context.Context, s store.Store, id string, change func(j *Job) bool, extra ...store.Op) (*Job, bool, error) {
+	for {
+		j, err := Read(ctx, s, id)
+		if err != nil {
+			return nil, false, err
+		}
+		if !change(j) {
+			return j, false, nil
+		}
+		if n := len(j.State.Attempts); n > maxAttemptsKept {
+			j.State.Attempts = j.State.Attempts[n-maxAttemptsKept:]
+		}
+		b, _ := json.Marshal(j.State)
+		ops := append([]store.Op{{Verb: store.CAS, Key: stateKey(id), Value: b, Index: j.Index}}, extra...)
+		_, err = s.Txn(ctx, ops)
+		if err == nil {
+			return j, true, nil
+		}
+		if !errors.Is(err, store.ErrStaleIndex) {
+			return nil, false, err
+		}
+	}
+}

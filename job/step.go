@@ -1,0 +1,452 @@
+package job
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/gangrun/gangrun/allocator"
+	"github.com/gangrun/gangrun/event"
+	"github.com/gangrun/gangrun/hostlist"
+	"github.com/gangrun/gangrun/internal/store"
+	"github.com/gangrun/gangrun/launcher"
+	"github.com/gangrun/gangrun/topology"
+)
+
+// StepConfig is one node's step of a job: what `gangrun agent` starts on each node the
+// job runs on (like slurmstepd), as a process of its own that outlives the agent.
+type StepConfig struct {
+	// Store is the cluster's Consul; ConsulAddr its address, for the job's rendezvous.
+	Store      store.Store
+	ConsulAddr string
+	// Job and Node name the job and this node.
+	Job, Node string
+	// Inventory is the node's topology (its agent's); nil probes.
+	Inventory *topology.Inventory
+	// GuardianArgv starts the supervisor's guardian; nil runs without one.
+	GuardianArgv []string
+	// Subreaper makes the step sweep what its workers leave (launcher.Config.Subreaper).
+	Subreaper bool
+	// Log receives the step's own messages until the job's output file is open (they go
+	// into it, beside the workers' lines, from then on); nil discards them.
+	Log *zap.Logger
+	// Signals are the signals sent to the step process: SIGINT, SIGTERM and SIGHUP stop
+	// the workers as a cancel does (the job's end is then the controller's to say);
+	// SIGUSR1 and SIGUSR2 are passed on to them.
+	Signals <-chan os.Signal
+}
+
+// stepSessionTTL is the TTL of a step's session, which holds the node's GPU keys and
+// the step key: the GPUs come back 2×TTL (plus the lock-delay) after the step dies
+// without giving them back.
+const stepSessionTTL = allocator.SessionTTL
+
+// RunStep runs job cfg.Job's step on node cfg.Node and returns its exit code: the job's
+// command in the job's rendezvous, through launcher.Prepare as `gangrun run`, with the
+// node's granted devices. It takes the node's GPU keys over from the agent first
+// (allocator.HandOver) and gives them back last, so the GPUs are never free while a
+// worker may run; it stops the workers when the job is cancelled, reaches its time
+// limit, or moves off this node; and it records the job's end. A step with nothing to
+// do (the job ended, or no longer runs here) returns 0 at once.
+func RunStep(ctx context.Context, cfg StepConfig) int {
+	st := &step{cfg: cfg, log: cfg.Log}
+	if st.log == nil {
+		st.log = zap.NewNop()
+	}
+	return st.run(ctx)
+}
+
+type step struct {
+	cfg   StepConfig
+	log   *zap.Logger
+	job   *Job
+	lease *store.Lease
+	stop  chan os.Signal // the supervisor's signals: the step's own stop and warnings
+
+	cleanup []func() // run when the step ends
+
+	mu     sync.Mutex
+	ending Status // what the step's own stop means (Cancelled, Timeout); "" when none
+}
+
+func (st *step) run(ctx context.Context) int {
+	defer func() {
+		for _, f := range st.cleanup {
+			f()
+		}
+	}()
+	s, id, node := st.cfg.Store, st.cfg.Job, st.cfg.Node
+	j, err := Read(ctx, s, id)
+	if err != nil {
+		st.log.Error("read the job", zap.Error(err))
+		return 1
+	}
+	st.job = j
+	if j.State.Status != Running || !slices.Contains(j.State.Nodes, node) {
+		st.log.Info("nothing to run on this node", zap.String("job", id), zap.String("state", string(j.State.Status)))
+		return 0
+	}
+	since := time.Now()
+	sess, err := s.CreateSession(ctx, store.SessionOptions{Name: "gangrun step " + id + " " + node, TTL: stepSessionTTL,
+		LockDelay: allocator.GrantLockDelay, Behavior: store.DeleteKeys, NodeHealth: true})
+	if err != nil {
+		st.log.Error("create the step's session", zap.Error(err))
+		return 1
+	}
+	st.lease = store.Keep(s, sess, stepSessionTTL, since, st.log)
+	defer func() {
+		st.lease.Close()
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), store.CallTimeout)
+		_ = s.DestroySession(dctx, sess)
+		cancel()
+	}()
+	rec, _ := json.Marshal(StepRecord{Node: node, Host: hostname(), PID: os.Getpid(), Started: time.Now().UTC(), Placement: j.State.Placement})
+	if _, err := s.Txn(ctx, []store.Op{{Verb: store.Lock, Key: stepKey(id, node), Value: rec, Session: sess}}); err != nil {
+		st.log.Error("another step of the job runs on this node", zap.Error(err))
+		return 1
+	}
+	gn, err := allocator.HandOver(ctx, s, id, node, sess)
+	if err != nil {
+		st.log.Error("take the node's GPUs over from its agent", zap.Error(err))
+		return 1
+	}
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), store.CallTimeout)
+		if err := allocator.ReleaseNode(rctx, s, id, node, sess); err != nil {
+			st.log.Warn("give the node's GPUs back (they go with the step's session)", zap.Error(err))
+		}
+		cancel()
+	}()
+	// The job's state again, now that the GPUs are this step's: it may have been
+	// cancelled, or moved, meanwhile.
+	if j, err = Read(ctx, s, id); err != nil || j.State.Status != Running || !slices.Contains(j.State.Nodes, node) {
+		st.log.Info("the job ended or moved while the step started")
+		return 0
+	}
+	st.job = j
+	out, err := st.output()
+	if err != nil {
+		st.log.Error("open the job's output", zap.Error(err))
+		_ = st.recordEnd(ctx, Failed, 1, err.Error())
+		return 1
+	}
+	defer out.Close()
+	st.log = stepLogger(out).With(zap.String("step", node))
+	p, err := st.prepare(ctx, gn, out)
+	if err != nil {
+		fmt.Fprintf(out, "gangrun: job %s cannot start on %s: %v\n", id, node, err)
+		_ = st.recordEnd(ctx, Failed, 2, err.Error())
+		return 2
+	}
+	defer p.Close()
+	sup, err := p.Supervisor()
+	if err != nil {
+		fmt.Fprintf(out, "gangrun: job %s cannot start on %s: %v\n", id, node, err)
+		code := 2
+		if errors.Is(err, launcher.ErrCommandNotFound) {
+			code = 127
+		} else if errors.Is(err, launcher.ErrNotExecutable) {
+			code = 126
+		}
+		_ = st.recordEnd(ctx, Failed, code, err.Error())
+		return code
+	}
+	wctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	go st.watch(wctx)
+	res := sup.Run(ctx)
+	stopWatch()
+	defer st.markEnded(ctx)
+	st.mu.Lock()
+	ending := st.ending
+	st.mu.Unlock()
+	switch {
+	case ending != "":
+		// Stopped by the step itself: cancelled, or the time limit; recorded already.
+	case res.ExitCode == 0:
+		_ = st.recordEnd(ctx, Completed, 0, "")
+	case res.Failure != nil && res.Err == nil:
+		_ = st.recordEnd(ctx, Failed, res.ExitCode, res.Failure.String())
+	default:
+		// The step could not go on (the coordinator lost, an error of its own): the job's
+		// controller sees its key go and handles the node as lost.
+		st.log.Error("the job's step ends without an outcome for the job", zap.Int("exit_code", res.ExitCode), zap.Error(res.Err))
+	}
+	return res.ExitCode
+}
+
+// output opens the job's output file on this node: --output expanded, appended to
+// (the nodes of a pattern without %n share one file; each line is written whole).
+func (st *step) output() (*os.File, error) {
+	path := st.job.Spec.OutputPath(st.cfg.Node)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND|syscall.O_CLOEXEC, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("output %s: %w", path, err)
+	}
+	return f, nil
+}
+
+// prepare builds the node's run of the job: `gangrun run` with the job's settings, the
+// job's rendezvous on Consul, and the node's granted devices.
+func (st *step) prepare(ctx context.Context, gn allocator.GrantNode, out io.Writer) (*launcher.Prepared, error) {
+	spec, state := st.job.Spec, st.job.State
+	command := spec.Command
+	if spec.Script != "" {
+		path, cleanup, err := writeScript(spec)
+		if err != nil {
+			return nil, err
+		}
+		st.cleanup = append(st.cleanup, cleanup)
+		command = append(append(Interpreter(spec.Script), path), spec.Command...)
+	}
+	if err := os.Chdir(spec.WorkDir); err != nil {
+		return nil, fmt.Errorf("work directory %s: %w", spec.WorkDir, err)
+	}
+	ckpt := spec.CheckpointDir
+	if ckpt != "" && !filepath.IsAbs(ckpt) {
+		ckpt = filepath.Join(spec.WorkDir, ckpt)
+	}
+	addr := ""
+	if c, err := allocator.Snapshot(ctx, st.cfg.Store); err == nil {
+		if n, ok := c.Nodes[st.cfg.Node]; ok {
+			addr = n.Record.Addr
+		}
+	}
+	environ := append(os.Environ(), "GANGRUN_NODELIST="+hostlist.Compress(state.Nodes))
+	st.stop = make(chan os.Signal, 4)
+	return launcher.Prepare(ctx, launcher.Spec{
+		Command: command, NProcPerNode: strconv.Itoa(len(gn.Devices)), NProcGiven: true,
+		NNodes: fmt.Sprintf("%d:%d", min(spec.MinNodes, len(state.Nodes)), len(state.Nodes)), NNodesGiven: true,
+		Coordinator: "consul://" + st.cfg.ConsulAddr, FollowRun: true, JobID: spec.ID, NodeName: st.cfg.Node, AdvertiseAddr: addr,
+		Inventory: st.cfg.Inventory, Devices: gn.Devices, Env: spec.Env, Environ: environ,
+		MaxRestarts: max(spec.MaxRestarts-state.Restarts, 0), Backoff: "exp", TermTimeout: spec.TermTimeout,
+		CheckpointDir: ckpt, Stdout: out, Stderr: out, Report: out, Log: st.log,
+		GuardianArgv: st.cfg.GuardianArgv, Signals: st.stop, Subreaper: st.cfg.Subreaper,
+		Events: &attempts{step: st, ch: make(chan event.Event, 64)},
+	})
+}
+
+// writeScript writes the job's script, as submitted, where the step runs it: a
+// directory of its own under TMPDIR, which the returned cleanup removes.
+func writeScript(spec Spec) (path string, cleanup func(), err error) {
+	dir, err := os.MkdirTemp("", "gangrun-job-"+spec.ID+"-")
+	if err != nil {
+		return "", nil, fmt.Errorf("write the job's script: %w", err)
+	}
+	path = filepath.Join(dir, "script")
+	if err := os.WriteFile(path, []byte(spec.Script), 0o755); err != nil {
+		os.RemoveAll(dir)
+		return "", nil, fmt.Errorf("write the job's script: %w", err)
+	}
+	return path, func() { os.RemoveAll(dir) }, nil
+}
+
+// watch follows the job's state while the supervisor runs and stops the workers when
+// the job is cancelled or moves off this node; it keeps the time limit (with --signal's
+// warning before it).
+func (st *step) watch(ctx context.Context) {
+	spec := st.job.Spec
+	var warn, limit <-chan time.Time
+	if spec.TimeLimit > 0 {
+		start := st.job.State.Started
+		if start.IsZero() {
+			start = time.Now()
+		}
+		end := start.Add(spec.TimeLimit)
+		tl := time.NewTimer(time.Until(end))
+		defer tl.Stop()
+		limit = tl.C
+		if spec.Signal != 0 {
+			tw := time.NewTimer(time.Until(end.Add(-spec.SignalBefore)))
+			defer tw.Stop()
+			warn = tw.C
+		}
+	}
+	changes := make(chan *Job, 1)
+	go func() {
+		w := store.NewWatcher(st.cfg.Store, jobsPrefix+spec.ID+"/state")
+		for {
+			entries, err := w.Next(ctx)
+			if err != nil {
+				return
+			}
+			j, err := decode(spec.ID, append(entries, store.Entry{Key: specKey(spec.ID), Value: mustJSON(spec)}))
+			if err != nil {
+				continue
+			}
+			select {
+			case changes <- j:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case sig := <-st.cfg.Signals:
+			if ss, ok := sig.(syscall.Signal); ok && (ss == syscall.SIGINT || ss == syscall.SIGTERM || ss == syscall.SIGHUP) {
+				st.log.Warn("the step was told to stop", zap.String("signal", ss.String()))
+				st.stopWorkers(Requeued)
+			} else {
+				st.stop <- sig
+			}
+		case <-warn:
+			st.log.Info("sending the workers the time limit's warning", zap.String("signal", signalName(spec.Signal)), zap.Duration("before", spec.SignalBefore))
+			st.stop <- spec.Signal
+		case <-limit:
+			st.log.Warn("time limit reached: stopping the job", zap.Duration("time_limit", spec.TimeLimit))
+			_, _, _ = update(ctx, st.cfg.Store, spec.ID, func(j *Job) bool {
+				if j.State.Status != Running {
+					return false
+				}
+				j.State.Status, j.State.End, j.State.Reason = Completing, Timeout, "time limit "+spec.TimeLimit.String()+" reached"
+				return true
+			})
+			st.stopWorkers(Timeout)
+		case j := <-changes:
+			switch {
+			case j.State.Status == Completing && j.State.End != Completed && j.State.End != Failed:
+				st.log.Warn("stopping the job", zap.String("reason", j.State.Reason))
+				st.stopWorkers(j.State.End)
+			case j.State.Status != Running && j.State.Status != Completing:
+				st.log.Warn("the job left the running state: stopping", zap.String("state", string(j.State.Status)))
+				st.stopWorkers(j.State.Status)
+			case !slices.Contains(j.State.Nodes, st.cfg.Node):
+				st.log.Warn("the job no longer runs on this node: stopping its workers")
+				st.stopWorkers(Requeued)
+			}
+		}
+	}
+}
+
+// stopWorkers has the supervisor stop the workers (SIGTERM, its grace, SIGKILL), once;
+// why is what the stop means for the job.
+func (st *step) stopWorkers(why Status) {
+	st.mu.Lock()
+	first := st.ending == ""
+	if first {
+		st.ending = why
+	}
+	st.mu.Unlock()
+	if first {
+		st.stop <- syscall.SIGTERM
+	}
+}
+
+// markEnded notes in the job's state that this node's step of the placement ended and
+// said so (State.StepsEnded), before its key goes.
+func (st *step) markEnded(ctx context.Context) {
+	placement := st.job.State.Placement
+	_, _, err := update(context.WithoutCancel(ctx), st.cfg.Store, st.cfg.Job, func(j *Job) bool {
+		if j.State.Placement != placement || slices.Contains(j.State.StepsEnded, st.cfg.Node) {
+			return false
+		}
+		j.State.StepsEnded = append(j.State.StepsEnded, st.cfg.Node)
+		return true
+	})
+	if err != nil {
+		st.log.Warn("note the step's end in the job's state", zap.Error(err))
+	}
+}
+
+// recordEnd records how the job ended, as seen by this step's supervisor: the job goes
+// COMPLETING with end status (the first step to say wins) and, when the gang failed,
+// its exit code and root cause. The controller finishes the job when every step has
+// stopped.
+func (st *step) recordEnd(ctx context.Context, end Status, code int, why string) error {
+	_, _, err := update(context.WithoutCancel(ctx), st.cfg.Store, st.cfg.Job, func(j *Job) bool {
+		if j.State.Status != Running {
+			return false
+		}
+		j.State.Status, j.State.End, j.State.ExitCode, j.State.Reason = Completing, end, code, why
+		return true
+	})
+	return err
+}
+
+// attempts is the step's event sink: it keeps the job's attempts (rendezvous rounds) in
+// its state, off the supervisor's goroutine.
+type attempts struct {
+	step *step
+	ch   chan event.Event
+	once sync.Once
+}
+
+// Emit implements event.Sink.
+func (a *attempts) Emit(e event.Event) {
+	a.once.Do(func() { go a.loop() })
+	switch e.Kind {
+	case event.RoundClosed, event.CheckpointChosen, event.RoundEnded:
+		select {
+		case a.ch <- e:
+		default: // the state is behind; the next event catches it up
+		}
+	}
+}
+
+func (a *attempts) loop() {
+	ctx := context.Background()
+	for e := range a.ch {
+		_, _, _ = update(ctx, a.step.cfg.Store, a.step.cfg.Job, func(j *Job) bool { return record(&j.State, e) })
+	}
+}
+
+// record notes event e in the job's attempts; false when it changes nothing (another
+// node's step noted it first).
+func record(st *State, e event.Event) bool {
+	i := slices.IndexFunc(st.Attempts, func(a Attempt) bool { return a.Number == e.Attempt })
+	changed := false
+	if i < 0 {
+		st.Attempts = append(st.Attempts, Attempt{Number: e.Attempt, Started: e.Time.UTC()})
+		i, changed = len(st.Attempts)-1, true
+	}
+	a := &st.Attempts[i]
+	switch e.Kind {
+	case event.RoundClosed:
+		if len(a.Nodes) == 0 && len(e.Nodes) > 0 {
+			a.Nodes, changed = e.Nodes, true
+		}
+	case event.CheckpointChosen:
+		if a.ResumeFrom == "" && e.Checkpoint != "" {
+			a.ResumeFrom, changed = e.Checkpoint, true
+		}
+	case event.RoundEnded:
+		if a.Ended.IsZero() {
+			a.Ended, a.Cause, changed = e.Time.UTC(), e.Cause, true
+			if e.Detail != "" {
+				a.Cause += ": " + e.Detail
+			}
+		}
+	}
+	return changed
+}
+
+// stepLogger writes the step's own messages into the job's output, as `gangrun run`
+// writes its log lines beside the workers' output.
+func stepLogger(w io.Writer) *zap.Logger {
+	l, _ := launcher.NewLogger("text", w)
+	return l
+}
+
+func hostname() string {
+	h, _ := os.Hostname()
+	return h
+}
+
+func mustJSON(v any) []byte {
+	b, _ := json.Marshal(v)
+	return b
+}
