@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -231,18 +232,24 @@ func Snapshot(ctx context.Context, s store.Store) (*Cluster, error) {
 
 // NodeStatus is one row of `gangrun nodes` (JSON fields are stable; README.md, "Cluster mode").
 type NodeStatus struct {
-	Name      string            `json:"name"`
-	State     string            `json:"state"`
-	GPUsTotal int               `json:"gpus_total"`
-	GPUsFree  int               `json:"gpus_free"`
-	Labels    map[string]string `json:"labels"`
-	Addr      string            `json:"addr,omitempty"`
-	Model     string            `json:"gpu_model,omitempty"`
-	Reason    string            `json:"reason,omitempty"` // the drain reason
+	Name      string `json:"name"`
+	State     string `json:"state"`
+	GPUsTotal int    `json:"gpus_total"`
+	GPUsFree  int    `json:"gpus_free"`
+	// GPUsUsed counts the devices a grant holds (a job's or an allocation's), whatever
+	// the node's state; Grants are the holding grants' ids (a job's grant id is the
+	// job id), sorted.
+	GPUsUsed int               `json:"gpus_used"`
+	Grants   []string          `json:"grants"`
+	Labels   map[string]string `json:"labels"`
+	Addr     string            `json:"addr,omitempty"`
+	Model    string            `json:"gpu_model,omitempty"`
+	Reason   string            `json:"reason,omitempty"` // the drain reason
 }
 
-// Nodes lists the registered nodes, sorted by name. GPUsTotal counts allocatable
-// devices; GPUsFree those no grant holds (0 on a node that is down or drained).
+// NodeList lists the registered nodes, sorted by name. GPUsTotal counts allocatable
+// devices; GPUsFree those no grant holds (0 on a node that is down or drained);
+// GPUsUsed those a grant holds.
 func (c *Cluster) NodeList() []NodeStatus {
 	out := make([]NodeStatus, 0, len(c.Nodes))
 	for _, n := range c.Nodes {
@@ -254,6 +261,16 @@ func (c *Cluster) NodeList() []NodeStatus {
 		if st.State == NodeUp {
 			st.GPUsFree = len(n.Free())
 		}
+		st.Grants = []string{}
+		for _, d := range n.Record.Devices {
+			if id, held := n.Held[d.ID]; held {
+				st.GPUsUsed++
+				if !slices.Contains(st.Grants, id) {
+					st.Grants = append(st.Grants, id)
+				}
+			}
+		}
+		slices.Sort(st.Grants)
 		if len(n.Record.Devices) > 0 {
 			st.Model = n.Record.Devices[0].Model
 		}

@@ -1,7 +1,9 @@
 package allocator
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -12,6 +14,7 @@ import (
 
 	"github.com/gangrun/gangrun/hostlist"
 	"github.com/gangrun/gangrun/internal/proc"
+	"github.com/gangrun/gangrun/internal/store"
 )
 
 // CommandGrace is the SIGTERM → SIGKILL grace of a command run under a grant (Ticket.Run)
@@ -134,4 +137,53 @@ func (t *Ticket) Run(g Grant, command []string, o RunOptions) (int, error) {
 		code = st.ShellCode()
 	}
 	return code, nil
+}
+
+// ParseSummary reads a grant as GANGRUN_GRANT carries it (Summary's JSON); an error
+// names what is wrong with it.
+func ParseSummary(js string) (Summary, error) {
+	var s Summary
+	if err := json.Unmarshal([]byte(js), &s); err != nil {
+		return Summary{}, fmt.Errorf("GANGRUN_GRANT is not a grant (gangrun alloc --json): %v", err)
+	}
+	if s.ID == "" || len(s.Nodes) == 0 {
+		return Summary{}, errors.New("GANGRUN_GRANT is not a grant (gangrun alloc --json): no id or no nodes")
+	}
+	return s, nil
+}
+
+// Node returns node's part of the grant; an error names the node and the grant's nodes
+// when node is not one of them.
+func (s Summary) Node(node string) (GrantNode, error) {
+	names := make([]string, len(s.Nodes))
+	for i, n := range s.Nodes {
+		if n.Name == node {
+			return n, nil
+		}
+		names[i] = n.Name
+	}
+	return GrantNode{}, fmt.Errorf("node %q is not in grant %s (its nodes: %s); give --node-name",
+		node, s.ID, hostlist.Compress(names))
+}
+
+// GrantedSummary reads grant id (of `gangrun alloc`) from s and returns it when it is
+// granted; an error, naming --grant and the id, says it does not exist, is a cluster
+// job's, or is not granted (still pending, refused).
+func GrantedSummary(ctx context.Context, s store.Store, id string) (Summary, error) {
+	pending, g, err := Show(ctx, s, id)
+	if errors.Is(err, ErrNotFound) {
+		return Summary{}, fmt.Errorf("--grant %s: no such grant (gangrun queue lists them)", id)
+	}
+	if err != nil {
+		return Summary{}, err
+	}
+	switch {
+	case pending != nil && pending.Durable():
+		return Summary{}, fmt.Errorf("--grant %s: this is cluster job %s's grant, whose steps the agents run; a grant of gangrun alloc is meant", id, id)
+	case g != nil && g.State == GrantGranted:
+		return g.Summary(), nil
+	case g != nil:
+		return Summary{}, fmt.Errorf("--grant %s: the grant is %s, not granted", id, g.State)
+	}
+	return Summary{}, fmt.Errorf("--grant %s: the request is still pending: it has no GPUs yet", id)
 }

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -50,6 +51,11 @@ type Spec struct {
 	// Devices, when set, are the only devices (topology.Device IDs) the run may use: a
 	// grant's. CUDA_VISIBLE_DEVICES then names exactly them, in this order.
 	Devices []string
+	// Grant, when set, names the grant of `gangrun alloc` that Devices come from (for
+	// messages). An inherited CUDA_VISIBLE_DEVICES must then name granted devices
+	// only (by index, MIG UUID or GPU UUID): it narrows the run to them, and one
+	// outside the grant is an error.
+	Grant string
 	// Env holds the --env KEY=VALUE entries.
 	Env []string
 	// Environ is the environment inherited (os.Environ() when nil); Getenv reads it for
@@ -175,6 +181,11 @@ func Prepare(ctx context.Context, spec Spec) (*Prepared, error) {
 			return nil, err
 		}
 	}
+	if spec.Grant != "" {
+		if devices, err = inheritedDevices(devices, getenv("CUDA_VISIBLE_DEVICES"), spec.Grant); err != nil {
+			return nil, err
+		}
+	}
 	opened, err := rendezvous.Open(ctx, spec.Coordinator, rendezvous.Config{
 		JobID: spec.JobID, NodeName: spec.NodeName, MinNodes: nmin, MaxNodes: nmax, NNodesGiven: spec.NNodesGiven,
 		MaxRestarts: spec.MaxRestarts, AdvertiseAddr: spec.AdvertiseAddr, Getenv: getenv, Log: log, Events: spec.Events,
@@ -285,6 +296,34 @@ func grantedDevices(all []topology.Device, ids []string) ([]topology.Device, err
 			return nil, fmt.Errorf("granted device %q is not an allocatable device of this node", id)
 		}
 		out = append(out, d)
+	}
+	return out, nil
+}
+
+// inheritedDevices narrows granted, the devices of grant, to those an inherited
+// CUDA_VISIBLE_DEVICES names (by ID, or by UUID as CUDA takes it), in its order; unset
+// or empty keeps them all. A device that is not granted is an error naming it.
+func inheritedDevices(granted []topology.Device, visible, grant string) ([]topology.Device, error) {
+	if strings.TrimSpace(visible) == "" {
+		return granted, nil
+	}
+	ids := make([]string, len(granted))
+	for i, d := range granted {
+		ids[i] = d.ID
+	}
+	var out []topology.Device
+	for _, v := range strings.Split(visible, ",") {
+		v = strings.TrimSpace(v)
+		i := slices.IndexFunc(granted, func(d topology.Device) bool {
+			return v == d.ID || (d.UUID != "" && (v == d.UUID || "GPU-"+v == d.UUID))
+		})
+		if i < 0 {
+			return nil, fmt.Errorf("CUDA_VISIBLE_DEVICES=%s: device %q is not granted to this node by grant %s (its devices: %s)",
+				visible, v, grant, strings.Join(ids, ","))
+		}
+		if !slices.ContainsFunc(out, func(d topology.Device) bool { return d.ID == granted[i].ID }) {
+			out = append(out, granted[i])
+		}
 	}
 	return out, nil
 }

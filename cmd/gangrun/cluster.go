@@ -182,9 +182,10 @@ func runNodes(ctx context.Context, e *env, args []string) int {
 		return printJSON(e, nodes)
 	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tSTATE\tGPUS\tFREE\tMODEL\tLABELS\tREASON")
+	fmt.Fprintln(tw, "NODE\tSTATE\tGPUS\tUSED\tFREE\tMODEL\tLABELS\tJOBS\tREASON")
 	for _, n := range nodes {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\t%s\n", n.Name, n.State, n.GPUsTotal, n.GPUsFree, orDash(n.Model), orDash(labelString(n.Labels)), orDash(n.Reason))
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\n", n.Name, n.State, n.GPUsTotal, n.GPUsUsed, n.GPUsFree, orDash(n.Model),
+			orDash(labelString(n.Labels)), orDash(strings.Join(n.Grants, ",")), orDash(n.Reason))
 	}
 	tw.Flush()
 	return exitOK

@@ -5,11 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 
+	"github.com/gangrun/gangrun/allocator"
+	"github.com/gangrun/gangrun/internal/store"
 	"github.com/gangrun/gangrun/launcher"
 )
 
@@ -78,6 +82,7 @@ func runRun(ctx context.Context, e *env, args []string) int {
 	var t trainFlags
 	g.register(fs)
 	t.register(fs)
+	grant := fs.String("grant", "", "run on this node's GPUs of grant ID (gangrun alloc); under alloc, $GANGRUN_GRANT is used")
 	if done, code := parseFlags(e, fs, args); done {
 		return code
 	}
@@ -94,6 +99,9 @@ func runRun(ctx context.Context, e *env, args []string) int {
 	// The gangrun binary (not a test calling dispatch) has no other children than its
 	// guardian and workers: it can reap whatever the workers leave behind.
 	spec.Subreaper = e.self != ""
+	if code := g.underGrant(ctx, e, *grant, &spec); code != exitOK {
+		return code
+	}
 	p, err := launcher.Prepare(ctx, spec)
 	if err != nil {
 		return usageErr(e, "run", "%v", err)
@@ -116,6 +124,57 @@ func (g *gangFlags) spec(e *env, command []string, log *zap.Logger) launcher.Spe
 		MasterPort: g.masterPort, TopologyFile: g.topologyFile, Env: g.env, Getenv: e.getenv, TermTimeout: g.termTimeout,
 		Stdout: e.stdout, Stderr: e.stderr, Report: e.stderr, Log: log, GuardianArgv: guardian, Signals: e.signals,
 	}
+}
+
+// underGrant narrows spec to this node's devices of a grant of `gangrun alloc`: grant
+// id, read from Consul (the --coordinator's when it is consul://, else CONSUL_HTTP_ADDR),
+// or, when id is "", the one alloc put in $GANGRUN_GRANT; nothing when neither is set.
+// It returns exitOK, or the exit code after saying what is wrong.
+func (g *gangFlags) underGrant(ctx context.Context, e *env, id string, spec *launcher.Spec) int {
+	var sum allocator.Summary
+	switch {
+	case id != "":
+		addr := ""
+		if strings.HasPrefix(g.coordinator, "consul://") {
+			a, err := store.ParseConsulURL(g.coordinator)
+			if err != nil {
+				return usageErr(e, "run", "%v", err)
+			}
+			addr = a
+		}
+		s, code := openStore(e, "run", addr)
+		if code != exitOK {
+			return code
+		}
+		defer s.Close()
+		var err error
+		if sum, err = allocator.GrantedSummary(ctx, s, id); err != nil {
+			if errors.Is(err, store.ErrUnavailable) {
+				return failErr(e, "run", err)
+			}
+			return usageErr(e, "run", "%v", err)
+		}
+	case e.getenv("GANGRUN_GRANT") != "":
+		var err error
+		if sum, err = allocator.ParseSummary(e.getenv("GANGRUN_GRANT")); err != nil {
+			return usageErr(e, "run", "%v", err)
+		}
+	default:
+		return exitOK
+	}
+	node := g.nodeName
+	if node == "" {
+		node, _ = os.Hostname()
+	}
+	gn, err := sum.Node(node)
+	if err != nil {
+		return usageErr(e, "run", "%v", err)
+	}
+	spec.Devices, spec.Grant = gn.Devices, sum.ID
+	if !g.nprocGiven {
+		spec.NProcPerNode = "auto" // the granted devices
+	}
+	return exitOK
 }
 
 // supervise runs the prepared gang's supervisor with cfg (p.Config, possibly adjusted
