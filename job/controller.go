@@ -134,11 +134,13 @@ func (c *Controller) job(ctx context.Context, cl *allocator.Cluster, j Job) erro
 				return err
 			}
 		}
-		var lost []string
+		var exclude []string
 		for _, l := range st.LostNodes {
-			lost = append(lost, l.Node)
+			if l.Exclude && !slices.Contains(exclude, l.Node) {
+				exclude = append(exclude, l.Node)
+			}
 		}
-		reqOps, err := allocator.JobRequestOps(request(j.Spec, lost))
+		reqOps, err := allocator.JobRequestOps(request(j.Spec, true, exclude))
 		if err != nil {
 			return err
 		}
@@ -167,7 +169,7 @@ func (c *Controller) job(ctx context.Context, cl *allocator.Cluster, j Job) erro
 			// The gang failed, and a node's step ended without a word: the node died or
 			// was cut off, and its peers' failure followed. That is the node's failure,
 			// not the job's: it is placed again, away from the node, its budget intact.
-			return c.requeueSilent(ctx, id, silent)
+			return c.requeueSilent(ctx, cl, id, silent)
 		}
 		if err := allocator.ReleaseJob(ctx, c.s, id); err != nil {
 			return err
@@ -202,6 +204,7 @@ func (c *Controller) start(ctx context.Context, j Job, g allocator.Grant) error 
 		now := c.now().UTC()
 		j.State.Status, j.State.Reason = Running, ""
 		j.State.Nodes, j.State.Spares = names[:len(names)-spares], names[len(names)-spares:]
+		j.State.NodesSince = c.now().UTC()
 		j.State.Placement++
 		j.State.StepsEnded = nil
 		if j.State.Started.IsZero() {
@@ -218,7 +221,7 @@ func (c *Controller) start(ctx context.Context, j Job, g allocator.Grant) error 
 // requeueSilent places a failed job again after the nodes silent lost their steps
 // without a word: they count as node failures, and the job waits PENDING (Requeue) for
 // the old grant to go and a new request away from them.
-func (c *Controller) requeueSilent(ctx context.Context, id string, silent []string) error {
+func (c *Controller) requeueSilent(ctx context.Context, cl *allocator.Cluster, id string, silent []string) error {
 	_, changed, err := c.update(ctx, id, func(j *Job) bool {
 		st := &j.State
 		if st.Status != Completing || st.End != Failed {
@@ -226,11 +229,13 @@ func (c *Controller) requeueSilent(ctx context.Context, id string, silent []stri
 		}
 		now := c.now().UTC()
 		for _, n := range silent {
-			st.LostNodes = append(st.LostNodes, LostNode{Node: n, Why: "the job's step on node " + n + " ended without a word (the node died or was cut off)", At: now})
+			st.LostNodes = append(st.LostNodes, LostNode{Node: n, Why: "the job's step on node " + n + " ended without a word (the node died or was cut off)",
+				At: now, Exclude: healthy(cl, n)})
 			st.NodeFailures++
 		}
 		st.Status, st.End, st.ExitCode, st.Requeue = Pending, "", 0, true
 		st.Reason = "requeued: lost " + strings.Join(silent, ", ")
+		st.closeAttempts(now, st.Reason)
 		st.Nodes, st.Spares, st.StepsEnded = nil, nil, nil
 		return true
 	})
@@ -240,9 +245,22 @@ func (c *Controller) requeueSilent(ctx context.Context, id string, silent []stri
 	return err
 }
 
-// lostWhy says why node n of a running job is lost ("" when it is not): down, drained
-// for a failed GPU, or its step gone after it had taken the node's GPUs over.
-func lostWhy(cl *allocator.Cluster, g allocator.Grant, n string, steps map[string]StepRecord) string {
+// healthy reports whether node n is up and not drained in cl.
+func healthy(cl *allocator.Cluster, n string) bool {
+	ns, ok := cl.Nodes[n]
+	return ok && ns.Up && ns.Drain == nil
+}
+
+// StepStartTimeout bounds how long a running job's node may go without its step: one
+// that has not taken the node's GPUs over that long after the node joined the job (its
+// agent could not start it) is handled as lost. It outlasts a step's wait for Consul's
+// lock-delay (twice allocator.GrantLockDelay).
+const StepStartTimeout = 30 * time.Second
+
+// lostWhy says why node n of running job j is lost ("" when it is not), at now: down,
+// drained for a failed GPU, its step gone after it had taken the node's GPUs over, or
+// no step StepStartTimeout after the node joined the job.
+func lostWhy(cl *allocator.Cluster, g allocator.Grant, j Job, n string, steps map[string]StepRecord, now time.Time) string {
 	ns, ok := cl.Nodes[n]
 	switch {
 	case !ok || !ns.Up:
@@ -254,9 +272,14 @@ func lostWhy(cl *allocator.Cluster, g allocator.Grant, n string, steps map[strin
 	if i < 0 {
 		return "node " + n + " left the job's grant"
 	}
-	if _, running := steps[n]; !running && g.Nodes[i].Session != ns.AliveSession {
+	_, running := steps[n]
+	switch {
+	case running || slices.Contains(j.State.StepsEnded, n):
+	case g.Nodes[i].Session != ns.AliveSession:
 		// The step had taken the GPUs over (they are no longer its agent's) and is gone.
 		return "the job's step on node " + n + " ended"
+	case !j.State.NodesSince.IsZero() && now.Sub(j.State.NodesSince) > StepStartTimeout:
+		return "the job's step did not start on node " + n + " within " + StepStartTimeout.String()
 	}
 	return ""
 }
@@ -269,7 +292,7 @@ func (c *Controller) watchNodes(ctx context.Context, cl *allocator.Cluster, j Jo
 	}
 	lost := map[string]string{}
 	for _, n := range j.State.Nodes {
-		if why := lostWhy(cl, g, n, steps); why != "" {
+		if why := lostWhy(cl, g, j, n, steps, c.now()); why != "" {
 			lost[n] = why
 		}
 	}
@@ -302,12 +325,13 @@ func (c *Controller) watchNodes(ctx context.Context, cl *allocator.Cluster, j Jo
 			if !slices.Contains(st.Nodes, n) {
 				continue
 			}
-			st.LostNodes = append(st.LostNodes, LostNode{Node: n, Why: lost[n], At: now})
+			st.LostNodes = append(st.LostNodes, LostNode{Node: n, Why: lost[n], At: now, Exclude: healthy(cl, n)})
 			st.NodeFailures++
 			st.Nodes = slices.DeleteFunc(st.Nodes, func(x string) bool { return x == n })
 			switch {
 			case len(st.Spares) > 0:
 				st.Nodes = append(st.Nodes, st.Spares[0])
+				st.NodesSince = now
 				st.Spares = st.Spares[1:]
 				c.log.Warn("job lost a node: a spare takes its place", zap.String("job", jj.Spec.ID), zap.String("lost", n), zap.String("why", lost[n]), zap.String("spare", st.Nodes[len(st.Nodes)-1]))
 			case len(st.Nodes) >= jj.Spec.MinNodes:
@@ -318,6 +342,7 @@ func (c *Controller) watchNodes(ctx context.Context, cl *allocator.Cluster, j Jo
 				c.log.Warn("job lost a node it cannot do without: requeued", zap.String("job", jj.Spec.ID), zap.String("lost", n), zap.String("why", lost[n]))
 				st.Status, st.Reason, st.Requeue = Pending, "requeued: "+lost[n], true
 				st.Nodes, st.Spares, st.StepsEnded = nil, nil, nil
+				st.closeAttempts(now, st.Reason)
 				return true
 			}
 		}

@@ -21,6 +21,8 @@ type Entry struct {
 	State     Status   `json:"state"`
 	Reason    string   `json:"reason"`
 	Nodes     []string `json:"nodes"`
+	// NumNodes is len(Nodes) once placed; before, the nodes asked for (the least).
+	NumNodes int `json:"num_nodes"`
 	// GPUsPerNode and Priority as asked.
 	GPUsPerNode int `json:"gpus_per_node"`
 	Priority    int `json:"priority"`
@@ -69,6 +71,10 @@ func Queue(ctx context.Context, s store.Store, all bool) ([]Entry, error) {
 				e.Nodes = append(e.Nodes, n.Name)
 			}
 		}
+		e.NumNodes = len(e.Nodes)
+		if e.NumNodes == 0 {
+			e.NumNodes = q.Nodes
+		}
 		out = append(out, e)
 	}
 	return out, nil
@@ -81,6 +87,10 @@ func EntryOf(j Job, reason string, now time.Time) Entry {
 		Partition: j.Spec.Partition, State: st.Status, Reason: st.Reason, Nodes: append([]string{}, st.Nodes...),
 		GPUsPerNode: j.Spec.GPUsPerNode, Priority: j.Spec.Priority, Restarts: st.Restarts, NodeFailures: st.NodeFailures,
 		Submitted: stamp(j.Spec.Submitted), Started: stamp(st.Started)}
+	e.NumNodes = len(e.Nodes)
+	if e.NumNodes == 0 {
+		e.NumNodes = j.Spec.MinNodes
+	}
 	if st.Status == Pending && reason != "" && !st.Requeue {
 		e.Reason = reason
 	}

@@ -79,7 +79,8 @@ type Spec struct {
 	// Env holds --env KEY=VALUE entries for the workers.
 	Env []string `json:"env,omitempty"`
 	// Command is what every node runs, as `gangrun run` would; for a script, the
-	// interpreter of its #! line (else /bin/sh) and the script's path.
+	// script's arguments: each node runs the interpreter of its #! line (else /bin/sh)
+	// on its copy of Script, then these.
 	Command []string `json:"command"`
 	// Script is the submitted script's text, kept with the job (as sbatch keeps the batch
 	// script): the steps run this copy, not the file, which may change meanwhile.

@@ -82,6 +82,21 @@ type LostNode struct {
 	Node string    `json:"node"`
 	Why  string    `json:"why"`
 	At   time.Time `json:"at"`
+	// Exclude keeps the job's later placements off the node: its step was lost while
+	// the node itself looked up and healthy. A node lost by going down or being drained
+	// is not excluded: the scheduler skips it while it is so, and takes it again once
+	// its agent is back or it is resumed.
+	Exclude bool `json:"exclude,omitempty"`
+}
+
+// closeAttempts ends the attempts still open at now with cause (the job stopped on
+// every node: a requeue).
+func (s *State) closeAttempts(now time.Time, cause string) {
+	for i := range s.Attempts {
+		if s.Attempts[i].Ended.IsZero() {
+			s.Attempts[i].Ended, s.Attempts[i].Cause = now, cause
+		}
+	}
 }
 
 // State is a job's changing record. Every change is a check-and-set on its index.
@@ -95,6 +110,10 @@ type State struct {
 	// Nodes are the nodes the job runs on (its steps'), Spares the ones it holds idle.
 	Nodes  []string `json:"nodes,omitempty"`
 	Spares []string `json:"spares,omitempty"`
+	// NodesSince is when Nodes last gained a node (a placement, a spare taking a lost
+	// node's place): a node whose step has not started StepStartTimeout after it is
+	// handled as lost.
+	NodesSince time.Time `json:"nodes_since,omitzero"`
 	// Placement counts the job's placements: 1 for its first grant, more after a requeue.
 	Placement int `json:"placement"`
 	// Requeue is set on a PENDING job placed again after losing a node it could not do

@@ -108,11 +108,15 @@ func (st *step) run(ctx context.Context) int {
 	defer func() {
 		st.lease.Close()
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), store.CallTimeout)
+		// The step key goes before the session, so that Consul puts no lock-delay on
+		// it: a step of the job's next placement may start on this node at once.
+		_, _ = s.Txn(dctx, []store.Op{{Verb: store.CheckSession, Key: stepKey(id, node), Session: sess},
+			{Verb: store.Delete, Key: stepKey(id, node)}})
 		_ = s.DestroySession(dctx, sess)
 		cancel()
 	}()
 	rec, _ := json.Marshal(StepRecord{Node: node, Host: hostname(), PID: os.Getpid(), Started: time.Now().UTC(), Placement: j.State.Placement})
-	if _, err := s.Txn(ctx, []store.Op{{Verb: store.Lock, Key: stepKey(id, node), Value: rec, Session: sess}}); err != nil {
+	if err := st.lockStepKey(ctx, sess, rec); err != nil {
 		st.log.Error("another step of the job runs on this node", zap.Error(err))
 		return 1
 	}
@@ -184,6 +188,28 @@ func (st *step) run(ctx context.Context) int {
 		st.log.Error("the job's step ends without an outcome for the job", zap.Int("exit_code", res.ExitCode), zap.Error(res.Err))
 	}
 	return res.ExitCode
+}
+
+// lockStepKey takes the job's step key on this node for session sess. A step that
+// died holding it leaves Consul's lock-delay on it (allocator.GrantLockDelay): the lock
+// is tried again for up to twice that while the job still runs on this node.
+func (st *step) lockStepKey(ctx context.Context, sess string, rec []byte) error {
+	s, id, node := st.cfg.Store, st.cfg.Job, st.cfg.Node
+	deadline := time.Now().Add(2 * allocator.GrantLockDelay)
+	for {
+		_, err := s.Txn(ctx, []store.Op{{Verb: store.Lock, Key: stepKey(id, node), Value: rec, Session: sess}})
+		if err == nil || !errors.Is(err, store.ErrLockDelay) || time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(250 * time.Millisecond):
+		}
+		if j, rerr := Read(ctx, s, id); rerr != nil || j.State.Status != Running || !slices.Contains(j.State.Nodes, node) {
+			return err
+		}
+	}
 }
 
 // output opens the job's output file on this node: --output expanded, appended to

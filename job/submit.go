@@ -24,12 +24,13 @@ type invalid struct{ err error }
 func (e *invalid) Error() string   { return e.err.Error() }
 func (e *invalid) Unwrap() []error { return []error{ErrInvalid, e.err} }
 
-// request is the allocator request that places job spec: its nodes and spares. The first
-// placement waits for the spares too (they are reserved with the job); a placement
-// after the job lost nodes (exclude) takes them when they are free, and runs without.
-func request(spec Spec, exclude []string) allocator.Request {
+// request is the allocator request that places job spec: its nodes and spares, away
+// from the exclude nodes. The first placement waits for the spares too (they are
+// reserved with the job); a placement again (after the job lost nodes) takes them when
+// they are free, and runs without.
+func request(spec Spec, again bool, exclude []string) allocator.Request {
 	least := spec.MinNodes + spec.SpareNodes
-	if len(exclude) > 0 {
+	if again {
 		least = spec.MinNodes
 	}
 	return allocator.JobRequest(spec.ID, least, spec.MaxNodes+spec.SpareNodes, spec.GPUsPerNode,
@@ -52,7 +53,7 @@ func Submit(ctx context.Context, s store.Store, spec Spec) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if err := allocator.CheckFeasible(c, request(spec, nil)); err != nil {
+	if err := allocator.CheckFeasible(c, request(spec, false, nil)); err != nil {
 		if errors.Is(err, allocator.ErrInfeasible) {
 			return "", &invalid{err}
 		}
@@ -67,7 +68,7 @@ func Submit(ctx context.Context, s store.Store, spec Spec) (string, error) {
 			return "", err
 		}
 		spec.ID = id
-		reqOps, err := allocator.JobRequestOps(request(spec, nil))
+		reqOps, err := allocator.JobRequestOps(request(spec, false, nil))
 		if err != nil {
 			return "", err
 		}

@@ -242,7 +242,7 @@ func printJobs(e *env, entries []job.Entry) {
 			where = "(" + orDash(q.Reason) + ")"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\n", q.ID, q.Name, q.User, orDash(q.Partition), q.State,
-			elapsed(q.Elapsed), len(q.Nodes), q.GPUsPerNode, q.Restarts, where)
+			elapsed(q.Elapsed), q.NumNodes, q.GPUsPerNode, q.Restarts, where)
 	}
 	tw.Flush()
 }
@@ -271,7 +271,11 @@ func showJob(e *env, j *job.Job, asJSON bool) int {
 	fmt.Fprintf(w, "   SubmitTime=%s StartTime=%s EndTime=%s TimeLimit=%s\n", stampOr(sp.Submitted), stampOr(st.Started), stampOr(st.Ended), limitOr(sp.TimeLimit))
 	fmt.Fprintf(w, "   NumNodes=%s GPUsPerNode=%d SpareNodes=%d MaxRestarts=%d\n", nodesRange(sp), sp.GPUsPerNode, sp.SpareNodes, sp.MaxRestarts)
 	fmt.Fprintf(w, "   NodeList=%s Spares=%s\n", orDash(hostlist.Compress(st.Nodes)), orDash(hostlist.Compress(st.Spares)))
-	fmt.Fprintf(w, "   Command=%s\n", strings.Join(sp.Command, " "))
+	command := strings.Join(sp.Command, " ")
+	if sp.Script != "" {
+		command = strings.TrimSpace("(the script) " + command)
+	}
+	fmt.Fprintf(w, "   Command=%s\n", command)
 	if sp.Script != "" {
 		fmt.Fprintf(w, "   Script=%d bytes (kept with the job)\n", len(sp.Script))
 	}

@@ -450,14 +450,15 @@ func TestJobMovesToTheSpareWhenANodeDies(t *testing.T) {
 	}
 }
 
-// TestJobMovesOffANodeWhoseGPUFails: an Xid 79 on a GPU of the node a job runs on
+// TestJobMovesOffANodeWhoseGPUFails: an Xid 79 on a GPU of a node a 2-node job runs on
 // (replayed by its agent) drains the node with the reason; the job, which cannot do
-// without it, stops, waits PENDING, is placed again on another node, resumes from its
-// checkpoint and completes.
+// without it, stops on both nodes, waits PENDING, is placed again on the two healthy
+// nodes — one of which it just ran on, so its new step starts there as soon as the old
+// one is gone — resumes from its checkpoint and completes.
 func TestJobMovesOffANodeWhoseGPUFails(t *testing.T) {
-	c := startJobCluster(t, "gpu-a", "gpu-b")
+	c := startJobCluster(t, "gpu-a", "gpu-b", "gpu-c")
 	watchInvariants(t, c.consul)
-	args := append([]string{"--gpus-per-node", "2", "--checkpoint-dir", "ckpt", "--max-restarts", "0", "--"},
+	args := append([]string{"--nodes", "2", "--gpus-per-node", "2", "--checkpoint-dir", "ckpt", "--max-restarts", "0", "--"},
 		trainer(t, "--steps", "300", "--ckpt-every", "10", "--step-time", "0.05")...)
 	dir := t.TempDir()
 	t.Chdir(dir)
@@ -467,7 +468,8 @@ func TestJobMovesOffANodeWhoseGPUFails(t *testing.T) {
 		_, err := os.Stat(filepath.Join(dir, "ckpt", "step-20", ".complete"))
 		return err == nil
 	}, "checkpoint step-20")
-	first := c.show(id)["nodes"].([]any)[0].(map[string]any)["name"].(string)
+	placed := c.show(id)["nodes"].([]any)
+	first, second := placed[0].(map[string]any)["name"].(string), placed[1].(map[string]any)["name"].(string)
 	xid := `{"Index": 0, "Xid": 79, "GPUInstanceID": -1, "ComputeInstanceID": -1, "Health": {"state": "failed", "reasons": ["Xid 79: GPU has fallen off the bus"]}}` + "\n"
 	f, err := os.OpenFile(c.health[first], os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
@@ -476,9 +478,15 @@ func TestJobMovesOffANodeWhoseGPUFails(t *testing.T) {
 	_, _ = f.WriteString(xid)
 	f.Close()
 	m := c.waitState(id, job.Completed, 4*time.Minute)
-	nodes := m["nodes"].([]any)
-	if len(nodes) != 1 || nodes[0].(map[string]any)["name"] == first {
-		t.Errorf("the job ended on %v, want another node than %s", nodes, first)
+	var nodes []string
+	for _, n := range m["nodes"].([]any) {
+		nodes = append(nodes, n.(map[string]any)["name"].(string))
+	}
+	if len(nodes) != 2 || slicesContains(nodes, first) || !slicesContains(nodes, second) {
+		t.Errorf("the job ended on %v, want the two nodes other than %s (%s among them)", nodes, first, second)
+	}
+	if a := m["attempts"].([]any); len(a) < 2 || !strings.Contains(a[0].(map[string]any)["cause"].(string), "requeued") {
+		t.Errorf("attempts %v: want the first ended by the requeue", m["attempts"])
 	}
 	lost, _ := m["lost_nodes"].([]any)
 	if len(lost) != 1 || !strings.Contains(lost[0].(map[string]any)["why"].(string), "Xid 79") {
