@@ -70,6 +70,9 @@ func Queue(ctx context.Context, s store.Store, all bool) ([]Entry, error) {
 			for _, n := range q.Granted {
 				e.Nodes = append(e.Nodes, n.Name)
 			}
+			if g, ok := c.Grants[q.ID]; ok && !g.Granted.IsZero() {
+				e.Started, e.Elapsed = stamp(g.Granted), int64(now.Sub(g.Granted)/time.Second)
+			}
 		}
 		e.NumNodes = len(e.Nodes)
 		if e.NumNodes == 0 {
