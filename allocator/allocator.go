@@ -334,6 +334,10 @@ func mustJSON(v any) []byte {
 // ErrNotFound means a node, request or grant does not exist.
 var ErrNotFound = errors.New("not found")
 
+// ErrJobRequest means a request or grant is a cluster job's: it is ended through the
+// job (gangrun cancel JOBID), not released on its own.
+var ErrJobRequest = errors.New("a cluster job's request: cancel the job instead")
+
 // plural renders n with its noun: "1 node", "2 nodes".
 func plural(n int, noun string) string {
 	if n == 1 {

@@ -246,7 +246,9 @@ func release(ctx context.Context, s store.Store, id, session string) error {
 }
 
 // Cancel releases grant or request id from any process, like scancel: the holder sees
-// its grant lost. ErrNotFound when there is no such request or grant.
+// its grant lost. ErrNotFound when there is no such request or grant; ErrJobRequest for
+// a cluster job's request or grant, which only the job's own cancel (job.Cancel) may
+// end, so that its steps stop before their GPUs go.
 func Cancel(ctx context.Context, s store.Store, id string) error {
 	if err := store.CheckSegment("id", id); err != nil {
 		return err
@@ -256,7 +258,9 @@ func Cancel(ctx context.Context, s store.Store, id string) error {
 		return err
 	}
 	session := ""
-	if r, ok := c.Requests[id]; ok {
+	if r, ok := c.Requests[id]; ok && r.Durable() {
+		return fmt.Errorf("%s: %w", id, ErrJobRequest)
+	} else if ok {
 		session = r.Session
 	} else if g, ok := c.Grants[id]; ok {
 		session = g.Session

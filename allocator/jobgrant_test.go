@@ -44,6 +44,12 @@ func TestJobGrantLifecycle(t *testing.T) {
 			}
 		}
 		a, b := g.Nodes[0].Name, g.Nodes[1].Name
+		if err := Cancel(ctx, s, "41"); !errors.Is(err, ErrJobRequest) {
+			t.Errorf("Cancel of the job's request: %v, want ErrJobRequest (the job is cancelled through the job)", err)
+		}
+		if g2, _, err := ReadGrant(ctx, s, "41"); err != nil || g2 == nil || g2.State != GrantGranted {
+			t.Errorf("the job's grant after the refused Cancel: %+v, %v", g2, err)
+		}
 
 		// The step on a takes its keys over.
 		step, err := s.CreateSession(ctx, store.SessionOptions{Name: "step", TTL: time.Minute, Behavior: store.DeleteKeys})
