@@ -256,7 +256,7 @@ func (st *step) prepare(ctx context.Context, gn allocator.GrantNode, out io.Writ
 		NNodes: fmt.Sprintf("%d:%d", min(spec.MinNodes, len(state.Nodes)), len(state.Nodes)), NNodesGiven: true,
 		Coordinator: "consul://" + st.cfg.ConsulAddr, FollowRun: true, JobID: spec.ID, NodeName: st.cfg.Node, AdvertiseAddr: addr,
 		Inventory: st.cfg.Inventory, Devices: gn.Devices, Env: spec.Env, Environ: environ,
-		MaxRestarts: max(spec.MaxRestarts-state.Restarts, 0), Backoff: "exp", TermTimeout: spec.TermTimeout,
+		MaxRestarts: max(spec.MaxRestarts-state.Restarts, 0), Backoff: "exp", NoRestartExitCode: launcher.DefaultNoRestartExitCode, TermTimeout: spec.TermTimeout,
 		CheckpointDir: ckpt, Stdout: out, Stderr: out, Report: out, Log: st.log,
 		GuardianArgv: st.cfg.GuardianArgv, Signals: st.stop, Subreaper: st.cfg.Subreaper,
 		Events: &attempts{step: st, ch: make(chan event.Event, 64)},

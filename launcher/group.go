@@ -220,10 +220,16 @@ func (g *group) live() []*worker {
 	return out
 }
 
-// signal sends sig to every live worker's process group.
+// signal sends sig to every live worker: a terminating one (SIGTERM, SIGINT, SIGHUP) to
+// its whole process group, any other (SIGUSR1, SIGUSR2) to the worker process alone,
+// as torchrun forwards it, so a child without a handler (a DataLoader worker) lives.
 func (g *group) signal(sig syscall.Signal) {
 	for _, w := range g.live() {
-		_ = w.p.Signal(sig)
+		if terminating(sig) {
+			_ = w.p.Signal(sig) // stopping: the worker's whole process group
+		} else {
+			_ = w.p.SignalLeader(sig) // forwarded for the worker to handle: it alone
+		}
 	}
 }
 

@@ -66,6 +66,8 @@ type Spec struct {
 	// ("" is "exp").
 	MaxRestarts int
 	Backoff     string
+	// NoRestartExitCode is --no-restart-exit-code, 0..255 (0: none); see Config.
+	NoRestartExitCode int
 	// TermTimeout (0: DefaultTermTimeout) and HangTimeout (0: off), as the flags.
 	TermTimeout, HangTimeout time.Duration
 	// CheckpointDir, ResumeArg, LogDir, Tee and LocalRankArg are the flags of the same
@@ -123,6 +125,9 @@ func Prepare(ctx context.Context, spec Spec) (*Prepared, error) {
 	}
 	if spec.ResumeArg != "" && spec.CheckpointDir == "" {
 		return nil, fmt.Errorf("--resume-arg %s needs --checkpoint-dir (where gangrun finds the checkpoint to resume from)", spec.ResumeArg)
+	}
+	if spec.NoRestartExitCode < 0 || spec.NoRestartExitCode > 255 {
+		return nil, fmt.Errorf("--no-restart-exit-code %d: want 1..255, or 0 for none", spec.NoRestartExitCode)
 	}
 	backoff, err := ParseBackoff(spec.Backoff)
 	if err != nil {
@@ -254,7 +259,7 @@ func resolve(ctx context.Context, spec Spec, o *rendezvous.Opened, inv *topology
 	}
 	cfg := Config{
 		Command: spec.Command, Torchrun: torch, NProcPerNode: nproc, NNodesMin: o.MinNodes, NNodesMax: o.MaxNodes,
-		MaxRestarts: spec.MaxRestarts, Backoff: backoff, CheckpointDir: spec.CheckpointDir, ResumeArg: spec.ResumeArg,
+		MaxRestarts: spec.MaxRestarts, Backoff: backoff, NoRestartExitCode: spec.NoRestartExitCode, CheckpointDir: spec.CheckpointDir, ResumeArg: spec.ResumeArg,
 		LogDir: spec.LogDir, Tee: spec.Tee, TermTimeout: term, HangTimeout: spec.HangTimeout,
 		LocalRankArg: spec.LocalRankArg, MasterPort: spec.MasterPort, JobID: o.JobID,
 		NodeName: o.NodeName, Addr: o.Addr,

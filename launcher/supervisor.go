@@ -52,10 +52,21 @@ const (
 	// StrikesBeforeFallback is how many attempts in a row may die, from the same
 	// checkpoint, before writing a newer one, before that checkpoint is skipped.
 	StrikesBeforeFallback = 2
+	// HealthyStretch is how long an attempt must run to count as progress when it wrote
+	// no newer checkpoint: 10 minutes, the running time after which Kubernetes resets a
+	// container's crash back-off (kubelet's backOff, "CrashLoopBackOff").
+	HealthyStretch = 10 * time.Minute
+	// DefaultNoRestartExitCode is --no-restart-exit-code: a worker that exits with it
+	// ends the run at once with that code, whatever the restart budget (a trainer that
+	// knows a restart cannot help: a bad config, a dataset missing).
+	DefaultNoRestartExitCode = 99
 )
 
-// Backoff is the wait before each restart: before restart k (1-based) it waits
-// min(Max, Initial × 2^(k−1)). Initial == Max gives a fixed delay; zero values none.
+// Backoff is the wait before each restart: before the k-th restart in a row without
+// progress (1-based) it waits min(Max, Initial × 2^(k−1)). Initial == Max gives a fixed
+// delay; zero values none. A failed attempt that made progress (a newer complete
+// checkpoint than it resumed from, or HealthyStretch of running) restarts at once, and
+// the count starts again.
 type Backoff struct {
 	Initial time.Duration
 	Max     time.Duration
@@ -114,6 +125,9 @@ type Config struct {
 	MaxRestarts int
 	// Backoff is the wait before each restart.
 	Backoff Backoff
+	// NoRestartExitCode, 1..255, is the worker exit code that ends the run at once with
+	// it, without a restart (--no-restart-exit-code); 0: none.
+	NoRestartExitCode int
 	// CheckpointDir is where the trainer writes checkpoints; "" disables resuming.
 	CheckpointDir string
 	// ResumeArg, when set, appends "ResumeArg PATH" to the command when resuming.
@@ -170,7 +184,7 @@ type Config struct {
 	// that run the supervisor inside a test binary with children of its own).
 	Subreaper bool
 	// Signals delivers the signals sent to gangrun: SIGINT, SIGTERM and SIGHUP are
-	// forwarded to every worker and stop the run; SIGUSR1 and SIGUSR2 are forwarded only.
+	// forwarded to every worker and stop the run; SIGUSR1 and SIGUSR2 are forwarded only, to each worker process (not its children).
 	Signals <-chan os.Signal
 	// Events receives the worker group's state changes (event.StateChanged, with
 	// GroupState names), failures, restarts, the checkpoint each attempt resumes from
@@ -209,6 +223,7 @@ type Supervisor struct {
 	inherited map[int]bool // children this process had before it started any: never swept
 
 	excluded []string       // checkpoints skipped after StrikesBeforeFallback failures
+	stuck    int            // failures in a row without progress (the backoff's k)
 	strikes  map[string]int // failures in a row per checkpoint resumed from
 	unpin    func() error
 	pinned   string
@@ -462,10 +477,11 @@ const (
 
 // attempt is what the states of one round share.
 type attempt struct {
-	round rendezvous.Round
-	a     rendezvous.Assignment
-	g     *group
-	out   outcome
+	round   rendezvous.Round
+	a       rendezvous.Assignment
+	g       *group
+	out     outcome
+	started time.Time // when its workers started
 }
 
 // setState records that the worker group is now in state st (INIT again starts the
@@ -539,6 +555,7 @@ func (s *Supervisor) begin(ctx context.Context, at *attempt, res *Result) (Group
 		fields = append(fields, zap.String("resume_from", a.ResumeFrom))
 	}
 	s.log.Info("starting workers", fields...)
+	at.started = time.Now()
 	s.act.touch()
 	g, err := startGroup(specs, s.console, s.consoleErr, &s.act, s.guard)
 	if err != nil {
@@ -663,9 +680,24 @@ func (s *Supervisor) next(ctx context.Context, at *attempt, res *Result) (GroupS
 			res.ExitCode = code
 			return "", true
 		}
+		if end.Failure != nil && s.cfg.NoRestartExitCode != 0 && end.Failure.ExitCode == s.cfg.NoRestartExitCode {
+			s.log.Error("a worker exited with the no-restart code: the run ends without a restart",
+				zap.Int("exit_code", end.Failure.ExitCode), zap.String("root_cause", end.Failure.String()))
+			s.setState(StateFailed, at)
+			res.ExitCode = end.Failure.ExitCode
+			return "", true
+		}
+		progressed := s.progressed(at)
 		s.strike(a.ResumeFrom)
-		delay := s.cfg.Backoff.Delay(used)
-		s.log.Info("restarting the gang", zap.Int("restart", used), zap.Int("max_restarts", s.cfg.MaxRestarts), zap.Duration("backoff", delay))
+		delay := time.Duration(0)
+		if progressed {
+			s.stuck = 0
+		} else {
+			s.stuck++
+			delay = s.cfg.Backoff.Delay(s.stuck)
+		}
+		s.log.Info("restarting the gang", zap.Int("restart", used), zap.Int("max_restarts", s.cfg.MaxRestarts),
+			zap.Bool("progressed", progressed), zap.Duration("backoff", delay))
 		cause := ""
 		if end.Failure != nil {
 			cause = end.Failure.Reason
@@ -1053,6 +1085,19 @@ func (s *Supervisor) chooseResume(_ context.Context) (string, error) {
 		return "", err
 	}
 	return c.Path, nil
+}
+
+// progressed reports whether the failed attempt at made progress: it ran HealthyStretch,
+// or a complete checkpoint newer than the one it resumed from exists.
+func (s *Supervisor) progressed(at *attempt) bool {
+	if !at.started.IsZero() && time.Since(at.started) >= HealthyStretch {
+		return true
+	}
+	if s.cfg.CheckpointDir == "" {
+		return false
+	}
+	latest, err := checkpoint.Latest(s.cfg.CheckpointDir, checkpoint.Options{Exclude: s.excluded})
+	return err == nil && latest.Path != at.a.ResumeFrom
 }
 
 // strike records that an attempt resumed from path failed. When it failed before a newer

@@ -522,3 +522,81 @@ exit 0`)
 		t.Errorf("round ends %+v, want attempt 0's failure, then attempt 1's success", ends)
 	}
 }
+
+// TestBackoffStartsAgainAfterProgress: a failed attempt that wrote a newer complete
+// checkpoint restarts at once and resets the backoff; failures in a row without
+// progress wait Initial, then twice it.
+func TestBackoffStartsAgainAfterProgress(t *testing.T) {
+	ckpt := t.TempDir()
+	// Attempt 0 writes step-10 and fails; attempts 1 and 2 fail at once; attempt 3
+	// writes step-20 and fails; attempt 4 fails at once; attempt 5 succeeds.
+	r := newTestRun(t, 1, `a=$GANGRUN_ATTEMPT; d=`+ckpt+`
+case $a in
+0) mkdir -p $d/step-10 && touch $d/step-10/.complete; exit 3 ;;
+3) mkdir -p $d/step-20 && touch $d/step-20/.complete; exit 3 ;;
+5) exit 0 ;;
+*) exit 3 ;;
+esac`)
+	r.cfg.CheckpointDir, r.cfg.MaxRestarts = ckpt, 5
+	r.cfg.Backoff = Backoff{Initial: 200 * time.Millisecond, Max: time.Second}
+	rec := &event.Recorder{}
+	r.cfg.Events = rec
+	if res := r.run(t); res.ExitCode != 0 {
+		t.Fatalf("exit %d; stderr:\n%s", res.ExitCode, r.stderr)
+	}
+	var got []string
+	for _, e := range rec.Of(event.Restarting) {
+		got = append(got, e.Detail)
+	}
+	want := []string{"backoff 0s", "backoff 200ms", "backoff 400ms", "backoff 0s", "backoff 200ms"}
+	if strings.Join(got, ", ") != strings.Join(want, ", ") {
+		t.Errorf("restarts: %v, want %v", got, want)
+	}
+}
+
+// TestNoRestartExitCode: a worker exiting with --no-restart-exit-code ends the run at
+// once with that code, restarts left or not; with it off, the same exit is restarted.
+func TestNoRestartExitCode(t *testing.T) {
+	script := `[ "$GANGRUN_ATTEMPT" = 0 ] && exit 99; exit 0`
+	r := newTestRun(t, 2, script)
+	r.cfg.MaxRestarts, r.cfg.NoRestartExitCode = 3, DefaultNoRestartExitCode
+	if res := r.run(t); res.ExitCode != 99 {
+		t.Errorf("exit %d, want 99 without a restart; stderr:\n%s", res.ExitCode, r.stderr)
+	}
+	if !strings.Contains(r.stderr.String(), "no-restart code") || strings.Contains(r.stderr.String(), "restarting the gang") {
+		t.Errorf("stderr does not say the run ends on the no-restart code:\n%s", r.stderr)
+	}
+	r = newTestRun(t, 2, script)
+	r.cfg.MaxRestarts = 3 // NoRestartExitCode 0: none
+	if res := r.run(t); res.ExitCode != 0 {
+		t.Errorf("exit %d with the code off, want 0 after a restart; stderr:\n%s", res.ExitCode, r.stderr)
+	}
+}
+
+// TestUSR1ReachesTheWorkerNotItsChildren: SIGUSR1 forwarded to the workers reaches the
+// worker process (its handler runs) and not a child of it without a handler, which
+// would die of it (status 138: a DataLoader worker on a pre-emption warning).
+func TestUSR1ReachesTheWorkerNotItsChildren(t *testing.T) {
+	r := newTestRun(t, 1, `sleep 30 & c=$!
+trap 'echo got USR1' USR1
+echo ready
+wait $c
+sleep 0.3
+if grep -q '^State:.*Z' /proc/$c/status 2>/dev/null || ! kill -0 $c 2>/dev/null; then echo child died; else echo child alive; kill $c; fi
+exit 0`)
+	done := make(chan Result, 1)
+	go func() { done <- r.run(t) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(r.stdout.String(), "ready") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the worker did not start; stderr:\n%s", r.stderr)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	r.signals <- syscall.SIGUSR1
+	res := <-done
+	out := r.stdout.String()
+	if res.ExitCode != 0 || !strings.Contains(out, "got USR1") || !strings.Contains(out, "child alive") {
+		t.Errorf("exit %d, want the worker's handler to run and its child to live; stdout:\n%s\nstderr:\n%s", res.ExitCode, out, r.stderr)
+	}
+}

@@ -53,6 +53,7 @@ func (g *gangFlags) register(fs *pflag.FlagSet) {
 // trainFlags are `gangrun run`'s flags beyond gangFlags: restarts, checkpoints, logs.
 type trainFlags struct {
 	maxRestarts   int
+	noRestartCode int
 	backoff       string
 	checkpointDir string
 	resumeArg     string
@@ -64,7 +65,8 @@ type trainFlags struct {
 
 func (t *trainFlags) register(fs *pflag.FlagSet) {
 	fs.IntVar(&t.maxRestarts, "max-restarts", launcher.DefaultMaxRestarts, "restarts of the gang after failures")
-	fs.StringVar(&t.backoff, "restart-backoff", "exp", "wait before each restart: exp (1s doubling to 30s) or a duration (0s: none)")
+	fs.StringVar(&t.backoff, "restart-backoff", "exp", "wait before each restart without progress: exp (1s doubling to 30s) or a duration (0s: none)")
+	fs.IntVar(&t.noRestartCode, "no-restart-exit-code", launcher.DefaultNoRestartExitCode, "a worker exiting with this code ends the run at once, no restart (0: none)")
 	fs.StringVar(&t.checkpointDir, "checkpoint-dir", "", "where the trainer writes checkpoints; the newest complete one is resumed from")
 	fs.StringVar(&t.resumeArg, "resume-arg", "", "on resume, append FLAG PATH to the command")
 	fs.StringVar(&t.logDir, "log-dir", "", "write DIR/attempt_K/rank_N/{stdout,stderr}.log")
@@ -93,7 +95,7 @@ func runRun(ctx context.Context, e *env, args []string) int {
 	}
 	defer log.Sync() //nolint:errcheck // stderr cannot be synced on some systems
 	spec := g.spec(e, fs.Args(), log)
-	spec.MaxRestarts, spec.Backoff = t.maxRestarts, t.backoff
+	spec.MaxRestarts, spec.Backoff, spec.NoRestartExitCode = t.maxRestarts, t.backoff, t.noRestartCode
 	spec.CheckpointDir, spec.ResumeArg, spec.LogDir, spec.Tee = t.checkpointDir, t.resumeArg, t.logDir, t.tee
 	spec.HangTimeout, spec.LocalRankArg = t.hangTimeout, t.localRankArg
 	// The gangrun binary (not a test calling dispatch) has no other children than its

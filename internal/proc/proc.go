@@ -124,6 +124,17 @@ func (p *Process) Signal(sig syscall.Signal) error {
 	return nil
 }
 
+// SignalLeader sends sig to the process itself, not its group: a signal the process is
+// to handle (SIGUSR1 before a pre-emption), which its children (a DataLoader's workers)
+// without a handler would die of. A process that has exited is not an error.
+func (p *Process) SignalLeader(sig syscall.Signal) error {
+	err := unix.Kill(p.pid, sig)
+	if err != nil && !errors.Is(err, unix.ESRCH) {
+		return fmt.Errorf("signal %s to process %d: %w", SignalName(sig), p.pid, err)
+	}
+	return nil
+}
+
 // Release SIGKILLs whatever is left of the process group, reaps the leader and returns
 // how the leader ended. It blocks until the leader has exited. It is safe to call more
 // than once; later calls return the first result.
