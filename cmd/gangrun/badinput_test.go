@@ -47,6 +47,7 @@ func TestBadInputs(t *testing.T) {
 		{"alloc wait overflows", []string{"alloc", "--wait", "9999999999h"}, nil, 2, `gangrun alloc: --wait "9999999999h": must be a duration like 30s, 5m or 2h (at most 10000h)`},
 		{"restart backoff over a day", run("--restart-backoff", "2000000h"), nil, 2, `gangrun run: --restart-backoff "2000000h": want a duration such as 5s (0s for none, at most 24h) or exp`},
 		{"max restarts absurd", run("--max-restarts", "99999999999"), nil, 2, `gangrun run: --max-restarts 99999999999: want 0 to 10000`},
+		{"no-restart exit code out of range", run("--no-restart-exit-code", "256"), nil, 2, `gangrun run: --no-restart-exit-code 256: want 1..255, or 0 for none`},
 		{"integer overflows", run("--master-port", "99999999999999999999"), nil, 2, `gangrun run: --master-port "99999999999999999999": must be an integer`},
 		// A topology file of the wrong shape, or not a file.
 		{"topology of the wrong shape", run("--topology-file", wrongShape), nil, 2,
