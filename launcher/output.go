@@ -41,6 +41,16 @@ type activity struct{ last atomic.Int64 }
 func (a *activity) touch()              { a.last.Store(time.Now().UnixNano()) }
 func (a *activity) lastTime() time.Time { return time.Unix(0, a.last.Load()) }
 
+// touchAt records activity at t unless a later one is recorded already.
+func (a *activity) touchAt(t time.Time) {
+	for {
+		old := a.last.Load()
+		if t.UnixNano() <= old || a.last.CompareAndSwap(old, t.UnixNano()) {
+			return
+		}
+	}
+}
+
 // pump copies r to console (each line prefixed, when console is non-nil) and to file
 // (unprefixed, when non-nil) line by line until r ends, touching act for every line. A
 // last line without a newline gets one.

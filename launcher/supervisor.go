@@ -224,6 +224,8 @@ type Supervisor struct {
 
 	excluded []string       // checkpoints skipped after StrikesBeforeFallback failures
 	stuck    int            // failures in a row without progress (the backoff's k)
+	timer    *fileTimer     // torch's file-based watchdog, when enabled
+	started  time.Time      // when the current attempt's workers started
 	strikes  map[string]int // failures in a row per checkpoint resumed from
 	unpin    func() error
 	pinned   string
@@ -420,6 +422,16 @@ func (s *Supervisor) Run(ctx context.Context) Result {
 		}
 	}
 	defer s.pin("")
+	if v, _ := envValue(s.cfg.Env, FileTimerEnableEnv); v == "1" && s.torch == nil {
+		path, _ := envValue(s.cfg.Env, FileTimerFileEnv)
+		if ft, err := openFileTimer(path); err != nil {
+			s.log.Warn("torch's file-based watchdog cannot be served: its timers are not judged", zap.Error(err))
+		} else {
+			s.timer = ft
+			defer ft.close()
+			s.log.Info("serving torch's file-based watchdog", zap.String(FileTimerFileEnv, ft.path))
+		}
+	}
 
 	// One loop moves the worker group between its states (GroupState), as torch's
 	// elastic agent does; each state's step returns the next, or done.
@@ -556,6 +568,10 @@ func (s *Supervisor) begin(ctx context.Context, at *attempt, res *Result) (Group
 	}
 	s.log.Info("starting workers", fields...)
 	at.started = time.Now()
+	s.started = at.started
+	if s.timer != nil {
+		s.timer.reset()
+	}
 	s.act.touch()
 	g, err := startGroup(specs, s.console, s.consoleErr, &s.act, s.guard)
 	if err != nil {
@@ -818,9 +834,22 @@ func (s *Supervisor) monitor(ctx context.Context, g *group, round rendezvous.Rou
 		defer t.Stop()
 		reap = t.C
 	}
+	var watchdog <-chan time.Time
+	if s.timer != nil {
+		t := time.NewTicker(100 * time.Millisecond) // torch's FileTimerServer's max_interval
+		defer t.Stop()
+		watchdog = t.C
+	}
 	remaining := len(g.workers)
 	for {
 		select {
+		case <-watchdog:
+			if r, ok := s.timer.expired(time.Now()); ok {
+				if w := g.workerOf(r.PID); w != nil {
+					return s.hung(g, w, fmt.Sprintf("watchdog timer %q expired (torch.distributed.elastic.timer); every rank's stack is in its stderr", r.Scope))
+				}
+				s.timer.reset() // a pid of no worker of this attempt
+			}
 		case <-reap:
 			keep := g.pids() // exited leaders are reaped by their Release
 			keep[s.guard.Pid()] = true
@@ -856,11 +885,14 @@ func (s *Supervisor) monitor(ctx context.Context, g *group, round rendezvous.Rou
 			s.log.Info("forwarding signal to workers", zap.String("signal", proc.SignalName(ss)))
 			g.signal(ss)
 		case <-hang:
+			w, age, newest := g.heartbeats(s.started, s.cfg.HangTimeout)
+			s.act.touchAt(newest) // a heartbeat is activity, as a line of output is
+			if w != nil {
+				return s.hung(g, w, fmt.Sprintf("no heartbeat for %s, the longest of any rank (--hang-timeout %s); every rank's stack is in its stderr",
+					age.Round(time.Second), s.cfg.HangTimeout))
+			}
 			if idle := time.Since(round.Activity(ctx, s.act.lastTime())); idle >= s.cfg.HangTimeout {
-				return outcome{kind: outFailed, failure: &rendezvous.Failure{
-					Node: s.cfg.NodeName, Rank: -1, LocalRank: -1, ExitCode: 1,
-					Reason: fmt.Sprintf("no output from any rank for %s (--hang-timeout %s)", idle.Round(time.Second), s.cfg.HangTimeout),
-				}}
+				return s.hung(g, nil, fmt.Sprintf("no output from any rank for %s (--hang-timeout %s)", idle.Round(time.Second), s.cfg.HangTimeout))
 			}
 		case <-ctx.Done():
 			return outcome{kind: outStopped, sig: syscall.SIGTERM}
@@ -989,9 +1021,16 @@ func (s *Supervisor) specs(a rendezvous.Assignment) ([]workerSpec, error) {
 		if s.cfg.LocalRankArg {
 			argv = append(argv, "--local_rank="+strconv.Itoa(lr))
 		}
+		env := append(WorkerEnv(s.cfg.Env, a, lr, errFile), HeartbeatEnv+"="+filepath.Join(dir, heartbeatName))
+		if s.timer != nil {
+			env = append(env, FileTimerFileEnv+"="+s.timer.path)
+		}
+		if _, set := envValue(s.cfg.Env, "PYTHONFAULTHANDLER"); !set && (s.cfg.HangTimeout > 0 || s.timer != nil) {
+			env = append(env, "PYTHONFAULTHANDLER=1") // a hung gang's stacks: collectStacks
+		}
 		specs = append(specs, workerSpec{
 			localRank: lr, rank: rank, argv: argv,
-			env:    WorkerEnv(s.cfg.Env, a, lr, errFile),
+			env:    env,
 			prefix: rankPrefix(rank), base: base, rel: []string{attempt, rankDir},
 			dir: dir, errorFile: errFile, logFiles: s.cfg.LogDir != "",
 		})

@@ -600,3 +600,67 @@ exit 0`)
 		t.Errorf("exit %d, want the worker's handler to run and its child to live; stdout:\n%s\nstderr:\n%s", res.ExitCode, out, r.stderr)
 	}
 }
+
+// TestHungRankIsNamedWithItsStack: under --hang-timeout, rank 1 stops touching its
+// heartbeat file (stuck in a function) while rank 0 goes on touching its own; neither
+// prints (the heartbeats are the gang's activity). The gang fails with rank 1 as the
+// root cause, and every rank's Python stack (faulthandler) is in the output, rank 1's
+// showing where it is stuck.
+func TestHungRankIsNamedWithItsStack(t *testing.T) {
+	r := newTestRun(t, 2, "")
+	r.cfg.Command = []string{"/usr/bin/python3", "-c", `
+import os, pathlib, time
+hb = pathlib.Path(os.environ["GANGRUN_HEARTBEAT_FILE"])
+def stuck_here():
+    time.sleep(60)
+def train():
+    for step in range(100000):
+        hb.touch()
+        if os.environ["RANK"] == "1" and step == 5:
+            stuck_here()
+        time.sleep(0.05)
+train()
+`}
+	r.cfg.HangTimeout = 2 * time.Second
+	res := r.run(t)
+	if res.ExitCode == 0 || res.Failure == nil || res.Failure.Rank != 1 || !strings.Contains(res.Failure.Reason, "no heartbeat") {
+		t.Fatalf("exit %d, failure %+v: want rank 1's missing heartbeat; stderr:\n%s", res.ExitCode, res.Failure, r.stderr)
+	}
+	out := r.stdout.String() + r.stderr.String()
+	for _, want := range []string{"[rank1]: ", "in stuck_here", "[rank0]: "} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q (the ranks' stacks):\n%s", want, out)
+		}
+	}
+	if !regexp.MustCompile(`\[rank1\]: .*in stuck_here`).MatchString(out) {
+		t.Errorf("rank 1's stack does not show it in stuck_here:\n%s", out)
+	}
+}
+
+// TestTorchFileTimerNamesTheRank: with TORCHELASTIC_ENABLE_FILE_TIMER=1, gangrun serves
+// torch's file-based watchdog; rank 1's timer expires inside its step, and the gang
+// fails with rank 1 and the timer's scope as the root cause.
+func TestTorchFileTimerNamesTheRank(t *testing.T) {
+	py := os.Getenv("GANGRUN_PYTHON")
+	if py == "" {
+		py = "/usr/bin/python3"
+	}
+	r := newTestRun(t, 2, "")
+	r.cfg.Command = []string{py, "-c", `
+import os, time
+import torch.distributed.elastic.timer as timer
+timer.configure(timer.FileTimerClient(file_path=os.environ["TORCHELASTIC_TIMER_FILE"]))
+rank = os.environ["RANK"]
+for step in range(100000):
+    with timer.expires(after=1, scope="train_step"):
+        if rank == "1" and step == 5:
+            time.sleep(60)
+        time.sleep(0.05)
+    print("step", step, flush=True)
+`}
+	r.cfg.Env.Base = append(r.cfg.Env.Base, FileTimerEnableEnv+"=1")
+	res := r.run(t)
+	if res.ExitCode == 0 || res.Failure == nil || res.Failure.Rank != 1 || !strings.Contains(res.Failure.Reason, `watchdog timer "train_step" expired`) {
+		t.Fatalf("exit %d, failure %+v: want rank 1's train_step timer; stderr:\n%s", res.ExitCode, res.Failure, r.stderr)
+	}
+}

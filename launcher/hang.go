@@ -1,0 +1,250 @@
+package launcher
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	"github.com/gangrun/gangrun/rendezvous"
+)
+
+// HeartbeatEnv names the file each worker may touch to say it is alive
+// (GANGRUN_HEARTBEAT_FILE, one per rank and attempt). Once a rank has touched it, it
+// is judged by it under --hang-timeout: no touch for that long and the rank is hung,
+// whatever the other ranks print.
+const HeartbeatEnv = "GANGRUN_HEARTBEAT_FILE"
+
+// heartbeatName is the heartbeat file's name in the rank's attempt directory.
+const heartbeatName = "heartbeat"
+
+// Torch's file-based watchdog contract (torch/distributed/elastic/agent/server/
+// local_elastic_agent.py, timer/file_based_local_timer.py): with
+// TORCHELASTIC_ENABLE_FILE_TIMER=1 in the launcher's environment, the launcher serves a
+// named pipe whose path the workers find in TORCHELASTIC_TIMER_FILE; a worker's
+// FileTimerClient writes one JSON request per line, {"version", "pid", "scope_id",
+// "expiration_time" (Unix seconds; negative releases the scope), "signal"}, and a
+// timer that expires with a signal above 0 means that worker is stuck.
+const (
+	FileTimerEnableEnv = "TORCHELASTIC_ENABLE_FILE_TIMER"
+	FileTimerFileEnv   = "TORCHELASTIC_TIMER_FILE"
+)
+
+// stackGrace bounds the wait for the ranks to write their stacks once asked.
+const stackGrace = 3 * time.Second
+
+// timerRequest is one FileTimerClient request.
+type timerRequest struct {
+	PID        int     `json:"pid"`
+	Scope      string  `json:"scope_id"`
+	Expiration float64 `json:"expiration_time"`
+	Signal     int     `json:"signal"`
+}
+
+// fileTimer is gangrun's side of torch's file-based watchdog: the named pipe, read by
+// a goroutine, and the timers set through it (the monitor's goroutine owns them).
+type fileTimer struct {
+	path    string
+	created string // the directory gangrun made for the pipe, removed on close
+	f       *os.File
+	reqs    chan timerRequest
+	timers  map[[2]string]timerRequest
+}
+
+// openFileTimer creates the named pipe at path ("" for one of gangrun's own) and starts
+// reading it. An error means the watchdog cannot be served (the path exists and is not
+// a pipe, the directory cannot be written).
+func openFileTimer(path string) (*fileTimer, error) {
+	ft := &fileTimer{reqs: make(chan timerRequest, 1024), timers: map[[2]string]timerRequest{}}
+	if path == "" {
+		dir, err := os.MkdirTemp("", "gangrun-watchdog-")
+		if err != nil {
+			return nil, err
+		}
+		ft.created, path = dir, filepath.Join(dir, "timer")
+	}
+	ft.path = path
+	if err := unix.Mkfifo(path, 0o600); err != nil && !errors.Is(err, unix.EEXIST) {
+		ft.close()
+		return nil, fmt.Errorf("%s=%s: %w", FileTimerFileEnv, path, err)
+	}
+	if fi, err := os.Lstat(path); err != nil || fi.Mode()&os.ModeNamedPipe == 0 {
+		ft.close()
+		return nil, fmt.Errorf("%s=%s: exists and is not a named pipe", FileTimerFileEnv, path)
+	}
+	// Read and write: the open does not wait for a writer, and the pipe never reads
+	// end-of-file when the workers close it.
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		ft.close()
+		return nil, err
+	}
+	ft.f = f
+	go ft.read(f)
+	return ft, nil
+}
+
+func (ft *fileTimer) read(f *os.File) {
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		var r timerRequest
+		if json.Unmarshal(sc.Bytes(), &r) != nil || r.PID <= 0 {
+			continue
+		}
+		select {
+		case ft.reqs <- r:
+		default: // a flood: the monitor is behind; later requests catch it up
+		}
+	}
+}
+
+// close stops serving the pipe and removes what gangrun created.
+func (ft *fileTimer) close() {
+	if ft.f != nil {
+		_ = ft.f.Close()
+	}
+	if ft.created != "" {
+		_ = os.RemoveAll(ft.created)
+	}
+}
+
+// expired takes the requests written so far and returns the first timer past now
+// that carries a signal (torch's server reaps only those), if any.
+func (ft *fileTimer) expired(now time.Time) (timerRequest, bool) {
+	for {
+		select {
+		case r := <-ft.reqs:
+			key := [2]string{fmt.Sprint(r.PID), r.Scope}
+			if r.Expiration < 0 {
+				delete(ft.timers, key)
+			} else {
+				ft.timers[key] = r
+			}
+			continue
+		default:
+		}
+		break
+	}
+	var first timerRequest
+	found := false
+	for _, r := range ft.timers {
+		if r.Signal > 0 && r.Expiration <= float64(now.UnixNano())/1e9 && (!found || r.Expiration < first.Expiration) {
+			first, found = r, true
+		}
+	}
+	return first, found
+}
+
+// reset forgets every timer (a new attempt's workers have new pids).
+func (ft *fileTimer) reset() { clear(ft.timers) }
+
+// workerOf returns the worker whose process group pid belongs to: the worker itself or
+// one of its processes.
+func (g *group) workerOf(pid int) *worker {
+	pgid, err := unix.Getpgid(pid)
+	for _, w := range g.workers {
+		if w.p.Pid() == pid || (err == nil && w.p.Pid() == pgid) {
+			return w
+		}
+	}
+	return nil
+}
+
+// heartbeats reads the heartbeats the live workers touched during this attempt (after
+// started). It returns the worker whose heartbeat is the oldest, when that is older
+// than timeout, with its age — the rank stuck where the others wait stopped first —
+// and the newest heartbeat (zero when none), which counts as the gang's activity.
+func (g *group) heartbeats(started time.Time, timeout time.Duration) (stale *worker, age time.Duration, newest time.Time) {
+	var oldest time.Time
+	for _, w := range g.live() {
+		if w.spec.rank < 0 {
+			continue
+		}
+		fi, err := os.Stat(filepath.Join(w.spec.dir, heartbeatName))
+		if err != nil || fi.ModTime().Before(started) {
+			continue // never touched: judged by the gang's output
+		}
+		if stale == nil || fi.ModTime().Before(oldest) {
+			stale, oldest = w, fi.ModTime()
+		}
+		if fi.ModTime().After(newest) {
+			newest = fi.ModTime()
+		}
+	}
+	if stale == nil || time.Since(oldest) < timeout {
+		return nil, 0, newest
+	}
+	return stale, time.Since(oldest), newest
+}
+
+// isPython reports whether argv runs Python (python, python3.11, or a .py script), whose
+// stacks faulthandler can dump.
+func isPython(argv []string) bool {
+	if len(argv) == 0 {
+		return false
+	}
+	base := filepath.Base(argv[0])
+	return strings.HasPrefix(base, "python") || strings.HasSuffix(base, ".py")
+}
+
+// collectStacks asks every live worker of g for its Python stack before a hung gang is
+// stopped: with PYTHONFAULTHANDLER set (gangrun sets it while a hang can be judged),
+// SIGABRT makes faulthandler write every thread's traceback to the worker's stderr —
+// the attempt's logs, with its rank prefix — and end the process; core dumps are
+// turned off for it first. It waits up to stackGrace for them to exit.
+func (s *Supervisor) collectStacks(g *group) {
+	live := g.live()
+	if len(live) == 0 {
+		return
+	}
+	if !isPython(live[0].spec.argv) {
+		s.log.Info("the hung gang is not a Python command: no stacks to collect")
+		return
+	}
+	s.log.Warn("collecting every rank's Python stack (faulthandler, SIGABRT) into its stderr", zap.Int("ranks", len(live)))
+	for _, w := range live {
+		_ = unix.Prlimit(w.p.Pid(), unix.RLIMIT_CORE, &unix.Rlimit{}, nil)
+		_ = w.p.SignalLeader(syscall.SIGABRT)
+	}
+	deadline := time.NewTimer(stackGrace)
+	defer deadline.Stop()
+	for len(g.live()) > 0 {
+		select {
+		case i := <-g.exits:
+			g.workers[i].reap(s.guard)
+		case <-deadline.C:
+			return
+		}
+	}
+}
+
+// hung is the outcome of a hang of worker w (nil: the whole gang's), after the ranks'
+// stacks are collected.
+func (s *Supervisor) hung(g *group, w *worker, reason string) outcome {
+	s.collectStacks(g)
+	f := &rendezvous.Failure{Node: s.cfg.NodeName, Rank: -1, LocalRank: -1, ExitCode: 1, Reason: reason}
+	if w != nil {
+		f.Rank, f.LocalRank = w.spec.rank, w.spec.localRank
+	}
+	return outcome{kind: outFailed, failure: f}
+}
+
+// envValue is the value key has for the workers: --env's, else the inherited one.
+func envValue(e EnvConfig, key string) (string, bool) {
+	for _, list := range [][]string{e.Extra, e.Base} {
+		for i := len(list) - 1; i >= 0; i-- {
+			if k, v, ok := strings.Cut(list[i], "="); ok && k == key {
+				return v, true
+			}
+		}
+	}
+	return "", false
+}
