@@ -222,13 +222,16 @@ type Supervisor struct {
 
 	inherited map[int]bool // children this process had before it started any: never swept
 
-	excluded []string       // checkpoints skipped after StrikesBeforeFallback failures
-	stuck    int            // failures in a row without progress (the backoff's k)
-	timer    *fileTimer     // torch's file-based watchdog, when enabled
-	started  time.Time      // when the current attempt's workers started
-	strikes  map[string]int // failures in a row per checkpoint resumed from
-	unpin    func() error
-	pinned   string
+	excluded []string   // checkpoints skipped after StrikesBeforeFallback failures
+	stuck    int        // failures in a row without progress (the backoff's k)
+	timer    *fileTimer // torch's file-based watchdog, when enabled
+	// stopSignal is a terminating signal that arrived while an attempt's workers were
+	// being stopped for another reason: the run ends after them.
+	stopSignal syscall.Signal
+	started    time.Time      // when the current attempt's workers started
+	strikes    map[string]int // failures in a row per checkpoint resumed from
+	unpin      func() error
+	pinned     string
 }
 
 // New validates cfg and returns a Supervisor that joins rounds of rdzv. Errors are the
@@ -673,6 +676,14 @@ func (s *Supervisor) unhealthy(ctx context.Context, at *attempt, res *Result) (G
 func (s *Supervisor) next(ctx context.Context, at *attempt, res *Result) (GroupState, bool) {
 	a := at.a
 	end := at.round.End()
+	if s.stopSignal != 0 {
+		// Told to stop while the workers were stopping: no next round.
+		_ = at.round.Leave(context.WithoutCancel(ctx))
+		s.log.Info("stopping: a signal arrived while the workers were stopping", zap.String("signal", proc.SignalName(s.stopSignal)))
+		s.setState(StateStopped, at)
+		res.ExitCode = 128 + int(s.stopSignal)
+		return "", true
+	}
 	detail := end.Detail
 	if end.Failure != nil {
 		detail = end.Failure.String()
@@ -934,6 +945,9 @@ func (s *Supervisor) stop(g *group, sig syscall.Signal, killBy time.Time) {
 				ss, ok := in.(syscall.Signal)
 				if ok && terminating(ss) {
 					s.log.Warn("second signal: sending SIGKILL", zap.String("signal", proc.SignalName(ss)))
+					if s.stopSignal == 0 {
+						s.stopSignal = ss // the run ends once these workers are gone (next)
+					}
 					break wait
 				}
 				if ok {

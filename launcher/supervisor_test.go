@@ -664,3 +664,33 @@ for step in range(100000):
 		t.Fatalf("exit %d, failure %+v: want rank 1's train_step timer; stderr:\n%s", res.ExitCode, res.Failure, r.stderr)
 	}
 }
+
+// TestSignalWhileStoppingEndsTheRun: a terminating signal that arrives while a failed
+// attempt's workers are being stopped (one ignores SIGTERM) kills them at once and ends
+// the run with 128+N; no next attempt starts, restarts left or not.
+func TestSignalWhileStoppingEndsTheRun(t *testing.T) {
+	r := newTestRun(t, 2, `if [ "$RANK" = 1 ]; then sleep 0.3; exit 3; fi
+trap '' TERM
+echo "attempt $GANGRUN_ATTEMPT"
+while :; do sleep 0.1; done`)
+	r.cfg.MaxRestarts, r.cfg.TermTimeout = 3, 20*time.Second
+	done := make(chan Result, 1)
+	go func() { done <- r.run(t) }()
+	deadline := time.Now().Add(15 * time.Second)
+	for !strings.Contains(r.stderr.String(), "worker failed") {
+		if time.Now().After(deadline) {
+			t.Fatalf("rank 1 did not fail; stderr:\n%s", r.stderr)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(300 * time.Millisecond) // the gang is stopping: rank 0 ignores SIGTERM
+	r.signals <- syscall.SIGTERM
+	select {
+	case res := <-done:
+		if res.ExitCode != 128+int(syscall.SIGTERM) || strings.Contains(r.stdout.String(), "attempt 1") {
+			t.Errorf("exit %d, stdout:\n%s\nwant 143 and no attempt 1", res.ExitCode, r.stdout)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatalf("the run did not end after SIGTERM during the stop; stderr:\n%s", r.stderr)
+	}
+}
