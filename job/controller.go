@@ -51,22 +51,25 @@ func Control(log *zap.Logger) func(ctx context.Context, s store.Store, session s
 	}
 }
 
-// Run passes over the jobs on every change of the cluster's keys, and every
-// controllerRetry, until ctx ends.
+// Run passes over the jobs on every change of the cluster's keys or the jobs', and
+// every controllerRetry, until ctx ends.
 func (c *Controller) Run(ctx context.Context) error {
-	w := store.NewWatcher(c.s, allocator.ClusterPrefix)
 	changed := make(chan struct{}, 1)
-	go func() {
-		for {
-			if _, err := w.Next(ctx); err != nil {
-				return
+	// The cluster's keys (nodes, requests, grants) and the jobs' (states, steps).
+	for _, prefix := range []string{allocator.ClusterPrefix, jobsPrefix} {
+		w := store.NewWatcher(c.s, prefix)
+		go func() {
+			for {
+				if _, err := w.Next(ctx); err != nil {
+					return
+				}
+				select {
+				case changed <- struct{}{}:
+				default:
+				}
 			}
-			select {
-			case changed <- struct{}{}:
-			default:
-			}
-		}
-	}()
+		}()
+	}
 	tick := time.NewTicker(controllerRetry)
 	defer tick.Stop()
 	for {

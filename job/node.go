@@ -2,9 +2,11 @@ package job
 
 import (
 	"context"
-	"encoding/json"
+	"errors"
 	"slices"
+	"strconv"
 	"strings"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -23,70 +25,73 @@ type LauncherConfig struct {
 	Log *zap.Logger
 }
 
+// launcherRetry is how soon a launcher reads again a job whose state it could not read.
+const launcherRetry = time.Second
+
 // RunLauncher starts, on its node, the step of every job that runs there, as the
-// node's agent (slurmd starting slurmstepd), until ctx ends. It starts each job's step
-// once per placement: a step that dies is not started again by it (the controller
-// handles the node as lost); a restarted agent finds the steps that outlived it by
-// their keys and leaves them be.
+// node's agent (slurmd starting slurmstepd), until ctx ends. It watches the node's own
+// entries of the launchers' index (gangrun/batch/placed/<node>/), so what it reads does
+// not grow with the cluster's jobs, and confirms each against the job's state. It starts
+// each job's step once per placement: a step that dies is not started again by it (the
+// controller handles the node as lost); a restarted agent finds the steps that outlived
+// it by their keys and leaves them be.
 func RunLauncher(ctx context.Context, cfg LauncherConfig) error {
 	log := cfg.Log
 	if log == nil {
 		log = zap.NewNop()
 	}
-	w := store.NewWatcher(cfg.Store, jobsPrefix)
+	prefix := placedPrefix + cfg.Node + "/"
+	w := store.NewWatcher(cfg.Store, prefix)
 	launched := map[string]int{} // job → the placement its step was started for
+	var entries []store.Entry
+	retry := false
 	for {
-		entries, err := w.Next(ctx)
-		if err != nil {
-			return nil
-		}
-		type view struct {
-			state   *State
-			running bool // this node's step key is held
-		}
-		jobs := map[string]*view{}
-		get := func(id string) *view {
-			if jobs[id] == nil {
-				jobs[id] = &view{}
+		if retry {
+			// A job's state could not be read: the same entries again in a moment (the
+			// watch wakes on changes only).
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(launcherRetry):
 			}
-			return jobs[id]
+		} else {
+			var err error
+			if entries, err = w.Next(ctx); err != nil {
+				return nil
+			}
 		}
+		retry = false
+		placed := map[string]int{}
 		for _, e := range entries {
-			rest := strings.TrimPrefix(e.Key, jobsPrefix)
-			id, sub, ok := strings.Cut(rest, "/")
-			if !ok {
-				continue
-			}
-			switch {
-			case sub == "state":
-				var st State
-				if json.Unmarshal(e.Value, &st) == nil {
-					get(id).state = &st
-				}
-			case sub == "steps/"+cfg.Node && e.Session != "":
-				get(id).running = true
-			}
-		}
-		for id, v := range jobs {
-			st := v.state
-			if st == nil || st.Status != Running || !slices.Contains(st.Nodes, cfg.Node) {
-				continue
-			}
-			if launched[id] == st.Placement {
-				continue
-			}
-			launched[id] = st.Placement
-			if v.running {
-				continue // a step outlived this agent's restart, or started already
-			}
-			log.Info("starting the job's step", zap.String("job", id), zap.Int("placement", st.Placement))
-			if err := cfg.Spawn(id); err != nil {
-				log.Error("start the job's step", zap.String("job", id), zap.Error(err))
+			p, err := strconv.Atoi(string(e.Value))
+			if id := strings.TrimPrefix(e.Key, prefix); err == nil && id != "" && !strings.Contains(id, "/") {
+				placed[id] = p
 			}
 		}
 		for id := range launched {
-			if v, ok := jobs[id]; !ok || v.state == nil || v.state.Status.Final() {
+			if _, ok := placed[id]; !ok {
 				delete(launched, id)
+			}
+		}
+		for _, id := range sortedNodes(placed) {
+			if launched[id] == placed[id] {
+				continue
+			}
+			j, err := Read(ctx, cfg.Store, id)
+			if err != nil && !errors.Is(err, ErrNotFound) {
+				retry = true
+				continue
+			}
+			if err != nil || j.State.Status != Running || !slices.Contains(j.State.Nodes, cfg.Node) || j.State.Placement != placed[id] {
+				continue // the index is ahead of or behind the state: the next change settles it
+			}
+			launched[id] = placed[id]
+			if e, err := cfg.Store.Get(ctx, stepKey(id, cfg.Node)); err == nil && e != nil && e.Session != "" {
+				continue // a step outlived this agent's restart, or started already
+			}
+			log.Info("starting the job's step", zap.String("job", id), zap.Int("placement", placed[id]))
+			if err := cfg.Spawn(id); err != nil {
+				log.Error("start the job's step", zap.String("job", id), zap.Error(err))
 			}
 		}
 	}

@@ -5,25 +5,74 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
 	"time"
 
 	"github.com/gangrun/gangrun/internal/store"
 )
 
-// Keys of a job, under gangrun/cluster/jobs/<id>/:
+// Keys of a job, under gangrun/batch/jobs/<id>/:
 //
 //	spec           Spec, written once by Submit
 //	state          State, changed only by check-and-set
 //	steps/<node>   StepRecord, held by the session of the job's step on the node: the
 //	               step runs while the key exists
 //
-// and gangrun/cluster/jobseq, the last job id given. The job's request and grant are
-// the allocator's (gangrun/cluster/requests/<id>, grants/<id>); its rendezvous is
-// gangrun/jobs/<id>/, as `gangrun run --job-id <id>`'s.
+// gangrun/batch/jobseq, the last job id given, and gangrun/batch/placed/<node>/<id>,
+// the placement (State.Placement) node runs job id in, written by the controller with
+// the state: what a node's launcher watches, so that it reads its own jobs only. The
+// job's request and grant are the allocator's (gangrun/cluster/requests/<id>,
+// grants/<id>); its rendezvous is gangrun/jobs/<id>/, as `gangrun run --job-id <id>`'s.
+// Jobs live outside gangrun/cluster/ so that the allocator's reads of the cluster (every
+// submit, every pass) do not grow with the jobs ever submitted.
 const (
-	jobsPrefix = "gangrun/cluster/jobs/"
-	seqKey     = "gangrun/cluster/jobseq"
+	batchPrefix  = "gangrun/batch/"
+	jobsPrefix   = batchPrefix + "jobs/"
+	seqKey       = batchPrefix + "jobseq"
+	placedPrefix = batchPrefix + "placed/"
 )
+
+// placedKey is node's entry for job id in the launchers' index.
+func placedKey(node, id string) string { return placedPrefix + node + "/" + id }
+
+// placedOf is the launchers' index of state st: each node it runs on → its placement
+// (empty unless it is RUNNING).
+func placedOf(st State) map[string]int {
+	m := map[string]int{}
+	if st.Status == Running {
+		for _, n := range st.Nodes {
+			m[n] = st.Placement
+		}
+	}
+	return m
+}
+
+// placedDiff are the operations that turn the index entries of job id from before into
+// after: entries written only where they change (a launcher wakes on each write).
+func placedDiff(id string, before, after map[string]int) []store.Op {
+	var ops []store.Op
+	for _, n := range sortedNodes(after) {
+		if p, ok := before[n]; !ok || p != after[n] {
+			ops = append(ops, store.Op{Verb: store.Set, Key: placedKey(n, id), Value: []byte(strconv.Itoa(after[n]))})
+		}
+	}
+	for _, n := range sortedNodes(before) {
+		if _, ok := after[n]; !ok {
+			ops = append(ops, store.Op{Verb: store.Delete, Key: placedKey(n, id)})
+		}
+	}
+	return ops
+}
+
+func sortedNodes(m map[string]int) []string {
+	out := make([]string, 0, len(m))
+	for n := range m {
+		out = append(out, n)
+	}
+	slices.Sort(out)
+	return out
+}
 
 func specKey(id string) string       { return jobsPrefix + id + "/spec" }
 func stateKey(id string) string      { return jobsPrefix + id + "/state" }
@@ -198,6 +247,7 @@ func update(ctx context.Context, s store.Store, id string, change func(j *Job) b
 		if err != nil {
 			return nil, false, err
 		}
+		before := placedOf(j.State)
 		if !change(j) {
 			return j, false, nil
 		}
@@ -206,6 +256,7 @@ func update(ctx context.Context, s store.Store, id string, change func(j *Job) b
 		}
 		b, _ := json.Marshal(j.State)
 		ops := append([]store.Op{{Verb: store.CAS, Key: stateKey(id), Value: b, Index: j.Index}}, extra...)
+		ops = append(ops, placedDiff(id, before, placedOf(j.State))...)
 		_, err = s.Txn(ctx, ops)
 		if err == nil {
 			return j, true, nil
