@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every benchmark behind the figures in benchmarks/README.md, one after the other
-# (they share two cores: never run them side by side). Takes about 10 minutes.
+# (they share two cores: never run them side by side). Takes about 20 minutes.
 #
 # Usage: make bench      (builds gangrun and installs what is missing first)
 set -euo pipefail
@@ -17,3 +17,5 @@ echo "== checkpoints";            go test ./checkpoint -run '^$' -bench . -bench
 if command -v hyperfine >/dev/null; then benchmarks/ckpt_latest.sh; else echo "(hyperfine not installed: skipping the binary's ckpt latest timing)"; fi
 echo "== topology probe";         go test ./topology -run '^$' -bench BenchmarkProbe -benchtime 100x -count 3
 echo "== parsers";                go test ./hostlist ./bench -run '^$' -bench .
+echo "== cluster jobs";          benchmarks/jobs.sh 10 3
+echo "== job throughput";        GANGRUN_BENCH_JOBS=100 go test ./job -run '^$' -bench JobThroughput -benchtime 1x -timeout 20m

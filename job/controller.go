@@ -312,9 +312,14 @@ func (c *Controller) watchNodes(ctx context.Context, cl *allocator.Cluster, j Jo
 	// The gang's failure that a lost node caused is no failure of the job's: the run's
 	// budget gets it back.
 	refunded := 0
-	for range lost {
+	for n := range lost {
 		if ok, err := rendezvous.AddRestarts(ctx, c.s, j.Spec.ID, 1); err == nil && ok {
 			refunded++
+		}
+		// The survivors (and a spare) need not wait for the lost node's rendezvous
+		// session to expire before they meet again.
+		if ok, err := rendezvous.Evict(ctx, c.s, j.Spec.ID, n); err == nil && ok {
+			c.log.Info("lost node evicted from the job's rendezvous", zap.String("job", j.Spec.ID), zap.String("node", n))
 		}
 	}
 	_, _, err = c.update(ctx, j.Spec.ID, func(jj *Job) bool {

@@ -1293,3 +1293,28 @@ func AddRestarts(ctx context.Context, s store.Store, jobID string, n int) (bool,
 		}
 	}
 }
+
+// Evict removes node from job jobID's rendezvous at once: its membership key, and the
+// leader key when the node's session holds it, as Consul would remove them when the
+// node's session expires (up to 2×SessionTTL after its last renewal). The job's
+// controller calls it for a node it has declared lost (down, or drained for a failed
+// GPU), so that the survivors and a spare meet in the next round without waiting for
+// that expiry; a deleted key carries no lock-delay. It reports whether a key went.
+func Evict(ctx context.Context, s store.Store, jobID, node string) (bool, error) {
+	base := "gangrun/jobs/" + jobID + "/"
+	m, err := s.Get(ctx, base+"members/"+node)
+	if err != nil || m == nil || m.Session == "" {
+		return false, err
+	}
+	ops := []store.Op{{Verb: store.CheckSession, Key: m.Key, Session: m.Session}, {Verb: store.Delete, Key: m.Key}}
+	if l, err := s.Get(ctx, base+"ctl/leader"); err == nil && l != nil && l.Session == m.Session {
+		ops = append(ops, store.Op{Verb: store.CheckSession, Key: l.Key, Session: l.Session}, store.Op{Verb: store.Delete, Key: l.Key})
+	}
+	if _, err := s.Txn(ctx, ops); err != nil {
+		if errors.Is(err, store.ErrNotLockHolder) || errors.Is(err, store.ErrKeyNotFound) {
+			return false, nil // gone meanwhile, or taken by the node's next session
+		}
+		return false, err
+	}
+	return true, nil
+}

@@ -559,3 +559,52 @@ func TestConsulRendezvousSucceedRetriesThroughAnOutage(t *testing.T) {
 		t.Fatal("the done marker never failed: the test tested nothing")
 	}
 }
+
+// TestEvictRemovesALostNodesKeys: Evict deletes a node's membership key and the leader
+// key its session holds, leaves another session's leader key alone, and reports false
+// for a node that is not a member.
+func TestEvictRemovesALostNodesKeys(t *testing.T) {
+	consultest.EachStore(t, func(t *testing.T, s store.Store) {
+		ctx := context.Background()
+		base := "gangrun/jobs/evict-job/"
+		sess := func(name string) string {
+			id, err := s.CreateSession(ctx, store.SessionOptions{Name: name, TTL: time.Minute, Behavior: store.DeleteKeys})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return id
+		}
+		dead, alive := sess("dead"), sess("alive")
+		lock := func(key, session string) {
+			if _, err := s.Txn(ctx, []store.Op{{Verb: store.Lock, Key: key, Value: []byte("{}"), Session: session}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		lock(base+"members/node-b", dead)
+		lock(base+"ctl/leader", dead)
+		lock(base+"members/node-a", alive)
+		if ok, err := Evict(ctx, s, "evict-job", "node-b"); !ok || err != nil {
+			t.Fatalf("Evict(node-b) = %v, %v", ok, err)
+		}
+		for _, k := range []string{"members/node-b", "ctl/leader"} {
+			if e, _ := s.Get(ctx, base+k); e != nil {
+				t.Errorf("%s still there after the eviction", k)
+			}
+		}
+		if e, _ := s.Get(ctx, base+"members/node-a"); e == nil || e.Session != alive {
+			t.Errorf("node-a's membership touched: %+v", e)
+		}
+		// The leader key held by another node's session stays.
+		lock(base+"ctl/leader", alive)
+		lock(base+"members/node-c", dead)
+		if ok, err := Evict(ctx, s, "evict-job", "node-c"); !ok || err != nil {
+			t.Fatalf("Evict(node-c) = %v, %v", ok, err)
+		}
+		if e, _ := s.Get(ctx, base+"ctl/leader"); e == nil || e.Session != alive {
+			t.Errorf("the live leader's key went with node-c: %+v", e)
+		}
+		if ok, err := Evict(ctx, s, "evict-job", "node-z"); ok || err != nil {
+			t.Errorf("Evict of a non-member = %v, %v; want false, nil", ok, err)
+		}
+	})
+}
