@@ -48,9 +48,16 @@ def _run(req):
     _sys.argv[:] = req["argv"]
     if "module" in req:
         # python -m: sys.path[0] is the working directory; runpy sets sys.argv[0] to the
-        # module's file and runs it as __main__, as the interpreter's own -m does.
+        # module's file and runs it in a fresh __main__, as the interpreter's own -m
+        # does (through the same function where runpy has it, so that even a
+        # traceback's frames are the same).
         _sys.path[0] = os.getcwd()
-        runpy.run_module(req["module"], run_name="__main__", alter_sys=True)
+        as_main = getattr(runpy, "_run_module_as_main", None)
+        if as_main is None:
+            runpy.run_module(req["module"], run_name="__main__", alter_sys=True)
+            return
+        _sys.modules["__main__"] = types.ModuleType("__main__")
+        as_main(req["module"], alter_argv=True)
         return
     # python script.py: sys.path[0] is the script's directory (links resolved),
     # __file__ and the code's file name the absolute path, sys.argv[0] as given.
@@ -70,6 +77,14 @@ def _run(req):
     exec(code, main.__dict__)
 
 
+def _code_of(frame, funcs):
+    """frame's code when it is one of funcs', else None."""
+    for f in funcs:
+        if frame.f_code is f.__code__:
+            return f.__code__
+    return None
+
+
 def _main():
     req = _standby()
     try:
@@ -77,15 +92,14 @@ def _main():
     except SystemExit:
         raise
     except BaseException as e:
-        # Uncaught: the traceback without this program's and runpy's frames, then exit
-        # 1 (or die of SIGINT for KeyboardInterrupt), as the interpreter does.
+        # Uncaught: the traceback without this program's frames, then exit 1 (or die of
+        # SIGINT for KeyboardInterrupt), as the interpreter does.
         import os
-        import runpy
         import signal
-        skip = {os.path.abspath(__file__), os.path.abspath(runpy.__file__)}
         tb = e.__traceback__
-        while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) in skip:
+        while tb is not None and tb.tb_frame.f_code is _code_of(tb.tb_frame, (_main, _run)):
             tb = tb.tb_next
+        e.__traceback__ = tb  # the hook prints the exception's own traceback
         _sys.excepthook(type(e), e, tb)
         if isinstance(e, KeyboardInterrupt):
             for s in (_sys.stdout, _sys.stderr):
