@@ -280,9 +280,10 @@ func envObject(env []string) map[string]string {
 	return m
 }
 
-// warmEnabled sets up warm restarts when the config asks for them and the command is a
+// setupWarm sets up warm restarts when the config asks for them and the command is a
 // Python interpreter running a script or module: it writes the standby program to a
-// scratch directory. It reports whether standbys are to be used.
+// scratch directory (s.warmDir, "" when warm restarts are off). The returned cleanup
+// kills the standbys left and removes the directory.
 func (s *Supervisor) setupWarm() (cleanup func()) {
 	cleanup = func() {}
 	if !s.cfg.WarmRestarts || s.torch != nil {
