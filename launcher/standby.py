@@ -64,8 +64,13 @@ def _run(req):
     # (runpy.run_path would set __file__ and sys.argv[0] both to the path as given.)
     path = os.path.abspath(req["script"])
     _sys.path[0] = os.path.dirname(os.path.realpath(path))
-    with open(path, "rb") as f:
-        source = f.read()
+    try:
+        with open(path, "rb") as f:
+            source = f.read()
+    except OSError as e:
+        argv0 = getattr(_sys, "orig_argv", [_sys.executable])[0]
+        print("%s: can't open file %r: [Errno %d] %s" % (argv0, path, e.errno, e.strerror), file=_sys.stderr)
+        _sys.exit(2)
     code = compile(source, path, "exec", dont_inherit=True)
     main = types.ModuleType("__main__")
     main.__file__ = path
