@@ -77,6 +77,8 @@ def main():
         if os.path.exists(done):
             break
         time.sleep(0.05)
+    if "WARM_TEST_EXIT" in os.environ:
+        sys.exit(int(os.environ["WARM_TEST_EXIT"]))
     raise ValueError("boom")
 
 if __name__ == "__main__":
@@ -165,7 +167,8 @@ func TestWarmRestartRunsLikeCold(t *testing.T) {
 	}
 }
 
-// TestWarmRestartModule: python -m runs from a standby as from a fresh interpreter.
+// TestWarmRestartModule: python -m runs from a standby as from a fresh interpreter, and
+// a SystemExit code is the exit code.
 func TestWarmRestartModule(t *testing.T) {
 	py := testPython(t)
 	dir := writeWarmScript(t)
@@ -176,10 +179,15 @@ func TestWarmRestartModule(t *testing.T) {
 	r.cfg.WarmRestarts = true
 	r.cfg.WarmImports = []string{"json"}
 	r.cfg.LogDir = filepath.Join(dir, "logs")
-	r.cfg.Env.Base = append(r.cfg.Env.Base, "WARM_TEST_VAR=v", "WARM_TEST_DIR="+dir)
+	r.cfg.Env.Base = append(r.cfg.Env.Base, "WARM_TEST_VAR=v", "WARM_TEST_DIR="+dir, "WARM_TEST_EXIT=7")
+	rec := &event.Recorder{}
+	r.cfg.Events = rec
 	res := r.run(t)
-	if res.ExitCode != 1 || res.Attempts != 2 || !strings.Contains(r.stderr.String(), `"attempt": 1, "warm": 2`) {
-		t.Fatalf("exit %d after %d attempts, want 1 after 2, warm; stderr:\n%s", res.ExitCode, res.Attempts, r.stderr)
+	if fails := rec.Of(event.WorkerFailed); len(fails) != 2 || fails[0].ExitCode != 7 || fails[1].ExitCode != 7 {
+		t.Errorf("failures %+v: want exit code 7 (SystemExit) on both attempts", fails)
+	}
+	if res.ExitCode != 7 || res.Attempts != 2 || !strings.Contains(r.stderr.String(), `"attempt": 1, "warm": 2`) {
+		t.Fatalf("exit %d after %d attempts, want 7 after 2, warm; stderr:\n%s", res.ExitCode, res.Attempts, r.stderr)
 	}
 	for _, name := range []string{"stdout.log", "stderr.log"} {
 		cold, _ := os.ReadFile(filepath.Join(dir, "logs", "attempt_0", "rank_0", name))
