@@ -9,6 +9,7 @@ cd "$root"
 export CGO_CFLAGS=-Wno-deprecated-declarations
 echo "== launch overhead";        benchmarks/launch_overhead.sh 7
 echo "== failure to restart";     benchmarks/failure_restart.sh 5
+echo "== warm restarts";          /usr/bin/python3 benchmarks/warm_restart.py bin/gangrun /usr/bin/python3 5
 echo "== gang grants";            go test ./allocator -run '^$' -bench BenchmarkGrant -benchtime 10x
 echo "== placement";              go test ./allocator -run '^$' -bench 'ChooseDevices|ChooseNodes' -benchmem
 echo "== rendezvous";             go test ./rendezvous -run '^$' -bench BenchmarkRendezvous -benchtime 3x

@@ -40,6 +40,8 @@ type worker struct {
 	readers []*os.File
 	files   []*os.File
 	pumps   sync.WaitGroup
+	targets [2]*pumpTarget // a standby's pumps' targets, set when it becomes this worker
+	warm    bool           // started from a standby
 
 	exited   bool
 	status   proc.ExitStatus
@@ -51,14 +53,21 @@ type group struct {
 	workers []*worker
 	// exits receives the index of each worker as its leader exits.
 	exits chan int
+	// warm counts the workers started from a standby.
+	warm int
 }
+
+// warmStart returns spec's worker started from a standby, its log files already
+// created, or nil to start it cold.
+type warmStart func(spec workerSpec, files []*os.File) *worker
 
 // startGroup starts every spec. On error the workers already started are killed and
 // reaped before it returns.
-func startGroup(specs []workerSpec, console, consoleErr *lineWriter, act *activity, guard *proc.Guardian) (*group, error) {
+// warm, when non-nil, is asked for each worker first.
+func startGroup(specs []workerSpec, console, consoleErr *lineWriter, act *activity, guard *proc.Guardian, warm warmStart) (*group, error) {
 	g := &group{exits: make(chan int, len(specs))}
 	for i, s := range specs {
-		w, err := startWorker(s, console, consoleErr, act)
+		w, err := startWorker(s, console, consoleErr, act, warm)
 		if err != nil {
 			g.kill(guard)
 			return nil, err
@@ -66,6 +75,9 @@ func startGroup(specs []workerSpec, console, consoleErr *lineWriter, act *activi
 		// Should the guardian be gone, the parent-death signal still covers the leader.
 		_ = guard.Watch(w.p.Pid())
 		g.workers = append(g.workers, w)
+		if w.warm {
+			g.warm++
+		}
 		go func(i int, w *worker) {
 			<-w.p.Exited()
 			g.exits <- i
@@ -77,7 +89,7 @@ func startGroup(specs []workerSpec, console, consoleErr *lineWriter, act *activi
 // errorFileName is the name of a worker's TORCHELASTIC_ERROR_FILE in its directory.
 const errorFileName = "error.json"
 
-func startWorker(s workerSpec, console, consoleErr *lineWriter, act *activity) (*worker, error) {
+func startWorker(s workerSpec, console, consoleErr *lineWriter, act *activity, warm warmStart) (*worker, error) {
 	// No link below the log directory is followed (logdir.go): the directories and log
 	// files are made relative to their parents' descriptors.
 	dir, err := workerDir(s.base, s.rel)
@@ -92,14 +104,30 @@ func startWorker(s workerSpec, console, consoleErr *lineWriter, act *activity) (
 	if err := removeStaleAt(dir, errorFileName); err != nil {
 		return nil, fmt.Errorf("rank %d: %w", s.rank, err)
 	}
-	cmd := exec.Command(s.argv[0], s.argv[1:]...)
-	cmd.Env = s.env
 	var childEnds []*os.File
 	closeAll := func() {
 		for _, f := range append(append(childEnds, w.readers...), w.files...) {
 			f.Close()
 		}
 	}
+	if s.logFiles {
+		for _, name := range []string{"stdout", "stderr"} {
+			f, err := createLogFile(dir, name+".log")
+			if err != nil {
+				closeAll()
+				return nil, fmt.Errorf("rank %d: %w", s.rank, err)
+			}
+			w.files = append(w.files, f)
+		}
+	}
+	if warm != nil {
+		if ww := warm(s, w.files); ww != nil {
+			ww.warm = true
+			return ww, nil
+		}
+	}
+	cmd := exec.Command(s.argv[0], s.argv[1:]...)
+	cmd.Env = s.env
 	for _, name := range []string{"stdout", "stderr"} {
 		r, wr, err := os.Pipe()
 		if err != nil {
@@ -108,14 +136,6 @@ func startWorker(s workerSpec, console, consoleErr *lineWriter, act *activity) (
 		}
 		w.readers = append(w.readers, r)
 		childEnds = append(childEnds, wr)
-		if s.logFiles {
-			f, err := createLogFile(dir, name+".log")
-			if err != nil {
-				closeAll()
-				return nil, fmt.Errorf("rank %d: %w", s.rank, err)
-			}
-			w.files = append(w.files, f)
-		}
 	}
 	cmd.Stdout, cmd.Stderr = childEnds[0], childEnds[1]
 	p, err := proc.Start(cmd)

@@ -51,13 +51,41 @@ func (a *activity) touchAt(t time.Time) {
 	}
 }
 
+// pumpTarget is where a pump's lines go: the console prefix, the log file (nil: none)
+// and the activity to touch (nil: none). A standby's is set when it becomes a worker.
+type pumpTarget struct {
+	mu     sync.Mutex
+	prefix string
+	file   io.Writer
+	act    *activity
+}
+
+// set points the pump at prefix, file and act from the next line on.
+func (t *pumpTarget) set(prefix string, file io.Writer, act *activity) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.prefix, t.file, t.act = prefix, file, act
+}
+
+func (t *pumpTarget) get() (string, io.Writer, *activity) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.prefix, t.file, t.act
+}
+
 // pump copies r to console (each line prefixed, when console is non-nil) and to file
 // (unprefixed, when non-nil) line by line until r ends, touching act for every line. A
 // last line without a newline gets one.
 func pump(r io.Reader, prefix string, console *lineWriter, file io.Writer, act *activity) {
+	pumpTo(r, console, &pumpTarget{prefix: prefix, file: file, act: act})
+}
+
+// pumpTo is pump with a target that may change while it runs.
+func pumpTo(r io.Reader, console *lineWriter, t *pumpTarget) {
 	br := bufio.NewReaderSize(r, 64<<10)
 	var pending []byte
 	emit := func(line []byte) {
+		prefix, file, act := t.get()
 		if act != nil {
 			act.touch()
 		}

@@ -74,6 +74,9 @@ type Spec struct {
 	// names; see Config.
 	CheckpointDir, ResumeArg, LogDir string
 	Tee, LocalRankArg                bool
+	// WarmRestarts and WarmImports are --warm-restarts and --warm-imports; see Config.
+	WarmRestarts bool
+	WarmImports  []string
 	// Stdout, Stderr, Report, Log, GuardianArgv, Signals, Subreaper and Events are
 	// handed to the supervisor's Config as they are.
 	Stdout, Stderr, Report io.Writer
@@ -262,6 +265,7 @@ func resolve(ctx context.Context, spec Spec, o *rendezvous.Opened, inv *topology
 		MaxRestarts: spec.MaxRestarts, Backoff: backoff, NoRestartExitCode: spec.NoRestartExitCode, CheckpointDir: spec.CheckpointDir, ResumeArg: spec.ResumeArg,
 		LogDir: spec.LogDir, Tee: spec.Tee, TermTimeout: term, HangTimeout: spec.HangTimeout,
 		LocalRankArg: spec.LocalRankArg, MasterPort: spec.MasterPort, JobID: o.JobID,
+		WarmRestarts: spec.WarmRestarts, WarmImports: spec.WarmImports,
 		NodeName: o.NodeName, Addr: o.Addr,
 		// One node alone in its log directory: a rerun into it is refused before
 		// anything starts. The nodes of a job (Consul, Slurm) share one.

@@ -186,6 +186,13 @@ type Config struct {
 	// Signals delivers the signals sent to gangrun: SIGINT, SIGTERM and SIGHUP are
 	// forwarded to every worker and stop the run; SIGUSR1 and SIGUSR2 are forwarded only, to each worker process (not its children).
 	Signals <-chan os.Signal
+	// WarmRestarts (--warm-restarts) has every attempt after the first start its ranks
+	// from standby interpreters prepared while the previous attempt ran, when Command is
+	// a Python interpreter running a script or -m module (README.md, "Warm restarts").
+	WarmRestarts bool
+	// WarmImports are the modules a standby imports before it waits (--warm-imports);
+	// nil is DefaultWarmImports, whose import errors are ignored.
+	WarmImports []string
 	// Events receives the worker group's state changes (event.StateChanged, with
 	// GroupState names), failures, restarts, the checkpoint each attempt resumes from
 	// and how each round ended; nil discards them.
@@ -232,6 +239,9 @@ type Supervisor struct {
 	strikes    map[string]int // failures in a row per checkpoint resumed from
 	unpin      func() error
 	pinned     string
+
+	warmDir  string           // holds the standby program; "" when warm restarts are off
+	standbys map[int]*standby // by local rank, for the next attempt
 }
 
 // New validates cfg and returns a Supervisor that joins rounds of rdzv. Errors are the
@@ -425,6 +435,7 @@ func (s *Supervisor) Run(ctx context.Context) Result {
 		}
 	}
 	defer s.pin("")
+	defer s.setupWarm()()
 	if v, _ := envValue(s.cfg.Env, FileTimerEnableEnv); v == "1" && s.torch == nil {
 		path, _ := envValue(s.cfg.Env, FileTimerFileEnv)
 		if ft, err := openFileTimer(path); err != nil {
@@ -576,7 +587,11 @@ func (s *Supervisor) begin(ctx context.Context, at *attempt, res *Result) (Group
 		s.timer.reset()
 	}
 	s.act.touch()
-	g, err := startGroup(specs, s.console, s.consoleErr, &s.act, s.guard)
+	var warm warmStart
+	if s.standbys != nil {
+		warm = s.takeStandby
+	}
+	g, err := startGroup(specs, s.console, s.consoleErr, &s.act, s.guard, warm)
 	if err != nil {
 		_ = round.Fail(ctx, rendezvous.Failure{Node: s.cfg.NodeName, Rank: -1, LocalRank: -1, ExitCode: 1, Reason: err.Error()})
 		res.ExitCode, res.Err = 1, err
@@ -589,6 +604,10 @@ func (s *Supervisor) begin(ctx context.Context, at *attempt, res *Result) (Group
 	}
 	at.g = g
 	res.Attempts++
+	if s.warmDir != "" {
+		s.log.Info("workers started", zap.Int("attempt", a.Round), zap.Int("warm", g.warm), zap.Int("cold", len(g.workers)-g.warm))
+		s.prepareStandbys(specs)
+	}
 	return StateHealthy, false
 }
 
@@ -862,7 +881,7 @@ func (s *Supervisor) monitor(ctx context.Context, g *group, round rendezvous.Rou
 				s.timer.reset() // a pid of no worker of this attempt
 			}
 		case <-reap:
-			keep := g.pids() // exited leaders are reaped by their Release
+			keep := s.standbyPids(g.pids()) // exited leaders are reaped by their Release
 			keep[s.guard.Pid()] = true
 			proc.ReapZombies(keep)
 		case i := <-g.exits:
@@ -958,7 +977,7 @@ func (s *Supervisor) stop(g *group, sig syscall.Signal, killBy time.Time) {
 	}
 	g.kill(s.guard)
 	if s.cfg.Subreaper {
-		keep := map[int]bool{s.guard.Pid(): true}
+		keep := s.standbyPids(map[int]bool{s.guard.Pid(): true})
 		for pid := range s.inherited {
 			keep[pid] = true
 		}

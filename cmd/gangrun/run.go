@@ -61,6 +61,8 @@ type trainFlags struct {
 	tee           bool
 	hangTimeout   time.Duration
 	localRankArg  bool
+	warmRestarts  bool
+	warmImports   []string
 }
 
 func (t *trainFlags) register(fs *pflag.FlagSet) {
@@ -75,6 +77,8 @@ func (t *trainFlags) register(fs *pflag.FlagSet) {
 		minWhy: "it is checked every 100ms to 5s, so a shorter one cannot be honoured"},
 		"no output from any rank for this long is a failure; 0 is off (else 1s to 10000h)")
 	fs.BoolVar(&t.localRankArg, "local-rank-arg", false, "append --local_rank=N (legacy torch.distributed.launch scripts)")
+	fs.BoolVar(&t.warmRestarts, "warm-restarts", true, "restart Python workers from standby interpreters that imported --warm-imports already (false: always a fresh interpreter)")
+	fs.StringSliceVar(&t.warmImports, "warm-imports", nil, "modules a standby imports before it waits, MOD[,MOD...] (default torch)")
 }
 
 func runRun(ctx context.Context, e *env, args []string) int {
@@ -98,6 +102,7 @@ func runRun(ctx context.Context, e *env, args []string) int {
 	spec.MaxRestarts, spec.Backoff, spec.NoRestartExitCode = t.maxRestarts, t.backoff, t.noRestartCode
 	spec.CheckpointDir, spec.ResumeArg, spec.LogDir, spec.Tee = t.checkpointDir, t.resumeArg, t.logDir, t.tee
 	spec.HangTimeout, spec.LocalRankArg = t.hangTimeout, t.localRankArg
+	spec.WarmRestarts, spec.WarmImports = t.warmRestarts, t.warmImports
 	// The gangrun binary (not a test calling dispatch) has no other children than its
 	// guardian and workers: it can reap whatever the workers leave behind.
 	spec.Subreaper = e.self != ""

@@ -370,10 +370,38 @@ func TestRunPyTorchRestartsFromCheckpoint(t *testing.T) {
 			t.Errorf("stderr lacks %q:\n%s", want, res.stderr)
 		}
 	}
+	// The restart ran the trainer from standby interpreters (warm restarts are the
+	// default for a Python script).
+	if !strings.Contains(res.stderr, `"attempt": 1, "warm": 2, "cold": 0`) {
+		t.Errorf("attempt 1 did not start warm:\n%s", res.stderr)
+	}
 	// The second attempt's logs hold the resume line, without the console prefix.
 	log, err := os.ReadFile(filepath.Join(dir, "logs", "attempt_1", "rank_1", "stdout.log"))
 	if err != nil || !strings.Contains(string(log), "resumed from step 30\n") || strings.Contains(string(log), "[rank") {
 		t.Errorf("attempt_1/rank_1/stdout.log = %q, %v", log, err)
+	}
+}
+
+// TestRunWarmRestartsFlag: a Python script's restart is warm by default, and cold with
+// --warm-restarts=false.
+func TestRunWarmRestartsFlag(t *testing.T) {
+	py := python(t)
+	mark := testMark(t)
+	script := filepath.Join(t.TempDir(), "t.py")
+	if err := os.WriteFile(script, []byte("import os, sys\nprint('attempt', os.environ['GANGRUN_ATTEMPT'])\nsys.exit(3 if os.environ['GANGRUN_ATTEMPT'] == '0' else 0)\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		flag string
+		warm bool
+	}{{"--warm-restarts", true}, {"--warm-restarts=false", false}} {
+		res := runGangrun(t, []string{mark}, "run", "--nproc-per-node", "1", "--max-restarts", "1", "--restart-backoff", "0s", c.flag, "--", py, script)
+		if res.code != 0 || !strings.Contains(res.stdout, "[rank0]: attempt 1") {
+			t.Fatalf("%s: exit %d; stdout:\n%s\nstderr:\n%s", c.flag, res.code, res.stdout, res.stderr)
+		}
+		if got := strings.Contains(res.stderr, `"attempt": 1, "warm": 1, "cold": 0`); got != c.warm {
+			t.Errorf("%s: attempt 1 warm %v, want %v; stderr:\n%s", c.flag, got, c.warm, res.stderr)
+		}
 	}
 }
 
