@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every benchmark behind the figures in benchmarks/README.md, one after the other
-# (they share two cores: never run them side by side). Takes about 20 minutes.
+# (they share two cores: never run them side by side). Takes about 30 minutes.
 #
 # Usage: make bench      (builds gangrun and installs what is missing first)
 set -euo pipefail
@@ -20,3 +20,4 @@ echo "== topology probe";         go test ./topology -run '^$' -bench BenchmarkP
 echo "== parsers";                go test ./hostlist ./bench -run '^$' -bench .
 echo "== cluster jobs";          benchmarks/jobs.sh 10 3
 echo "== job throughput";        GANGRUN_BENCH_JOBS=100 go test ./job -run '^$' -bench JobThroughput -benchtime 1x -timeout 20m
+echo "== goodput";              /usr/bin/python3 benchmarks/goodput.py 120 20 1
