@@ -3,6 +3,7 @@ package job
 import (
 	"context"
 	"errors"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -329,7 +330,7 @@ func (c *Controller) watchNodes(ctx context.Context, cl *allocator.Cluster, j Jo
 		}
 		now := c.now().UTC()
 		st.Spares = slices.DeleteFunc(st.Spares, func(n string) bool { return slices.Contains(spareLost, n) })
-		for _, n := range sortedKeys(lost) {
+		for _, n := range slices.Sorted(maps.Keys(lost)) {
 			if !slices.Contains(st.Nodes, n) {
 				continue
 			}
@@ -402,13 +403,4 @@ func (c *Controller) release(ctx context.Context, id string) error {
 // update is the package's update, fenced by the controller's leadership.
 func (c *Controller) update(ctx context.Context, id string, change func(j *Job) bool, extra ...store.Op) (*Job, bool, error) {
 	return update(ctx, c.s, id, change, append([]store.Op{allocator.LeaderFence(c.session)}, extra...)...)
-}
-
-func sortedKeys(m map[string]string) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	slices.Sort(out)
-	return out
 }

@@ -3,6 +3,7 @@ package job
 import (
 	"context"
 	"errors"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -73,7 +74,7 @@ func RunLauncher(ctx context.Context, cfg LauncherConfig) error {
 				delete(launched, id)
 			}
 		}
-		for _, id := range sortedNodes(placed) {
+		for _, id := range slices.Sorted(maps.Keys(placed)) {
 			if launched[id] == placed[id] {
 				continue
 			}

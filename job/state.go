@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"time"
@@ -52,26 +53,17 @@ func placedOf(st State) map[string]int {
 // after: entries written only where they change (a launcher wakes on each write).
 func placedDiff(id string, before, after map[string]int) []store.Op {
 	var ops []store.Op
-	for _, n := range sortedNodes(after) {
+	for _, n := range slices.Sorted(maps.Keys(after)) {
 		if p, ok := before[n]; !ok || p != after[n] {
 			ops = append(ops, store.Op{Verb: store.Set, Key: placedKey(n, id), Value: []byte(strconv.Itoa(after[n]))})
 		}
 	}
-	for _, n := range sortedNodes(before) {
+	for _, n := range slices.Sorted(maps.Keys(before)) {
 		if _, ok := after[n]; !ok {
 			ops = append(ops, store.Op{Verb: store.Delete, Key: placedKey(n, id)})
 		}
 	}
 	return ops
-}
-
-func sortedNodes(m map[string]int) []string {
-	out := make([]string, 0, len(m))
-	for n := range m {
-		out = append(out, n)
-	}
-	slices.Sort(out)
-	return out
 }
 
 func specKey(id string) string       { return jobsPrefix + id + "/spec" }
@@ -121,9 +113,9 @@ type Attempt struct {
 	Ended   time.Time `json:"ended,omitzero"`
 	// Cause is how it ended: "succeeded", "failed: rank 3 on node-b: exit code 1", "node
 	// node-b lost: its agent's session ended", ...
-	Cause string `json:"cause,omitempty"`
+	Cause string `json:"cause"`
 	// ResumeFrom is the checkpoint it resumed from ("" for a fresh start).
-	ResumeFrom string `json:"resume_from,omitempty"`
+	ResumeFrom string `json:"resume_from"`
 }
 
 // LostNode is a node the job lost while it ran there.

@@ -586,13 +586,7 @@ if grep -q '^State:.*Z' /proc/$c/status 2>/dev/null || ! kill -0 $c 2>/dev/null;
 exit 0`)
 	done := make(chan Result, 1)
 	go func() { done <- r.run(t) }()
-	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(r.stdout.String(), "ready") {
-		if time.Now().After(deadline) {
-			t.Fatalf("the worker did not start; stderr:\n%s", r.stderr)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitFor(t, func() bool { return strings.Contains(r.stdout.String(), "ready") }) // the worker started
 	r.signals <- syscall.SIGUSR1
 	res := <-done
 	out := r.stdout.String()
@@ -676,13 +670,7 @@ while :; do sleep 0.1; done`)
 	r.cfg.MaxRestarts, r.cfg.TermTimeout = 3, 20*time.Second
 	done := make(chan Result, 1)
 	go func() { done <- r.run(t) }()
-	deadline := time.Now().Add(15 * time.Second)
-	for !strings.Contains(r.stderr.String(), "worker failed") {
-		if time.Now().After(deadline) {
-			t.Fatalf("rank 1 did not fail; stderr:\n%s", r.stderr)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitFor(t, func() bool { return strings.Contains(r.stderr.String(), "worker failed") }) // rank 1 failed
 	time.Sleep(300 * time.Millisecond) // the gang is stopping: rank 0 ignores SIGTERM
 	r.signals <- syscall.SIGTERM
 	select {

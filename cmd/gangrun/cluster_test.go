@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -59,6 +60,34 @@ func nodesJSON(t *testing.T, consul string) []allocator.NodeStatus {
 	return nodes
 }
 
+// startHolder starts `gangrun alloc --json` for nodes × gpus and returns it, holding its
+// grant, and the grant as it printed it (compacted, as alloc puts it in GANGRUN_GRANT).
+// It is stopped with SIGTERM at cleanup, if still running.
+func startHolder(t *testing.T, consul string, nodes, gpus int) (*exec.Cmd, []byte) {
+	t.Helper()
+	holder := exec.Command(gangrunBin, "alloc", "--consul", consul, "--nodes", strconv.Itoa(nodes),
+		"--gpus-per-node", strconv.Itoa(gpus), "--json")
+	stdout, err := holder.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var holderErr syncBuffer
+	holder.Stderr = &holderErr
+	if err := holder.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = holder.Process.Signal(syscall.SIGTERM); _ = holder.Wait() })
+	var raw json.RawMessage
+	if err := json.NewDecoder(bufio.NewReader(stdout)).Decode(&raw); err != nil {
+		t.Fatalf("alloc --json: %v; stderr: %s", err, holderErr.String())
+	}
+	var compact bytes.Buffer
+	if err := json.Compact(&compact, raw); err != nil {
+		t.Fatal(err)
+	}
+	return holder, compact.Bytes()
+}
+
 func freeGPUs(nodes []allocator.NodeStatus) (free, total int) {
 	for _, n := range nodes {
 		free += n.GPUsFree
@@ -77,17 +106,7 @@ func TestClusterWalkthrough(t *testing.T) {
 	}, "two agents up")
 
 	// A holder takes 2 nodes × 4 GPUs and holds them.
-	holder := exec.Command(gangrunBin, "alloc", "--consul", consul, "--nodes", "2", "--gpus-per-node", "4", "--json")
-	stdout, err := holder.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var holderErr bytes.Buffer
-	holder.Stderr = &holderErr
-	if err := holder.Start(); err != nil {
-		t.Fatal(err)
-	}
-	dec := json.NewDecoder(bufio.NewReader(stdout))
+	holder, raw := startHolder(t, consul, 2, 4)
 	var grant struct {
 		ID    string `json:"id"`
 		Nodes []struct {
@@ -95,8 +114,8 @@ func TestClusterWalkthrough(t *testing.T) {
 			GPUs []int  `json:"gpus"`
 		} `json:"nodes"`
 	}
-	if err := dec.Decode(&grant); err != nil {
-		t.Fatalf("alloc --json: %v; stderr: %s", err, holderErr.String())
+	if err := json.Unmarshal(raw, &grant); err != nil {
+		t.Fatalf("alloc --json: %v", err)
 	}
 	if len(grant.Nodes) != 2 || len(grant.Nodes[0].GPUs) != 4 || len(grant.Nodes[1].GPUs) != 4 {
 		t.Fatalf("grant = %+v", grant)

@@ -1,14 +1,9 @@
 package main
 
 import (
-	"bufio"
-	"bytes"
-	"encoding/json"
-	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 
 	"github.com/gangrun/gangrun/allocator"
@@ -23,26 +18,8 @@ import (
 // counts the GPUs the grant uses.
 func TestRunTakesOnlyItsGrantsDevices(t *testing.T) {
 	c := startJobCluster(t, "gpu-a", "gpu-b")
-	holder := exec.Command(gangrunBin, "alloc", "--consul", c.consul, "--nodes", "2", "--gpus-per-node", "3", "--json")
-	stdout, err := holder.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var holderErr bytes.Buffer
-	holder.Stderr = &holderErr
-	if err := holder.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = holder.Process.Signal(syscall.SIGTERM); _ = holder.Wait() })
-	var raw json.RawMessage
-	if err := json.NewDecoder(bufio.NewReader(stdout)).Decode(&raw); err != nil {
-		t.Fatalf("alloc --json: %v; stderr: %s", err, holderErr.String())
-	}
-	var compact bytes.Buffer
-	if err := json.Compact(&compact, raw); err != nil {
-		t.Fatal(err)
-	}
-	line := compact.String() // as alloc puts it in GANGRUN_GRANT
+	_, raw := startHolder(t, c.consul, 2, 3)
+	line := string(raw) // as alloc puts it in GANGRUN_GRANT
 	sum, err := allocator.ParseSummary(line)
 	if err != nil {
 		t.Fatal(err)

@@ -305,30 +305,19 @@ func jobJSON(j *job.Job) any {
 		Name string `json:"name"`
 		GPUs int    `json:"gpus"`
 	}
-	type attempt struct {
-		Nodes      []string  `json:"nodes"`
-		Started    time.Time `json:"started"`
-		Ended      time.Time `json:"ended,omitzero"`
-		Cause      string    `json:"cause"`
-		ResumeFrom string    `json:"resume_from"`
-		Number     int       `json:"number"`
-	}
 	out := struct {
 		job.Entry
 		Nodes     []node         `json:"nodes"`
 		ExitCode  int            `json:"exit_code"`
-		Attempts  []attempt      `json:"attempts"`
+		Attempts  []job.Attempt  `json:"attempts"`
 		LostNodes []job.LostNode `json:"lost_nodes"`
 		Spares    []string       `json:"spares"`
 		Spec      job.Spec       `json:"spec"`
 		Ended     string         `json:"ended"`
 	}{Entry: e, ExitCode: j.State.ExitCode, Spec: j.Spec, Spares: append([]string{}, j.State.Spares...),
-		LostNodes: append([]job.LostNode{}, j.State.LostNodes...), Nodes: []node{}, Attempts: []attempt{}}
+		LostNodes: append([]job.LostNode{}, j.State.LostNodes...), Nodes: []node{}, Attempts: append([]job.Attempt{}, j.State.Attempts...)}
 	for _, n := range j.State.Nodes {
 		out.Nodes = append(out.Nodes, node{Name: n, GPUs: j.Spec.GPUsPerNode})
-	}
-	for _, a := range j.State.Attempts {
-		out.Attempts = append(out.Attempts, attempt{Nodes: a.Nodes, Started: a.Started, Ended: a.Ended, Cause: a.Cause, ResumeFrom: a.ResumeFrom, Number: a.Number})
 	}
 	if !j.State.Ended.IsZero() {
 		out.Ended = j.State.Ended.UTC().Format(time.RFC3339)
