@@ -208,7 +208,7 @@ func (c *Controller) start(ctx context.Context, j Job, g allocator.Grant) error 
 		now := c.now().UTC()
 		j.State.Status, j.State.Reason = Running, ""
 		j.State.Nodes, j.State.Spares = names[:len(names)-spares], names[len(names)-spares:]
-		j.State.NodesSince = c.now().UTC()
+		j.State.NodesSince = now
 		j.State.Placement++
 		j.State.StepsEnded = nil
 		if j.State.Started.IsZero() {
@@ -302,7 +302,7 @@ func (c *Controller) watchNodes(ctx context.Context, cl *allocator.Cluster, j Jo
 	}
 	var spareLost []string
 	for _, n := range j.State.Spares {
-		if ns, ok := cl.Nodes[n]; !ok || !ns.Up || ns.Drain != nil {
+		if !healthy(cl, n) {
 			spareLost = append(spareLost, n)
 		}
 	}
@@ -310,20 +310,9 @@ func (c *Controller) watchNodes(ctx context.Context, cl *allocator.Cluster, j Jo
 		c.syncRestarts(ctx, j)
 		return nil
 	}
-	// The gang's failure that a lost node caused is no failure of the job's: the run's
-	// budget gets it back.
-	refunded := 0
-	for n := range lost {
-		if ok, err := rendezvous.AddRestarts(ctx, c.s, j.Spec.ID, 1); err == nil && ok {
-			refunded++
-		}
-		// The survivors (and a spare) need not wait for the lost node's rendezvous
-		// session to expire before they meet again.
-		if ok, err := rendezvous.Evict(ctx, c.s, j.Spec.ID, n); err == nil && ok {
-			c.log.Info("lost node evicted from the job's rendezvous", zap.String("job", j.Spec.ID), zap.String("node", n))
-		}
-	}
-	_, _, err = c.update(ctx, j.Spec.ID, func(jj *Job) bool {
+	var recorded []string // the lost nodes this update records (it may run more than once)
+	_, changed, err := c.update(ctx, j.Spec.ID, func(jj *Job) bool {
+		recorded = recorded[:0]
 		st := &jj.State
 		if st.Status != Running {
 			return false
@@ -336,6 +325,7 @@ func (c *Controller) watchNodes(ctx context.Context, cl *allocator.Cluster, j Jo
 			}
 			st.LostNodes = append(st.LostNodes, LostNode{Node: n, Why: lost[n], At: now, Exclude: healthy(cl, n)})
 			st.NodeFailures++
+			recorded = append(recorded, n)
 			st.Nodes = slices.DeleteFunc(st.Nodes, func(x string) bool { return x == n })
 			switch {
 			case len(st.Spares) > 0:
@@ -357,10 +347,26 @@ func (c *Controller) watchNodes(ctx context.Context, cl *allocator.Cluster, j Jo
 		}
 		return true
 	})
-	if err == nil && refunded > 0 {
+	if err != nil || !changed {
+		return err
+	}
+	// Once the loss is recorded (and only then: a pass that fails before it must not give
+	// the restart back twice), the gang's failure that a lost node caused is no failure
+	// of the job's: the run's budget gets it back. And the survivors (and a spare) need
+	// not wait for the lost node's rendezvous session to expire before they meet again.
+	refunded := 0
+	for _, n := range recorded {
+		if ok, err := rendezvous.AddRestarts(ctx, c.s, j.Spec.ID, 1); err == nil && ok {
+			refunded++
+		}
+		if ok, err := rendezvous.Evict(ctx, c.s, j.Spec.ID, n); err == nil && ok {
+			c.log.Info("lost node evicted from the job's rendezvous", zap.String("job", j.Spec.ID), zap.String("node", n))
+		}
+	}
+	if refunded > 0 {
 		c.log.Info("node failures do not count against --max-restarts: the restarts they cost were given back", zap.String("job", j.Spec.ID), zap.Int("restarts", refunded))
 	}
-	return err
+	return nil
 }
 
 // syncRestarts keeps a running job's count of its own restarts (the run's failures

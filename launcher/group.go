@@ -245,7 +245,7 @@ func (g *group) live() []*worker {
 // as torchrun forwards it, so a child without a handler (a DataLoader worker) lives.
 func (g *group) signal(sig syscall.Signal) {
 	for _, w := range g.live() {
-		if terminating(sig) {
+		if proc.Terminating(sig) {
 			_ = w.p.Signal(sig) // stopping: the worker's whole process group
 		} else {
 			_ = w.p.SignalLeader(sig) // forwarded for the worker to handle: it alone

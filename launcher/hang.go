@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -49,21 +50,30 @@ type timerRequest struct {
 	Signal     int     `json:"signal"`
 }
 
-// fileTimer is gangrun's side of torch's file-based watchdog: the named pipe, read by
-// a goroutine, and the timers set through it (the monitor's goroutine owns them).
+// fileTimer is gangrun's side of torch's file-based watchdog: the named pipe, and the
+// timers set through it, kept by the goroutine that reads it (every request applied in
+// order, none dropped: a lost release would later look like a hang).
 type fileTimer struct {
 	path    string
 	created string // the directory gangrun made for the pipe, removed on close
+	made    bool   // gangrun made the pipe at the user's path: removed on close
 	f       *os.File
-	reqs    chan timerRequest
-	timers  map[[2]string]timerRequest
+
+	mu     sync.Mutex
+	timers map[timerKey]timerRequest
+}
+
+// timerKey is a timer's identity, as torch's server keys them: the worker and the scope.
+type timerKey struct {
+	pid   int
+	scope string
 }
 
 // openFileTimer creates the named pipe at path ("" for one of gangrun's own) and starts
 // reading it. An error means the watchdog cannot be served (the path exists and is not
 // a pipe, the directory cannot be written).
 func openFileTimer(path string) (*fileTimer, error) {
-	ft := &fileTimer{reqs: make(chan timerRequest, 1024), timers: map[[2]string]timerRequest{}}
+	ft := &fileTimer{timers: map[timerKey]timerRequest{}}
 	if path == "" {
 		dir, err := os.MkdirTemp("", "gangrun-watchdog-")
 		if err != nil {
@@ -72,7 +82,9 @@ func openFileTimer(path string) (*fileTimer, error) {
 		ft.created, path = dir, filepath.Join(dir, "timer")
 	}
 	ft.path = path
-	if err := unix.Mkfifo(path, 0o600); err != nil && !errors.Is(err, unix.EEXIST) {
+	if err := unix.Mkfifo(path, 0o600); err == nil {
+		ft.made = ft.created == ""
+	} else if !errors.Is(err, unix.EEXIST) {
 		ft.close()
 		return nil, fmt.Errorf("%s=%s: %w", FileTimerFileEnv, path, err)
 	}
@@ -99,10 +111,13 @@ func (ft *fileTimer) read(f *os.File) {
 		if json.Unmarshal(sc.Bytes(), &r) != nil || r.PID <= 0 {
 			continue
 		}
-		select {
-		case ft.reqs <- r:
-		default: // a flood: the monitor is behind; later requests catch it up
+		ft.mu.Lock()
+		if k := (timerKey{r.PID, r.Scope}); r.Expiration < 0 {
+			delete(ft.timers, k) // a release
+		} else {
+			ft.timers[k] = r
 		}
+		ft.mu.Unlock()
 	}
 }
 
@@ -114,25 +129,16 @@ func (ft *fileTimer) close() {
 	if ft.created != "" {
 		_ = os.RemoveAll(ft.created)
 	}
+	if ft.made {
+		_ = os.Remove(ft.path)
+	}
 }
 
-// expired takes the requests written so far and returns the first timer past now
-// that carries a signal (torch's server reaps only those), if any.
+// expired returns the first timer past now that carries a signal (torch's server reaps
+// only those), if any.
 func (ft *fileTimer) expired(now time.Time) (timerRequest, bool) {
-	for {
-		select {
-		case r := <-ft.reqs:
-			key := [2]string{fmt.Sprint(r.PID), r.Scope}
-			if r.Expiration < 0 {
-				delete(ft.timers, key)
-			} else {
-				ft.timers[key] = r
-			}
-			continue
-		default:
-		}
-		break
-	}
+	ft.mu.Lock()
+	defer ft.mu.Unlock()
 	var first timerRequest
 	found := false
 	for _, r := range ft.timers {
@@ -143,8 +149,19 @@ func (ft *fileTimer) expired(now time.Time) (timerRequest, bool) {
 	return first, found
 }
 
+// forget drops timer r (its worker is none of this attempt's).
+func (ft *fileTimer) forget(r timerRequest) {
+	ft.mu.Lock()
+	delete(ft.timers, timerKey{r.PID, r.Scope})
+	ft.mu.Unlock()
+}
+
 // reset forgets every timer (a new attempt's workers have new pids).
-func (ft *fileTimer) reset() { clear(ft.timers) }
+func (ft *fileTimer) reset() {
+	ft.mu.Lock()
+	clear(ft.timers)
+	ft.mu.Unlock()
+}
 
 // workerOf returns the worker whose process group pid belongs to: the worker itself or
 // one of its processes.
@@ -185,14 +202,14 @@ func (g *group) heartbeats(started time.Time, timeout time.Duration) (stale *wor
 	return stale, time.Since(oldest), newest
 }
 
-// isPython reports whether argv runs Python (python, python3.11, or a .py script), whose
-// stacks faulthandler can dump.
+// isPython reports whether argv runs a Python interpreter (pythonName: python,
+// python3.11) or a .py script, whose stacks faulthandler can dump.
 func isPython(argv []string) bool {
 	if len(argv) == 0 {
 		return false
 	}
 	base := filepath.Base(argv[0])
-	return strings.HasPrefix(base, "python") || strings.HasSuffix(base, ".py")
+	return pythonName.MatchString(base) || strings.HasSuffix(base, ".py")
 }
 
 // collectStacks asks every live worker of g for its Python stack before a hung gang is
@@ -235,16 +252,4 @@ func (s *Supervisor) hung(g *group, w *worker, reason string) outcome {
 		f.Rank, f.LocalRank = w.spec.rank, w.spec.localRank
 	}
 	return outcome{kind: outFailed, failure: f}
-}
-
-// envValue is the value key has for the workers: --env's, else the inherited one.
-func envValue(e EnvConfig, key string) (string, bool) {
-	for _, list := range [][]string{e.Extra, e.Base} {
-		for i := len(list) - 1; i >= 0; i-- {
-			if k, v, ok := strings.Cut(list[i], "="); ok && k == key {
-				return v, true
-			}
-		}
-	}
-	return "", false
 }

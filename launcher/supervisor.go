@@ -436,8 +436,8 @@ func (s *Supervisor) Run(ctx context.Context) Result {
 	}
 	defer s.pin("")
 	defer s.setupWarm()()
-	if v, _ := envValue(s.cfg.Env, FileTimerEnableEnv); v == "1" && s.torch == nil {
-		path, _ := envValue(s.cfg.Env, FileTimerFileEnv)
+	if env := newEnvMap(s.cfg.Env.Base, s.cfg.Env.Extra); env[FileTimerEnableEnv] == "1" && s.torch == nil {
+		path := env[FileTimerFileEnv]
 		if ft, err := openFileTimer(path); err != nil {
 			s.log.Warn("torch's file-based watchdog cannot be served: its timers are not judged", zap.Error(err))
 		} else {
@@ -788,7 +788,7 @@ func (s *Supervisor) join(ctx context.Context) (rendezvous.Round, syscall.Signal
 			}
 			return j.r, 0, nil
 		case sig := <-s.cfg.Signals:
-			if ss, ok := sig.(syscall.Signal); ok && terminating(ss) {
+			if ss, ok := sig.(syscall.Signal); ok && proc.Terminating(ss) {
 				cancel()
 				if j := <-ch; j.r != nil {
 					_ = j.r.Leave(context.WithoutCancel(ctx))
@@ -831,7 +831,7 @@ func (s *Supervisor) awaitSuccess(ctx context.Context, round rendezvous.Round) (
 		case r := <-ch:
 			return r.end, 0, r.err
 		case sig := <-s.cfg.Signals:
-			if ss, ok := sig.(syscall.Signal); ok && terminating(ss) {
+			if ss, ok := sig.(syscall.Signal); ok && proc.Terminating(ss) {
 				cancel()
 				_ = round.Leave(context.WithoutCancel(ctx))
 				return rendezvous.End{}, ss, nil
@@ -840,12 +840,6 @@ func (s *Supervisor) awaitSuccess(ctx context.Context, round rendezvous.Round) (
 			return rendezvous.End{}, syscall.SIGTERM, nil
 		}
 	}
-}
-
-// terminating reports whether sig stops gangrun (after forwarding it) rather than only
-// being forwarded.
-func terminating(sig syscall.Signal) bool {
-	return sig == syscall.SIGINT || sig == syscall.SIGTERM || sig == syscall.SIGHUP
 }
 
 // monitor watches one attempt until it ends.
@@ -878,7 +872,7 @@ func (s *Supervisor) monitor(ctx context.Context, g *group, round rendezvous.Rou
 				if w := g.workerOf(r.PID); w != nil {
 					return s.hung(g, w, fmt.Sprintf("watchdog timer %q expired (torch.distributed.elastic.timer); every rank's stack is in its stderr", r.Scope))
 				}
-				s.timer.reset() // a pid of no worker of this attempt
+				s.timer.forget(r) // a pid of no worker of this attempt
 			}
 		case <-reap:
 			keep := s.standbyPids(g.pids()) // exited leaders are reaped by their Release
@@ -907,7 +901,7 @@ func (s *Supervisor) monitor(ctx context.Context, g *group, round rendezvous.Rou
 			if !ok {
 				continue
 			}
-			if terminating(ss) {
+			if proc.Terminating(ss) {
 				// Run leaves the round before forwarding it, so the other nodes see a
 				// membership change before their workers lose this node's.
 				return outcome{kind: outStopped, sig: ss}
@@ -962,7 +956,7 @@ func (s *Supervisor) stop(g *group, sig syscall.Signal, killBy time.Time) {
 				break wait
 			case in := <-s.cfg.Signals:
 				ss, ok := in.(syscall.Signal)
-				if ok && terminating(ss) {
+				if ok && proc.Terminating(ss) {
 					s.log.Warn("second signal: sending SIGKILL", zap.String("signal", proc.SignalName(ss)))
 					if s.stopSignal == 0 {
 						s.stopSignal = ss // the run ends once these workers are gone (next)
@@ -1003,7 +997,7 @@ func (s *Supervisor) sleep(ctx context.Context, d time.Duration) syscall.Signal 
 		case <-t.C:
 			return 0
 		case sig := <-s.cfg.Signals:
-			if ss, ok := sig.(syscall.Signal); ok && terminating(ss) {
+			if ss, ok := sig.(syscall.Signal); ok && proc.Terminating(ss) {
 				return ss
 			}
 		case <-ctx.Done():
@@ -1045,6 +1039,9 @@ func (s *Supervisor) specs(a rendezvous.Assignment) ([]workerSpec, error) {
 		}}, nil
 	}
 	specs := make([]workerSpec, 0, a.LocalWorldSize)
+	// A hung gang's stacks (collectStacks) need faulthandler, unless the user chose.
+	_, userSet := newEnvMap(s.cfg.Env.Base, s.cfg.Env.Extra)["PYTHONFAULTHANDLER"]
+	faulthandler := !userSet && (s.cfg.HangTimeout > 0 || s.timer != nil)
 	for lr := 0; lr < a.LocalWorldSize; lr++ {
 		rank := a.RankOffset + lr
 		rankDir := "rank_" + strconv.Itoa(rank)
@@ -1058,8 +1055,8 @@ func (s *Supervisor) specs(a rendezvous.Assignment) ([]workerSpec, error) {
 		if s.timer != nil {
 			env = append(env, FileTimerFileEnv+"="+s.timer.path)
 		}
-		if _, set := envValue(s.cfg.Env, "PYTHONFAULTHANDLER"); !set && (s.cfg.HangTimeout > 0 || s.timer != nil) {
-			env = append(env, "PYTHONFAULTHANDLER=1") // a hung gang's stacks: collectStacks
+		if faulthandler {
+			env = append(env, "PYTHONFAULTHANDLER=1")
 		}
 		specs = append(specs, workerSpec{
 			localRank: lr, rank: rank, argv: argv,

@@ -635,12 +635,8 @@ train()
 // torch's file-based watchdog; rank 1's timer expires inside its step, and the gang
 // fails with rank 1 and the timer's scope as the root cause.
 func TestTorchFileTimerNamesTheRank(t *testing.T) {
-	py := os.Getenv("GANGRUN_PYTHON")
-	if py == "" {
-		py = "/usr/bin/python3"
-	}
 	r := newTestRun(t, 2, "")
-	r.cfg.Command = []string{py, "-c", `
+	r.cfg.Command = []string{testPython(t), "-c", `
 import os, time
 import torch.distributed.elastic.timer as timer
 timer.configure(timer.FileTimerClient(file_path=os.environ["TORCHELASTIC_TIMER_FILE"]))
@@ -671,7 +667,7 @@ while :; do sleep 0.1; done`)
 	done := make(chan Result, 1)
 	go func() { done <- r.run(t) }()
 	waitFor(t, func() bool { return strings.Contains(r.stderr.String(), "worker failed") }) // rank 1 failed
-	time.Sleep(300 * time.Millisecond) // the gang is stopping: rank 0 ignores SIGTERM
+	time.Sleep(300 * time.Millisecond)                                                      // the gang is stopping: rank 0 ignores SIGTERM
 	r.signals <- syscall.SIGTERM
 	select {
 	case res := <-done:

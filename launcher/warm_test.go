@@ -18,7 +18,7 @@ func testPython(t *testing.T) string {
 		py = "/usr/bin/python3"
 	}
 	if _, err := os.Stat(py); err != nil {
-		t.Skipf("no Python with torch: %v", err)
+		t.Fatalf("no Python with torch (make test installs it; GANGRUN_PYTHON names it): %v", err)
 	}
 	return py
 }

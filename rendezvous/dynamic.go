@@ -197,7 +197,12 @@ func NewDynamic(s store.Store, cfg DynamicConfig) (*Dynamic, error) {
 }
 
 func (c *Dynamic) key(parts ...string) string {
-	return "gangrun/jobs/" + c.cfg.JobID + "/" + strings.Join(parts, "/")
+	return jobKey(c.cfg.JobID, parts...)
+}
+
+// jobKey is the key of job jobID's rendezvous made of parts, under gangrun/jobs/<job>/.
+func jobKey(jobID string, parts ...string) string {
+	return "gangrun/jobs/" + jobID + "/" + strings.Join(parts, "/")
 }
 
 func (c *Dynamic) heartbeatKey(node string) string {
@@ -1244,7 +1249,7 @@ type RunInfo struct {
 
 // ReadRun reads job jobID's current run; ok is false when the job has no state.
 func ReadRun(ctx context.Context, s store.Store, jobID string) (info RunInfo, ok bool, err error) {
-	e, err := s.Get(ctx, "gangrun/jobs/"+jobID+"/ctl/state")
+	e, err := s.Get(ctx, jobKey(jobID, "ctl", "state"))
 	if err != nil || e == nil {
 		return RunInfo{}, false, err
 	}
@@ -1268,7 +1273,7 @@ func ReadRun(ctx context.Context, s store.Store, jobID string) (info RunInfo, ok
 // restart that a node's failure cost its gang. It reports false when the run is over
 // already (or there is none), and changes nothing then.
 func AddRestarts(ctx context.Context, s store.Store, jobID string, n int) (bool, error) {
-	key := "gangrun/jobs/" + jobID + "/ctl/state"
+	key := jobKey(jobID, "ctl", "state")
 	for {
 		e, err := s.Get(ctx, key)
 		if err != nil || e == nil {
@@ -1301,13 +1306,12 @@ func AddRestarts(ctx context.Context, s store.Store, jobID string, n int) (bool,
 // GPU), so that the survivors and a spare meet in the next round without waiting for
 // that expiry; a deleted key carries no lock-delay. It reports whether a key went.
 func Evict(ctx context.Context, s store.Store, jobID, node string) (bool, error) {
-	base := "gangrun/jobs/" + jobID + "/"
-	m, err := s.Get(ctx, base+"members/"+node)
+	m, err := s.Get(ctx, jobKey(jobID, "members", node))
 	if err != nil || m == nil || m.Session == "" {
 		return false, err
 	}
 	ops := []store.Op{{Verb: store.CheckSession, Key: m.Key, Session: m.Session}, {Verb: store.Delete, Key: m.Key}}
-	if l, err := s.Get(ctx, base+"ctl/leader"); err == nil && l != nil && l.Session == m.Session {
+	if l, err := s.Get(ctx, jobKey(jobID, "ctl", "leader")); err == nil && l != nil && l.Session == m.Session {
 		ops = append(ops, store.Op{Verb: store.CheckSession, Key: l.Key, Session: l.Session}, store.Op{Verb: store.Delete, Key: l.Key})
 	}
 	if _, err := s.Txn(ctx, ops); err != nil {
