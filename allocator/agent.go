@@ -71,9 +71,14 @@ type HealthSource func(ctx context.Context, inv *topology.Inventory, report func
 // RecordedHealth returns a HealthSource that replays the GPU health changes appended to
 // file, one topology.GPUHealthChange as JSON per line, as they are written (it polls
 // the file every 200 ms): a drill or a test stands in for NVML's events with it. A line
-// that does not parse is skipped and logged by the caller's agent as nothing more.
-func RecordedHealth(file string) HealthSource {
-	return func(ctx context.Context, _ *topology.Inventory, report func(topology.GPUHealthChange)) error {
+// that is not such a change of one of the node's GPUs (not JSON, a GPU index the
+// inventory lacks, a state other than healthy, degraded or failed) is skipped and told
+// to bad (nil: nobody), naming the line.
+func RecordedHealth(file string, bad func(line string, err error)) HealthSource {
+	if bad == nil {
+		bad = func(string, error) {}
+	}
+	return func(ctx context.Context, inv *topology.Inventory, report func(topology.GPUHealthChange)) error {
 		var off int64
 		var partial []byte
 		for {
@@ -90,7 +95,15 @@ func RecordedHealth(file string) HealthSource {
 							break
 						}
 						var ch topology.GPUHealthChange
-						if json.Unmarshal(partial[:i], &ch) == nil {
+						line := string(partial[:i])
+						switch err := json.Unmarshal(partial[:i], &ch); {
+						case err != nil:
+							bad(line, err)
+						case ch.Index < 0 || ch.Index >= len(inv.GPUs):
+							bad(line, fmt.Errorf("GPU index %d: the node has GPUs 0..%d", ch.Index, len(inv.GPUs)-1))
+						case ch.Health.State != topology.Healthy && ch.Health.State != topology.Degraded && ch.Health.State != topology.Failed:
+							bad(line, fmt.Errorf("health state %q: want healthy, degraded or failed", ch.Health.State))
+						default:
 							report(ch)
 						}
 						partial = partial[i+1:]

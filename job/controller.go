@@ -183,6 +183,7 @@ func (c *Controller) job(ctx context.Context, cl *allocator.Cluster, j Job) erro
 				return false
 			}
 			j.State.Status, j.State.Ended = j.State.End, c.now().UTC()
+			j.State.closeAttempts(j.State.Ended, strings.ToLower(string(j.State.End))) // cancelled, timeout: the supervisor said nothing
 			c.countRestarts(ctx, j)
 			return true
 		})

@@ -95,6 +95,7 @@ func (st *step) run(ctx context.Context) int {
 	st.job = j
 	if j.State.Status != Running || !slices.Contains(j.State.Nodes, node) {
 		st.log.Info("nothing to run on this node", zap.String("job", id), zap.String("state", string(j.State.Status)))
+		st.markEnded(ctx) // not silent: the job ended (or moved) before this step began
 		return 0
 	}
 	since := time.Now()
@@ -136,6 +137,7 @@ func (st *step) run(ctx context.Context) int {
 	// cancelled, or moved, meanwhile.
 	if j, err = Read(ctx, s, id); err != nil || j.State.Status != Running || !slices.Contains(j.State.Nodes, node) {
 		st.log.Info("the job ended or moved while the step started")
+		st.markEnded(ctx)
 		return 0
 	}
 	st.job = j
@@ -390,15 +392,23 @@ func (st *step) markEnded(ctx context.Context) {
 
 // recordEnd records how the job ended, as seen by this step's supervisor: the job goes
 // COMPLETING with end status (the first step to say wins) and, when the gang failed,
-// its exit code and root cause. The controller finishes the job when every step has
+// its exit code and root cause; and the node is noted among the steps that ended and
+// said so (markEnded), whoever said first. The controller finishes the job when every step has
 // stopped.
 func (st *step) recordEnd(ctx context.Context, end Status, code int, why string) error {
+	placement := st.job.State.Placement
 	_, _, err := update(context.WithoutCancel(ctx), st.cfg.Store, st.cfg.Job, func(j *Job) bool {
-		if j.State.Status != Running {
-			return false
+		changed := false
+		if j.State.Status == Running {
+			j.State.Status, j.State.End, j.State.ExitCode, j.State.Reason = Completing, end, code, why
+			changed = true
 		}
-		j.State.Status, j.State.End, j.State.ExitCode, j.State.Reason = Completing, end, code, why
-		return true
+		// This step said how it ended: its node is not one that went silent.
+		if j.State.Placement == placement && !slices.Contains(j.State.StepsEnded, st.cfg.Node) {
+			j.State.StepsEnded = append(j.State.StepsEnded, st.cfg.Node)
+			changed = true
+		}
+		return changed
 	})
 	return err
 }

@@ -118,7 +118,9 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 	var health allocator.HealthSource
 	switch {
 	case *healthEvents != "":
-		health = allocator.RecordedHealth(*healthEvents)
+		health = allocator.RecordedHealth(*healthEvents, func(line string, err error) {
+			log.Warn("--health-events: line skipped", zap.String("line", line), zap.Error(err))
+		})
 	case *topoFile == "" && len(inv.GPUs) > 0:
 		health = allocator.NVMLHealth // a recorded inventory has no driver to watch
 	}

@@ -283,6 +283,25 @@ func TestJobTimeLimit(t *testing.T) {
 	if i, j := bytes.Index(out, []byte("got USR1")), bytes.Index(out, []byte("got TERM")); i < 0 || j < i {
 		t.Errorf("want USR1 before TERM in the output:\n%s", out)
 	}
+	if a := m["attempts"].([]any); len(a) == 0 || a[len(a)-1].(map[string]any)["cause"] != "timeout" || a[len(a)-1].(map[string]any)["ended"] == nil {
+		t.Errorf("attempts %v: want the last one ended by the time limit", m["attempts"])
+	}
+}
+
+// TestJobWhoseCommandIsMissingFails: a job whose command does not exist on its nodes
+// ends FAILED with exit code 127 and the reason, once; its nodes are not taken for lost
+// ones (each step said why it could not start), and nothing is placed again.
+func TestJobWhoseCommandIsMissingFails(t *testing.T) {
+	c := startJobCluster(t, "gpu-a", "gpu-b", "gpu-c")
+	t.Chdir(t.TempDir())
+	id := c.submit("--nodes", "2", "--gpus-per-node", "1", "--", "/nonexistent/cmd")
+	m := c.waitState(id, job.Failed, 60*time.Second)
+	if m["exit_code"] != float64(127) || !strings.Contains(m["reason"].(string), "command not found") {
+		t.Errorf("exit code %v, reason %q: want 127, command not found", m["exit_code"], m["reason"])
+	}
+	if lost, _ := m["lost_nodes"].([]any); len(lost) != 0 || m["node_failures"] != float64(0) {
+		t.Errorf("lost nodes %v, node failures %v: want none", m["lost_nodes"], m["node_failures"])
+	}
 }
 
 // TestJobSurvivesItsAgentsRestart: an agent restarted while its node runs a job's step
