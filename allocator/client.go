@@ -195,6 +195,11 @@ func (t *Ticket) watchGrant() {
 			present = present || e.Key == grantsPrefix+t.req.ID
 		}
 		if !present {
+			// Confirm with a consistent read before giving the grant up: a watch's answer
+			// during a Consul leader election can lack a key that is there.
+			if e, err := t.s.Get(ctx, grantsPrefix+t.req.ID); err != nil || e != nil {
+				continue
+			}
 			t.markLost()
 			return
 		}
