@@ -165,7 +165,7 @@ func (c *Controller) job(ctx context.Context, cl *allocator.Cluster, j Job) erro
 		}
 		var silent []string
 		for _, n := range st.Nodes {
-			if !slices.Contains(st.StepsEnded, n) {
+			if !slices.Contains(st.StepsEnded, n) && stepDied(cl, g, granted, n) {
 				silent = append(silent, n)
 			}
 		}
@@ -248,6 +248,23 @@ func (c *Controller) requeueSilent(ctx context.Context, cl *allocator.Cluster, i
 		c.log.Warn("job failed after it lost nodes: requeued (a node failure, not the job's)", zap.String("job", id), zap.Strings("lost", silent))
 	}
 	return err
+}
+
+// stepDied reports whether node n's step of a completing job, gone without saying it
+// ended, had started and died with its node (or its session): the node is down, or the
+// node's GPUs had been handed over from its agent (they are no longer held by the agent's
+// session). A step that never started is not silent: its node was still to begin when
+// the gang ended, and its step will find the job ended (step.run says so itself).
+func stepDied(cl *allocator.Cluster, g allocator.Grant, granted bool, n string) bool {
+	ns, ok := cl.Nodes[n]
+	if !ok || !ns.Up {
+		return true
+	}
+	if !granted {
+		return false
+	}
+	i := slices.IndexFunc(g.Nodes, func(gn allocator.GrantNode) bool { return gn.Name == n })
+	return i >= 0 && g.Nodes[i].Session != ns.AliveSession
 }
 
 // healthy reports whether node n is up and not drained in cl.

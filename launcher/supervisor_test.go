@@ -577,10 +577,13 @@ func TestNoRestartExitCode(t *testing.T) {
 // worker process (its handler runs) and not a child of it without a handler, which
 // would die of it (status 138: a DataLoader worker on a pre-emption warning).
 func TestUSR1ReachesTheWorkerNotItsChildren(t *testing.T) {
-	r := newTestRun(t, 1, `sleep 30 & c=$!
-trap 'echo got USR1' USR1
+	// The worker polls for its handler's mark (a signal that came before a "wait" would
+	// leave it waiting on the child); its child cannot end on its own within the test.
+	r := newTestRun(t, 1, `sleep 600 & c=$!
+got=
+trap 'echo got USR1; got=1' USR1
 echo ready
-wait $c
+for i in $(seq 400); do [ -n "$got" ] && break; sleep 0.05; done
 sleep 0.3
 if grep -q '^State:.*Z' /proc/$c/status 2>/dev/null || ! kill -0 $c 2>/dev/null; then echo child died; else echo child alive; kill $c; fi
 exit 0`)
