@@ -50,7 +50,7 @@ type Ticket struct {
 // that wraps ErrInfeasible for a request no registered node could ever satisfy, one
 // that names r.ID when it is not a valid key segment, else the store's.
 func Submit(ctx context.Context, s store.Store, r Request) (*Ticket, error) {
-	c, err := Snapshot(ctx, s)
+	c, err := RegisteredNodes(ctx, s)
 	if err != nil {
 		return nil, err
 	}

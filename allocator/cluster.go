@@ -354,6 +354,45 @@ func ReadStatus(ctx context.Context, s store.Store) (SchedulerStatus, error) {
 	return st, nil
 }
 
+// Snapshotter builds Clusters from entries read under gangrun/cluster/ (a watch's),
+// decoding only the records that changed since its last Parse (by ModifyIndex). Not safe
+// for concurrent use.
+type Snapshotter struct{ cache *decodeCache }
+
+// NewSnapshotter returns an empty Snapshotter.
+func NewSnapshotter() *Snapshotter { return &Snapshotter{cache: newDecodeCache()} }
+
+// Parse returns the Cluster of entries (every key under ClusterPrefix) read at index.
+// The records in it are shared with later Parses and must not be modified.
+func (s *Snapshotter) Parse(entries []store.Entry, index uint64) *Cluster {
+	return s.cache.parse(entries, index)
+}
+
+// RegisteredNodes reads the registered nodes' records only (no liveness, drains,
+// requests, grants or GPU keys): what CheckFeasible needs, at a cost that does not grow
+// with the queue. Every node in it is reported down.
+func RegisteredNodes(ctx context.Context, s store.Store) (*Cluster, error) {
+	entries, idx, err := s.List(ctx, nodesPrefix)
+	if err != nil {
+		return nil, err
+	}
+	return parseCluster(entries, idx), nil
+}
+
+// NodeAddr returns the address node's agent registered ("" when it has not registered
+// or gave none).
+func NodeAddr(ctx context.Context, s store.Store, node string) (string, error) {
+	e, err := s.Get(ctx, nodesPrefix+node)
+	if err != nil || e == nil {
+		return "", err
+	}
+	var r NodeRecord
+	if err := json.Unmarshal(e.Value, &r); err != nil {
+		return "", fmt.Errorf("node record %s: %w", node, err)
+	}
+	return r.Addr, nil
+}
+
 // NodeLabels returns the labels node's agent registered, or nil when it has not
 // registered (a cluster without agents is fine: gangrun run works without them).
 func NodeLabels(ctx context.Context, s store.Store, node string) (map[string]string, error) {

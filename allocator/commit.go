@@ -80,6 +80,12 @@ func (sc *Scheduler) apply(ctx context.Context, ops []store.Op) error {
 				return ErrNotLeader
 			}
 		}
+	} else if err != nil {
+		// No answer (a timeout, Consul's leader lost mid-call): the transaction may have
+		// been applied, at an index not known here. The next pass reads the cluster
+		// afresh rather than trust a watch's view that may predate it (a grant whose
+		// flip landed would look pending there, and the clean-up would remove it).
+		sc.unknown = true
 	}
 	return err
 }
@@ -236,7 +242,7 @@ func (sc *Scheduler) cleanup(ctx context.Context, c *Cluster) (expired []string,
 		}
 	}
 	if len(dels) > 0 {
-		sc.log.Info("cleaning up", zap.Int("keys", len(dels)))
+		sc.log.Info("cleaning up", zap.Int("keys", len(dels)), zap.Strings("grants_expired", expired))
 	}
 	if err := sc.txnChunks(ctx, dels); err != nil {
 		return expired, fmt.Errorf("clean up: %w", err)

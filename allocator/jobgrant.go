@@ -144,6 +144,15 @@ func ReleaseJob(ctx context.Context, s store.Store, id string) error {
 	if err != nil {
 		return err
 	}
+	return ReleaseJobIn(ctx, s, c, id)
+}
+
+// ReleaseJobIn is ReleaseJob with the GPU keys and sessions taken from c, a snapshot the
+// caller read (a watch's, possibly a little old). That is safe: each GPU key is deleted
+// only while its agent's session still holds it (else nothing is removed and the error
+// says so, to be tried again), the grant only at the index read now, and a key c did not
+// show is left without a grant, which the scheduler's clean-up removes.
+func ReleaseJobIn(ctx context.Context, s store.Store, c *Cluster, id string) error {
 	var ops []store.Op
 	if e, err := s.Get(ctx, grantsPrefix+id); err != nil {
 		return err

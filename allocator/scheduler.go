@@ -56,8 +56,8 @@ type Scheduler struct {
 
 	// written holds, per watched prefix, the highest store index this scheduler wrote
 	// under it; the next pass must read a view at least that new, or it could grant a
-	// request twice. unknown is set when a write's index is not known (deletes only):
-	// the next pass then reads a fresh consistent snapshot.
+	// request twice. unknown is set when a write's index is not known (deletes, and writes
+	// that got no answer): the next pass then reads a fresh consistent snapshot.
 	written  map[string]uint64
 	unknown  bool
 	delayed  map[string]time.Time // GPU key → end of its lock-delay

@@ -2,10 +2,13 @@ package job
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -53,17 +56,30 @@ func Control(log *zap.Logger) func(ctx context.Context, s store.Store, session s
 }
 
 // Run passes over the jobs on every change of the cluster's keys or the jobs', and
-// every controllerRetry, until ctx ends.
+// every controllerRetry, until ctx ends. Each pass works from what the two watches last
+// returned (decoding only the records that changed), so a change costs no further reads
+// of the cluster or of the jobs; every write re-reads what it changes (update) or is
+// guarded by the holder it expects, so a view a little old changes nothing wrongly.
 func (c *Controller) Run(ctx context.Context) error {
+	type slot struct {
+		entries []store.Entry
+		index   uint64
+		ok      bool
+	}
+	var mu sync.Mutex
+	var slots [2]slot // the cluster's keys, the jobs'
 	changed := make(chan struct{}, 1)
-	// The cluster's keys (nodes, requests, grants) and the jobs' (states, steps).
-	for _, prefix := range []string{allocator.ClusterPrefix, jobsPrefix} {
+	for i, prefix := range []string{allocator.ClusterPrefix, jobsPrefix} {
 		w := store.NewWatcher(c.s, prefix)
 		go func() {
 			for {
-				if _, err := w.Next(ctx); err != nil {
+				entries, err := w.Next(ctx)
+				if err != nil {
 					return
 				}
+				mu.Lock()
+				slots[i] = slot{entries, w.Index(), true}
+				mu.Unlock()
 				select {
 				case changed <- struct{}{}:
 				default:
@@ -71,16 +87,27 @@ func (c *Controller) Run(ctx context.Context) error {
 			}
 		}()
 	}
+	snap, jobs := allocator.NewSnapshotter(), newJobCache()
 	tick := time.NewTicker(controllerRetry)
 	defer tick.Stop()
 	for {
+		ticked := false
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-changed:
 		case <-tick.C:
+			ticked = true
 		}
-		if err := c.Pass(ctx); err != nil {
+		mu.Lock()
+		cur := slots
+		mu.Unlock()
+		if !cur[0].ok || !cur[1].ok {
+			continue
+		}
+		v := view{cluster: snap.Parse(cur[0].entries, cur[0].index), ticked: ticked}
+		v.jobs, v.steps = jobs.parse(cur[1].entries)
+		if err := c.pass(ctx, v); err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
@@ -92,19 +119,43 @@ func (c *Controller) Run(ctx context.Context) error {
 	}
 }
 
-// Pass makes one pass over every job not yet ended.
+// view is what a pass works from: the cluster, every job (oldest first) and each job's
+// running steps (job → node → its step's key).
+type view struct {
+	cluster *allocator.Cluster
+	jobs    []Job
+	steps   map[string]map[string]StepRecord
+	// confirmed is true for a view read afresh for one job (freshView), or by Pass.
+	confirmed bool
+	// ticked is true for a pass on controllerRetry's tick rather than on a change: it
+	// also brings the running jobs' restart counts up to date (a read of each's run).
+	ticked bool
+}
+
+// Pass reads the cluster and the jobs afresh and makes one pass over every job not yet
+// ended.
 func (c *Controller) Pass(ctx context.Context) error {
 	cl, err := allocator.Snapshot(ctx, c.s)
 	if err != nil {
 		return err
 	}
-	jobs, err := List(ctx, c.s)
+	entries, _, err := c.s.List(ctx, jobsPrefix)
 	if err != nil {
 		return err
 	}
+	v := view{cluster: cl, ticked: true, confirmed: true}
+	v.jobs, v.steps = newJobCache().parse(entries)
+	return c.pass(ctx, v)
+}
+
+// pass makes one pass over v's jobs.
+func (c *Controller) pass(ctx context.Context, v view) error {
 	var firstErr error
-	for _, j := range jobs {
-		if err := c.job(ctx, cl, j); err != nil {
+	for _, j := range v.jobs {
+		if j.State.Status.Final() && !v.holds(j.Spec.ID) {
+			continue // ended and let go of
+		}
+		if err := c.job(ctx, v, j); err != nil {
 			if errors.Is(err, store.ErrNotLockHolder) {
 				return err
 			}
@@ -116,25 +167,117 @@ func (c *Controller) Pass(ctx context.Context) error {
 	return firstErr
 }
 
+// freshView reads the cluster, job id and its steps afresh, in the order their writers
+// write them (a step takes its key before the node's GPUs, and notes its end in the
+// job's state before it gives them back).
+func (c *Controller) freshView(ctx context.Context, id string) (view, Job, error) {
+	cl, err := allocator.Snapshot(ctx, c.s)
+	if err != nil {
+		return view{}, Job{}, err
+	}
+	j, err := Read(ctx, c.s, id)
+	if err != nil {
+		return view{}, Job{}, err
+	}
+	steps, err := Steps(ctx, c.s, id)
+	if err != nil {
+		return view{}, Job{}, err
+	}
+	return view{cluster: cl, steps: map[string]map[string]StepRecord{id: steps}, confirmed: true}, *j, nil
+}
+
+// holds reports whether the cluster still has job id's grant or request.
+func (v view) holds(id string) bool {
+	_, granted := v.cluster.Grants[id]
+	_, requested := v.cluster.Requests[id]
+	return granted || requested
+}
+
+// jobCache decodes the jobs' keys (every key under gangrun/batch/jobs/), decoding a job
+// again only when one of its keys changed. Not safe for concurrent use.
+type jobCache struct{ m map[string]cachedJob }
+
+type cachedJob struct {
+	sig string // the job's keys and their ModifyIndexes
+	job Job
+	ok  bool
+}
+
+func newJobCache() *jobCache { return &jobCache{m: map[string]cachedJob{}} }
+
+// parse returns the jobs in entries, oldest first (jobs being written or removed left
+// out), and each job's running steps (keys held by a session).
+func (jc *jobCache) parse(entries []store.Entry) ([]Job, map[string]map[string]StepRecord) {
+	byID := map[string][]store.Entry{}
+	var order []string
+	for _, e := range entries {
+		id, _, ok := strings.Cut(e.Key[len(jobsPrefix):], "/")
+		if !ok {
+			continue
+		}
+		if _, seen := byID[id]; !seen {
+			order = append(order, id)
+		}
+		byID[id] = append(byID[id], e)
+	}
+	seen := make(map[string]cachedJob, len(byID))
+	steps := map[string]map[string]StepRecord{}
+	var out []Job
+	var sig strings.Builder
+	for _, id := range order {
+		es := byID[id]
+		sig.Reset()
+		for _, e := range es {
+			sig.WriteString(e.Key)
+			sig.WriteByte(' ')
+			sig.WriteString(strconv.FormatUint(e.ModifyIndex, 10))
+			sig.WriteByte(' ')
+			if node, ok := strings.CutPrefix(e.Key, stepsPrefix(id)); ok && e.Session != "" {
+				var r StepRecord
+				if json.Unmarshal(e.Value, &r) == nil {
+					if steps[id] == nil {
+						steps[id] = map[string]StepRecord{}
+					}
+					steps[id][node] = r
+				}
+			}
+		}
+		cj, ok := jc.m[id]
+		if !ok || cj.sig != sig.String() {
+			j, err := decode(id, es)
+			cj = cachedJob{sig: sig.String(), ok: err == nil}
+			if err == nil {
+				cj.job = *j
+			}
+		}
+		seen[id] = cj
+		if cj.ok {
+			out = append(out, cj.job)
+		}
+	}
+	jc.m = seen
+	sortJobs(out)
+	return out, steps
+}
+
 // job is one job's part of the pass.
-func (c *Controller) job(ctx context.Context, cl *allocator.Cluster, j Job) error {
-	id := j.Spec.ID
+func (c *Controller) job(ctx context.Context, v view, j Job) error {
+	id, cl := j.Spec.ID, v.cluster
 	g, granted := cl.Grants[id]
 	_, requested := cl.Requests[id]
 	switch st := j.State; {
 	case st.Status.Final():
-		if granted || requested {
-			return c.release(ctx, id)
+		if (granted || requested) && len(v.steps[id]) == 0 {
+			return allocator.ReleaseJobIn(ctx, c.s, cl, id)
 		}
 	case st.Status == Pending && st.Requeue:
 		// Requeued: once its steps have stopped, the old grant goes and a new request is
 		// made, away from the nodes it lost.
-		steps, err := Steps(ctx, c.s, id)
-		if err != nil || len(steps) > 0 {
-			return err
+		if len(v.steps[id]) > 0 {
+			return nil
 		}
 		if granted || requested {
-			if err := allocator.ReleaseJob(ctx, c.s, id); err != nil {
+			if err := allocator.ReleaseJobIn(ctx, c.s, cl, id); err != nil {
 				return err
 			}
 		}
@@ -157,41 +300,65 @@ func (c *Controller) job(ctx context.Context, cl *allocator.Cluster, j Job) erro
 		}, reqOps...)
 		return err
 	case st.Status == Pending && granted && g.State == allocator.GrantGranted:
-		return c.start(ctx, j, g)
+		// The grant as it is now: the view's may be older than the job's state (a grant
+		// of the placement before a requeue).
+		e, err := c.s.Get(ctx, allocator.GrantKey(id))
+		if err != nil || e == nil {
+			return err
+		}
+		var fg allocator.Grant
+		if err := json.Unmarshal(e.Value, &fg); err != nil || fg.State != allocator.GrantGranted {
+			return nil
+		}
+		return c.start(ctx, j, fg)
 	case st.Status == Completing:
-		steps, err := Steps(ctx, c.s, id)
-		if err != nil || len(steps) > 0 {
-			return err
-		}
-		var silent []string
-		for _, n := range st.Nodes {
-			if !slices.Contains(st.StepsEnded, n) && stepDied(cl, g, granted, n) {
-				silent = append(silent, n)
-			}
-		}
-		if st.End == Failed && len(silent) > 0 {
-			// The gang failed, and a node's step ended without a word: the node died or
-			// was cut off, and its peers' failure followed. That is the node's failure,
-			// not the job's: it is placed again, away from the node, its budget intact.
-			return c.requeueSilent(ctx, cl, id, silent)
-		}
-		if err := allocator.ReleaseJob(ctx, c.s, id); err != nil {
-			return err
-		}
-		_, _, err = c.update(ctx, id, func(j *Job) bool {
-			if j.State.Status != Completing {
-				return false
-			}
-			j.State.Status, j.State.Ended = j.State.End, c.now().UTC()
-			j.State.closeAttempts(j.State.Ended, strings.ToLower(string(j.State.End))) // cancelled, timeout: the supervisor said nothing
-			c.countRestarts(ctx, j)
-			return true
-		})
-		return err
+		return c.completing(ctx, v, j)
 	case st.Status == Running:
-		return c.watchNodes(ctx, cl, j, g)
+		return c.watchNodes(ctx, v, j, g)
 	}
 	return nil
+}
+
+// completing ends job j, COMPLETING in view v, once its steps have stopped: requeued
+// when a node's step died without a word, else with its outcome.
+func (c *Controller) completing(ctx context.Context, v view, j Job) error {
+	id, cl, st := j.Spec.ID, v.cluster, j.State
+	g, granted := cl.Grants[id]
+	if len(v.steps[id]) > 0 {
+		return nil
+	}
+	var silent []string
+	for _, n := range st.Nodes {
+		if !slices.Contains(st.StepsEnded, n) && stepDied(cl, g, granted, n) {
+			silent = append(silent, n)
+		}
+	}
+	if st.End == Failed && len(silent) > 0 {
+		// The gang failed, and a node's step ended without a word: the node died or
+		// was cut off, and its peers' failure followed. That is the node's failure,
+		// not the job's: it is placed again, away from the node, its budget intact.
+		if !v.confirmed {
+			fv, fj, err := c.freshView(ctx, id)
+			if err != nil || fj.State.Status != Completing {
+				return err
+			}
+			return c.completing(ctx, fv, fj)
+		}
+		return c.requeueSilent(ctx, cl, id, silent)
+	}
+	if err := allocator.ReleaseJobIn(ctx, c.s, cl, id); err != nil {
+		return err
+	}
+	_, _, err := c.update(ctx, id, func(j *Job) bool {
+		if j.State.Status != Completing {
+			return false
+		}
+		j.State.Status, j.State.Ended = j.State.End, c.now().UTC()
+		j.State.closeAttempts(j.State.Ended, strings.ToLower(string(j.State.End))) // cancelled, timeout: the supervisor said nothing
+		c.countRestarts(ctx, j)
+		return true
+	})
+	return err
 }
 
 // start makes a pending job whose request was granted run: its first nodes run it (in
@@ -307,11 +474,8 @@ func lostWhy(cl *allocator.Cluster, g allocator.Grant, j Job, n string, steps ma
 }
 
 // watchNodes handles a running job's lost nodes.
-func (c *Controller) watchNodes(ctx context.Context, cl *allocator.Cluster, j Job, g allocator.Grant) error {
-	steps, err := Steps(ctx, c.s, j.Spec.ID)
-	if err != nil {
-		return err
-	}
+func (c *Controller) watchNodes(ctx context.Context, v view, j Job, g allocator.Grant) error {
+	cl, steps := v.cluster, v.steps[j.Spec.ID]
 	lost := map[string]string{}
 	for _, n := range j.State.Nodes {
 		if why := lostWhy(cl, g, j, n, steps, c.now()); why != "" {
@@ -325,8 +489,24 @@ func (c *Controller) watchNodes(ctx context.Context, cl *allocator.Cluster, j Jo
 		}
 	}
 	if len(lost) == 0 && len(spareLost) == 0 {
-		c.syncRestarts(ctx, j)
+		if v.ticked {
+			c.syncRestarts(ctx, j)
+		}
 		return nil
+	}
+	if !v.confirmed {
+		// A loss is acted on only as fresh reads show it: the watches' views of the
+		// cluster and of the jobs may be of different moments (a step's key newer than
+		// its GPUs' hand-over, say).
+		fv, fj, err := c.freshView(ctx, j.Spec.ID)
+		if err != nil || fj.State.Status != Running {
+			return err
+		}
+		fg, ok := fv.cluster.Grants[j.Spec.ID]
+		if !ok {
+			return nil
+		}
+		return c.watchNodes(ctx, fv, fj, fg)
 	}
 	var recorded []string // the lost nodes this update records (it may run more than once)
 	_, changed, err := c.update(ctx, j.Spec.ID, func(jj *Job) bool {
@@ -412,16 +592,6 @@ func (c *Controller) countRestarts(ctx context.Context, j *Job) {
 	if info, ok, err := rendezvous.ReadRun(ctx, c.s, j.Spec.ID); err == nil && ok {
 		j.State.Restarts = max(info.Failures-j.State.NodeFailures, 0)
 	}
-}
-
-// release removes an ended job's grant and request (a cancelled pending job granted
-// meanwhile; a final job whose removal was cut short).
-func (c *Controller) release(ctx context.Context, id string) error {
-	steps, err := Steps(ctx, c.s, id)
-	if err != nil || len(steps) > 0 {
-		return err
-	}
-	return allocator.ReleaseJob(ctx, c.s, id)
 }
 
 // update is the package's update, fenced by the controller's leadership.

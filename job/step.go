@@ -245,12 +245,7 @@ func (st *step) prepare(ctx context.Context, gn allocator.GrantNode, out io.Writ
 	if ckpt != "" && !filepath.IsAbs(ckpt) {
 		ckpt = filepath.Join(spec.WorkDir, ckpt)
 	}
-	addr := ""
-	if c, err := allocator.Snapshot(ctx, st.cfg.Store); err == nil {
-		if n, ok := c.Nodes[st.cfg.Node]; ok {
-			addr = n.Record.Addr
-		}
-	}
+	addr, _ := allocator.NodeAddr(ctx, st.cfg.Store, st.cfg.Node) // "": the run finds its own
 	environ := append(os.Environ(), "GANGRUN_NODELIST="+hostlist.Compress(state.Nodes))
 	st.stop = make(chan os.Signal, 4)
 	return launcher.Prepare(ctx, launcher.Spec{

@@ -49,7 +49,7 @@ func Submit(ctx context.Context, s store.Store, spec Spec) (string, error) {
 	if err := spec.Validate(); err != nil {
 		return "", &invalid{err}
 	}
-	c, err := allocator.Snapshot(ctx, s)
+	c, err := allocator.RegisteredNodes(ctx, s)
 	if err != nil {
 		return "", err
 	}
@@ -182,15 +182,20 @@ func List(ctx context.Context, s store.Store) ([]Job, error) {
 		}
 		out = append(out, *j)
 	}
-	sort.Slice(out, func(a, b int) bool {
-		na, _ := strconv.ParseUint(out[a].Spec.ID, 10, 64)
-		nb, _ := strconv.ParseUint(out[b].Spec.ID, 10, 64)
+	sortJobs(out)
+	return out, nil
+}
+
+// sortJobs sorts jobs oldest first (by their numeric ids).
+func sortJobs(jobs []Job) {
+	sort.Slice(jobs, func(a, b int) bool {
+		na, _ := strconv.ParseUint(jobs[a].Spec.ID, 10, 64)
+		nb, _ := strconv.ParseUint(jobs[b].Spec.ID, 10, 64)
 		if na != nb {
 			return na < nb
 		}
-		return out[a].Spec.ID < out[b].Spec.ID
+		return jobs[a].Spec.ID < jobs[b].Spec.ID
 	})
-	return out, nil
 }
 
 // Steps returns the nodes whose step of job id runs now (their step key is held).

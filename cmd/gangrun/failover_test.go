@@ -244,8 +244,12 @@ func (c *churn) run(worker int) {
 		c.obs.untrack(g.ID)
 		select {
 		case <-tk.Lost():
+			why := "its grant's key is gone"
+			if err := tk.Lease().Err(); err != nil {
+				why = err.Error()
+			}
 			c.mu.Lock()
-			c.lost = append(c.lost, g.ID)
+			c.lost = append(c.lost, g.ID+" ("+why+")")
 			c.mu.Unlock()
 		default:
 		}
