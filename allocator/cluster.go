@@ -184,11 +184,7 @@ func parseClusterWith(entries []store.Entry, index uint64, decode func(e store.E
 		case strings.HasPrefix(e.Key, requestsPrefix):
 			var r Request
 			if decode(e, &r) {
-				alive := e.Session != "" && e.Session == r.Session
-				if r.Durable() {
-					alive = e.Session == ""
-				}
-				c.Requests[r.ID] = PendingRequest{Request: r, Arrival: e.CreateIndex, Alive: alive, Index: e.ModifyIndex}
+				c.Requests[r.ID] = PendingRequest{Request: r, Arrival: e.CreateIndex, Alive: requestHeld(e, r), Index: e.ModifyIndex}
 			}
 		case strings.HasPrefix(e.Key, grantsPrefix):
 			var g Grant
@@ -219,6 +215,15 @@ func parseClusterWith(entries []store.Entry, index uint64, decode func(e store.E
 		}
 	}
 	return c
+}
+
+// requestHeld reports whether request r, read from entry e, still stands: held by its
+// requester's session, or, a job's durable request, held by none.
+func requestHeld(e store.Entry, r Request) bool {
+	if r.Durable() {
+		return e.Session == ""
+	}
+	return e.Session != "" && e.Session == r.Session
 }
 
 // Snapshot reads the cluster's state with one consistent read.

@@ -168,6 +168,26 @@ func (sc *Scheduler) commit(ctx context.Context, r PendingRequest, nodes []Grant
 	return err
 }
 
+// requestStands reports whether request id is there and held (as parseCluster judges
+// it) by a fresh consistent read; false when it is not, or cannot be read (the
+// transaction that removes it then fails too).
+func (sc *Scheduler) requestStands(ctx context.Context, id string) bool {
+	e, err := sc.s.Get(ctx, requestsPrefix+id)
+	if err != nil || e == nil {
+		return false
+	}
+	var r Request
+	if json.Unmarshal(e.Value, &r) != nil {
+		return false
+	}
+	alive := requestHeld(*e, r)
+	if alive {
+		sc.log.Info("a granted request looked gone in the watched view but stands", zap.String("grant", id))
+		sc.unknown = true
+	}
+	return alive
+}
+
 // rollback deletes the GPU keys a failed commit locked and, when it was written, its
 // pending grant; with grantIndex (non-zero) the grant only if it is still as read at
 // that index, and then nothing at all if it is not (the grant, first, and the keys go
@@ -214,6 +234,11 @@ func (sc *Scheduler) cleanup(ctx context.Context, c *Cluster) (expired []string,
 	var dels []store.Op
 	for id, g := range c.Grants {
 		r, ok := c.Requests[id]
+		if g.State == GrantGranted && (!ok || !r.Alive) && sc.requestStands(ctx, id) {
+			// The watches' views of requests and grants can be of different moments: a
+			// holder's grant is taken away only when a fresh read agrees.
+			continue
+		}
 		if g.State == GrantPending || !ok || !r.Alive {
 			if g.State == GrantGranted {
 				expired = append(expired, id)
