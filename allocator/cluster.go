@@ -235,7 +235,7 @@ func Snapshot(ctx context.Context, s store.Store) (*Cluster, error) {
 	return parseCluster(entries, idx), nil
 }
 
-// NodeStatus is one row of `gangrun nodes` (JSON fields are stable; README.md, "Cluster mode").
+// NodeStatus is one row of `gangrun nodes` (JSON fields are stable; docs/cluster.md, "Commands").
 type NodeStatus struct {
 	Name      string `json:"name"`
 	State     string `json:"state"`

@@ -17,7 +17,7 @@ import (
 type Checker func(r Request, n *NodeState) (reason string)
 
 // Why a node is out, one reason per checker. The wording is what `gangrun queue` shows
-// ("Resources: ...; 2 down; 1 drained"), quoted by the README and the tests.
+// ("Resources: ...; 2 down; 1 drained"), quoted by docs/placement.md and the tests.
 const (
 	reasonDown      = "down"
 	reasonDrained   = "drained"

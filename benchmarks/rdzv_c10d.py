@@ -8,6 +8,13 @@ last joins; the figure is the time from the last join to every process holding i
 rendezvous (next_rendezvous() returned). Each process imports torch before the clock
 starts. Median of ROUNDS runs (default 5).
 
+That figure is dominated by torch's own pacing, not by the store: a node waiting in the
+rendezvous polls the store once a second (dynamic_rendezvous.py, `_delay(seconds=1)` on
+every SYNC action in torch 1.13), and a node's first round starts with a random 0-0.3 s
+delay (`_delay(seconds=(0, 0.3))`). So the script also prints the last joiner's own time
+(from its join to its own next_rendezvous() returning), which no poll delays: the
+fairest like-for-like figure torch's c10d rendezvous can give.
+
 Usage: /usr/bin/python3 benchmarks/rdzv_c10d.py N [ROUNDS]
 """
 
@@ -53,17 +60,21 @@ def one_round(n):
     got = [out.get(timeout=600) for _ in range(n)]
     for p in procs:
         p.join()
-    last_join = [t0 for i, t0, _ in got if i == n - 1][0]
-    return max(t1 for _, _, t1 in got) - last_join
+    last_join, last_done = [(t0, t1) for i, t0, t1 in got if i == n - 1][0]
+    return max(t1 for _, _, t1 in got) - last_join, last_done - last_join
 
 
 def main():
     n = int(sys.argv[1])
     rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 5
-    times = [one_round(n) for _ in range(rounds)]
+    results = [one_round(n) for _ in range(rounds)]
+    times = [every for every, _ in results]
+    own = [last for _, last in results]
     import torch
     print("torch %s c10d rendezvous, %d nodes: median %.1f ms (min %.1f, max %.1f, n=%d)"
           % (torch.__version__, n, 1000 * statistics.median(times), 1000 * min(times), 1000 * max(times), rounds))
+    print("  the last joiner's own rendezvous: median %.1f ms (min %.1f, max %.1f)"
+          % (1000 * statistics.median(own), 1000 * min(own), 1000 * max(own)))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Kill → first line of the next attempt, warm vs cold restarts (README.md, "Warm restarts").
+"""Kill → first line of the next attempt, warm vs cold restarts (docs/run.md, "Warm restarts").
 
 usage: benchmarks/warm_restart.py GANGRUN PYTHON [N]
 

@@ -10,7 +10,7 @@ import (
 
 // Entry is one line of `gangrun queue` (squeue): a job, or an allocation of `gangrun
 // alloc` (Kind "alloc"), which squeue would show as a job too. Its JSON fields are the
-// ones tools rely on (README.md, "Cluster jobs"); more may be added, none renamed.
+// ones tools rely on (docs/jobs.md, "`queue --json` and `show --json`"); more may be added, none renamed.
 type Entry struct {
 	ID        string   `json:"id"`
 	Kind      string   `json:"kind"` // "job" or "alloc"

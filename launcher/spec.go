@@ -28,7 +28,8 @@ import (
 type Spec struct {
 	// Command is the training command; a wrapped torchrun is recognised and parsed here.
 	Command []string
-	// NProcPerNode is --nproc-per-node: "N", "auto" (the allocatable GPUs seen, else 1),
+	// NProcPerNode is --nproc-per-node: "N", "auto" (the allocatable GPUs seen, narrowed
+	// by the user's CUDA_VISIBLE_DEVICES: visibleDevices; else 1),
 	// "gpu" or "cpu"; "" is "auto". NProcGiven says the user gave it (a wrapped
 	// torchrun's own --nproc_per_node counts otherwise).
 	NProcPerNode string
@@ -59,7 +60,7 @@ type Spec struct {
 	// Env holds the --env KEY=VALUE entries.
 	Env []string
 	// Environ is the environment inherited (os.Environ() when nil); Getenv reads it for
-	// the coordinator (os.Getenv when nil).
+	// the coordinator and the user's CUDA_VISIBLE_DEVICES (os.Getenv when nil).
 	Environ []string
 	Getenv  func(string) string
 	// MaxRestarts is --max-restarts, 0..MaxRestartsLimit; Backoff is --restart-backoff
@@ -168,14 +169,8 @@ func Prepare(ctx context.Context, spec Spec) (*Prepared, error) {
 	if !isTorchrun {
 		torch = nil
 	}
-	getenv := spec.Getenv
-	if getenv == nil {
-		getenv = os.Getenv
-	}
-	log := spec.Log
-	if log == nil {
-		log = zap.NewNop()
-	}
+	getenv := getenvOf(spec)
+	log := spec.logger()
 
 	inv := spec.Inventory
 	if inv == nil {
@@ -214,6 +209,19 @@ func Prepare(ctx context.Context, spec Spec) (*Prepared, error) {
 // they see, and the supervisor's Config.
 func resolve(ctx context.Context, spec Spec, o *rendezvous.Opened, inv *topology.Inventory, devices []topology.Device,
 	torch *Torchrun, backoff Backoff) (*Prepared, error) {
+	// The user's own CUDA_VISIBLE_DEVICES narrows what `gangrun run` counts and hands
+	// out, as it narrows what torchrun's workers see; not a grant's or a job step's
+	// devices (checked against the grant in Prepare), nor Slurm's, which sets the
+	// variable itself, nor on a node without GPUs, where it has nothing to narrow.
+	userVisible := false
+	if value := getenvOf(spec)("CUDA_VISIBLE_DEVICES"); spec.Devices == nil && !o.SetsDevices && len(inv.GPUs) > 0 && strings.TrimSpace(value) != "" {
+		var notes []string
+		devices, userVisible, notes = visibleDevices(inv, devices, value)
+		for _, n := range notes {
+			spec.logger().Warn("CUDA_VISIBLE_DEVICES: "+n, zap.String("CUDA_VISIBLE_DEVICES", value))
+		}
+		spec.logger().Info("counting the devices CUDA_VISIBLE_DEVICES shows", zap.String("CUDA_VISIBLE_DEVICES", value), zap.Int("devices", len(devices)))
+	}
 	gpusSeen := len(devices)
 	if o.GPUsOnNode >= 0 && !spec.NProcGiven {
 		gpusSeen = o.GPUsOnNode // what the coordinator gave this node (Slurm sets CUDA_VISIBLE_DEVICES)
@@ -241,8 +249,10 @@ func resolve(ctx context.Context, spec Spec, o *rendezvous.Opened, inv *topology
 		nccl = append(nccl, v.String())
 	}
 	visible := chosenDevices(inv, devices, spec.Devices != nil)
-	if o.SetsDevices {
-		visible = nil // the coordinator sets CUDA_VISIBLE_DEVICES for the step itself
+	if o.SetsDevices || userVisible {
+		// The coordinator sets CUDA_VISIBLE_DEVICES for the step itself, or the user's
+		// own names exactly the devices counted.
+		visible = nil
 	}
 	if visible != nil {
 		for _, kv := range spec.Env {
@@ -281,6 +291,22 @@ func resolve(ctx context.Context, spec Spec, o *rendezvous.Opened, inv *topology
 		}
 	}
 	return &Prepared{Config: cfg, Opened: o, Inventory: inv}, nil
+}
+
+// getenvOf is spec's Getenv, os.Getenv when it has none.
+func getenvOf(spec Spec) func(string) string {
+	if spec.Getenv != nil {
+		return spec.Getenv
+	}
+	return os.Getenv
+}
+
+// logger is spec's Log, a no-op logger when it has none.
+func (spec Spec) logger() *zap.Logger {
+	if spec.Log != nil {
+		return spec.Log
+	}
+	return zap.NewNop()
 }
 
 // checkMaxRestarts is the one check of a restart budget: 0..MaxRestartsLimit.

@@ -83,3 +83,64 @@ func TestPrepareResolvesASpec(t *testing.T) {
 		})
 	}
 }
+
+// TestPrepareCountsTheGPUsCUDAVisibleDevicesShows: on a recorded 8-GPU node, the user's
+// own CUDA_VISIBLE_DEVICES narrows what `--nproc-per-node auto` counts, as torchrun's
+// auto (torch.cuda.device_count()) does: by index or UUID, up to the first entry that
+// names no device (CUDA ignores it and the rest; "-1" hides every GPU). The user's
+// variable reaches the workers unchanged, unless it names a GPU gangrun does not hand
+// out (failed): then gangrun names the rest. A grant's devices, Slurm's (which sets the
+// variable itself) and a node without GPUs are not narrowed this way.
+func TestPrepareCountsTheGPUsCUDAVisibleDevicesShows(t *testing.T) {
+	h100 := loadInventory(t, "dgx-h100")
+	failed := loadInventory(t, "dgx-h100")
+	failed.GPUs[1].Health.State = topology.Failed
+	cpu := loadInventory(t, "cpu-only")
+	slurm := map[string]string{"SLURM_JOB_ID": "42", "SLURM_STEP_ID": "0", "SLURM_JOB_NODELIST": "a",
+		"SLURM_NODEID": "0", "SLURM_NNODES": "1", "SLURMD_NODENAME": "a", "SLURM_TASKS_PER_NODE": "1", "SLURM_GPUS_ON_NODE": "4"}
+	for _, tc := range []struct {
+		name    string
+		inv     *topology.Inventory
+		env     map[string]string
+		devices []string
+		nproc   int
+		visible []string
+	}{
+		{name: "unset: every GPU", inv: h100, nproc: 8},
+		{name: "two indices", inv: h100, env: map[string]string{"CUDA_VISIBLE_DEVICES": "0,1"}, nproc: 2},
+		{name: "a UUID, with and without GPU-", inv: h100, env: map[string]string{"CUDA_VISIBLE_DEVICES": h100.GPUs[5].UUID + "," + strings.TrimPrefix(h100.GPUs[6].UUID, "GPU-")}, nproc: 2},
+		{name: "an unknown entry ends the list", inv: h100, env: map[string]string{"CUDA_VISIBLE_DEVICES": "3,9,4"}, nproc: 1},
+		{name: "-1 hides every GPU", inv: h100, env: map[string]string{"CUDA_VISIBLE_DEVICES": "-1"}, nproc: 1},
+		{name: "a failed GPU is left out", inv: failed, env: map[string]string{"CUDA_VISIBLE_DEVICES": "0,1,2"}, nproc: 2, visible: []string{"0", "2"}},
+		{name: "a grant is not narrowed here", inv: h100, env: map[string]string{"CUDA_VISIBLE_DEVICES": "0"}, devices: []string{"4", "5"}, nproc: 2, visible: []string{"4", "5"}},
+		{name: "no GPUs: nothing to narrow", inv: cpu, env: map[string]string{"CUDA_VISIBLE_DEVICES": "0,1"}, nproc: 1},
+		{name: "Slurm counts its own", inv: h100, env: mergeEnv(slurm, map[string]string{"CUDA_VISIBLE_DEVICES": "0,1"}), nproc: 4},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			spec := Spec{Command: []string{"/bin/true"}, Inventory: tc.inv, NodeName: "a", Devices: tc.devices,
+				Getenv: func(k string) string { return tc.env[k] }}
+			p, err := Prepare(context.Background(), spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Close()
+			if p.Config.NProcPerNode != tc.nproc {
+				t.Errorf("nproc %d, want %d", p.Config.NProcPerNode, tc.nproc)
+			}
+			if got := strings.Join(p.Config.Env.CUDAVisibleDevices, ","); got != strings.Join(tc.visible, ",") || (tc.visible == nil) != (p.Config.Env.CUDAVisibleDevices == nil) {
+				t.Errorf("gangrun's CUDA_VISIBLE_DEVICES %q (nil %v), want %q", got, p.Config.Env.CUDAVisibleDevices == nil, tc.visible)
+			}
+		})
+	}
+}
+
+func mergeEnv(a, b map[string]string) map[string]string {
+	m := map[string]string{}
+	for k, v := range a {
+		m[k] = v
+	}
+	for k, v := range b {
+		m[k] = v
+	}
+	return m
+}

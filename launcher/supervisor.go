@@ -34,7 +34,7 @@ import (
 	"github.com/gangrun/gangrun/rendezvous"
 )
 
-// Defaults of `gangrun run` (README.md, the flag table of `gangrun run`).
+// Defaults of `gangrun run` (docs/run.md, "Flags").
 const (
 	// DefaultMaxRestarts is --max-restarts: how many failed attempts are retried.
 	DefaultMaxRestarts = 3
@@ -188,7 +188,7 @@ type Config struct {
 	Signals <-chan os.Signal
 	// WarmRestarts (--warm-restarts) has every attempt after the first start its ranks
 	// from standby interpreters prepared while the previous attempt ran, when Command is
-	// a Python interpreter running a script or -m module (README.md, "Warm restarts").
+	// a Python interpreter running a script or -m module (docs/run.md, "Warm restarts").
 	WarmRestarts bool
 	// WarmImports are the modules a standby imports before it waits (--warm-imports);
 	// nil is DefaultWarmImports, whose import errors are ignored.

@@ -20,7 +20,7 @@ import (
 	"github.com/gangrun/gangrun/internal/proc"
 )
 
-// Warm restarts (README.md, "Warm restarts"): while an attempt runs, a standby
+// Warm restarts (docs/run.md, "Warm restarts"): while an attempt runs, a standby
 // interpreter per local rank imports the heavy modules and waits; the next attempt's
 // worker is that standby, handed its environment, argv and working directory, instead
 // of a fresh interpreter.

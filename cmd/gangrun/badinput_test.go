@@ -13,7 +13,7 @@ import (
 // TestBadInputs: each bad input is refused before anything starts with one line that
 // names the bad value (quoted, so nothing raw reaches the terminal) and the exit code
 // of its kind: 2 for usage, 126 for a command that cannot be executed. The lines are
-// the README's table of bad inputs.
+// the bad inputs docs/run.md lists ("Flags") and docs/testing.md counts.
 func TestBadInputs(t *testing.T) {
 	dir := t.TempDir()
 	marker := filepath.Join(dir, "started")

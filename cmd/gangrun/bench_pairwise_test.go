@@ -123,7 +123,7 @@ func TestBenchPairwiseAcrossNodes(t *testing.T) {
 				t.Errorf("matrix[%d][%d] = %v, want null", i, i, *out.Matrix[i][i])
 			}
 		}
-		// The outcomes are where the README says.
+		// The outcomes are where docs/bench.md says.
 		s, err := store.NewConsul(consul)
 		if err != nil {
 			t.Fatal(err)

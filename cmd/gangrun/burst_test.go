@@ -49,9 +49,10 @@ const (
 // back) and every read is checked: no GPU is held by two grants and every grant is
 // whole (a double booking that lasts longer than the longest gap between two reads,
 // logged, cannot go unseen). At the end every alloc has exited (the others with their
-// command's code 0), no read begun more than 25 s after a killed holder's death saw its
-// keys (2×TTL plus the lock-delay, README "25 s at most"), and nothing is left: no GPU
-// key, grant, request or alloc session, and no process of a killed holder's command.
+// command's code 0), no read begun more than allocator.ReleaseBound (2×TTL plus the
+// lock-delay, 45 s; docs/cluster.md, "How a gang is granted") after a killed holder's
+// death saw its keys, and nothing is left: no GPU key, grant, request or alloc session,
+// and no process of a killed holder's command.
 func TestBurstOfGrantsWithKilledHolders(t *testing.T) {
 	consul := consultest.Start(t).Addr
 	for i := range burstNodes {
@@ -474,8 +475,8 @@ func lastLines(s string, n int) string {
 	return strings.Join(lines[max(0, len(lines)-n):], " | ")
 }
 
-// isHeldKey says whether key holds GPUs or waits for them (README, "How a gang is
-// granted"): none may be left once their holders are dead.
+// isHeldKey says whether key holds GPUs or waits for them (docs/cluster.md, "How a gang
+// is granted"): none may be left once their holders are dead.
 func isHeldKey(key string) bool {
 	for _, kind := range [...]string{"gpus/", "grants/", "requests/"} {
 		if strings.HasPrefix(key, allocator.ClusterPrefix+kind) {

@@ -35,8 +35,8 @@ const (
 	failoverOutage = 5 * time.Second
 	// failoverDeadline bounds every wait on a condition in the test.
 	failoverDeadline = 2 * time.Minute
-	// schedulerLeaderKey is the key the elected scheduler holds (README: "How a gang is
-	// granted").
+	// schedulerLeaderKey is the key the elected scheduler holds (docs/cluster.md: "How a gang
+	// is granted").
 	schedulerLeaderKey = "gangrun/scheduler/leader"
 )
 

@@ -3,7 +3,7 @@
 // restarts the whole gang from its latest complete checkpoint when anything fails.
 //
 // This package is CLI glue only: it parses flags, calls a package and prints. The
-// stable command line is documented in README.md.
+// stable command line is documented in README.md and docs/ (docs/run.md for `run`).
 package main
 
 import (
@@ -27,7 +27,7 @@ import (
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "dev"
 
-// Exit codes shared by every subcommand (README.md, "Failures, restarts, exit codes").
+// Exit codes shared by every subcommand (docs/run.md, "Failures, restarts, exit codes").
 const (
 	exitOK       = 0
 	exitFailure  = 1   // a failure the command reports
@@ -94,7 +94,7 @@ func commands() []command {
 func main() {
 	args := os.Args[1:]
 	sigs := make(chan os.Signal, 16)
-	// The signals gangrun forwards to its workers (README.md, "Processes and signals"), caught only
+	// The signals gangrun forwards to its workers (docs/run.md, "Processes and signals"), caught only
 	// for the commands that act on them (and the guardian, which must outlive them).
 	// SIGPIPE is ignored by all: a closed stdout must not kill the supervisor
 	// mid-teardown, and a write to it then fails with an error the command reports.

@@ -37,7 +37,7 @@ type gangFlags struct {
 
 func (g *gangFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&g.nnodes, "nnodes", "1", "number of nodes, N or MIN:MAX")
-	fs.StringVar(&g.nproc, "nproc-per-node", "auto", "workers per node: N, auto (GPUs seen, else 1), gpu or cpu")
+	fs.StringVar(&g.nproc, "nproc-per-node", "auto", "workers per node: N, auto (the GPUs seen, narrowed by CUDA_VISIBLE_DEVICES; else 1), gpu or cpu")
 	fs.StringVar(&g.coordinator, "coordinator", "", "embedded (default), consul://HOST:PORT, or slurm (default under srun)")
 	fs.StringVar(&g.jobID, "job-id", "", "job id (default: generated; required with consul)")
 	fs.StringVar(&g.nodeName, "node-name", "", "this node's name (default: hostname)")
