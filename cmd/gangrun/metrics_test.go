@@ -246,3 +246,29 @@ func TestAgentMetricsAddrErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestQueueAndShowTellGPUWaste: a running job its nodes marked idle shows its idle GPUs
+// and for how long in queue's IDLE column, and one GPUWaste line per node in show.
+func TestQueueAndShowTellGPUWaste(t *testing.T) {
+	since := time.Now().Add(-12 * time.Minute).UTC()
+	j := &job.Job{Spec: job.Spec{ID: "42", Name: "forgotten", User: "alice", MinNodes: 1, MaxNodes: 1, GPUsPerNode: 2, Command: []string{"sleep"}},
+		State: job.State{Status: job.Running, Nodes: []string{"gpu-a"}, Started: since},
+		Idle:  []job.IdleMark{{Node: "gpu-a", GPUs: []int{0, 1}, Since: since, MaxUtil: 1, Threshold: 5}}}
+	var out strings.Builder
+	e := &env{stdout: &out, stderr: &out}
+	printJobs(e, []job.Entry{job.EntryOf(*j, "", time.Now())})
+	if !strings.Contains(out.String(), "IDLE") || !strings.Contains(out.String(), "2 gpus 12:0") {
+		t.Errorf("queue:\n%s", out.String())
+	}
+	out.Reset()
+	showJob(e, j, false)
+	if !strings.Contains(out.String(), "GPUWaste=node gpu-a GPUs 0,1 under 5% utilisation since") {
+		t.Errorf("show:\n%s", out.String())
+	}
+	j.State.Status = job.Completed // marks count while the job runs only
+	out.Reset()
+	printJobs(e, []job.Entry{job.EntryOf(*j, "", time.Now())})
+	if strings.Contains(out.String(), "gpus 12") {
+		t.Errorf("an ended job shown idle:\n%s", out.String())
+	}
+}
