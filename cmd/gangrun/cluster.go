@@ -23,6 +23,7 @@ import (
 	"github.com/gangrun/gangrun/job"
 	"github.com/gangrun/gangrun/launcher"
 	"github.com/gangrun/gangrun/metrics"
+	"github.com/gangrun/gangrun/statuspage"
 	"github.com/gangrun/gangrun/topology"
 )
 
@@ -82,6 +83,7 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 	healthEvents := fs.String("health-events", "", "replay GPU health changes appended to FILE (JSON lines) instead of watching NVML: drills and tests")
 	logFormat := fs.String("log-format", "text", "log lines: text or json")
 	metricsAddr := fs.String("metrics-addr", "", fmt.Sprintf("serve Prometheus metrics on HOST:PORT/metrics (off unless given; suggested port %d)", metrics.DefaultPort))
+	httpAddr := fs.String("http-addr", "", "serve the cluster's status page on HOST:PORT/ (and /metrics; off unless given)")
 	wasteThreshold := fs.Float64("waste-threshold", metrics.DefaultWasteThreshold, "GPU waste: a running job whose GPUs on this node all stay under this utilisation (in %)...")
 	var wasteAfter time.Duration
 	durationVar(fs, &wasteAfter, "waste-after", metrics.DefaultWasteAfter, durationFlag{min: time.Second, max: maxWait},
@@ -94,6 +96,12 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 	}
 	if err := checkListenAddr("--metrics-addr", *metricsAddr); err != nil {
 		return usageErr(e, "agent", "%v", err)
+	}
+	if err := checkListenAddr("--http-addr", *httpAddr); err != nil {
+		return usageErr(e, "agent", "%v", err)
+	}
+	if *httpAddr != "" && *httpAddr == *metricsAddr {
+		*metricsAddr = "" // the status page's server serves /metrics too
 	}
 	if *wasteThreshold <= 0 || *wasteThreshold > 100 || *wasteThreshold != *wasteThreshold {
 		return usageErr(e, "agent", "--waste-threshold %v: want a utilisation in %% above 0 and at most 100", *wasteThreshold)
@@ -161,12 +169,18 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 	if err != nil {
 		return usageErr(e, "agent", "%v", err)
 	}
-	var metricsLn net.Listener
+	var metricsLn, httpLn net.Listener
 	if *metricsAddr != "" {
 		if metricsLn, err = net.Listen("tcp", *metricsAddr); err != nil {
 			return failErr(e, "agent", fmt.Errorf("--metrics-addr: %w", err))
 		}
 		defer metricsLn.Close()
+	}
+	if *httpAddr != "" {
+		if httpLn, err = net.Listen("tcp", *httpAddr); err != nil {
+			return failErr(e, "agent", fmt.Errorf("--http-addr: %w", err))
+		}
+		defer httpLn.Close()
 	}
 	for _, n := range inv.Notes {
 		log.Info("topology", zap.String("note", n))
@@ -192,11 +206,19 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 		_ = job.RunLauncher(actx, job.LauncherConfig{Store: s, Node: name, Log: log.Named("jobs"),
 			Spawn: spawnStep(e, *consul, *topoFile, name, stepLogs)})
 	}()
+	exposition := metrics.Handler(gpus, metrics.NewNodeCollector(view, name), sched)
 	if metricsLn != nil {
 		mux := http.NewServeMux()
-		mux.Handle("/metrics", metrics.Handler(gpus, metrics.NewNodeCollector(view, name), sched))
+		mux.Handle("/metrics", exposition)
 		go serveHTTP(actx, metricsLn, mux)
 		log.Info("serving metrics", zap.String("url", "http://"+metricsLn.Addr().String()+"/metrics"))
+	}
+	if httpLn != nil {
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", exposition)
+		mux.Handle("/", statuspage.Handler(statuspage.Config{Store: s, Node: name, Utilization: gpus.Utilization}))
+		go serveHTTP(actx, httpLn, mux)
+		log.Info("serving the status page", zap.String("url", "http://"+httpLn.Addr().String()+"/"))
 	}
 	go func() {
 		_ = metrics.WatchWaste(actx, metrics.WasteConfig{Store: s, Node: name, Session: a.Session, GPUs: gpus, View: view,
