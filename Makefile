@@ -18,9 +18,10 @@ LDFLAGS   := -X main.version=$(VERSION)
 
 # What each target installs (scripts/install-deps.sh components). The demo runs on one
 # machine with the embedded coordinator: torch only, no Consul build. The tests start
-# Consul dev agents and real PyTorch, and use ip; the benchmarks Consul and PyTorch.
+# Consul dev agents and real PyTorch, and use ip, a real Prometheus server (and
+# promtool) and headless Chromium; the benchmarks Consul and PyTorch.
 DEMO_DEPS  := torch
-TEST_DEPS  := torch consul iproute2
+TEST_DEPS  := torch consul iproute2 prometheus chromium
 BENCH_DEPS := torch consul
 
 .PHONY: all build deps demo test test-short bench fuzz lint clean

@@ -167,6 +167,14 @@ func (a *Agent) Session() string {
 	return a.session
 }
 
+// Inventory returns the node's inventory as the agent knows it now (GPU health as
+// changed since it started). The caller must not modify it.
+func (a *Agent) Inventory() *topology.Inventory {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.inv
+}
+
 // UpdateInventory publishes a changed inventory (a GPU's health changed, say).
 func (a *Agent) UpdateInventory(inv *topology.Inventory) {
 	a.mu.Lock()

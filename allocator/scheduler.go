@@ -35,7 +35,8 @@ type SchedulerConfig struct {
 	// `gangrun queue` shows it) and the releases it sees (event.Released: Cause
 	// "released" when a grant's keys went away, which its holder's release, `gangrun
 	// cancel` and its session's expiry look alike in; "expired" when the scheduler
-	// removed a grant whose request is no longer held). Events are emitted from the
+	// removed a grant whose request is no longer held), and each pass it makes
+	// (event.Passed: Duration how long it took). Events are emitted from the
 	// scheduler's loop; nil discards them.
 	Events event.Sink
 }
@@ -203,6 +204,10 @@ func (sc *Scheduler) Run(ctx context.Context) error {
 // changes (0: only on a change).
 func (sc *Scheduler) Pass(ctx context.Context, c *Cluster) (time.Duration, error) {
 	now := sc.now()
+	began := time.Now()
+	defer func() {
+		sc.events.Emit(event.Event{Time: now, Kind: event.Passed, Attempt: -1, Duration: time.Since(began)})
+	}()
 	expired, err := sc.cleanup(ctx, c)
 	if err != nil {
 		return 0, err

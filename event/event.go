@@ -38,6 +38,11 @@ const (
 	// Released: grant Job's GPUs went back to the pool (Cause: "released",
 	// "cancelled", "expired").
 	Released Kind = "released"
+	// Passed: the scheduler made one pass over the pending requests, in Duration.
+	Passed Kind = "passed"
+	// JobStarted: cluster job Job of Partition started running on Nodes for the first
+	// time, Duration after it was submitted (its wait in the queue).
+	JobStarted Kind = "job_started"
 )
 
 // Event is one thing that happened. Which fields are set depends on Kind (see there);
@@ -67,6 +72,10 @@ type Event struct {
 	Nodes []string
 	// GPUs is the number of GPUs granted.
 	GPUs int
+	// Duration is how long it took (a scheduler pass) or waited (a job's wait).
+	Duration time.Duration
+	// Partition is a job's partition ("" for none).
+	Partition string
 }
 
 // Sink receives events. Emit is called from the emitting loop's goroutine and must not

@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/gangrun/gangrun/allocator"
+	"github.com/gangrun/gangrun/event"
 	"github.com/gangrun/gangrun/internal/store"
 	"github.com/gangrun/gangrun/rendezvous"
 )
@@ -36,6 +37,7 @@ type Controller struct {
 	s       store.Store
 	session string
 	log     *zap.Logger
+	events  event.Sink
 	now     func() time.Time
 }
 
@@ -44,10 +46,11 @@ type Controller struct {
 const controllerRetry = 2 * time.Second
 
 // Control runs the controller until ctx ends, as the leader whose session is session:
-// the signature allocator.AgentConfig.Leader takes (with the log bound).
-func Control(log *zap.Logger) func(ctx context.Context, s store.Store, session string) error {
+// the signature allocator.AgentConfig.Leader takes (with the log and the sink bound).
+// events receives event.JobStarted when a job first runs (nil discards it).
+func Control(log *zap.Logger, events event.Sink) func(ctx context.Context, s store.Store, session string) error {
 	return func(ctx context.Context, s store.Store, session string) error {
-		c := &Controller{s: s, session: session, log: log, now: time.Now}
+		c := &Controller{s: s, session: session, log: log, events: event.Or(events), now: time.Now}
 		if c.log == nil {
 			c.log = zap.NewNop()
 		}
@@ -369,11 +372,13 @@ func (c *Controller) start(ctx context.Context, j Job, g allocator.Grant) error 
 		names = append(names, gn.Name)
 	}
 	spares := min(j.Spec.SpareNodes, max(len(names)-j.Spec.MinNodes, 0))
+	first := false
 	_, changed, err := c.update(ctx, j.Spec.ID, func(j *Job) bool {
 		if j.State.Status != Pending || j.State.Requeue {
 			return false
 		}
 		now := c.now().UTC()
+		first = j.State.Started.IsZero()
 		j.State.Status, j.State.Reason = Running, ""
 		j.State.Nodes, j.State.Spares = names[:len(names)-spares], names[len(names)-spares:]
 		j.State.NodesSince = now
@@ -386,6 +391,11 @@ func (c *Controller) start(ctx context.Context, j Job, g allocator.Grant) error 
 	})
 	if changed {
 		c.log.Info("job running", zap.String("job", j.Spec.ID), zap.Strings("nodes", names[:len(names)-spares]), zap.Int("spares", spares))
+		if first {
+			now := c.now()
+			c.events.Emit(event.Event{Time: now, Kind: event.JobStarted, Job: j.Spec.ID, Attempt: -1, Nodes: names[:len(names)-spares],
+				Partition: j.Spec.Partition, Duration: now.Sub(j.Spec.Submitted)})
+		}
 	}
 	return err
 }

@@ -33,6 +33,10 @@ type Entry struct {
 	Started      string `json:"started"`
 	// Elapsed is how long it has run (until it ended), in seconds.
 	Elapsed int64 `json:"elapsed_seconds"`
+	// IdleGPUs counts the running job's GPUs its nodes found idle (under the agents'
+	// --waste-threshold for --waste-after: IdleMark), since IdleSince; 0 and "" when none.
+	IdleGPUs  int    `json:"idle_gpus"`
+	IdleSince string `json:"idle_since,omitempty"`
 }
 
 // Queue lists the jobs not yet ended (or, with all, every job) in submission order,
@@ -93,6 +97,9 @@ func EntryOf(j Job, reason string, now time.Time) Entry {
 	e.NumNodes = len(e.Nodes)
 	if e.NumNodes == 0 {
 		e.NumNodes = j.Spec.MinNodes
+	}
+	if n, since := j.IdleGPUs(); n > 0 {
+		e.IdleGPUs, e.IdleSince = n, stamp(since)
 	}
 	if st.Status == Pending && reason != "" && !st.Requeue {
 		e.Reason = reason

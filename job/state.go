@@ -192,6 +192,8 @@ type Job struct {
 	State State
 	// Index is the state key's index (for a check-and-set).
 	Index uint64
+	// Idle are the nodes' marks that the job's GPUs there stay idle (IdleMark), by node.
+	Idle []IdleMark
 }
 
 // Read returns job id; ErrNotFound when there is none.
@@ -222,6 +224,11 @@ func decode(id string, entries []store.Entry) (*Job, error) {
 				return nil, fmt.Errorf("job %s: state: %w", id, err)
 			}
 			j.Index, haveState = e.ModifyIndex, true
+		default:
+			var m IdleMark
+			if isIdleKey(id, e.Key) && e.Session != "" && json.Unmarshal(e.Value, &m) == nil {
+				j.Idle = append(j.Idle, m)
+			}
 		}
 	}
 	if !haveSpec || !haveState {

@@ -165,7 +165,7 @@ func runThroughput(b *testing.B, n int, realSteps bool, limit time.Duration) {
 			b.Fatal(err)
 		}
 		a, err := allocator.NewAgent(s, allocator.AgentConfig{Node: node, Addr: "127.0.0.1", Inventory: inv,
-			Events: grants, Leader: []func(context.Context, store.Store, string) error{Control(nil)}})
+			Events: grants, Leader: []func(context.Context, store.Store, string) error{Control(nil, nil)}})
 		if err != nil {
 			b.Fatal(err)
 		}

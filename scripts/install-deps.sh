@@ -7,13 +7,17 @@
 #             (scripts/install-consul.sh; about 4 minutes once, then cached): the tests
 #             and benchmarks start Consul dev agents; the demo does not need it
 #   iproute2  the `ip` tool: tests that give nodes their own network namespaces
+#   prometheus  Debian's prometheus package (the server and promtool): the metrics tests
+#             start a real Prometheus that scrapes test agents, and check the exposition
+#             with `promtool check metrics`
+#   chromium  Debian's chromium: the status page's test loads it in headless Chromium
 #
-# Usage: scripts/install-deps.sh [torch] [consul] [iproute2]    (no arguments: all three)
-# The Makefile asks for what each target needs: `make demo` torch only, `make test`
-# all three, `make bench` torch and consul.
+# Usage: scripts/install-deps.sh [torch] [consul] [iproute2] [prometheus] [chromium]
+# (no arguments: all of them). The Makefile asks for what each target needs: `make demo`
+# torch only, `make test` all of them, `make bench` torch and consul.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-want=("$@"); [ ${#want[@]} -eq 0 ] && want=(torch consul iproute2)
+want=("$@"); [ ${#want[@]} -eq 0 ] && want=(torch consul iproute2 prometheus chromium)
 
 apt_install() {
   local sudo=""
@@ -42,6 +46,18 @@ for w in "${want[@]}"; do
         apt_install iproute2
       fi
       ;;
-    *) echo "install-deps.sh: unknown component $w (want torch, consul or iproute2)" >&2; exit 2 ;;
+    prometheus)
+      if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then
+        echo "installing Debian's prometheus (server and promtool) ..." >&2
+        apt_install prometheus
+      fi
+      ;;
+    chromium)
+      if ! command -v chromium >/dev/null 2>&1; then
+        echo "installing Debian's chromium (headless) ..." >&2
+        apt_install chromium
+      fi
+      ;;
+    *) echo "install-deps.sh: unknown component $w (want torch, consul, iproute2, prometheus or chromium)" >&2; exit 2 ;;
   esac
 done

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/user"
 	"sort"
@@ -12,6 +13,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 
@@ -20,6 +22,8 @@ import (
 	"github.com/gangrun/gangrun/internal/store"
 	"github.com/gangrun/gangrun/job"
 	"github.com/gangrun/gangrun/launcher"
+	"github.com/gangrun/gangrun/metrics"
+	"github.com/gangrun/gangrun/statuspage"
 	"github.com/gangrun/gangrun/topology"
 )
 
@@ -78,11 +82,29 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 	noSched := fs.Bool("no-scheduler", false, "never act as the cluster's scheduler")
 	healthEvents := fs.String("health-events", "", "replay GPU health changes appended to FILE (JSON lines) instead of watching NVML: drills and tests")
 	logFormat := fs.String("log-format", "text", "log lines: text or json")
+	metricsAddr := fs.String("metrics-addr", "", fmt.Sprintf("serve Prometheus metrics on HOST:PORT/metrics (off unless given; suggested port %d)", metrics.DefaultPort))
+	httpAddr := fs.String("http-addr", "", "serve the cluster's status page on HOST:PORT/ (and /metrics; off unless given)")
+	wasteThreshold := fs.Float64("waste-threshold", metrics.DefaultWasteThreshold, "GPU waste: a running job whose GPUs on this node all stay under this utilisation (in %)...")
+	var wasteAfter time.Duration
+	durationVar(fs, &wasteAfter, "waste-after", metrics.DefaultWasteAfter, durationFlag{min: time.Second, max: maxWait},
+		"...for this long is flagged idle (queue, show, metrics; needs NVML)")
 	if done, code := parseFlags(e, fs, args); done {
 		return code
 	}
 	if fs.NArg() > 0 {
 		return usageErr(e, "agent", "unexpected argument %q", fs.Arg(0))
+	}
+	if err := checkListenAddr("--metrics-addr", *metricsAddr); err != nil {
+		return usageErr(e, "agent", "%v", err)
+	}
+	if err := checkListenAddr("--http-addr", *httpAddr); err != nil {
+		return usageErr(e, "agent", "%v", err)
+	}
+	if *httpAddr != "" && *httpAddr == *metricsAddr {
+		*metricsAddr = "" // the status page's server serves /metrics too
+	}
+	if *wasteThreshold <= 0 || *wasteThreshold > 100 || *wasteThreshold != *wasteThreshold {
+		return usageErr(e, "agent", "--waste-threshold %v: want a utilisation in %% above 0 and at most 100", *wasteThreshold)
 	}
 	lbl, err := parseLabels(*labels)
 	if err != nil {
@@ -124,11 +146,41 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 	case *topoFile == "" && len(inv.GPUs) > 0:
 		health = allocator.NVMLHealth // a recorded inventory has no driver to watch
 	}
-	a, err := allocator.NewAgent(s, allocator.AgentConfig{Node: name, Addr: *addr, Labels: lbl, Inventory: inv,
-		NoScheduler: *noSched, Log: log, Health: health,
-		Leader: []func(context.Context, store.Store, string) error{job.Control(log.Named("jobs"))}})
+	// The metrics: what the node's GPUs read (NVML, when the inventory was probed), the
+	// node's and, while this agent leads, the scheduler's.
+	var lib nvml.Interface
+	if *topoFile == "" && len(inv.GPUs) > 0 {
+		if l := nvml.New(); l.Init() == nvml.SUCCESS {
+			lib = l
+			defer l.Shutdown()
+		}
+	}
+	var a *allocator.Agent
+	view := metrics.NewView(s, 0)
+	gpus := metrics.NewGPUCollector(metrics.GPUConfig{NVML: lib, Node: name, Inventory: func() *topology.Inventory { return a.Inventory() },
+		Holders: func(ctx context.Context) (map[int]metrics.JobLabels, error) { return view.Holders(ctx, name) }})
+	sched := metrics.NewSchedulerCollector(s, view)
+	if health != nil {
+		health = tapHealth(health, gpus.NoteHealth)
+	}
+	a, err = allocator.NewAgent(s, allocator.AgentConfig{Node: name, Addr: *addr, Labels: lbl, Inventory: inv,
+		NoScheduler: *noSched, Log: log, Health: health, Events: sched,
+		Leader: []func(context.Context, store.Store, string) error{job.Control(log.Named("jobs"), sched), sched.Lead}})
 	if err != nil {
 		return usageErr(e, "agent", "%v", err)
+	}
+	var metricsLn, httpLn net.Listener
+	if *metricsAddr != "" {
+		if metricsLn, err = net.Listen("tcp", *metricsAddr); err != nil {
+			return failErr(e, "agent", fmt.Errorf("--metrics-addr: %w", err))
+		}
+		defer metricsLn.Close()
+	}
+	if *httpAddr != "" {
+		if httpLn, err = net.Listen("tcp", *httpAddr); err != nil {
+			return failErr(e, "agent", fmt.Errorf("--http-addr: %w", err))
+		}
+		defer httpLn.Close()
 	}
 	for _, n := range inv.Notes {
 		log.Info("topology", zap.String("note", n))
@@ -153,6 +205,24 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 	go func() {
 		_ = job.RunLauncher(actx, job.LauncherConfig{Store: s, Node: name, Log: log.Named("jobs"),
 			Spawn: spawnStep(e, *consul, *topoFile, name, stepLogs)})
+	}()
+	exposition := metrics.Handler(gpus, metrics.NewNodeCollector(view, name), sched)
+	if metricsLn != nil {
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", exposition)
+		go serveHTTP(actx, metricsLn, mux)
+		log.Info("serving metrics", zap.String("url", "http://"+metricsLn.Addr().String()+"/metrics"))
+	}
+	if httpLn != nil {
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", exposition)
+		mux.Handle("/", statuspage.Handler(statuspage.Config{Store: s, Node: name, Utilization: gpus.Utilization}))
+		go serveHTTP(actx, httpLn, mux)
+		log.Info("serving the status page", zap.String("url", "http://"+httpLn.Addr().String()+"/"))
+	}
+	go func() {
+		_ = metrics.WatchWaste(actx, metrics.WasteConfig{Store: s, Node: name, Session: a.Session, GPUs: gpus, View: view,
+			Threshold: *wasteThreshold, After: wasteAfter, Log: log.Named("waste")})
 	}()
 	if err := a.Run(actx); err != nil {
 		return failErr(e, "agent", err)

@@ -235,16 +235,29 @@ func runLogs(ctx context.Context, e *env, args []string) int {
 // printJobs prints the queue as squeue does.
 func printJobs(e *env, entries []job.Entry) {
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "JOBID\tNAME\tUSER\tPARTITION\tSTATE\tTIME\tNODES\tGPUS/NODE\tRESTARTS\tNODELIST(REASON)")
+	fmt.Fprintln(tw, "JOBID\tNAME\tUSER\tPARTITION\tSTATE\tTIME\tNODES\tGPUS/NODE\tRESTARTS\tIDLE\tNODELIST(REASON)")
 	for _, q := range entries {
 		where := hostlist.Compress(q.Nodes)
 		if q.State == job.Pending || where == "" {
 			where = "(" + orDash(q.Reason) + ")"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\n", q.ID, q.Name, q.User, orDash(q.Partition), q.State,
-			elapsed(q.Elapsed), q.NumNodes, q.GPUsPerNode, q.Restarts, where)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\n", q.ID, q.Name, q.User, orDash(q.Partition), q.State,
+			elapsed(q.Elapsed), q.NumNodes, q.GPUsPerNode, q.Restarts, idleColumn(q), where)
 	}
 	tw.Flush()
+}
+
+// idleColumn is the queue's IDLE column: "-", or the job's idle GPUs and for how long
+// ("8 gpus 12:05"), as its nodes' agents found them (--waste-threshold, --waste-after).
+func idleColumn(q job.Entry) string {
+	if q.IdleGPUs == 0 {
+		return "-"
+	}
+	since, err := time.Parse(time.RFC3339, q.IdleSince)
+	if err != nil {
+		return fmt.Sprintf("%d gpus", q.IdleGPUs)
+	}
+	return fmt.Sprintf("%d gpus %s", q.IdleGPUs, elapsed(int64(time.Since(since)/time.Second)))
 }
 
 // elapsed prints seconds as squeue's TIME: [D-]H:MM:SS, or M:SS under an hour.
@@ -294,6 +307,12 @@ func showJob(e *env, j *job.Job, asJSON bool) int {
 	for _, l := range st.LostNodes {
 		fmt.Fprintf(w, "   Lost node %s at %s: %s\n", l.Node, stampOr(l.At), l.Why)
 	}
+	if n, _ := j.IdleGPUs(); n > 0 {
+		for _, m := range j.Idle {
+			fmt.Fprintf(w, "   GPUWaste=node %s GPUs %s under %g%% utilisation since %s (%s; highest now %g%%)\n", m.Node, intList(m.GPUs),
+				m.Threshold, stampOr(m.Since), time.Since(m.Since).Round(time.Second), m.MaxUtil)
+		}
+	}
 	return exitOK
 }
 
@@ -323,6 +342,15 @@ func jobJSON(j *job.Job) any {
 		out.Ended = j.State.Ended.UTC().Format(time.RFC3339)
 	}
 	return out
+}
+
+// intList prints GPU indexes as "0,1,2".
+func intList(v []int) string {
+	parts := make([]string, len(v))
+	for i, n := range v {
+		parts[i] = strconv.Itoa(n)
+	}
+	return strings.Join(parts, ",")
 }
 
 func stampOr(t time.Time) string {

@@ -32,13 +32,21 @@ type jobCluster struct {
 	// --health-events): a line appended there is a GPU event on that node.
 	health map[string]string
 	dir    string
+	// flags, when set, gives each agent's extra flags (--metrics-addr, --http-addr).
+	flags func(node string) []string
 }
 
 func startJobCluster(t *testing.T, nodes ...string) *jobCluster {
 	t.Helper()
+	return startJobClusterWith(t, nil, nodes...)
+}
+
+// startJobClusterWith is startJobCluster with flags giving each agent's extra flags.
+func startJobClusterWith(t *testing.T, flags func(node string) []string, nodes ...string) *jobCluster {
+	t.Helper()
 	c := &jobCluster{t: t, consul: consultest.Start(t).Addr, mark: testMark(t), agents: map[string]*exec.Cmd{}, logs: map[string]*syncBuffer{},
 		inventory: filepath.Join(repoRoot(t), "topology", "testdata", "inventories", "dgx-h100.json"),
-		health:    map[string]string{}, dir: t.TempDir()}
+		health:    map[string]string{}, dir: t.TempDir(), flags: flags}
 	for _, n := range nodes {
 		c.startAgent(n)
 	}
@@ -62,8 +70,12 @@ func (c *jobCluster) startAgent(node string) {
 			c.t.Fatal(err)
 		}
 	}
-	cmd := exec.Command(gangrunBin, "agent", "--consul", c.consul, "--node-name", node, "--advertise-addr", "127.0.0.1",
-		"--topology-file", c.inventory, "--health-events", c.health[node])
+	args := []string{"agent", "--consul", c.consul, "--node-name", node, "--advertise-addr", "127.0.0.1",
+		"--topology-file", c.inventory, "--health-events", c.health[node]}
+	if c.flags != nil {
+		args = append(args, c.flags(node)...)
+	}
+	cmd := exec.Command(gangrunBin, args...)
 	cmd.Env = append(os.Environ(), c.mark)
 	log := &syncBuffer{}
 	cmd.Stdout, cmd.Stderr = log, log

@@ -1,0 +1,272 @@
+package metrics
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os/exec"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh100"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/gangrun/gangrun/topology"
+)
+
+// mockNode is a go-nvml mock server whose GPUs read the values the test sets: GPU i
+// is 10·i % busy, uses i GiB, draws 100+i W, runs at 40+i °C and 1980 MHz, and has i
+// correctable ECC errors and i remapped rows (on Ampere and later).
+type mockNode struct {
+	srv   *server.Server
+	inv   *topology.Inventory
+	util  []atomic.Uint32 // settable while the test runs
+	reads atomic.Int64    // GetUtilizationRates calls
+}
+
+func newMockNode(t testing.TB, srv *server.Server, node string) *mockNode {
+	t.Helper()
+	m := &mockNode{srv: srv, inv: &topology.Inventory{SchemaVersion: topology.SchemaVersion, Node: node}, util: make([]atomic.Uint32, len(srv.Devices))}
+	for i, dv := range srv.Devices {
+		d := dv.(*server.Device)
+		m.util[i].Store(uint32(10 * i))
+		ampere := d.Config.Architecture >= nvml.DEVICE_ARCH_AMPERE
+		d.GetUtilizationRatesFunc = func() (nvml.Utilization, nvml.Return) {
+			m.reads.Add(1)
+			return nvml.Utilization{Gpu: m.util[i].Load(), Memory: uint32(5 * i)}, nvml.SUCCESS
+		}
+		total := d.MemoryInfo.Total
+		d.GetMemoryInfoFunc = func() (nvml.Memory, nvml.Return) {
+			used := uint64(i) << 30
+			return nvml.Memory{Total: total, Used: used, Free: total - used}, nvml.SUCCESS
+		}
+		d.GetPowerUsageFunc = func() (uint32, nvml.Return) { return uint32(100_000 + 1000*i), nvml.SUCCESS }
+		d.GetTemperatureFunc = func(nvml.TemperatureSensors) (uint32, nvml.Return) { return uint32(40 + i), nvml.SUCCESS }
+		d.GetClockInfoFunc = func(c nvml.ClockType) (uint32, nvml.Return) {
+			if c == nvml.CLOCK_SM {
+				return 1980, nvml.SUCCESS
+			}
+			return 2619, nvml.SUCCESS
+		}
+		d.GetTotalEccErrorsFunc = func(kind nvml.MemoryErrorType, _ nvml.EccCounterType) (uint64, nvml.Return) {
+			if kind == nvml.MEMORY_ERROR_TYPE_CORRECTED {
+				return uint64(i), nvml.SUCCESS
+			}
+			return 0, nvml.SUCCESS
+		}
+		d.GetRetiredPagesFunc = func(nvml.PageRetirementCause) ([]uint64, nvml.Return) {
+			if ampere {
+				return nil, nvml.ERROR_NOT_SUPPORTED // row remapping replaced page retirement
+			}
+			return nil, nvml.SUCCESS
+		}
+		d.GetRetiredPagesPendingStatusFunc = func() (nvml.EnableState, nvml.Return) {
+			if ampere {
+				return 0, nvml.ERROR_NOT_SUPPORTED
+			}
+			return nvml.FEATURE_DISABLED, nvml.SUCCESS
+		}
+		d.GetRemappedRowsFunc = func() (int, int, bool, bool, nvml.Return) {
+			if !ampere {
+				return 0, 0, false, false, nvml.ERROR_NOT_SUPPORTED
+			}
+			return i, 0, false, false, nvml.SUCCESS
+		}
+		name, _ := d.GetName()
+		m.inv.GPUs = append(m.inv.GPUs, topology.GPU{Index: i, UUID: d.UUID, Name: name, MemoryBytes: total,
+			PCIBusID: strings.ToLower(d.PciBusID), Minor: d.Minor, NUMANode: -1, Health: topology.Health{State: topology.Healthy}})
+	}
+	return m
+}
+
+// gather collects c once and returns its series by name.
+func gather(t testing.TB, c prometheus.Collector) map[string][]*dto.Metric {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(c)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string][]*dto.Metric{}
+	for _, mf := range mfs {
+		out[mf.GetName()] = mf.GetMetric()
+	}
+	return out
+}
+
+// series returns the value of the series of name whose labels include want.
+func series(t testing.TB, fams map[string][]*dto.Metric, name string, want map[string]string) (float64, bool) {
+	t.Helper()
+	for _, m := range fams[name] {
+		ok := true
+		for k, v := range want {
+			found := false
+			for _, l := range m.GetLabel() {
+				found = found || (l.GetName() == k && l.GetValue() == v)
+			}
+			ok = ok && found
+		}
+		if !ok {
+			continue
+		}
+		switch {
+		case m.Gauge != nil:
+			return m.Gauge.GetValue(), true
+		case m.Counter != nil:
+			return m.Counter.GetValue(), true
+		}
+	}
+	return 0, false
+}
+
+// TestGPUMetricsFromNVML: on a DGX H100 (go-nvml's mock, values set by the test) every
+// GPU exports dcgm-exporter's fields under its names and labels, with the job holding
+// the GPU; Hopper has no page retirement, so no DCGM_FI_DEV_RETIRED_* series; the last
+// Xid the health watch saw is DCGM_FI_DEV_XID_ERRORS; a second scrape within the cache
+// TTL does not read NVML again.
+func TestGPUMetricsFromNVML(t *testing.T) {
+	m := newMockNode(t, dgxh100.New(), "gpu-h1")
+	c := NewGPUCollector(GPUConfig{NVML: m.srv, Node: "gpu-h1", Inventory: func() *topology.Inventory { return m.inv }, CacheTTL: time.Hour,
+		Holders: func(context.Context) (map[int]JobLabels, error) {
+			return map[int]JobLabels{0: {ID: "7", User: "alice", Name: "llama", IsJob: true}, 1: {ID: "7", User: "alice", Name: "llama", IsJob: true}}, nil
+		}})
+	c.NoteHealth(topology.GPUHealthChange{Index: 5, Xid: 79})
+	fams := gather(t, c)
+
+	g3 := m.inv.GPUs[3]
+	labels3 := map[string]string{"gpu": "3", "UUID": g3.UUID, "pci_bus_id": nvmlBusID(g3.PCIBusID), "device": "nvidia3",
+		"modelName": g3.Name, "Hostname": "gpu-h1", "hpc_job": ""}
+	for name, want := range map[string]float64{
+		"DCGM_FI_DEV_GPU_UTIL": 30, "DCGM_FI_DEV_MEM_COPY_UTIL": 15, "DCGM_FI_DEV_FB_USED": 3 * 1024,
+		"DCGM_FI_DEV_FB_FREE": float64(g3.MemoryBytes>>20) - 3*1024, "DCGM_FI_DEV_POWER_USAGE": 103, "DCGM_FI_DEV_GPU_TEMP": 43,
+		"DCGM_FI_DEV_SM_CLOCK": 1980, "DCGM_FI_DEV_MEM_CLOCK": 2619, "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": 3, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": 0,
+		"DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": 3, "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": 0, "DCGM_FI_DEV_ROW_REMAP_FAILURE": 0,
+		"DCGM_FI_DEV_XID_ERRORS": 0, "gangrun_gpu_info": 1,
+	} {
+		if got, ok := series(t, fams, name, labels3); !ok || got != want {
+			t.Errorf("%s{gpu 3}: got %v (present %v), want %v", name, got, ok, want)
+		}
+	}
+	if got, _ := series(t, fams, "DCGM_FI_DEV_XID_ERRORS", map[string]string{"gpu": "5"}); got != 79 {
+		t.Errorf("DCGM_FI_DEV_XID_ERRORS{gpu 5}: got %v, want 79 (the Xid the health watch saw)", got)
+	}
+	if got, ok := series(t, fams, "DCGM_FI_DEV_GPU_UTIL", map[string]string{"gpu": "1", "hpc_job": "7", "hpc_user": "alice", "hpc_job_name": "llama"}); !ok || got != 10 {
+		t.Errorf("GPU 1 held by job 7: got %v (present %v), want 10 with the job's labels", got, ok)
+	}
+	if got, _ := series(t, fams, "gangrun_gpu_health", map[string]string{"gpu": "2", "state": "healthy"}); got != 1 {
+		t.Errorf("gangrun_gpu_health{gpu 2, healthy}: %v, want 1", got)
+	}
+	for _, name := range []string{"DCGM_FI_DEV_RETIRED_SBE", "DCGM_FI_DEV_RETIRED_DBE", "DCGM_FI_DEV_RETIRED_PENDING"} {
+		if n := len(fams[name]); n != 0 {
+			t.Errorf("%s: %d series on Hopper, which has no page retirement", name, n)
+		}
+	}
+	if n := len(fams["DCGM_FI_DEV_GPU_UTIL"]); n != 8 {
+		t.Errorf("DCGM_FI_DEV_GPU_UTIL: %d series, want 8", n)
+	}
+
+	reads := m.reads.Load()
+	m.util[3].Store(99)
+	fams = gather(t, c)
+	if m.reads.Load() != reads {
+		t.Errorf("a scrape within the cache TTL read NVML again")
+	}
+	if got, _ := series(t, fams, "DCGM_FI_DEV_GPU_UTIL", map[string]string{"gpu": "3"}); got != 30 {
+		t.Errorf("a cached reading changed: %v", got)
+	}
+}
+
+// TestGPUMetricsCacheExpires: after the TTL the next scrape reads NVML afresh.
+func TestGPUMetricsCacheExpires(t *testing.T) {
+	m := newMockNode(t, dgxa100.New(), "gpu-a1")
+	c := NewGPUCollector(GPUConfig{NVML: m.srv, Node: "gpu-a1", Inventory: func() *topology.Inventory { return m.inv }, CacheTTL: 20 * time.Millisecond})
+	gather(t, c)
+	m.util[3].Store(77)
+	time.Sleep(30 * time.Millisecond)
+	fams := gather(t, c)
+	if got, _ := series(t, fams, "DCGM_FI_DEV_GPU_UTIL", map[string]string{"gpu": "3"}); got != 77 {
+		t.Errorf("after the TTL: %v, want 77", got)
+	}
+	// Ampere has no retired pages either (row remapping), but the pending status answers
+	// not supported: no series.
+	if n := len(fams["DCGM_FI_DEV_RETIRED_PENDING"]); n != 0 {
+		t.Errorf("DCGM_FI_DEV_RETIRED_PENDING: %d series", n)
+	}
+}
+
+// TestGPUMetricsFromRecordedInventory: without NVML (a recorded inventory) only what
+// the inventory knows is exported — each GPU's identity and health, with its job —
+// and no reading is made up.
+func TestGPUMetricsFromRecordedInventory(t *testing.T) {
+	inv, err := topology.LoadFile("../topology/testdata/inventories/dgx-h100.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	inv.GPUs[2].Health = topology.Health{State: topology.Failed, Reasons: []string{"Xid 79"}}
+	c := NewGPUCollector(GPUConfig{Node: "rec", Inventory: func() *topology.Inventory { return inv }})
+	fams := gather(t, c)
+	for name := range fams {
+		if strings.HasPrefix(name, "DCGM_") {
+			t.Errorf("%s exported without NVML", name)
+		}
+	}
+	if n := len(fams["gangrun_gpu_info"]); n != len(inv.GPUs) {
+		t.Errorf("gangrun_gpu_info: %d series, want %d", n, len(inv.GPUs))
+	}
+	if got, _ := series(t, fams, "gangrun_gpu_health", map[string]string{"gpu": "2", "state": "failed"}); got != 1 {
+		t.Errorf("GPU 2 failed: gangrun_gpu_health %v", got)
+	}
+}
+
+// TestPromtoolChecksTheExposition: Prometheus' own promtool (Debian's prometheus
+// package) parses the exposition of a DGX A100's agent. Its lint findings are allowed
+// only on dcgm-exporter's metrics, whose names and labels are fixed by dcgm-exporter
+// (upper case, counters without _total), and on gangrun_gpu_info's camelCase label
+// (modelName: it carries dcgm-exporter's labels, to join on); gangrun's others are clean.
+func TestPromtoolChecksTheExposition(t *testing.T) {
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		t.Fatal("promtool not found: install Debian's prometheus package (scripts/install-deps.sh prometheus)")
+	}
+	m := newMockNode(t, dgxa100.New(), "gpu-a1")
+	gpus := NewGPUCollector(GPUConfig{NVML: m.srv, Node: "gpu-a1", Inventory: func() *topology.Inventory { return m.inv }})
+	srv := httptest.NewServer(Handler(gpus))
+	defer srv.Close()
+	resp, err := http.Get(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	cmd := exec.Command(promtool, "check", "metrics")
+	cmd.Stdin = bytes.NewReader(body)
+	out, err := cmd.CombinedOutput()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	if code != 0 && code != 3 { // 3: lint findings only
+		t.Fatalf("promtool check metrics: exit %d:\n%s", code, out)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		dcgmLabels := strings.HasPrefix(line, "gangrun_gpu_info ") && strings.HasSuffix(line, "label names should be written in 'snake_case' not 'camelCase'")
+		if line != "" && !strings.HasPrefix(line, "DCGM_FI_DEV_") && !dcgmLabels {
+			t.Errorf("promtool: %s", line)
+		}
+	}
+	if !bytes.Contains(body, []byte(`DCGM_FI_DEV_GPU_UTIL{`)) {
+		t.Errorf("no DCGM_FI_DEV_GPU_UTIL in the exposition:\n%s", body)
+	}
+	t.Logf("promtool on %d bytes: exit %d, %d findings on dcgm-exporter's names", len(body), code, strings.Count(string(out), "\n"))
+}
