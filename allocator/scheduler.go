@@ -93,6 +93,11 @@ const (
 	raceRetry       = 100 * time.Millisecond
 )
 
+// watchGap is the shortest time between two answers of one of the scheduler's watches:
+// under a deep, busy queue a pass takes in every change of the last watchGap at once
+// instead of decoding every request and GPU key again for each.
+const watchGap = 50 * time.Millisecond
+
 // watchedPrefixes are the parts of gangrun/cluster/ the scheduler follows with separate
 // blocking queries, so that a new request does not make it read every node record again.
 var watchedPrefixes = [...]string{nodesPrefix, alivePrefix, drainPrefix, requestsPrefix, grantsPrefix, gpusPrefix}
@@ -114,11 +119,18 @@ func (sc *Scheduler) Run(ctx context.Context) error {
 	for i, prefix := range watchedPrefixes {
 		go func(i int, prefix string) {
 			w := store.NewWatcher(sc.s, prefix)
+			var last time.Time
 			for {
+				// Changes faster than watchGap are taken together (each answer lists the
+				// whole prefix); the first after a quiet spell is not delayed.
+				if !store.Sleep(wctx, watchGap-time.Since(last)) {
+					return
+				}
 				entries, err := w.Next(wctx)
 				if err != nil {
 					return // ctx ended
 				}
+				last = time.Now()
 				mu.Lock()
 				slots[i] = slot{entries, w.Index(), true}
 				mu.Unlock()

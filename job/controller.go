@@ -58,6 +58,10 @@ func Control(log *zap.Logger, events event.Sink) func(ctx context.Context, s sto
 	}
 }
 
+// watchGap is the shortest time between two answers of one of the controller's watches
+// (see Run).
+const watchGap = 100 * time.Millisecond
+
 // Run passes over the jobs on every change of the cluster's keys or the jobs', and
 // every controllerRetry, until ctx ends. Each pass works from what the two watches last
 // returned (decoding only the records that changed), so a change costs no further reads
@@ -75,11 +79,19 @@ func (c *Controller) Run(ctx context.Context) error {
 	for i, prefix := range []string{allocator.ClusterPrefix, jobsPrefix} {
 		w := store.NewWatcher(c.s, prefix)
 		go func() {
+			var last time.Time
 			for {
+				// Changes that come faster than watchGap are taken together: each answer
+				// lists every key under the prefix, and a busy queue changes it hundreds
+				// of times a second. The first change after a quiet spell is not delayed.
+				if !store.Sleep(ctx, watchGap-time.Since(last)) {
+					return
+				}
 				entries, err := w.Next(ctx)
 				if err != nil {
 					return
 				}
+				last = time.Now()
 				mu.Lock()
 				slots[i] = slot{entries, w.Index(), true}
 				mu.Unlock()

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -35,7 +36,8 @@ const (
 // started on 64 simulated 8-GPU nodes (the recorded DGX H100 inventory, 512 GPUs): a
 // real Consul dev agent, 64 in-process node agents (allocator.Agent, each in the
 // scheduler election with the job controller as its leader's task, and a job launcher,
-// RunLauncher), 1,000 jobs submitted one after the other with Submit while the
+// RunLauncher), 1,000 jobs submitted with Submit by GANGRUN_BENCH_CLIENTS clients at once (default 1:
+// one after the other) while the
 // scheduler runs. Each iteration starts everything afresh (not timed) and times from
 // the first submit to the last job's step being started.
 //
@@ -68,6 +70,13 @@ func BenchmarkJobThroughput(b *testing.B) {
 			b.Fatalf("GANGRUN_BENCH_JOBS=%q: want a positive number", v)
 		}
 	}
+	clients := 1
+	if v := os.Getenv("GANGRUN_BENCH_CLIENTS"); v != "" {
+		var err error
+		if clients, err = strconv.Atoi(v); err != nil || clients < 1 {
+			b.Fatalf("GANGRUN_BENCH_CLIENTS=%q: want a positive number", v)
+		}
+	}
 	limit := throughputTimeout
 	if v := os.Getenv("GANGRUN_BENCH_TIMEOUT"); v != "" {
 		var err error
@@ -79,9 +88,9 @@ func BenchmarkJobThroughput(b *testing.B) {
 		name  string
 		steps bool
 	}{{"control-plane", false}, {"steps", true}} {
-		b.Run(fmt.Sprintf("%s/nodes=%d/jobs=%d", mode.name, throughputNodes, n), func(b *testing.B) {
+		b.Run(fmt.Sprintf("%s/nodes=%d/jobs=%d/clients=%d", mode.name, throughputNodes, n, clients), func(b *testing.B) {
 			for i := 0; i < b.N; i++ {
-				runThroughput(b, n, mode.steps, limit)
+				runThroughput(b, n, clients, mode.steps, limit)
 			}
 		})
 	}
@@ -131,7 +140,7 @@ func (sp *spawns) count() int {
 	return len(sp.at)
 }
 
-func runThroughput(b *testing.B, n int, realSteps bool, limit time.Duration) {
+func runThroughput(b *testing.B, n, clients int, realSteps bool, limit time.Duration) {
 	b.StopTimer()
 	agent := consultest.Start(b)
 	s, err := store.NewConsul(agent.Addr)
@@ -206,20 +215,40 @@ func runThroughput(b *testing.B, n int, realSteps bool, limit time.Duration) {
 	waitClusterUp(b, s)
 
 	submitted := make(map[string]time.Time, n)
+	var subMu sync.Mutex
+	var next atomic.Int64
 	b.StartTimer()
 	t0 := time.Now()
-	for i := range n {
-		if time.Since(t0) > limit {
-			b.Logf("TIMEOUT: only %d of %d jobs submitted within %s", i, n, limit)
-			break
-		}
-		at := time.Now()
-		id, err := Submit(ctx, s, Spec{Name: "true", User: "bench", MinNodes: 1, MaxNodes: 1, GPUsPerNode: 1,
-			Command: []string{"true"}, WorkDir: dir})
-		if err != nil {
-			b.Fatalf("submit %d: %v", i, err)
-		}
-		submitted[id] = at
+	var submitters sync.WaitGroup
+	for range clients {
+		submitters.Add(1)
+		go func() {
+			defer submitters.Done()
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= n {
+					return
+				}
+				if time.Since(t0) > limit {
+					b.Logf("TIMEOUT: only %d of %d jobs submitted within %s", i, n, limit)
+					return
+				}
+				at := time.Now()
+				id, err := Submit(ctx, s, Spec{Name: "true", User: "bench", MinNodes: 1, MaxNodes: 1, GPUsPerNode: 1,
+					Command: []string{"true"}, WorkDir: dir})
+				if err != nil {
+					b.Errorf("submit %d: %v", i, err)
+					return
+				}
+				subMu.Lock()
+				submitted[id] = at
+				subMu.Unlock()
+			}
+		}()
+	}
+	submitters.Wait()
+	if b.Failed() {
+		return
 	}
 	tSubmitted := time.Now()
 	timedOut := false
