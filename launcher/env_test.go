@@ -1,6 +1,7 @@
 package launcher
 
 import (
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -242,6 +243,26 @@ func assertSome(t *testing.T, got, want map[string]string) {
 	for k, v := range want {
 		if got[k] != v {
 			t.Errorf("%s = %q, want %q", k, got[k], v)
+		}
+	}
+}
+
+// BenchmarkNodePlan8 is the launch cost this node layer adds for 8 ranks on the
+// recorded DGX H100: the ranks' plan (CPU shares, NCCL settings) and their 8
+// environments (os.Environ() as the base).
+func BenchmarkNodePlan8(b *testing.B) {
+	inv, err := topology.LoadFile("../topology/testdata/inventories/dgx-h100.json")
+	if err != nil {
+		b.Fatal(err)
+	}
+	a := rendezvous.Assignment{JobID: "j", NNodes: 1, LocalWorldSize: 8, WorldSize: 8, MasterAddr: "127.0.0.1", MasterPort: 1}
+	devices := inv.Allocatable()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		plans, _ := inv.PlanRanks(topology.PlanOptions{Devices: devices, NProc: 8})
+		c := EnvConfig{Base: os.Environ(), Ranks: plans, SocketIfname: func(string) string { return "eth0" }}
+		for lr := 0; lr < 8; lr++ {
+			WorkerEnv(c, a, lr, "e")
 		}
 	}
 }
