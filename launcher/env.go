@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/gangrun/gangrun/rendezvous"
+	"github.com/gangrun/gangrun/topology"
 )
 
 // RoleName is the worker role gangrun reports (ROLE_NAME). torchrun's default role is
@@ -26,6 +27,17 @@ type EnvConfig struct {
 	// CUDAVisibleDevices lists the GPUs gangrun chose for this node (indices or UUIDs),
 	// in local-rank order; nil when gangrun did not choose (every GPU is visible).
 	CUDAVisibleDevices []string
+	// Ranks holds, per local rank, what the node's topology gives the worker
+	// (topology.PlanRanks): its NCCL_* defaults (used instead of NCCL), its device and
+	// its CPU set. Nil for a wrapped torchrun, which starts the workers itself.
+	Ranks []topology.RankPlan
+	// PerRankDevice gives each worker CUDA_VISIBLE_DEVICES naming its own device only
+	// (Ranks[i].Device): set on a node with MIG devices, since CUDA lets one process
+	// use one MIG device.
+	PerRankDevice bool
+	// SocketIfname, when set, returns the interface for NCCL_SOCKET_IFNAME ("=name")
+	// given an attempt's MASTER_ADDR; "" keeps the topology's value.
+	SocketIfname func(masterAddr string) string
 	// MaxRestarts is the restart budget (TORCHELASTIC_MAX_RESTARTS).
 	MaxRestarts int
 	// NodeName is this node's name (GANGRUN_NODE_NAME).
@@ -131,7 +143,7 @@ func (m envMap) list() []string {
 // nodeEnv sets what every process gangrun starts on this node gets, worker or torchrun.
 // The Consul credentials inherited from gangrun's environment are left out; one given
 // with --env (Extra) is kept.
-func nodeEnv(c EnvConfig, a rendezvous.Assignment) envMap {
+func nodeEnv(c EnvConfig, a rendezvous.Assignment, nccl []string) envMap {
 	m := newEnvMap(c.Base)
 	for k := range m {
 		if consulCredential(k) {
@@ -141,11 +153,29 @@ func nodeEnv(c EnvConfig, a rendezvous.Assignment) envMap {
 	for k, v := range newEnvMap(c.Extra) {
 		m[k] = v
 	}
-	for _, kv := range c.NCCL {
+	ifname := ""
+	if c.SocketIfname != nil {
+		ifname = c.SocketIfname(a.MasterAddr)
+	}
+	for _, kv := range nccl {
 		if k, v, ok := strings.Cut(kv, "="); ok {
+			if k == "NCCL_SOCKET_IFNAME" && ifname != "" {
+				v = "=" + ifname
+			}
 			m.setDefault(k, v)
 		}
 	}
+	// torch 2.x reads TORCH_NCCL_ASYNC_ERROR_HANDLING, torch 1.x NCCL_ASYNC_ERROR_HANDLING:
+	// both get the user's value of either, else "1".
+	asyncEH := "1"
+	if v, ok := m["NCCL_ASYNC_ERROR_HANDLING"]; ok {
+		asyncEH = v
+	}
+	if v, ok := m["TORCH_NCCL_ASYNC_ERROR_HANDLING"]; ok {
+		asyncEH = v
+	}
+	m.setDefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", asyncEH)
+	m.setDefault("NCCL_ASYNC_ERROR_HANDLING", asyncEH)
 	if c.CUDAVisibleDevices != nil {
 		m["CUDA_VISIBLE_DEVICES"] = strings.Join(c.CUDAVisibleDevices, ",")
 		m["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
@@ -173,15 +203,39 @@ func nodeEnv(c EnvConfig, a rendezvous.Assignment) envMap {
 // CONSUL_HTTP_TOKEN_FILE, CONSUL_HTTP_AUTH, CONSUL_CLIENT_CERT, CONSUL_CLIENT_KEY) unless
 // --env gives them.
 //
-//   - TORCH_NCCL_ASYNC_ERROR_HANDLING keeps an inherited value, else "1";
-//   - OMP_NUM_THREADS is "1" when unset and the node runs more than one worker;
-//   - NCCL_* come from the node's topology unless the user set them;
+//   - TORCH_NCCL_ASYNC_ERROR_HANDLING and torch 1.x's NCCL_ASYNC_ERROR_HANDLING keep an
+//     inherited value of either, else "1";
+//   - OMP_NUM_THREADS, when unset, is the size of the worker's CPU share when it is
+//     bound (GANGRUN_CPUS then names the share), else "1" when the node runs more than
+//     one worker;
+//   - NCCL_* come from the rank's plan (else the node's topology) unless the user set
+//     them; NCCL_SOCKET_IFNAME is "=" + the interface SocketIfname finds for the
+//     attempt's MASTER_ADDR;
 //   - CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER=PCI_BUS_ID only when gangrun chose
-//     the GPUs.
+//     the GPUs; with PerRankDevice (MIG) it names the worker's own device only.
 //
 // errorFile is the worker's TORCHELASTIC_ERROR_FILE.
 func WorkerEnv(c EnvConfig, a rendezvous.Assignment, localRank int, errorFile string) []string {
-	m := nodeEnv(c, a)
+	nccl := c.NCCL
+	var plan *topology.RankPlan
+	if localRank >= 0 && localRank < len(c.Ranks) {
+		plan = &c.Ranks[localRank]
+		nccl = make([]string, len(plan.NCCL))
+		for i, v := range plan.NCCL {
+			nccl[i] = v.String()
+		}
+	}
+	m := nodeEnv(c, a, nccl)
+	delete(m, "GANGRUN_CPUS")
+	if plan != nil {
+		if c.PerRankDevice && plan.Device != nil && c.CUDAVisibleDevices != nil {
+			m["CUDA_VISIBLE_DEVICES"] = plan.Device.ID
+		}
+		if plan.CPUs != nil {
+			m.setDefault("OMP_NUM_THREADS", strconv.Itoa(len(plan.CPUs)))
+			m["GANGRUN_CPUS"] = topology.FormatCPUList(plan.CPUs)
+		}
+	}
 	lws := a.LocalWorldSize
 	rank := a.RankOffset + localRank
 	world := a.WorldSize
@@ -201,7 +255,6 @@ func WorkerEnv(c EnvConfig, a rendezvous.Assignment, localRank int, errorFile st
 	m["TORCHELASTIC_RUN_ID"] = a.JobID
 	m["TORCHELASTIC_USE_AGENT_STORE"] = "False"
 	m["TORCHELASTIC_ERROR_FILE"] = errorFile
-	m.setDefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
 	if lws > 1 {
 		m.setDefault("OMP_NUM_THREADS", "1")
 	}
@@ -215,7 +268,7 @@ func WorkerEnv(c EnvConfig, a rendezvous.Assignment, localRank int, errorFile st
 // are left to torchrun, which sets them for its own workers; any inherited from
 // gangrun's environment are removed so they cannot confuse it.
 func TorchrunEnv(c EnvConfig, a rendezvous.Assignment, errorFile string) []string {
-	m := nodeEnv(c, a)
+	m := nodeEnv(c, a, c.NCCL)
 	for _, k := range []string{"RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME",
 		"WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE",
 		"MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",

@@ -1,6 +1,7 @@
 package launcher
 
 import (
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -8,6 +9,7 @@ import (
 	"github.com/hashicorp/consul/api"
 
 	"github.com/gangrun/gangrun/rendezvous"
+	"github.com/gangrun/gangrun/topology"
 )
 
 // envOf turns "KEY=VALUE" entries into a map, failing on duplicates.
@@ -44,6 +46,7 @@ func TestWorkerEnvOneWorker(t *testing.T) {
 		"TORCHELASTIC_RUN_ID": "job-1", "TORCHELASTIC_USE_AGENT_STORE": "False",
 		"TORCHELASTIC_ERROR_FILE":         "/tmp/e/error.json",
 		"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+		"NCCL_ASYNC_ERROR_HANDLING":       "1", // torch 1.x's name
 		"GANGRUN_JOB_ID":                  "job-1", "GANGRUN_NODE_NAME": "n0", "GANGRUN_ATTEMPT": "0",
 		// One worker: OMP_NUM_THREADS stays unset (torch/distributed/run.py sets it only
 		// for nproc_per_node > 1).
@@ -81,6 +84,7 @@ func TestWorkerEnvFourWorkersSecondNode(t *testing.T) {
 			"TORCHELASTIC_RUN_ID": "llm", "TORCHELASTIC_USE_AGENT_STORE": "False",
 			"TORCHELASTIC_ERROR_FILE":         "/logs/err.json",
 			"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3", // kept
+			"NCCL_ASYNC_ERROR_HANDLING":       "3", // torch 1.x's name follows it
 			"OMP_NUM_THREADS":                 "1",
 			"CUDA_VISIBLE_DEVICES":            "4,5,6,7", "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
 			"NCCL_IB_HCA":        "=mlx5_0:1,mlx5_1:1", // from topology
@@ -112,6 +116,7 @@ func TestTorchrunEnvLeavesPerWorkerVariablesToTorchrun(t *testing.T) {
 	c := EnvConfig{Base: []string{"RANK=3", "WORLD_SIZE=9", "PATH=/bin"}, NCCL: []string{"NCCL_DEBUG=INFO"}, NodeName: "n"}
 	got := envOf(t, TorchrunEnv(c, a, "/e.json"))
 	want := map[string]string{"PATH": "/bin", "NCCL_DEBUG": "INFO", "TORCHELASTIC_ERROR_FILE": "/e.json",
+		"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "NCCL_ASYNC_ERROR_HANDLING": "1",
 		"GANGRUN_JOB_ID": "j", "GANGRUN_NODE_NAME": "n", "GANGRUN_ATTEMPT": "1"}
 	assertEnv(t, got, want)
 }
@@ -197,5 +202,67 @@ func TestConsulCredentialsStayOut(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestWorkerEnvRankPlan: a rank's plan gives its NCCL settings (the user's still win),
+// its own MIG device, OMP_NUM_THREADS from its CPU share unless set, GANGRUN_CPUS, and
+// NCCL_SOCKET_IFNAME from the route to the attempt's master.
+func TestWorkerEnvRankPlan(t *testing.T) {
+	a := rendezvous.Assignment{JobID: "j", NNodes: 1, LocalWorldSize: 2, WorldSize: 2, MasterAddr: "10.1.2.3", MasterPort: 1}
+	mig := topology.Device{ID: "MIG-aaaa", GPU: 0, MIGProfile: "3g.40gb"}
+	c := EnvConfig{
+		Base:               []string{"NCCL_IB_HCA=mlx5_9"},
+		CUDAVisibleDevices: []string{"MIG-aaaa", "1"},
+		PerRankDevice:      true,
+		Ranks: []topology.RankPlan{
+			{LocalRank: 0, Device: &mig, CPUs: []int{0, 1, 4},
+				NCCL: []topology.EnvVar{{Name: "NCCL_IB_HCA", Value: "=mlx5_0:1"}, {Name: "NCCL_SOCKET_IFNAME", Value: topology.SocketIfnameExclude}}},
+			{LocalRank: 1, Device: &topology.Device{ID: "1", GPU: 1},
+				NCCL: []topology.EnvVar{{Name: "NCCL_TOPO_FILE", Value: "/t.xml"}, {Name: "NCCL_SOCKET_IFNAME", Value: topology.SocketIfnameExclude}}},
+		},
+		SocketIfname: func(m string) string {
+			if m != "10.1.2.3" {
+				t.Errorf("SocketIfname(%q)", m)
+			}
+			return "ens7"
+		},
+	}
+	r0 := envOf(t, WorkerEnv(c, a, 0, "e"))
+	assertSome(t, r0, map[string]string{"CUDA_VISIBLE_DEVICES": "MIG-aaaa", "OMP_NUM_THREADS": "3", "GANGRUN_CPUS": "0-1,4",
+		"NCCL_IB_HCA": "mlx5_9", "NCCL_SOCKET_IFNAME": "=ens7"})
+	r1 := envOf(t, WorkerEnv(c, a, 1, "e"))
+	assertSome(t, r1, map[string]string{"CUDA_VISIBLE_DEVICES": "1", "OMP_NUM_THREADS": "1", "NCCL_TOPO_FILE": "/t.xml", "NCCL_SOCKET_IFNAME": "=ens7"})
+	if v, ok := r1["GANGRUN_CPUS"]; ok {
+		t.Errorf("unbound rank has GANGRUN_CPUS=%s", v)
+	}
+}
+
+func assertSome(t *testing.T, got, want map[string]string) {
+	t.Helper()
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s = %q, want %q", k, got[k], v)
+		}
+	}
+}
+
+// BenchmarkNodePlan8 is the launch cost this node layer adds for 8 ranks on the
+// recorded DGX H100: the ranks' plan (CPU shares, NCCL settings) and their 8
+// environments (os.Environ() as the base).
+func BenchmarkNodePlan8(b *testing.B) {
+	inv, err := topology.LoadFile("../topology/testdata/inventories/dgx-h100.json")
+	if err != nil {
+		b.Fatal(err)
+	}
+	a := rendezvous.Assignment{JobID: "j", NNodes: 1, LocalWorldSize: 8, WorldSize: 8, MasterAddr: "127.0.0.1", MasterPort: 1}
+	devices := inv.Allocatable()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		plans, _ := inv.PlanRanks(topology.PlanOptions{Devices: devices, NProc: 8})
+		c := EnvConfig{Base: os.Environ(), Ranks: plans, SocketIfname: func(string) string { return "eth0" }}
+		for lr := 0; lr < 8; lr++ {
+			WorkerEnv(c, a, lr, "e")
+		}
 	}
 }

@@ -31,6 +31,7 @@ type workerSpec struct {
 	dir       string   // base/rel...: the per-attempt, per-rank directory, error file and logs
 	errorFile string   // TORCHELASTIC_ERROR_FILE, already in env
 	logFiles  bool     // write stdout.log / stderr.log into dir
+	cpus      []int    // CPUs to bind the worker to (proc.StartBound); nil: unbound
 }
 
 // worker is one started process of a group.
@@ -138,7 +139,7 @@ func startWorker(s workerSpec, console, consoleErr *lineWriter, act *activity, w
 		childEnds = append(childEnds, wr)
 	}
 	cmd.Stdout, cmd.Stderr = childEnds[0], childEnds[1]
-	p, err := proc.Start(cmd)
+	p, _, err := proc.StartBound(cmd, s.cpus)
 	for _, f := range childEnds {
 		f.Close()
 	}

@@ -7,9 +7,11 @@ import (
 	"io"
 	"net"
 	"os"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -57,6 +59,10 @@ type Spec struct {
 	// only (by index, MIG UUID or GPU UUID): it narrows the run to them, and one
 	// outside the grant is an error.
 	Grant string
+	// CPUBind is --cpu-bind (topology.ParseCPUBind: "numa", the default, or "none");
+	// NCCLTopo is --nccl-topo (topology.ParseNCCLTopo: "auto", the default, "always"
+	// or "never").
+	CPUBind, NCCLTopo string
 	// Env holds the --env KEY=VALUE entries.
 	Env []string
 	// Environ is the environment inherited (os.Environ() when nil); Getenv reads it for
@@ -135,6 +141,12 @@ func Prepare(ctx context.Context, spec Spec) (*Prepared, error) {
 	}
 	backoff, err := ParseBackoff(spec.Backoff)
 	if err != nil {
+		return nil, err
+	}
+	if _, err := topology.ParseCPUBind(spec.CPUBind); err != nil {
+		return nil, err
+	}
+	if _, err := topology.ParseNCCLTopo(spec.NCCLTopo); err != nil {
 		return nil, err
 	}
 	nnodes := spec.NNodes
@@ -266,6 +278,16 @@ func resolve(ctx context.Context, spec Spec, o *rendezvous.Opened, inv *topology
 	if environ == nil {
 		environ = os.Environ()
 	}
+	ranks, perRank, notes, err := planRanks(spec, o, inv, devices, nproc, torch != nil, visible != nil)
+	if err != nil {
+		return nil, err
+	}
+	if tf := topoFileOf(ranks); tf != "" {
+		nccl = append(nccl, "NCCL_TOPO_FILE="+tf)
+	}
+	if torch != nil {
+		ranks = nil // torchrun starts the workers: node-wide settings only
+	}
 	term := spec.TermTimeout
 	if term == 0 {
 		term = DefaultTermTimeout
@@ -280,8 +302,10 @@ func resolve(ctx context.Context, spec Spec, o *rendezvous.Opened, inv *topology
 		// One node alone in its log directory: a rerun into it is refused before
 		// anything starts. The nodes of a job (Consul, Slurm) share one.
 		FreshLogDir: !o.Shared,
-		Env:         EnvConfig{Base: environ, Extra: spec.Env, NCCL: nccl, CUDAVisibleDevices: visible},
-		Stdout:      spec.Stdout, Stderr: spec.Stderr, Log: spec.Log, Report: spec.Report,
+		Notes:       notes,
+		Env: EnvConfig{Base: environ, Extra: spec.Env, NCCL: nccl, CUDAVisibleDevices: visible,
+			Ranks: ranks, PerRankDevice: perRank, SocketIfname: socketIfname(spec)},
+		Stdout: spec.Stdout, Stderr: spec.Stderr, Log: spec.Log, Report: spec.Report,
 		GuardianArgv: spec.GuardianArgv, Subreaper: spec.Subreaper, Signals: spec.Signals, Events: spec.Events,
 	}
 	if o.Store != nil {
@@ -380,4 +404,140 @@ func chosenDevices(inv *topology.Inventory, devices []topology.Device, granted b
 		ids[i] = d.ID
 	}
 	return ids
+}
+
+// planRanks works out what each local rank gets from the node's topology
+// (topology.PlanRanks), with notes for the log: why ranks are not bound to CPUs, the
+// NCCL_TOPO_FILE written. perRank is set
+// when every worker gets its own CUDA_VISIBLE_DEVICES: gangrun chose the devices
+// (chosen) and some is a MIG device; more workers than devices is then an error.
+func planRanks(spec Spec, o *rendezvous.Opened, inv *topology.Inventory, devices []topology.Device, nproc int,
+	torchrun, chosen bool) (ranks []topology.RankPlan, perRank bool, notes []string, err error) {
+	bind, _ := topology.ParseCPUBind(spec.CPUBind)
+	mode, _ := topology.ParseNCCLTopo(spec.NCCLTopo)
+	perRank = chosen && topology.HasMIG(devices)
+	if perRank && nproc > len(devices) {
+		return nil, false, nil, fmt.Errorf("--nproc-per-node %d: this node has %d devices with MIG among them, and CUDA lets a process use one MIG device: run at most %d workers",
+			nproc, len(devices), len(devices))
+	}
+	var note string
+	switch {
+	case bind == topology.CPUBindNone:
+	case torchrun:
+		bind, note = topology.CPUBindNone, "no CPU binding: the wrapped torchrun starts the workers (torch 2.9's torchrun has --numa-binding)"
+	case o.SetsDevices:
+		bind, note = topology.CPUBindNone, "no CPU binding: the coordinator chose the node's devices (Slurm binds with task/affinity)"
+	}
+	if note != "" {
+		notes = append(notes, note)
+	}
+	topoFile := ""
+	if len(inv.GPUs) > 0 && (mode == topology.NCCLTopoAlways || (mode == topology.NCCLTopoAuto && inv.FlatPCIe())) {
+		dir := filepath.Join(os.TempDir(), fmt.Sprintf("gangrun-%d", os.Getuid()))
+		if topoFile, err = inv.WriteNCCLTopoFile(dir); err != nil {
+			notes = append(notes, "no NCCL_TOPO_FILE: "+err.Error())
+			topoFile, err = "", nil
+		} else {
+			notes = append(notes, fmt.Sprintf("workers get NCCL_TOPO_FILE=%s (flat PCIe tree: %v)", topoFile, inv.FlatPCIe()))
+		}
+	}
+	ranks, pn := inv.PlanRanks(topology.PlanOptions{Devices: devices, NProc: nproc, CPUBind: bind, TopoFile: topoFile})
+	return ranks, perRank, append(notes, pn...), nil
+}
+
+// topoFileOf returns the NCCL_TOPO_FILE of the plans; "" when none.
+func topoFileOf(ranks []topology.RankPlan) string {
+	for _, r := range ranks {
+		for _, v := range r.NCCL {
+			if v.Name == "NCCL_TOPO_FILE" {
+				return v.Value
+			}
+		}
+	}
+	return ""
+}
+
+// socketIfname returns EnvConfig.SocketIfname: the interface holding --advertise-addr
+// when given, else the one carrying the route to each attempt's MASTER_ADDR (cached per
+// address); "" (NCCL_SOCKET_IFNAME keeps topology.SocketIfnameExclude) with one warning
+// when none is found.
+func socketIfname(spec Spec) func(string) string {
+	var mu sync.Mutex
+	cache := map[string]string{}
+	return func(master string) string {
+		target := master
+		if spec.AdvertiseAddr != "" {
+			target = spec.AdvertiseAddr
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if name, ok := cache[target]; ok {
+			return name
+		}
+		name, err := topology.InterfaceFor(target)
+		if err != nil {
+			spec.logger().Warn("NCCL_SOCKET_IFNAME keeps " + topology.SocketIfnameExclude + ": " + err.Error())
+		}
+		cache[target] = name
+		return name
+	}
+}
+
+// RankEnvQuery is what `gangrun topo --nccl-env --rank N` asks about.
+type RankEnvQuery struct {
+	// LocalRank is the worker's local rank on the node.
+	LocalRank int
+	// NProcPerNode is --nproc-per-node ("" is "auto"), CPUBind --cpu-bind and
+	// NCCLTopo --nccl-topo, as `gangrun run` reads them.
+	NProcPerNode, CPUBind, NCCLTopo string
+	// MasterAddr is the address NCCL_SOCKET_IFNAME is routed to; "" keeps
+	// topology.SocketIfnameExclude.
+	MasterAddr string
+}
+
+// RankEnv returns the variables `gangrun run` would give local rank q.LocalRank on the
+// node of inv from its topology, as "NAME=value" lines: the NCCL settings, torch's
+// async error handling, CUDA_VISIBLE_DEVICES when each worker gets its own (MIG), and
+// OMP_NUM_THREADS and GANGRUN_CPUS when the rank is bound; notes say why it is not.
+// Errors name the bad value.
+func RankEnv(inv *topology.Inventory, q RankEnvQuery) (lines, notes []string, err error) {
+	bind, err := topology.ParseCPUBind(q.CPUBind)
+	if err != nil {
+		return nil, nil, err
+	}
+	mode, err := topology.ParseNCCLTopo(q.NCCLTopo)
+	if err != nil {
+		return nil, nil, err
+	}
+	devices := inv.Allocatable()
+	nprocFlag := q.NProcPerNode
+	if nprocFlag == "" {
+		nprocFlag = "auto"
+	}
+	nproc, err := ResolveNProcPerNode(nprocFlag, len(devices), runtime.NumCPU())
+	if err != nil {
+		return nil, nil, err
+	}
+	if q.LocalRank < 0 || q.LocalRank >= nproc {
+		return nil, nil, fmt.Errorf("--rank %d: want 0..%d (the node runs %d workers)", q.LocalRank, nproc-1, nproc)
+	}
+	perRank := topology.HasMIG(devices) && chosenDevices(inv, devices, false) != nil
+	topoFile := ""
+	if len(inv.GPUs) > 0 && (mode == topology.NCCLTopoAlways || (mode == topology.NCCLTopoAuto && inv.FlatPCIe())) {
+		dir := filepath.Join(os.TempDir(), fmt.Sprintf("gangrun-%d", os.Getuid()))
+		if topoFile, err = inv.WriteNCCLTopoFile(dir); err != nil {
+			return nil, nil, err
+		}
+	}
+	ifname := ""
+	if q.MasterAddr != "" {
+		if ifname, err = topology.InterfaceFor(q.MasterAddr); err != nil {
+			notes = append(notes, "NCCL_SOCKET_IFNAME keeps "+topology.SocketIfnameExclude+": "+err.Error())
+		}
+	}
+	plans, pn := inv.PlanRanks(topology.PlanOptions{Devices: devices, NProc: nproc, CPUBind: bind, SocketIfname: ifname, TopoFile: topoFile})
+	notes = append(notes, pn...)
+	lines = plans[q.LocalRank].FormatRankEnv(perRank)
+	lines = append(lines, "NCCL_ASYNC_ERROR_HANDLING=1", "TORCH_NCCL_ASYNC_ERROR_HANDLING=1")
+	return lines, notes, nil
 }

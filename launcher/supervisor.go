@@ -110,6 +110,10 @@ func (b Backoff) String() string {
 
 // Config is one node's `gangrun run`.
 type Config struct {
+	// Notes are lines Run logs once when it starts: what Prepare found about the node
+	// (no CPU binding and why, the NCCL_TOPO_FILE written), kept until the run starts
+	// so that a usage error stays one line.
+	Notes []string
 	// Command is the training command: argv[0] is looked up on PATH.
 	Command []string
 	// Torchrun is Command parsed as a wrapped torchrun (Prepare sets it, having parsed
@@ -396,6 +400,9 @@ type outcome struct {
 // Run supervises the job until it succeeds, runs out of restarts, or is stopped, and
 // returns how it ended. It never panics on worker behaviour.
 func (s *Supervisor) Run(ctx context.Context) Result {
+	for _, n := range s.cfg.Notes {
+		s.cfg.Log.Info(n)
+	}
 	if s.cfg.Subreaper {
 		// Children this process inherited when it was exec'd (a shell's `exec >
 		// >(tee run.log)` before `exec gangrun run`) are not the workers': the sweep
@@ -1058,8 +1065,12 @@ func (s *Supervisor) specs(a rendezvous.Assignment) ([]workerSpec, error) {
 		if faulthandler {
 			env = append(env, "PYTHONFAULTHANDLER=1")
 		}
+		var cpus []int
+		if lr < len(s.cfg.Env.Ranks) {
+			cpus = s.cfg.Env.Ranks[lr].CPUs
+		}
 		specs = append(specs, workerSpec{
-			localRank: lr, rank: rank, argv: argv,
+			localRank: lr, rank: rank, argv: argv, cpus: cpus,
 			env:    env,
 			prefix: rankPrefix(rank), base: base, rel: []string{attempt, rankDir},
 			dir: dir, errorFile: errFile, logFiles: s.cfg.LogDir != "",

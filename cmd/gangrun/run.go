@@ -29,6 +29,8 @@ type gangFlags struct {
 	masterPort    int
 	topologyFile  string
 	env           []string
+	cpuBind       string
+	ncclTopo      string
 	termTimeout   time.Duration
 	logFormat     string
 	nprocGiven    bool // --nproc-per-node was on the command line
@@ -45,6 +47,8 @@ func (g *gangFlags) register(fs *pflag.FlagSet) {
 	fs.IntVar(&g.masterPort, "master-port", 0, "MASTER_PORT; 0 picks a free port for every attempt")
 	fs.StringVar(&g.topologyFile, "topology-file", "", "use a recorded inventory (gangrun topo --json) instead of probing")
 	fs.StringArrayVar(&g.env, "env", nil, "extra worker environment KEY=VAL (repeatable)")
+	fs.StringVar(&g.cpuBind, "cpu-bind", "numa", "bind each worker to its GPU's NUMA node CPUs, shared fairly (numa), or not at all (none)")
+	fs.StringVar(&g.ncclTopo, "nccl-topo", "auto", "set NCCL_TOPO_FILE from the probed topology: auto (when the PCIe tree is flat, as in a VM), always or never")
 	durationVar(fs, &g.termTimeout, "term-timeout", launcher.DefaultTermTimeout, durationFlag{max: maxGrace},
 		"SIGTERM to SIGKILL grace when stopping workers (at most 24h)")
 	fs.StringVar(&g.logFormat, "log-format", "text", "gangrun's own log lines: text or json")
@@ -128,7 +132,7 @@ func (g *gangFlags) spec(e *env, command []string, log *zap.Logger) launcher.Spe
 	return launcher.Spec{
 		Command: command, NProcPerNode: g.nproc, NProcGiven: g.nprocGiven, NNodes: g.nnodes, NNodesGiven: g.nnodesGiven,
 		Coordinator: g.coordinator, JobID: g.jobID, NodeName: g.nodeName, AdvertiseAddr: g.advertiseAddr,
-		MasterPort: g.masterPort, TopologyFile: g.topologyFile, Env: g.env, Getenv: e.getenv, TermTimeout: g.termTimeout,
+		MasterPort: g.masterPort, TopologyFile: g.topologyFile, Env: g.env, CPUBind: g.cpuBind, NCCLTopo: g.ncclTopo, Getenv: e.getenv, TermTimeout: g.termTimeout,
 		Stdout: e.stdout, Stderr: e.stderr, Report: e.stderr, Log: log, GuardianArgv: guardian, Signals: e.signals,
 	}
 }
