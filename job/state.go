@@ -186,6 +186,9 @@ type State struct {
 	// ended), node failures included, by the class of the failure before it (one of
 	// RestartCauses): gangrun_job_restarts_total.
 	RestartsByCause map[string]int `json:"restarts_by_cause,omitempty"`
+	// Checkpoint is the newest complete checkpoint in the job's checkpoint directory as
+	// the agent exporting the job's metrics (its node rank 0's) last saw it.
+	Checkpoint *CheckpointSeen `json:"checkpoint,omitempty"`
 	// Attempts are the job's rendezvous rounds, oldest first; LostNodes the nodes it lost.
 	Attempts  []Attempt  `json:"attempts,omitempty"`
 	LostNodes []LostNode `json:"lost_nodes,omitempty"`

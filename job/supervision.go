@@ -1,10 +1,13 @@
 package job
 
 import (
+	"context"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"time"
+
+	"github.com/gangrun/gangrun/internal/store"
 )
 
 // The causes a job's restarts are counted by (State.RestartsByCause, the metric
@@ -188,4 +191,29 @@ func (s *State) RankZeroNode() string {
 		return s.Nodes[0]
 	}
 	return ""
+}
+
+// CheckpointSeen is a job's newest complete checkpoint as an agent saw it.
+type CheckpointSeen struct {
+	// Path is the checkpoint; Time its modification time (when it was completed).
+	Path string    `json:"path"`
+	Time time.Time `json:"time"`
+	// Seen is when the agent found it.
+	Seen time.Time `json:"seen"`
+}
+
+// NoteCheckpoint records c as job id's newest complete checkpoint (State.Checkpoint),
+// unless the state has it, or a newer one, already.
+func NoteCheckpoint(ctx context.Context, s store.Store, id string, c CheckpointSeen) error {
+	if err := checkID(id); err != nil {
+		return err
+	}
+	_, _, err := update(ctx, s, id, func(j *Job) bool {
+		if old := j.State.Checkpoint; old != nil && (old.Path == c.Path || old.Time.After(c.Time)) {
+			return false
+		}
+		j.State.Checkpoint = &c
+		return true
+	})
+	return err
 }

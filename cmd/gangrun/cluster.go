@@ -206,7 +206,7 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 		_ = job.RunLauncher(actx, job.LauncherConfig{Store: s, Node: name, Log: log.Named("jobs"),
 			Spawn: spawnStep(e, *consul, *topoFile, name, stepLogs)})
 	}()
-	exposition := metrics.Handler(gpus, metrics.NewNodeCollector(view, name), sched)
+	exposition := metrics.Handler(gpus, metrics.NewNodeCollector(view, name), sched, metrics.NewJobCollector(s, name, 0, 0))
 	if metricsLn != nil {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", exposition)
