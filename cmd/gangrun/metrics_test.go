@@ -321,7 +321,10 @@ func sample(exposition, name string, labels ...string) (float64, bool) {
 func TestJobSupervisionMetrics(t *testing.T) {
 	ports := map[string]int{"gpu-a": freePort(t), "gpu-b": freePort(t)}
 	addr := func(n string) string { return "127.0.0.1:" + strconv.Itoa(ports[n]) }
-	c := startJobClusterWith(t, func(node string) []string { return []string{"--metrics-addr", addr(node)} }, "gpu-a", "gpu-b")
+	mapDirs := t.TempDir()
+	c := startJobClusterWith(t, func(node string) []string {
+		return []string{"--metrics-addr", addr(node), "--dcgm-job-mapping-dir", filepath.Join(mapDirs, node)}
+	}, "gpu-a", "gpu-b")
 	t.Chdir(t.TempDir())
 	script := `if [ -z "$GANGRUN_RESUME_FROM" ]; then
   if [ "$RANK" = 0 ]; then sleep 1; mkdir -p "$GANGRUN_CHECKPOINT_DIR/step-10"; touch "$GANGRUN_CHECKPOINT_DIR/step-10/.complete"; exec sleep 60; fi
@@ -402,4 +405,22 @@ exec sleep 300`
 		}
 	}
 	t.Logf("show:\n%s", out)
+
+	// dcgm-exporter's job-mapping files: one GPU of each node holds the job; none once
+	// it ended.
+	for _, n := range []string{"gpu-a", "gpu-b"} {
+		files, _ := filepath.Glob(filepath.Join(mapDirs, n, "[0-9]*"))
+		if len(files) != 1 {
+			t.Errorf("%s's job-mapping dir: %v, want one GPU's file", n, files)
+			continue
+		}
+		if b, _ := os.ReadFile(files[0]); string(b) != id+"\n" {
+			t.Errorf("%s: %q, want the job's id %q", files[0], b, id+"\n")
+		}
+	}
+	stopJob(c, id)
+	waitUntilFor(t, 30*time.Second, func() bool {
+		files, _ := filepath.Glob(filepath.Join(mapDirs, "*", "[0-9]*"))
+		return len(files) == 0
+	}, "the job-mapping files removed once the job ended")
 }
