@@ -97,3 +97,20 @@ func RunLauncher(ctx context.Context, cfg LauncherConfig) error {
 		}
 	}
 }
+
+// PlacedOn returns the ids of the jobs running on node, as the launchers' index
+// (gangrun/batch/placed/<node>/) has them: what the node's agent reads, not every job.
+func PlacedOn(ctx context.Context, s store.Store, node string) ([]string, error) {
+	prefix := placedPrefix + node + "/"
+	entries, _, err := s.List(ctx, prefix)
+	if err != nil {
+		return nil, err
+	}
+	var ids []string
+	for _, e := range entries {
+		if id := strings.TrimPrefix(e.Key, prefix); id != "" && !strings.Contains(id, "/") {
+			ids = append(ids, id)
+		}
+	}
+	return ids, nil
+}

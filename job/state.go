@@ -114,8 +114,16 @@ type Attempt struct {
 	// Cause is how it ended: "succeeded", "failed: rank 3 on node-b: exit code 1", "node
 	// node-b lost: its agent's session ended", ...
 	Cause string `json:"cause"`
-	// ResumeFrom is the checkpoint it resumed from ("" for a fresh start).
-	ResumeFrom string `json:"resume_from"`
+	// ResumeFrom is the checkpoint it resumed from ("" for a fresh start), and
+	// ResumeFromTime that checkpoint's modification time (when it was completed).
+	ResumeFrom     string    `json:"resume_from"`
+	ResumeFromTime time.Time `json:"resume_from_time,omitzero"`
+	// WorkersStarted is when the first node's workers of the attempt started (zero
+	// when they did not, or before they do).
+	WorkersStarted time.Time `json:"workers_started,omitzero"`
+	// RestartCause is, once a later attempt restarted the job after this one, the class
+	// of how this one ended (one of RestartCauses); "" otherwise.
+	RestartCause string `json:"restart_cause,omitempty"`
 }
 
 // LostNode is a node the job lost while it ran there.
@@ -174,6 +182,13 @@ type State struct {
 	// NodeFailures those caused by a lost node (they do not).
 	Restarts     int `json:"restarts"`
 	NodeFailures int `json:"node_failures"`
+	// RestartsByCause counts every restart of the gang (a new attempt after one that
+	// ended), node failures included, by the class of the failure before it (one of
+	// RestartCauses): gangrun_job_restarts_total.
+	RestartsByCause map[string]int `json:"restarts_by_cause,omitempty"`
+	// Checkpoint is the newest complete checkpoint in the job's checkpoint directory as
+	// the agent exporting the job's metrics (its node rank 0's) last saw it.
+	Checkpoint *CheckpointSeen `json:"checkpoint,omitempty"`
 	// Attempts are the job's rendezvous rounds, oldest first; LostNodes the nodes it lost.
 	Attempts  []Attempt  `json:"attempts,omitempty"`
 	LostNodes []LostNode `json:"lost_nodes,omitempty"`

@@ -241,10 +241,7 @@ func (st *step) prepare(ctx context.Context, gn allocator.GrantNode, out io.Writ
 	if err := os.Chdir(spec.WorkDir); err != nil {
 		return nil, fmt.Errorf("work directory %s: %w", spec.WorkDir, err)
 	}
-	ckpt := spec.CheckpointDir
-	if ckpt != "" && !filepath.IsAbs(ckpt) {
-		ckpt = filepath.Join(spec.WorkDir, ckpt)
-	}
+	ckpt := spec.CheckpointPath()
 	addr, _ := allocator.NodeAddr(ctx, st.cfg.Store, st.cfg.Node) // "": the run finds its own
 	environ := append(os.Environ(), "GANGRUN_NODELIST="+hostlist.Compress(state.Nodes))
 	st.stop = make(chan os.Signal, 4)
@@ -419,8 +416,9 @@ type attempts struct {
 // Emit implements event.Sink.
 func (a *attempts) Emit(e event.Event) {
 	a.once.Do(func() { go a.loop() })
-	switch e.Kind {
-	case event.RoundClosed, event.CheckpointChosen, event.RoundEnded:
+	healthy := e.Kind == event.StateChanged && e.State == string(launcher.StateHealthy) && e.Attempt >= 0
+	switch {
+	case e.Kind == event.RoundClosed, e.Kind == event.CheckpointChosen, e.Kind == event.RoundEnded, healthy:
 		select {
 		case a.ch <- e:
 		default: // the state is behind; the next event catches it up
@@ -431,13 +429,22 @@ func (a *attempts) Emit(e event.Event) {
 func (a *attempts) loop() {
 	ctx := context.Background()
 	for e := range a.ch {
-		_, _, _ = update(ctx, a.step.cfg.Store, a.step.cfg.Job, func(j *Job) bool { return record(&j.State, e) })
+		var ckptTime time.Time
+		if e.Kind == event.CheckpointChosen && e.Checkpoint != "" {
+			// The checkpoint's time, for the job's ETTR: when the work it holds was saved.
+			if fi, err := os.Stat(e.Checkpoint); err == nil {
+				ckptTime = fi.ModTime().UTC()
+			}
+		}
+		_, _, _ = update(ctx, a.step.cfg.Store, a.step.cfg.Job, func(j *Job) bool { return record(&j.State, e, ckptTime) })
 	}
 }
 
-// record notes event e in the job's attempts; false when it changes nothing (another
-// node's step noted it first).
-func record(st *State, e event.Event) bool {
+// record notes event e in the job's attempts (ckptTime: the modification time of the
+// checkpoint a CheckpointChosen names), and counts a restart once an attempt follows
+// one that ended (State.countRestarts); false when it changes nothing (another node's
+// step noted it first).
+func record(st *State, e event.Event, ckptTime time.Time) bool {
 	i := slices.IndexFunc(st.Attempts, func(a Attempt) bool { return a.Number == e.Attempt })
 	changed := false
 	if i < 0 {
@@ -452,7 +459,11 @@ func record(st *State, e event.Event) bool {
 		}
 	case event.CheckpointChosen:
 		if a.ResumeFrom == "" && e.Checkpoint != "" {
-			a.ResumeFrom, changed = e.Checkpoint, true
+			a.ResumeFrom, a.ResumeFromTime, changed = e.Checkpoint, ckptTime, true
+		}
+	case event.StateChanged: // HEALTHY: this node's workers started
+		if a.WorkersStarted.IsZero() {
+			a.WorkersStarted, changed = e.Time.UTC(), true
 		}
 	case event.RoundEnded:
 		if a.Ended.IsZero() {
@@ -462,7 +473,7 @@ func record(st *State, e event.Event) bool {
 			}
 		}
 	}
-	return changed
+	return st.countRestarts() || changed
 }
 
 // stepLogger writes the step's own messages into the job's output, as `gangrun run`

@@ -23,7 +23,7 @@ func exportedNames(t *testing.T) map[string]bool {
 	view := NewView(store.NewMemory(), 0)
 	cs := []prometheus.Collector{
 		NewGPUCollector(GPUConfig{NVML: m.srv, Node: "n", Inventory: func() *topology.Inventory { return m.inv }}),
-		NewNodeCollector(view, "n"), NewSchedulerCollector(store.NewMemory(), view),
+		NewNodeCollector(view, "n"), NewSchedulerCollector(store.NewMemory(), view), NewJobCollector(store.NewMemory(), "n", 0, 0),
 	}
 	fq := regexp.MustCompile(`fqName: "([^"]+)"`)
 	names := map[string]bool{}

@@ -2,7 +2,9 @@
 // dcgm-exporter's metric names and labels (read through NVML when a scrape comes, with
 // a short cache), plus the job holding each GPU; its node's state and GPU counts; and,
 // on the agent elected scheduler, the queue's and the scheduler's metrics in Kueue's
-// style (gangrun_pending_jobs, gangrun_job_wait_time_seconds, ...). Each group is a
+// style (gangrun_pending_jobs, gangrun_job_wait_time_seconds, ...); and, for each
+// running job whose node rank 0 is on its node, the job's supervision (restarts by
+// cause, checkpoint age, effective training time ratio). Each group is a
 // prometheus.Collector; Handler serves them all on /metrics. docs/metrics.md lists
 // every metric.
 package metrics

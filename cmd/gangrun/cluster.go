@@ -84,6 +84,7 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 	logFormat := fs.String("log-format", "text", "log lines: text or json")
 	metricsAddr := fs.String("metrics-addr", "", fmt.Sprintf("serve Prometheus metrics on HOST:PORT/metrics (off unless given; suggested port %d)", metrics.DefaultPort))
 	httpAddr := fs.String("http-addr", "", "serve the cluster's status page on HOST:PORT/ (and /metrics; off unless given)")
+	jobMapDir := fs.String("dcgm-job-mapping-dir", "", "write dcgm-exporter's HPC job-mapping files (one per GPU index, the job ids holding it) into DIR, for its --hpc-job-mapping-dir (off unless given)")
 	wasteThreshold := fs.Float64("waste-threshold", metrics.DefaultWasteThreshold, "GPU waste: a running job whose GPUs on this node all stay under this utilisation (in %)...")
 	var wasteAfter time.Duration
 	durationVar(fs, &wasteAfter, "waste-after", metrics.DefaultWasteAfter, durationFlag{min: time.Second, max: maxWait},
@@ -182,6 +183,11 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 		}
 		defer httpLn.Close()
 	}
+	if *jobMapDir != "" {
+		if err := os.MkdirAll(*jobMapDir, 0o755); err != nil {
+			return failErr(e, "agent", fmt.Errorf("--dcgm-job-mapping-dir: %w", err))
+		}
+	}
 	for _, n := range inv.Notes {
 		log.Info("topology", zap.String("note", n))
 	}
@@ -206,7 +212,7 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 		_ = job.RunLauncher(actx, job.LauncherConfig{Store: s, Node: name, Log: log.Named("jobs"),
 			Spawn: spawnStep(e, *consul, *topoFile, name, stepLogs)})
 	}()
-	exposition := metrics.Handler(gpus, metrics.NewNodeCollector(view, name), sched)
+	exposition := metrics.Handler(gpus, metrics.NewNodeCollector(view, name), sched, metrics.NewJobCollector(s, name, 0, 0))
 	if metricsLn != nil {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", exposition)
@@ -219,6 +225,14 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 		mux.Handle("/", statuspage.Handler(statuspage.Config{Store: s, Node: name, Utilization: gpus.Utilization}))
 		go serveHTTP(actx, httpLn, mux)
 		log.Info("serving the status page", zap.String("url", "http://"+httpLn.Addr().String()+"/"))
+	}
+	if *jobMapDir != "" {
+		go func() {
+			if err := metrics.WriteJobMapping(actx, metrics.JobMappingConfig{Store: s, Node: name, Dir: *jobMapDir,
+				Inventory: func() *topology.Inventory { return a.Inventory() }, Log: log.Named("dcgm-job-map")}); err != nil {
+				log.Error("--dcgm-job-mapping-dir", zap.Error(err))
+			}
+		}()
 	}
 	go func() {
 		_ = metrics.WatchWaste(actx, metrics.WasteConfig{Store: s, Node: name, Session: a.Session, GPUs: gpus, View: view,

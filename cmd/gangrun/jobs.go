@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"os/user"
@@ -307,6 +308,7 @@ func showJob(e *env, j *job.Job, asJSON bool) int {
 	for _, l := range st.LostNodes {
 		fmt.Fprintf(w, "   Lost node %s at %s: %s\n", l.Node, stampOr(l.At), l.Why)
 	}
+	printSupervision(w, j)
 	if n, _ := j.IdleGPUs(); n > 0 {
 		for _, m := range j.Idle {
 			fmt.Fprintf(w, "   GPUWaste=node %s GPUs %s under %g%% utilisation since %s (%s; highest now %g%%)\n", m.Node, intList(m.GPUs),
@@ -316,8 +318,34 @@ func showJob(e *env, j *job.Job, asJSON bool) int {
 	return exitOK
 }
 
+// printSupervision prints the job's supervision, as its rank-0 node's agent exports it:
+// restarts by cause, the last restart's time from failure to workers started, the newest
+// checkpoint its agent saw, and the effective training time ratio.
+func printSupervision(w io.Writer, j *job.Job) {
+	st := &j.State
+	if len(st.RestartsByCause) > 0 {
+		var parts []string
+		for _, c := range job.RestartCauses() {
+			if n := st.RestartsByCause[c]; n > 0 {
+				parts = append(parts, fmt.Sprintf("%s=%d", c, n))
+			}
+		}
+		fmt.Fprintf(w, "   RestartsByCause=%s\n", strings.Join(parts, ","))
+	}
+	if d, ok := st.Recovery(); ok {
+		fmt.Fprintf(w, "   LastRestart=%s from failure to workers started\n", d.Round(time.Millisecond))
+	}
+	if c := st.Checkpoint; c != nil {
+		fmt.Fprintf(w, "   NewestCheckpoint=%s at %s (age %s when seen %s)\n", c.Path, stampOr(c.Time), c.Seen.Sub(c.Time).Round(time.Second), stampOr(c.Seen))
+	}
+	if r, ok := st.ETTR(j.Spec.CheckpointDir, time.Now()); ok {
+		fmt.Fprintf(w, "   ETTR=%.3f (productive time over wall time since it started)\n", r)
+	}
+}
+
 // jobJSON is `gangrun show ID --json` for a job: the queue's fields plus "exit_code",
-// "nodes" as [{"name", "gpus"}], "attempts" and "lost_nodes".
+// "nodes" as [{"name", "gpus"}], "attempts" and "lost_nodes", and the supervision's
+// "restarts_by_cause", "last_restart_seconds", "checkpoint" and "ettr" when known.
 func jobJSON(j *job.Job) any {
 	e := job.EntryOf(*j, "", time.Now())
 	type node struct {
@@ -333,10 +361,22 @@ func jobJSON(j *job.Job) any {
 		Spares    []string       `json:"spares"`
 		Spec      job.Spec       `json:"spec"`
 		Ended     string         `json:"ended"`
-	}{Entry: e, ExitCode: j.State.ExitCode, Spec: j.Spec, Spares: append([]string{}, j.State.Spares...),
+		// The supervision (printSupervision): absent when unknown.
+		RestartsByCause    map[string]int      `json:"restarts_by_cause,omitempty"`
+		LastRestartSeconds *float64            `json:"last_restart_seconds,omitempty"`
+		Checkpoint         *job.CheckpointSeen `json:"checkpoint,omitempty"`
+		ETTR               *float64            `json:"ettr,omitempty"`
+	}{RestartsByCause: j.State.RestartsByCause, Checkpoint: j.State.Checkpoint, Entry: e, ExitCode: j.State.ExitCode, Spec: j.Spec, Spares: append([]string{}, j.State.Spares...),
 		LostNodes: append([]job.LostNode{}, j.State.LostNodes...), Nodes: []node{}, Attempts: append([]job.Attempt{}, j.State.Attempts...)}
 	for _, n := range j.State.Nodes {
 		out.Nodes = append(out.Nodes, node{Name: n, GPUs: j.Spec.GPUsPerNode})
+	}
+	if d, ok := j.State.Recovery(); ok {
+		v := d.Seconds()
+		out.LastRestartSeconds = &v
+	}
+	if r, ok := j.State.ETTR(j.Spec.CheckpointDir, time.Now()); ok {
+		out.ETTR = &r
 	}
 	if !j.State.Ended.IsZero() {
 		out.Ended = j.State.Ended.UTC().Format(time.RFC3339)

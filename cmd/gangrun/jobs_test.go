@@ -519,6 +519,9 @@ func TestJobMovesOffANodeWhoseGPUFails(t *testing.T) {
 	if a := m["attempts"].([]any); len(a) < 2 || !strings.Contains(a[0].(map[string]any)["cause"].(string), "requeued") {
 		t.Errorf("attempts %v: want the first ended by the requeue", m["attempts"])
 	}
+	if by, _ := m["restarts_by_cause"].(map[string]any); by["gpu_health"] != float64(1) {
+		t.Errorf("restarts by cause %v, want the requeue counted as gpu_health", m["restarts_by_cause"])
+	}
 	lost, _ := m["lost_nodes"].([]any)
 	if len(lost) != 1 || !strings.Contains(lost[0].(map[string]any)["why"].(string), "Xid 79") {
 		t.Errorf("lost nodes %v, want %s drained for its Xid 79", m["lost_nodes"], first)

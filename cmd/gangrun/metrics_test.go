@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -271,4 +272,155 @@ func TestQueueAndShowTellGPUWaste(t *testing.T) {
 	if strings.Contains(out.String(), "gpus 12") {
 		t.Errorf("an ended job shown idle:\n%s", out.String())
 	}
+}
+
+// scrape returns the exposition of the agent at addr (HOST:PORT).
+func scrape(t *testing.T, addr string) string {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// sample returns the value of the first series of the exposition whose line starts with
+// name and holds every label pair of labels (`hpc_job="3"`).
+func sample(exposition, name string, labels ...string) (float64, bool) {
+	for _, line := range strings.Split(exposition, "\n") {
+		if !strings.HasPrefix(line, name+"{") {
+			continue
+		}
+		series, value, ok := strings.Cut(line, "} ")
+		if !ok {
+			continue
+		}
+		all := true
+		for _, l := range labels {
+			all = all && strings.Contains(series, l)
+		}
+		if all {
+			v, err := strconv.ParseFloat(strings.Fields(value)[0], 64)
+			return v, err == nil
+		}
+	}
+	return 0, false
+}
+
+// TestJobSupervisionMetrics: a 2-node job (agents with --metrics-addr) whose rank 1
+// exits 3 after rank 0 completed a checkpoint restarts once from it; the agent of the
+// job's node rank 0, and only it, exports its restarts by cause (worker_exit 1, the
+// others 0), the time from the failure to the next workers started, the age of the
+// checkpoint and the effective training time ratio; promtool finds nothing to say about
+// them; and `gangrun show` prints the same from the job's record.
+func TestJobSupervisionMetrics(t *testing.T) {
+	ports := map[string]int{"gpu-a": freePort(t), "gpu-b": freePort(t)}
+	addr := func(n string) string { return "127.0.0.1:" + strconv.Itoa(ports[n]) }
+	mapDirs := t.TempDir()
+	c := startJobClusterWith(t, func(node string) []string {
+		return []string{"--metrics-addr", addr(node), "--dcgm-job-mapping-dir", filepath.Join(mapDirs, node)}
+	}, "gpu-a", "gpu-b")
+	t.Chdir(t.TempDir())
+	script := `if [ -z "$GANGRUN_RESUME_FROM" ]; then
+  if [ "$RANK" = 0 ]; then sleep 1; mkdir -p "$GANGRUN_CHECKPOINT_DIR/step-10"; touch "$GANGRUN_CHECKPOINT_DIR/step-10/.complete"; exec sleep 60; fi
+  sleep 3; exit 3
+fi
+exec sleep 300`
+	id := c.submit("--nodes", "2", "--gpus-per-node", "1", "--name", "supervised", "--checkpoint-dir", "ckpt", "--", "/bin/sh", "-c", script)
+	t.Cleanup(func() { stopJob(c, id) })
+	var j *job.Job
+	waitUntilFor(t, 90*time.Second, func() bool {
+		s := c.show(id)
+		b, _ := json.Marshal(s)
+		var st struct {
+			Attempts []job.Attempt `json:"attempts"`
+		}
+		_ = json.Unmarshal(b, &st)
+		n := len(st.Attempts)
+		if n < 2 || st.Attempts[n-1].WorkersStarted.IsZero() || len(st.Attempts[n-1].Nodes) == 0 {
+			return false
+		}
+		j = &job.Job{State: job.State{Status: job.Running, Attempts: st.Attempts}}
+		return true
+	}, "the job restarted and its second attempt's workers started")
+	rank0 := j.State.RankZeroNode()
+	other := "gpu-a"
+	if rank0 == "gpu-a" {
+		other = "gpu-b"
+	}
+	jl := `hpc_job="` + id + `"`
+	var exp string
+	waitUntilFor(t, 30*time.Second, func() bool {
+		exp = scrape(t, addr(rank0))
+		_, ok := sample(exp, "gangrun_job_checkpoint_age_seconds", jl)
+		return ok
+	}, "the rank-0 agent exporting the job's checkpoint age")
+	for cause, want := range map[string]float64{"worker_exit": 1, "signal": 0, "hang": 0, "node_lost": 0, "gpu_health": 0, "other": 0} {
+		if v, ok := sample(exp, "gangrun_job_restarts_total", jl, `hpc_job_name="supervised"`, `cause="`+cause+`"`); !ok || v != want {
+			t.Errorf("gangrun_job_restarts_total{cause=%s}: %v (present %v), want %v", cause, v, ok, want)
+		}
+	}
+	if v, ok := sample(exp, "gangrun_job_failure_to_workers_started_seconds", jl); !ok || v < 0 || v > 60 {
+		t.Errorf("gangrun_job_failure_to_workers_started_seconds: %v (present %v)", v, ok)
+	}
+	if v, ok := sample(exp, "gangrun_job_checkpoint_age_seconds", jl); !ok || v < 0 || v > 120 {
+		t.Errorf("gangrun_job_checkpoint_age_seconds: %v (present %v)", v, ok)
+	}
+	if v, ok := sample(exp, "gangrun_job_effective_training_time_ratio", jl); !ok || v <= 0 || v > 1 {
+		t.Errorf("gangrun_job_effective_training_time_ratio: %v (present %v), want in (0, 1]", v, ok)
+	}
+	if _, ok := sample(scrape(t, addr(other)), "gangrun_job_restarts_total", jl); ok {
+		t.Errorf("the agent of %s (not node rank 0) exports the job's restarts too", other)
+	}
+	if promtool, err := exec.LookPath("promtool"); err != nil {
+		t.Error("promtool not found: install Debian's prometheus package (scripts/install-deps.sh prometheus)")
+	} else {
+		cmd := exec.Command(promtool, "check", "metrics")
+		cmd.Stdin = strings.NewReader(exp)
+		out, _ := cmd.CombinedOutput()
+		for _, line := range strings.Split(string(out), "\n") {
+			if strings.HasPrefix(line, "gangrun_job_") {
+				t.Errorf("promtool: %s", line)
+			}
+		}
+	}
+	for _, line := range strings.Split(exp, "\n") {
+		if strings.HasPrefix(line, "gangrun_job_") && strings.Contains(line, jl) {
+			t.Logf("%s: %s", rank0, line)
+		}
+	}
+	var out string
+	waitUntilFor(t, 20*time.Second, func() bool {
+		_, out, _ = c.gangrun("show", id)
+		return strings.Contains(out, "NewestCheckpoint=")
+	}, "show printing the checkpoint the rank-0 agent noted")
+	for _, want := range []string{"RestartsByCause=worker_exit=1\n", " from failure to workers started", "/ckpt/step-10 at ", "ETTR=0."} {
+		if !strings.Contains(out, want) {
+			t.Errorf("show lacks %q:\n%s", want, out)
+		}
+	}
+	t.Logf("show:\n%s", out)
+
+	// dcgm-exporter's job-mapping files: one GPU of each node holds the job; none once
+	// it ended.
+	for _, n := range []string{"gpu-a", "gpu-b"} {
+		files, _ := filepath.Glob(filepath.Join(mapDirs, n, "[0-9]*"))
+		if len(files) != 1 {
+			t.Errorf("%s's job-mapping dir: %v, want one GPU's file", n, files)
+			continue
+		}
+		if b, _ := os.ReadFile(files[0]); string(b) != id+"\n" {
+			t.Errorf("%s: %q, want the job's id %q", files[0], b, id+"\n")
+		}
+	}
+	stopJob(c, id)
+	waitUntilFor(t, 30*time.Second, func() bool {
+		files, _ := filepath.Glob(filepath.Join(mapDirs, "*", "[0-9]*"))
+		return len(files) == 0
+	}, "the job-mapping files removed once the job ended")
 }
