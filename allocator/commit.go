@@ -90,8 +90,10 @@ func (sc *Scheduler) apply(ctx context.Context, ops []store.Op) error {
 	return err
 }
 
-// commit grants r the chosen nodes: the pending grant and the GPU locks in as many
-// transactions as store.SplitTxn needs, then the flip to "granted". The first
+// commit grants r the chosen nodes. A gang whose GPU locks fit in one transaction is
+// written granted, with its locks, in that one. A larger one: the pending grant and the
+// GPU locks in as many transactions as store.SplitTxn needs, then the flip to
+// "granted". The first
 // transaction creates the grant record (state "pending") and each later one checks
 // that the requester still holds it, so a gang is never visible half-granted. Any
 // rejection rolls back what was locked. Errors: apply's.
@@ -129,6 +131,18 @@ func (sc *Scheduler) commit(ctx context.Context, r PendingRequest, nodes []Grant
 	if len(txns) == 0 {
 		txns = [][]store.Op{first} // no device to lock: the grant record alone
 	}
+	if len(txns) == 1 {
+		// The whole gang fits in one transaction, which no reader sees half-applied:
+		// the grant is written granted at once, one transaction instead of two.
+		g.State, g.Granted = GrantGranted, sc.now().UTC()
+		t := txns[0]
+		t[len(first)-1] = writeGrant(g)
+		err := sc.apply(ctx, t)
+		if err == nil || errors.Is(err, store.ErrTxnRejected) || errors.Is(err, ErrNotLeader) {
+			return err
+		}
+		return sc.settle(ctx, r, grantKey, nil, err)
+	}
 	var done []store.Op
 	for i, t := range txns {
 		chunk := t[len(first):]
@@ -150,11 +164,16 @@ func (sc *Scheduler) commit(ctx context.Context, r PendingRequest, nodes []Grant
 		sc.rollback(ctx, grantKey, 0, done, true)
 		return err
 	}
-	// No answer (a timeout, a leader lost while committing): the flip may have been
-	// applied, and the requester may already run on the GPUs. Look before undoing: a
-	// granted grant stays; a pending one is rolled back only as it was read, so a flip
-	// landing meanwhile is never undone; what cannot be read is left to the next
-	// pass's cleanup, which removes pending grants.
+	return sc.settle(ctx, r, grantKey, done, err)
+}
+
+// settle ends a commit of r whose last transaction got no answer (err: a timeout, a
+// leader lost while committing): it may have been applied, and the requester may
+// already run on the GPUs. Look before undoing: a granted grant stays (nil); a pending
+// one is rolled back with the GPU keys done only as it was read, so a flip landing
+// meanwhile is never undone; what cannot be read is left to the next pass's cleanup,
+// which removes pending grants.
+func (sc *Scheduler) settle(ctx context.Context, r PendingRequest, grantKey string, done []store.Op, err error) error {
 	e, rerr := sc.s.Get(ctx, grantKey)
 	if rerr != nil || e == nil {
 		return err
