@@ -19,8 +19,10 @@ const maxArrayBytes = 64 << 20
 // Array is a parsed --array: the task indices, ascending, and the cap on the tasks let
 // through at once (0: none).
 type Array struct {
+	// Indices are the tasks' indices, ascending, each once.
 	Indices []int
-	Limit   int
+	// Limit is the %N cap; 0: none.
+	Limit int
 	// Step is the step of a single range ("0-15:2" → 2), else 1: SLURM_ARRAY_TASK_STEP.
 	Step int
 }
@@ -122,12 +124,15 @@ func (a Array) String() string {
 // ArrayTask is a job's place in its job array: the array's id A (the task's own id is
 // A_TaskID), its index, and the array's shape, as its workers see them.
 type ArrayTask struct {
+	// JobID is the array's id A; TaskID the task's index i.
 	JobID  string `json:"job_id"`
 	TaskID int    `json:"task_id"`
-	Count  int    `json:"count"`
-	Min    int    `json:"min"`
-	Max    int    `json:"max"`
-	Step   int    `json:"step"`
+	// Count, Min and Max are the array's number of tasks and its lowest and highest
+	// index; Step is Array.Step.
+	Count int `json:"count"`
+	Min   int `json:"min"`
+	Max   int `json:"max"`
+	Step  int `json:"step"`
 	// Limit is the array's %N cap: at most that many of its tasks are let through
 	// (their requests written, not yet ended) at once; 0: none.
 	Limit int `json:"limit,omitempty"`

@@ -44,6 +44,7 @@ const (
 // it names. A job id names that job; the id of an array (A, not A_i) names every task
 // of the array.
 type Dependency struct {
+	// Type is the term's kind; IDs the jobs it names (none for Singleton).
 	Type DependencyType `json:"type"`
 	IDs  []string       `json:"ids,omitempty"`
 }
