@@ -145,6 +145,9 @@ type view struct {
 	// ticked is true for a pass on controllerRetry's tick rather than on a change: it
 	// also brings the running jobs' restart counts up to date (a read of each's run).
 	ticked bool
+	// deps finds the jobs the deferred jobs' dependencies name; nil when no job is
+	// deferred (pass builds it).
+	deps *depIndex
 }
 
 // Pass reads the cluster and the jobs afresh and makes one pass over every job not yet
@@ -166,6 +169,9 @@ func (c *Controller) Pass(ctx context.Context) error {
 // pass makes one pass over v's jobs.
 func (c *Controller) pass(ctx context.Context, v view) error {
 	var firstErr error
+	if slices.ContainsFunc(v.jobs, func(j Job) bool { return j.State.Deferred && j.State.Status == Pending }) {
+		v.deps = newDepIndex(v.jobs)
+	}
 	for _, j := range v.jobs {
 		if j.State.Status.Final() && !v.holds(j.Spec.ID) {
 			continue // ended and let go of
@@ -285,6 +291,10 @@ func (c *Controller) job(ctx context.Context, v view, j Job) error {
 		if (granted || requested) && len(v.steps[id]) == 0 {
 			return allocator.ReleaseJobIn(ctx, c.s, cl, id)
 		}
+	case st.Status == Pending && st.Deferred:
+		if v.deps != nil {
+			return c.deferred(ctx, v.deps, j)
+		}
 	case st.Status == Pending && st.Requeue:
 		// Requeued: once its steps have stopped, the old grant goes and a new request is
 		// made, away from the nodes it lost.
@@ -330,6 +340,60 @@ func (c *Controller) job(ctx context.Context, v view, j Job) error {
 		return c.completing(ctx, v, j)
 	case st.Status == Running:
 		return c.watchNodes(ctx, v, j, g)
+	}
+	return nil
+}
+
+// deferred writes the request of job j, held back by its dependencies or its array's
+// cap, once they allow, in the transaction that clears State.Deferred; else it keeps the
+// job's pending reason up to date (Dependency, DependencyNeverSatisfied,
+// JobArrayTaskLimit). x's counts of each array's tasks let through grow with the tasks
+// this pass lets through; a view older than the jobs' states only lets fewer through (a
+// task it shows deferred that is not is counted once the update finds it so).
+func (c *Controller) deferred(ctx context.Context, x *depIndex, j Job) error {
+	met, never := x.check(&j)
+	a := j.Spec.Array
+	reason := ""
+	switch {
+	case never:
+		reason = ReasonDependencyNeverSatisfied
+	case !met:
+		reason = ReasonDependency
+	case a != nil && a.Limit > 0 && x.active[a.JobID] >= a.Limit:
+		reason = ReasonArrayTaskLimit
+	}
+	if reason != "" {
+		if j.State.Reason == reason {
+			return nil
+		}
+		_, _, err := c.update(ctx, j.Spec.ID, func(j *Job) bool {
+			if j.State.Status != Pending || !j.State.Deferred || j.State.Reason == reason {
+				return false
+			}
+			j.State.Reason = reason
+			return true
+		})
+		return err
+	}
+	reqOps, err := allocator.JobRequestOps(request(j.Spec, false, nil))
+	if err != nil {
+		return err
+	}
+	after, changed, err := c.update(ctx, j.Spec.ID, func(j *Job) bool {
+		if j.State.Status != Pending || !j.State.Deferred {
+			return false
+		}
+		j.State.Deferred, j.State.Reason = false, "Priority"
+		return true
+	}, reqOps...)
+	if err != nil {
+		return err
+	}
+	if a != nil && (changed || !after.State.Status.Final()) {
+		x.active[a.JobID]++
+	}
+	if changed {
+		c.log.Info("job's dependencies hold: its request is written", zap.String("job", j.Spec.ID))
 	}
 	return nil
 }

@@ -101,7 +101,7 @@ func EntryOf(j Job, reason string, now time.Time) Entry {
 	if n, since := j.IdleGPUs(); n > 0 {
 		e.IdleGPUs, e.IdleSince = n, stamp(since)
 	}
-	if st.Status == Pending && reason != "" && !st.Requeue {
+	if st.Status == Pending && reason != "" && !st.Requeue && !st.Deferred {
 		e.Reason = reason
 	}
 	if !st.Started.IsZero() {

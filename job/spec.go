@@ -90,6 +90,11 @@ type Spec struct {
 	WorkDir string `json:"work_dir"`
 	// Submitted is when the job was queued.
 	Submitted time.Time `json:"submitted"`
+	// Dependency is --dependency: every term must hold before the job's request is
+	// written (it waits PENDING, reason Dependency, until then).
+	Dependency []Dependency `json:"dependency,omitempty"`
+	// Array is the job's place in its job array (--array); nil for a job in none.
+	Array *ArrayTask `json:"array,omitempty"`
 }
 
 // Validate checks the spec's own fields; the cluster checks (a partition that exists,
@@ -123,7 +128,7 @@ func (s Spec) Validate() error {
 		}
 	}
 	if s.Output != "" {
-		if _, err := Expand(s.Output, "1", "x", "n", "u"); err != nil {
+		if _, err := Expand(s.Output, Names{ID: "1", Name: "x", Node: "n", User: "u"}); err != nil {
 			return err
 		}
 	}
@@ -264,10 +269,20 @@ func signalName(s syscall.Signal) string {
 	return strconv.Itoa(int(s))
 }
 
+// Names are what --output's patterns stand for (Expand).
+type Names struct {
+	// ID is the job's id (%j); Name its name (%x); Node the node's (%n); User the
+	// submitter (%u).
+	ID, Name, Node, User string
+	// ArrayJobID and ArrayTaskID are %A and %a: the array's id and the task's index;
+	// for a job in no array, its id and "0".
+	ArrayJobID, ArrayTaskID string
+}
+
 // Expand replaces --output's patterns, as sbatch's: %j the job id, %x the job name, %n
-// the node's name, %u the user, %% a percent sign. Another %letter is an error naming
-// it.
-func Expand(pattern, id, name, node, user string) (string, error) {
+// the node's name, %u the user, %A the array's id, %a the array task's index, %% a
+// percent sign. Another %letter is an error naming it.
+func Expand(pattern string, n Names) (string, error) {
 	var b strings.Builder
 	for i := 0; i < len(pattern); i++ {
 		c := pattern[i]
@@ -281,17 +296,21 @@ func Expand(pattern, id, name, node, user string) (string, error) {
 		i++
 		switch pattern[i] {
 		case 'j':
-			b.WriteString(id)
+			b.WriteString(n.ID)
 		case 'x':
-			b.WriteString(name)
+			b.WriteString(n.Name)
 		case 'n', 'N':
-			b.WriteString(node)
+			b.WriteString(n.Node)
 		case 'u':
-			b.WriteString(user)
+			b.WriteString(n.User)
+		case 'A':
+			b.WriteString(n.ArrayJobID)
+		case 'a':
+			b.WriteString(n.ArrayTaskID)
 		case '%':
 			b.WriteByte('%')
 		default:
-			return "", fmt.Errorf("--output %q: unknown pattern %%%c (want %%j, %%x, %%n, %%u or %%%%)", pattern, pattern[i])
+			return "", fmt.Errorf("--output %q: unknown pattern %%%c (want %%j, %%x, %%n, %%u, %%A, %%a or %%%%)", pattern, pattern[i])
 		}
 	}
 	return b.String(), nil
@@ -304,7 +323,11 @@ func (s Spec) OutputPath(node string) string {
 	if pat == "" {
 		pat = DefaultOutput
 	}
-	p, err := Expand(pat, s.ID, s.Name, node, s.User)
+	n := Names{ID: s.ID, Name: s.Name, Node: node, User: s.User, ArrayJobID: s.ID, ArrayTaskID: "0"}
+	if s.Array != nil {
+		n.ArrayJobID, n.ArrayTaskID = s.Array.JobID, strconv.Itoa(s.Array.TaskID)
+	}
+	p, err := Expand(pat, n)
 	if err != nil {
 		p = "gangrun-" + s.ID + ".out"
 	}

@@ -91,8 +91,9 @@ func TestExpand(t *testing.T) {
 		{"logs/%u/%j_%%.out", "logs/alice/42_%.out", ""},
 		{"out-%q", "", "unknown pattern %q"},
 		{"out-%", "", "a lone %"},
+		{"slurm-%A_%a.out", "slurm-40_2.out", ""},
 	} {
-		got, err := Expand(tc.pattern, "42", "train", "gpu-a", "alice")
+		got, err := Expand(tc.pattern, Names{ID: "42", Name: "train", Node: "gpu-a", User: "alice", ArrayJobID: "40", ArrayTaskID: "2"})
 		switch {
 		case tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)):
 			t.Errorf("Expand(%q): error %v, want one saying %q", tc.pattern, err, tc.err)

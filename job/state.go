@@ -168,6 +168,10 @@ type State struct {
 	// Requeue is set on a PENDING job placed again after losing a node it could not do
 	// without, until its old grant is gone and its new request written.
 	Requeue bool `json:"requeue,omitempty"`
+	// Deferred is set on a PENDING job whose request is not written yet: its
+	// dependencies do not hold, or its array's cap holds it back. The controller writes
+	// the request and clears it once they allow.
+	Deferred bool `json:"deferred,omitempty"`
 	// StepsEnded lists the nodes whose step of this placement ended and said so: a node
 	// the job ran on that is missing here when every step is gone lost its step without
 	// a word (the node died, or was cut off).

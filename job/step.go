@@ -244,6 +244,9 @@ func (st *step) prepare(ctx context.Context, gn allocator.GrantNode, out io.Writ
 	ckpt := spec.CheckpointPath()
 	addr, _ := allocator.NodeAddr(ctx, st.cfg.Store, st.cfg.Node) // "": the run finds its own
 	environ := append(os.Environ(), "GANGRUN_NODELIST="+hostlist.Compress(state.Nodes))
+	if spec.Array != nil {
+		environ = append(environ, spec.Array.Environ()...)
+	}
 	st.stop = make(chan os.Signal, 4)
 	return launcher.Prepare(ctx, launcher.Spec{
 		Command: command, NProcPerNode: strconv.Itoa(len(gn.Devices)), NProcGiven: true,

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/gangrun/gangrun/allocator"
@@ -38,29 +39,16 @@ func request(spec Spec, again bool, exclude []string) allocator.Request {
 }
 
 // Submit queues spec as a new job and returns its id: it checks the spec and that the
-// cluster's registered nodes could run it (allocator.CheckFeasible), takes the next
-// job id, and writes the spec, the state (PENDING) and the job's request in one
-// transaction, so a job is queued whole or not at all. Errors wrapping ErrInvalid are
-// the user's; others mean the store could not be asked.
+// cluster's registered nodes could run it (allocator.CheckFeasible), that the jobs its
+// --dependency names exist, takes the next job id, and writes the spec, the state
+// (PENDING) and the job's request in one transaction, so a job is queued whole or not
+// at all. A job with dependencies is written without its request (State.Deferred): the
+// controller writes it once they hold. Errors wrapping ErrInvalid are the user's;
+// others mean the store could not be asked.
 func Submit(ctx context.Context, s store.Store, spec Spec) (string, error) {
-	if spec.Output == "" {
-		spec.Output = DefaultOutput
-	}
-	if err := spec.Validate(); err != nil {
-		return "", &invalid{err}
-	}
-	c, err := allocator.RegisteredNodes(ctx, s)
+	spec, err := prepareSubmit(ctx, s, spec)
 	if err != nil {
 		return "", err
-	}
-	if err := allocator.CheckFeasible(c, request(spec, false, nil)); err != nil {
-		if errors.Is(err, allocator.ErrInfeasible) {
-			return "", &invalid{err}
-		}
-		return "", err
-	}
-	if spec.Submitted.IsZero() {
-		spec.Submitted = time.Now().UTC()
 	}
 	for {
 		id, seqOp, err := nextID(ctx, s)
@@ -68,18 +56,14 @@ func Submit(ctx context.Context, s store.Store, spec Spec) (string, error) {
 			return "", err
 		}
 		spec.ID = id
-		reqOps, err := allocator.JobRequestOps(request(spec, false, nil))
-		if err != nil {
+		st := State{Status: Pending, Reason: "Priority"}
+		var reqOps []store.Op
+		if len(spec.Dependency) > 0 {
+			st.Reason, st.Deferred = ReasonDependency, true
+		} else if reqOps, err = allocator.JobRequestOps(request(spec, false, nil)); err != nil {
 			return "", err
 		}
-		st := State{Status: Pending, Reason: "Priority"}
-		specJSON, _ := json.Marshal(spec)
-		stJSON, _ := json.Marshal(st)
-		ops := append([]store.Op{seqOp,
-			{Verb: store.CheckNotExists, Key: specKey(id)},
-			{Verb: store.Set, Key: specKey(id), Value: specJSON},
-			{Verb: store.Set, Key: stateKey(id), Value: stJSON},
-		}, reqOps...)
+		ops := append(append([]store.Op{seqOp}, jobOps(spec, st)...), reqOps...)
 		if err := store.CheckTxn(ops); err != nil {
 			return "", &invalid{fmt.Errorf("the job's spec is too large to queue: %w", err)}
 		}
@@ -91,6 +75,136 @@ func Submit(ctx context.Context, s store.Store, spec Spec) (string, error) {
 			return "", fmt.Errorf("submit job %s: %w", id, err)
 		}
 		// Another submit took the id meanwhile: take the next one.
+	}
+}
+
+// prepareSubmit fills spec's defaults and makes Submit's checks: the spec's own, the
+// cluster's (allocator.CheckFeasible) and that its dependencies name jobs that exist.
+func prepareSubmit(ctx context.Context, s store.Store, spec Spec) (Spec, error) {
+	if spec.Output == "" {
+		spec.Output = DefaultOutput
+	}
+	if err := spec.Validate(); err != nil {
+		return spec, &invalid{err}
+	}
+	c, err := allocator.RegisteredNodes(ctx, s)
+	if err != nil {
+		return spec, err
+	}
+	if err := allocator.CheckFeasible(c, request(spec, false, nil)); err != nil {
+		if errors.Is(err, allocator.ErrInfeasible) {
+			return spec, &invalid{err}
+		}
+		return spec, err
+	}
+	if err := checkDependencies(ctx, s, spec.Dependency); err != nil {
+		return spec, err
+	}
+	if spec.Submitted.IsZero() {
+		spec.Submitted = time.Now().UTC()
+	}
+	return spec, nil
+}
+
+// jobOps are the operations that write a new job: its spec (where none is) and state.
+func jobOps(spec Spec, st State) []store.Op {
+	specJSON, _ := json.Marshal(spec)
+	stJSON, _ := json.Marshal(st)
+	return []store.Op{
+		{Verb: store.CheckNotExists, Key: specKey(spec.ID)},
+		{Verb: store.Set, Key: specKey(spec.ID), Value: specJSON},
+		{Verb: store.Set, Key: stateKey(spec.ID), Value: stJSON},
+	}
+}
+
+// checkDependencies checks that every job deps names exists (a job, an array task, or
+// an array's tasks): an unknown one is the user's error, as sbatch refuses it.
+func checkDependencies(ctx context.Context, s store.Store, deps []Dependency) error {
+	for _, d := range deps {
+		for _, id := range d.IDs {
+			_, err := Read(ctx, s, id)
+			if err == nil {
+				continue
+			}
+			if !errors.Is(err, ErrNotFound) {
+				return err
+			}
+			if !strings.Contains(id, "_") {
+				tasks, _, err := s.List(ctx, jobsPrefix+id+"_")
+				if err != nil {
+					return err
+				}
+				if len(tasks) > 0 {
+					continue
+				}
+			}
+			return &invalid{fmt.Errorf("--dependency %s: no job %s (gangrun queue --all lists them)", d, id)}
+		}
+	}
+	return nil
+}
+
+// SubmitArray queues spec as the job array a (--array) and returns the array's id A
+// and its tasks' ids (A_i, one per index), after Submit's checks. Each task is a job of
+// its own with a copy of spec, written without its request (State.Deferred): the
+// controller writes the requests as the tasks' dependencies and the array's cap allow.
+// The tasks are written in as few transactions as Consul's limits allow, the first of
+// which takes the id; a submit that fails after it leaves the tasks written so far
+// (`gangrun cancel A` removes them), and says how many.
+func SubmitArray(ctx context.Context, s store.Store, spec Spec, a Array) (string, []string, error) {
+	if len(a.Indices) == 0 {
+		return "", nil, &invalid{errors.New("--array: no indices")}
+	}
+	spec, err := prepareSubmit(ctx, s, spec)
+	if err != nil {
+		return "", nil, err
+	}
+	reason := "Priority"
+	if len(spec.Dependency) > 0 {
+		reason = ReasonDependency
+	}
+	st := State{Status: Pending, Reason: reason, Deferred: true}
+	for {
+		id, seqOp, err := nextID(ctx, s)
+		if err != nil {
+			return "", nil, err
+		}
+		var batches [][]store.Op
+		var ids []string
+		cur, total := []store.Op{seqOp}, 0
+		for _, i := range a.Indices {
+			ts := spec
+			ts.ID = TaskID(id, i)
+			ts.Array = &ArrayTask{JobID: id, TaskID: i, Count: len(a.Indices), Min: a.Indices[0], Max: a.Indices[len(a.Indices)-1], Step: a.Step, Limit: a.Limit}
+			ops := jobOps(ts, st)
+			total += len(ops[1].Value)
+			if total > maxArrayBytes {
+				return "", nil, &invalid{fmt.Errorf("--array %s: its %d tasks' specs would take over %d MiB (a smaller script, or fewer tasks)", a, len(a.Indices), maxArrayBytes>>20)}
+			}
+			if err := store.CheckTxn(ops); err != nil {
+				return "", nil, &invalid{fmt.Errorf("the job's spec is too large to queue: %w", err)}
+			}
+			if store.CheckTxn(append(cur[:len(cur):len(cur)], ops...)) != nil {
+				batches, cur = append(batches, cur), nil
+			}
+			cur = append(cur, ops...)
+			ids = append(ids, ts.ID)
+		}
+		batches = append(batches, cur)
+		if _, err := s.Txn(ctx, batches[0]); err != nil {
+			if errors.Is(err, store.ErrTxnRejected) {
+				continue // another submit took the id meanwhile: take the next one
+			}
+			return "", nil, fmt.Errorf("submit job array %s: %w", id, err)
+		}
+		written := (len(batches[0]) - 1) / 3
+		for _, b := range batches[1:] {
+			if _, err := s.Txn(ctx, b); err != nil {
+				return id, ids[:written], fmt.Errorf("submit job array %s: wrote %d of its %d tasks (gangrun cancel %s removes them): %w", id, written, len(ids), id, err)
+			}
+			written += len(b) / 3
+		}
+		return id, ids, nil
 	}
 }
 
@@ -186,16 +300,46 @@ func List(ctx context.Context, s store.Store) ([]Job, error) {
 	return out, nil
 }
 
-// sortJobs sorts jobs oldest first (by their numeric ids).
+// sortJobs sorts jobs oldest first (by their numeric ids, an array's tasks by index).
 func sortJobs(jobs []Job) {
-	sort.Slice(jobs, func(a, b int) bool {
-		na, _ := strconv.ParseUint(jobs[a].Spec.ID, 10, 64)
-		nb, _ := strconv.ParseUint(jobs[b].Spec.ID, 10, 64)
-		if na != nb {
-			return na < nb
+	sort.Slice(jobs, func(a, b int) bool { return jobLess(jobs[a].Spec.ID, jobs[b].Spec.ID) })
+}
+
+// Tasks returns the tasks of job array id (the jobs A_i), by index; none when id is no
+// array's.
+func Tasks(ctx context.Context, s store.Store, id string) ([]Job, error) {
+	if err := checkID(id); err != nil {
+		return nil, err
+	}
+	entries, _, err := s.List(ctx, jobsPrefix+id+"_")
+	if err != nil {
+		return nil, err
+	}
+	jobs, _ := newJobCache().parse(entries)
+	return jobs, nil
+}
+
+// CancelArray cancels every task of job array id not yet ended (Cancel) and returns
+// how many it cancelled; ErrNotFound when id has no tasks.
+func CancelArray(ctx context.Context, s store.Store, id string) (int, error) {
+	tasks, err := Tasks(ctx, s, id)
+	if err != nil {
+		return 0, err
+	}
+	if len(tasks) == 0 {
+		return 0, fmt.Errorf("job array %s: %w", id, ErrNotFound)
+	}
+	n := 0
+	for _, t := range tasks {
+		changed, err := Cancel(ctx, s, t.Spec.ID)
+		if err != nil {
+			return n, err
 		}
-		return jobs[a].Spec.ID < jobs[b].Spec.ID
-	})
+		if changed {
+			n++
+		}
+	}
+	return n, nil
 }
 
 // Steps returns the nodes whose step of job id runs now (their step key is held).

@@ -466,6 +466,11 @@ func runShow(ctx context.Context, e *env, args []string) int {
 	} else if !errors.Is(err, job.ErrNotFound) {
 		return failErr(e, "show", err)
 	}
+	if tasks, err := job.Tasks(ctx, s, fs.Arg(0)); err != nil {
+		return failErr(e, "show", err)
+	} else if len(tasks) > 0 {
+		return showArray(e, tasks, *asJSON)
+	}
 	r, g, err := allocator.Show(ctx, s, fs.Arg(0))
 	if errors.Is(err, allocator.ErrNotFound) {
 		return usageErr(e, "show", "%s", unknownID(fs.Arg(0)))
@@ -532,6 +537,15 @@ func runCancel(ctx context.Context, e *env, args []string) int {
 	// was unknown (a usage error, as for show and drain), else 0.
 	unknown, failed := false, false
 	for _, id := range fs.Args() {
+		if n, err := job.CancelArray(ctx, s, id); !errors.Is(err, job.ErrNotFound) {
+			if err != nil {
+				failErr(e, "cancel", err)
+				failed = true
+			} else {
+				fmt.Fprintf(e.stdout, "cancelled %d task(s) of job array %s\n", n, id)
+			}
+			continue
+		}
 		if changed, err := job.Cancel(ctx, s, id); !errors.Is(err, job.ErrNotFound) {
 			switch {
 			case err != nil:

@@ -32,6 +32,7 @@ const stepCommand = "__step"
 // lines (the command line wins).
 type submitFlags struct {
 	nodes, name, partition, account, timeLimit, signal, checkpointDir, output string
+	dependency, array                                                         string
 	gpus, priority, spares, maxRestarts                                       int
 	termTimeout                                                               time.Duration
 	env                                                                       []string
@@ -56,7 +57,9 @@ func (f *submitFlags) register(fs *pflag.FlagSet) {
 		"SIGTERM to SIGKILL grace when the job is stopped (at most 24h)")
 	fs.StringVar(&f.output, "output", job.DefaultOutput, "output file pattern (%j job id, %x name, %n node, %u user), relative to the submit directory")
 	fs.StringArrayVar(&f.env, "env", nil, "extra worker environment KEY=VAL (repeatable)")
-	fs.BoolVar(&f.asJSON, "json", false, `print {"id"}`)
+	fs.StringVar(&f.dependency, "dependency", "", "wait for other jobs: afterok:ID[:ID...], afterany:, afternotok:, after: (started), singleton; comma-separated, all must hold")
+	fs.StringVar(&f.array, "array", "", fmt.Sprintf("a job array: indices 0-15, 1,3,5-7 or 0-15:2 (0 to %d), %%N caps the tasks running at once", job.MaxArraySize-1))
+	fs.BoolVar(&f.asJSON, "json", false, `print {"id"} ({"id", "tasks"} for an array)`)
 }
 
 func runSubmit(ctx context.Context, e *env, args []string) int {
@@ -104,19 +107,36 @@ func runSubmit(ctx context.Context, e *env, args []string) int {
 	if err != nil {
 		return usageErr(e, "submit", "%v", err)
 	}
+	var array *job.Array
+	if f.array != "" {
+		a, err := job.ParseArray(f.array)
+		if err != nil {
+			return usageErr(e, "submit", "%v", err)
+		}
+		array = &a
+	}
 	s, code := openStore(e, "submit", *f.consul)
 	if code != exitOK {
 		return code
 	}
 	defer s.Close()
-	id, err := job.Submit(ctx, s, spec)
+	var id string
+	var tasks []string
+	if array != nil {
+		id, tasks, err = job.SubmitArray(ctx, s, spec, *array)
+	} else {
+		id, err = job.Submit(ctx, s, spec)
+	}
 	if errors.Is(err, job.ErrInvalid) {
 		return usageErr(e, "submit", "%v", err)
 	}
 	if err != nil {
 		return failErr(e, "submit", err)
 	}
-	if f.asJSON {
+	switch {
+	case f.asJSON && array != nil:
+		return printJSON(e, map[string]any{"id": id, "tasks": tasks})
+	case f.asJSON:
 		return printJSON(e, map[string]string{"id": id})
 	}
 	fmt.Fprintln(e.stdout, id)
@@ -155,6 +175,10 @@ func (f *submitFlags) spec(command []string, script, name string) (job.Spec, err
 	if err != nil {
 		return job.Spec{}, err
 	}
+	deps, err := job.ParseDependency(f.dependency)
+	if err != nil {
+		return job.Spec{}, err
+	}
 	wd, err := os.Getwd()
 	if err != nil {
 		return job.Spec{}, fmt.Errorf("the submit directory: %w", err)
@@ -163,7 +187,7 @@ func (f *submitFlags) spec(command []string, script, name string) (job.Spec, err
 		MinNodes: lo, MaxNodes: hi, GPUsPerNode: f.gpus, Priority: f.priority, TimeLimit: limit,
 		Signal: sig, SignalBefore: before, SpareNodes: f.spares, CheckpointDir: f.checkpointDir,
 		MaxRestarts: f.maxRestarts, TermTimeout: f.termTimeout, Output: f.output, Env: env,
-		Command: command, Script: script, WorkDir: wd}
+		Command: command, Script: script, WorkDir: wd, Dependency: deps}
 	if spec.Name == "" {
 		spec.Name = name
 	}
@@ -285,6 +309,12 @@ func showJob(e *env, j *job.Job, asJSON bool) int {
 	fmt.Fprintf(w, "   SubmitTime=%s StartTime=%s EndTime=%s TimeLimit=%s\n", stampOr(sp.Submitted), stampOr(st.Started), stampOr(st.Ended), limitOr(sp.TimeLimit))
 	fmt.Fprintf(w, "   NumNodes=%s GPUsPerNode=%d SpareNodes=%d MaxRestarts=%d\n", nodesRange(sp), sp.GPUsPerNode, sp.SpareNodes, sp.MaxRestarts)
 	fmt.Fprintf(w, "   NodeList=%s Spares=%s\n", orDash(hostlist.Compress(st.Nodes)), orDash(hostlist.Compress(st.Spares)))
+	if len(sp.Dependency) > 0 {
+		fmt.Fprintf(w, "   Dependency=%s\n", job.FormatDependencies(sp.Dependency))
+	}
+	if a := sp.Array; a != nil {
+		fmt.Fprintf(w, "   ArrayJobId=%s ArrayTaskId=%d ArrayTaskCount=%d ArrayTaskThrottle=%d\n", a.JobID, a.TaskID, a.Count, a.Limit)
+	}
 	command := strings.Join(sp.Command, " ")
 	if sp.Script != "" {
 		command = strings.TrimSpace("(the script) " + command)
@@ -491,4 +521,23 @@ func spawnStep(e *env, consul, topoFile, node, dir string) func(id string) error
 		go func() { _ = cmd.Wait() }() // reap it, while this agent lives
 		return nil
 	}
+}
+
+// showArray prints every task of a job array, as scontrol show job A does: each
+// task's record in turn, or with --json a list of show's objects.
+func showArray(e *env, tasks []job.Job, asJSON bool) int {
+	if asJSON {
+		out := make([]any, len(tasks))
+		for i := range tasks {
+			out[i] = jobJSON(&tasks[i])
+		}
+		return printJSON(e, out)
+	}
+	for i := range tasks {
+		if i > 0 {
+			fmt.Fprintln(e.stdout)
+		}
+		showJob(e, &tasks[i], false)
+	}
+	return exitOK
 }
