@@ -291,6 +291,7 @@ func (sc *Scheduler) Pass(ctx context.Context, c *Cluster) (time.Duration, error
 		}
 	}
 	live := map[string]bool{}
+	unplaced := map[string]string{} // request shape (shapeKey) → why it did not fit
 	requests := c.ordered()
 	var held *policy.Held
 	if sc.pol != nil {
@@ -331,8 +332,18 @@ func (sc *Scheduler) Pass(ctx context.Context, c *Cluster) (time.Duration, error
 				continue
 			}
 		}
-		nodes, why := sc.pipe.place(r.Request, c.Nodes, free, reservedNodes,
-			func(n *NodeState) (*topology.Inventory, error) { return sc.invs.get(ctx, n) })
+		// Within a pass free devices only shrink and kept nodes only grow, so a request
+		// shaped like one that did not fit does not fit either: it skips placement.
+		shape := shapeKey(r.Request)
+		var nodes []GrantNode
+		why, misfit := unplaced[shape]
+		if !misfit {
+			nodes, why = sc.pipe.place(r.Request, c.Nodes, free, reservedNodes,
+				func(n *NodeState) (*topology.Inventory, error) { return sc.invs.get(ctx, n) })
+			if nodes == nil {
+				unplaced[shape] = why
+			}
+		}
 		if nodes == nil {
 			if n := len(sc.delayed); n > 0 {
 				why += fmt.Sprintf("; %d GPUs in lock-delay after their holder died (lockable again within %s)", n, GrantLockDelay)
