@@ -145,6 +145,16 @@ type Request struct {
 	// Exclude names nodes the request must not be placed on (a job placed again after
 	// losing them).
 	Exclude []string `json:"exclude,omitempty"`
+	// User and Account are who submitted it and the account charged (a job's); the
+	// policy's limits and fair-share count them (policy.Job). TimeLimit is the job's
+	// --time (0: none), which a partition's max_time bounds.
+	User      string        `json:"user,omitempty"`
+	Account   string        `json:"account,omitempty"`
+	TimeLimit time.Duration `json:"time_limit,omitempty"`
+	// PartitionNodes, when set, are the node labels that make up Partition (the
+	// policy's partitions.<name>.nodes), in place of the label partition=<Partition>.
+	// The scheduler sets it from the policy at each pass; it is not stored.
+	PartitionNodes map[string]string `json:"-"`
 }
 
 // Durable reports whether the request is a job's, held by no session.

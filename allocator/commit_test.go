@@ -14,7 +14,7 @@ import (
 
 // leaderSession creates a session that holds the scheduler's leader key, as an elected
 // agent's does.
-func leaderSession(t *testing.T, s store.Store) string {
+func leaderSession(t testing.TB, s store.Store) string {
 	t.Helper()
 	ctx := context.Background()
 	sess, err := s.CreateSession(ctx, store.SessionOptions{Name: "test scheduler", TTL: time.Minute, Behavior: store.DeleteKeys})

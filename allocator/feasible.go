@@ -55,8 +55,17 @@ func checkNotExcluded(r Request, n *NodeState) string {
 	return ""
 }
 
-// checkPartition rules out a node outside r's partition (its "partition" label).
+// checkPartition rules out a node outside r's partition: without the labels of
+// r.PartitionNodes (the policy's), else without the label partition=<r.Partition>.
 func checkPartition(r Request, n *NodeState) string {
+	if r.PartitionNodes != nil {
+		for k, v := range r.PartitionNodes {
+			if n.Record.Labels[k] != v {
+				return reasonPartition
+			}
+		}
+		return ""
+	}
 	if r.Partition != "" && n.Record.Labels[LabelPartition] != r.Partition {
 		return reasonPartition
 	}

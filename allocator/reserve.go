@@ -1,6 +1,11 @@
 package allocator
 
-import "sort"
+import (
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+)
 
 // reserve keeps nodes for r, the first request that does not fit, so that requests
 // behind it cannot take what it waits for (backfill only what does not delay it). A node
@@ -63,4 +68,34 @@ func (sc *Scheduler) reserve(c *Cluster, r PendingRequest, taken map[string]stri
 func (sc *Scheduler) hasReservation(id string) bool {
 	_, ok := sc.reserved[id]
 	return ok
+}
+
+// shapeKey identifies what placement looks at in a request: two requests with the same
+// key fit the same nodes. Its own kept nodes are not part of it: a request that kept
+// nodes in an earlier pass is not yet in this pass's kept nodes when it is placed.
+func shapeKey(r Request) string {
+	var b strings.Builder
+	b.WriteString(strconv.Itoa(r.Nodes))
+	b.WriteByte(':')
+	b.WriteString(strconv.Itoa(r.MaxNodes))
+	b.WriteByte('x')
+	b.WriteString(strconv.Itoa(r.GPUsPerNode))
+	for _, s := range []string{r.GPUModel, r.Partition} {
+		b.WriteByte(0)
+		b.WriteString(s)
+	}
+	for _, m := range []map[string]string{r.PartitionNodes, r.Labels} {
+		b.WriteByte(1)
+		keys := make([]string, 0, len(m))
+		for k := range m {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		for _, k := range keys {
+			b.WriteString(k + "=" + m[k] + "\x00")
+		}
+	}
+	b.WriteByte(2)
+	b.WriteString(strings.Join(r.Exclude, "\x00"))
+	return b.String()
 }

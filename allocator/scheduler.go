@@ -15,6 +15,7 @@ import (
 
 	"github.com/gangrun/gangrun/event"
 	"github.com/gangrun/gangrun/internal/store"
+	"github.com/gangrun/gangrun/policy"
 	"github.com/gangrun/gangrun/topology"
 )
 
@@ -68,6 +69,11 @@ type Scheduler struct {
 	// one tells which went away; told are the pending reasons last emitted.
 	granted map[string]Grant
 	told    map[string]string
+	// pol is the operator's policy (nil: none; policy.go); usage the decayed usage it
+	// keeps (nil until the first pass under a policy reads it), written at usageSaved.
+	pol        *policy.Policy
+	usage      *policy.Usage
+	usageSaved time.Time
 }
 
 // NewScheduler returns a scheduler acting under cfg.Session, which must hold the leader
@@ -141,6 +147,40 @@ func (sc *Scheduler) Run(ctx context.Context) error {
 			}
 		}(i, prefix)
 	}
+	// The policy, from its own watch: the latest that parses (a bad one is logged and
+	// the one before kept), polReady once the first answer came.
+	var pol *policy.Policy
+	polReady := false
+	go func() {
+		w := store.NewWatcher(sc.s, policy.Key)
+		for {
+			entries, err := w.Next(wctx)
+			if err != nil {
+				return // ctx ended
+			}
+			var p *policy.Policy
+			keep := false
+			for _, e := range entries {
+				if e.Key != policy.Key {
+					continue
+				}
+				if p, err = policy.Parse(e.Value); err != nil {
+					sc.log.Warn("the policy does not parse: keeping the one before", zap.String("key", policy.Key), zap.Error(err))
+					keep = true
+				}
+			}
+			mu.Lock()
+			if !keep {
+				pol = p
+			}
+			polReady = true
+			mu.Unlock()
+			select {
+			case updates <- struct{}{}:
+			default:
+			}
+		}
+	}()
 	cache := newDecodeCache()
 	var timer <-chan time.Time
 	var staleSince time.Time // when the watched view first lagged our own writes
@@ -153,8 +193,9 @@ func (sc *Scheduler) Run(ctx context.Context) error {
 		}
 		mu.Lock()
 		cur := slots
+		sc.pol = pol
+		ready, fresh := polReady, true
 		mu.Unlock()
-		ready, fresh := true, true
 		var all []store.Entry
 		var index uint64
 		for i, sl := range cur {
@@ -250,7 +291,18 @@ func (sc *Scheduler) Pass(ctx context.Context, c *Cluster) (time.Duration, error
 		}
 	}
 	live := map[string]bool{}
-	for _, r := range c.ordered() {
+	unplaced := map[string]string{} // request shape (shapeKey) → why it did not fit
+	requests := c.ordered()
+	var held *policy.Held
+	if sc.pol != nil {
+		if err := sc.account(ctx, now, c); err != nil {
+			return 0, err
+		}
+		requests = c.orderedBy(Priorities(sc.pol, sc.usage, c, now))
+		held = heldBy(c)
+		soon(PolicyRecalc)
+	}
+	for _, r := range requests {
 		live[r.ID] = true
 		if g, ok := c.Grants[r.ID]; ok && g.State != GrantPending {
 			continue // granted or refused already
@@ -269,8 +321,29 @@ func (sc *Scheduler) Pass(ctx context.Context, c *Cluster) (time.Duration, error
 				soon(left)
 			}
 		}
-		nodes, why := sc.pipe.place(r.Request, c.Nodes, free, reservedNodes,
-			func(n *NodeState) (*topology.Inventory, error) { return sc.invs.get(ctx, n) })
+		if sc.pol != nil {
+			if sel, ok := sc.pol.PartitionNodes(r.Partition); ok {
+				r.PartitionNodes = sel
+			}
+			// A limit holds the request back, with Slurm's reason, and keeps no nodes
+			// for it: others may use what it cannot.
+			if why := sc.pol.Check(PolicyJob(r.Request), held, sc.usage); why != "" {
+				status.Pending[r.ID] = why
+				continue
+			}
+		}
+		// Within a pass free devices only shrink and kept nodes only grow, so a request
+		// shaped like one that did not fit does not fit either: it skips placement.
+		shape := shapeKey(r.Request)
+		var nodes []GrantNode
+		why, misfit := unplaced[shape]
+		if !misfit {
+			nodes, why = sc.pipe.place(r.Request, c.Nodes, free, reservedNodes,
+				func(n *NodeState) (*topology.Inventory, error) { return sc.invs.get(ctx, n) })
+			if nodes == nil {
+				unplaced[shape] = why
+			}
+		}
 		if nodes == nil {
 			if n := len(sc.delayed); n > 0 {
 				why += fmt.Sprintf("; %d GPUs in lock-delay after their holder died (lockable again within %s)", n, GrantLockDelay)
@@ -302,6 +375,11 @@ func (sc *Scheduler) Pass(ctx context.Context, c *Cluster) (time.Duration, error
 			g := Grant{ID: r.ID, State: GrantGranted, Nodes: nodes, Session: r.Session}
 			sc.granted[r.ID] = g
 			sc.emit(now, event.Granted, g, "")
+			if held != nil {
+				j := PolicyJob(r.Request)
+				j.GPUs = g.DeviceCount()
+				held.Add(j)
+			}
 			for _, gn := range nodes {
 				free[gn.Name] = without(free[gn.Name], gn.Devices)
 			}

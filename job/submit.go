@@ -12,6 +12,7 @@ import (
 
 	"github.com/gangrun/gangrun/allocator"
 	"github.com/gangrun/gangrun/internal/store"
+	"github.com/gangrun/gangrun/policy"
 )
 
 // ErrInvalid marks a spec Submit refuses as the user's to fix: a bad value, or one no
@@ -34,8 +35,44 @@ func request(spec Spec, again bool, exclude []string) allocator.Request {
 	if again {
 		least = spec.MinNodes
 	}
-	return allocator.JobRequest(spec.ID, least, spec.MaxNodes+spec.SpareNodes, spec.GPUsPerNode,
+	r := allocator.JobRequest(spec.ID, least, spec.MaxNodes+spec.SpareNodes, spec.GPUsPerNode,
 		spec.Partition, "", nil, spec.Priority, exclude)
+	// Who and what the policy counts (limits, fair-share); the age factor counts from
+	// the submission, a placement again included.
+	r.User, r.Account, r.TimeLimit = spec.User, spec.Account, spec.TimeLimit
+	if !spec.Submitted.IsZero() {
+		r.Submitted = spec.Submitted
+	}
+	return r
+}
+
+// applyPolicy fills what spec leaves to the operator's policy p (nil: none) and
+// refuses what the policy never allows: the account defaults to the user's default
+// account (else the user's name, as when there is no policy), the partition to the
+// default partition, --time to the partition's default_time (else its max_time); an
+// account the user may not charge, or a partition that does not allow it, is
+// ErrInvalid. Limits that running jobs reach are not checked here: the job waits for
+// them PENDING, with the limit's reason (policy.Policy.Check).
+func applyPolicy(p *policy.Policy, spec *Spec) error {
+	if p == nil {
+		if spec.Account == "" {
+			spec.Account = spec.User
+		}
+		return nil
+	}
+	if spec.Account == "" {
+		spec.Account = p.DefaultAccount(spec.User)
+	}
+	if spec.Partition == "" {
+		spec.Partition = p.DefaultPartition()
+	}
+	if spec.TimeLimit == 0 {
+		spec.TimeLimit = p.DefaultTime(spec.Partition)
+	}
+	if err := p.Admit(allocator.PolicyJob(request(*spec, false, nil))); err != nil {
+		return &invalid{err}
+	}
+	return nil
 }
 
 // Submit queues spec as a new job and returns its id: it checks the spec and that the
@@ -87,11 +124,22 @@ func prepareSubmit(ctx context.Context, s store.Store, spec Spec) (Spec, error) 
 	if err := spec.Validate(); err != nil {
 		return spec, &invalid{err}
 	}
+	pol, err := policy.Load(ctx, s)
+	if err != nil {
+		return spec, err
+	}
+	if err := applyPolicy(pol, &spec); err != nil {
+		return spec, err
+	}
 	c, err := allocator.RegisteredNodes(ctx, s)
 	if err != nil {
 		return spec, err
 	}
-	if err := allocator.CheckFeasible(c, request(spec, false, nil)); err != nil {
+	pre := request(spec, false, nil)
+	if pol != nil {
+		pre.PartitionNodes, _ = pol.PartitionNodes(spec.Partition)
+	}
+	if err := allocator.CheckFeasible(c, pre); err != nil {
 		if errors.Is(err, allocator.ErrInfeasible) {
 			return spec, &invalid{err}
 		}

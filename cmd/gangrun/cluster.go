@@ -417,10 +417,11 @@ func holder() string {
 }
 
 func runQueue(ctx context.Context, e *env, args []string) int {
-	fs := newFlagSet(e, "queue", "[--all] [--json]")
+	fs := newFlagSet(e, "queue", "[--all] [--priority] [--json]")
 	consul := consulFlag(fs)
 	asJSON := fs.Bool("json", false, "print JSON")
 	all := fs.Bool("all", false, "also list jobs that ended (squeue --states=all)")
+	prio := fs.Bool("priority", false, "list pending jobs by priority with each factor of it (like sprio)")
 	if done, code := parseFlags(e, fs, args); done {
 		return code
 	}
@@ -432,6 +433,17 @@ func runQueue(ctx context.Context, e *env, args []string) int {
 		return code
 	}
 	defer s.Close()
+	if *prio {
+		p, err := job.Priorities(ctx, s)
+		if err != nil {
+			return failErr(e, "queue", err)
+		}
+		if *asJSON {
+			return printJSON(e, p)
+		}
+		printPriorities(e, p)
+		return exitOK
+	}
 	q, err := job.Queue(ctx, s, *all)
 	if err != nil {
 		return failErr(e, "queue", err)

@@ -31,13 +31,13 @@ const stepCommand = "__step"
 // submitFlags are `gangrun submit`'s options, which a script may also give on #GANGRUN
 // lines (the command line wins).
 type submitFlags struct {
-	nodes, name, partition, account, timeLimit, signal, checkpointDir, output string
-	dependency, array                                                         string
-	gpus, priority, spares, maxRestarts                                       int
-	termTimeout                                                               time.Duration
-	env                                                                       []string
-	asJSON                                                                    bool
-	consul                                                                    *string
+	nodes, name, partition, account, timeLimit, signal, checkpointDir, output, uid string
+	dependency, array                                                              string
+	gpus, priority, spares, maxRestarts                                            int
+	termTimeout                                                                    time.Duration
+	env                                                                            []string
+	asJSON                                                                         bool
+	consul                                                                         *string
 }
 
 func (f *submitFlags) register(fs *pflag.FlagSet) {
@@ -46,7 +46,8 @@ func (f *submitFlags) register(fs *pflag.FlagSet) {
 	fs.IntVar(&f.gpus, "gpus-per-node", 1, "GPUs on each node")
 	fs.StringVar(&f.name, "name", "", "the job's name (%x in --output; default: the command's or script's base name)")
 	fs.StringVar(&f.partition, "partition", "", "run on nodes of this partition (their partition label)")
-	fs.StringVar(&f.account, "account", "", "the account (project) the job is charged to")
+	fs.StringVar(&f.account, "account", "", "the account (project) the job is charged to (default: the user's default account in the policy, else the user's name)")
+	fs.StringVar(&f.uid, "uid", "", "submit as this user (root only, as sbatch --uid)")
 	fs.IntVar(&f.priority, "priority", 0, "higher goes first")
 	fs.StringVar(&f.timeLimit, "time", "", "time limit: minutes, MM:SS, HH:MM:SS, D-HH[:MM[:SS]] or a duration (90m); the job ends TIMEOUT")
 	fs.StringVar(&f.signal, "signal", "", "SIG@DUR: send SIG to the workers DUR (seconds or a duration) before the time limit")
@@ -183,7 +184,17 @@ func (f *submitFlags) spec(command []string, script, name string) (job.Spec, err
 	if err != nil {
 		return job.Spec{}, fmt.Errorf("the submit directory: %w", err)
 	}
-	spec := job.Spec{Name: f.name, User: currentUser(), Account: f.account, Partition: f.partition,
+	submitter := currentUser()
+	if f.uid != "" {
+		if os.Geteuid() != 0 {
+			return job.Spec{}, fmt.Errorf("--uid %q: only root may submit as another user", f.uid)
+		}
+		if err := store.CheckSegment("--uid", f.uid); err != nil {
+			return job.Spec{}, err
+		}
+		submitter = f.uid
+	}
+	spec := job.Spec{Name: f.name, User: submitter, Account: f.account, Partition: f.partition,
 		MinNodes: lo, MaxNodes: hi, GPUsPerNode: f.gpus, Priority: f.priority, TimeLimit: limit,
 		Signal: sig, SignalBefore: before, SpareNodes: f.spares, CheckpointDir: f.checkpointDir,
 		MaxRestarts: f.maxRestarts, TermTimeout: f.termTimeout, Output: f.output, Env: env,

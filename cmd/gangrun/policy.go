@@ -1,0 +1,109 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"text/tabwriter"
+
+	"github.com/gangrun/gangrun/internal/userfile"
+	"github.com/gangrun/gangrun/job"
+	"github.com/gangrun/gangrun/policy"
+)
+
+// runPolicy is `gangrun policy set FILE` and `gangrun policy show [--json]`: the
+// operator's partitions, accounts, limits and priority weights (docs/policy.md).
+func runPolicy(ctx context.Context, e *env, args []string) int {
+	fs := newFlagSet(e, "policy", "set FILE | show [--json] | usage [--json]")
+	consul := consulFlag(fs)
+	asJSON := fs.Bool("json", false, "print JSON")
+	if done, code := parseFlags(e, fs, args); done {
+		return code
+	}
+	verb := fs.Arg(0)
+	switch {
+	case verb == "set" && fs.NArg() == 2:
+	case (verb == "show" || verb == "usage") && fs.NArg() == 1:
+	default:
+		return usageErr(e, "policy", "want set FILE, show or usage (got %q)", fs.Args())
+	}
+	var p *policy.Policy
+	if verb == "set" {
+		data, err := userfile.ReadFile(fs.Arg(1), policy.MaxPolicyBytes)
+		if err != nil {
+			return usageErr(e, "policy", "%v", err)
+		}
+		if p, err = policy.Parse(data); err != nil {
+			return usageErr(e, "policy", "%s: %v", fs.Arg(1), err)
+		}
+	}
+	s, code := openStore(e, "policy", *consul)
+	if code != exitOK {
+		return code
+	}
+	defer s.Close()
+	switch verb {
+	case "set":
+		if err := policy.Save(ctx, s, p); err != nil {
+			return failErr(e, "policy", err)
+		}
+		fmt.Fprintf(e.stdout, "policy set: %d partitions, %d accounts; the scheduler applies it on its next pass\n", len(p.Partitions), len(p.Accounts))
+		return exitOK
+	case "usage":
+		u, err := policy.LoadUsage(ctx, s)
+		if err != nil {
+			return failErr(e, "policy", err)
+		}
+		if *asJSON {
+			return printJSON(e, u)
+		}
+		tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "ACCOUNT/USER\tGPU-HOURS (DECAYED)")
+		for _, k := range sortedKeys(u.Accounts) {
+			fmt.Fprintf(tw, "%s\t%.3f\n", k, u.Accounts[k]/3600)
+		}
+		for _, k := range sortedKeys(u.Users) {
+			fmt.Fprintf(tw, "%s\t%.3f\n", k, u.Users[k]/3600)
+		}
+		tw.Flush()
+		return exitOK
+	}
+	p, err := policy.Load(ctx, s)
+	if err != nil {
+		return failErr(e, "policy", err)
+	}
+	if p == nil {
+		if *asJSON {
+			return printJSON(e, nil)
+		}
+		fmt.Fprintln(e.stdout, "no policy set: jobs go by --priority, then submission; no limits")
+		return exitOK
+	}
+	b, _ := json.MarshalIndent(p, "", "  ")
+	fmt.Fprintln(e.stdout, string(b))
+	return exitOK
+}
+
+func sortedKeys(m map[string]float64) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// printPriorities prints `gangrun queue --priority` as sprio does: each factor times
+// its weight, and the sum.
+func printPriorities(e *env, entries []job.PriorityEntry) {
+	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "JOBID\tPARTITION\tUSER\tACCOUNT\tPRIORITY\tSITE\tAGE\tFAIRSHARE\tJOBSIZE\tPARTITION\tQOS\tREASON")
+	for _, q := range entries {
+		f, w := q.Factors, q.Weights
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%s\n", q.ID, orDash(q.Partition), q.User, orDash(q.Account),
+			f.Priority, f.Site, float64(w.Age)*f.Age, float64(w.FairShare)*f.FairShare, float64(w.JobSize)*f.JobSize,
+			float64(w.Partition)*f.Partition, float64(w.QOS)*f.QOS, orDash(q.Reason))
+	}
+	tw.Flush()
+}

@@ -1,0 +1,160 @@
+package policy
+
+import (
+	"fmt"
+	"slices"
+	"time"
+)
+
+// Pending reasons a limit gives, Slurm's names (squeue's REASON column, job_reason in
+// slurm.h). `gangrun queue` shows "<name>: <what was reached>".
+const (
+	ReasonInvalidAccount     = "InvalidAccount"      // the account is not in the policy, or the user not in it
+	ReasonPartitionConfig    = "PartitionConfig"     // the partition does not allow the account
+	ReasonPartitionTimeLimit = "PartitionTimeLimit"  // --time over the partition's max_time
+	ReasonMaxGRESPerJob      = "QOSMaxGRESPerJob"    // GPUs over the partition's max_gpus_per_job
+	ReasonGrpGRES            = "AssocGrpGRES"        // the account's grp_gpus reached
+	ReasonGrpJobs            = "AssocGrpJobsLimit"   // the account's grp_jobs reached
+	ReasonGrpGRESMinutes     = "AssocGrpGRESMinutes" // the account's grp_gpu_hours reached
+	ReasonMaxGRESPerUser     = "QOSMaxGRESPerUser"   // the user's GPUs in the account at max_gpus_per_user
+	ReasonMaxJobsPerUser     = "AssocMaxJobsLimit"   // the user's running jobs at max_jobs_per_user
+)
+
+// Job is what the policy needs of a pending or running job (or allocation).
+type Job struct {
+	ID        string
+	User      string
+	Account   string
+	Partition string
+	// GPUs the job holds or asks for (nodes × GPUs per node).
+	GPUs int
+	// TimeLimit is --time; 0: none.
+	TimeLimit time.Duration
+	// Submitted is when it was queued (the age factor counts from it).
+	Submitted time.Time
+	// Site is the job's own --priority, added to the multifactor sum as Slurm's site
+	// factor.
+	Site int
+}
+
+// assoc is an (account, user) pair.
+type assoc struct{ account, user string }
+
+// Held tallies what running jobs hold, per account and per user in an account: the
+// scheduler builds one per pass from the grants and adds each grant it makes.
+type Held struct {
+	accountGPUs map[string]int
+	accountJobs map[string]int
+	userGPUs    map[assoc]int
+	userJobs    map[assoc]int
+}
+
+// NewHeld returns an empty tally.
+func NewHeld() *Held {
+	return &Held{accountGPUs: map[string]int{}, accountJobs: map[string]int{}, userGPUs: map[assoc]int{}, userJobs: map[assoc]int{}}
+}
+
+// Add counts running job j (its GPUs and one job).
+func (h *Held) Add(j Job) {
+	a := assoc{j.Account, j.User}
+	h.accountGPUs[j.Account] += j.GPUs
+	h.accountJobs[j.Account]++
+	h.userGPUs[a] += j.GPUs
+	h.userJobs[a]++
+}
+
+// Admit checks, at submission, what no change of the running jobs can cure: the
+// account exists and lets the user in, and the partition allows the account. The error
+// names the value (Slurm refuses such a job at submission too).
+func (p *Policy) Admit(j Job) error {
+	if why := p.membership(j); why != "" {
+		return fmt.Errorf("--account %q: %s", j.Account, why)
+	}
+	if why := p.partitionAllows(j); why != "" {
+		return fmt.Errorf("--partition %q: %s", j.Partition, why)
+	}
+	return nil
+}
+
+// membership says why j's user may not charge j's account, "" when it may.
+func (p *Policy) membership(j Job) string {
+	if len(p.Accounts) == 0 {
+		return ""
+	}
+	a, ok := p.Accounts[j.Account]
+	if !ok {
+		return fmt.Sprintf("no such account in the policy (gangrun policy show lists them; %s's default is %q)", j.User, p.DefaultAccount(j.User))
+	}
+	if _, ok := a.Users[j.User]; len(a.Users) > 0 && !ok {
+		return fmt.Sprintf("user %s is not a user of the account", j.User)
+	}
+	return ""
+}
+
+// partitionAllows says why j's partition refuses j's account, "" when it does not.
+func (p *Policy) partitionAllows(j Job) string {
+	pt, ok := p.Partitions[j.Partition]
+	if !ok || len(pt.AllowAccounts) == 0 || slices.Contains(pt.AllowAccounts, j.Account) {
+		return ""
+	}
+	return fmt.Sprintf("account %q is not allowed (allow_accounts %v)", j.Account, pt.AllowAccounts)
+}
+
+// Check returns why pending job j may not start now under the policy, given what
+// running jobs hold (h) and the recorded usage (u, may be nil), or "" when no limit
+// stops it. The reason is Slurm's name, a colon, and what was reached:
+// "QOSMaxGRESPerUser: alice holds 8 of 8 GPUs in account ml (max_gpus_per_user)".
+// Limits are checked in Slurm's order of scope: the association, the partition, the
+// account's group limits, then the user's.
+func (p *Policy) Check(j Job, h *Held, u *Usage) string {
+	if why := p.membership(j); why != "" {
+		return ReasonInvalidAccount + ": account " + j.Account + ": " + why
+	}
+	if why := p.partitionAllows(j); why != "" {
+		return ReasonPartitionConfig + ": partition " + j.Partition + ": " + why
+	}
+	if pt, ok := p.Partitions[j.Partition]; ok {
+		if max := time.Duration(pt.MaxTime); max > 0 && (j.TimeLimit == 0 || j.TimeLimit > max) {
+			limit := "UNLIMITED"
+			if j.TimeLimit > 0 {
+				limit = j.TimeLimit.String()
+			}
+			return fmt.Sprintf("%s: --time %s over partition %s's max_time %s", ReasonPartitionTimeLimit, limit, j.Partition, max)
+		}
+		if pt.MaxGPUsPerJob > 0 && j.GPUs > pt.MaxGPUsPerJob {
+			return fmt.Sprintf("%s: %d GPUs over partition %s's max_gpus_per_job %d", ReasonMaxGRESPerJob, j.GPUs, j.Partition, pt.MaxGPUsPerJob)
+		}
+	}
+	a, ok := p.Accounts[j.Account]
+	if !ok {
+		return ""
+	}
+	if a.GrpGPUs > 0 && h.accountGPUs[j.Account]+j.GPUs > a.GrpGPUs {
+		return fmt.Sprintf("%s: account %s holds %d of %d GPUs, the job wants %d (grp_gpus)", ReasonGrpGRES, j.Account, h.accountGPUs[j.Account], a.GrpGPUs, j.GPUs)
+	}
+	if a.GrpJobs > 0 && h.accountJobs[j.Account] >= a.GrpJobs {
+		return fmt.Sprintf("%s: account %s runs %d of %d jobs (grp_jobs)", ReasonGrpJobs, j.Account, h.accountJobs[j.Account], a.GrpJobs)
+	}
+	if a.GrpGPUHours > 0 && u != nil {
+		if used := u.Accounts[j.Account] / 3600; used >= a.GrpGPUHours {
+			return fmt.Sprintf("%s: account %s used %.1f of %g GPU-hours (grp_gpu_hours, decayed with a half-life of %s)", ReasonGrpGRESMinutes, j.Account, used, a.GrpGPUHours, p.HalfLife())
+		}
+	}
+	user := a.Users[j.User]
+	k := assoc{j.Account, j.User}
+	maxGPUs, gpuField := a.MaxGPUsPerUser, "max_gpus_per_user"
+	if user.MaxGPUs > 0 {
+		maxGPUs, gpuField = user.MaxGPUs, "users."+j.User+".max_gpus"
+	}
+	if maxGPUs > 0 && h.userGPUs[k]+j.GPUs > maxGPUs {
+		return fmt.Sprintf("%s: %s holds %d of %d GPUs in account %s, the job wants %d (%s)", ReasonMaxGRESPerUser, j.User, h.userGPUs[k], maxGPUs, j.Account, j.GPUs, gpuField)
+	}
+	maxJobs, jobField := a.MaxJobsPerUser, "max_jobs_per_user"
+	if user.MaxJobs > 0 {
+		maxJobs, jobField = user.MaxJobs, "users."+j.User+".max_jobs"
+	}
+	if maxJobs > 0 && h.userJobs[k] >= maxJobs {
+		return fmt.Sprintf("%s: %s runs %d of %d jobs in account %s (%s)", ReasonMaxJobsPerUser, j.User, h.userJobs[k], maxJobs, j.Account, jobField)
+	}
+	return ""
+}

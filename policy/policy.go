@@ -1,0 +1,429 @@
+// Package policy is the operator's scheduling policy, kept as data in Consul: partitions
+// (which nodes, default and maximum --time, GPUs per job, allowed accounts, priority
+// tier), QOS levels, and accounts with their users, shares and limits, and the weights of
+// Slurm's multifactor priority (priority_multifactor). It also holds the decayed usage
+// the elected scheduler accumulates for fair-share.
+//
+// The policy is one JSON document (Parse; docs/policy.md describes every field) under
+// Key, written by `gangrun policy set FILE` and read by the scheduler on every change:
+// a changed limit takes effect on its next pass. The package is pure arithmetic on
+// plain values (Job, Held, Usage); the scheduler (allocator) and the submit path (job)
+// feed it.
+//
+// Keys:
+//
+//	gangrun/policy/config   the Policy (JSON), written by `gangrun policy set`
+//	gangrun/policy/usage    Usage: decayed GPU-seconds per account and per user, written
+//	                        by the elected scheduler (UsageFlushInterval)
+package policy
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+	"unicode"
+
+	"github.com/gangrun/gangrun/internal/store"
+)
+
+// Keys of the policy and of the usage in the coordination store.
+const (
+	// Key holds the Policy as JSON.
+	Key = "gangrun/policy/config"
+	// UsageKey holds the Usage as JSON.
+	UsageKey = "gangrun/policy/usage"
+)
+
+// Defaults, as Slurm's (slurm.conf: PriorityMaxAge=7-0, PriorityDecayHalfLife=7-0,
+// FairShareDampeningFactor=1; sacctmgr: Fairshare=1).
+const (
+	DefaultMaxAge        = 7 * 24 * time.Hour
+	DefaultDecayHalfLife = 7 * 24 * time.Hour
+	DefaultDampening     = 1.0
+	DefaultShares        = 1
+)
+
+// MaxPolicyBytes bounds the policy document: it is one Consul value (512 KiB at most).
+const MaxPolicyBytes = 256 << 10
+
+// Duration is a time.Duration written in JSON as Go's duration text ("90m", "168h").
+type Duration time.Duration
+
+// MarshalJSON writes the duration as text.
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
+
+// UnmarshalJSON reads a duration written as text ("90m"); a number is refused (the
+// unit would be a guess).
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("duration %s: want text such as \"90m\" or \"168h\"", b)
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("duration %q: want text such as \"90m\" or \"168h\"", s)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// Policy is the operator's scheduling policy. The zero Policy has no partitions, no
+// accounts and zero weights: jobs are ordered by --priority then submission, and no
+// limit applies, as with no policy at all.
+type Policy struct {
+	// Priority holds the multifactor weights and their parameters.
+	Priority Priority `json:"priority"`
+	// Partitions by name. A partition the policy does not name keeps the default
+	// meaning: the nodes labelled partition=<name>, no limits.
+	Partitions map[string]Partition `json:"partitions,omitempty"`
+	// QOS levels by name; an account's QOS gives its jobs the QOS factor.
+	QOS map[string]QOS `json:"qos,omitempty"`
+	// Accounts by name. When there is at least one, only the accounts named here (and
+	// their users, where an account lists users) may submit.
+	Accounts map[string]Account `json:"accounts,omitempty"`
+}
+
+// Priority is the multifactor priority's configuration (Slurm's PriorityWeight*,
+// PriorityMaxAge, PriorityDecayHalfLife, PriorityFavorSmall, FairShareDampeningFactor).
+type Priority struct {
+	Weights Weights `json:"weights"`
+	// MaxAge is the queue time at which the age factor reaches 1 (default 7 days).
+	MaxAge Duration `json:"max_age,omitempty"`
+	// DecayHalfLife is the half-life of recorded usage (default 7 days).
+	DecayHalfLife Duration `json:"decay_half_life,omitempty"`
+	// FavorSmall gives smaller jobs the larger job-size factor.
+	FavorSmall bool `json:"favor_small,omitempty"`
+	// Dampening is FairShareDampeningFactor (default 1): F = 2^(-UE/S/Dampening).
+	Dampening float64 `json:"dampening,omitempty"`
+}
+
+// Weights multiply each factor (each between 0 and 1) in a job's priority.
+type Weights struct {
+	Age       int64 `json:"age,omitempty"`
+	FairShare int64 `json:"fairshare,omitempty"`
+	JobSize   int64 `json:"job_size,omitempty"`
+	Partition int64 `json:"partition,omitempty"`
+	QOS       int64 `json:"qos,omitempty"`
+}
+
+// Partition is one partition of the policy (slurm.conf's PartitionName lines).
+type Partition struct {
+	// Nodes selects the partition's nodes by label: a node is in the partition when it
+	// has every label given. Default: partition=<name>.
+	Nodes map[string]string `json:"nodes,omitempty"`
+	// Default makes it the partition of jobs submitted without --partition.
+	Default bool `json:"default,omitempty"`
+	// DefaultTime is the --time of a job that gives none (else MaxTime).
+	DefaultTime Duration `json:"default_time,omitempty"`
+	// MaxTime is the longest --time a job may ask for: a longer one waits with
+	// PartitionTimeLimit. 0: no limit.
+	MaxTime Duration `json:"max_time,omitempty"`
+	// MaxGPUsPerJob caps a job's GPUs (nodes × GPUs per node): a larger one waits with
+	// QOSMaxGRESPerJob. 0: no limit.
+	MaxGPUsPerJob int `json:"max_gpus_per_job,omitempty"`
+	// AllowAccounts, when set, are the only accounts that may use the partition.
+	AllowAccounts []string `json:"allow_accounts,omitempty"`
+	// Tier is the partition's priority (Slurm's PriorityJobFactor), normalised by the
+	// highest tier into the partition factor.
+	Tier int `json:"tier,omitempty"`
+}
+
+// QOS is one quality of service level: its priority, normalised by the highest, is
+// the QOS factor.
+type QOS struct {
+	Priority int `json:"priority"`
+}
+
+// Account is one account (project), with its users and limits (sacctmgr's
+// association limits; 0 means no limit).
+type Account struct {
+	// Shares is the account's fair-share (default 1).
+	Shares int `json:"shares,omitempty"`
+	// QOS names the QOS of the account's jobs ("" none).
+	QOS string `json:"qos,omitempty"`
+	// GrpGPUs caps the GPUs the account's jobs hold at once (GrpTRES=gres/gpu=N):
+	// AssocGrpGRES.
+	GrpGPUs int `json:"grp_gpus,omitempty"`
+	// GrpJobs caps the account's running jobs (GrpJobs): AssocGrpJobsLimit.
+	GrpJobs int `json:"grp_jobs,omitempty"`
+	// GrpGPUHours caps the account's decayed usage, in GPU-hours (GrpTRESMins=gres/gpu
+	// divided by 60): once reached, its jobs wait with AssocGrpGRESMinutes until the
+	// usage decays below it.
+	GrpGPUHours float64 `json:"grp_gpu_hours,omitempty"`
+	// MaxGPUsPerUser caps the GPUs each user of the account holds at once
+	// (MaxTRESPerUser=gres/gpu=N): QOSMaxGRESPerUser.
+	MaxGPUsPerUser int `json:"max_gpus_per_user,omitempty"`
+	// MaxJobsPerUser caps each user's running jobs in the account (MaxJobs):
+	// AssocMaxJobsLimit.
+	MaxJobsPerUser int `json:"max_jobs_per_user,omitempty"`
+	// Users may charge the account, by name. Empty: any user may.
+	Users map[string]User `json:"users,omitempty"`
+}
+
+// User is one user's association with an account.
+type User struct {
+	// Shares is the user's fair-share within the account (default 1).
+	Shares int `json:"shares,omitempty"`
+	// MaxGPUs and MaxJobs replace the account's per-user limits for this user (0: the
+	// account's).
+	MaxGPUs int `json:"max_gpus,omitempty"`
+	MaxJobs int `json:"max_jobs,omitempty"`
+	// Default makes this account the user's default (submit without --account).
+	Default bool `json:"default,omitempty"`
+}
+
+// Parse reads a policy document and checks it (Validate). An unknown field is an
+// error, so a misspelt limit is not silently ignored.
+func Parse(data []byte) (*Policy, error) {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	var p Policy
+	if err := dec.Decode(&p); err != nil {
+		var se *json.SyntaxError
+		if errors.As(err, &se) {
+			line := bytes.Count(data[:min(int(se.Offset), len(data))], []byte("\n")) + 1
+			return nil, fmt.Errorf("line %d: %v", line, err)
+		}
+		return nil, err
+	}
+	if dec.More() {
+		return nil, errors.New("more than one JSON value")
+	}
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	return &p, nil
+}
+
+// Validate checks the policy: names of printable text without '/', no negative weight,
+// limit, share or duration, default_time within max_time, QOS and allowed accounts that
+// exist, at most one default partition and one default account per user. The error
+// names the field and the value.
+func (p *Policy) Validate() error {
+	w := p.Priority.Weights
+	for _, f := range []struct {
+		name string
+		v    int64
+	}{{"age", w.Age}, {"fairshare", w.FairShare}, {"job_size", w.JobSize}, {"partition", w.Partition}, {"qos", w.QOS}} {
+		if f.v < 0 {
+			return fmt.Errorf("priority.weights.%s %d: must not be negative", f.name, f.v)
+		}
+	}
+	if p.Priority.MaxAge < 0 || p.Priority.DecayHalfLife < 0 {
+		return fmt.Errorf("priority.max_age %s, decay_half_life %s: must not be negative", time.Duration(p.Priority.MaxAge), time.Duration(p.Priority.DecayHalfLife))
+	}
+	if p.Priority.Dampening < 0 {
+		return fmt.Errorf("priority.dampening %g: must not be negative", p.Priority.Dampening)
+	}
+	defaults := 0
+	for _, name := range sortedKeys(p.Partitions) {
+		pt := p.Partitions[name]
+		at := "partitions." + name
+		if err := checkName("partition", name); err != nil {
+			return err
+		}
+		for k, v := range pt.Nodes {
+			if err := checkName(at+".nodes label", k); err != nil {
+				return err
+			}
+			if err := checkText(at+".nodes."+k, v); err != nil {
+				return err
+			}
+		}
+		switch {
+		case pt.DefaultTime < 0 || pt.MaxTime < 0:
+			return fmt.Errorf("%s: default_time %s, max_time %s: must not be negative", at, time.Duration(pt.DefaultTime), time.Duration(pt.MaxTime))
+		case pt.MaxTime > 0 && pt.DefaultTime > pt.MaxTime:
+			return fmt.Errorf("%s.default_time %s: longer than max_time %s", at, time.Duration(pt.DefaultTime), time.Duration(pt.MaxTime))
+		case pt.MaxGPUsPerJob < 0:
+			return fmt.Errorf("%s.max_gpus_per_job %d: must not be negative", at, pt.MaxGPUsPerJob)
+		case pt.Tier < 0:
+			return fmt.Errorf("%s.tier %d: must not be negative", at, pt.Tier)
+		}
+		for _, a := range pt.AllowAccounts {
+			if _, ok := p.Accounts[a]; !ok && len(p.Accounts) > 0 {
+				return fmt.Errorf("%s.allow_accounts: account %q is not in accounts", at, a)
+			}
+		}
+		if pt.Default {
+			defaults++
+			if defaults > 1 {
+				return fmt.Errorf("%s.default: another partition is the default already", at)
+			}
+		}
+	}
+	for _, name := range sortedKeys(p.QOS) {
+		if err := checkName("qos", name); err != nil {
+			return err
+		}
+		if q := p.QOS[name]; q.Priority < 0 {
+			return fmt.Errorf("qos.%s.priority %d: must not be negative", name, q.Priority)
+		}
+	}
+	defaultOf := map[string]string{}
+	for _, name := range sortedKeys(p.Accounts) {
+		a := p.Accounts[name]
+		at := "accounts." + name
+		if err := checkName("account", name); err != nil {
+			return err
+		}
+		for _, f := range []struct {
+			name string
+			v    int
+		}{{"shares", a.Shares}, {"grp_gpus", a.GrpGPUs}, {"grp_jobs", a.GrpJobs}, {"max_gpus_per_user", a.MaxGPUsPerUser}, {"max_jobs_per_user", a.MaxJobsPerUser}} {
+			if f.v < 0 {
+				return fmt.Errorf("%s.%s %d: must not be negative", at, f.name, f.v)
+			}
+		}
+		if a.GrpGPUHours < 0 {
+			return fmt.Errorf("%s.grp_gpu_hours %g: must not be negative", at, a.GrpGPUHours)
+		}
+		if _, ok := p.QOS[a.QOS]; a.QOS != "" && !ok {
+			return fmt.Errorf("%s.qos %q: not in qos", at, a.QOS)
+		}
+		for _, u := range sortedKeys(a.Users) {
+			if err := checkName(at+".users: user", u); err != nil {
+				return err
+			}
+			uu := a.Users[u]
+			if uu.Shares < 0 || uu.MaxGPUs < 0 || uu.MaxJobs < 0 {
+				return fmt.Errorf("%s.users.%s: shares %d, max_gpus %d, max_jobs %d: must not be negative", at, u, uu.Shares, uu.MaxGPUs, uu.MaxJobs)
+			}
+			if uu.Default {
+				if other, ok := defaultOf[u]; ok {
+					return fmt.Errorf("%s.users.%s.default: account %q is %s's default already", at, u, other, u)
+				}
+				defaultOf[u] = name
+			}
+		}
+	}
+	return nil
+}
+
+// checkName refuses an empty name, or one with '/', a space, or a character that is
+// not printable: names are key segments and table cells.
+func checkName(what, s string) error {
+	if s == "" || strings.ContainsAny(s, "/ ") {
+		return fmt.Errorf("%s %q: want a non-empty name without '/' or spaces", what, s)
+	}
+	return checkText(what, s)
+}
+
+// checkText refuses control and format characters (they would show raw in a table).
+func checkText(what, s string) error {
+	if strings.IndexFunc(s, func(r rune) bool { return unicode.IsControl(r) || unicode.Is(unicode.Cf, r) }) >= 0 {
+		return fmt.Errorf("%s %q: only printable text is allowed", what, s)
+	}
+	return nil
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+// MaxAge returns the age at which the age factor reaches 1.
+func (p *Policy) MaxAge() time.Duration {
+	if p.Priority.MaxAge == 0 {
+		return DefaultMaxAge
+	}
+	return time.Duration(p.Priority.MaxAge)
+}
+
+// HalfLife returns the usage decay half-life.
+func (p *Policy) HalfLife() time.Duration {
+	if p.Priority.DecayHalfLife == 0 {
+		return DefaultDecayHalfLife
+	}
+	return time.Duration(p.Priority.DecayHalfLife)
+}
+
+// PartitionNodes returns the label selector of partition name, and whether the policy
+// names the partition.
+func (p *Policy) PartitionNodes(name string) (map[string]string, bool) {
+	pt, ok := p.Partitions[name]
+	if !ok {
+		return nil, false
+	}
+	if len(pt.Nodes) == 0 {
+		return map[string]string{"partition": name}, true
+	}
+	return pt.Nodes, true
+}
+
+// DefaultPartition returns the default partition ("" when none).
+func (p *Policy) DefaultPartition() string {
+	for _, name := range sortedKeys(p.Partitions) {
+		if p.Partitions[name].Default {
+			return name
+		}
+	}
+	return ""
+}
+
+// DefaultAccount returns user's default account: the account that marks the user
+// default, else the only account listing the user, else the user's name (Slurm's
+// default account, and an account per user where the policy says nothing).
+func (p *Policy) DefaultAccount(user string) string {
+	var member []string
+	for _, name := range sortedKeys(p.Accounts) {
+		if u, ok := p.Accounts[name].Users[user]; ok {
+			if u.Default {
+				return name
+			}
+			member = append(member, name)
+		}
+	}
+	if len(member) == 1 {
+		return member[0]
+	}
+	return user
+}
+
+// DefaultTime returns the --time a job without one gets in partition name: its
+// default_time, else its max_time, else 0 (none).
+func (p *Policy) DefaultTime(partition string) time.Duration {
+	pt := p.Partitions[partition]
+	if pt.DefaultTime > 0 {
+		return time.Duration(pt.DefaultTime)
+	}
+	return time.Duration(pt.MaxTime)
+}
+
+// Load reads the policy from the store: nil (and no error) when none is set.
+func Load(ctx context.Context, s store.Store) (*Policy, error) {
+	e, err := s.Get(ctx, Key)
+	if err != nil || e == nil {
+		return nil, err
+	}
+	p, err := Parse(e.Value)
+	if err != nil {
+		return nil, fmt.Errorf("the policy in %s: %w", Key, err)
+	}
+	return p, nil
+}
+
+// Save writes p (after Validate) as the policy; the scheduler applies it on its next
+// pass.
+func Save(ctx context.Context, s store.Store, p *Policy) error {
+	if err := p.Validate(); err != nil {
+		return err
+	}
+	b, err := json.MarshalIndent(p, "", "  ")
+	if err != nil {
+		return err
+	}
+	if _, err := s.Txn(ctx, []store.Op{{Verb: store.Set, Key: Key, Value: b}}); err != nil {
+		return fmt.Errorf("write %s: %w", Key, err)
+	}
+	return nil
+}

@@ -1,0 +1,192 @@
+package policy
+
+import (
+	"math"
+	"time"
+)
+
+// Factors are one job's multifactor priority, as sprio shows it: each factor between
+// 0 and 1, the job's own --priority (Site), and the sum (Priority).
+//
+// The formula is Slurm's (priority_multifactor.html, "Job Priority Factors In
+// General"):
+//
+//	Priority = Site + W_age×Age + W_fairshare×FairShare + W_jobsize×JobSize
+//	              + W_partition×Partition + W_qos×QOS
+//
+// truncated to an integer, as slurmctld truncates it.
+type Factors struct {
+	Site      int     `json:"site"`
+	Age       float64 `json:"age"`
+	FairShare float64 `json:"fairshare"`
+	JobSize   float64 `json:"job_size"`
+	Partition float64 `json:"partition"`
+	QOS       float64 `json:"qos"`
+	Priority  int64   `json:"priority"`
+}
+
+// Factors computes job j's factors at now: fs gives the fair-share factor (nil: 0),
+// totalGPUs is the cluster's GPU count (the job-size factor's denominator).
+//
+//   - Age: time queued over MaxAge, at most 1 ("Age Factor").
+//   - JobSize: GPUs asked over totalGPUs; with FavorSmall, 1 − (GPUs−1)/totalGPUs, so
+//     a 1-GPU job gets 1 ("Job Size Factor", PriorityFavorSmall).
+//   - Partition: the partition's tier over the highest tier ("Partition Factor",
+//     PriorityJobFactor).
+//   - QOS: the account's QOS priority over the highest ("Quality of Service (QOS)
+//     Factor").
+func (p *Policy) Factors(j Job, now time.Time, fs *FairShare, totalGPUs int) Factors {
+	f := Factors{Site: j.Site}
+	if age := now.Sub(j.Submitted); age > 0 {
+		f.Age = math.Min(float64(age)/float64(p.MaxAge()), 1)
+	}
+	if totalGPUs > 0 {
+		g := float64(min(j.GPUs, totalGPUs))
+		if p.Priority.FavorSmall {
+			f.JobSize = 1 - (g-1)/float64(totalGPUs)
+		} else {
+			f.JobSize = g / float64(totalGPUs)
+		}
+		f.JobSize = math.Max(0, math.Min(f.JobSize, 1))
+	}
+	if top := p.maxTier(); top > 0 {
+		f.Partition = float64(p.Partitions[j.Partition].Tier) / float64(top)
+	}
+	if top := p.maxQOS(); top > 0 {
+		if a, ok := p.Accounts[j.Account]; ok && a.QOS != "" {
+			f.QOS = float64(p.QOS[a.QOS].Priority) / float64(top)
+		}
+	}
+	if fs != nil {
+		f.FairShare = fs.Factor(j.Account, j.User)
+	}
+	w := p.Priority.Weights
+	sum := float64(w.Age)*f.Age + float64(w.FairShare)*f.FairShare + float64(w.JobSize)*f.JobSize +
+		float64(w.Partition)*f.Partition + float64(w.QOS)*f.QOS
+	f.Priority = int64(j.Site) + int64(sum)
+	return f
+}
+
+func (p *Policy) maxTier() int {
+	top := 0
+	for _, pt := range p.Partitions {
+		top = max(top, pt.Tier)
+	}
+	return top
+}
+
+func (p *Policy) maxQOS() int {
+	top := 0
+	for _, q := range p.QOS {
+		top = max(top, q.Priority)
+	}
+	return top
+}
+
+// FairShare computes Slurm's classic fair-share factor (classic_fair_share.html; the
+// priority_multifactor page's "Fairshare Factor" before Fair Tree) on a two-level tree:
+// the accounts under the root, each account's users under it.
+//
+//	S  = (S_user / S_siblings) × (S_account / S_accounts)    normalised shares
+//	U  = usage / total usage                                 normalised usage (decayed)
+//	UE = U_user + (UE_account − U_user) × S_user / S_siblings  effective usage
+//	UE_account = U_account                                   (children of the root)
+//	F  = 2^(−UE / S / dampening)
+//
+// A user the account does not list (an account open to every user) gets the account's
+// own factor, 2^(−U_account/S_account/dampening). Accounts the policy does not name
+// (jobs charged to their user's name) have 1 share each. With no usage at all every
+// factor is 1.
+type FairShare struct {
+	p         *Policy
+	u         *Usage
+	total     float64 // all accounts' usage
+	shares    map[string]float64
+	allShares float64
+	cache     map[assoc]float64
+}
+
+// NewFairShare prepares the factors for usage u (nil: none) over the policy's accounts,
+// those u records and accounts (the accounts of the jobs to rank).
+func NewFairShare(p *Policy, u *Usage, accounts []string) *FairShare {
+	f := &FairShare{p: p, u: u, shares: map[string]float64{}, cache: map[assoc]float64{}}
+	add := func(a string) {
+		if _, ok := f.shares[a]; ok {
+			return
+		}
+		s := float64(DefaultShares)
+		if acc, ok := p.Accounts[a]; ok && acc.Shares > 0 {
+			s = float64(acc.Shares)
+		}
+		f.shares[a] = s
+		f.allShares += s
+	}
+	for a := range p.Accounts {
+		add(a)
+	}
+	for _, a := range accounts {
+		add(a)
+	}
+	if u != nil {
+		for a, v := range u.Accounts {
+			add(a)
+			f.total += v
+		}
+	}
+	return f
+}
+
+// Factor returns the fair-share factor of user in account, between 0 and 1.
+func (f *FairShare) Factor(account, user string) float64 {
+	k := assoc{account, user}
+	if v, ok := f.cache[k]; ok {
+		return v
+	}
+	v := f.factor(account, user)
+	f.cache[k] = v
+	return v
+}
+
+func (f *FairShare) factor(account, user string) float64 {
+	sa, ok := f.shares[account]
+	if !ok {
+		sa = DefaultShares
+	}
+	all := f.allShares
+	if !ok {
+		all += sa
+	}
+	sAcct := sa / all
+	var uAcct, uUser float64
+	if f.total > 0 && f.u != nil {
+		uAcct = f.u.Accounts[account] / f.total
+		uUser = f.u.Users[account+"/"+user] / f.total
+	}
+	ue, s := uAcct, sAcct
+	if acc, ok := f.p.Accounts[account]; ok {
+		if me, listed := acc.Users[user]; listed {
+			siblings := 0.0
+			for _, other := range acc.Users {
+				siblings += float64(sharesOf(other.Shares))
+			}
+			part := float64(sharesOf(me.Shares)) / siblings
+			ue = uUser + (uAcct-uUser)*part
+			s = sAcct * part
+		}
+	}
+	if s <= 0 {
+		return 0
+	}
+	d := f.p.Priority.Dampening
+	if d <= 0 {
+		d = DefaultDampening
+	}
+	return math.Exp2(-ue / s / d)
+}
+
+func sharesOf(n int) int {
+	if n <= 0 {
+		return DefaultShares
+	}
+	return n
+}
