@@ -39,12 +39,16 @@ func request(spec Spec, again bool, exclude []string) allocator.Request {
 
 // Submit queues spec as a new job and returns its id: it checks the spec and that the
 // cluster's registered nodes could run it (allocator.CheckFeasible), takes the next
-// job id, and writes the spec, the state (PENDING) and the job's request in one
-// transaction, so a job is queued whole or not at all. Errors wrapping ErrInvalid are
-// the user's; others mean the store could not be asked.
+// job id, and writes the spec (its Account DefaultAccount when none is given), the
+// state (PENDING) and the job's request in one transaction, so a job is queued whole or
+// not at all. Errors wrapping ErrInvalid are the user's; others mean the store could
+// not be asked.
 func Submit(ctx context.Context, s store.Store, spec Spec) (string, error) {
 	if spec.Output == "" {
 		spec.Output = DefaultOutput
+	}
+	if spec.Account == "" {
+		spec.Account = DefaultAccount
 	}
 	if err := spec.Validate(); err != nil {
 		return "", &invalid{err}
@@ -110,8 +114,8 @@ func nextID(ctx context.Context, s store.Store) (string, store.Op, error) {
 	return id, store.Op{Verb: store.CAS, Key: seqKey, Value: []byte(id), Index: idx}, nil
 }
 
-// Cancel cancels job id, as scancel does: a pending job ends CANCELLED at once and its
-// request goes with it; a granted or running one goes COMPLETING: every step stops its workers (SIGTERM, the grace, SIGKILL),
+// Cancel cancels job id, as scancel does: a pending job ends CANCELLED at once, its
+// request goes and its accounting record is written with it; a granted or running one goes COMPLETING: every step stops its workers (SIGTERM, the grace, SIGKILL),
 // gives its GPUs back and exits, and the job ends CANCELLED. A job that already ended
 // is no error: Cancel reports false then.
 func Cancel(ctx context.Context, s store.Store, id string) (bool, error) {
@@ -130,7 +134,8 @@ func Cancel(ctx context.Context, s store.Store, id string) (bool, error) {
 			// only while there is no grant (a grant made meanwhile makes it a running
 			// job's cancel, below).
 			st.Status, st.Reason, st.Ended = Cancelled, "cancelled while pending", time.Now().UTC()
-			extra = []store.Op{{Verb: store.CheckNotExists, Key: allocator.GrantKey(id)}, {Verb: store.Delete, Key: allocator.RequestKey(id)}}
+			extra = []store.Op{{Verb: store.CheckNotExists, Key: allocator.GrantKey(id)}, {Verb: store.Delete, Key: allocator.RequestKey(id)},
+				recordOp(Job{Spec: j.Spec, State: st})}
 		default:
 			st.Status, st.End, st.Reason = Completing, Cancelled, "cancelled"
 		}
