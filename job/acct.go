@@ -88,9 +88,11 @@ type Record struct {
 	Elapsed   int64     `json:"elapsed_seconds"`
 	// GPUSeconds is what the job is charged (GPUSeconds' rule).
 	GPUSeconds float64 `json:"gpu_seconds"`
-	// Restarts counts the job's own restarts (those that use up --max-restarts),
-	// NodeFailures the nodes it lost; RestartsByCause every restart of its gang by cause
-	// (RestartCauses), node failures included.
+	// Restarts counts every restart of the job's gang (a new attempt after one that
+	// ended), node failures included: the sum of RestartsByCause, which counts them by
+	// cause (RestartCauses). NodeFailures counts the nodes it lost. (queue's and show's
+	// "restarts" is State.Restarts, the run's failures less the node failures, which
+	// counts a final failure too.)
 	Restarts        int            `json:"restarts"`
 	NodeFailures    int            `json:"node_failures"`
 	RestartsByCause map[string]int `json:"restarts_by_cause,omitempty"`
@@ -148,8 +150,11 @@ func RecordOf(j Job) Record {
 		State: st.Status, Reason: st.Reason, ExitCode: st.ExitCode, Nodes: nodes, NumNodes: len(nodes),
 		GPUsPerNode: sp.GPUsPerNode, GPUs: len(nodes) * sp.GPUsPerNode,
 		Submitted: sp.Submitted.UTC(), Started: st.Started.UTC(), Ended: st.Ended.UTC(),
-		GPUSeconds: GPUSeconds(sp, st), Restarts: st.Restarts, NodeFailures: st.NodeFailures,
+		GPUSeconds: GPUSeconds(sp, st), NodeFailures: st.NodeFailures,
 		RestartsByCause: maps.Clone(st.RestartsByCause), Attempts: len(st.Attempts)}
+	for _, n := range st.RestartsByCause {
+		r.Restarts += n
+	}
 	if st.Started.IsZero() {
 		r.Started = time.Time{}
 	} else if st.Ended.After(st.Started) {
