@@ -212,7 +212,10 @@ func TestAcctRecordsFinishedJobs(t *testing.T) {
 	if got["vision"] != 3 || got["nlp"] != 1 || got[job.DefaultAccount] != 1 || len(got) != 3 {
 		t.Errorf("report jobs per account %v, want vision 3, nlp 1, default 1", got)
 	}
+	_, table, _ := c.gangrun("acct", "--since", "1h")
+	t.Logf("gangrun acct --since 1h:\n%s", table)
 	code, out, _ = c.gangrun("acct", "--report", "--since", "60d")
+	t.Logf("gangrun acct --report --since 60d:\n%s", out)
 	if code != 0 || !strings.Contains(out, "ACCOUNT") || !strings.Contains(out, "olduser") || !strings.Contains(out, "10.00") {
 		t.Errorf("acct --report: exit %d\n%s", code, out)
 	}
