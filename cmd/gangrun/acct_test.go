@@ -242,3 +242,34 @@ func TestAcctRefusesBadFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestAcctWhenAndReportFilter: --since/--until forms against a fixed now, and
+// --report's --account/--user filters.
+func TestAcctWhenAndReportFilter(t *testing.T) {
+	now := time.Date(2025, 6, 30, 12, 0, 0, 0, time.UTC)
+	for v, want := range map[string]time.Time{
+		"2025-06-01":                time.Date(2025, 6, 1, 0, 0, 0, 0, time.UTC),
+		"2025-06-01T08:30":          time.Date(2025, 6, 1, 8, 30, 0, 0, time.UTC),
+		"2025-06-01T08:30:15":       time.Date(2025, 6, 1, 8, 30, 15, 0, time.UTC),
+		"2025-06-01T08:30:00+02:00": time.Date(2025, 6, 1, 6, 30, 0, 0, time.UTC),
+		"90m":                       now.Add(-90 * time.Minute),
+		"7d":                        time.Date(2025, 6, 23, 12, 0, 0, 0, time.UTC),
+	} {
+		if got, err := parseWhen(v, now); err != nil || !got.Equal(want) {
+			t.Errorf("parseWhen(%q) = %v, %v; want %v", v, got, err, want)
+		}
+	}
+	rep := []job.AccountUsage{
+		{Account: "nlp", Usage: job.Usage{Jobs: 3, GPUSeconds: 30}, Users: []job.UserUsage{{User: "ann", Usage: job.Usage{Jobs: 1, GPUSeconds: 10}}, {User: "bob", Usage: job.Usage{Jobs: 2, GPUSeconds: 20}}}},
+		{Account: "vision", Usage: job.Usage{Jobs: 1, GPUSeconds: 5}, Users: []job.UserUsage{{User: "bob", Usage: job.Usage{Jobs: 1, GPUSeconds: 5}}}},
+	}
+	if got := filterReport(rep, "", "ann"); len(got) != 1 || got[0].Account != "nlp" || got[0].Jobs != 1 || got[0].GPUSeconds != 10 || len(got[0].Users) != 1 {
+		t.Errorf("--user ann: %+v", got)
+	}
+	if got := filterReport(rep, "vision", ""); len(got) != 1 || got[0].Account != "vision" || got[0].Jobs != 1 {
+		t.Errorf("--account vision: %+v", got)
+	}
+	if got := filterReport(rep, "nlp", "carl"); len(got) != 0 {
+		t.Errorf("--account nlp --user carl: %+v, want nothing", got)
+	}
+}
