@@ -258,14 +258,15 @@ func decode(id string, entries []store.Entry) (*Job, error) {
 
 // update applies change to job id's state with check-and-set, reading it again and
 // retrying when another writer won; change returns false to leave the state as it is
-// (Update then returns false too). extra operations go in the same transaction.
+// (Update then returns false too). extra operations go in the same transaction, and so
+// does the job's accounting record (recordOp) when change makes its state final.
 func update(ctx context.Context, s store.Store, id string, change func(j *Job) bool, extra ...store.Op) (*Job, bool, error) {
 	for {
 		j, err := Read(ctx, s, id)
 		if err != nil {
 			return nil, false, err
 		}
-		before := placedOf(j.State)
+		before, wasFinal := placedOf(j.State), j.State.Status.Final()
 		if !change(j) {
 			return j, false, nil
 		}
@@ -275,6 +276,11 @@ func update(ctx context.Context, s store.Store, id string, change func(j *Job) b
 		b, _ := json.Marshal(j.State)
 		ops := append([]store.Op{{Verb: store.CAS, Key: stateKey(id), Value: b, Index: j.Index}}, extra...)
 		ops = append(ops, placedDiff(id, before, placedOf(j.State))...)
+		if !wasFinal && j.State.Status.Final() {
+			// The job ends: its accounting record goes with its final state, so it is
+			// written once (the check-and-set lets one writer end the job) and never lost.
+			ops = append(ops, recordOp(*j))
+		}
 		_, err = s.Txn(ctx, ops)
 		if err == nil {
 			return j, true, nil

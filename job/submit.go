@@ -272,8 +272,8 @@ func nextID(ctx context.Context, s store.Store) (string, store.Op, error) {
 	return id, store.Op{Verb: store.CAS, Key: seqKey, Value: []byte(id), Index: idx}, nil
 }
 
-// Cancel cancels job id, as scancel does: a pending job ends CANCELLED at once and its
-// request goes with it; a granted or running one goes COMPLETING: every step stops its workers (SIGTERM, the grace, SIGKILL),
+// Cancel cancels job id, as scancel does: a pending job ends CANCELLED at once, its
+// request goes and its accounting record is written with it; a granted or running one goes COMPLETING: every step stops its workers (SIGTERM, the grace, SIGKILL),
 // gives its GPUs back and exits, and the job ends CANCELLED. A job that already ended
 // is no error: Cancel reports false then.
 func Cancel(ctx context.Context, s store.Store, id string) (bool, error) {
@@ -292,7 +292,8 @@ func Cancel(ctx context.Context, s store.Store, id string) (bool, error) {
 			// only while there is no grant (a grant made meanwhile makes it a running
 			// job's cancel, below).
 			st.Status, st.Reason, st.Ended = Cancelled, "cancelled while pending", time.Now().UTC()
-			extra = []store.Op{{Verb: store.CheckNotExists, Key: allocator.GrantKey(id)}, {Verb: store.Delete, Key: allocator.RequestKey(id)}}
+			extra = []store.Op{{Verb: store.CheckNotExists, Key: allocator.GrantKey(id)}, {Verb: store.Delete, Key: allocator.RequestKey(id)},
+				recordOp(Job{Spec: j.Spec, State: st})}
 		default:
 			st.Status, st.End, st.Reason = Completing, Cancelled, "cancelled"
 		}

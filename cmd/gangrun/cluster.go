@@ -89,6 +89,11 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 	var wasteAfter time.Duration
 	durationVar(fs, &wasteAfter, "waste-after", metrics.DefaultWasteAfter, durationFlag{min: time.Second, max: maxWait},
 		"...for this long is flagged idle (queue, show, metrics; needs NVML)")
+	var acctRetention, acctFold time.Duration
+	durationVar(fs, &acctRetention, "acct-retention", job.DefaultAcctRetention, durationFlag{min: time.Second, max: job.RollupRetention},
+		"accounting: while elected, fold job records older than this into the daily rollups and delete them (at most the rollups' 400 days)")
+	durationVar(fs, &acctFold, "acct-fold-interval", job.DefaultAcctFoldInterval, durationFlag{min: time.Second, max: maxWait},
+		"accounting: how often the elected agent looks for records past --acct-retention")
 	if done, code := parseFlags(e, fs, args); done {
 		return code
 	}
@@ -166,7 +171,8 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 	}
 	a, err = allocator.NewAgent(s, allocator.AgentConfig{Node: name, Addr: *addr, Labels: lbl, Inventory: inv,
 		NoScheduler: *noSched, Log: log, Health: health, Events: sched,
-		Leader: []func(context.Context, store.Store, string) error{job.Control(log.Named("jobs"), sched), sched.Lead}})
+		Leader: []func(context.Context, store.Store, string) error{job.Control(log.Named("jobs"), sched), sched.Lead,
+			job.KeepAccounts(log.Named("acct"), acctRetention, acctFold)}})
 	if err != nil {
 		return usageErr(e, "agent", "%v", err)
 	}

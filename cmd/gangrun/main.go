@@ -83,6 +83,7 @@ func commands() []command {
 		{"cancel", "cancel jobs, release grants or withdraw requests (like scancel)", runCancel, false},
 		{"logs", "print a job's output (like reading slurm-JOBID.out)", runLogs, false},
 		{"policy", "set or show the scheduling policy: partitions, accounts, limits, priority weights", runPolicy, false},
+		{"acct", "list finished jobs and sum their GPU-hours (like sacct and sreport)", runAcct, false},
 		{"drain", "mark a node drained: no new grants land on it", runDrain, false},
 		{"resume", "return a drained node to service", runResume, false},
 		{"ckpt", "find, list, verify and prune checkpoints", runCkpt, false},
