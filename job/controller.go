@@ -39,11 +39,20 @@ type Controller struct {
 	log     *zap.Logger
 	events  event.Sink
 	now     func() time.Time
+	// written is the highest store index of this controller's own writes of a job's
+	// state: a pass works only from a view of the jobs at least that new, so that it
+	// never acts again on a state it has already moved on (a requeued job's release
+	// repeated after its new request was written would delete that request).
+	written uint64
 }
 
 // controllerRetry is how often the controller passes again without a change (a step
 // that did not start, a release that must wait for a step to give its GPUs back).
 const controllerRetry = 2 * time.Second
+
+// staleWait bounds how long the controller waits for its watch of the jobs to show its
+// own last write before it reads the jobs afresh.
+const staleWait = 500 * time.Millisecond
 
 // Control runs the controller until ctx ends, as the leader whose session is session:
 // the signature allocator.AgentConfig.Leader takes (with the log and the sink bound).
@@ -103,6 +112,7 @@ func (c *Controller) Run(ctx context.Context) error {
 		}()
 	}
 	snap, jobs := allocator.NewSnapshotter(), newJobCache()
+	var staleSince time.Time
 	tick := time.NewTicker(controllerRetry)
 	defer tick.Stop()
 	for {
@@ -120,8 +130,25 @@ func (c *Controller) Run(ctx context.Context) error {
 		if !cur[0].ok || !cur[1].ok {
 			continue
 		}
+		jobEntries := cur[1].entries
+		if cur[1].index < c.written {
+			// The jobs' watch has not yet seen this controller's last write: wait for
+			// it, and should it lag over staleWait, read the jobs afresh.
+			if staleSince.IsZero() {
+				staleSince = time.Now()
+			}
+			if time.Since(staleSince) < staleWait {
+				continue
+			}
+			fresh, idx, err := c.s.List(ctx, jobsPrefix)
+			if err != nil || idx < c.written {
+				continue
+			}
+			jobEntries = fresh
+		}
+		staleSince = time.Time{}
 		v := view{cluster: snap.Parse(cur[0].entries, cur[0].index), ticked: ticked}
-		v.jobs, v.steps = jobs.parse(cur[1].entries)
+		v.jobs, v.steps = jobs.parse(jobEntries)
 		if err := c.pass(ctx, v); err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -682,5 +709,9 @@ func (c *Controller) countRestarts(ctx context.Context, j *Job) {
 
 // update is the package's update, fenced by the controller's leadership.
 func (c *Controller) update(ctx context.Context, id string, change func(j *Job) bool, extra ...store.Op) (*Job, bool, error) {
-	return update(ctx, c.s, id, change, append([]store.Op{allocator.LeaderFence(c.session)}, extra...)...)
+	j, changed, err := update(ctx, c.s, id, change, append([]store.Op{allocator.LeaderFence(c.session)}, extra...)...)
+	if changed && err == nil {
+		c.written = max(c.written, j.Index)
+	}
+	return j, changed, err
 }

@@ -281,8 +281,11 @@ func update(ctx context.Context, s store.Store, id string, change func(j *Job) b
 			// written once (the check-and-set lets one writer end the job) and never lost.
 			ops = append(ops, recordOp(*j))
 		}
-		_, err = s.Txn(ctx, ops)
+		res, err := s.Txn(ctx, ops)
 		if err == nil {
+			if res.Index > 0 {
+				j.Index = res.Index // the state key's, as written
+			}
 			return j, true, nil
 		}
 		if !errors.Is(err, store.ErrStaleIndex) {
