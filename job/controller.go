@@ -44,6 +44,7 @@ type Controller struct {
 	// never acts again on a state it has already moved on (a requeued job's release
 	// repeated after its new request was written would delete that request).
 	written uint64
+	mu      sync.Mutex // guards written (a pass handles jobs at once)
 }
 
 // controllerRetry is how often the controller passes again without a change (a step
@@ -131,7 +132,10 @@ func (c *Controller) Run(ctx context.Context) error {
 			continue
 		}
 		jobEntries := cur[1].entries
-		if cur[1].index < c.written {
+		c.mu.Lock()
+		written := c.written
+		c.mu.Unlock()
+		if cur[1].index < written {
 			// The jobs' watch has not yet seen this controller's last write: wait for
 			// it, and should it lag over staleWait, read the jobs afresh.
 			if staleSince.IsZero() {
@@ -141,7 +145,7 @@ func (c *Controller) Run(ctx context.Context) error {
 				continue
 			}
 			fresh, idx, err := c.s.List(ctx, jobsPrefix)
-			if err != nil || idx < c.written {
+			if err != nil || idx < written {
 				continue
 			}
 			jobEntries = fresh
@@ -194,26 +198,58 @@ func (c *Controller) Pass(ctx context.Context) error {
 }
 
 // pass makes one pass over v's jobs.
+//
+// Jobs are independent (each write is a check-and-set of the job's own state, or guarded
+// by the holders it expects), so up to passWorkers of them are handled at once: a job's
+// part is a few Consul round trips, and one after another they bound how many jobs a
+// second start. Jobs waiting on dependencies are handled in order, by the pass itself:
+// an array's concurrency cap counts its tasks as the pass lets them through.
 func (c *Controller) pass(ctx context.Context, v view) error {
-	var firstErr error
 	if slices.ContainsFunc(v.jobs, func(j Job) bool { return j.State.Deferred && j.State.Status == Pending }) {
 		v.deps = newDepIndex(v.jobs)
 	}
-	for _, j := range v.jobs {
-		if j.State.Status.Final() && !v.holds(j.Spec.ID) {
-			continue // ended and let go of
+	var (
+		mu       sync.Mutex
+		firstErr error
+		wg       sync.WaitGroup
+	)
+	note := func(err error) {
+		if err == nil {
+			return
 		}
-		if err := c.job(ctx, v, j); err != nil {
-			if errors.Is(err, store.ErrNotLockHolder) {
-				return err
-			}
-			if firstErr == nil {
-				firstErr = err
-			}
+		mu.Lock()
+		defer mu.Unlock()
+		if firstErr == nil || errors.Is(err, store.ErrNotLockHolder) && !errors.Is(firstErr, store.ErrNotLockHolder) {
+			firstErr = err
 		}
 	}
+	work := make(chan Job)
+	for range passWorkers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := range work {
+				note(c.job(ctx, v, j))
+			}
+		}()
+	}
+	for _, j := range v.jobs {
+		switch {
+		case j.State.Status.Final() && !v.holds(j.Spec.ID):
+			// ended and let go of
+		case j.State.Status == Pending && j.State.Deferred:
+			note(c.job(ctx, v, j))
+		default:
+			work <- j
+		}
+	}
+	close(work)
+	wg.Wait()
 	return firstErr
 }
+
+// passWorkers is how many jobs a pass handles at once.
+const passWorkers = 8
 
 // freshView reads the cluster, job id and its steps afresh, in the order their writers
 // write them (a step takes its key before the node's GPUs, and notes its end in the
@@ -711,7 +747,9 @@ func (c *Controller) countRestarts(ctx context.Context, j *Job) {
 func (c *Controller) update(ctx context.Context, id string, change func(j *Job) bool, extra ...store.Op) (*Job, bool, error) {
 	j, changed, err := update(ctx, c.s, id, change, append([]store.Op{allocator.LeaderFence(c.session)}, extra...)...)
 	if changed && err == nil {
+		c.mu.Lock()
 		c.written = max(c.written, j.Index)
+		c.mu.Unlock()
 	}
 	return j, changed, err
 }
