@@ -45,6 +45,8 @@ type Controller struct {
 	// repeated after its new request was written would delete that request).
 	written uint64
 	mu      sync.Mutex // guards written (a pass handles jobs at once)
+	// minJobAge is how long an ended job's records stay; 0: for ever.
+	minJobAge time.Duration
 }
 
 // controllerRetry is how often the controller passes again without a change (a step
@@ -57,10 +59,11 @@ const staleWait = 500 * time.Millisecond
 
 // Control runs the controller until ctx ends, as the leader whose session is session:
 // the signature allocator.AgentConfig.Leader takes (with the log and the sink bound).
-// events receives event.JobStarted when a job first runs (nil discards it).
-func Control(log *zap.Logger, events event.Sink) func(ctx context.Context, s store.Store, session string) error {
+// events receives event.JobStarted when a job first runs (nil discards it). An ended
+// job's records are removed minJobAge after its end (0: never; see DefaultMinJobAge).
+func Control(log *zap.Logger, events event.Sink, minJobAge time.Duration) func(ctx context.Context, s store.Store, session string) error {
 	return func(ctx context.Context, s store.Store, session string) error {
-		c := &Controller{s: s, session: session, log: log, events: event.Or(events), now: time.Now}
+		c := &Controller{s: s, session: session, log: log, events: event.Or(events), now: time.Now, minJobAge: minJobAge}
 		if c.log == nil {
 			c.log = zap.NewNop()
 		}
@@ -233,10 +236,28 @@ func (c *Controller) pass(ctx context.Context, v view) error {
 			}
 		}()
 	}
+	var needed map[string]bool // jobs a waiting job's dependency names
+	for _, j := range v.jobs {
+		if j.State.Status == Pending && j.State.Deferred {
+			if needed == nil {
+				needed = map[string]bool{}
+			}
+			for _, d := range j.Spec.Dependency {
+				for _, id := range d.IDs {
+					needed[id] = true
+				}
+			}
+		}
+	}
 	for _, j := range v.jobs {
 		switch {
 		case j.State.Status.Final() && !v.holds(j.Spec.ID):
-			// ended and let go of
+			// Ended and let go of: its records go MinJobAge after its end (its accounting
+			// record stays), unless a waiting job's dependency names it.
+			if v.ticked && c.minJobAge > 0 && !j.State.Ended.IsZero() && c.now().Sub(j.State.Ended) > c.minJobAge &&
+				!needed[j.Spec.ID] && !needed[arrayOf(j.Spec.ID)] {
+				note(c.purge(ctx, j.Spec.ID))
+			}
 		case j.State.Status == Pending && j.State.Deferred:
 			note(c.job(ctx, v, j))
 		default:
@@ -246,6 +267,36 @@ func (c *Controller) pass(ctx context.Context, v view) error {
 	close(work)
 	wg.Wait()
 	return firstErr
+}
+
+// DefaultMinJobAge is how long an ended job's records stay (show, logs, queue --all)
+// before the controller removes them, as Slurm's MinJobAge (its default is 300 s):
+// every pass reads every job that is kept, so a cluster that runs many jobs must not
+// keep them all. The job's accounting record (gangrun acct) is kept for the accounting
+// retention instead.
+const DefaultMinJobAge = 5 * time.Minute
+
+// arrayOf returns the array job id of task id ("7" for "7_3"), or "" for a job in no array.
+func arrayOf(id string) string {
+	a, _, ok := strings.Cut(id, "_")
+	if !ok {
+		return ""
+	}
+	return a
+}
+
+// purge removes ended job id's records and its rendezvous' keys, fenced by the
+// controller's leadership.
+func (c *Controller) purge(ctx context.Context, id string) error {
+	ops := []store.Op{allocator.LeaderFence(c.session), {Verb: store.DeleteTree, Key: jobsPrefix + id + "/"}}
+	for _, p := range rendezvous.JobPrefixes(id) {
+		ops = append(ops, store.Op{Verb: store.DeleteTree, Key: p})
+	}
+	if _, err := c.s.Txn(ctx, ops); err != nil {
+		return err
+	}
+	c.log.Info("ended job's records removed (MinJobAge)", zap.String("job", id))
+	return nil
 }
 
 // passWorkers is how many jobs a pass handles at once.

@@ -180,6 +180,12 @@ type User struct {
 // Parse reads a policy document and checks it (Validate). An unknown field is an
 // error, so a misspelt limit is not silently ignored.
 func Parse(data []byte) (*Policy, error) {
+	switch t := bytes.TrimSpace(data); {
+	case len(t) == 0:
+		return nil, errors.New("the policy is empty: give a JSON object ({} for no partitions, accounts or limits)")
+	case t[0] != '{':
+		return nil, fmt.Errorf("the policy must be a JSON object, not %q", string(t[:min(len(t), 20)]))
+	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	var p Policy

@@ -216,6 +216,10 @@ func TestParseRefusesBadPolicies(t *testing.T) {
 		{`{"accounts": {"a/b": {}}}`, `account "a/b"`},
 		{`{"accounts": {"a": {"users": {"u": {"default": true}}}, "b": {"users": {"u": {"default": true}}}}}`, "default"},
 		{"{\n\"accounts\": {,}}", "line 2"},
+		{"", "the policy is empty"},
+		{"  \n", "the policy is empty"},
+		{"null", `not "null"`},
+		{"[1]", "must be a JSON object"},
 	} {
 		_, err := Parse([]byte(tc.doc))
 		if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "\n") {

@@ -205,6 +205,13 @@ func jobKey(jobID string, parts ...string) string {
 	return "gangrun/jobs/" + jobID + "/" + strings.Join(parts, "/")
 }
 
+// JobPrefixes are the key prefixes that hold job jobID's rendezvous: its rounds and
+// runs, and its nodes' heartbeats. A job's records can be removed with them once no
+// node of it runs (job.Controller purges an ended cluster job's).
+func JobPrefixes(jobID string) []string {
+	return []string{jobKey(jobID), "gangrun/heartbeat/" + jobID + "/"}
+}
+
 func (c *Dynamic) heartbeatKey(node string) string {
 	return "gangrun/heartbeat/" + c.cfg.JobID + "/" + node
 }

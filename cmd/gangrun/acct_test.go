@@ -273,3 +273,44 @@ func TestAcctWhenAndReportFilter(t *testing.T) {
 		t.Errorf("--account nlp --user carl: %+v, want nothing", got)
 	}
 }
+
+// TestEndedJobsRecordsGoAfterMinJobAge: with --min-job-age 3s, a completed job's records
+// (show) are removed by the elected agent a few seconds after its end, while its
+// accounting record stays; a job that a waiting job's dependency names is kept.
+func TestEndedJobsRecordsGoAfterMinJobAge(t *testing.T) {
+	c := startJobClusterWith(t, func(string) []string { return []string{"--min-job-age", "3s"} }, "gpu-a")
+	t.Chdir(t.TempDir())
+	done := c.submit("--nodes", "1", "--gpus-per-node", "1", "--", "/bin/true")
+	c.waitState(done, job.Completed, time.Minute)
+	// A job that stays held (it depends on a job that never ends while the test runs)
+	// keeps the job it names: here the running blocker.
+	blocker := c.submit("--nodes", "1", "--gpus-per-node", "1", "--", "/bin/sleep", "60")
+	c.waitState(blocker, job.Running, time.Minute)
+	waiting := c.submit("--nodes", "1", "--gpus-per-node", "1", "--dependency", "afterok:"+done+":"+blocker, "--", "/bin/true")
+	c.waitState(waiting, job.Pending, time.Minute)
+	time.Sleep(8 * time.Second) // past --min-job-age, several controller ticks
+	if code, _, errOut := c.gangrun("show", done); code != 0 {
+		t.Fatalf("show %s (named by job %s's dependency) exited %d after --min-job-age: %s", done, waiting, code, errOut)
+	}
+	if code, _, _ := c.gangrun("cancel", waiting); code != 0 {
+		t.Fatalf("cancel %s exited %d", waiting, code)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		code, _, errOut := c.gangrun("show", done)
+		if code != 0 {
+			if !strings.Contains(errOut, done) {
+				t.Errorf("show of a removed job: exit %d, %q; want it named", code, errOut)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("job %s still shown a minute after --min-job-age and its dependent's end", done)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	if r, ok := c.acctJSON("--since", "1h")[done]; !ok || r.State != job.Completed {
+		t.Errorf("acct after the job's records went: %+v (present %v), want its COMPLETED record", r, ok)
+	}
+	c.gangrun("cancel", blocker)
+}

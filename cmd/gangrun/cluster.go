@@ -94,6 +94,9 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 		"accounting: while elected, fold job records older than this into the daily rollups and delete them (at most the rollups' 400 days)")
 	durationVar(fs, &acctFold, "acct-fold-interval", job.DefaultAcctFoldInterval, durationFlag{min: time.Second, max: maxWait},
 		"accounting: how often the elected agent looks for records past --acct-retention")
+	var minJobAge time.Duration
+	durationVar(fs, &minJobAge, "min-job-age", job.DefaultMinJobAge, durationFlag{max: job.RollupRetention, zeroOK: true},
+		"while elected, remove an ended job's records this long after its end, as Slurm's MinJobAge (0: never; its accounting record stays for --acct-retention)")
 	if done, code := parseFlags(e, fs, args); done {
 		return code
 	}
@@ -171,7 +174,7 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 	}
 	a, err = allocator.NewAgent(s, allocator.AgentConfig{Node: name, Addr: *addr, Labels: lbl, Inventory: inv,
 		NoScheduler: *noSched, Log: log, Health: health, Events: sched,
-		Leader: []func(context.Context, store.Store, string) error{job.Control(log.Named("jobs"), sched), sched.Lead,
+		Leader: []func(context.Context, store.Store, string) error{job.Control(log.Named("jobs"), sched, minJobAge), sched.Lead,
 			job.KeepAccounts(log.Named("acct"), acctRetention, acctFold)}})
 	if err != nil {
 		return usageErr(e, "agent", "%v", err)
