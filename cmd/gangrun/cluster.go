@@ -483,6 +483,12 @@ func runShow(ctx context.Context, e *env, args []string) int {
 	}
 	defer s.Close()
 	if j, err := job.Read(ctx, s, fs.Arg(0)); err == nil {
+		if st := j.State; st.Status == job.Pending && !st.Requeue && !st.Deferred {
+			// The scheduler's reason, as queue shows it (a limit's, say).
+			if status, err := allocator.ReadStatus(ctx, s); err == nil && status.Pending[j.Spec.ID] != "" {
+				j.State.Reason = status.Pending[j.Spec.ID]
+			}
+		}
 		return showJob(e, j, *asJSON)
 	} else if !errors.Is(err, job.ErrNotFound) {
 		return failErr(e, "show", err)

@@ -59,6 +59,8 @@ func TestUserOverMaxGPUsWaitsWithTheReason(t *testing.T) {
 		"alice's second job pending with "+policy.ReasonMaxGRESPerUser)
 	if m := c.show(second); m["account"] != "ml" {
 		t.Errorf("alice's default account: %v, want ml (her only account)", m["account"])
+	} else if r, _ := m["reason"].(string); !strings.HasPrefix(r, policy.ReasonMaxGRESPerUser+":") {
+		t.Errorf("show's reason %q, want queue's (%s: ...)", r, policy.ReasonMaxGRESPerUser)
 	}
 	bobs := c.submit("--uid", "bob", "--gpus-per-node", "4", "--", "sleep", "300")
 	c.waitState(bobs, job.Running, 60*time.Second)
