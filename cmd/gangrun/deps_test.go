@@ -98,6 +98,9 @@ func TestJobArray(t *testing.T) {
 		t.Fatalf("submit --json: %v %s", err, out)
 	}
 	a := sub.ID
+	if code, _, errOut := c.gangrun("logs", a); code != 2 || !strings.Contains(errOut, "job array of 4 tasks") || !strings.Contains(errOut, a+"_0") {
+		t.Errorf("logs of the array's id: exit %d, %q; want 2 and a task to give", code, errOut)
+	}
 	maxLet := 0
 	done := func() bool {
 		_, q, _ := c.gangrun("queue", "--all", "--json")

@@ -260,7 +260,11 @@ func runLogs(ctx context.Context, e *env, args []string) int {
 	defer s.Close()
 	err := job.Logs(ctx, s, fs.Arg(0), *follow, rawWriter(e.stdout))
 	if errors.Is(err, job.ErrNotFound) {
-		return usageErr(e, "logs", "no job %q (gangrun queue --all lists them)", fs.Arg(0))
+		if tasks, terr := job.Tasks(ctx, s, fs.Arg(0)); terr == nil && len(tasks) > 0 {
+			return usageErr(e, "logs", "%s is a job array of %d tasks: give one task, %s (gangrun show %s lists them)",
+				fs.Arg(0), len(tasks), tasks[0].Spec.ID, fs.Arg(0))
+		}
+		return usageErr(e, "logs", "no job %q (gangrun queue --all lists them; an ended job's records go after the agents' --min-job-age)", fs.Arg(0))
 	}
 	if err != nil {
 		return failErr(e, "logs", err)
