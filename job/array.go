@@ -1,6 +1,7 @@
 package job
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -39,6 +40,9 @@ func ParseArray(v string) (Array, error) {
 	a := Array{Step: 1}
 	if capped {
 		n, err := strconv.Atoi(limit)
+		if err != nil && errors.Is(err, strconv.ErrRange) {
+			return bad(fmt.Sprintf("the %%N cap %s is too large (at most the array's size)", limit))
+		}
 		if err != nil || n < 1 {
 			return bad("the %N cap must be a number of at least 1")
 		}
@@ -51,6 +55,9 @@ func ParseArray(v string) (Array, error) {
 	terms := strings.Split(spec, ",")
 	for _, term := range terms {
 		rng, stepText, stepped := strings.Cut(term, ":")
+		if strings.HasPrefix(rng, "-") {
+			return bad(fmt.Sprintf("index %s is negative (indices are 0 to %d)", rng, MaxArraySize-1))
+		}
 		loText, hiText, ranged := strings.Cut(rng, "-")
 		lo, err := arrayIndex(loText)
 		if err != nil {
