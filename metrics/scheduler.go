@@ -54,7 +54,7 @@ type SchedulerCollector struct {
 	wait    *prometheus.HistogramVec
 	pass    prometheus.Histogram
 
-	leaderDesc, pending, jobs, nodes, idle, gpus, idleJob *prometheus.Desc
+	leaderDesc, pending, jobs, nodes, idle, gpus, idleJob, reservations, reservedNodes *prometheus.Desc
 
 	mu    sync.Mutex
 	at    time.Time
@@ -83,6 +83,8 @@ func NewSchedulerCollector(s store.Store, view *View) *SchedulerCollector {
 		idle:  prometheus.NewDesc("gangrun_idle_nodes", "Nodes up with nothing granted on them.", nil, nil),
 		gpus: prometheus.NewDesc("gangrun_gpus", "The cluster's GPUs (or MIG devices): free (on up nodes, no grant), held (a grant holds them), unavailable (on down or drained nodes, not held).",
 			[]string{"state"}, nil),
+		reservations:  prometheus.NewDesc("gangrun_reservations", "Pending requests (jobs' or allocations') for which the scheduler keeps nodes free, so that smaller ones do not starve them (backfill).", nil, nil),
+		reservedNodes: prometheus.NewDesc("gangrun_reserved_nodes", "Nodes the scheduler keeps free for reservations.", nil, nil),
 		idleJob: prometheus.NewDesc("gangrun_job_idle_gpus", "A running job's GPUs its nodes found idle: under the agents' --waste-threshold for --waste-after (0 for running jobs without).",
 			[]string{"hpc_job", "hpc_user", "hpc_job_name", "partition"}, nil),
 	}
@@ -116,7 +118,7 @@ func (c *SchedulerCollector) Describe(ch chan<- *prometheus.Desc) {
 	c.started.Describe(ch)
 	c.wait.Describe(ch)
 	c.pass.Describe(ch)
-	for _, d := range []*prometheus.Desc{c.leaderDesc, c.pending, c.jobs, c.nodes, c.idle, c.gpus, c.idleJob} {
+	for _, d := range []*prometheus.Desc{c.leaderDesc, c.pending, c.jobs, c.nodes, c.idle, c.gpus, c.idleJob, c.reservations, c.reservedNodes} {
 		ch <- d
 	}
 }
@@ -159,6 +161,14 @@ func (c *SchedulerCollector) Collect(ch chan<- prometheus.Metric) {
 	for k, n := range byState {
 		ch <- prometheus.MustNewConstMetric(c.jobs, prometheus.GaugeValue, float64(n), k.a, k.b)
 	}
+	kept := map[string]bool{}
+	for _, nodes := range st.Reserved {
+		for _, n := range nodes {
+			kept[n] = true
+		}
+	}
+	ch <- prometheus.MustNewConstMetric(c.reservations, prometheus.GaugeValue, float64(len(st.Reserved)))
+	ch <- prometheus.MustNewConstMetric(c.reservedNodes, prometheus.GaugeValue, float64(len(kept)))
 }
 
 // collectNodes exports the cluster's node and GPU counts.
