@@ -102,6 +102,9 @@ func (sc *Scheduler) commit(ctx context.Context, r PendingRequest, nodes []Grant
 	g := Grant{ID: r.ID, State: GrantPending, Nodes: nodes, Session: r.Session}
 	var locks []store.Op
 	for _, gn := range nodes {
+		// The node is not drained as its GPUs are locked: the scheduler's view of the
+		// drains (a watch of its own) may be older than its view of the requests.
+		locks = append(locks, store.Op{Verb: store.CheckNotExists, Key: drainPrefix + gn.Name})
 		for _, d := range gn.Devices {
 			locks = append(locks, store.Op{Verb: store.Lock, Key: gpuKey(gn.Name, d), Value: []byte(r.ID), Session: g.KeySession(gn)})
 		}
@@ -221,7 +224,9 @@ func (sc *Scheduler) rollback(ctx context.Context, grantKey string, grantIndex u
 		dels = append(dels, store.Op{Verb: store.Delete, Key: grantKey})
 	}
 	for _, op := range locked {
-		dels = append(dels, store.Op{Verb: store.Delete, Key: op.Key})
+		if op.Verb == store.Lock { // not the checks among them (a node's drain key)
+			dels = append(dels, store.Op{Verb: store.Delete, Key: op.Key})
+		}
 	}
 	if err := sc.txnChunks(ctx, dels); err != nil {
 		sc.log.Warn("roll back a failed grant", zap.String("grant", grantKey), zap.Error(err))

@@ -3,8 +3,10 @@ package allocator
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"reflect"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -42,9 +44,10 @@ func (l *txnLog) Txn(ctx context.Context, ops []store.Op) (store.TxnResult, erro
 }
 
 func TestCommitInChunks(t *testing.T) {
-	// A 512-node × 8 gang: 4,096 locks cut by store.SplitTxn. Every transaction begins
-	// with the fence and the request check; the first creates the pending grant, each
-	// later one checks it is still held; a last one flips it to granted.
+	// A 512-node × 8 gang: 4,096 locks, each node's behind a check that it is not
+	// drained, cut by store.SplitTxn. Every transaction begins with the fence and the
+	// request check; the first creates the pending grant, each later one checks it is
+	// still held; a last one flips it to granted.
 	ctx := context.Background()
 	log := &txnLog{Store: store.NewMemory()}
 	sc := NewScheduler(log, SchedulerConfig{Session: leaderSession(t, log), Name: "test"})
@@ -70,10 +73,22 @@ func TestCommitInChunks(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	if len(log.txns) != 35 {
-		t.Errorf("%d transactions, want 34 chunks of locks and the flip", len(log.txns))
+	// 4,608 operations (the locks and a drain check per node), 124 a chunk after the
+	// first's 4 and the later ones' 3 header operations: 38 chunks, then the flip.
+	if len(log.txns) != 39 {
+		t.Errorf("%d transactions, want 38 chunks of locks and checks, and the flip", len(log.txns))
 	}
-	locks := 0
+	locks, checks := 0, 0
+	count := func(ops []store.Op) {
+		for _, op := range ops {
+			switch {
+			case op.Verb == store.Lock && strings.HasPrefix(op.Key, gpusPrefix):
+				locks++
+			case op.Verb == store.CheckNotExists && strings.HasPrefix(op.Key, drainPrefix):
+				checks++
+			}
+		}
+	}
 	for i, txn := range log.txns {
 		if len(txn) > store.MaxTxnOps {
 			t.Errorf("transaction %d has %d operations", i, len(txn))
@@ -90,12 +105,12 @@ func TestCommitInChunks(t *testing.T) {
 			if txn[2].Verb != store.CheckNotExists || txn[2].Key != grantKey || txn[3].Verb != store.Lock || txn[3].Key != grantKey {
 				t.Errorf("the first transaction does not create the grant: %+v %+v", txn[2], txn[3])
 			}
-			locks += len(txn) - 4
+			count(txn[4:])
 		case i < len(log.txns)-1:
 			if txn[2].Verb != store.CheckSession || txn[2].Key != grantKey {
 				t.Errorf("transaction %d does not check the grant: %+v", i, txn[2])
 			}
-			locks += len(txn) - 3
+			count(txn[3:])
 		default:
 			var g Grant
 			if len(txn) != 3 || txn[2].Key != grantKey || json.Unmarshal(txn[2].Value, &g) != nil || g.State != GrantGranted {
@@ -103,8 +118,8 @@ func TestCommitInChunks(t *testing.T) {
 			}
 		}
 	}
-	if locks != 4096 {
-		t.Errorf("%d locks written, want 4096", locks)
+	if locks != 4096 || checks != 512 {
+		t.Errorf("%d locks and %d drain checks written, want 4096 and 512", locks, checks)
 	}
 	entries, _, err := log.List(ctx, gpusPrefix)
 	if err != nil {
@@ -185,5 +200,35 @@ func TestCommitWithoutAnAnswer(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestCommitRefusesADrainedNode: a node drained after the scheduler's view of the
+// drains was read (its watch lags the requests') is not granted: the commit is rejected
+// by the node's drain check, no GPU key is left locked, and the drain stays.
+func TestCommitRefusesADrainedNode(t *testing.T) {
+	ctx := context.Background()
+	s := store.NewMemory()
+	sc := NewScheduler(s, SchedulerConfig{Session: leaderSession(t, s), Name: "test"})
+	sess, err := s.CreateSession(ctx, store.SessionOptions{Name: "requester", TTL: time.Minute, Behavior: store.DeleteKeys})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := PendingRequest{Request: Request{ID: "r", Nodes: 2, GPUsPerNode: 1, Session: sess}}
+	if _, err := s.Txn(ctx, []store.Op{{Verb: store.Lock, Key: requestsPrefix + r.ID, Value: mustJSON(r.Request), Session: sess},
+		{Verb: store.Set, Key: drainPrefix + "b", Value: mustJSON(Drain{Reason: "fan failure"})}}); err != nil {
+		t.Fatal(err)
+	}
+	nodes := []GrantNode{{Name: "a", GPUs: []int{0}, Devices: []string{"0"}}, {Name: "b", GPUs: []int{0}, Devices: []string{"0"}}}
+	if err := sc.commit(ctx, r, nodes); !errors.Is(err, store.ErrTxnRejected) {
+		t.Fatalf("commit on a drained node: %v, want a rejected transaction", err)
+	}
+	for _, prefix := range []string{gpusPrefix, grantsPrefix} {
+		if entries, _, err := s.List(ctx, prefix); err != nil || len(entries) != 0 {
+			t.Errorf("%s after the refused commit: %v %v, want nothing", prefix, entries, err)
+		}
+	}
+	if e, err := s.Get(ctx, drainPrefix+"b"); err != nil || e == nil {
+		t.Errorf("the drain is gone after the refused commit: %v %v", e, err)
 	}
 }

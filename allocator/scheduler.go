@@ -396,6 +396,7 @@ func (sc *Scheduler) Pass(ctx context.Context, c *Cluster) (time.Duration, error
 			}
 			status.Pending[r.ID] = "placement raced with another change; retrying"
 			soon(raceRetry)
+			sc.unknown = true // read the cluster afresh: this view was wrong
 			for _, gn := range nodes {
 				free[gn.Name] = without(free[gn.Name], gn.Devices)
 			}
