@@ -326,25 +326,8 @@ func (c *Cluster) Queue(reasons map[string]string) []QueueEntry {
 	return append(pending, granted...)
 }
 
-// ordered returns live requests by priority (higher first), then arrival.
-func (c *Cluster) ordered() []PendingRequest {
-	out := make([]PendingRequest, 0, len(c.Requests))
-	for _, r := range c.Requests {
-		if r.Alive {
-			out = append(out, r)
-		}
-	}
-	sort.Slice(out, func(i, j int) bool {
-		if out[i].Priority != out[j].Priority {
-			return out[i].Priority > out[j].Priority
-		}
-		if out[i].Arrival != out[j].Arrival {
-			return out[i].Arrival < out[j].Arrival
-		}
-		return out[i].ID < out[j].ID
-	})
-	return out
-}
+// ordered returns live requests by --priority (higher first), then arrival, then id.
+func (c *Cluster) ordered() []PendingRequest { return c.orderedBy(nil) }
 
 // ReadStatus returns the scheduler's last published status (empty when none).
 func ReadStatus(ctx context.Context, s store.Store) (SchedulerStatus, error) {
@@ -387,20 +370,15 @@ func RegisteredNodes(ctx context.Context, s store.Store) (*Cluster, error) {
 // NodeAddr returns the address node's agent registered ("" when it has not registered
 // or gave none).
 func NodeAddr(ctx context.Context, s store.Store, node string) (string, error) {
-	e, err := s.Get(ctx, nodesPrefix+node)
-	if err != nil || e == nil {
+	r, err := nodeRecord(ctx, s, node)
+	if err != nil || r == nil {
 		return "", err
-	}
-	var r NodeRecord
-	if err := json.Unmarshal(e.Value, &r); err != nil {
-		return "", fmt.Errorf("node record %s: %w", node, err)
 	}
 	return r.Addr, nil
 }
 
-// NodeLabels returns the labels node's agent registered, or nil when it has not
-// registered (a cluster without agents is fine: gangrun run works without them).
-func NodeLabels(ctx context.Context, s store.Store, node string) (map[string]string, error) {
+// nodeRecord reads node's record; nil when it has not registered.
+func nodeRecord(ctx context.Context, s store.Store, node string) (*NodeRecord, error) {
 	e, err := s.Get(ctx, nodesPrefix+node)
 	if err != nil || e == nil {
 		return nil, err
@@ -408,6 +386,16 @@ func NodeLabels(ctx context.Context, s store.Store, node string) (map[string]str
 	var r NodeRecord
 	if err := json.Unmarshal(e.Value, &r); err != nil {
 		return nil, fmt.Errorf("node record %s: %w", node, err)
+	}
+	return &r, nil
+}
+
+// NodeLabels returns the labels node's agent registered, or nil when it has not
+// registered (a cluster without agents is fine: gangrun run works without them).
+func NodeLabels(ctx context.Context, s store.Store, node string) (map[string]string, error) {
+	r, err := nodeRecord(ctx, s, node)
+	if err != nil || r == nil {
+		return nil, err
 	}
 	return r.Labels, nil
 }

@@ -29,8 +29,8 @@ const (
 	UsageFlushInterval = 30 * time.Second
 )
 
-// SetPolicy makes p the policy of the next passes (nil: none). Run sets it from
-// policy.Key whenever it changes.
+// SetPolicy makes p the policy of the next passes (nil: none), for a caller that drives
+// Pass itself; Run takes the policy from its watch of policy.Key instead.
 func (sc *Scheduler) SetPolicy(p *policy.Policy) { sc.pol = p }
 
 // PolicyJob is the policy's view of request r: its user and account (the user's name

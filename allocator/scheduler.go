@@ -8,7 +8,6 @@ import (
 	"maps"
 	"reflect"
 	"slices"
-	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -112,75 +111,11 @@ var watchedPrefixes = [...]string{nodesPrefix, alivePrefix, drainPrefix, request
 // start, then one after every change under gangrun/cluster/ (blocking queries) or when a
 // lock-delay or a request's wait runs out.
 func (sc *Scheduler) Run(ctx context.Context) error {
-	type slot struct {
-		entries []store.Entry
-		index   uint64
-		ok      bool
-	}
-	var mu sync.Mutex
-	var slots [len(watchedPrefixes)]slot
-	updates := make(chan struct{}, 1)
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	for i, prefix := range watchedPrefixes {
-		go func(i int, prefix string) {
-			w := store.NewWatcher(sc.s, prefix)
-			var last time.Time
-			for {
-				// Changes faster than watchGap are taken together (each answer lists the
-				// whole prefix); the first after a quiet spell is not delayed.
-				if !store.Sleep(wctx, watchGap-time.Since(last)) {
-					return
-				}
-				entries, err := w.Next(wctx)
-				if err != nil {
-					return // ctx ended
-				}
-				last = time.Now()
-				mu.Lock()
-				slots[i] = slot{entries, w.Index(), true}
-				mu.Unlock()
-				select {
-				case updates <- struct{}{}:
-				default:
-				}
-			}
-		}(i, prefix)
-	}
-	// The policy, from its own watch: the latest that parses (a bad one is logged and
-	// the one before kept), polReady once the first answer came.
+	// The cluster's parts and, last, the policy (the latest that parses: a bad one is
+	// logged and the one before kept).
+	f := store.Follow(ctx, sc.s, watchGap, append(watchedPrefixes[:], policy.Key)...)
 	var pol *policy.Policy
-	polReady := false
-	go func() {
-		w := store.NewWatcher(sc.s, policy.Key)
-		for {
-			entries, err := w.Next(wctx)
-			if err != nil {
-				return // ctx ended
-			}
-			var p *policy.Policy
-			keep := false
-			for _, e := range entries {
-				if e.Key != policy.Key {
-					continue
-				}
-				if p, err = policy.Parse(e.Value); err != nil {
-					sc.log.Warn("the policy does not parse: keeping the one before", zap.String("key", policy.Key), zap.Error(err))
-					keep = true
-				}
-			}
-			mu.Lock()
-			if !keep {
-				pol = p
-			}
-			polReady = true
-			mu.Unlock()
-			select {
-			case updates <- struct{}{}:
-			default:
-			}
-		}
-	}()
+	var polIndex uint64
 	cache := newDecodeCache()
 	var timer <-chan time.Time
 	var staleSince time.Time // when the watched view first lagged our own writes
@@ -188,24 +123,36 @@ func (sc *Scheduler) Run(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-updates:
+		case <-f.Changed():
 		case <-timer:
 		}
-		mu.Lock()
-		cur := slots
-		sc.pol = pol
-		ready, fresh := polReady, true
-		mu.Unlock()
-		var all []store.Entry
-		var index uint64
-		for i, sl := range cur {
-			ready = ready && sl.ok
-			fresh = fresh && sl.index >= sc.written[watchedPrefixes[i]]
-			all = append(all, sl.entries...)
-			index = max(index, sl.index)
-		}
+		answers, ready := f.Latest()
 		if !ready {
 			continue
+		}
+		if pa := answers[len(watchedPrefixes)]; pa.Index != polIndex {
+			polIndex = pa.Index
+			pol = nil
+			for _, e := range pa.Entries {
+				if e.Key != policy.Key {
+					continue
+				}
+				p, err := policy.Parse(e.Value)
+				if err != nil {
+					sc.log.Warn("the policy does not parse: keeping the one before", zap.String("key", policy.Key), zap.Error(err))
+					p = sc.pol
+				}
+				pol = p
+			}
+		}
+		sc.pol = pol
+		fresh := true
+		var all []store.Entry
+		var index uint64
+		for i, a := range answers[:len(watchedPrefixes)] {
+			fresh = fresh && a.Index >= sc.written[watchedPrefixes[i]]
+			all = append(all, a.Entries...)
+			index = max(index, a.Index)
 		}
 		var snap *Cluster
 		switch {

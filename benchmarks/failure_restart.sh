@@ -18,16 +18,11 @@ consul="$root/.tools/bin/consul"
 [ -x "$gangrun" ] || { echo "build gangrun first: make build" >&2; exit 2; }
 [ -x "$consul" ] || { echo "no consul: scripts/install-consul.sh" >&2; exit 2; }
 
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-http=$(port); serv=$(port); lan=$(port); wan=$(port)
+. "$root/benchmarks/lib.sh"
 work=$(mktemp -d)
-"$consul" agent -dev -bind 127.0.0.1 -client 127.0.0.1 -http-port "$http" -server-port "$serv" \
-  -serf-lan-port "$lan" -serf-wan-port "$wan" -dns-port -1 -grpc-port -1 -hcl 'ports { grpc_tls = -1 }' \
-  -log-level warn >"$work/consul.log" 2>&1 &
-consul_pid=$!
+consul_pid=
 trap 'kill $consul_pid 2>/dev/null; rm -rf "$work"' EXIT
-until curl -sf "127.0.0.1:$http/v1/catalog/node/$(hostname)" >/dev/null 2>&1 || \
-      curl -sf "127.0.0.1:$http/v1/status/leader" | grep -q 127; do sleep 0.1; done
+start_consul "$work/consul.log"
 sleep 1
 
 now() { date +%s.%N; }

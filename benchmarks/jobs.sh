@@ -37,10 +37,8 @@ inv="$root/topology/testdata/inventories/dgx-h100.json"
 [ -x "$gangrun" ] || { echo "build gangrun first: make build" >&2; exit 2; }
 [ -x "$consul" ] || { echo "no consul: scripts/install-consul.sh" >&2; exit 2; }
 
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-http=$(port); serv=$(port); lan=$(port); wan=$(port)
+. "$root/benchmarks/lib.sh"
 work=$(mktemp -d)
-addr="127.0.0.1:$http"
 # Every agent, step and worker carries this in its environment: the cleanup finds them
 # by it (the steps run in sessions of their own and outlive their agents).
 mark="GANGRUN_BENCH_JOBS=$work"
@@ -69,11 +67,8 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-"$consul" agent -dev -bind 127.0.0.1 -client 127.0.0.1 -http-port "$http" -server-port "$serv" \
-  -serf-lan-port "$lan" -serf-wan-port "$wan" -dns-port -1 -grpc-port -1 -hcl 'ports { grpc_tls = -1 }' \
-  -log-level warn >"$work/consul.log" 2>&1 &
-consul_pid=$!
-until curl -sf "$addr/v1/status/leader" | grep -q 127; do sleep 0.1; done
+start_consul "$work/consul.log"
+addr="127.0.0.1:$http"
 sleep 1
 
 g() { "$gangrun" "$1" --consul "$addr" "${@:2}"; }

@@ -20,7 +20,7 @@ consul=${GANGRUN_CONSUL:-$root/.tools/bin/consul}
 inv="$root/topology/testdata/inventories/dgx-h100.json"
 [ -x "$gangrun" ] || { echo "build gangrun first: make build" >&2; exit 2; }
 [ -x "$consul" ] || { echo "no consul: scripts/install-consul.sh" >&2; exit 2; }
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+. "$root/benchmarks/lib.sh"
 work=$(mktemp -d)
 pids=()
 cleanup() {
@@ -31,11 +31,9 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
-http=$(port); dns=$(port); serf=$(port); serfw=$(port); srv=$(port); grpc=$(port); mport=$(port)
-"$consul" agent -dev -bind 127.0.0.1 -client 127.0.0.1 -http-port "$http" -dns-port "$dns" -serf-lan-port "$serf" \
-  -serf-wan-port "$serfw" -server-port "$srv" -grpc-port "$grpc" >"$work/consul.log" 2>&1 &
-pids+=($!)
-until curl -fs "http://127.0.0.1:$http/v1/status/leader" | grep -q :; do sleep 0.2; done
+mport=$(port)
+start_consul "$work/consul.log"
+pids+=("$consul_pid")
 "$gangrun" agent --consul "127.0.0.1:$http" --node-name gpu-m --advertise-addr 127.0.0.1 --topology-file "$inv" \
   --metrics-addr "127.0.0.1:$mport" >"$work/agent.log" 2>&1 &
 agent=$!

@@ -81,40 +81,7 @@ const watchGap = 100 * time.Millisecond
 // of the cluster or of the jobs; every write re-reads what it changes (update) or is
 // guarded by the holder it expects, so a view a little old changes nothing wrongly.
 func (c *Controller) Run(ctx context.Context) error {
-	type slot struct {
-		entries []store.Entry
-		index   uint64
-		ok      bool
-	}
-	var mu sync.Mutex
-	var slots [2]slot // the cluster's keys, the jobs'
-	changed := make(chan struct{}, 1)
-	for i, prefix := range []string{allocator.ClusterPrefix, jobsPrefix} {
-		w := store.NewWatcher(c.s, prefix)
-		go func() {
-			var last time.Time
-			for {
-				// Changes that come faster than watchGap are taken together: each answer
-				// lists every key under the prefix, and a busy queue changes it hundreds
-				// of times a second. The first change after a quiet spell is not delayed.
-				if !store.Sleep(ctx, watchGap-time.Since(last)) {
-					return
-				}
-				entries, err := w.Next(ctx)
-				if err != nil {
-					return
-				}
-				last = time.Now()
-				mu.Lock()
-				slots[i] = slot{entries, w.Index(), true}
-				mu.Unlock()
-				select {
-				case changed <- struct{}{}:
-				default:
-				}
-			}
-		}()
-	}
+	f := store.Follow(ctx, c.s, watchGap, allocator.ClusterPrefix, jobsPrefix)
 	snap, jobs := allocator.NewSnapshotter(), newJobCache()
 	var staleSince time.Time
 	tick := time.NewTicker(controllerRetry)
@@ -124,21 +91,19 @@ func (c *Controller) Run(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-changed:
+		case <-f.Changed():
 		case <-tick.C:
 			ticked = true
 		}
-		mu.Lock()
-		cur := slots
-		mu.Unlock()
-		if !cur[0].ok || !cur[1].ok {
+		cur, ready := f.Latest()
+		if !ready {
 			continue
 		}
-		jobEntries := cur[1].entries
+		jobEntries := cur[1].Entries
 		c.mu.Lock()
 		written := c.written
 		c.mu.Unlock()
-		if cur[1].index < written {
+		if cur[1].Index < written {
 			// The jobs' watch has not yet seen this controller's last write: wait for
 			// it, and should it lag over staleWait, read the jobs afresh.
 			if staleSince.IsZero() {
@@ -154,7 +119,7 @@ func (c *Controller) Run(ctx context.Context) error {
 			jobEntries = fresh
 		}
 		staleSince = time.Time{}
-		v := view{cluster: snap.Parse(cur[0].entries, cur[0].index), ticked: ticked}
+		v := view{cluster: snap.Parse(cur[0].Entries, cur[0].Index), ticked: ticked}
 		v.jobs, v.steps = jobs.parse(jobEntries)
 		if err := c.pass(ctx, v); err != nil {
 			if ctx.Err() != nil {
@@ -630,8 +595,23 @@ func stepDied(cl *allocator.Cluster, g allocator.Grant, granted bool, n string) 
 	if !granted {
 		return false
 	}
+	gn, ok := grantNode(g, n)
+	return ok && handedOver(gn, ns)
+}
+
+// grantNode returns node n of grant g.
+func grantNode(g allocator.Grant, n string) (allocator.GrantNode, bool) {
 	i := slices.IndexFunc(g.Nodes, func(gn allocator.GrantNode) bool { return gn.Name == n })
-	return i >= 0 && g.Nodes[i].Session != ns.AliveSession
+	if i < 0 {
+		return allocator.GrantNode{}, false
+	}
+	return g.Nodes[i], true
+}
+
+// handedOver reports whether gn's GPUs have left the agent of its node ns: a step took
+// them over (they are held by its session, or went with it).
+func handedOver(gn allocator.GrantNode, ns *allocator.NodeState) bool {
+	return gn.Session != ns.AliveSession
 }
 
 // healthy reports whether node n is up and not drained in cl.
@@ -657,14 +637,14 @@ func lostWhy(cl *allocator.Cluster, g allocator.Grant, j Job, n string, steps ma
 	case ns.Drain != nil:
 		return "node " + n + " was drained: " + ns.Drain.Reason
 	}
-	i := slices.IndexFunc(g.Nodes, func(gn allocator.GrantNode) bool { return gn.Name == n })
-	if i < 0 {
+	gn, ok := grantNode(g, n)
+	if !ok {
 		return "node " + n + " left the job's grant"
 	}
 	_, running := steps[n]
 	switch {
 	case running || slices.Contains(j.State.StepsEnded, n):
-	case g.Nodes[i].Session != ns.AliveSession:
+	case handedOver(gn, ns):
 		// The step had taken the GPUs over (they are no longer its agent's) and is gone.
 		return "the job's step on node " + n + " ended"
 	case !j.State.NodesSince.IsZero() && now.Sub(j.State.NodesSince) > StepStartTimeout:

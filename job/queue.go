@@ -55,7 +55,12 @@ func Queue(ctx context.Context, s store.Store, all bool) ([]Entry, error) {
 	if err != nil {
 		return nil, err
 	}
-	now := time.Now()
+	return QueueOf(jobs, st, c, all, time.Now()), nil
+}
+
+// QueueOf is Queue from what the caller read: the jobs (List), the scheduler's status
+// and the cluster, at now.
+func QueueOf(jobs []Job, st allocator.SchedulerStatus, c *allocator.Cluster, all bool, now time.Time) []Entry {
 	out := []Entry{}
 	for _, j := range jobs {
 		if !all && j.State.Status.Final() {
@@ -84,7 +89,7 @@ func Queue(ctx context.Context, s store.Store, all bool) ([]Entry, error) {
 		}
 		out = append(out, e)
 	}
-	return out, nil
+	return out
 }
 
 // EntryOf is job j's queue entry; reason is the scheduler's pending reason for it.

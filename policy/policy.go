@@ -23,6 +23,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -227,7 +228,7 @@ func (p *Policy) Validate() error {
 		return fmt.Errorf("priority.dampening %g: must not be negative", p.Priority.Dampening)
 	}
 	defaults := 0
-	for _, name := range sortedKeys(p.Partitions) {
+	for _, name := range slices.Sorted(maps.Keys(p.Partitions)) {
 		pt := p.Partitions[name]
 		at := "partitions." + name
 		if err := checkName("partition", name); err != nil {
@@ -263,7 +264,7 @@ func (p *Policy) Validate() error {
 			}
 		}
 	}
-	for _, name := range sortedKeys(p.QOS) {
+	for _, name := range slices.Sorted(maps.Keys(p.QOS)) {
 		if err := checkName("qos", name); err != nil {
 			return err
 		}
@@ -272,7 +273,7 @@ func (p *Policy) Validate() error {
 		}
 	}
 	defaultOf := map[string]string{}
-	for _, name := range sortedKeys(p.Accounts) {
+	for _, name := range slices.Sorted(maps.Keys(p.Accounts)) {
 		a := p.Accounts[name]
 		at := "accounts." + name
 		if err := checkName("account", name); err != nil {
@@ -292,7 +293,7 @@ func (p *Policy) Validate() error {
 		if _, ok := p.QOS[a.QOS]; a.QOS != "" && !ok {
 			return fmt.Errorf("%s.qos %q: not in qos", at, a.QOS)
 		}
-		for _, u := range sortedKeys(a.Users) {
+		for _, u := range slices.Sorted(maps.Keys(a.Users)) {
 			if err := checkName(at+".users: user", u); err != nil {
 				return err
 			}
@@ -328,15 +329,6 @@ func checkText(what, s string) error {
 	return nil
 }
 
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
-}
-
 // MaxAge returns the age at which the age factor reaches 1.
 func (p *Policy) MaxAge() time.Duration {
 	if p.Priority.MaxAge == 0 {
@@ -368,7 +360,7 @@ func (p *Policy) PartitionNodes(name string) (map[string]string, bool) {
 
 // DefaultPartition returns the default partition ("" when none).
 func (p *Policy) DefaultPartition() string {
-	for _, name := range sortedKeys(p.Partitions) {
+	for _, name := range slices.Sorted(maps.Keys(p.Partitions)) {
 		if p.Partitions[name].Default {
 			return name
 		}
@@ -381,7 +373,7 @@ func (p *Policy) DefaultPartition() string {
 // default account, and an account per user where the policy says nothing).
 func (p *Policy) DefaultAccount(user string) string {
 	var member []string
-	for _, name := range sortedKeys(p.Accounts) {
+	for _, name := range slices.Sorted(maps.Keys(p.Accounts)) {
 		if u, ok := p.Accounts[name].Users[user]; ok {
 			if u.Default {
 				return name

@@ -78,15 +78,3 @@ func LoadUsage(ctx context.Context, s store.Store) (*Usage, error) {
 	}
 	return u, nil
 }
-
-// Clone returns a copy of u.
-func (u *Usage) Clone() *Usage {
-	c := &Usage{Updated: u.Updated, Accounts: make(map[string]float64, len(u.Accounts)), Users: make(map[string]float64, len(u.Users))}
-	for k, v := range u.Accounts {
-		c.Accounts[k] = v
-	}
-	for k, v := range u.Users {
-		c.Users[k] = v
-	}
-	return c
-}

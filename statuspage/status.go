@@ -118,15 +118,12 @@ func build(ctx context.Context, cfg Config) (*page, error) {
 	if err != nil {
 		return nil, err
 	}
-	q, err := job.Queue(ctx, cfg.Store, false)
-	if err != nil {
-		return nil, err
-	}
 	jobs, err := job.List(ctx, cfg.Store)
 	if err != nil {
 		return nil, err
 	}
 	now := cfg.Now()
+	q := job.QueueOf(jobs, st, c, false, now)
 	p := &page{Now: now.UTC().Format(time.RFC3339), Refresh: int(Refresh / time.Second), Leader: st.Leader, Queue: q, Served: cfg.Node}
 	var util map[int]float64
 	if cfg.Utilization != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"text/tabwriter"
 
@@ -60,10 +61,10 @@ func runPolicy(ctx context.Context, e *env, args []string) int {
 		}
 		tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "ACCOUNT/USER\tGPU-HOURS (DECAYED)")
-		for _, k := range sortedKeys(u.Accounts) {
+		for _, k := range slices.Sorted(maps.Keys(u.Accounts)) {
 			fmt.Fprintf(tw, "%s\t%.3f\n", k, u.Accounts[k]/3600)
 		}
-		for _, k := range sortedKeys(u.Users) {
+		for _, k := range slices.Sorted(maps.Keys(u.Users)) {
 			fmt.Fprintf(tw, "%s\t%.3f\n", k, u.Users[k]/3600)
 		}
 		tw.Flush()
@@ -83,15 +84,6 @@ func runPolicy(ctx context.Context, e *env, args []string) int {
 	b, _ := json.MarshalIndent(p, "", "  ")
 	fmt.Fprintln(e.stdout, string(b))
 	return exitOK
-}
-
-func sortedKeys(m map[string]float64) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	slices.Sort(out)
-	return out
 }
 
 // printPriorities prints `gangrun queue --priority` as sprio does: each factor times

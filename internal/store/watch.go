@@ -2,6 +2,8 @@ package store
 
 import (
 	"context"
+	"slices"
+	"sync"
 	"time"
 )
 
@@ -80,4 +82,71 @@ func Sleep(ctx context.Context, d time.Duration) bool {
 	case <-ctx.Done():
 		return false
 	}
+}
+
+// Answer is the latest answer of a watch of one prefix: its entries and index; OK once
+// the first answer came.
+type Answer struct {
+	Entries []Entry
+	Index   uint64
+	OK      bool
+}
+
+// Follower keeps the latest answer of a Watcher on each of several prefixes, each
+// watched by a goroutine of its own until the context given to Follow ends. Answers of
+// one prefix come at most one per gap: changes that come faster are taken together
+// (each answer lists the whole prefix), the first after a quiet spell without delay.
+// The prefixes' answers are of different moments: a caller that needs them to agree
+// checks what it acts on (a transaction's checks, a fresh read).
+type Follower struct {
+	mu      sync.Mutex
+	answers []Answer
+	changed chan struct{}
+}
+
+// Follow starts following prefixes of s until ctx ends.
+func Follow(ctx context.Context, s Store, gap time.Duration, prefixes ...string) *Follower {
+	f := &Follower{answers: make([]Answer, len(prefixes)), changed: make(chan struct{}, 1)}
+	for i, prefix := range prefixes {
+		w := NewWatcher(s, prefix)
+		go func() {
+			var last time.Time
+			for {
+				if !Sleep(ctx, gap-time.Since(last)) {
+					return
+				}
+				entries, err := w.Next(ctx)
+				if err != nil {
+					return // ctx ended
+				}
+				last = time.Now()
+				f.mu.Lock()
+				f.answers[i] = Answer{entries, w.Index(), true}
+				f.mu.Unlock()
+				select {
+				case f.changed <- struct{}{}:
+				default:
+				}
+			}
+		}()
+	}
+	return f
+}
+
+// Changed receives a value after an answer came (one for several, when they come
+// before it is read).
+func (f *Follower) Changed() <-chan struct{} { return f.changed }
+
+// Latest returns the latest answer of each prefix, in Follow's order, and whether every
+// prefix has answered.
+func (f *Follower) Latest() ([]Answer, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := slices.Clone(f.answers)
+	for _, a := range out {
+		if !a.OK {
+			return out, false
+		}
+	}
+	return out, true
 }
