@@ -133,3 +133,48 @@ func TestAgentPassesEventsToItsScheduler(t *testing.T) {
 		t.Errorf("granted event %+v, want grant %s: node00, 2 GPUs", e, g.ID)
 	}
 }
+
+// TestPassSkipsOnlyRequestsOfTheSameShape: within a pass, a request shaped like one that
+// did not fit skips placement; requests that differ in what placement looks at (the
+// nodes they exclude, here) are each placed. One node free of two: "a" excludes it and
+// waits, "b", the same gang without the exclusion, is granted in the same pass.
+func TestPassSkipsOnlyRequestsOfTheSameShape(t *testing.T) {
+	ctx := context.Background()
+	s := store.NewMemory()
+	registerNodes(t, s, 2, "dgx-h100") // node0000, node0001: 8 GPUs each
+	rec := &event.Recorder{}
+	sc := NewScheduler(s, SchedulerConfig{Session: leaderSession(t, s), Name: "test", Events: rec})
+	var tickets []*Ticket
+	for _, r := range []Request{
+		{ID: "h", Nodes: 1, GPUsPerNode: 8, Holder: "h", Priority: 9}, // takes one whole node
+		{ID: "a", Nodes: 1, GPUsPerNode: 8, Holder: "a", Priority: 5, Exclude: []string{"node0000", "node0001"}},
+		{ID: "b", Nodes: 1, GPUsPerNode: 8, Holder: "b", Priority: 1},
+	} {
+		tk, err := Submit(ctx, s, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tickets = append(tickets, tk)
+	}
+	t.Cleanup(func() {
+		for _, tk := range tickets {
+			_ = tk.Release(context.Background())
+		}
+	})
+	c, err := Snapshot(ctx, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sc.Pass(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	granted := map[string]bool{}
+	for _, e := range rec.Events() {
+		if e.Kind == event.Granted {
+			granted[e.Job] = true
+		}
+	}
+	if !granted["h"] || granted["a"] || !granted["b"] {
+		t.Errorf("granted %v in one pass, want h and b (a excludes every node)", granted)
+	}
+}
