@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -90,61 +91,93 @@ func (sc *Scheduler) apply(ctx context.Context, ops []store.Op) error {
 	return err
 }
 
-// commit grants r the chosen nodes. A gang whose GPU locks fit in one transaction is
-// written granted, with its locks, in that one. A larger one: the pending grant and the
-// GPU locks in as many transactions as store.SplitTxn needs, then the flip to
-// "granted". The first
-// transaction creates the grant record (state "pending") and each later one checks
-// that the requester still holds it, so a gang is never visible half-granted. Any
-// rejection rolls back what was locked. Errors: apply's.
-func (sc *Scheduler) commit(ctx context.Context, r PendingRequest, nodes []GrantNode) error {
-	grantKey := grantsPrefix + r.ID
-	g := Grant{ID: r.ID, State: GrantPending, Nodes: nodes, Session: r.Session}
-	var locks []store.Op
+// grantWrite is what committing one grant writes and checks: the grant (state
+// pending), its key, the GPU locks (each node's drain check first, then its devices'
+// locks), the check that the request still stands, the check that the pending grant is
+// still the requester's, and how the grant record is written.
+type grantWrite struct {
+	r            PendingRequest
+	g            Grant
+	key          string
+	locks        []store.Op
+	held         store.Op
+	stillPending store.Op
+	write        func(Grant) store.Op
+}
+
+// newGrantWrite returns what granting r the nodes writes and checks.
+func newGrantWrite(r PendingRequest, nodes []GrantNode) grantWrite {
+	w := grantWrite{r: r, key: grantsPrefix + r.ID, g: Grant{ID: r.ID, State: GrantPending, Nodes: nodes, Session: r.Session}}
 	for _, gn := range nodes {
 		// The node is not drained as its GPUs are locked: the scheduler's view of the
 		// drains (a watch of its own) may be older than its view of the requests.
-		locks = append(locks, store.Op{Verb: store.CheckNotExists, Key: drainPrefix + gn.Name})
+		w.locks = append(w.locks, store.Op{Verb: store.CheckNotExists, Key: drainPrefix + gn.Name})
 		for _, d := range gn.Devices {
-			locks = append(locks, store.Op{Verb: store.Lock, Key: gpuKey(gn.Name, d), Value: []byte(r.ID), Session: g.KeySession(gn)})
+			w.locks = append(w.locks, store.Op{Verb: store.Lock, Key: gpuKey(gn.Name, d), Value: []byte(r.ID), Session: w.g.KeySession(gn)})
 		}
 	}
 	// The request still stands: held by its requester's session, or, a job's (held by
 	// none), unchanged since it was read.
-	held := store.Op{Verb: store.CheckSession, Key: requestsPrefix + r.ID, Session: r.Session}
-	writeGrant := func(g Grant) store.Op {
-		return store.Op{Verb: store.Lock, Key: grantKey, Value: mustJSON(g), Session: r.Session}
+	w.held = store.Op{Verb: store.CheckSession, Key: requestsPrefix + r.ID, Session: r.Session}
+	w.write = func(g Grant) store.Op {
+		return store.Op{Verb: store.Lock, Key: w.key, Value: mustJSON(g), Session: r.Session}
 	}
-	stillPending := store.Op{Verb: store.CheckSession, Key: grantKey, Session: r.Session}
+	w.stillPending = store.Op{Verb: store.CheckSession, Key: w.key, Session: r.Session}
 	if r.Durable() {
-		held = store.Op{Verb: store.CheckIndex, Key: requestsPrefix + r.ID, Index: r.Index}
-		writeGrant = func(g Grant) store.Op { return store.Op{Verb: store.Set, Key: grantKey, Value: mustJSON(g)} }
-		stillPending = store.Op{Verb: store.Get, Key: grantKey}
+		w.held = store.Op{Verb: store.CheckIndex, Key: requestsPrefix + r.ID, Index: r.Index}
+		w.write = func(g Grant) store.Op { return store.Op{Verb: store.Set, Key: w.key, Value: mustJSON(g)} }
+		w.stillPending = store.Op{Verb: store.Get, Key: w.key}
 	}
-	// The pieces are cut for the first transaction's header, the larger: the later
-	// header (a check instead of the grant's creation) is shorter, so they fit too.
-	first := []store.Op{sc.fence(), held,
-		{Verb: store.CheckNotExists, Key: grantKey},
-		writeGrant(g)}
-	later := []store.Op{sc.fence(), held, stillPending}
-	txns, err := store.SplitTxn(first, locks)
-	if err != nil {
-		return fmt.Errorf("grant %s: %w", r.ID, err)
+	return w
+}
+
+// header is the first transaction's operations before the GPU locks: the fence, the
+// request's check, the grant's absence, and the grant written as g.
+func (w grantWrite) header(fence store.Op, g Grant) []store.Op {
+	return []store.Op{fence, w.held, {Verb: store.CheckNotExists, Key: w.key}, w.write(g)}
+}
+
+// granted returns w's grant in state granted at t.
+func (w grantWrite) granted(t time.Time) Grant {
+	g := w.g
+	g.State, g.Granted = GrantGranted, t
+	return g
+}
+
+// oneTxn returns the operations, the fence first, that write w's grant granted at t
+// with all its locks in one transaction; nil when they do not fit one (see commit).
+func (w grantWrite) oneTxn(fence store.Op, t time.Time) []store.Op {
+	ops := append(w.header(fence, w.granted(t)), w.locks...)
+	if txns, err := store.SplitTxn(nil, ops); err != nil || len(txns) != 1 {
+		return nil
 	}
-	if len(txns) == 0 {
-		txns = [][]store.Op{first} // no device to lock: the grant record alone
-	}
-	if len(txns) == 1 {
+	return ops
+}
+
+// commit grants r the chosen nodes. A gang whose GPU locks fit in one transaction is
+// written granted, with its locks, in that one. A larger one: the pending grant and the
+// GPU locks in as many transactions as store.SplitTxn needs, then the flip to
+// "granted". The first transaction creates the grant record (state "pending") and each
+// later one checks that the requester still holds it, so a gang is never visible
+// half-granted. Any rejection rolls back what was locked. Errors: apply's.
+func (sc *Scheduler) commit(ctx context.Context, r PendingRequest, nodes []GrantNode) error {
+	w := newGrantWrite(r, nodes)
+	if t := w.oneTxn(sc.fence(), sc.now().UTC()); t != nil {
 		// The whole gang fits in one transaction, which no reader sees half-applied:
 		// the grant is written granted at once, one transaction instead of two.
-		g.State, g.Granted = GrantGranted, sc.now().UTC()
-		t := txns[0]
-		t[len(first)-1] = writeGrant(g)
 		err := sc.apply(ctx, t)
 		if err == nil || errors.Is(err, store.ErrTxnRejected) || errors.Is(err, ErrNotLeader) {
 			return err
 		}
-		return sc.settle(ctx, r, grantKey, nil, err)
+		return sc.settle(ctx, r, w.key, nil, err)
+	}
+	// The pieces are cut for the first transaction's header, the larger: the later
+	// header (a check instead of the grant's creation) is shorter, so they fit too.
+	first := w.header(sc.fence(), w.g)
+	later := []store.Op{sc.fence(), w.held, w.stillPending}
+	txns, err := store.SplitTxn(first, w.locks)
+	if err != nil {
+		return fmt.Errorf("grant %s: %w", r.ID, err)
 	}
 	var done []store.Op
 	for i, t := range txns {
@@ -153,21 +186,108 @@ func (sc *Scheduler) commit(ctx context.Context, r PendingRequest, nodes []Grant
 			t = append(append(make([]store.Op, 0, len(later)+len(chunk)), later...), chunk...)
 		}
 		if err := sc.apply(ctx, t); err != nil {
-			sc.rollback(ctx, grantKey, 0, done, i > 0)
+			sc.rollback(ctx, w.key, 0, done, i > 0)
 			return err
 		}
 		done = append(done, chunk...)
 	}
-	g.State, g.Granted = GrantGranted, sc.now().UTC()
-	err = sc.txn(ctx, []store.Op{held, writeGrant(g)})
+	err = sc.txn(ctx, []store.Op{w.held, w.write(w.granted(sc.now().UTC()))})
 	if err == nil {
 		return nil
 	}
 	if errors.Is(err, store.ErrTxnRejected) {
-		sc.rollback(ctx, grantKey, 0, done, true)
+		sc.rollback(ctx, w.key, 0, done, true)
 		return err
 	}
-	return sc.settle(ctx, r, grantKey, done, err)
+	return sc.settle(ctx, r, w.key, done, err)
+}
+
+// A pass's one-transaction grants are committed together: grantBatch collects them, in
+// the order they were placed, into as few transactions as the limits allow (one
+// Consul write for up to a dozen one-node grants instead of one each), since the
+// scheduler's grants, one after another, bounded how fast a deep queue started. A
+// transaction is all or nothing: when one is rejected (a request changed, a GPU
+// locked meanwhile), each of its grants is committed again alone, so one stale grant
+// holds back only itself.
+
+// batched is one grant waiting in a grantBatch: its write and its transaction's
+// operations after the fence.
+type batched struct {
+	w     grantWrite
+	nodes []GrantNode
+	ops   []store.Op
+}
+
+// grantBatch is the grants of a pass waiting to be committed together.
+type grantBatch struct {
+	items []batched
+	ops   []store.Op // the fence, then every item's ops
+}
+
+// fits reports whether ops join b's transaction within store.SplitTxn's limits.
+func (b *grantBatch) fits(ops []store.Op) bool {
+	txns, err := store.SplitTxn(nil, append(b.ops[:len(b.ops):len(b.ops)], ops...))
+	return err == nil && len(txns) == 1
+}
+
+// batchResult is how one grant of a batch ended: err nil when it was granted.
+type batchResult struct {
+	r     PendingRequest
+	nodes []GrantNode
+	err   error
+}
+
+// flush commits b's grants and empties it: in one transaction, or, when that one is
+// rejected, each alone (commit). It returns each grant's outcome in b's order, and an
+// error (ErrNotLeader, or the store's when the shared transaction got no answer and its
+// outcome could not be read) that ends the pass.
+func (sc *Scheduler) flush(ctx context.Context, b *grantBatch) ([]batchResult, error) {
+	items := b.items
+	ops := b.ops
+	b.items, b.ops = nil, nil
+	if len(items) == 0 {
+		return nil, nil
+	}
+	out := make([]batchResult, len(items))
+	for i, it := range items {
+		out[i] = batchResult{r: it.w.r, nodes: it.nodes}
+	}
+	if len(items) == 1 {
+		out[0].err = sc.commit(ctx, items[0].w.r, items[0].nodes)
+		if errors.Is(out[0].err, ErrNotLeader) {
+			return nil, out[0].err
+		}
+		return out, nil
+	}
+	err := sc.apply(ctx, ops)
+	switch {
+	case err == nil:
+		return out, nil
+	case errors.Is(err, ErrNotLeader):
+		return nil, err
+	case errors.Is(err, store.ErrTxnRejected):
+		sc.log.Debug("a shared grant transaction was rejected; committing its grants one by one", zap.Int("grants", len(items)), zap.Error(err))
+		for i, it := range items {
+			out[i].err = sc.commit(ctx, it.w.r, it.nodes)
+			if errors.Is(out[i].err, ErrNotLeader) {
+				return nil, out[i].err
+			}
+		}
+		return out, nil
+	}
+	// No answer: the transaction may have been applied (all of it) or not (none). Its
+	// first grant, read back, tells which; nothing was half-done to roll back.
+	first := items[0].w
+	e, rerr := sc.s.Get(ctx, first.key)
+	if rerr != nil || e == nil {
+		return nil, err
+	}
+	var cur Grant
+	if json.Unmarshal(e.Value, &cur) == nil && cur.State == GrantGranted && e.Session == first.r.Session {
+		sc.log.Info("grants applied although their commit got no answer", zap.Int("grants", len(items)), zap.Error(err))
+		return out, nil
+	}
+	return nil, err
 }
 
 // settle ends a commit of r whose last transaction got no answer (err: a timeout, a

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gangrun/gangrun/event"
 	"github.com/gangrun/gangrun/internal/store"
 )
 
@@ -230,5 +231,192 @@ func TestCommitRefusesADrainedNode(t *testing.T) {
 	}
 	if e, err := s.Get(ctx, drainPrefix+"b"); err != nil || e == nil {
 		t.Errorf("the drain is gone after the refused commit: %v %v", e, err)
+	}
+}
+
+// grantTxns returns the transactions of l that write a grant granted, with how many
+// grants each writes.
+func grantTxns(l *txnLog) []int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []int
+	for _, txn := range l.txns {
+		n := 0
+		for _, op := range txn {
+			var g Grant
+			if (op.Verb == store.Set || op.Verb == store.Lock) && strings.HasPrefix(op.Key, grantsPrefix) &&
+				json.Unmarshal(op.Value, &g) == nil && g.State == GrantGranted {
+				n++
+			}
+		}
+		if n > 0 {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// submitOneGPURequests submits n one-GPU requests r00, r01, … and releases them at the
+// test's end.
+func submitOneGPURequests(t *testing.T, s store.Store, n int) {
+	t.Helper()
+	for i := range n {
+		tk, err := Submit(context.Background(), s, Request{ID: fmt.Sprintf("r%02d", i), Nodes: 1, GPUsPerNode: 1, Holder: "t"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = tk.Release(context.Background()) })
+	}
+}
+
+func TestPassCommitsItsGrantsTogether(t *testing.T) {
+	// Twelve one-GPU grants of one pass: one shared transaction, not twelve, and each
+	// grant in it as a grant committed alone would be (granted, its GPU locked).
+	ctx := context.Background()
+	log := &txnLog{Store: store.NewMemory()}
+	registerNodes(t, log, 2, "dgx-h100")
+	sc := NewScheduler(log, SchedulerConfig{Session: leaderSession(t, log), Name: "test"})
+	submitOneGPURequests(t, log, 12)
+	c, err := Snapshot(ctx, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log.mu.Lock()
+	log.txns = nil
+	log.mu.Unlock()
+	if _, err := sc.Pass(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	if got := grantTxns(log); !reflect.DeepEqual(got, []int{12}) {
+		t.Errorf("grants written per transaction: %v, want all 12 in one", got)
+	}
+	entries, index, err := log.List(ctx, "gangrun/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	after, violations := CheckInvariants(entries, index)
+	if len(violations) > 0 {
+		t.Errorf("invariants broken: %v", violations)
+	}
+	for i := range 12 {
+		id := fmt.Sprintf("r%02d", i)
+		if g, ok := after.Grants[id]; !ok || g.State != GrantGranted || g.DeviceCount() != 1 {
+			t.Errorf("grant %s after the pass: %+v, want granted one GPU", id, g)
+		}
+	}
+}
+
+func TestPassCommitsAloneWhatASharedTransactionRejects(t *testing.T) {
+	// A node is drained after the scheduler's snapshot was taken: the shared
+	// transaction is rejected (its drain check), each of its grants is committed again
+	// alone, those on the drained node wait ("raced"), the others are granted, and the
+	// next pass, from a fresh snapshot, grants the waiting ones elsewhere.
+	ctx := context.Background()
+	log := &txnLog{Store: store.NewMemory()}
+	registerNodes(t, log, 3, "dgx-h100")
+	sc := NewScheduler(log, SchedulerConfig{Session: leaderSession(t, log), Name: "test"})
+	submitOneGPURequests(t, log, 12) // 8 fill one node (best fit), 4 go on another
+	c, err := Snapshot(ctx, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := log.Txn(ctx, []store.Op{{Verb: store.Set, Key: drainPrefix + "node0000", Value: mustJSON(Drain{Reason: "test"})}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sc.Pass(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	read := func() *Cluster {
+		entries, index, err := log.List(ctx, "gangrun/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		after, violations := CheckInvariants(entries, index)
+		if len(violations) > 0 {
+			t.Errorf("invariants broken: %v", violations)
+		}
+		return after
+	}
+	after := read()
+	onDrained, granted := 0, 0
+	for i := range 12 {
+		id := fmt.Sprintf("r%02d", i)
+		g, ok := after.Grants[id]
+		switch {
+		case ok && g.State == GrantGranted && g.Nodes[0].Name == "node0000":
+			t.Errorf("%s granted on the drained node", id)
+		case ok && g.State == GrantGranted:
+			granted++
+		case !ok && strings.Contains(sc.status.Pending[id], "raced"):
+			onDrained++
+		default:
+			t.Errorf("%s after the first pass: grant %+v, pending %q", id, g, sc.status.Pending[id])
+		}
+	}
+	if granted == 0 || onDrained == 0 || granted+onDrained != 12 {
+		t.Errorf("first pass: %d granted, %d waiting after the race; want both, 12 in all", granted, onDrained)
+	}
+	if keys, _, err := log.List(ctx, gpusPrefix+"node0000/"); err != nil || len(keys) != 0 {
+		t.Errorf("GPU keys on the drained node: %v %v", keys, err)
+	}
+	c, err = Snapshot(ctx, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sc.Pass(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	after = read()
+	for i := range 12 {
+		id := fmt.Sprintf("r%02d", i)
+		if g, ok := after.Grants[id]; !ok || g.State != GrantGranted || g.Nodes[0].Name == "node0000" {
+			t.Errorf("%s after the second pass: %+v, want granted off the drained node", id, g)
+		}
+	}
+}
+
+// TestSharedCommitWithoutAnAnswer: a shared grant transaction the store applied but did
+// not confirm counts as granted (every grant in it, each with its Granted event); one
+// that was not applied leaves nothing behind and ends the pass with the store's error,
+// the next pass reading the cluster afresh.
+func TestSharedCommitWithoutAnAnswer(t *testing.T) {
+	for _, applied := range []bool{true, false} {
+		t.Run(fmt.Sprint("applied=", applied), func(t *testing.T) {
+			ctx := context.Background()
+			s := &lostAnswer{Store: store.NewMemory(), apply: applied}
+			registerNodes(t, s, 1, "dgx-h100")
+			rec := &event.Recorder{}
+			sc := NewScheduler(s, SchedulerConfig{Session: leaderSession(t, s), Name: "test", Events: rec})
+			submitOneGPURequests(t, s, 3)
+			c, err := Snapshot(ctx, s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = sc.Pass(ctx, c)
+			entries, idx, lerr := s.List(ctx, ClusterPrefix)
+			if lerr != nil {
+				t.Fatal(lerr)
+			}
+			after, bad := CheckInvariants(entries, idx)
+			if len(bad) > 0 {
+				t.Fatalf("invariants: %v", bad)
+			}
+			granted := 0
+			for _, e := range rec.Events() {
+				if e.Kind == event.Granted {
+					granted++
+				}
+			}
+			if applied {
+				if err != nil || len(after.Grants) != 3 || granted != 3 {
+					t.Errorf("pass = %v, %d grants, %d Granted events: an applied shared commit must stand, all 3", err, len(after.Grants), granted)
+				}
+				return
+			}
+			if err == nil || len(after.Grants) != 0 || granted != 0 || !sc.unknown {
+				t.Errorf("pass = %v, %d grants, %d Granted events, read afresh next %v: want the store's error, nothing granted, a fresh read next",
+					err, len(after.Grants), granted, sc.unknown)
+			}
+		})
 	}
 }

@@ -249,6 +249,49 @@ func (sc *Scheduler) Pass(ctx context.Context, c *Cluster) (time.Duration, error
 		held = heldBy(c)
 		soon(PolicyRecalc)
 	}
+	var batch grantBatch
+	// settled records how one grant's commit ended; an error ends the pass.
+	settled := func(res batchResult) error {
+		var te *store.TxnError
+		switch err := res.err; {
+		case err == nil:
+			delete(sc.reserved, res.r.ID)
+			sc.log.Info("granted", zap.String("id", res.r.ID), zap.Int("nodes", len(res.nodes)), zap.Int("gpus_per_node", res.r.GPUsPerNode))
+			g := Grant{ID: res.r.ID, State: GrantGranted, Nodes: res.nodes, Session: res.r.Session}
+			sc.granted[res.r.ID] = g
+			sc.emit(now, event.Granted, g, "")
+		case errors.Is(err, ErrNotLeader):
+			return err
+		case errors.As(err, &te):
+			// The view was stale (a GPU locked meanwhile, or in lock-delay, or the
+			// requester gone): note it and look again on the next change.
+			for _, k := range te.LockDelayed() {
+				sc.delayed[k] = now.Add(GrantLockDelay)
+			}
+			if len(te.LockDelayed()) > 0 {
+				soon(GrantLockDelay)
+			}
+			status.Pending[res.r.ID] = "placement raced with another change; retrying"
+			soon(raceRetry)
+			sc.unknown = true // read the cluster afresh: this view was wrong
+		default:
+			return err
+		}
+		return nil
+	}
+	// flush commits the batch's grants (see grantBatch) and records each outcome.
+	flush := func() error {
+		results, err := sc.flush(ctx, &batch)
+		if err != nil {
+			return err
+		}
+		for _, res := range results {
+			if err := settled(res); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	for _, r := range requests {
 		live[r.ID] = true
 		if g, ok := c.Grants[r.ID]; ok && g.State != GrantPending {
@@ -313,43 +356,38 @@ func (sc *Scheduler) Pass(ctx context.Context, c *Cluster) (time.Duration, error
 				nodes[i].Session = c.Nodes[nodes[i].Name].AliveSession
 			}
 		}
-		err := sc.commit(ctx, r, nodes)
-		var te *store.TxnError
-		switch {
-		case err == nil:
-			delete(sc.reserved, r.ID)
-			sc.log.Info("granted", zap.String("id", r.ID), zap.Int("nodes", len(nodes)), zap.Int("gpus_per_node", r.GPUsPerNode))
-			g := Grant{ID: r.ID, State: GrantGranted, Nodes: nodes, Session: r.Session}
-			sc.granted[r.ID] = g
-			sc.emit(now, event.Granted, g, "")
-			if held != nil {
-				j := PolicyJob(r.Request)
-				j.GPUs = g.DeviceCount()
-				held.Add(j)
-			}
-			for _, gn := range nodes {
-				free[gn.Name] = without(free[gn.Name], gn.Devices)
-			}
-		case errors.Is(err, ErrNotLeader):
-			return 0, err
-		case errors.As(err, &te):
-			// The view was stale (a GPU locked meanwhile, or in lock-delay, or the
-			// requester gone): note it and look again on the next change.
-			for _, k := range te.LockDelayed() {
-				sc.delayed[k] = now.Add(GrantLockDelay)
-			}
-			if len(te.LockDelayed()) > 0 {
-				soon(GrantLockDelay)
-			}
-			status.Pending[r.ID] = "placement raced with another change; retrying"
-			soon(raceRetry)
-			sc.unknown = true // read the cluster afresh: this view was wrong
-			for _, gn := range nodes {
-				free[gn.Name] = without(free[gn.Name], gn.Devices)
-			}
-		default:
-			return 0, err
+		// What the grant takes is taken now, for the rest of the pass, whether its commit
+		// (now or with the batch) lands or races with another change.
+		for _, gn := range nodes {
+			free[gn.Name] = without(free[gn.Name], gn.Devices)
 		}
+		if held != nil {
+			j := PolicyJob(r.Request)
+			j.GPUs = Grant{Nodes: nodes}.DeviceCount()
+			held.Add(j)
+		}
+		w := newGrantWrite(r, nodes)
+		ops := w.oneTxn(sc.fence(), now.UTC())
+		if ops != nil && !batch.fits(ops[1:]) {
+			if err := flush(); err != nil {
+				return 0, err
+			}
+		}
+		if ops == nil {
+			// Too large for one transaction: committed alone, in pieces.
+			if err := settled(batchResult{r: r, nodes: nodes, err: sc.commit(ctx, r, nodes)}); err != nil {
+				return 0, err
+			}
+			continue
+		}
+		if len(batch.ops) == 0 {
+			batch.ops = []store.Op{sc.fence()}
+		}
+		batch.items = append(batch.items, batched{w: w, nodes: nodes, ops: ops[1:]})
+		batch.ops = append(batch.ops, ops[1:]...)
+	}
+	if err := flush(); err != nil {
+		return 0, err
 	}
 	for id := range sc.reserved {
 		if !live[id] {
