@@ -147,8 +147,10 @@ type GPUCollector struct {
 	xid    *prometheus.Desc
 	info   *prometheus.Desc
 	health *prometheus.Desc
+	nvlink nvlinkSeries
 
 	mu       sync.Mutex
+	prevNV   map[int]nvlinkReading // each GPU's last NVLink reading
 	at       time.Time
 	readings []gpuReading
 	lastXid  map[int]uint64
@@ -160,6 +162,11 @@ type gpuReading struct {
 	labels []string // gpuLabelNames()' values
 	values []float64
 	has    []bool
+	// nv is the NVLink reading (hasNV: NVML gave one); txRate and rxRate the rates
+	// since the one before (hasRate: there was one).
+	nv             nvlinkReading
+	hasNV, hasRate bool
+	txRate, rxRate float64
 }
 
 // NewGPUCollector returns the collector for cfg.
@@ -167,7 +174,7 @@ func NewGPUCollector(cfg GPUConfig) *GPUCollector {
 	if cfg.CacheTTL <= 0 {
 		cfg.CacheTTL = DefaultCacheTTL
 	}
-	c := &GPUCollector{cfg: cfg, fields: dcgmFields(), lastXid: map[int]uint64{}}
+	c := &GPUCollector{cfg: cfg, fields: dcgmFields(), lastXid: map[int]uint64{}, prevNV: map[int]nvlinkReading{}, nvlink: newNVLinkSeries()}
 	for _, f := range c.fields {
 		c.descs = append(c.descs, prometheus.NewDesc(f.name, f.help, gpuLabelNames(), nil))
 	}
@@ -186,6 +193,7 @@ func (c *GPUCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.xid
 	ch <- c.info
 	ch <- c.health
+	c.nvlink.describe(ch)
 }
 
 // NoteHealth records a GPU health change the agent saw (its Xid, when it carried one),
@@ -222,6 +230,14 @@ func (c *GPUCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 		}
 		ch <- prometheus.MustNewConstMetric(c.xid, prometheus.GaugeValue, float64(xids[r.gpu.Index]), r.labels...)
+		if r.hasNV {
+			ch <- prometheus.MustNewConstMetric(c.nvlink.txTotal, prometheus.CounterValue, float64(r.nv.tx), r.labels...)
+			ch <- prometheus.MustNewConstMetric(c.nvlink.rxTotal, prometheus.CounterValue, float64(r.nv.rx), r.labels...)
+		}
+		if r.hasRate {
+			ch <- prometheus.MustNewConstMetric(c.nvlink.txRate, prometheus.GaugeValue, r.txRate, r.labels...)
+			ch <- prometheus.MustNewConstMetric(c.nvlink.rxRate, prometheus.GaugeValue, r.rxRate, r.labels...)
+		}
 	}
 }
 
@@ -256,7 +272,7 @@ func (c *GPUCollector) read(ctx context.Context) ([]gpuReading, map[int]uint64) 
 	return c.readings, xids
 }
 
-// sample reads every GPU of the inventory.
+// sample reads every GPU of the inventory; the caller holds c.mu.
 func (c *GPUCollector) sample(ctx context.Context) []gpuReading {
 	inv := c.cfg.Inventory()
 	var holders map[int]JobLabels
@@ -273,6 +289,11 @@ func (c *GPUCollector) sample(ctx context.Context) []gpuReading {
 			if dev, ret := c.cfg.NVML.DeviceGetHandleByIndex(g.Index); ret == nvml.SUCCESS {
 				for i, f := range c.fields {
 					r.values[i], r.has[i] = safeRead(f.read, dev)
+				}
+				if r.nv, r.hasNV = readNVLink(dev); r.hasNV {
+					prev, ok := c.prevNV[g.Index]
+					r.txRate, r.rxRate, r.hasRate = nvlinkRate(prev, r.nv, ok)
+					c.prevNV[g.Index] = r.nv
 				}
 			}
 		}

@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"bytes"
+	"encoding/binary"
 	"context"
 	"io"
 	"net/http"
@@ -30,11 +31,25 @@ type mockNode struct {
 	inv   *topology.Inventory
 	util  []atomic.Uint32 // settable while the test runs
 	reads atomic.Int64    // GetUtilizationRates calls
+	// nvKiB is each GPU's NVLink data counter per active link (KiB, both directions:
+	// RX counts twice TX), nvClock NVML's timestamp of the readings (µs): settable.
+	nvKiB   []atomic.Uint64
+	nvClock atomic.Int64
+}
+
+// mockNVLinks is how many active NVLinks a mock GPU has: 18 on Hopper, 12 on Ampere.
+func mockNVLinks(arch nvml.DeviceArchitecture) int {
+	if arch >= nvml.DEVICE_ARCH_HOPPER {
+		return 18
+	}
+	return 12
 }
 
 func newMockNode(t testing.TB, srv *server.Server, node string) *mockNode {
 	t.Helper()
-	m := &mockNode{srv: srv, inv: &topology.Inventory{SchemaVersion: topology.SchemaVersion, Node: node}, util: make([]atomic.Uint32, len(srv.Devices))}
+	m := &mockNode{srv: srv, inv: &topology.Inventory{SchemaVersion: topology.SchemaVersion, Node: node}, util: make([]atomic.Uint32, len(srv.Devices)),
+		nvKiB: make([]atomic.Uint64, len(srv.Devices))}
+	m.nvClock.Store(1_000_000)
 	for i, dv := range srv.Devices {
 		d := dv.(*server.Device)
 		m.util[i].Store(uint32(10 * i))
@@ -79,6 +94,27 @@ func newMockNode(t testing.TB, srv *server.Server, node string) *mockNode {
 				return 0, 0, false, false, nvml.ERROR_NOT_SUPPORTED
 			}
 			return i, 0, false, false, nvml.SUCCESS
+		}
+		links := mockNVLinks(d.Config.Architecture)
+		d.GetNvLinkStateFunc = func(l int) (nvml.EnableState, nvml.Return) {
+			if l < links {
+				return nvml.FEATURE_ENABLED, nvml.SUCCESS
+			}
+			return nvml.FEATURE_DISABLED, nvml.SUCCESS
+		}
+		d.GetFieldValuesFunc = func(values []nvml.FieldValue) nvml.Return {
+			for k := range values {
+				v := &values[k]
+				kib := m.nvKiB[i].Load()
+				if v.FieldId == nvml.FI_DEV_NVLINK_THROUGHPUT_DATA_RX {
+					kib *= 2
+				}
+				v.ValueType = uint32(nvml.VALUE_TYPE_UNSIGNED_LONG_LONG)
+				binary.LittleEndian.PutUint64(v.Value[:], kib)
+				v.Timestamp = m.nvClock.Load()
+				v.NvmlReturn = uint32(nvml.SUCCESS)
+			}
+			return nvml.SUCCESS
 		}
 		name, _ := d.GetName()
 		m.inv.GPUs = append(m.inv.GPUs, topology.GPU{Index: i, UUID: d.UUID, Name: name, MemoryBytes: total,
@@ -230,8 +266,9 @@ func TestGPUMetricsFromRecordedInventory(t *testing.T) {
 // TestPromtoolChecksTheExposition: Prometheus' own promtool (Debian's prometheus
 // package) parses the exposition of a DGX A100's agent. Its lint findings are allowed
 // only on dcgm-exporter's metrics, whose names and labels are fixed by dcgm-exporter
-// (upper case, counters without _total), and on gangrun_gpu_info's camelCase label
-// (modelName: it carries dcgm-exporter's labels, to join on); gangrun's others are clean.
+// (upper case, counters without _total), and on the camelCase label of gangrun's
+// per-GPU series (modelName: they carry dcgm-exporter's labels, to join on); gangrun's
+// others are clean.
 func TestPromtoolChecksTheExposition(t *testing.T) {
 	promtool, err := exec.LookPath("promtool")
 	if err != nil {
@@ -260,13 +297,72 @@ func TestPromtoolChecksTheExposition(t *testing.T) {
 		t.Fatalf("promtool check metrics: exit %d:\n%s", code, out)
 	}
 	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
-		dcgmLabels := strings.HasPrefix(line, "gangrun_gpu_info ") && strings.HasSuffix(line, "label names should be written in 'snake_case' not 'camelCase'")
-		if line != "" && !strings.HasPrefix(line, "DCGM_FI_DEV_") && !dcgmLabels {
+		dcgmLabels := strings.HasPrefix(line, "gangrun_gpu_") && strings.HasSuffix(line, "label names should be written in 'snake_case' not 'camelCase'")
+		if line != "" && !strings.HasPrefix(line, "DCGM_FI_") && !dcgmLabels {
 			t.Errorf("promtool: %s", line)
 		}
 	}
-	if !bytes.Contains(body, []byte(`DCGM_FI_DEV_GPU_UTIL{`)) {
-		t.Errorf("no DCGM_FI_DEV_GPU_UTIL in the exposition:\n%s", body)
+	for _, name := range []string{"DCGM_FI_DEV_GPU_UTIL{", "gangrun_gpu_nvlink_tx_bytes_total{"} {
+		if !bytes.Contains(body, []byte(name)) {
+			t.Errorf("no %s in the exposition:\n%s", name, body)
+		}
 	}
 	t.Logf("promtool on %d bytes: exit %d, %d findings on dcgm-exporter's names", len(body), code, strings.Count(string(out), "\n"))
+}
+
+// TestNVLinkThroughput: a GPU's NVLink data counters, read per active link through
+// NVML's field values, are exported summed in bytes; from the second reading on, the
+// rates between the last two (by NVML's timestamps) under dcgm-exporter's
+// DCGM_FI_PROF_NVLINK_{TX,RX}_BYTES; a counter that went back (a driver reload) gives no
+// rate; a GPU whose NVML has no such field exports none of them.
+func TestNVLinkThroughput(t *testing.T) {
+	m := newMockNode(t, dgxh100.New(), "gpu-h1")
+	c := NewGPUCollector(GPUConfig{NVML: m.srv, Node: "gpu-h1", Inventory: func() *topology.Inventory { return m.inv }, CacheTTL: time.Nanosecond})
+	m.nvKiB[2].Store(1000)
+	fams := gather(t, c)
+	gpu2 := map[string]string{"gpu": "2", "Hostname": "gpu-h1"}
+	if got, ok := series(t, fams, "gangrun_gpu_nvlink_tx_bytes_total", gpu2); !ok || got != 18*1000*1024 {
+		t.Errorf("tx bytes: %v (present %v), want 18 links × 1000 KiB", got, ok)
+	}
+	if got, ok := series(t, fams, "gangrun_gpu_nvlink_rx_bytes_total", gpu2); !ok || got != 18*2000*1024 {
+		t.Errorf("rx bytes: %v (present %v), want 18 links × 2000 KiB", got, ok)
+	}
+	if n := len(fams["DCGM_FI_PROF_NVLINK_TX_BYTES"]); n != 0 {
+		t.Errorf("%d rates after one reading, want none", n)
+	}
+
+	// 500 ms later by NVML's clock, 50,000 KiB more on each of GPU 2's 18 links.
+	m.nvKiB[2].Store(51_000)
+	m.nvClock.Add(500_000)
+	time.Sleep(time.Millisecond)
+	fams = gather(t, c)
+	wantTx := 18 * 50_000 * 1024 / 0.5
+	if got, ok := series(t, fams, "DCGM_FI_PROF_NVLINK_TX_BYTES", gpu2); !ok || got != wantTx {
+		t.Errorf("tx rate: %v B/s (present %v), want %v", got, ok, wantTx)
+	}
+	if got, ok := series(t, fams, "DCGM_FI_PROF_NVLINK_RX_BYTES", gpu2); !ok || got != 2*wantTx {
+		t.Errorf("rx rate: %v B/s (present %v), want %v", got, ok, 2*wantTx)
+	}
+	if got, ok := series(t, fams, "DCGM_FI_PROF_NVLINK_TX_BYTES", map[string]string{"gpu": "3"}); !ok || got != 0 {
+		t.Errorf("idle GPU 3's tx rate: %v (present %v), want 0", got, ok)
+	}
+
+	m.nvKiB[2].Store(10) // the driver was reloaded: the counters start again
+	m.nvClock.Add(500_000)
+	time.Sleep(time.Millisecond)
+	fams = gather(t, c)
+	if _, ok := series(t, fams, "DCGM_FI_PROF_NVLINK_TX_BYTES", gpu2); ok {
+		t.Errorf("a rate across a counter reset")
+	}
+
+	d := m.srv.Devices[4].(*server.Device)
+	d.GetFieldValuesFunc = func([]nvml.FieldValue) nvml.Return { return nvml.ERROR_NOT_SUPPORTED }
+	m.nvClock.Add(500_000)
+	time.Sleep(time.Millisecond)
+	fams = gather(t, c)
+	for _, name := range []string{"gangrun_gpu_nvlink_tx_bytes_total", "gangrun_gpu_nvlink_rx_bytes_total", "DCGM_FI_PROF_NVLINK_TX_BYTES", "DCGM_FI_PROF_NVLINK_RX_BYTES"} {
+		if _, ok := series(t, fams, name, map[string]string{"gpu": "4"}); ok {
+			t.Errorf("%s for a GPU whose NVML has no NVLink counters", name)
+		}
+	}
 }
