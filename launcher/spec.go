@@ -84,6 +84,9 @@ type Spec struct {
 	// WarmRestarts and WarmImports are --warm-restarts and --warm-imports; see Config.
 	WarmRestarts bool
 	WarmImports  []string
+	// WarmDelay is --warm-delay (Config.WarmDelay): 0 is DefaultWarmDelay, a negative
+	// one none (the standbys start with the workers).
+	WarmDelay time.Duration
 	// Stdout, Stderr, Report, Log, GuardianArgv, Signals, Subreaper and Events are
 	// handed to the supervisor's Config as they are.
 	Stdout, Stderr, Report io.Writer
@@ -288,6 +291,13 @@ func resolve(ctx context.Context, spec Spec, o *rendezvous.Opened, inv *topology
 	if torch != nil {
 		ranks = nil // torchrun starts the workers: node-wide settings only
 	}
+	warmDelay := spec.WarmDelay
+	switch {
+	case warmDelay == 0:
+		warmDelay = DefaultWarmDelay
+	case warmDelay < 0:
+		warmDelay = 0
+	}
 	term := spec.TermTimeout
 	if term == 0 {
 		term = DefaultTermTimeout
@@ -297,7 +307,7 @@ func resolve(ctx context.Context, spec Spec, o *rendezvous.Opened, inv *topology
 		MaxRestarts: spec.MaxRestarts, Backoff: backoff, NoRestartExitCode: spec.NoRestartExitCode, CheckpointDir: spec.CheckpointDir, ResumeArg: spec.ResumeArg,
 		LogDir: spec.LogDir, Tee: spec.Tee, TermTimeout: term, HangTimeout: spec.HangTimeout,
 		LocalRankArg: spec.LocalRankArg, MasterPort: spec.MasterPort, JobID: o.JobID,
-		WarmRestarts: spec.WarmRestarts, WarmImports: spec.WarmImports,
+		WarmRestarts: spec.WarmRestarts, WarmImports: spec.WarmImports, WarmDelay: warmDelay,
 		NodeName: o.NodeName, Addr: o.Addr,
 		// One node alone in its log directory: a rerun into it is refused before
 		// anything starts. The nodes of a job (Consul, Slurm) share one.

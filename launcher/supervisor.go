@@ -197,6 +197,11 @@ type Config struct {
 	// WarmImports are the modules a standby imports before it waits (--warm-imports);
 	// nil is DefaultWarmImports, whose import errors are ignored.
 	WarmImports []string
+	// WarmDelay is how long after an attempt's workers start its standbys for the next
+	// attempt are started (--warm-delay), so that their imports do not compete for the
+	// CPUs with the workers' own start-up (their imports, the process group's set-up,
+	// the checkpoint's load); 0 starts them at once. A failure within it restarts cold.
+	WarmDelay time.Duration
 	// Events receives the worker group's state changes (event.StateChanged, with
 	// GroupState names), failures, restarts, the checkpoint each attempt resumes from
 	// and how each round ended; nil discards them.
@@ -246,6 +251,9 @@ type Supervisor struct {
 
 	warmDir  string           // holds the standby program; "" when warm restarts are off
 	standbys map[int]*standby // by local rank, for the next attempt
+	// nextSpecs are the specs whose standbys are due WarmDelay after the attempt's start
+	// (nil: none due).
+	nextSpecs []workerSpec
 }
 
 // New validates cfg and returns a Supervisor that joins rounds of rdzv. Errors are the
@@ -595,7 +603,11 @@ func (s *Supervisor) begin(ctx context.Context, at *attempt, res *Result) (Group
 	}
 	s.act.touch()
 	var warm warmStart
-	if s.standbys != nil {
+	if s.nextSpecs != nil {
+		s.log.Info("starting cold: the last attempt ended within --warm-delay, before its standbys were started",
+			zap.Duration("warm_delay", s.cfg.WarmDelay))
+		s.nextSpecs = nil
+	} else if s.standbys != nil {
 		warm = s.takeStandby
 	}
 	g, err := startGroup(specs, s.console, s.consoleErr, &s.act, s.guard, warm)
@@ -613,7 +625,12 @@ func (s *Supervisor) begin(ctx context.Context, at *attempt, res *Result) (Group
 	res.Attempts++
 	if s.warmDir != "" {
 		s.log.Info("workers started", zap.Int("attempt", a.Round), zap.Int("warm", g.warm), zap.Int("cold", len(g.workers)-g.warm))
-		s.prepareStandbys(specs)
+		s.dropStandbys()
+		if s.cfg.WarmDelay <= 0 {
+			s.prepareStandbys(specs)
+		} else {
+			s.nextSpecs = specs // monitor starts them when they are due
+		}
 	}
 	return StateHealthy, false
 }
@@ -871,9 +888,18 @@ func (s *Supervisor) monitor(ctx context.Context, g *group, round rendezvous.Rou
 		defer t.Stop()
 		watchdog = t.C
 	}
+	var warmUp <-chan time.Time
+	if s.nextSpecs != nil {
+		t := time.NewTimer(time.Until(s.started.Add(s.cfg.WarmDelay)))
+		defer t.Stop()
+		warmUp = t.C
+	}
 	remaining := len(g.workers)
 	for {
 		select {
+		case <-warmUp:
+			s.prepareStandbys(s.nextSpecs)
+			s.nextSpecs = nil
 		case <-watchdog:
 			if r, ok := s.timer.expired(time.Now()); ok {
 				if w := g.workerOf(r.PID); w != nil {

@@ -31,6 +31,13 @@ import (
 //go:embed standby.py
 var standbyProgram []byte
 
+// DefaultWarmDelay is --warm-delay's default: how long after an attempt's workers start
+// the standbys for the next one are started. A few seconds covers a trainer's own
+// start-up on a small node (its imports, gloo's or NCCL's set-up, a checkpoint's load),
+// with which a standby's import of torch would otherwise compete; failures come hours
+// apart on a real cluster, so the next attempt finds its standbys ready all the same.
+const DefaultWarmDelay = 5 * time.Second
+
 // DefaultWarmImports is what a standby imports when --warm-imports is not given.
 var DefaultWarmImports = []string{"torch"}
 

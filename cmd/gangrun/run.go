@@ -67,6 +67,7 @@ type trainFlags struct {
 	localRankArg  bool
 	warmRestarts  bool
 	warmImports   []string
+	warmDelay     time.Duration
 }
 
 func (t *trainFlags) register(fs *pflag.FlagSet) {
@@ -83,6 +84,8 @@ func (t *trainFlags) register(fs *pflag.FlagSet) {
 	fs.BoolVar(&t.localRankArg, "local-rank-arg", false, "append --local_rank=N (legacy torch.distributed.launch scripts)")
 	fs.BoolVar(&t.warmRestarts, "warm-restarts", true, "restart Python workers from standby interpreters that imported --warm-imports already (false: always a fresh interpreter)")
 	fs.StringSliceVar(&t.warmImports, "warm-imports", nil, "modules a standby imports before it waits, MOD[,MOD...] (default torch)")
+	durationVar(fs, &t.warmDelay, "warm-delay", launcher.DefaultWarmDelay, durationFlag{max: maxGrace, zeroOK: true},
+		"start the next attempt's standbys this long after the workers start, so their imports do not slow the workers' start-up (0s: at once)")
 }
 
 func runRun(ctx context.Context, e *env, args []string) int {
@@ -106,7 +109,10 @@ func runRun(ctx context.Context, e *env, args []string) int {
 	spec.MaxRestarts, spec.Backoff, spec.NoRestartExitCode = t.maxRestarts, t.backoff, t.noRestartCode
 	spec.CheckpointDir, spec.ResumeArg, spec.LogDir, spec.Tee = t.checkpointDir, t.resumeArg, t.logDir, t.tee
 	spec.HangTimeout, spec.LocalRankArg = t.hangTimeout, t.localRankArg
-	spec.WarmRestarts, spec.WarmImports = t.warmRestarts, t.warmImports
+	spec.WarmRestarts, spec.WarmImports, spec.WarmDelay = t.warmRestarts, t.warmImports, t.warmDelay
+	if t.warmDelay == 0 {
+		spec.WarmDelay = -1 // at once (Spec's 0 is the default)
+	}
 	// The gangrun binary (not a test calling dispatch) has no other children than its
 	// guardian and workers: it can reap whatever the workers leave behind.
 	spec.Subreaper = e.self != ""

@@ -350,7 +350,7 @@ func TestRunPyTorchRestartsFromCheckpoint(t *testing.T) {
 	py := python(t)
 	mark := testMark(t)
 	dir := t.TempDir()
-	res := runGangrun(t, []string{mark}, "run", "--nproc-per-node", "2", "--restart-backoff", "0s",
+	res := runGangrun(t, []string{mark}, "run", "--nproc-per-node", "2", "--restart-backoff", "0s", "--warm-delay", "0s",
 		"--checkpoint-dir", filepath.Join(dir, "ckpt"), "--log-dir", filepath.Join(dir, "logs"), "--",
 		py, filepath.Join(repoRoot(t), "scripts", "examples", "train_ddp.py"),
 		"--steps", "60", "--ckpt-every", "10", "--fail-at-step", "35")
@@ -382,8 +382,10 @@ func TestRunPyTorchRestartsFromCheckpoint(t *testing.T) {
 	}
 }
 
-// TestRunWarmRestartsFlag: a Python script's restart is warm by default, and cold with
-// --warm-restarts=false.
+// TestRunWarmRestartsFlag: a Python script's restart is warm when its standby was
+// started (--warm-delay 0s: with the workers), cold with --warm-restarts=false, and cold,
+// saying why, when the attempt failed within the default --warm-delay (5s), before its
+// standbys were due.
 func TestRunWarmRestartsFlag(t *testing.T) {
 	py := python(t)
 	mark := testMark(t)
@@ -392,15 +394,18 @@ func TestRunWarmRestartsFlag(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, c := range []struct {
-		flag string
-		warm bool
-	}{{"--warm-restarts", true}, {"--warm-restarts=false", false}} {
+		flag       string
+		warm, told bool // told: the line saying the standbys were not due yet
+	}{{"--warm-delay=0s", true, false}, {"--warm-restarts=false", false, false}, {"--warm-restarts", false, true}} {
 		res := runGangrun(t, []string{mark}, "run", "--nproc-per-node", "1", "--max-restarts", "1", "--restart-backoff", "0s", c.flag, "--", py, script)
 		if res.code != 0 || !strings.Contains(res.stdout, "[rank0]: attempt 1") {
 			t.Fatalf("%s: exit %d; stdout:\n%s\nstderr:\n%s", c.flag, res.code, res.stdout, res.stderr)
 		}
 		if got := strings.Contains(res.stderr, `"attempt": 1, "warm": 1, "cold": 0`); got != c.warm {
 			t.Errorf("%s: attempt 1 warm %v, want %v; stderr:\n%s", c.flag, got, c.warm, res.stderr)
+		}
+		if got := strings.Contains(res.stderr, "starting cold: the last attempt ended within --warm-delay"); got != c.told {
+			t.Errorf("%s: told the standbys were not due %v, want %v; stderr:\n%s", c.flag, got, c.told, res.stderr)
 		}
 	}
 }
