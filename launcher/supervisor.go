@@ -757,8 +757,9 @@ func (s *Supervisor) next(ctx context.Context, at *attempt, res *Result) (GroupS
 			res.ExitCode = end.Failure.ExitCode
 			return "", true
 		}
-		progressed := s.progressed(at)
-		s.strike(a.ResumeFrom)
+		newest := s.newestCheckpoint() // one listing of the directory for both judgements
+		progressed := s.progressed(at, newest)
+		s.strike(a.ResumeFrom, newest)
 		delay := time.Duration(0)
 		if progressed {
 			s.stuck = 0
@@ -1193,28 +1194,38 @@ func (s *Supervisor) chooseResume(_ context.Context) (string, error) {
 	return c.Path, nil
 }
 
+// newestCheckpoint returns the newest complete checkpoint under CheckpointDir not
+// excluded, "" when there is none (or no CheckpointDir, or it cannot be read).
+func (s *Supervisor) newestCheckpoint() string {
+	if s.cfg.CheckpointDir == "" {
+		return ""
+	}
+	latest, err := checkpoint.Latest(s.cfg.CheckpointDir, checkpoint.Options{Exclude: s.excluded})
+	if err != nil {
+		return ""
+	}
+	return latest.Path
+}
+
 // progressed reports whether the failed attempt at made progress: it ran HealthyStretch,
-// or a complete checkpoint newer than the one it resumed from exists.
-func (s *Supervisor) progressed(at *attempt) bool {
+// or newest (newestCheckpoint's answer) is a complete checkpoint other than the one it
+// resumed from.
+func (s *Supervisor) progressed(at *attempt, newest string) bool {
 	if !at.started.IsZero() && time.Since(at.started) >= HealthyStretch {
 		return true
 	}
-	if s.cfg.CheckpointDir == "" {
-		return false
-	}
-	latest, err := checkpoint.Latest(s.cfg.CheckpointDir, checkpoint.Options{Exclude: s.excluded})
-	return err == nil && latest.Path != at.a.ResumeFrom
+	return newest != "" && newest != at.a.ResumeFrom
 }
 
-// strike records that an attempt resumed from path failed. When it failed before a newer
-// complete checkpoint appeared StrikesBeforeFallback times in a row, path is skipped from
-// then on: a checkpoint that crashes every load must not burn the whole restart budget.
-func (s *Supervisor) strike(path string) {
+// strike records that an attempt resumed from path failed, newest being
+// newestCheckpoint's answer after it. When it failed before a newer complete checkpoint
+// appeared StrikesBeforeFallback times in a row, path is skipped from then on: a
+// checkpoint that crashes every load must not burn the whole restart budget.
+func (s *Supervisor) strike(path, newest string) {
 	if path == "" || s.cfg.CheckpointDir == "" {
 		return
 	}
-	latest, err := checkpoint.Latest(s.cfg.CheckpointDir, checkpoint.Options{Exclude: s.excluded})
-	if err == nil && latest.Path != path {
+	if newest != "" && newest != path {
 		// The attempt got past path and wrote a newer checkpoint: not path's fault.
 		delete(s.strikes, path)
 		return
