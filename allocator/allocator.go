@@ -39,7 +39,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 	"unicode"
@@ -123,6 +125,10 @@ type Request struct {
 	GPUsPerNode int `json:"gpus_per_node"`
 	// GPUModel, when set, must appear (case-insensitive) in the devices' model name.
 	GPUModel string `json:"gpu_model,omitempty"`
+	// MIGProfile, when set, asks for MIG devices of that profile ("3g.40gb"), as
+	// --gpus-per-node 3g.40gb:2 does (ParseGPUs); unset, any allocatable device counts,
+	// a MIG device or a whole GPU.
+	MIGProfile string `json:"mig_profile,omitempty"`
 	// Partition, when set, must equal the node's "partition" label.
 	Partition string `json:"partition,omitempty"`
 	// Labels must all equal the node's labels.
@@ -177,7 +183,68 @@ func (r Request) Validate() error {
 	if err := checkPrintable("--gpu-model", r.GPUModel); err != nil {
 		return err
 	}
+	if r.MIGProfile != "" && !migProfileRE.MatchString(r.MIGProfile) {
+		return fmt.Errorf("--gpus-per-node %s:%d: %q is not a MIG profile (like 1g.10gb, 3g.40gb, 1g.10gb+me)", r.MIGProfile, r.GPUsPerNode, r.MIGProfile)
+	}
 	return CheckLabels(r.Labels)
+}
+
+// migProfileRE matches NVIDIA's MIG profile names: compute slices "g." memory "gb",
+// with an optional "+me" (media extensions) or similar suffix ("1g.10gb", "3g.40gb",
+// "1g.10gb+me", "1g.20gb"), the names nvidia-smi mig -lgip lists.
+var migProfileRE = regexp.MustCompile(`^[1-9][0-9]?g\.[1-9][0-9]*gb(\+[a-z]+)?$`)
+
+// ParseGPUs parses a --gpus-per-node value in Slurm's form [TYPE:]COUNT (sbatch
+// --gpus-per-node=[type:]number): COUNT devices on each node, of TYPE when given. A
+// TYPE that is a MIG profile name ("3g.40gb:2") asks for MIG devices of that profile
+// (profile); any other TYPE ("h100:8") is a GPU model, matched as --gpu-model is
+// (model). Errors name the value: a count that is not a whole number of at least 1, an
+// empty or unprintable type.
+func ParseGPUs(s string) (count int, profile, model string, err error) {
+	typ, num, typed := strings.Cut(s, ":")
+	if !typed {
+		num, typ = s, ""
+	}
+	count, cerr := strconv.Atoi(num)
+	switch {
+	case cerr != nil || count < 1:
+		return 0, "", "", fmt.Errorf("--gpus-per-node %q: want [TYPE:]COUNT, a count of at least 1 (8, h100:8, 3g.40gb:2)", s)
+	case typed && typ == "":
+		return 0, "", "", fmt.Errorf("--gpus-per-node %q: empty type before ':'", s)
+	}
+	if err := checkPrintable("--gpus-per-node", typ); err != nil {
+		return 0, "", "", err
+	}
+	if migProfileRE.MatchString(strings.ToLower(typ)) {
+		return count, strings.ToLower(typ), "", nil
+	}
+	return count, "", typ, nil
+}
+
+// wants reports whether device d is of the kind r asks for: its model (GPUModel, a
+// case-insensitive substring) and, with MIGProfile, a MIG device of that profile.
+func (r Request) wants(d topology.Device) bool {
+	if r.MIGProfile != "" && !strings.EqualFold(d.MIGProfile, r.MIGProfile) {
+		return false
+	}
+	return r.GPUModel == "" || strings.Contains(strings.ToLower(d.Model), strings.ToLower(r.GPUModel))
+}
+
+// devices counts n of the devices r asks for, for messages, with adj before the noun:
+// "2 free GPUs (H100)", "1 free 3g.40gb MIG device".
+func (r Request) devices(n int, adj string) string {
+	noun := "GPU"
+	if r.MIGProfile != "" {
+		noun = r.MIGProfile + " MIG device"
+	}
+	if adj != "" {
+		noun = adj + " " + noun
+	}
+	s := plural(n, noun)
+	if r.GPUModel != "" {
+		s += " (" + r.GPUModel + ")"
+	}
+	return s
 }
 
 // CheckLabels refuses labels that could not be written back as --labels KEY=VALUE,...

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"strings"
 
 	"github.com/gangrun/gangrun/topology"
 )
@@ -85,7 +84,7 @@ func checkLabels(r Request, n *NodeState) string {
 // checkDevices rules out a node with fewer than r.GPUsPerNode allocatable devices of
 // r's model, free or not.
 func checkDevices(r Request, n *NodeState) string {
-	if len(matching(n.Record.Devices, r.GPUModel)) < r.GPUsPerNode {
+	if len(matching(n.Record.Devices, r)) < r.GPUsPerNode {
 		return reasonDevices
 	}
 	return ""
@@ -102,16 +101,15 @@ func reservedFor(kept map[string]string) Checker {
 	}
 }
 
-// matching returns the devices whose model contains model (case-insensitive); all of
-// them when model is "".
-func matching(devs []topology.Device, model string) []topology.Device {
-	if model == "" {
+// matching returns the devices of devs that r wants (Request.wants): all of them when r
+// names neither a model nor a MIG profile.
+func matching(devs []topology.Device, r Request) []topology.Device {
+	if r.GPUModel == "" && r.MIGProfile == "" {
 		return devs
 	}
-	m := strings.ToLower(model)
 	var out []topology.Device
 	for _, d := range devs {
-		if strings.Contains(strings.ToLower(d.Model), m) {
+		if r.wants(d) {
 			out = append(out, d)
 		}
 	}
@@ -169,9 +167,9 @@ func CheckFeasible(c *Cluster, r Request) error {
 		}
 	}
 	fit := defaultPipeline().fit
-	most, eligible, modelSeen := 0, 0, r.GPUModel == ""
+	most, eligible, modelSeen := 0, 0, r.GPUModel == "" && r.MIGProfile == ""
 	for _, n := range c.Nodes {
-		m := len(matching(n.Record.Devices, r.GPUModel))
+		m := len(matching(n.Record.Devices, r))
 		modelSeen = modelSeen || m > 0
 		most = max(most, m)
 		if firstReason(fit, r, n) == "" {
@@ -179,9 +177,15 @@ func CheckFeasible(c *Cluster, r Request) error {
 		}
 	}
 	if !modelSeen {
+		if r.MIGProfile != "" {
+			return refusal(fmt.Errorf("--gpus-per-node %s:%d: no node has %s MIG devices", r.MIGProfile, r.GPUsPerNode, r.MIGProfile))
+		}
 		return refusal(fmt.Errorf("--gpu-model %s: no node has such GPUs", r.GPUModel))
 	}
 	if r.GPUsPerNode > most {
+		if r.MIGProfile != "" {
+			return refusal(fmt.Errorf("--gpus-per-node %s:%d: no node has more than %s", r.MIGProfile, r.GPUsPerNode, r.devices(most, "")))
+		}
 		return refusal(fmt.Errorf("--gpus-per-node %d: no node has more than %d allocatable GPUs", r.GPUsPerNode, most))
 	}
 	if r.Nodes > eligible {

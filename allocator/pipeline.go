@@ -94,9 +94,9 @@ func (p pipeline) place(r Request, nodes map[string]*NodeState, free map[string]
 			counts[why]++
 			continue
 		}
-		f := len(matching(free[name], r.GPUModel))
+		f := len(matching(free[name], r))
 		cands = append(cands, NodeCandidate{Name: name, Switch: n.Record.Labels[LabelSwitch],
-			Spine: n.Record.Labels[LabelSpine], FreeGPUs: f, TotalGPUs: len(matching(n.Record.Devices, r.GPUModel))})
+			Spine: n.Record.Labels[LabelSpine], FreeGPUs: f, TotalGPUs: len(matching(n.Record.Devices, r))})
 	}
 	// A request for a range of nodes takes as many as fit, from MaxNodes down.
 	var chosen []NodeCandidate
@@ -115,7 +115,7 @@ func (p pipeline) place(r Request, nodes map[string]*NodeState, free map[string]
 		inv, err := inventory(n)
 		var devs []topology.Device
 		if err == nil {
-			devs, err = p.devices(inv, matching(free[cn.Name], r.GPUModel), r.GPUsPerNode)
+			devs, err = p.devices(inv, matching(free[cn.Name], r), r.GPUsPerNode)
 		}
 		if err != nil {
 			return nil, fmt.Sprintf("node %s: %v", cn.Name, err)
@@ -140,10 +140,7 @@ func waitReason(r Request, cands []NodeCandidate, excluded map[string]int) strin
 			ready++
 		}
 	}
-	s := fmt.Sprintf("Resources: needs %s with %s", plural(r.Nodes, "node"), plural(r.GPUsPerNode, "free GPU"))
-	if r.GPUModel != "" {
-		s += " (" + r.GPUModel + ")"
-	}
+	s := fmt.Sprintf("Resources: needs %s with %s", plural(r.Nodes, "node"), r.devices(r.GPUsPerNode, "free"))
 	verb := "have"
 	if len(cands) == 1 {
 		verb = "has"

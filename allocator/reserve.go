@@ -42,7 +42,7 @@ func (sc *Scheduler) reserve(c *Cluster, r PendingRequest, taken map[string]stri
 	var cands []cand
 	for name, n := range c.Nodes {
 		if eligible(name) {
-			cands = append(cands, cand{name, len(matching(n.Free(), r.GPUModel))})
+			cands = append(cands, cand{name, len(matching(n.Free(), r.Request))})
 		}
 	}
 	if len(cands) < r.Nodes {
@@ -80,7 +80,7 @@ func shapeKey(r Request) string {
 	b.WriteString(strconv.Itoa(r.MaxNodes))
 	b.WriteByte('x')
 	b.WriteString(strconv.Itoa(r.GPUsPerNode))
-	for _, s := range []string{r.GPUModel, r.Partition} {
+	for _, s := range []string{r.GPUModel, r.MIGProfile, r.Partition} {
 		b.WriteByte(0)
 		b.WriteString(s)
 	}

@@ -55,8 +55,12 @@ type Spec struct {
 	// from MinNodes up to MaxNodes, and shrinks within them when it loses one.
 	MinNodes int `json:"min_nodes"`
 	MaxNodes int `json:"max_nodes"`
-	// GPUsPerNode is --gpus-per-node.
-	GPUsPerNode int `json:"gpus_per_node"`
+	// GPUsPerNode is --gpus-per-node's count; GPUModel and MIGProfile its type, when
+	// given ([TYPE:]COUNT, allocator.ParseGPUs): a GPU model matched in the device name,
+	// or a MIG profile ("3g.40gb") whose MIG devices the job gets, one per rank.
+	GPUsPerNode int    `json:"gpus_per_node"`
+	GPUModel    string `json:"gpu_model,omitempty"`
+	MIGProfile  string `json:"mig_profile,omitempty"`
 	// Priority orders the queue: higher first, then submission.
 	Priority int `json:"priority"`
 	// TimeLimit is --time; 0: none. At the limit the job gets SIGTERM, --term-timeout

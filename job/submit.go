@@ -36,7 +36,8 @@ func request(spec Spec, again bool, exclude []string) allocator.Request {
 		least = spec.MinNodes
 	}
 	r := allocator.JobRequest(spec.ID, least, spec.MaxNodes+spec.SpareNodes, spec.GPUsPerNode,
-		spec.Partition, "", nil, spec.Priority, exclude)
+		spec.Partition, spec.GPUModel, nil, spec.Priority, exclude)
+	r.MIGProfile = spec.MIGProfile
 	// Who and what the policy counts (limits, fair-share); the age factor counts from
 	// the submission, a placement again included.
 	r.User, r.Account, r.TimeLimit = spec.User, spec.Account, spec.TimeLimit

@@ -5,9 +5,9 @@ import "strconv"
 // Device is one thing a scheduler may hand to a worker: a whole GPU or a MIG device.
 // It is the one device type of the allocator too: a node's record in the cluster
 // lists its allocatable devices in this form, and placement chooses among them. Its
-// JSON form (the record's) is id, gpu, model, memory_bytes and health; UUID and
-// MIGProfile are left out of it, since the record names devices by ID and the node's
-// inventory, stored beside it, has the rest.
+// JSON form (the record's) is id, gpu, model, mig_profile (MIG devices only),
+// memory_bytes and health; the UUID is left out of it, since the record names devices
+// by ID and the node's inventory, stored beside it, has the rest.
 type Device struct {
 	// ID is what CUDA_VISIBLE_DEVICES takes: the GPU's NVML index ("3") for a whole GPU,
 	// the MIG device's UUID ("MIG-...") for a MIG device.
@@ -19,7 +19,7 @@ type Device struct {
 	// Model is the GPU's product name ("NVIDIA H100 80GB HBM3").
 	Model string `json:"model"`
 	// MIGProfile is the MIG profile ("3g.20gb"); empty for a whole GPU.
-	MIGProfile string `json:"-"`
+	MIGProfile string `json:"mig_profile,omitempty"`
 	// MemoryBytes is the device's memory in bytes.
 	MemoryBytes uint64 `json:"memory_bytes"`
 	// Health is the (parent) GPU's health: Healthy or Degraded (Allocatable leaves

@@ -312,7 +312,7 @@ func runAlloc(ctx context.Context, e *env, args []string) int {
 	consul := consulFlag(fs)
 	var r allocator.Request
 	fs.IntVar(&r.Nodes, "nodes", 1, "number of nodes")
-	fs.IntVar(&r.GPUsPerNode, "gpus-per-node", 1, "GPUs (or MIG devices) on each node")
+	gpus := fs.String("gpus-per-node", "1", "[TYPE:]COUNT devices on each node: 8, h100:8 (a GPU model), 3g.40gb:2 (MIG devices of that profile)")
 	fs.StringVar(&r.GPUModel, "gpu-model", "", "GPU model, matched in the device name (H100, A100-SXM4-80GB)")
 	fs.StringVar(&r.Partition, "partition", "", "only nodes labelled partition=P")
 	labels := fs.StringArray("labels", nil, "only nodes with these labels KEY=VALUE[,...] (repeatable)")
@@ -329,6 +329,17 @@ func runAlloc(ctx context.Context, e *env, args []string) int {
 	}
 	if len(lbl) > 0 {
 		r.Labels = lbl
+	}
+	n, profile, model, err := allocator.ParseGPUs(*gpus)
+	if err != nil {
+		return usageErr(e, "alloc", "%v", err)
+	}
+	r.GPUsPerNode, r.MIGProfile = n, profile
+	if model != "" {
+		if r.GPUModel != "" && !strings.EqualFold(r.GPUModel, model) {
+			return usageErr(e, "alloc", "--gpus-per-node %s and --gpu-model %s name different GPU models", *gpus, r.GPUModel)
+		}
+		r.GPUModel = model
 	}
 	if err := r.Validate(); err != nil {
 		return usageErr(e, "alloc", "%v", err)
@@ -368,7 +379,11 @@ func runAlloc(ctx context.Context, e *env, args []string) int {
 	}
 	id := tk.Request().ID
 	defer tk.Release(context.WithoutCancel(ctx)) //nolint:errcheck // reported below where it matters
-	fmt.Fprintf(e.stderr, "gangrun alloc: request %s submitted, waiting for %d node(s) × %d GPU(s)\n", id, r.Nodes, r.GPUsPerNode)
+	kind := "GPU(s)"
+	if r.MIGProfile != "" {
+		kind = r.MIGProfile + " MIG device(s)"
+	}
+	fmt.Fprintf(e.stderr, "gangrun alloc: request %s submitted, waiting for %d node(s) × %d %s\n", id, r.Nodes, r.GPUsPerNode, kind)
 
 	g, err := tk.Wait(wctx, func(why string) { fmt.Fprintf(e.stderr, "gangrun alloc: %s pending: %s\n", id, why) })
 	if err != nil {

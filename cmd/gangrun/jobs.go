@@ -17,6 +17,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/gangrun/gangrun/allocator"
 	"github.com/gangrun/gangrun/hostlist"
 	"github.com/gangrun/gangrun/internal/store"
 	"github.com/gangrun/gangrun/internal/userfile"
@@ -33,7 +34,8 @@ const stepCommand = "__step"
 type submitFlags struct {
 	nodes, name, partition, account, timeLimit, signal, checkpointDir, output, uid string
 	dependency, array                                                              string
-	gpus, priority, spares, maxRestarts                                            int
+	priority, spares, maxRestarts                                                  int
+	gpus                                                                           string
 	termTimeout                                                                    time.Duration
 	env                                                                            []string
 	asJSON                                                                         bool
@@ -43,7 +45,7 @@ type submitFlags struct {
 func (f *submitFlags) register(fs *pflag.FlagSet) {
 	f.consul = consulFlag(fs)
 	fs.StringVar(&f.nodes, "nodes", "1", "nodes, N or MIN:MAX (the job takes as many as are free, and shrinks within them)")
-	fs.IntVar(&f.gpus, "gpus-per-node", 1, "GPUs on each node")
+	fs.StringVar(&f.gpus, "gpus-per-node", "1", "[TYPE:]COUNT devices on each node: 8, h100:8 (a GPU model), 3g.40gb:2 (MIG devices of that profile)")
 	fs.StringVar(&f.name, "name", "", "the job's name (%x in --output; default: the command's or script's base name)")
 	fs.StringVar(&f.partition, "partition", "", "run on nodes of this partition (their partition label)")
 	fs.StringVar(&f.account, "account", "", "the account (project) the job is charged to (default: the user's default account in the policy, else the user's name)")
@@ -184,6 +186,10 @@ func (f *submitFlags) spec(command []string, script, name string) (job.Spec, err
 	if err != nil {
 		return job.Spec{}, fmt.Errorf("the submit directory: %w", err)
 	}
+	gpus, profile, model, err := allocator.ParseGPUs(f.gpus)
+	if err != nil {
+		return job.Spec{}, err
+	}
 	submitter := currentUser()
 	if f.uid != "" {
 		if os.Geteuid() != 0 {
@@ -195,7 +201,7 @@ func (f *submitFlags) spec(command []string, script, name string) (job.Spec, err
 		submitter = f.uid
 	}
 	spec := job.Spec{Name: f.name, User: submitter, Account: f.account, Partition: f.partition,
-		MinNodes: lo, MaxNodes: hi, GPUsPerNode: f.gpus, Priority: f.priority, TimeLimit: limit,
+		MinNodes: lo, MaxNodes: hi, GPUsPerNode: gpus, GPUModel: model, MIGProfile: profile, Priority: f.priority, TimeLimit: limit,
 		Signal: sig, SignalBefore: before, SpareNodes: f.spares, CheckpointDir: f.checkpointDir,
 		MaxRestarts: f.maxRestarts, TermTimeout: f.termTimeout, Output: f.output, Env: env,
 		Command: command, Script: script, WorkDir: wd, Dependency: deps}
@@ -207,6 +213,14 @@ func (f *submitFlags) spec(command []string, script, name string) (job.Spec, err
 		spec.Command = command
 	}
 	return spec, nil
+}
+
+// gpusPerNode renders a spec's --gpus-per-node as given: COUNT, or TYPE:COUNT.
+func gpusPerNode(sp job.Spec) string {
+	if t := sp.MIGProfile + sp.GPUModel; t != "" {
+		return t + ":" + strconv.Itoa(sp.GPUsPerNode)
+	}
+	return strconv.Itoa(sp.GPUsPerNode)
 }
 
 // lastEnv checks --env entries and keeps the last of a variable given twice (a script's
@@ -322,7 +336,7 @@ func showJob(e *env, j *job.Job, asJSON bool) int {
 	fmt.Fprintf(w, "JobId=%s JobName=%s UserId=%s Account=%s Partition=%s\n", sp.ID, sp.Name, sp.User, orDash(sp.Account), orDash(sp.Partition))
 	fmt.Fprintf(w, "   JobState=%s Reason=%s ExitCode=%d Restarts=%d NodeFailures=%d\n", st.Status, orDash(st.Reason), st.ExitCode, st.Restarts, st.NodeFailures)
 	fmt.Fprintf(w, "   SubmitTime=%s StartTime=%s EndTime=%s TimeLimit=%s\n", stampOr(sp.Submitted), stampOr(st.Started), stampOr(st.Ended), limitOr(sp.TimeLimit))
-	fmt.Fprintf(w, "   NumNodes=%s GPUsPerNode=%d SpareNodes=%d MaxRestarts=%d\n", nodesRange(sp), sp.GPUsPerNode, sp.SpareNodes, sp.MaxRestarts)
+	fmt.Fprintf(w, "   NumNodes=%s GPUsPerNode=%s SpareNodes=%d MaxRestarts=%d\n", nodesRange(sp), gpusPerNode(sp), sp.SpareNodes, sp.MaxRestarts)
 	fmt.Fprintf(w, "   NodeList=%s Spares=%s\n", orDash(hostlist.Compress(st.Nodes)), orDash(hostlist.Compress(st.Spares)))
 	if len(sp.Dependency) > 0 {
 		fmt.Fprintf(w, "   Dependency=%s\n", job.FormatDependencies(sp.Dependency))

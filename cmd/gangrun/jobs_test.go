@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -544,4 +545,45 @@ func slicesContains(s []string, v string) bool {
 		}
 	}
 	return false
+}
+
+// TestSubmitMIGProfile: on a node whose recorded inventory runs MIG on GPU 0 (two
+// 3g.20gb devices), --gpus-per-node 3g.20gb:2 is granted those two MIG devices, each
+// rank sees exactly one of them, and show gives the request back as written; a profile
+// the cluster lacks is refused before it is queued, naming the value.
+func TestSubmitMIGProfile(t *testing.T) {
+	c := startJobClusterWith(t, nil)
+	c.inventory = filepath.Join(repoRoot(t), "topology", "testdata", "inventories", "dgx-a100-mig.json")
+	c.startAgent("mig-a")
+	waitUntilFor(t, 60*time.Second, func() bool {
+		n := nodesJSON(t, c.consul)
+		return len(n) == 1 && n[0].State == "up"
+	}, "the agent up")
+	dir := t.TempDir()
+	t.Chdir(dir)
+
+	code, _, errOut := c.gangrun("submit", "--gpus-per-node", "1g.10gb:1", "--", "true")
+	if code != 2 || !strings.Contains(errOut, "--gpus-per-node 1g.10gb:1: no node has 1g.10gb MIG devices") || strings.Count(strings.TrimSpace(errOut), "\n") != 0 {
+		t.Errorf("a profile no node has: exit %d, %q; want exit 2 and one line naming it", code, errOut)
+	}
+
+	id := c.submit("--gpus-per-node", "3g.20gb:2", "--", "/bin/sh", "-c", `echo "rank $LOCAL_RANK sees $CUDA_VISIBLE_DEVICES"`)
+	c.waitState(id, job.Completed, 90*time.Second)
+	out, err := os.ReadFile(filepath.Join(dir, "gangrun-"+id+".out"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, m := range regexp.MustCompile(`rank (\d) sees (\S*)`).FindAllStringSubmatch(string(out), -1) {
+		if !strings.HasPrefix(m[2], "MIG-") || strings.Contains(m[2], ",") {
+			t.Errorf("rank %s sees %q, want one MIG device", m[1], m[2])
+		}
+		seen[m[2]] = true
+	}
+	if len(seen) != 2 {
+		t.Errorf("the ranks saw %d distinct MIG devices, want 2:\n%s", len(seen), out)
+	}
+	if code, show, _ := c.gangrun("show", id); code != 0 || !strings.Contains(show, "GPUsPerNode=3g.20gb:2") {
+		t.Errorf("show: exit %d:\n%s", code, show)
+	}
 }
