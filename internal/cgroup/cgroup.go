@@ -23,6 +23,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -230,37 +231,22 @@ func New(name string, lim Limits) (*Step, error) {
 	if os.Geteuid() != 0 {
 		return nil, &Unusable{fmt.Sprintf("gangrun runs as uid %d, and only root may create cgroups here", os.Geteuid())}
 	}
-	subsystems, err := cgroup1.Default()
+	h, err := loadHierarchies()
 	if err != nil {
-		return nil, &Unusable{"the cgroup v1 hierarchies cannot be listed: " + err.Error()}
+		return nil, err
 	}
-	ownPath := cgroup1.NestedPath("")
-	var use []cgroup1.Subsystem
-	var names []string
-	for _, c := range controllers {
-		for _, s := range subsystems {
-			if s.Name() != c {
-				continue
-			}
-			if _, err := ownPath(c); err != nil {
-				continue // not a hierarchy this process is in
-			}
-			use = append(use, s)
-			names = append(names, string(c))
-		}
-	}
-	if !slices.Contains(names, string(cgroup1.Cpuset)) && !slices.Contains(names, string(cgroup1.Memory)) {
-		return nil, &Unusable{"neither the cpuset nor the memory controller of cgroup v1 is mounted under /sys/fs/cgroup"}
-	}
+	use, names, own := h.use, h.names, h.own
 	if lim.MemoryBytes > 0 && !slices.Contains(names, string(cgroup1.Memory)) {
 		return nil, &Unusable{"--mem needs the memory controller, which is not mounted under /sys/fs/cgroup"}
 	}
 	hier := cgroup1.WithHierarchy(func() ([]cgroup1.Subsystem, error) { return use, nil })
-	own, err := cgroup1.Load(ownPath, hier)
-	if err != nil {
-		return nil, &Unusable{"gangrun's own cgroup cannot be read: " + err.Error()}
+	path := func(n cgroup1.Name) (string, error) {
+		p, err := h.ownPath(n)
+		if err != nil {
+			return "", err
+		}
+		return filepath.Join(p, name), nil
 	}
-	path := cgroup1.NestedPath(name)
 	var dirs []string
 	for _, s := range use {
 		p, _ := path(s.Name())
@@ -278,6 +264,67 @@ func New(name string, lim Limits) (*Step, error) {
 		return nil, whyNot(err, dirs, lim)
 	}
 	return &Step{name: name, cg: cg, own: own, dirs: dirs, names: names, lim: lim}, nil
+}
+
+// hierarchies are the cgroup v1 hierarchies this process uses, read once: gangrun's
+// own cgroups do not change while it runs, and reading them (the mount table for each
+// controller) is most of the cost of New.
+type hierarchies struct {
+	use     []cgroup1.Subsystem
+	names   []string
+	ownPath cgroup1.Path
+	own     cgroup1.Cgroup
+}
+
+var (
+	hierOnce sync.Once
+	hier     *hierarchies
+	hierErr  error
+)
+
+// loadHierarchies finds the controllers a step uses among those mounted and this
+// process's own cgroup in each (once per process).
+func loadHierarchies() (*hierarchies, error) {
+	hierOnce.Do(func() { hier, hierErr = readHierarchies() })
+	return hier, hierErr
+}
+
+func readHierarchies() (*hierarchies, error) {
+	subsystems, err := cgroup1.Default()
+	if err != nil {
+		return nil, &Unusable{"the cgroup v1 hierarchies cannot be listed: " + err.Error()}
+	}
+	ownPath := cgroup1.NestedPath("")
+	h := &hierarchies{}
+	paths := map[cgroup1.Name]string{}
+	for _, c := range controllers {
+		for _, s := range subsystems {
+			if s.Name() != c {
+				continue
+			}
+			p, err := ownPath(c)
+			if err != nil {
+				continue // not a hierarchy this process is in
+			}
+			paths[c] = p
+			h.use = append(h.use, s)
+			h.names = append(h.names, string(c))
+		}
+	}
+	if !slices.Contains(h.names, string(cgroup1.Cpuset)) && !slices.Contains(h.names, string(cgroup1.Memory)) {
+		return nil, &Unusable{"neither the cpuset nor the memory controller of cgroup v1 is mounted under /sys/fs/cgroup"}
+	}
+	h.ownPath = func(n cgroup1.Name) (string, error) {
+		p, ok := paths[n]
+		if !ok {
+			return "", cgroup1.ErrControllerNotActive
+		}
+		return p, nil
+	}
+	if h.own, err = cgroup1.Load(h.ownPath, cgroup1.WithHierarchy(func() ([]cgroup1.Subsystem, error) { return h.use, nil })); err != nil {
+		return nil, &Unusable{"gangrun's own cgroup cannot be read: " + err.Error()}
+	}
+	return h, nil
 }
 
 // cgroupRoot is where the cgroup v1 hierarchies are mounted (containerd's library

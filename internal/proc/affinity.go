@@ -27,15 +27,55 @@ type Placement interface {
 // The thread is never left to exit while locked: a parent-death signal fires when the
 // thread that forked the child exits, so the goroutine unlocks it again.
 func StartBound(cmd *exec.Cmd, cpus []int) (p *Process, bound []int, err error) {
-	return StartPlaced(cmd, cpus, nil)
+	return startBound(cmd, cpus)
 }
 
 // StartPlaced is StartBound with the process also started inside place (a step's
-// cgroup), from its first instruction: the forking thread enters place, forks, and
-// leaves it again; its CPU affinity, which a cpuset move resets, is restored after.
-// An error entering place starts nothing. A nil place is StartBound.
+// cgroup), from its first instruction (InPlacement). An error entering place starts
+// nothing. A nil place is StartBound.
 func StartPlaced(cmd *exec.Cmd, cpus []int, place Placement) (p *Process, bound []int, err error) {
-	if len(cpus) == 0 && place == nil {
+	if place == nil {
+		return StartBound(cmd, cpus)
+	}
+	err = InPlacement(place, func() error {
+		var serr error
+		p, bound, serr = startBound(cmd, cpus)
+		return serr
+	})
+	return p, bound, err
+}
+
+// InPlacement runs fn on a thread of its own that has entered place (a step's cgroup):
+// the processes fn starts (Start, StartBound) begin there, as a child inherits its
+// forking thread's cgroups. The thread leaves place after fn, and gets back its CPU
+// affinity, which a cpuset move resets; an error entering place runs nothing. The
+// thread stays locked to fn's goroutine throughout, so the Go runtime starts no
+// thread of its own from it (a locked thread's state is not inherited: newm goes
+// through its template thread).
+func InPlacement(place Placement, fn func() error) error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var old unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &old); err != nil {
+		return err
+	}
+	tid := unix.Gettid()
+	if err := place.Enter(tid); err != nil {
+		_ = unix.SchedSetaffinity(0, &old)
+		return err
+	}
+	defer func() {
+		// Moving back into the cgroups this thread came from cannot fail short of
+		// someone removing them; it would then stay in the step's until its end.
+		_ = place.Leave(tid)
+		_ = unix.SchedSetaffinity(0, &old)
+	}()
+	return fn()
+}
+
+// startBound is StartBound's work.
+func startBound(cmd *exec.Cmd, cpus []int) (p *Process, bound []int, err error) {
+	if len(cpus) == 0 {
 		p, err = Start(cmd)
 		return p, nil, err
 	}
@@ -43,9 +83,6 @@ func StartPlaced(cmd *exec.Cmd, cpus []int, place Placement) (p *Process, bound 
 	defer runtime.UnlockOSThread()
 	var old, set unix.CPUSet
 	if err := unix.SchedGetaffinity(0, &old); err != nil {
-		if place != nil {
-			return nil, nil, err
-		}
 		p, err = Start(cmd)
 		return p, nil, err
 	}
@@ -55,29 +92,17 @@ func StartPlaced(cmd *exec.Cmd, cpus []int, place Placement) (p *Process, bound 
 			bound = append(bound, c)
 		}
 	}
-	if place != nil {
-		tid := unix.Gettid()
-		if err := place.Enter(tid); err != nil {
-			_ = unix.SchedSetaffinity(0, &old)
-			return nil, nil, err
-		}
-		defer func() {
-			// Moving back into the cgroups this thread came from cannot fail short of
-			// someone removing them; it would then stay in the step's until its end.
-			_ = place.Leave(tid)
-			_ = unix.SchedSetaffinity(0, &old)
-		}()
+	if len(bound) == 0 {
+		p, err = Start(cmd)
+		return p, nil, err
 	}
-	if len(bound) > 0 {
-		if unix.SchedSetaffinity(0, &set) != nil {
-			bound = nil
-		}
+	if err := unix.SchedSetaffinity(0, &set); err != nil {
+		p, err = Start(cmd)
+		return p, nil, err
 	}
 	p, err = Start(cmd)
-	if place == nil {
-		// Restoring a set just read cannot fail short of a kernel bug; if it did, this
-		// thread would keep the narrow set: gangrun's scheduling would suffer, not the child.
-		_ = unix.SchedSetaffinity(0, &old)
-	}
+	// Restoring a set just read cannot fail short of a kernel bug; if it did, this
+	// thread would keep the narrow set: gangrun's scheduling would suffer, not the child.
+	_ = unix.SchedSetaffinity(0, &old)
 	return p, bound, err
 }
