@@ -298,7 +298,7 @@ func (s *Supervisor) confine() error {
 		if c.Mode == cgroup.Required {
 			return fmt.Errorf("--cgroup required: %w", err)
 		}
-		s.log.Warn("running the step unconfined (--cgroup auto): " + err.Error())
+		s.log.Info("running the step unconfined (--cgroup auto): " + err.Error())
 		return nil
 	}
 	s.cg = st
