@@ -292,7 +292,11 @@ func (s *Supervisor) confine() error {
 	if c.Mode == "" || c.Mode == cgroup.Off {
 		return nil
 	}
-	name := "gangrun-" + safeName(s.cfg.JobID) + "-" + strconv.Itoa(os.Getpid()) + "-" + randomHex(3)
+	job := safeName(s.cfg.JobID)
+	if len(job) > 64 {
+		job = job[:64] // a cgroup's name is a file name: at most 255 bytes
+	}
+	name := "gangrun-" + job + "-" + strconv.Itoa(os.Getpid()) + "-" + randomHex(3)
 	st, err := cgroup.New(name, c.Limits)
 	if err != nil {
 		if c.Mode == cgroup.Required {
