@@ -203,7 +203,6 @@ type Step struct {
 	own   cgroup1.Cgroup // gangrun's own, where a thread that forked a worker goes back
 	dirs  []string
 	names []string
-	lim   Limits
 }
 
 // Unusable is the error New returns when the node's cgroups cannot confine a step
@@ -211,6 +210,7 @@ type Step struct {
 // the step unconfined.
 type Unusable struct{ Why string }
 
+// Error is "cgroups cannot be used: " and why.
 func (e *Unusable) Error() string { return "cgroups cannot be used: " + e.Why }
 
 // New creates the step's cgroup name (a single path element, unique on the node: the
@@ -263,7 +263,7 @@ func New(name string, lim Limits) (*Step, error) {
 		removeDirs(dirs)
 		return nil, whyNot(err, dirs, lim)
 	}
-	return &Step{name: name, cg: cg, own: own, dirs: dirs, names: names, lim: lim}, nil
+	return &Step{name: name, cg: cg, own: own, dirs: dirs, names: names}, nil
 }
 
 // hierarchies are the cgroup v1 hierarchies this process uses, read once: gangrun's
@@ -382,9 +382,6 @@ func (s *Step) Dirs() []string { return slices.Clone(s.dirs) }
 // "pids", "devices"), in that order.
 func (s *Step) Controllers() []string { return slices.Clone(s.names) }
 
-// Limits returns the limits the step was created with.
-func (s *Step) Limits() Limits { return s.lim }
-
 // Enter moves thread tid (of this process) into the step's cgroup in every hierarchy:
 // what it forks next starts there. Its CPU affinity becomes the step's cpuset (the
 // kernel resets it on a cpuset move).
@@ -417,19 +414,6 @@ func (s *Step) OOMKills() uint64 {
 		return 0
 	}
 	return st.MemoryOomControl.OomKill
-}
-
-// Procs returns the processes in the step's cgroup (in the first hierarchy).
-func (s *Step) Procs() []int {
-	ps, err := s.cg.Processes(cgroup1.Name(s.names[0]), true)
-	if err != nil {
-		return nil
-	}
-	out := make([]int, 0, len(ps))
-	for _, p := range ps {
-		out = append(out, p.Pid)
-	}
-	return out
 }
 
 // deleteWait bounds how long Delete and RemoveDir wait for the processes they killed
