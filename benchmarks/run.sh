@@ -16,6 +16,10 @@ echo "== rendezvous";             go test ./rendezvous -run '^$' -bench Benchmar
 echo "== torch c10d rendezvous";  /usr/bin/python3 benchmarks/rdzv_c10d.py 8 5; /usr/bin/python3 benchmarks/rdzv_c10d.py 16 3
 echo "== checkpoints";            go test ./checkpoint -run '^$' -bench . -benchtime 3s
 if command -v hyperfine >/dev/null; then benchmarks/ckpt_latest.sh; else echo "(hyperfine not installed: skipping the binary's ckpt latest timing)"; fi
+if [ "$(id -u)" = 0 ]; then
+  echo "== step cgroup";          go test ./internal/cgroup -run '^$' -bench 'BenchmarkStepOps|BenchmarkLaunch8' -benchtime 200x -count 5
+  benchmarks/cgroup_launch.sh 21
+else echo "(not root: skipping the step cgroup's benchmarks)"; fi
 echo "== topology probe";         go test ./topology -run '^$' -bench BenchmarkProbe -benchtime 100x -count 3
 echo "== parsers";                go test ./hostlist ./bench -run '^$' -bench .
 echo "== cluster jobs";          benchmarks/jobs.sh 10 3

@@ -22,6 +22,7 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/gangrun/gangrun/internal/cgroup"
 	"github.com/gangrun/gangrun/internal/store"
 )
 
@@ -82,6 +83,9 @@ type Spec struct {
 	Output string `json:"output"`
 	// Env holds --env KEY=VALUE entries for the workers.
 	Env []string `json:"env,omitempty"`
+	// Mem is --mem: each node's step is held to this much memory, in bytes, by its
+	// cgroup (Slurm's --mem, per node); 0 is no limit.
+	Mem int64 `json:"mem,omitempty"`
 	// Command is what every node runs, as `gangrun run` would; for a script, the
 	// script's arguments: each node runs the interpreter of its #! line (else /bin/sh)
 	// on its copy of Script, then these.
@@ -117,6 +121,8 @@ func (s Spec) Validate() error {
 		return fmt.Errorf("--spare-nodes %d: must not be negative", s.SpareNodes)
 	case s.MaxRestarts < 0 || s.MaxRestarts > MaxRestartsLimit:
 		return fmt.Errorf("--max-restarts %d: want 0 to %d", s.MaxRestarts, MaxRestartsLimit)
+	case s.Mem < 0 || s.Mem > cgroup.MaxMem:
+		return fmt.Errorf("--mem %d bytes: want 0 (no limit) to 1P", s.Mem)
 	case s.TimeLimit < 0 || s.TimeLimit > MaxTime:
 		return fmt.Errorf("--time %s: want at most %s", s.TimeLimit, MaxTime)
 	case s.Signal != 0 && s.TimeLimit == 0:

@@ -19,6 +19,7 @@ import (
 	"github.com/gangrun/gangrun/allocator"
 	"github.com/gangrun/gangrun/event"
 	"github.com/gangrun/gangrun/hostlist"
+	"github.com/gangrun/gangrun/internal/cgroup"
 	"github.com/gangrun/gangrun/internal/store"
 	"github.com/gangrun/gangrun/launcher"
 	"github.com/gangrun/gangrun/topology"
@@ -253,6 +254,7 @@ func (st *step) prepare(ctx context.Context, gn allocator.GrantNode, out io.Writ
 		NNodes: fmt.Sprintf("%d:%d", min(spec.MinNodes, len(state.Nodes)), len(state.Nodes)), NNodesGiven: true,
 		Coordinator: "consul://" + st.cfg.ConsulAddr, FollowRun: true, JobID: spec.ID, NodeName: st.cfg.Node, AdvertiseAddr: addr,
 		Inventory: st.cfg.Inventory, Devices: gn.Devices, Env: spec.Env, Environ: environ,
+		Cgroup: string(cgroup.Auto), Mem: spec.Mem, PidsLimit: cgroup.DefaultPidsLimit,
 		MaxRestarts: max(spec.MaxRestarts-state.Restarts, 0), Backoff: "exp", NoRestartExitCode: launcher.DefaultNoRestartExitCode, TermTimeout: spec.TermTimeout,
 		CheckpointDir: ckpt, Stdout: out, Stderr: out, Report: out, Log: st.log,
 		GuardianArgv: st.cfg.GuardianArgv, Signals: st.stop, Subreaper: st.cfg.Subreaper,

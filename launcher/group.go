@@ -25,13 +25,14 @@ type workerSpec struct {
 	rank      int
 	argv      []string
 	env       []string
-	prefix    string   // console prefix, "[rank3]: "
-	base      string   // the log directory (or scratch directory) the attempt's tree is under
-	rel       []string // dir below base: attempt_K, rank_N (or node_N)
-	dir       string   // base/rel...: the per-attempt, per-rank directory, error file and logs
-	errorFile string   // TORCHELASTIC_ERROR_FILE, already in env
-	logFiles  bool     // write stdout.log / stderr.log into dir
-	cpus      []int    // CPUs to bind the worker to (proc.StartBound); nil: unbound
+	prefix    string         // console prefix, "[rank3]: "
+	base      string         // the log directory (or scratch directory) the attempt's tree is under
+	rel       []string       // dir below base: attempt_K, rank_N (or node_N)
+	dir       string         // base/rel...: the per-attempt, per-rank directory, error file and logs
+	errorFile string         // TORCHELASTIC_ERROR_FILE, already in env
+	logFiles  bool           // write stdout.log / stderr.log into dir
+	cpus      []int          // CPUs to bind the worker to (proc.StartBound); nil: unbound
+	place     proc.Placement // the step's cgroup to start it in; nil: none
 }
 
 // worker is one started process of a group.
@@ -67,22 +68,37 @@ type warmStart func(spec workerSpec, files []*os.File) *worker
 // warm, when non-nil, is asked for each worker first.
 func startGroup(specs []workerSpec, console, consoleErr *lineWriter, act *activity, guard *proc.Guardian, warm warmStart) (*group, error) {
 	g := &group{exits: make(chan int, len(specs))}
-	for i, s := range specs {
-		w, err := startWorker(s, console, consoleErr, act, warm)
-		if err != nil {
-			g.kill(guard)
-			return nil, err
+	start := func() error {
+		for i, s := range specs {
+			s.place = nil // the whole group starts in it (below)
+			w, err := startWorker(s, console, consoleErr, act, warm)
+			if err != nil {
+				return err
+			}
+			// Should the guardian be gone, the parent-death signal still covers the leader.
+			_ = guard.Watch(w.p.Pid())
+			g.workers = append(g.workers, w)
+			if w.warm {
+				g.warm++
+			}
+			go func(i int, w *worker) {
+				<-w.p.Exited()
+				g.exits <- i
+			}(i, w)
 		}
-		// Should the guardian be gone, the parent-death signal still covers the leader.
-		_ = guard.Watch(w.p.Pid())
-		g.workers = append(g.workers, w)
-		if w.warm {
-			g.warm++
-		}
-		go func(i int, w *worker) {
-			<-w.p.Exited()
-			g.exits <- i
-		}(i, w)
+		return nil
+	}
+	var err error
+	if len(specs) > 0 && specs[0].place != nil {
+		// One move of the forking thread into the step's cgroup for the whole group,
+		// not one per worker: each move costs a cgroup migration per controller.
+		err = proc.InPlacement(specs[0].place, start)
+	} else {
+		err = start()
+	}
+	if err != nil {
+		g.kill(guard)
+		return nil, err
 	}
 	return g, nil
 }
@@ -139,7 +155,7 @@ func startWorker(s workerSpec, console, consoleErr *lineWriter, act *activity, w
 		childEnds = append(childEnds, wr)
 	}
 	cmd.Stdout, cmd.Stderr = childEnds[0], childEnds[1]
-	p, _, err := proc.StartBound(cmd, s.cpus)
+	p, _, err := proc.StartPlaced(cmd, s.cpus, s.place)
 	for _, f := range childEnds {
 		f.Close()
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -15,9 +16,11 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 
 	"github.com/gangrun/gangrun/allocator"
 	"github.com/gangrun/gangrun/event"
+	"github.com/gangrun/gangrun/internal/cgroup"
 	"github.com/gangrun/gangrun/rendezvous"
 	"github.com/gangrun/gangrun/topology"
 )
@@ -63,6 +66,12 @@ type Spec struct {
 	// NCCLTopo is --nccl-topo (topology.ParseNCCLTopo: "auto", the default, "always"
 	// or "never").
 	CPUBind, NCCLTopo string
+	// Cgroup is --cgroup (cgroup.ParseMode: "auto", the default, "off" or "required");
+	// Mem is --mem, the step's memory limit on this node in bytes (0: none; parsed by
+	// cgroup.ParseMem); PidsLimit is --pids-limit (0: none; the CLI's default is
+	// cgroup.DefaultPidsLimit). See Confinement.
+	Cgroup         string
+	Mem, PidsLimit int64
 	// Env holds the --env KEY=VALUE entries.
 	Env []string
 	// Environ is the environment inherited (os.Environ() when nil); Getenv reads it for
@@ -152,6 +161,20 @@ func Prepare(ctx context.Context, spec Spec) (*Prepared, error) {
 	if _, err := topology.ParseNCCLTopo(spec.NCCLTopo); err != nil {
 		return nil, err
 	}
+	cgMode, err := cgroup.ParseMode(spec.Cgroup)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case spec.Mem < 0 || spec.Mem > cgroup.MaxMem:
+		return nil, fmt.Errorf("--mem %d bytes: want 0 (no limit) to 1P", spec.Mem)
+	case spec.PidsLimit < 0:
+		return nil, fmt.Errorf("--pids-limit %d: want 0 (no limit) or more", spec.PidsLimit)
+	case spec.PidsLimit > 0 && spec.PidsLimit < 16:
+		return nil, fmt.Errorf("--pids-limit %d: a Python worker alone starts more threads than that; want 0 (no limit) or at least 16", spec.PidsLimit)
+	case cgMode == cgroup.Off && spec.Mem > 0:
+		return nil, fmt.Errorf("--mem %s needs the step's cgroup, and --cgroup is off", cgroup.FormatMem(spec.Mem))
+	}
 	nnodes := spec.NNodes
 	if nnodes == "" {
 		nnodes = "1"
@@ -212,7 +235,7 @@ func Prepare(ctx context.Context, spec Spec) (*Prepared, error) {
 	if err != nil {
 		return nil, err
 	}
-	p, err := resolve(ctx, spec, opened, inv, devices, torch, backoff)
+	p, err := resolve(ctx, spec, opened, inv, devices, torch, backoff, cgMode)
 	if err != nil {
 		opened.Close()
 		return nil, err
@@ -223,7 +246,7 @@ func Prepare(ctx context.Context, spec Spec) (*Prepared, error) {
 // resolve completes Prepare once the rendezvous is open: workers per node, the devices
 // they see, and the supervisor's Config.
 func resolve(ctx context.Context, spec Spec, o *rendezvous.Opened, inv *topology.Inventory, devices []topology.Device,
-	torch *Torchrun, backoff Backoff) (*Prepared, error) {
+	torch *Torchrun, backoff Backoff, cgMode cgroup.Mode) (*Prepared, error) {
 	// The user's own CUDA_VISIBLE_DEVICES narrows what `gangrun run` counts and hands
 	// out, as it narrows what torchrun's workers see; not a grant's or a job step's
 	// devices (checked against the grant in Prepare), nor Slurm's, which sets the
@@ -288,6 +311,7 @@ func resolve(ctx context.Context, spec Spec, o *rendezvous.Opened, inv *topology
 	if tf := topoFileOf(ranks); tf != "" {
 		nccl = append(nccl, "NCCL_TOPO_FILE="+tf)
 	}
+	confine := confinement(spec, o, inv, devices, ranks, cgMode)
 	if torch != nil {
 		ranks = nil // torchrun starts the workers: node-wide settings only
 	}
@@ -313,6 +337,7 @@ func resolve(ctx context.Context, spec Spec, o *rendezvous.Opened, inv *topology
 		// anything starts. The nodes of a job (Consul, Slurm) share one.
 		FreshLogDir: !o.Shared,
 		Notes:       notes,
+		Confine:     confine,
 		Env: EnvConfig{Base: environ, Extra: spec.Env, NCCL: nccl, CUDAVisibleDevices: visible,
 			Ranks: ranks, PerRankDevice: perRank, SocketIfname: socketIfname(spec)},
 		Stdout: spec.Stdout, Stderr: spec.Stderr, Log: spec.Log, Report: spec.Report,
@@ -325,6 +350,49 @@ func resolve(ctx context.Context, spec Spec, o *rendezvous.Opened, inv *topology
 		}
 	}
 	return &Prepared{Config: cfg, Opened: o, Inventory: inv}, nil
+}
+
+// confinement is the step's cgroup (Config.Confine): its cpuset is the union of the
+// ranks' CPU sets when every rank is bound, else every CPU gangrun may use; its
+// devices rules deny the node's GPUs the workers are not given. Under Slurm (the
+// coordinator sets the devices) and with --cgroup off there is none: Slurm's
+// task/cgroup confines its steps itself.
+func confinement(spec Spec, o *rendezvous.Opened, inv *topology.Inventory, devices []topology.Device,
+	ranks []topology.RankPlan, mode cgroup.Mode) Confinement {
+	c := Confinement{Mode: mode}
+	if mode == cgroup.Off {
+		return c
+	}
+	if o.SetsDevices && mode == cgroup.Auto {
+		c.Mode, c.Why = cgroup.Off, "no cgroup of gangrun's: the coordinator runs the step (Slurm's task/cgroup confines it)"
+		return c
+	}
+	var mine unix.CPUSet
+	allowed := func(cpu int) bool { return true }
+	if unix.SchedGetaffinity(0, &mine) == nil {
+		allowed = func(cpu int) bool { return cpu >= 0 && cpu < len(mine)*64 && mine.IsSet(cpu) }
+	}
+	union := map[int]bool{}
+	bound := len(ranks) > 0
+	for _, r := range ranks {
+		bound = bound && len(r.CPUs) > 0
+		for _, cpu := range r.CPUs {
+			if allowed(cpu) {
+				union[cpu] = true
+			}
+		}
+	}
+	if !bound || len(union) == 0 {
+		union = map[int]bool{}
+		for cpu := range len(mine) * 64 {
+			if mine.IsSet(cpu) {
+				union[cpu] = true
+			}
+		}
+	}
+	c.Limits = cgroup.Limits{CPUs: slices.Sorted(maps.Keys(union)), MemoryBytes: spec.Mem, PidsLimit: spec.PidsLimit,
+		Devices: cgroup.GPUDeviceRules(inv, devices)}
+	return c
 }
 
 // getenvOf is spec's Getenv, os.Getenv when it has none.

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/gangrun/gangrun/topology"
 )
 
@@ -143,4 +145,80 @@ func mergeEnv(a, b map[string]string) map[string]string {
 		m[k] = v
 	}
 	return m
+}
+
+// TestPrepareConfinement: the step's cgroup a spec gets from Prepare — a grant's other
+// GPUs denied by their minor numbers, the cpuset the union of the bound ranks' CPUs
+// that this process may use (else all it may use), --mem and --pids-limit as given,
+// none under --cgroup off — and the spec errors of --mem and --pids-limit.
+func TestPrepareConfinement(t *testing.T) {
+	h100 := loadInventory(t, "dgx-h100")
+	mine := ownCPUs(t)
+	p, err := Prepare(context.Background(), Spec{Command: []string{"/bin/true"}, Inventory: h100, NodeName: "a",
+		Devices: []string{"0", "5"}, Mem: 4 << 30, PidsLimit: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	c := p.Config.Confine
+	var denied []string
+	for _, r := range c.Limits.Devices {
+		denied = append(denied, r.String())
+	}
+	if c.Mode != "auto" || c.Limits.MemoryBytes != 4<<30 || c.Limits.PidsLimit != 100 ||
+		strings.Join(denied, ",") != "deny c 195:1 rwm,deny c 195:2 rwm,deny c 195:3 rwm,deny c 195:4 rwm,deny c 195:6 rwm,deny c 195:7 rwm" {
+		t.Errorf("confinement %+v, devices %v", c, denied)
+	}
+	// GPUs 0 and 5 sit on NUMA nodes 0 (CPUs 0-55,112-167) and 1 (56-111,168-223): the
+	// ranks' shares, narrowed to this process's CPUs; all of those when none is left.
+	var want []int
+	for _, cpu := range mine {
+		if cpu < 224 {
+			want = append(want, cpu)
+		}
+	}
+	if len(want) == 0 {
+		want = mine
+	}
+	if topology.FormatCPUList(c.Limits.CPUs) != topology.FormatCPUList(want) {
+		t.Errorf("cpuset %v, want %v", c.Limits.CPUs, want)
+	}
+	p2, err := Prepare(context.Background(), Spec{Command: []string{"/bin/true"}, Inventory: h100, NodeName: "a", Cgroup: "off"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p2.Close()
+	if p2.Config.Confine.Mode != "off" || len(p2.Config.Confine.Limits.CPUs) != 0 {
+		t.Errorf("--cgroup off: %+v", p2.Config.Confine)
+	}
+	for _, tc := range []struct {
+		spec Spec
+		want string
+	}{
+		{Spec{Cgroup: "yes"}, `--cgroup "yes": want off, auto or required`},
+		{Spec{Mem: -1}, "--mem -1 bytes: want 0 (no limit) to 1P"},
+		{Spec{Mem: 1 << 30, Cgroup: "off"}, "--mem 1G needs the step's cgroup, and --cgroup is off"},
+		{Spec{PidsLimit: 3}, "--pids-limit 3: a Python worker alone starts more threads than that"},
+	} {
+		tc.spec.Command, tc.spec.Inventory = []string{"/bin/true"}, h100
+		if _, err := Prepare(context.Background(), tc.spec); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: err %v, want %q", tc.spec, err, tc.want)
+		}
+	}
+}
+
+// ownCPUs returns the CPUs this process may run on.
+func ownCPUs(t *testing.T) []int {
+	t.Helper()
+	var set unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &set); err != nil {
+		t.Fatal(err)
+	}
+	var out []int
+	for cpu := range len(set) * 64 {
+		if set.IsSet(cpu) {
+			out = append(out, cpu)
+		}
+	}
+	return out
 }

@@ -13,12 +13,15 @@ package launcher
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -29,9 +32,11 @@ import (
 
 	"github.com/gangrun/gangrun/checkpoint"
 	"github.com/gangrun/gangrun/event"
+	"github.com/gangrun/gangrun/internal/cgroup"
 	"github.com/gangrun/gangrun/internal/proc"
 	"github.com/gangrun/gangrun/internal/userfile"
 	"github.com/gangrun/gangrun/rendezvous"
+	"github.com/gangrun/gangrun/topology"
 )
 
 // Defaults of `gangrun run` (docs/run.md, "Flags").
@@ -114,6 +119,8 @@ type Config struct {
 	// (no CPU binding and why, the NCCL_TOPO_FILE written), kept until the run starts
 	// so that a usage error stays one line.
 	Notes []string
+	// Confine is the step's cgroup: where its workers run and what holds them.
+	Confine Confinement
 	// Command is the training command: argv[0] is looked up on PATH.
 	Command []string
 	// Torchrun is Command parsed as a wrapped torchrun (Prepare sets it, having parsed
@@ -208,6 +215,21 @@ type Config struct {
 	Events event.Sink
 }
 
+// Confinement is the cgroup a step's workers run in (docs/run.md, "Confining the
+// step: cgroups"), Slurm's task/cgroup: Run creates it before the first attempt,
+// starts every worker and standby inside it, tells the guardian its directories, and
+// removes it when the run ends.
+type Confinement struct {
+	// Mode is --cgroup. Off creates none; Auto says once why when the node cannot
+	// (cgroup.Unusable) and runs unconfined; Required ends the run then, exit code 1.
+	Mode cgroup.Mode
+	// Why, when set, is the one line Run logs about running without a cgroup of its
+	// own (Prepare's reason: under Slurm's coordinator).
+	Why string
+	// Limits are the cgroup's cpuset, memory and pids limits and devices rules.
+	Limits cgroup.Limits
+}
+
 // Result is how a run ended.
 type Result struct {
 	// ExitCode is gangrun's exit code: 0 on success; the root-cause worker's code
@@ -254,6 +276,83 @@ type Supervisor struct {
 	// nextSpecs are the specs whose standbys are due WarmDelay after the attempt's start
 	// (nil: none due).
 	nextSpecs []workerSpec
+
+	cg      *cgroup.Step // the step's cgroup; nil when unconfined
+	oomBase uint64       // the cgroup's OOM kills when the current attempt started
+}
+
+// placement is where workers start: the step's cgroup, or nil (a nil *cgroup.Step in
+// the interface would not be nil).
+func (s *Supervisor) placement() proc.Placement {
+	if s.cg == nil {
+		return nil
+	}
+	return s.cg
+}
+
+// confine creates the step's cgroup (Config.Confine) and has the guardian remove it
+// should this process die; an error ends the run only under --cgroup required.
+func (s *Supervisor) confine() error {
+	c := s.cfg.Confine
+	if c.Why != "" {
+		s.log.Info(c.Why)
+	}
+	if c.Mode == "" || c.Mode == cgroup.Off {
+		return nil
+	}
+	job := safeName(s.cfg.JobID)
+	if len(job) > 64 {
+		job = job[:64] // a cgroup's name is a file name: at most 255 bytes
+	}
+	name := "gangrun-" + job + "-" + strconv.Itoa(os.Getpid()) + "-" + randomHex(3)
+	st, err := cgroup.New(name, c.Limits)
+	if err != nil {
+		if c.Mode == cgroup.Required {
+			return fmt.Errorf("--cgroup required: %w", err)
+		}
+		s.log.Info("running the step unconfined (--cgroup auto): " + err.Error())
+		return nil
+	}
+	s.cg = st
+	for _, d := range st.Dirs() {
+		if err := s.guard.RemoveCgroupOnDeath(d); err != nil {
+			s.log.Warn("guardian", zap.Error(err))
+		}
+	}
+	fields := []zap.Field{zap.String("cgroup", name), zap.Strings("controllers", st.Controllers()),
+		zap.String("cpus", topology.FormatCPUList(c.Limits.CPUs))}
+	if c.Limits.MemoryBytes > 0 {
+		fields = append(fields, zap.String("mem", cgroup.FormatMem(c.Limits.MemoryBytes)))
+	}
+	if c.Limits.PidsLimit > 0 {
+		fields = append(fields, zap.Int64("pids_limit", c.Limits.PidsLimit))
+	}
+	if n := len(c.Limits.Devices); n > 0 && slices.Contains(st.Controllers(), "devices") {
+		paths := make([]string, n)
+		for i, r := range c.Limits.Devices {
+			paths[i] = r.Path
+		}
+		fields = append(fields, zap.Strings("devices_denied", paths))
+	}
+	s.log.Info("step confined to its cgroup", fields...)
+	return nil
+}
+
+// unconfine removes the step's cgroup, killing what is left in it.
+func (s *Supervisor) unconfine() {
+	if s.cg == nil {
+		return
+	}
+	if err := s.cg.Delete(); err != nil {
+		s.log.Warn("remove the step's cgroup", zap.Error(err))
+	}
+}
+
+// randomHex returns n random bytes in hex.
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
 }
 
 // New validates cfg and returns a Supervisor that joins rounds of rdzv. Errors are the
@@ -438,6 +537,10 @@ func (s *Supervisor) Run(ctx context.Context) Result {
 			s.log.Warn("guardian", zap.Error(err))
 		}
 	}()
+	if err := s.confine(); err != nil {
+		return Result{ExitCode: 1, Err: err}
+	}
+	defer s.unconfine() // after the standbys and workers are gone, before the guardian
 	if s.cfg.LogDir == "" {
 		dir, err := os.MkdirTemp("", "gangrun-"+safeName(s.cfg.JobID)+"-")
 		if err != nil {
@@ -598,6 +701,9 @@ func (s *Supervisor) begin(ctx context.Context, at *attempt, res *Result) (Group
 	s.log.Info("starting workers", fields...)
 	at.started = time.Now()
 	s.started = at.started
+	if s.cg != nil {
+		s.oomBase = s.cg.OOMKills()
+	}
 	if s.timer != nil {
 		s.timer.reset()
 	}
@@ -1069,7 +1175,7 @@ func (s *Supervisor) specs(a rendezvous.Assignment) ([]workerSpec, error) {
 			env:    TorchrunEnv(s.cfg.Env, a, errFile),
 			prefix: "[node" + strconv.Itoa(a.NodeRank) + "]: ",
 			base:   base, rel: []string{attempt, node},
-			dir: dir, errorFile: errFile, logFiles: s.cfg.LogDir != "",
+			dir: dir, errorFile: errFile, logFiles: s.cfg.LogDir != "", place: s.placement(),
 		}}, nil
 	}
 	specs := make([]workerSpec, 0, a.LocalWorldSize)
@@ -1097,7 +1203,7 @@ func (s *Supervisor) specs(a rendezvous.Assignment) ([]workerSpec, error) {
 			cpus = s.cfg.Env.Ranks[lr].CPUs
 		}
 		specs = append(specs, workerSpec{
-			localRank: lr, rank: rank, argv: argv, cpus: cpus,
+			localRank: lr, rank: rank, argv: argv, cpus: cpus, place: s.placement(),
 			env:    env,
 			prefix: rankPrefix(rank), base: base, rel: []string{attempt, rankDir},
 			dir: dir, errorFile: errFile, logFiles: s.cfg.LogDir != "",
@@ -1115,7 +1221,20 @@ func (s *Supervisor) failureOf(a rendezvous.Assignment, w *worker) *rendezvous.F
 	if r, ok := ReadErrorFile(w.spec.errorFile); ok {
 		f.Message = r.FirstLine()
 	}
+	if w.status.Signal == syscall.SIGKILL && s.cg != nil && s.cg.OOMKills() > s.oomBase {
+		f.Reason = s.oomReason(w.status)
+	}
 	return f
+}
+
+// oomReason is the root cause of a worker the kernel's OOM killer killed in the
+// step's cgroup.
+func (s *Supervisor) oomReason(st proc.ExitStatus) string {
+	limit := "no --mem: a parent cgroup's limit or the node's"
+	if m := s.cfg.Confine.Limits.MemoryBytes; m > 0 {
+		limit = "--mem " + cgroup.FormatMem(m)
+	}
+	return fmt.Sprintf("out of memory in its cgroup (%s): the kernel's OOM killer sent %s", limit, st)
 }
 
 // report prints the root cause of a failed attempt: one log line, and a block with

@@ -177,7 +177,7 @@ func (s *Supervisor) startStandby(spec workerSpec, pc pythonCommand) (*standby, 
 		return nil, errors.New("output pipes")
 	}
 	cmd.Stdout, cmd.Stderr = childEnds[0], childEnds[1]
-	p, err := proc.Start(cmd)
+	p, _, err := proc.StartPlaced(cmd, nil, s.placement()) // in the step's cgroup, unbound
 	if err != nil {
 		closeAll()
 		return nil, err

@@ -3,9 +3,12 @@ package main
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
+
+	"github.com/gangrun/gangrun/internal/cgroup"
 )
 
 // Bounds of the duration flags. time.ParseDuration takes up to 2562047h (292 years) and
@@ -114,3 +117,32 @@ func flagValueError(err error) (msg string, ok bool) {
 	}
 	return fmt.Sprintf("--%s %q: %s", ive.GetFlag().Name, ive.GetValue(), cause), true
 }
+
+// memFlag is --mem: a size in Slurm's --mem syntax (cgroup.ParseMem), held in bytes.
+type memFlag struct{ p *int64 }
+
+// memVar registers a --mem flag on fs.
+func memVar(fs *pflag.FlagSet, p *int64, usage string) { fs.Var(&memFlag{p}, "mem", usage) }
+
+// Set parses s (cgroup.ParseMem); its error is what flagValueError words as
+// `--mem "s": what is wanted`.
+func (m *memFlag) Set(s string) error {
+	n, err := cgroup.ParseMem(s)
+	if err != nil {
+		_, why, _ := strings.Cut(err.Error(), ": ")
+		return errors.New(why)
+	}
+	*m.p = n
+	return nil
+}
+
+// String returns the value as --mem takes it ("4G", "0").
+func (m *memFlag) String() string {
+	if m.p == nil {
+		return "0"
+	}
+	return cgroup.FormatMem(*m.p)
+}
+
+// Type names the value in --help.
+func (m *memFlag) Type() string { return "size" }

@@ -37,6 +37,7 @@ type submitFlags struct {
 	priority, spares, maxRestarts                                                  int
 	gpus                                                                           string
 	termTimeout                                                                    time.Duration
+	mem                                                                            int64
 	env                                                                            []string
 	asJSON                                                                         bool
 	consul                                                                         *string
@@ -60,6 +61,7 @@ func (f *submitFlags) register(fs *pflag.FlagSet) {
 		"SIGTERM to SIGKILL grace when the job is stopped (at most 24h)")
 	fs.StringVar(&f.output, "output", job.DefaultOutput, "output file pattern (%j job id, %x name, %n node, %u user), relative to the submit directory")
 	fs.StringArrayVar(&f.env, "env", nil, "extra worker environment KEY=VAL (repeatable)")
+	memVar(fs, &f.mem, "memory limit per node (the step's cgroup), Slurm's --mem syntax: 4G, 500M, 1024 (megabytes); 0 is none")
 	fs.StringVar(&f.dependency, "dependency", "", "wait for other jobs: afterok:ID[:ID...], afterany:, afternotok:, after: (started), singleton; comma-separated, all must hold")
 	fs.StringVar(&f.array, "array", "", fmt.Sprintf("a job array: indices 0-15, 1,3,5-7 or 0-15:2 (0 to %d), %%N caps the tasks running at once", job.MaxArraySize-1))
 	fs.BoolVar(&f.asJSON, "json", false, `print {"id"} ({"id", "tasks"} for an array)`)
@@ -203,7 +205,7 @@ func (f *submitFlags) spec(command []string, script, name string) (job.Spec, err
 	spec := job.Spec{Name: f.name, User: submitter, Account: f.account, Partition: f.partition,
 		MinNodes: lo, MaxNodes: hi, GPUsPerNode: gpus, GPUModel: model, MIGProfile: profile, Priority: f.priority, TimeLimit: limit,
 		Signal: sig, SignalBefore: before, SpareNodes: f.spares, CheckpointDir: f.checkpointDir,
-		MaxRestarts: f.maxRestarts, TermTimeout: f.termTimeout, Output: f.output, Env: env,
+		MaxRestarts: f.maxRestarts, TermTimeout: f.termTimeout, Output: f.output, Env: env, Mem: f.mem,
 		Command: command, Script: script, WorkDir: wd, Dependency: deps}
 	if spec.Name == "" {
 		spec.Name = name

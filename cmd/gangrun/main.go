@@ -21,6 +21,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/gangrun/gangrun/internal/cgroup"
 	"github.com/gangrun/gangrun/internal/proc"
 )
 
@@ -168,7 +169,7 @@ func dispatch(ctx context.Context, e *env, args []string) int {
 		return runStep(ctx, e, args[1:])
 	}
 	if args[0] == guardianCommand {
-		if err := proc.RunGuardian(os.Stdin, e.stderr); err != nil {
+		if err := proc.RunGuardianWith(os.Stdin, e.stderr, proc.GuardianHooks{RemoveCgroup: cgroup.RemoveDir}); err != nil {
 			fmt.Fprintf(e.stderr, "gangrun guardian: %v\n", err)
 			return exitFailure
 		}

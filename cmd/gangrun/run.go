@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/gangrun/gangrun/allocator"
+	"github.com/gangrun/gangrun/internal/cgroup"
 	"github.com/gangrun/gangrun/internal/store"
 	"github.com/gangrun/gangrun/launcher"
 )
@@ -31,6 +32,9 @@ type gangFlags struct {
 	env           []string
 	cpuBind       string
 	ncclTopo      string
+	cgroup        string
+	mem           int64
+	pidsLimit     int64
 	termTimeout   time.Duration
 	logFormat     string
 	nprocGiven    bool // --nproc-per-node was on the command line
@@ -49,6 +53,9 @@ func (g *gangFlags) register(fs *pflag.FlagSet) {
 	fs.StringArrayVar(&g.env, "env", nil, "extra worker environment KEY=VAL (repeatable)")
 	fs.StringVar(&g.cpuBind, "cpu-bind", "numa", "bind each worker to its GPU's NUMA node CPUs, shared fairly (numa), or not at all (none)")
 	fs.StringVar(&g.ncclTopo, "nccl-topo", "auto", "set NCCL_TOPO_FILE from the probed topology: auto (when the PCIe tree is flat, as in a VM), always or never")
+	fs.StringVar(&g.cgroup, "cgroup", "auto", "confine the step to a cgroup of its own (cpuset, --mem, --pids-limit, GPU devices): auto (when the node allows it), required or off")
+	memVar(fs, &g.mem, "the step's memory limit on this node, Slurm's --mem syntax: 4G, 500M, 1024 (megabytes); 0 is none")
+	fs.Int64Var(&g.pidsLimit, "pids-limit", cgroup.DefaultPidsLimit, "most processes and threads the step may have on this node at once (its cgroup's pids.max); 0 is none")
 	durationVar(fs, &g.termTimeout, "term-timeout", launcher.DefaultTermTimeout, durationFlag{max: maxGrace},
 		"SIGTERM to SIGKILL grace when stopping workers (at most 24h)")
 	fs.StringVar(&g.logFormat, "log-format", "text", "gangrun's own log lines: text or json")
@@ -138,7 +145,8 @@ func (g *gangFlags) spec(e *env, command []string, log *zap.Logger) launcher.Spe
 	return launcher.Spec{
 		Command: command, NProcPerNode: g.nproc, NProcGiven: g.nprocGiven, NNodes: g.nnodes, NNodesGiven: g.nnodesGiven,
 		Coordinator: g.coordinator, JobID: g.jobID, NodeName: g.nodeName, AdvertiseAddr: g.advertiseAddr,
-		MasterPort: g.masterPort, TopologyFile: g.topologyFile, Env: g.env, CPUBind: g.cpuBind, NCCLTopo: g.ncclTopo, Getenv: e.getenv, TermTimeout: g.termTimeout,
+		MasterPort: g.masterPort, TopologyFile: g.topologyFile, Env: g.env, CPUBind: g.cpuBind, NCCLTopo: g.ncclTopo,
+		Cgroup: g.cgroup, Mem: g.mem, PidsLimit: g.pidsLimit, Getenv: e.getenv, TermTimeout: g.termTimeout,
 		Stdout: e.stdout, Stderr: e.stderr, Report: e.stderr, Log: log, GuardianArgv: guardian, Signals: e.signals,
 	}
 }

@@ -7,6 +7,14 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// Placement puts the thread that forks a process somewhere its child inherits (a
+// cgroup) for the moment of the fork: Enter moves thread tid of this process there,
+// Leave moves it back. cgroup.Step implements it.
+type Placement interface {
+	Enter(tid int) error
+	Leave(tid int) error
+}
+
 // StartBound is Start with the process bound to cpus (sched_setaffinity) from its
 // first instruction: the calling goroutine is locked to its OS thread, which takes the
 // CPU set for the moment of the fork (a child inherits its forking thread's affinity)
@@ -19,6 +27,54 @@ import (
 // The thread is never left to exit while locked: a parent-death signal fires when the
 // thread that forked the child exits, so the goroutine unlocks it again.
 func StartBound(cmd *exec.Cmd, cpus []int) (p *Process, bound []int, err error) {
+	return startBound(cmd, cpus)
+}
+
+// StartPlaced is StartBound with the process also started inside place (a step's
+// cgroup), from its first instruction (InPlacement). An error entering place starts
+// nothing. A nil place is StartBound.
+func StartPlaced(cmd *exec.Cmd, cpus []int, place Placement) (p *Process, bound []int, err error) {
+	if place == nil {
+		return StartBound(cmd, cpus)
+	}
+	err = InPlacement(place, func() error {
+		var serr error
+		p, bound, serr = startBound(cmd, cpus)
+		return serr
+	})
+	return p, bound, err
+}
+
+// InPlacement runs fn on a thread of its own that has entered place (a step's cgroup):
+// the processes fn starts (Start, StartBound) begin there, as a child inherits its
+// forking thread's cgroups. The thread leaves place after fn, and gets back its CPU
+// affinity, which a cpuset move resets; an error entering place runs nothing. The
+// thread stays locked to fn's goroutine throughout, so the Go runtime starts no
+// thread of its own from it (a locked thread's state is not inherited: newm goes
+// through its template thread).
+func InPlacement(place Placement, fn func() error) error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var old unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &old); err != nil {
+		return err
+	}
+	tid := unix.Gettid()
+	if err := place.Enter(tid); err != nil {
+		_ = unix.SchedSetaffinity(0, &old)
+		return err
+	}
+	defer func() {
+		// Moving back into the cgroups this thread came from cannot fail short of
+		// someone removing them; it would then stay in the step's until its end.
+		_ = place.Leave(tid)
+		_ = unix.SchedSetaffinity(0, &old)
+	}()
+	return fn()
+}
+
+// startBound is StartBound's work.
+func startBound(cmd *exec.Cmd, cpus []int) (p *Process, bound []int, err error) {
 	if len(cpus) == 0 {
 		p, err = Start(cmd)
 		return p, nil, err

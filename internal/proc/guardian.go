@@ -34,10 +34,11 @@ import (
 //
 // The protocol is one line per event on the guardian's stdin: "+PGID" registers a group,
 // "-PGID" forgets one, "dPATH" names a scratch directory to remove if the supervisor
-// dies, "kNS" sets the kill time to NS nanoseconds on CLOCK_MONOTONIC (shared by every
+// dies, "cPATH" a step's cgroup directory to empty and remove then (GuardianHooks), "kNS" sets the kill time to NS nanoseconds on CLOCK_MONOTONIC (shared by every
 // process of the machine; "k0" clears it), "q" means a clean shutdown. End of input
 // without "q" means the supervisor died: the guardian kills every group still
-// registered, removes the scratch directories, and exits.
+// registered, removes the step's cgroups (killing what is left in them) and the
+// scratch directories, and exits.
 type Guardian struct {
 	mu  sync.Mutex
 	w   *os.File
@@ -128,6 +129,17 @@ func (g *Guardian) RemoveOnDeath(dir string) error {
 	return g.send("d" + dir)
 }
 
+// RemoveCgroupOnDeath has the guardian remove dir, a step's cgroup directory, if the
+// supervisor dies without a clean shutdown: what is still in it is SIGKILLed first
+// (GuardianHooks.RemoveCgroup). dir must be absolute and hold no newline. A nil
+// Guardian ignores the call.
+func (g *Guardian) RemoveCgroupOnDeath(dir string) error {
+	if !filepath.IsAbs(dir) || strings.ContainsAny(dir, "\n") {
+		return fmt.Errorf("guardian: cgroup dir %q: want an absolute path on one line", dir)
+	}
+	return g.send("c" + dir)
+}
+
 // Pid returns the guardian process's pid; 0 for a nil Guardian.
 func (g *Guardian) Pid() int {
 	if g == nil {
@@ -161,6 +173,19 @@ func (g *Guardian) Close() error {
 // time passes (reporting it on log). SIGINT, SIGTERM and SIGHUP are ignored so that a
 // signal meant for the supervisor's terminal or job cannot end the guardian first.
 func RunGuardian(r io.Reader, log io.Writer) error {
+	return RunGuardianWith(r, log, GuardianHooks{})
+}
+
+// GuardianHooks are what the guardian calls for work outside this package.
+type GuardianHooks struct {
+	// RemoveCgroup empties (SIGKILL) and removes a step's cgroup directory
+	// (cgroup.RemoveDir); nil leaves the directories named by "c" lines alone.
+	RemoveCgroup func(dir string) error
+}
+
+// RunGuardianWith is RunGuardian with hooks: on end of input without "q" it also
+// removes the cgroup directories registered with "c" lines, after killing the groups.
+func RunGuardianWith(r io.Reader, log io.Writer, hooks GuardianHooks) error {
 	signal.Ignore(syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	lines := make(chan string)
 	go func() {
@@ -171,7 +196,7 @@ func RunGuardian(r io.Reader, log io.Writer) error {
 		}
 	}()
 	groups := map[int]bool{}
-	var dirs []string
+	var dirs, cgroupDirs []string
 	var killAt int64 // CLOCK_MONOTONIC ns; 0: none
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
@@ -188,6 +213,14 @@ func RunGuardian(r io.Reader, log io.Writer) error {
 				for pgid := range groups {
 					_ = unix.Kill(-pgid, unix.SIGKILL)
 				}
+				for _, d := range cgroupDirs {
+					if hooks.RemoveCgroup == nil {
+						break
+					}
+					if err := hooks.RemoveCgroup(d); err != nil && log != nil {
+						fmt.Fprintf(log, "gangrun guardian: %v\n", err)
+					}
+				}
 				for _, d := range dirs {
 					_ = os.RemoveAll(d)
 				}
@@ -198,6 +231,8 @@ func RunGuardian(r io.Reader, log io.Writer) error {
 				return nil
 			case strings.HasPrefix(line, "d/"):
 				dirs = append(dirs, line[1:])
+			case strings.HasPrefix(line, "c/"):
+				cgroupDirs = append(cgroupDirs, line[1:])
 			case strings.HasPrefix(line, "k"):
 				if ns, err := strconv.ParseInt(line[1:], 10, 64); err == nil && ns >= 0 {
 					killAt = ns

@@ -1,0 +1,266 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gangrun/gangrun/job"
+)
+
+// cgroupReport is what a worker prints about its step's cgroup (see cgroupWorker):
+// its cgroup path in each controller, its CPUs, and the limits read from inside.
+const cgroupWorker = `for c in cpuset memory pids devices; do echo "cg $c $(grep -E "^[0-9]+:$c:" /proc/self/cgroup | cut -d: -f3)"; done
+grep Cpus_allowed_list /proc/self/status
+p=$(grep -E '^[0-9]+:pids:' /proc/self/cgroup | cut -d: -f3); echo "pids.max $(cat /sys/fs/cgroup/pids$p/pids.max)"
+m=$(grep -E '^[0-9]+:memory:' /proc/self/cgroup | cut -d: -f3); echo "memory.limit $(cat /sys/fs/cgroup/memory$m/memory.limit_in_bytes)"
+`
+
+var cgroupLineRE = regexp.MustCompile(`\[rank(\d)\]: (cg (\S+) (\S+)|Cpus_allowed_list:\s*(\S+)|pids.max (\S+)|memory.limit (\S+))`)
+
+// workerCgroups parses the workers' reports: rank → controller → path, and rank →
+// "cpus", "pids.max", "memory.limit" → value.
+func workerCgroups(out string) (paths map[string]map[string]string, vals map[string]map[string]string) {
+	paths, vals = map[string]map[string]string{}, map[string]map[string]string{}
+	for _, m := range cgroupLineRE.FindAllStringSubmatch(out, -1) {
+		r := m[1]
+		if paths[r] == nil {
+			paths[r], vals[r] = map[string]string{}, map[string]string{}
+		}
+		switch {
+		case m[3] != "":
+			paths[r][m[3]] = m[4]
+		case m[5] != "":
+			vals[r]["cpus"] = m[5]
+		case m[6] != "":
+			vals[r]["pids.max"] = m[6]
+		case m[7] != "":
+			vals[r]["memory.limit"] = m[7]
+		}
+	}
+	return paths, vals
+}
+
+// assertCgroupGone fails the test unless every directory of the step cgroup whose
+// paths the workers reported is gone (waiting up to 30 s, for the guardian).
+func assertCgroupGone(t *testing.T, paths map[string]string) {
+	t.Helper()
+	if len(paths) == 0 {
+		t.Fatal("no cgroup paths reported")
+	}
+	var left []string
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		left = nil
+		for c, p := range paths {
+			d := filepath.Join("/sys/fs/cgroup", c, p)
+			if _, err := os.Lstat(d); !errors.Is(err, os.ErrNotExist) {
+				left = append(left, d)
+			}
+		}
+		if len(left) == 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if len(left) > 0 {
+		t.Errorf("cgroups left behind: %v", left)
+	}
+}
+
+// TestRunConfinesWorkersToACgroup runs two workers on an inventory shaped like this
+// machine (one CPU each) and reads from inside each worker its cgroup in every
+// controller (/proc/self/cgroup), its CPUs (Cpus_allowed_list) and the step's
+// limits: both workers are in the one step cgroup the log names, bound to their own
+// CPU within its cpuset, under --pids-limit and --mem; the cgroup is gone after the
+// run.
+func TestRunConfinesWorkersToACgroup(t *testing.T) {
+	var allowed unixCPUs
+	if !allowed.twoOrMore() {
+		t.Fatal("needs CPUs 0 and 1 (the development VM has them)")
+	}
+	mark := testMark(t)
+	res := runGangrun(t, []string{mark}, "run", "--topology-file", twoCPUInventory(t), "--nproc-per-node", "2",
+		"--cgroup", "required", "--mem", "256M", "--pids-limit", "100", "--", "sh", "-c", cgroupWorker)
+	if res.code != 0 {
+		t.Fatalf("exit %d\n%s\n%s", res.code, res.stdout, res.stderr)
+	}
+	name := regexp.MustCompile(`step confined to its cgroup\s+\{"cgroup": "(gangrun-[^"]+)", "controllers": \["cpuset", "memory", "pids", "devices"\], "cpus": "0-1", "mem": "256M", "pids_limit": 100`).FindStringSubmatch(res.stderr)
+	if name == nil {
+		t.Fatalf("no log line naming the step's cgroup, its controllers and limits:\n%s", res.stderr)
+	}
+	paths, vals := workerCgroups(res.stdout)
+	for _, r := range []string{"0", "1"} {
+		for _, c := range []string{"cpuset", "memory", "pids", "devices"} {
+			if filepath.Base(paths[r][c]) != name[1] {
+				t.Errorf("rank %s: %s cgroup %q, want .../%s", r, c, paths[r][c], name[1])
+			}
+		}
+		if vals[r]["pids.max"] != "100" || vals[r]["memory.limit"] != "268435456" {
+			t.Errorf("rank %s: pids.max %q, memory.limit_in_bytes %q; want 100 and 268435456", r, vals[r]["pids.max"], vals[r]["memory.limit"])
+		}
+		if vals[r]["cpus"] != r {
+			t.Errorf("rank %s: Cpus_allowed_list %q, want %s (its share of the step's cpuset 0-1)", r, vals[r]["cpus"], r)
+		}
+	}
+	assertCgroupGone(t, paths["0"])
+}
+
+// TestRunOutOfMemoryInItsCgroup: a worker allocating past --mem is killed by the
+// kernel in the step's cgroup, and the failure names the cause, in the log line and
+// in the root-cause report; no restart is left, so gangrun exits 137, and the cgroup
+// is gone.
+func TestRunOutOfMemoryInItsCgroup(t *testing.T) {
+	mark := testMark(t)
+	py := python(t)
+	worker := `for c in cpuset memory pids devices; do echo "cg $c $(grep -E "^[0-9]+:$c:" /proc/self/cgroup | cut -d: -f3)"; done
+if [ "$RANK" = 1 ]; then exec ` + py + ` -c "b = [b'x' * (16 << 20) for _ in range(32)]"; fi; sleep 30`
+	res := runGangrun(t, []string{mark}, "run", "--nproc-per-node", "2", "--mem", "64M", "--max-restarts", "0", "--", "sh", "-c", worker)
+	if res.code != 137 {
+		t.Fatalf("exit %d, want 137 (the OOM killer's SIGKILL)\n%s\n%s", res.code, res.stdout, res.stderr)
+	}
+	want := "out of memory in its cgroup (--mem 64M): the kernel's OOM killer sent signal SIGKILL (9)"
+	if !strings.Contains(res.stderr, `"reason": "`+want+`"`) || !strings.Contains(res.stderr, "  status:  "+want+"\n") {
+		t.Errorf("the failure does not name the cause %q in the log and the report:\n%s", want, res.stderr)
+	}
+	if !strings.Contains(res.stderr, `"rank": 1`) {
+		t.Errorf("the root cause is not rank 1:\n%s", res.stderr)
+	}
+	paths, _ := workerCgroups(res.stdout)
+	assertCgroupGone(t, paths["0"])
+}
+
+// TestRunSIGKILLRemovesItsCgroup: when gangrun is SIGKILLed, its guardian kills
+// everything left in the step's cgroup — a process that left its worker's process
+// group (setsid) too — and removes the cgroup.
+func TestRunSIGKILLRemovesItsCgroup(t *testing.T) {
+	mark := testMark(t)
+	dir := t.TempDir()
+	var out bytes.Buffer
+	cmd := exec.Command(gangrunBin, "run", "--nproc-per-node", "2", "--", "/bin/sh", "-c",
+		cgroupWorker+`setsid sleep 300 & sleep 300 & touch `+dir+`/ready-$RANK; wait`)
+	cmd.Env = append(os.Environ(), mark)
+	cmd.Stdout, cmd.Stderr = &out, io.Discard
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitForFiles(t, dir, "ready-0", "ready-1")
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	paths, _ := workerCgroups(out.String())
+	if len(paths["1"]) != 4 {
+		t.Fatalf("the workers did not report their cgroups:\n%s", out.String())
+	}
+	assertCgroupGone(t, paths["0"])
+	// testMark's cleanup asserts that nothing carrying the mark is left: the setsid
+	// sleeps were in the cgroup, and the guardian killed them.
+}
+
+// TestRunCgroupAutoWithoutPermission: run as an unprivileged user, who may not create
+// cgroups here, --cgroup auto (the default) says why once and runs the step
+// unconfined; --cgroup required refuses to run it, in one line, exit 1.
+func TestRunCgroupAutoWithoutPermission(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("runs as root (to run gangrun as nobody)")
+	}
+	dir, err := os.MkdirTemp("", "gangrun-nobody-") // nobody must reach it: not below t.TempDir's 0700
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "gangrun")
+	data, err := os.ReadFile(gangrunBin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	mark := testMark(t)
+	run := func(mode string) (string, int) {
+		cmd := exec.Command(bin, "run", "--cgroup", mode, "--", "sh", "-c", `grep -E '^[0-9]+:pids:' /proc/self/cgroup`)
+		cmd.Dir = dir
+		cmd.Env = append(os.Environ(), mark, "TMPDIR="+dir, "HOME="+dir)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+		var b bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &b, &b
+		err := cmd.Run()
+		var ee *exec.ExitError
+		if err != nil && !errors.As(err, &ee) {
+			t.Fatal(err)
+		}
+		return b.String(), cmd.ProcessState.ExitCode()
+	}
+	out, code := run("auto")
+	why := "running the step unconfined (--cgroup auto): cgroups cannot be used: gangrun runs as uid 65534, and only root may create cgroups here"
+	if code != 0 || strings.Count(out, why) != 1 || !strings.Contains(out, "[rank0]: ") || strings.Contains(out, "gangrun-gr-") {
+		t.Errorf("--cgroup auto as nobody: exit %d, want 0, the reason once and the worker in gangrun's own cgroup:\n%s", code, out)
+	}
+	out, code = run("required")
+	if code != 1 || !strings.Contains(out, "--cgroup required: cgroups cannot be used: gangrun runs as uid 65534") || strings.Contains(out, "[rank0]") {
+		t.Errorf("--cgroup required as nobody: exit %d, want 1 naming why, no worker:\n%s", code, out)
+	}
+}
+
+// TestCgroupFlagErrors: bad --cgroup, --mem and --pids-limit values are one-line usage
+// errors naming the value (exit 2), nothing started.
+func TestCgroupFlagErrors(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"run", "--cgroup", "on", "--", "true"}, `gangrun run: --cgroup "on": want off, auto or required`},
+		{[]string{"run", "--mem", "4GB", "--", "true"}, `gangrun run: --mem "4GB": want a size such as 4G, 500M or 1024 (megabytes), or 0 for no limit`},
+		{[]string{"run", "--mem", "-1", "--", "true"}, `gangrun run: --mem "-1": want a size such as 4G, 500M or 1024 (megabytes), or 0 for no limit`},
+		{[]string{"run", "--mem", "2000T", "--", "true"}, `gangrun run: --mem "2000T": want at most 1P per node`},
+		{[]string{"run", "--mem", "1G", "--cgroup", "off", "--", "true"}, `gangrun run: --mem 1G needs the step's cgroup, and --cgroup is off`},
+		{[]string{"run", "--pids-limit", "5", "--", "true"}, `gangrun run: --pids-limit 5: a Python worker alone starts more threads than that; want 0 (no limit) or at least 16`},
+		{[]string{"run", "--pids-limit=-1", "--", "true"}, `gangrun run: --pids-limit -1: want 0 (no limit) or more`},
+		{[]string{"submit", "--consul", "127.0.0.1:1", "--mem", "lots", "--", "true"}, `gangrun submit: --mem "lots": want a size such as 4G, 500M or 1024 (megabytes), or 0 for no limit`},
+	} {
+		_, stderr, code := runCLI(t, c.args...)
+		if code != exitUsage || strings.TrimSpace(stderr) != c.want {
+			t.Errorf("%v: exit %d, stderr %q; want 2, %q", c.args, code, stderr, c.want)
+		}
+	}
+}
+
+// TestJobOutOfMemoryIsItsRootCause: a cluster job submitted with --mem whose worker
+// allocates past it fails with the cause in its record ("out of memory in its
+// cgroup"), and its step's cgroup is gone.
+func TestJobOutOfMemoryIsItsRootCause(t *testing.T) {
+	c := startJobCluster(t, "gpu-a")
+	py := python(t)
+	dir := t.TempDir()
+	t.Chdir(dir)
+	id := c.submit("--nodes", "1", "--gpus-per-node", "2", "--mem", "64M", "--max-restarts", "0", "--", "sh", "-c",
+		`for c in cpuset memory pids devices; do echo "cg $c $(grep -E "^[0-9]+:$c:" /proc/self/cgroup | cut -d: -f3)"; done
+if [ "$RANK" = 1 ]; then exec `+py+` -c "b = [b'x' * (16 << 20) for _ in range(32)]"; fi; sleep 30`)
+	m := c.waitState(id, job.Failed, 2*time.Minute)
+	want := "rank 1 on gpu-a: out of memory in its cgroup (--mem 64M): the kernel's OOM killer sent signal SIGKILL (9)"
+	if m["reason"] != want || m["exit_code"] != float64(137) {
+		t.Errorf("reason %q, exit code %v; want %q, 137", m["reason"], m["exit_code"], want)
+	}
+	out, err := os.ReadFile(filepath.Join(dir, "gangrun-"+id+".out"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(out, []byte(`"mem": "64M"`)) {
+		t.Errorf("the step's output does not show its cgroup's memory limit:\n%s", out)
+	}
+	paths, _ := workerCgroups(string(out))
+	assertCgroupGone(t, paths["0"])
+}
