@@ -32,6 +32,7 @@ type workerSpec struct {
 	errorFile string         // TORCHELASTIC_ERROR_FILE, already in env
 	logFiles  bool           // write stdout.log / stderr.log into dir
 	cpus      []int          // CPUs to bind the worker to (proc.StartBound); nil: unbound
+	mem       proc.MemPolicy // its NUMA memory policy; no nodes: the default
 	place     proc.Placement // the step's cgroup to start it in; nil: none
 }
 
@@ -44,6 +45,9 @@ type worker struct {
 	pumps   sync.WaitGroup
 	targets [2]*pumpTarget // a standby's pumps' targets, set when it becomes this worker
 	warm    bool           // started from a standby
+
+	// memRefused: the worker was to start under spec.mem, and the kernel refused it.
+	memRefused bool
 
 	exited   bool
 	status   proc.ExitStatus
@@ -155,7 +159,8 @@ func startWorker(s workerSpec, console, consoleErr *lineWriter, act *activity, w
 		childEnds = append(childEnds, wr)
 	}
 	cmd.Stdout, cmd.Stderr = childEnds[0], childEnds[1]
-	p, _, err := proc.StartPlaced(cmd, s.cpus, s.place)
+	p, _, memBound, err := proc.StartPlacedMem(cmd, s.cpus, s.mem, s.place)
+	w.memRefused = err == nil && len(s.mem.Nodes) > 0 && !memBound
 	for _, f := range childEnds {
 		f.Close()
 	}

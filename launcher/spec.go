@@ -63,9 +63,10 @@ type Spec struct {
 	// outside the grant is an error.
 	Grant string
 	// CPUBind is --cpu-bind (topology.ParseCPUBind: "numa", the default, or "none");
-	// NCCLTopo is --nccl-topo (topology.ParseNCCLTopo: "auto", the default, "always"
-	// or "never").
-	CPUBind, NCCLTopo string
+	// MemBind is --mem-bind (topology.ParseMemBind: "local", the default, "strict" or
+	// "none"); NCCLTopo is --nccl-topo (topology.ParseNCCLTopo: "auto", the default,
+	// "always" or "never").
+	CPUBind, MemBind, NCCLTopo string
 	// Cgroup is --cgroup (cgroup.ParseMode: "auto", the default, "off" or "required");
 	// Mem is --mem, the step's memory limit on this node in bytes (0: none; parsed by
 	// cgroup.ParseMem); PidsLimit is --pids-limit (0: none; the CLI's default is
@@ -156,6 +157,9 @@ func Prepare(ctx context.Context, spec Spec) (*Prepared, error) {
 		return nil, err
 	}
 	if _, err := topology.ParseCPUBind(spec.CPUBind); err != nil {
+		return nil, err
+	}
+	if _, err := topology.ParseMemBind(spec.MemBind); err != nil {
 		return nil, err
 	}
 	if _, err := topology.ParseNCCLTopo(spec.NCCLTopo); err != nil {
@@ -492,6 +496,7 @@ func chosenDevices(inv *topology.Inventory, devices []topology.Device, granted b
 func planRanks(spec Spec, o *rendezvous.Opened, inv *topology.Inventory, devices []topology.Device, nproc int,
 	torchrun, chosen bool) (ranks []topology.RankPlan, perRank bool, notes []string, err error) {
 	bind, _ := topology.ParseCPUBind(spec.CPUBind)
+	memBind, _ := topology.ParseMemBind(spec.MemBind)
 	mode, _ := topology.ParseNCCLTopo(spec.NCCLTopo)
 	perRank = chosen && topology.HasMIG(devices)
 	if perRank && nproc > len(devices) {
@@ -519,7 +524,7 @@ func planRanks(spec Spec, o *rendezvous.Opened, inv *topology.Inventory, devices
 			notes = append(notes, fmt.Sprintf("workers get NCCL_TOPO_FILE=%s (flat PCIe tree: %v)", topoFile, inv.FlatPCIe()))
 		}
 	}
-	ranks, pn := inv.PlanRanks(topology.PlanOptions{Devices: devices, NProc: nproc, CPUBind: bind, TopoFile: topoFile})
+	ranks, pn := inv.PlanRanks(topology.PlanOptions{Devices: devices, NProc: nproc, CPUBind: bind, MemBind: memBind, TopoFile: topoFile})
 	return ranks, perRank, append(notes, pn...), nil
 }
 

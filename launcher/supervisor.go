@@ -276,6 +276,8 @@ type Supervisor struct {
 	// nextSpecs are the specs whose standbys are due WarmDelay after the attempt's start
 	// (nil: none due).
 	nextSpecs []workerSpec
+	// memRefusedTold: the log said once that a worker's memory policy was refused.
+	memRefusedTold bool
 
 	cg      *cgroup.Step // the step's cgroup; nil when unconfined
 	oomBase uint64       // the cgroup's OOM kills when the current attempt started
@@ -729,6 +731,13 @@ func (s *Supervisor) begin(ctx context.Context, at *attempt, res *Result) (Group
 	}
 	at.g = g
 	res.Attempts++
+	for _, w := range g.workers {
+		if w.memRefused && !s.memRefusedTold {
+			s.memRefusedTold = true
+			s.log.Info("no memory binding: the kernel refused the NUMA node of the workers' GPUs (a node this machine lacks, or one outside gangrun's cpuset)",
+				zap.Int("rank", w.spec.rank), zap.Ints("numa_nodes", w.spec.mem.Nodes))
+		}
+	}
 	if s.warmDir != "" {
 		s.log.Info("workers started", zap.Int("attempt", a.Round), zap.Int("warm", g.warm), zap.Int("cold", len(g.workers)-g.warm))
 		s.dropStandbys()
@@ -1199,11 +1208,13 @@ func (s *Supervisor) specs(a rendezvous.Assignment) ([]workerSpec, error) {
 			env = append(env, "PYTHONFAULTHANDLER=1")
 		}
 		var cpus []int
+		var mem proc.MemPolicy
 		if lr < len(s.cfg.Env.Ranks) {
-			cpus = s.cfg.Env.Ranks[lr].CPUs
+			rp := s.cfg.Env.Ranks[lr]
+			cpus, mem = rp.CPUs, proc.MemPolicy{Nodes: rp.Mems, Strict: rp.MemBind == topology.MemBindStrict}
 		}
 		specs = append(specs, workerSpec{
-			localRank: lr, rank: rank, argv: argv, cpus: cpus, place: s.placement(),
+			localRank: lr, rank: rank, argv: argv, cpus: cpus, mem: mem, place: s.placement(),
 			env:    env,
 			prefix: rankPrefix(rank), base: base, rel: []string{attempt, rankDir},
 			dir: dir, errorFile: errFile, logFiles: s.cfg.LogDir != "",

@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -38,6 +39,34 @@ func ParseCPUBind(s string) (CPUBind, error) {
 		return CPUBindNone, nil
 	}
 	return "", fmt.Errorf("--cpu-bind %q: want numa or none", s)
+}
+
+// MemBind is where a bound worker's memory comes from (`gangrun run --mem-bind`),
+// after numactl's policies (numactl(8)).
+type MemBind string
+
+// The memory binding modes.
+const (
+	// MemBindLocal prefers the NUMA node of the worker's GPU (numactl --preferred):
+	// other nodes only when it is full. The default.
+	MemBindLocal MemBind = "local"
+	// MemBindStrict allows that node only (numactl --membind): a worker that needs more
+	// than it holds is OOM-killed rather than spill over.
+	MemBindStrict MemBind = "strict"
+	// MemBindNone sets no policy: Linux's default local allocation, wherever the worker
+	// runs.
+	MemBindNone MemBind = "none"
+)
+
+// ParseMemBind reads a --mem-bind value ("" is MemBindLocal); the error names the value.
+func ParseMemBind(s string) (MemBind, error) {
+	switch MemBind(s) {
+	case "", MemBindLocal:
+		return MemBindLocal, nil
+	case MemBindStrict, MemBindNone:
+		return MemBind(s), nil
+	}
+	return "", fmt.Errorf("--mem-bind %q: want local, strict or none", s)
 }
 
 // NCCLTopo says when workers get NCCL_TOPO_FILE (`gangrun run --nccl-topo`).
@@ -135,6 +164,11 @@ type RankPlan struct {
 	Device *Device
 	// CPUs is the rank's CPU set, ascending; nil when the rank is not bound.
 	CPUs []int
+	// Mems are the NUMA nodes the rank's memory comes from, under MemBind (the GPU's
+	// node, else the nodes of its CPUs); nil when the rank is not bound or MemBind is
+	// MemBindNone.
+	Mems    []int
+	MemBind MemBind
 	// NCCL holds the rank's NCCL_* defaults, sorted by name (the user's own win).
 	NCCL []EnvVar
 }
@@ -147,6 +181,8 @@ type PlanOptions struct {
 	NProc int
 	// CPUBind is the binding mode; "" is CPUBindNUMA.
 	CPUBind CPUBind
+	// MemBind is the memory policy of bound ranks; "" is MemBindLocal.
+	MemBind MemBind
 	// SocketIfname is the interface for NCCL_SOCKET_IFNAME (exact match); "" gives
 	// SocketIfnameExclude.
 	SocketIfname string
@@ -203,7 +239,43 @@ func (inv *Inventory) PlanRanks(o PlanOptions) ([]RankPlan, []string) {
 			plans[r].CPUs = splitCPUs(sets[r], j, len(ranks))
 		}
 	}
+	if o.MemBind == "" {
+		o.MemBind = MemBindLocal
+	}
+	if o.MemBind != MemBindNone {
+		for i := range plans {
+			var gpu *GPU
+			if plans[i].Device != nil {
+				gpu, _ = inv.GPU(plans[i].Device.GPU)
+			}
+			plans[i].Mems, plans[i].MemBind = inv.memNodes(gpu, plans[i].CPUs), o.MemBind
+		}
+	}
 	return plans, notes
+}
+
+// memNodes returns the NUMA nodes a rank with GPU g bound to cpus takes its memory
+// from: g's node when the inventory knows it, else every node holding one of cpus;
+// nil when neither is known.
+func (inv *Inventory) memNodes(g *GPU, cpus []int) []int {
+	if g != nil && g.NUMANode >= 0 {
+		for _, n := range inv.NUMANodes {
+			if n.ID == g.NUMANode {
+				return []int{n.ID}
+			}
+		}
+	}
+	var out []int
+	for _, n := range inv.NUMANodes {
+		nc, err := ParseCPUList(n.CPUs)
+		if err != nil {
+			continue
+		}
+		if slices.ContainsFunc(nc, func(c int) bool { return slices.Contains(cpus, c) }) {
+			out = append(out, n.ID)
+		}
+	}
+	return out
 }
 
 // gpuCPUs returns the CPUs of the GPU's NUMA node, else its CPU affinity; nil if neither.

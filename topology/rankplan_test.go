@@ -11,7 +11,7 @@ import (
 )
 
 // TestPlanRanksGolden checks, for the recorded inventories, what every local rank gets
-// (its device, CPU set, OMP_NUM_THREADS and NCCL settings) against
+// (its device, CPU set, memory's NUMA nodes, OMP_NUM_THREADS and NCCL settings) against
 // testdata/rankplan/<inventory>.golden (go test -run TestPlanRanksGolden -update).
 func TestPlanRanksGolden(t *testing.T) {
 	for _, name := range []string{"dgx-h100", "dgx-a100", "dgx-a100-mig", "pcie-2socket", "dgx1", "cpu-only"} {
@@ -39,6 +39,9 @@ func TestPlanRanksGolden(t *testing.T) {
 				fmt.Fprintf(&b, "[local rank %d]\n", p.LocalRank)
 				if p.Device != nil {
 					fmt.Fprintf(&b, "# device %s (GPU %d)\n", p.Device.ID, p.Device.GPU)
+				}
+				if p.Mems != nil {
+					fmt.Fprintf(&b, "# memory from NUMA node %v (%s)\n", p.Mems, p.MemBind)
 				}
 				for _, l := range p.FormatRankEnv(HasMIG(devices)) {
 					fmt.Fprintln(&b, l)

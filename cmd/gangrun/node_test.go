@@ -152,3 +152,38 @@ func (unixCPUs) twoOrMore() bool {
 	cpus, _ := topology.ParseCPUList(string(m[1]))
 	return len(cpus) >= 2 && cpus[0] == 0 && cpus[1] == 1
 }
+
+// TestRunBindsWorkersMemory runs two workers on an inventory shaped like this machine
+// (its one NUMA node, 0) and reads each worker's memory policy from the first line of
+// its own /proc/self/numa_maps: numactl's preferred on node 0 with --mem-bind local (the
+// default), bind with strict, the default policy with none or when the worker is not
+// bound to CPUs (--cpu-bind none).
+func TestRunBindsWorkersMemory(t *testing.T) {
+	inv := twoCPUInventory(t)
+	re := regexp.MustCompile(`\[rank(\d)\]: \S+ (\S+) `)
+	for _, c := range []struct {
+		flags []string
+		want  string
+	}{
+		{nil, "prefer:0"},
+		{[]string{"--mem-bind", "strict"}, "bind:0"},
+		{[]string{"--mem-bind", "none"}, "default"},
+		{[]string{"--cpu-bind", "none"}, "default"},
+	} {
+		t.Run(strings.Join(append([]string{"flags"}, c.flags...), " "), func(t *testing.T) {
+			mark := testMark(t)
+			args := append(append([]string{"run", "--topology-file", inv, "--nproc-per-node", "2"}, c.flags...), "--", "head", "-n", "1", "/proc/self/numa_maps")
+			res := runGangrun(t, []string{mark}, args...)
+			if res.code != 0 {
+				t.Fatalf("exit %d\n%s\n%s", res.code, res.stdout, res.stderr)
+			}
+			got := map[string]string{}
+			for _, m := range re.FindAllStringSubmatch(res.stdout, -1) {
+				got[m[1]] = m[2]
+			}
+			if got["0"] != c.want || got["1"] != c.want {
+				t.Errorf("memory policy by rank %v, want %s for both\n%s%s", got, c.want, res.stdout, res.stderr)
+			}
+		})
+	}
+}

@@ -31,6 +31,7 @@ type gangFlags struct {
 	topologyFile  string
 	env           []string
 	cpuBind       string
+	memBind       string
 	ncclTopo      string
 	cgroup        string
 	mem           int64
@@ -52,6 +53,7 @@ func (g *gangFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&g.topologyFile, "topology-file", "", "use a recorded inventory (gangrun topo --json) instead of probing")
 	fs.StringArrayVar(&g.env, "env", nil, "extra worker environment KEY=VAL (repeatable)")
 	fs.StringVar(&g.cpuBind, "cpu-bind", "numa", "bind each worker to its GPU's NUMA node CPUs, shared fairly (numa), or not at all (none)")
+	fs.StringVar(&g.memBind, "mem-bind", "local", "a bound worker's memory: from its GPU's NUMA node, preferred (local) or only (strict), or no policy (none)")
 	fs.StringVar(&g.ncclTopo, "nccl-topo", "auto", "set NCCL_TOPO_FILE from the probed topology: auto (when the PCIe tree is flat, as in a VM), always or never")
 	fs.StringVar(&g.cgroup, "cgroup", "auto", "confine the step to a cgroup of its own (cpuset, --mem, --pids-limit, GPU devices): auto (when the node allows it), required or off")
 	memVar(fs, &g.mem, "the step's memory limit on this node, Slurm's --mem syntax: 4G, 500M, 1024 (megabytes); 0 is none")
@@ -145,7 +147,7 @@ func (g *gangFlags) spec(e *env, command []string, log *zap.Logger) launcher.Spe
 	return launcher.Spec{
 		Command: command, NProcPerNode: g.nproc, NProcGiven: g.nprocGiven, NNodes: g.nnodes, NNodesGiven: g.nnodesGiven,
 		Coordinator: g.coordinator, JobID: g.jobID, NodeName: g.nodeName, AdvertiseAddr: g.advertiseAddr,
-		MasterPort: g.masterPort, TopologyFile: g.topologyFile, Env: g.env, CPUBind: g.cpuBind, NCCLTopo: g.ncclTopo,
+		MasterPort: g.masterPort, TopologyFile: g.topologyFile, Env: g.env, CPUBind: g.cpuBind, MemBind: g.memBind, NCCLTopo: g.ncclTopo,
 		Cgroup: g.cgroup, Mem: g.mem, PidsLimit: g.pidsLimit, Getenv: e.getenv, TermTimeout: g.termTimeout,
 		Stdout: e.stdout, Stderr: e.stderr, Report: e.stderr, Log: log, GuardianArgv: guardian, Signals: e.signals,
 	}

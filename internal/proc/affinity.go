@@ -27,22 +27,32 @@ type Placement interface {
 // The thread is never left to exit while locked: a parent-death signal fires when the
 // thread that forked the child exits, so the goroutine unlocks it again.
 func StartBound(cmd *exec.Cmd, cpus []int) (p *Process, bound []int, err error) {
-	return startBound(cmd, cpus)
+	p, bound, _, err = startBound(cmd, cpus, MemPolicy{})
+	return p, bound, err
 }
 
 // StartPlaced is StartBound with the process also started inside place (a step's
 // cgroup), from its first instruction (InPlacement). An error entering place starts
 // nothing. A nil place is StartBound.
 func StartPlaced(cmd *exec.Cmd, cpus []int, place Placement) (p *Process, bound []int, err error) {
+	p, bound, _, err = StartPlacedMem(cmd, cpus, MemPolicy{}, place)
+	return p, bound, err
+}
+
+// StartPlacedMem is StartPlaced with the process also started under the memory policy
+// mp (set_mempolicy, on the forking thread for the moment of the fork, as the CPU set
+// is); memBound reports whether mp was applied (see withMemPolicy: not when the kernel
+// refuses its nodes, and the process then starts with gangrun's own policy).
+func StartPlacedMem(cmd *exec.Cmd, cpus []int, mp MemPolicy, place Placement) (p *Process, bound []int, memBound bool, err error) {
 	if place == nil {
-		return StartBound(cmd, cpus)
+		return startBound(cmd, cpus, mp)
 	}
 	err = InPlacement(place, func() error {
 		var serr error
-		p, bound, serr = startBound(cmd, cpus)
+		p, bound, memBound, serr = startBound(cmd, cpus, mp)
 		return serr
 	})
-	return p, bound, err
+	return p, bound, memBound, err
 }
 
 // InPlacement runs fn on a thread of its own that has entered place (a step's cgroup):
@@ -73,18 +83,19 @@ func InPlacement(place Placement, fn func() error) error {
 	return fn()
 }
 
-// startBound is StartBound's work.
-func startBound(cmd *exec.Cmd, cpus []int) (p *Process, bound []int, err error) {
-	if len(cpus) == 0 {
-		p, err = Start(cmd)
-		return p, nil, err
-	}
+// startBound is StartPlacedMem's work, once inside the placement.
+func startBound(cmd *exec.Cmd, cpus []int, mp MemPolicy) (p *Process, bound []int, memBound bool, err error) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
+	start := func() { p, err = Start(cmd) }
+	if len(cpus) == 0 {
+		memBound = withMemPolicy(mp, start)
+		return p, nil, memBound, err
+	}
 	var old, set unix.CPUSet
-	if err := unix.SchedGetaffinity(0, &old); err != nil {
-		p, err = Start(cmd)
-		return p, nil, err
+	if unix.SchedGetaffinity(0, &old) != nil {
+		memBound = withMemPolicy(mp, start)
+		return p, nil, memBound, err
 	}
 	for _, c := range cpus {
 		if c >= 0 && c < len(old)*64 && old.IsSet(c) {
@@ -93,16 +104,16 @@ func startBound(cmd *exec.Cmd, cpus []int) (p *Process, bound []int, err error) 
 		}
 	}
 	if len(bound) == 0 {
-		p, err = Start(cmd)
-		return p, nil, err
+		memBound = withMemPolicy(mp, start)
+		return p, nil, memBound, err
 	}
-	if err := unix.SchedSetaffinity(0, &set); err != nil {
-		p, err = Start(cmd)
-		return p, nil, err
+	if unix.SchedSetaffinity(0, &set) != nil {
+		memBound = withMemPolicy(mp, start)
+		return p, nil, memBound, err
 	}
-	p, err = Start(cmd)
+	memBound = withMemPolicy(mp, start)
 	// Restoring a set just read cannot fail short of a kernel bug; if it did, this
 	// thread would keep the narrow set: gangrun's scheduling would suffer, not the child.
 	_ = unix.SchedSetaffinity(0, &old)
-	return p, bound, err
+	return p, bound, memBound, err
 }
