@@ -26,7 +26,7 @@ func TestPreemptionPolicyParses(t *testing.T) {
 	}{
 		{"high", "low", true}, {"high", "mid", true}, {"mid", "low", true},
 		{"low", "mid", false}, {"high", "high", false}, {"low", "low", false},
-		{"high", "keep", false}, // preempt_mode off
+		{"high", "keep", false},                              // preempt_mode off
 		{"high", "unnamed", true}, {"unnamed", "low", false}, // a partition the policy does not name is tier 0
 	} {
 		if got := on.MayPreempt(tc.preemptor, tc.victim); got != tc.want {
