@@ -141,15 +141,15 @@ func (c *Controller) preemptFor(ctx context.Context, p Job, victims []string, po
 			base = info.Failures
 		}
 		now := c.now().UTC()
-		reason := "preempted by job " + p.Spec.ID + " (partition " + p.Spec.Partition + ")"
+		rec := Preemption{By: p.Spec.ID, Partition: p.Spec.Partition, At: now, Signal: int(sig), Grace: grace, RunFailures: base}
 		j, changed, err := c.update(ctx, id, func(j *Job) bool {
 			if j.State.Status != Running {
 				return false
 			}
-			j.State.Status, j.State.Reason = Preempted, reason
-			j.State.Preemptions = append(j.State.Preemptions, Preemption{By: p.Spec.ID, Partition: p.Spec.Partition, At: now,
-				Signal: int(sig), Grace: grace, RunFailures: base})
-			j.State.closeAttempts(now, reason)
+			// Its attempt stays open until its steps have stopped (requeuePreempted): the
+			// grace is time the job held its GPUs, and is charged.
+			j.State.Status, j.State.Reason = Preempted, rec.reason()
+			j.State.Preemptions = append(j.State.Preemptions, rec)
 			return true
 		})
 		if err != nil {
@@ -193,6 +193,7 @@ func (c *Controller) requeuePreempted(ctx context.Context, v view, j Job) error 
 		now := c.now().UTC()
 		st.Status, st.Reason, st.PreemptedBy = Pending, ReasonBeginTime, last.By
 		st.Preemptions[len(st.Preemptions)-1].Requeued = now
+		st.closeAttempts(now, last.reason())
 		st.PreemptFailures += extra
 		st.Nodes, st.Spares, st.StepsEnded = nil, nil, nil
 		return true
@@ -267,6 +268,11 @@ func (st *step) preempt(p Preemption) (graceEnd <-chan time.Time) {
 
 // preemptedCause reports whether an attempt's cause is a pre-emption's.
 func preemptedCause(cause string) bool { return strings.HasPrefix(cause, "preempted by job ") }
+
+// reason is the pre-emption as a pre-empted job's reason and its attempt's cause.
+func (p Preemption) reason() string {
+	return "preempted by job " + p.By + " (partition " + p.Partition + ")"
+}
 
 // SignalName returns the name of the signal the pre-emption sent first ("USR1", "TERM").
 func (p Preemption) SignalName() string { return signalName(syscall.Signal(p.Signal)) }

@@ -34,14 +34,15 @@ const preemptPolicy = `{
 // signals (periodic checkpoints are off), and completes with its restart budget
 // untouched. show, acct and the queue's reason record it.
 func TestPreemptionRequeuesAndResumesFromTheSignalsCheckpoint(t *testing.T) {
-	c := startJobClusterWith(t, func(string) []string { return []string{"--labels", "pool=x"} })
+	metricsAddr := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	c := startJobClusterWith(t, func(string) []string { return []string{"--labels", "pool=x", "--metrics-addr", metricsAddr} })
 	c.inventory = filepath.Join(repoRoot(t), "topology", "testdata", "inventories", "pcie-2socket.json")
 	c.startAgent("gpu-a")
 	waitUntilFor(t, 60*time.Second, func() bool {
 		n := nodesJSON(t, c.consul)
 		return len(n) == 1 && n[0].State == "up"
 	}, "the agent up")
-	train := trainer(t, "--steps", "600", "--ckpt-every", "100000", "--step-time", "0.05") // before the Chdir: repoRoot is relative
+	train := trainer(t, "--steps", "800", "--ckpt-every", "100000", "--step-time", "0.05") // before the Chdir: repoRoot is relative
 	dir := t.TempDir()
 	t.Chdir(dir)
 	c.setPolicy(preemptPolicy)
@@ -97,7 +98,7 @@ func TestPreemptionRequeuesAndResumesFromTheSignalsCheckpoint(t *testing.T) {
 	if !strings.Contains(before, "the job was pre-empted: signalling the workers") || !strings.Contains(before, "USR1") {
 		t.Errorf("the low job's output does not show the pre-emption's signal:\n%s", before)
 	}
-	if !strings.Contains(after, "finished at step 600") {
+	if !strings.Contains(after, "finished at step 800") {
 		t.Errorf("the low job did not finish after its resume:\n%s", text)
 	}
 	attempts, _ := lm["attempts"].([]any)
@@ -120,6 +121,20 @@ func TestPreemptionRequeuesAndResumesFromTheSignalsCheckpoint(t *testing.T) {
 	if r := recs[low]; r.Preemptions != 1 || len(r.PreemptedBy) != 1 || r.PreemptedBy[0] != high {
 		t.Errorf("acct's record of the low job: preemptions %d by %v, want 1 by %s", r.Preemptions, r.PreemptedBy, high)
 	}
+	if m := scrape(t, metricsAddr); !strings.Contains(m, `gangrun_preemptions_total{partition="low"} 1`) {
+		t.Errorf("metrics lack the pre-emption:\n%s", grepLines(m, "preempt"))
+	}
 	c.gangrun("cancel", keep)
 	c.waitState(keep, job.Cancelled, 60*time.Second)
+}
+
+// grepLines returns text's lines that contain s.
+func grepLines(text, s string) string {
+	var out []string
+	for _, l := range strings.Split(text, "\n") {
+		if strings.Contains(l, s) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }
