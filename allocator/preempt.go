@@ -19,20 +19,23 @@ import (
 // FitCheck answers, for one pending request on one cluster snapshot, whether it would
 // be placed were the grants of some jobs released. It runs the scheduler's own
 // placement pipeline (checkers and rankers) on the snapshot's free devices plus the
-// released grants' devices, ignoring the nodes the scheduler keeps for reservations.
-// Not safe for concurrent use.
+// released grants' devices, past the nodes the scheduler keeps for other requests'
+// reservations (it would not grant the request there: pre-empting for it would be in
+// vain). Not safe for concurrent use.
 type FitCheck struct {
 	ctx  context.Context
 	c    *Cluster
 	r    Request
+	kept map[string]string // node → the request it is reserved for
 	pipe pipeline
 	invs *inventories
 }
 
 // NewFitCheck returns the check of request id of snapshot c, with the partition's nodes
-// as policy p defines them (nil: no policy); false when c has no such live request.
-// Inventories are read from s as placement needs them.
-func NewFitCheck(ctx context.Context, s store.Store, c *Cluster, p *policy.Policy, id string) (*FitCheck, bool) {
+// as policy p defines them (nil: no policy) and the scheduler's reservations (its
+// published SchedulerStatus.Reserved: request → nodes; nil: none); false when c has no
+// such live request. Inventories are read from s as placement needs them.
+func NewFitCheck(ctx context.Context, s store.Store, c *Cluster, p *policy.Policy, reserved map[string][]string, id string) (*FitCheck, bool) {
 	pr, ok := c.Requests[id]
 	if !ok || !pr.Alive {
 		return nil, false
@@ -43,7 +46,13 @@ func NewFitCheck(ctx context.Context, s store.Store, c *Cluster, p *policy.Polic
 			r.PartitionNodes = sel
 		}
 	}
-	return &FitCheck{ctx: ctx, c: c, r: r, pipe: defaultPipeline(), invs: newInventories(s)}, true
+	kept := map[string]string{}
+	for req, nodes := range reserved {
+		for _, n := range nodes {
+			kept[n] = req
+		}
+	}
+	return &FitCheck{ctx: ctx, c: c, r: r, kept: kept, pipe: defaultPipeline(), invs: newInventories(s)}, true
 }
 
 // Fits reports whether the request would be placed on the snapshot were the grants of
@@ -61,7 +70,7 @@ func (f *FitCheck) Fits(release []string) bool {
 			}
 		}
 	}
-	nodes, _ := f.pipe.place(f.r, f.c.Nodes, free, nil, func(n *NodeState) (*topology.Inventory, error) { return f.invs.get(f.ctx, n) })
+	nodes, _ := f.pipe.place(f.r, f.c.Nodes, free, f.kept, func(n *NodeState) (*topology.Inventory, error) { return f.invs.get(f.ctx, n) })
 	return nodes != nil
 }
 

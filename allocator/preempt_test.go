@@ -14,7 +14,7 @@ import (
 // jobs b and c two GPUs each of the other; a pending job of 1 node × 4 GPUs fits no
 // free GPUs, nor b's or c's alone (two GPUs freed on a node whose other two are held),
 // but fits a's, or b's and c's together; policy.SelectVictims over the check takes the
-// one job, a.
+// one job, a. A node kept for another request's reservation does not count.
 func TestFitCheckCountsTheReleasedGrants(t *testing.T) {
 	s := store.NewMemory()
 	ctx := context.Background()
@@ -45,10 +45,10 @@ func TestFitCheckCountsTheReleasedGrants(t *testing.T) {
 	if nodeOf("a") == nodeOf("b") || nodeOf("b") != nodeOf("c") {
 		t.Fatalf("placement: a on %s, b on %s, c on %s; want a alone, b and c together", nodeOf("a"), nodeOf("b"), nodeOf("c"))
 	}
-	if _, ok := NewFitCheck(ctx, s, c, nil, "nope"); ok {
+	if _, ok := NewFitCheck(ctx, s, c, nil, nil, "nope"); ok {
 		t.Errorf("a fit check of a request that does not exist")
 	}
-	fc, ok := NewFitCheck(ctx, s, c, nil, "p")
+	fc, ok := NewFitCheck(ctx, s, c, nil, nil, "p")
 	if !ok {
 		t.Fatal("no fit check for p")
 	}
@@ -66,8 +66,17 @@ func TestFitCheckCountsTheReleasedGrants(t *testing.T) {
 	}
 	// A partition the policy defines by labels no node has: nothing fits, whatever goes.
 	pol := &policy.Policy{Partitions: map[string]policy.Partition{"": {Nodes: map[string]string{"pool": "none"}}}}
-	fc, _ = NewFitCheck(ctx, s, c, pol, "p")
+	fc, _ = NewFitCheck(ctx, s, c, pol, nil, "p")
 	if fc.Fits([]string{"a", "b", "c"}) {
 		t.Errorf("fits on nodes outside its partition")
+	}
+	// a's node kept for another request's reservation: releasing a is in vain.
+	fc, _ = NewFitCheck(ctx, s, c, nil, map[string][]string{"other": {nodeOf("a")}}, "p")
+	if fc.Fits([]string{"a"}) || !fc.Fits([]string{"b", "c"}) {
+		t.Errorf("with a's node reserved for another request: Fits([a]) %v, Fits([b c]) %v; want false, true", fc.Fits([]string{"a"}), fc.Fits([]string{"b", "c"}))
+	}
+	fc, _ = NewFitCheck(ctx, s, c, nil, map[string][]string{"p": {nodeOf("a")}}, "p")
+	if !fc.Fits([]string{"a"}) {
+		t.Errorf("a's node reserved for p itself: Fits([a]) false")
 	}
 }

@@ -110,7 +110,7 @@ func (c *Controller) preempt(ctx context.Context, v view) error {
 		if len(cands) == 0 {
 			continue
 		}
-		fc, ok := allocator.NewFitCheck(ctx, c.s, v.cluster, pol, p.Spec.ID)
+		fc, ok := allocator.NewFitCheck(ctx, c.s, v.cluster, pol, status.Reserved, p.Spec.ID)
 		if !ok || fc.Fits(nil) {
 			continue // it fits as it is: the scheduler's next pass places it
 		}
@@ -209,15 +209,16 @@ func (c *Controller) requeuePreempted(ctx context.Context, v view, j Job) error 
 }
 
 // resumePreempted writes the request of pre-empted job j again once the job that
-// pre-empted it has started (or ended, or is gone, or PreemptorWait has passed).
+// pre-empted it has started (or ended, or is gone, or PreemptorWait has passed since j
+// was requeued).
 func (c *Controller) resumePreempted(ctx context.Context, v view, j Job) error {
 	by := j.State.PreemptedBy
 	i := slices.IndexFunc(v.jobs, func(x Job) bool { return x.Spec.ID == by })
-	var since time.Time
+	var since time.Time // when it was requeued
 	if n := len(j.State.Preemptions); n > 0 {
-		since = j.State.Preemptions[n-1].At
+		since = j.State.Preemptions[n-1].Requeued
 	}
-	if i >= 0 && v.jobs[i].State.Status == Pending && c.now().Sub(since) < PreemptorWait {
+	if i >= 0 && v.jobs[i].State.Status == Pending && (since.IsZero() || c.now().Sub(since) < PreemptorWait) {
 		return nil
 	}
 	var exclude []string
