@@ -61,6 +61,8 @@ func TestControllerPreemptsOnlyWhatThePolicyAllows(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	dir := t.TempDir()
+	t.Chdir(dir) // the steps change this process's directory to the jobs': restored after
 	const node = "gpu-a"
 	inv.Node = node
 	sink := &preemptions{}
@@ -108,7 +110,6 @@ func TestControllerPreemptsOnlyWhatThePolicyAllows(t *testing.T) {
 	if err := policy.Save(ctx, s, pol); err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
 	submit := func(partition string) string {
 		t.Helper()
 		id, err := Submit(ctx, s, Spec{Name: partition, User: "t", Partition: partition, MinNodes: 1, MaxNodes: 1, GPUsPerNode: 2,
