@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gangrun/gangrun/internal/consultest"
 	"github.com/gangrun/gangrun/job"
 )
 
@@ -137,4 +138,29 @@ func grepLines(text, s string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// TestPolicySetRefusesBadPreemption: a bad pre-emption setting is refused with exit
+// code 2 and one line naming the field and the value, and nothing is written.
+func TestPolicySetRefusesBadPreemption(t *testing.T) {
+	consul := consultest.Start(t).Addr
+	dir := t.TempDir()
+	for _, tc := range []struct{ doc, want string }{
+		{`{"preemption": {"type": "partition_prio", "signal": "KILL"}}`, `preemption.signal "KILL": want SIGTERM, SIGUSR1, SIGUSR2 or SIGINT`},
+		{`{"preemption": {"type": "qos"}}`, `preemption.type "qos": want "off" or "partition_prio"`},
+		{`{"preemption": {"type": "partition_prio", "grace_time": "-1s"}}`, `preemption.grace_time -1s: must not be negative`},
+		{`{"partitions": {"p": {"preempt_mode": "cancel"}}}`, `partitions.p.preempt_mode "cancel": want "requeue" or "off"`},
+	} {
+		f := filepath.Join(dir, "policy.json")
+		if err := os.WriteFile(f, []byte(tc.doc), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		code, _, errOut := inProcess("policy", "set", "--consul", consul, f)
+		if code != 2 || strings.Count(strings.TrimSpace(errOut), "\n") != 0 || !strings.Contains(errOut, tc.want) {
+			t.Errorf("policy set %s: exit %d, %q; want 2 and one line with %q", tc.doc, code, errOut, tc.want)
+		}
+	}
+	if code, out, _ := inProcess("policy", "show", "--consul", consul); code != 0 || strings.Contains(out, "preemption") {
+		t.Errorf("policy show after the refusals: exit %d:\n%s", code, out)
+	}
 }
