@@ -3,7 +3,10 @@ package allocator
 import (
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
+	"strings"
 
 	"github.com/gangrun/gangrun/topology"
 )
@@ -153,7 +156,13 @@ func CheckFeasible(c *Cluster, r Request) error {
 		}
 		return false
 	}
-	if r.Partition != "" && !hasLabel(LabelPartition, r.Partition) {
+	switch {
+	case r.PartitionNodes != nil:
+		// The policy's partition: its nodes are those with its labels.
+		if !slices.ContainsFunc(slices.Collect(maps.Values(c.Nodes)), func(n *NodeState) bool { return checkPartition(r, n) == "" }) {
+			return refusal(fmt.Errorf("--partition %s: no node has the partition's labels %s", r.Partition, labelText(r.PartitionNodes)))
+		}
+	case r.Partition != "" && !hasLabel(LabelPartition, r.Partition):
 		return refusal(fmt.Errorf("--partition %s: no node is in that partition", r.Partition))
 	}
 	keys := make([]string, 0, len(r.Labels))
@@ -192,6 +201,15 @@ func CheckFeasible(c *Cluster, r Request) error {
 		return refusal(fmt.Errorf("--nodes %d: only %s could ever take %s each with these constraints", r.Nodes, plural(eligible, "registered node"), plural(r.GPUsPerNode, "GPU")))
 	}
 	return nil
+}
+
+// labelText writes labels as KEY=VALUE,..., sorted.
+func labelText(labels map[string]string) string {
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(labels)) {
+		parts = append(parts, k+"="+labels[k])
+	}
+	return strings.Join(parts, ",")
 }
 
 // firstReason runs checks on n in order and returns the first reason given, "" when n

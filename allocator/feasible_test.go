@@ -78,3 +78,17 @@ func TestCheckFeasibleCountsNodesThatMayComeBack(t *testing.T) {
 		t.Errorf("no nodes: %v", err)
 	}
 }
+
+// TestCheckFeasibleTakesThePolicysPartitionNodes: a partition the policy defines by
+// labels (Request.PartitionNodes) is feasible where nodes have those labels, with no
+// node labelled partition=<name>; refused, naming the labels, where none has them.
+func TestCheckFeasibleTakesThePolicysPartitionNodes(t *testing.T) {
+	c := &Cluster{Nodes: map[string]*NodeState{"a": node("a", 4, "H100", map[string]string{"pool": "x"})}}
+	if err := CheckFeasible(c, Request{Nodes: 1, GPUsPerNode: 2, Partition: "low", PartitionNodes: map[string]string{"pool": "x"}}); err != nil {
+		t.Errorf("partition low on pool=x: %v", err)
+	}
+	err := CheckFeasible(c, Request{Nodes: 1, GPUsPerNode: 2, Partition: "low", PartitionNodes: map[string]string{"pool": "y", "rack": "r1"}})
+	if want := "--partition low: no node has the partition's labels pool=y,rack=r1"; err == nil || err.Error() != want || !errors.Is(err, ErrInfeasible) {
+		t.Errorf("partition low on pool=y: %v, want %q (ErrInfeasible)", err, want)
+	}
+}

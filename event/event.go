@@ -43,6 +43,9 @@ const (
 	// JobStarted: cluster job Job of Partition started running on Nodes for the first
 	// time, Duration after it was submitted (its wait in the queue).
 	JobStarted Kind = "job_started"
+	// JobPreempted: the job controller pre-empted running cluster job Job of Partition
+	// (on Nodes) for pending job Cause of a higher tier.
+	JobPreempted Kind = "job_preempted"
 )
 
 // Event is one thing that happened. Which fields are set depends on Kind (see there);

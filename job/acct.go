@@ -96,6 +96,10 @@ type Record struct {
 	RestartsByCause map[string]int `json:"restarts_by_cause,omitempty"`
 	// Attempts counts the job's rendezvous rounds (the newest maxAttemptsKept kept).
 	Attempts int `json:"attempts"`
+	// Preemptions counts the times a job of a higher tier pre-empted it; PreemptedBy
+	// names those jobs, oldest first.
+	Preemptions int      `json:"preemptions"`
+	PreemptedBy []string `json:"preempted_by,omitempty"`
 	// ETTR is the effective training time ratio at the end (State.ETTR); absent when
 	// it cannot be known.
 	ETTR *float64 `json:"ettr,omitempty"`
@@ -149,7 +153,10 @@ func RecordOf(j Job) Record {
 		GPUsPerNode: sp.GPUsPerNode, GPUs: len(nodes) * sp.GPUsPerNode,
 		Submitted: sp.Submitted.UTC(), Started: st.Started.UTC(), Ended: st.Ended.UTC(),
 		GPUSeconds: GPUSeconds(sp, st), NodeFailures: st.NodeFailures,
-		RestartsByCause: maps.Clone(st.RestartsByCause), Attempts: len(st.Attempts)}
+		RestartsByCause: maps.Clone(st.RestartsByCause), Attempts: len(st.Attempts), Preemptions: len(st.Preemptions)}
+	for _, p := range st.Preemptions {
+		r.PreemptedBy = append(r.PreemptedBy, p.By)
+	}
 	for _, n := range st.RestartsByCause {
 		r.Restarts += n
 	}

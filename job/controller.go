@@ -32,7 +32,9 @@ import (
 //     spare, else shrinks within --nodes MIN:MAX, else stops and waits PENDING to be
 //     placed again (away from the node);
 //   - a job whose steps have all stopped after its end (COMPLETING) ends, and its
-//     grant and request go.
+//     grant and request go;
+//   - a pending job of a higher tier that does not fit may pre-empt running jobs of
+//     lower tiers, when the policy says so (preempt.go).
 type Controller struct {
 	s       store.Store
 	session string
@@ -231,6 +233,11 @@ func (c *Controller) pass(ctx context.Context, v view) error {
 	}
 	close(work)
 	wg.Wait()
+	if v.ticked {
+		// Pre-emption reads the policy and the scheduler's status: once per tick
+		// (controllerRetry), not on every change.
+		note(c.preempt(ctx, v))
+	}
 	return firstErr
 }
 
@@ -403,6 +410,10 @@ func (c *Controller) job(ctx context.Context, v view, j Job) error {
 			return true
 		}, reqOps...)
 		return err
+	case st.Status == Preempted:
+		return c.requeuePreempted(ctx, v, j)
+	case st.Status == Pending && st.PreemptedBy != "":
+		return c.resumePreempted(ctx, v, j)
 	case st.Status == Pending && granted && g.State == allocator.GrantGranted:
 		// The grant as it is now: the view's may be older than the job's state (a grant
 		// of the placement before a requeue).
@@ -536,7 +547,7 @@ func (c *Controller) start(ctx context.Context, j Job, g allocator.Grant) error 
 		first = j.State.Started.IsZero()
 		j.State.Status, j.State.Reason = Running, ""
 		j.State.Nodes, j.State.Spares = names[:len(names)-spares], names[len(names)-spares:]
-		j.State.NodesSince = now
+		j.State.NodesSince, j.State.PlacedAt = now, now
 		j.State.Placement++
 		j.State.StepsEnded = nil
 		if j.State.Started.IsZero() {
@@ -754,7 +765,7 @@ func (c *Controller) syncRestarts(ctx context.Context, j Job) {
 	if err != nil || !ok {
 		return
 	}
-	own := max(info.Failures-j.State.NodeFailures, 0)
+	own := max(info.Failures-j.State.NodeFailures-j.State.PreemptFailures, 0)
 	if own == j.State.Restarts {
 		return
 	}
@@ -770,7 +781,7 @@ func (c *Controller) syncRestarts(ctx context.Context, j Job) {
 // countRestarts sets j's own restarts from its run, as it ends.
 func (c *Controller) countRestarts(ctx context.Context, j *Job) {
 	if info, ok, err := rendezvous.ReadRun(ctx, c.s, j.Spec.ID); err == nil && ok {
-		j.State.Restarts = max(info.Failures-j.State.NodeFailures, 0)
+		j.State.Restarts = max(info.Failures-j.State.NodeFailures-j.State.PreemptFailures, 0)
 	}
 }
 

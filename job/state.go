@@ -76,6 +76,8 @@ type Status string
 
 // The statuses. A job moves PENDING → RUNNING → COMPLETING → one of the final ones;
 // REQUEUED is a PENDING job that ran before and lost a node it could not do without.
+// PREEMPTED is a running job a job of a higher tier pre-empted (preempt.go): its steps
+// stop, and it goes back to PENDING, requeued.
 const (
 	Pending    Status = "PENDING"
 	Running    Status = "RUNNING"
@@ -196,6 +198,38 @@ type State struct {
 	// Attempts are the job's rendezvous rounds, oldest first; LostNodes the nodes it lost.
 	Attempts  []Attempt  `json:"attempts,omitempty"`
 	LostNodes []LostNode `json:"lost_nodes,omitempty"`
+	// PlacedAt is when the job's current (or last) placement started running: a
+	// pre-emption's exempt time and the time limit count from it.
+	PlacedAt time.Time `json:"placed_at,omitzero"`
+	// Preemptions are the job's pre-emptions, oldest first (preempt.go).
+	Preemptions []Preemption `json:"preemptions,omitempty"`
+	// PreemptedBy names, while the job waits PENDING after a pre-emption (reason
+	// BeginTime), the job that pre-empted it: its request is written once that job has
+	// started (or ended, or waited PreemptorWait), so that its own new request cannot
+	// take back the GPUs it was stopped for.
+	PreemptedBy string `json:"preempted_by,omitempty"`
+	// PreemptFailures counts the failures of the job's run that its pre-emptions caused
+	// (a gang stopped in the middle of a round): like NodeFailures, they do not use up
+	// --max-restarts.
+	PreemptFailures int `json:"preempt_failures,omitempty"`
+}
+
+// Preemption is one pre-emption of a job.
+type Preemption struct {
+	// By is the job that pre-empted it, of partition Partition.
+	By        string `json:"by"`
+	Partition string `json:"partition,omitempty"`
+	// At is when the controller pre-empted it; Requeued when its steps had all stopped
+	// and it went back to PENDING (zero until then).
+	At       time.Time `json:"at"`
+	Requeued time.Time `json:"requeued,omitzero"`
+	// Signal is what its workers got first (syscall number), Grace the time before they
+	// were stopped.
+	Signal int           `json:"signal"`
+	Grace  time.Duration `json:"grace"`
+	// RunFailures is its run's failure count when it was pre-empted: the failures
+	// counted beyond it by the time it is requeued were the pre-emption's.
+	RunFailures int `json:"run_failures"`
 }
 
 // maxAttemptsKept bounds the attempts a job's state keeps (the newest): a month-long job

@@ -284,7 +284,9 @@ func (st *step) watch(ctx context.Context) {
 	spec := st.job.Spec
 	var warn, limit <-chan time.Time
 	if spec.TimeLimit > 0 {
-		start := st.job.State.Started
+		// From this placement's start: a job requeued (pre-empted, or after losing a
+		// node) gets its whole --time again, as Slurm's requeued jobs do.
+		start := st.job.State.placedAt()
 		if start.IsZero() {
 			start = time.Now()
 		}
@@ -298,6 +300,7 @@ func (st *step) watch(ctx context.Context) {
 			warn = tw.C
 		}
 	}
+	var graceEnd <-chan time.Time // a pre-emption's grace
 	changes := make(chan *Job, 1)
 	go func() {
 		w := store.NewWatcher(st.cfg.Store, jobsPrefix+spec.ID+"/state")
@@ -331,6 +334,10 @@ func (st *step) watch(ctx context.Context) {
 		case <-warn:
 			st.log.Info("sending the workers the time limit's warning", zap.String("signal", signalName(spec.Signal)), zap.Duration("before", spec.SignalBefore))
 			st.stop <- spec.Signal
+		case <-graceEnd:
+			graceEnd = nil
+			st.log.Warn("the pre-emption's grace is over: stopping the workers")
+			st.stop <- syscall.SIGTERM // a second terminating signal kills them at once
 		case <-limit:
 			st.log.Warn("time limit reached: stopping the job", zap.Duration("time_limit", spec.TimeLimit))
 			_, _, _ = update(ctx, st.cfg.Store, spec.ID, func(j *Job) bool {
@@ -346,6 +353,10 @@ func (st *step) watch(ctx context.Context) {
 			case j.State.Status == Completing && j.State.End != Completed && j.State.End != Failed:
 				st.log.Warn("stopping the job", zap.String("reason", j.State.Reason))
 				st.stopWorkers(j.State.End)
+			case j.State.Status == Preempted && len(j.State.Preemptions) > 0:
+				if ch := st.preempt(j.State.Preemptions[len(j.State.Preemptions)-1]); ch != nil {
+					graceEnd = ch
+				}
 			case j.State.Status != Running && j.State.Status != Completing:
 				st.log.Warn("the job left the running state: stopping", zap.String("state", string(j.State.Status)))
 				st.stopWorkers(j.State.Status)

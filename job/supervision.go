@@ -4,6 +4,7 @@ import (
 	"context"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -27,6 +28,9 @@ const (
 	// CauseGPUHealth: a node of the attempt was drained because one of its GPUs failed
 	// (the agent's health watch: an Xid, ECC, NVML's verdict).
 	CauseGPUHealth = "gpu_health"
+	// CausePreempted: a job of a higher tier pre-empted it (preempt.go); like a lost
+	// node's, such a restart does not use up --max-restarts.
+	CausePreempted = "preempted"
 	// CauseOther: anything else that restarted the gang (a worker that could not
 	// start, a membership change without a lost node).
 	CauseOther = "other"
@@ -34,7 +38,7 @@ const (
 
 // RestartCauses returns the causes, in the order metrics and show list them.
 func RestartCauses() []string {
-	return []string{CauseWorkerExit, CauseSignal, CauseHang, CauseNodeLost, CauseGPUHealth, CauseOther}
+	return []string{CauseWorkerExit, CauseSignal, CauseHang, CauseNodeLost, CauseGPUHealth, CausePreempted, CauseOther}
 }
 
 // The attempt causes' patterns, as the supervisor and the controller write them
@@ -87,6 +91,11 @@ func (s *State) countRestarts() bool {
 			continue
 		}
 		a.RestartCause = classify(*a, s.Attempts[i+1], s.LostNodes)
+		if preemptedCause(a.Cause) || slices.ContainsFunc(s.Preemptions, func(p Preemption) bool {
+			return !p.At.Before(a.Started) && !p.At.After(s.Attempts[i+1].Started)
+		}) {
+			a.RestartCause = CausePreempted
+		}
 		if s.RestartsByCause == nil {
 			s.RestartsByCause = map[string]int{}
 		}

@@ -212,7 +212,7 @@ func runThroughput(b *testing.B, n, clients int, realSteps bool, limit time.Dura
 		agents.Wait()
 		steps.Wait()
 	}()
-	waitClusterUp(b, s)
+	waitClusterUp(b, s, throughputNodes)
 
 	submitted := make(map[string]time.Time, n)
 	var subMu sync.Mutex
@@ -364,8 +364,8 @@ func endAsCompleted(ctx context.Context, s store.Store, id, node string) {
 	})
 }
 
-// waitClusterUp waits until every node is up and an agent leads.
-func waitClusterUp(b *testing.B, s store.Store) {
+// waitClusterUp waits until nodes nodes are up and an agent leads.
+func waitClusterUp(b testing.TB, s store.Store, nodes int) {
 	b.Helper()
 	ctx := context.Background()
 	deadline := time.Now().Add(2 * time.Minute)
@@ -379,11 +379,11 @@ func waitClusterUp(b *testing.B, s store.Store) {
 			}
 		}
 		e, err := s.Get(ctx, throughputLeaderKey)
-		if up == throughputNodes && err == nil && e != nil && e.Session != "" {
+		if up == nodes && err == nil && e != nil && e.Session != "" {
 			return
 		}
 		if time.Now().After(deadline) {
-			b.Fatalf("%d of %d nodes up, leader %v, after 2 minutes", up, throughputNodes, e)
+			b.Fatalf("%d of %d nodes up, leader %v, after 2 minutes", up, nodes, e)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

@@ -62,7 +62,7 @@ func NewJobCollector(s store.Store, node string, ttl, ckptTTL time.Duration) *Jo
 	l := []string{"hpc_job", "hpc_user", "hpc_job_name"}
 	return &JobCollector{s: s, node: node, ttl: ttl, ckptTTL: ckptTTL, ckpts: map[string]ckptLook{},
 		restarts: prometheus.NewDesc("gangrun_job_restarts_total",
-			"Restarts of a running job's gang by the cause of the failure before each (worker_exit, signal, hang, node_lost, gpu_health, other); exported by the agent of the job's node rank 0.",
+			"Restarts of a running job's gang by the cause of the failure before each (worker_exit, signal, hang, node_lost, gpu_health, preempted, other); exported by the agent of the job's node rank 0.",
 			append(l, "cause"), nil),
 		recovery: prometheus.NewDesc("gangrun_job_failure_to_workers_started_seconds",
 			"A running job's last restart: from the failure to the next attempt's workers started (the first node's; the trainer's first step is not seen by gangrun).", l, nil),

@@ -23,7 +23,7 @@ const (
 	ReasonPriority = "Priority"
 	// ReasonResources: the scheduler found no placement for it now.
 	ReasonResources = "Resources"
-	// ReasonRequeued: it ran, lost a node it could not do without, and waits to be
+	// ReasonRequeued: it ran, lost a node it could not do without (or was pre-empted), and waits to be
 	// placed again.
 	ReasonRequeued = "Requeued"
 )
@@ -31,7 +31,7 @@ const (
 // pendingReason classifies a pending job's reason for gangrun_pending_jobs.
 func pendingReason(j job.Job, schedulerReason string) string {
 	switch {
-	case j.State.Requeue || strings.HasPrefix(j.State.Reason, "requeued"):
+	case j.State.Requeue || j.State.PreemptedBy != "" || strings.HasPrefix(j.State.Reason, "requeued"):
 		return ReasonRequeued
 	case schedulerReason != "":
 		return ReasonResources
@@ -51,6 +51,7 @@ type SchedulerCollector struct {
 
 	grants  prometheus.Counter
 	started *prometheus.CounterVec
+	preempt *prometheus.CounterVec
 	wait    *prometheus.HistogramVec
 	pass    prometheus.Histogram
 
@@ -70,6 +71,8 @@ func NewSchedulerCollector(s store.Store, view *View) *SchedulerCollector {
 			Help: "Grants the scheduler made while this agent led (jobs' and allocations')."}),
 		started: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gangrun_jobs_started_total",
 			Help: "Cluster jobs that started running for the first time while this agent led."}, []string{"partition"}),
+		preempt: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gangrun_preemptions_total",
+			Help: "Running cluster jobs pre-empted by a job of a higher tier while this agent led, by the pre-empted job's partition."}, []string{"partition"}),
 		wait: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "gangrun_job_wait_time_seconds",
 			Help:    "How long cluster jobs waited from submission to their first start (Kueue's admission wait time).",
 			Buckets: prometheus.ExponentialBuckets(1, 2.5, 14)}, []string{"partition"}),
@@ -91,7 +94,7 @@ func NewSchedulerCollector(s store.Store, view *View) *SchedulerCollector {
 }
 
 // Emit implements event.Sink: the scheduler's grants and passes, the controller's job
-// starts.
+// starts and pre-emptions.
 func (c *SchedulerCollector) Emit(e event.Event) {
 	switch e.Kind {
 	case event.Granted:
@@ -101,6 +104,8 @@ func (c *SchedulerCollector) Emit(e event.Event) {
 	case event.JobStarted:
 		c.started.WithLabelValues(e.Partition).Inc()
 		c.wait.WithLabelValues(e.Partition).Observe(max(e.Duration, 0).Seconds())
+	case event.JobPreempted:
+		c.preempt.WithLabelValues(e.Partition).Inc()
 	}
 }
 
@@ -116,6 +121,7 @@ func (c *SchedulerCollector) Lead(ctx context.Context, _ store.Store, _ string) 
 func (c *SchedulerCollector) Describe(ch chan<- *prometheus.Desc) {
 	c.grants.Describe(ch)
 	c.started.Describe(ch)
+	c.preempt.Describe(ch)
 	c.wait.Describe(ch)
 	c.pass.Describe(ch)
 	for _, d := range []*prometheus.Desc{c.leaderDesc, c.pending, c.jobs, c.nodes, c.idle, c.gpus, c.idleJob, c.reservations, c.reservedNodes} {
@@ -129,6 +135,7 @@ func (c *SchedulerCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.leaderDesc, prometheus.GaugeValue, boolValue(leads))
 	c.grants.Collect(ch)
 	c.started.Collect(ch)
+	c.preempt.Collect(ch)
 	c.wait.Collect(ch)
 	c.pass.Collect(ch)
 	if !leads {

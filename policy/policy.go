@@ -87,6 +87,9 @@ type Policy struct {
 	// Accounts by name. When there is at least one, only the accounts named here (and
 	// their users, where an account lists users) may submit.
 	Accounts map[string]Account `json:"accounts,omitempty"`
+	// Preemption says whether and how a pending job of a higher tier stops running jobs
+	// of lower tiers to take their GPUs (preempt.go). Default: never.
+	Preemption Preemption `json:"preemption,omitzero"`
 }
 
 // Priority is the multifactor priority's configuration (Slurm's PriorityWeight*,
@@ -130,8 +133,12 @@ type Partition struct {
 	// AllowAccounts, when set, are the only accounts that may use the partition.
 	AllowAccounts []string `json:"allow_accounts,omitempty"`
 	// Tier is the partition's priority (Slurm's PriorityJobFactor), normalised by the
-	// highest tier into the partition factor.
+	// highest tier into the partition factor; with pre-emption on, also its
+	// PriorityTier: a job of a higher tier may pre-empt one of a lower tier.
 	Tier int `json:"tier,omitempty"`
+	// PreemptMode is ModeRequeue ("" too: the partition's jobs may be pre-empted, and are
+	// requeued) or ModeOff (they never are), as Slurm's per-partition PreemptMode.
+	PreemptMode string `json:"preempt_mode,omitempty"`
 }
 
 // QOS is one quality of service level: its priority, normalised by the highest, is
@@ -209,8 +216,8 @@ func Parse(data []byte) (*Policy, error) {
 
 // Validate checks the policy: names of printable text without '/', no negative weight,
 // limit, share or duration, default_time within max_time, QOS and allowed accounts that
-// exist, at most one default partition and one default account per user. The error
-// names the field and the value.
+// exist, at most one default partition and one default account per user, a known
+// pre-emption type, signal and preempt_mode. The error names the field and the value.
 func (p *Policy) Validate() error {
 	w := p.Priority.Weights
 	for _, f := range []struct {
@@ -309,7 +316,7 @@ func (p *Policy) Validate() error {
 			}
 		}
 	}
-	return nil
+	return p.validatePreemption()
 }
 
 // checkName refuses an empty name, or one with '/', a space, or a character that is

@@ -115,10 +115,10 @@ func parseWhen(v string, now time.Time) (time.Time, error) {
 // printRecords prints finished jobs as sacct does.
 func printRecords(e *env, recs []job.Record) {
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "JOBID\tUSER\tACCOUNT\tPARTITION\tSTATE\tEXITCODE\tSTART\tEND\tELAPSED\tNNODES\tALLOCGPUS\tGPUHOURS\tRESTARTS")
+	fmt.Fprintln(tw, "JOBID\tUSER\tACCOUNT\tPARTITION\tSTATE\tEXITCODE\tSTART\tEND\tELAPSED\tNNODES\tALLOCGPUS\tGPUHOURS\tRESTARTS\tPREEMPTED")
 	for _, r := range recs {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%d\t%d\t%.2f\t%d\n", r.ID, r.User, r.Account, orDash(r.Partition), r.State, r.ExitCode,
-			stampOr(r.Started), stampOr(r.Ended), elapsed(r.Elapsed), r.NumNodes, r.GPUs, r.GPUHours(), r.Restarts)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%d\t%d\t%.2f\t%d\t%d\n", r.ID, r.User, r.Account, orDash(r.Partition), r.State, r.ExitCode,
+			stampOr(r.Started), stampOr(r.Ended), elapsed(r.Elapsed), r.NumNodes, r.GPUs, r.GPUHours(), r.Restarts, r.Preemptions)
 	}
 	tw.Flush()
 }

@@ -369,6 +369,10 @@ func showJob(e *env, j *job.Job, asJSON bool) int {
 	for _, l := range st.LostNodes {
 		fmt.Fprintf(w, "   Lost node %s at %s: %s\n", l.Node, stampOr(l.At), l.Why)
 	}
+	for _, p := range st.Preemptions {
+		fmt.Fprintf(w, "   Preempted by job %s (partition %s) at %s: SIG%s, grace %s, requeued %s\n", p.By, orDash(p.Partition),
+			stampOr(p.At), p.SignalName(), p.Grace, stampOr(p.Requeued))
+	}
 	printSupervision(w, j)
 	if n, _ := j.IdleGPUs(); n > 0 {
 		for _, m := range j.Idle {
@@ -405,7 +409,8 @@ func printSupervision(w io.Writer, j *job.Job) {
 }
 
 // jobJSON is `gangrun show ID --json` for a job: the queue's fields plus "exit_code",
-// "nodes" as [{"name", "gpus"}], "attempts" and "lost_nodes", and the supervision's
+// "nodes" as [{"name", "gpus"}], "attempts", "lost_nodes", "preemptions" (and
+// "preempted_by" while it waits for the job that pre-empted it), and the supervision's
 // "restarts_by_cause", "last_restart_seconds", "checkpoint" and "ettr" when known.
 func jobJSON(j *job.Job) any {
 	e := job.EntryOf(*j, "", time.Now())
@@ -419,16 +424,21 @@ func jobJSON(j *job.Job) any {
 		ExitCode  int            `json:"exit_code"`
 		Attempts  []job.Attempt  `json:"attempts"`
 		LostNodes []job.LostNode `json:"lost_nodes"`
-		Spares    []string       `json:"spares"`
-		Spec      job.Spec       `json:"spec"`
-		Ended     string         `json:"ended"`
+		// Preemptions and PreemptedBy: the job's pre-emptions, and the job it waits for
+		// (PENDING, BeginTime) after the last one.
+		Preemptions []job.Preemption `json:"preemptions"`
+		PreemptedBy string           `json:"preempted_by,omitempty"`
+		Spares      []string         `json:"spares"`
+		Spec        job.Spec         `json:"spec"`
+		Ended       string           `json:"ended"`
 		// The supervision (printSupervision): absent when unknown.
 		RestartsByCause    map[string]int      `json:"restarts_by_cause,omitempty"`
 		LastRestartSeconds *float64            `json:"last_restart_seconds,omitempty"`
 		Checkpoint         *job.CheckpointSeen `json:"checkpoint,omitempty"`
 		ETTR               *float64            `json:"ettr,omitempty"`
 	}{RestartsByCause: j.State.RestartsByCause, Checkpoint: j.State.Checkpoint, Entry: e, ExitCode: j.State.ExitCode, Spec: j.Spec, Spares: append([]string{}, j.State.Spares...),
-		LostNodes: append([]job.LostNode{}, j.State.LostNodes...), Nodes: []node{}, Attempts: append([]job.Attempt{}, j.State.Attempts...)}
+		LostNodes: append([]job.LostNode{}, j.State.LostNodes...), Nodes: []node{},
+		Preemptions: append([]job.Preemption{}, j.State.Preemptions...), PreemptedBy: j.State.PreemptedBy, Attempts: append([]job.Attempt{}, j.State.Attempts...)}
 	for _, n := range j.State.Nodes {
 		out.Nodes = append(out.Nodes, node{Name: n, GPUs: j.Spec.GPUsPerNode})
 	}
