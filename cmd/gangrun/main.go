@@ -84,6 +84,8 @@ func commands() []command {
 		{"logs", "print a job's output (like reading slurm-JOBID.out)", runLogs, false},
 		{"policy", "set or show the scheduling policy: partitions, accounts, limits, priority weights", runPolicy, false},
 		{"acct", "list finished jobs and sum their GPU-hours (like sacct and sreport)", runAcct, false},
+		{"audit", "list administrative actions: who cancelled, drained, resumed, changed the policy", runAudit, false},
+		{"acl", "set up Consul ACL policies and tokens for agents, operators and users", runACL, false},
 		{"drain", "mark a node drained: no new grants land on it", runDrain, false},
 		{"resume", "return a drained node to service", runResume, false},
 		{"ckpt", "find, list, verify and prune checkpoints", runCkpt, false},
