@@ -17,9 +17,9 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/gangrun/gangrun/acl"
 	"github.com/gangrun/gangrun/hostlist"
 	"github.com/gangrun/gangrun/internal/store"
-	"github.com/gangrun/gangrun/acl"
 	"github.com/gangrun/gangrun/internal/userfile"
 	"github.com/gangrun/gangrun/job"
 	"github.com/gangrun/gangrun/launcher"
