@@ -144,7 +144,7 @@ func ask(ctx context.Context, s store.Store, user string, r Request, wait time.D
 				continue // answered meanwhile
 			}
 		}
-		return nil, fmt.Errorf("%w within %s: no elected `gangrun agent` answered; nothing was done", ErrNoAnswer, wait)
+		return nil, fmt.Errorf("%w within %s: no elected gangrun agent answered; nothing was done", ErrNoAnswer, wait)
 	}
 }
 
