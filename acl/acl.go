@@ -21,6 +21,8 @@ import (
 	"strings"
 
 	"github.com/hashicorp/consul/api"
+
+	"github.com/gangrun/gangrun/internal/store"
 )
 
 // The policies' names in Consul. A user's policy is UserPolicyPrefix + the user name.
@@ -162,18 +164,18 @@ var ErrNoToken = errors.New("no valid Consul ACL token")
 // policy, not management).
 var ErrForeignToken = errors.New("not a gangrun token")
 
-// Whoami asks Consul who c's token is (GET /v1/acl/token/self, which any token may ask
-// of itself). With Consul's ACLs off it returns RoleOpen. Errors: ErrNoToken (no
-// token, or one Consul does not know), ErrForeignToken, or Consul unreachable.
-func Whoami(ctx context.Context, c *api.Client) (Identity, error) {
-	tok, _, err := c.ACL().TokenReadSelf((&api.QueryOptions{}).WithContext(ctx))
+// Whoami asks Consul who s's token is (store.Consul.TokenSelf). With Consul's ACLs
+// off it returns RoleOpen. Errors: ErrNoToken (no token, or one Consul does not know),
+// ErrForeignToken, or Consul unreachable (store.ErrUnavailable).
+func Whoami(ctx context.Context, s *store.Consul) (Identity, error) {
+	tok, err := s.TokenSelf(ctx)
 	if err != nil {
 		var se api.StatusError
 		msg := err.Error()
 		switch {
 		case strings.Contains(msg, "ACL support disabled"):
 			return Identity{Role: RoleOpen}, nil
-		case errors.As(err, &se) && (se.Code == 403 || se.Code == 401), strings.Contains(msg, "ACL not found"):
+		case errors.Is(err, store.ErrPermissionDenied), errors.As(err, &se) && (se.Code == 403 || se.Code == 401), strings.Contains(msg, "ACL not found"):
 			return Identity{}, fmt.Errorf("%w: set CONSUL_HTTP_TOKEN or CONSUL_HTTP_TOKEN_FILE to the token `gangrun acl user NAME` minted for you", ErrNoToken)
 		}
 		return Identity{}, fmt.Errorf("ask Consul whose the token is: %w", err)

@@ -51,7 +51,7 @@ func TestPoliciesOnRealConsul(t *testing.T) {
 		{toks.Agent, acl.Identity{Role: acl.RoleAgent}},
 		{alice, acl.Identity{Role: acl.RoleUser, User: "alice"}},
 	} {
-		id, err := acl.Whoami(ctx, storeAs(t, a.Addr, c.token).Client())
+		id, err := acl.Whoami(ctx, storeAs(t, a.Addr, c.token))
 		if err != nil {
 			t.Fatalf("whoami %s: %v", c.want.Role, err)
 		}
@@ -59,10 +59,10 @@ func TestPoliciesOnRealConsul(t *testing.T) {
 			t.Errorf("whoami: %+v, want %+v", id, c.want)
 		}
 	}
-	if _, err := acl.Whoami(ctx, storeAs(t, a.Addr, "00000000-1111-2222-3333-444444444444").Client()); !errors.Is(err, acl.ErrNoToken) {
+	if _, err := acl.Whoami(ctx, storeAs(t, a.Addr, "00000000-1111-2222-3333-444444444444")); !errors.Is(err, acl.ErrNoToken) {
 		t.Errorf("whoami with an unknown token: %v, want ErrNoToken", err)
 	}
-	if id, err := acl.Whoami(ctx, storeAs(t, consultest.Start(t).Addr, "").Client()); err != nil || id.Role != acl.RoleOpen {
+	if id, err := acl.Whoami(ctx, storeAs(t, consultest.Start(t).Addr, "")); err != nil || id.Role != acl.RoleOpen {
 		t.Errorf("whoami without ACLs: %+v %v, want RoleOpen", id, err)
 	}
 

@@ -129,7 +129,7 @@ func writeSecret(path, secret string) error {
 // returns the exit code (2 with no valid token or a foreign one, 1 when Consul cannot
 // be asked).
 func identify(ctx context.Context, e *env, cmd string, s *store.Consul) (acl.Identity, int) {
-	id, err := acl.Whoami(ctx, s.Client())
+	id, err := acl.Whoami(ctx, s)
 	switch {
 	case errors.Is(err, acl.ErrNoToken), errors.Is(err, acl.ErrForeignToken):
 		return id, usageErr(e, cmd, "%v", err)

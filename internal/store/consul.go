@@ -177,6 +177,17 @@ func (s *Consul) Close() {
 	}
 }
 
+// TokenSelf returns the ACL token this client sends, as Consul knows it (GET
+// /v1/acl/token/self, which any token may ask of itself), riding out a leader election
+// as every request does. With Consul's ACLs off the error says "ACL support disabled";
+// an unknown token is a *PermissionError saying "ACL not found".
+func (s *Consul) TokenSelf(ctx context.Context) (*api.ACLToken, error) {
+	return attempt(ctx, "consul acl token self", func(ctx context.Context) (*api.ACLToken, error) {
+		t, _, err := s.c.ACL().TokenReadSelf((&api.QueryOptions{}).WithContext(ctx))
+		return t, err
+	})
+}
+
 // Client returns the underlying Consul API client.
 func (s *Consul) Client() *api.Client { return s.c }
 
