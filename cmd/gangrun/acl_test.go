@@ -106,6 +106,8 @@ func TestACLCluster(t *testing.T) {
 		b, _ := os.ReadFile(f)
 		secret[n] = strings.TrimSpace(string(b))
 	}
+	refused(t, "bootstrap again into the same files", c.as(mgmt, "acl", "bootstrap", "--out", tokDir),
+		"gangrun acl: --out: "+filepath.Join(tokDir, "agent.token")+" exists: a token is never written over another (remove it first)")
 	for _, u := range []string{"alice", "bob"} {
 		r := c.as(mgmt, "acl", "user", u)
 		tok, ok := strings.CutPrefix(strings.TrimSpace(r.stdout), "user "+u+" token: ")
@@ -270,5 +272,44 @@ func TestACLCluster(t *testing.T) {
 		if n != 1 {
 			t.Errorf("%s's secret appears %d times in the outputs, want once (acl user's)", u, n)
 		}
+	}
+}
+
+// TestAuditWithoutACLs: with Consul's ACLs off every command may do everything, as
+// before ACLs; `acl whoami` says so, `acl bootstrap` refuses with one line and exit 2,
+// and drain and resume are still recorded in the audit log, with token "none".
+func TestAuditWithoutACLs(t *testing.T) {
+	consul := consultest.Start(t).Addr
+	startAgent(t, consul, "open-a", "dgx-h100", "partition=train")
+	waitUntilFor(t, 60*time.Second, func() bool {
+		nodes := nodesJSON(t, consul)
+		return len(nodes) == 1 && nodes[0].State == "up"
+	}, "the agent up")
+	if code, out, errOut := inProcess("acl", "--consul", consul, "whoami"); code != 0 || out != "Consul's ACLs are off: every command may do everything\n" {
+		t.Errorf("acl whoami: exit %d: %q %s", code, out, errOut)
+	}
+	if code, _, errOut := inProcess("acl", "--consul", consul, "bootstrap"); code != 2 || !strings.HasPrefix(errOut, "gangrun acl: Consul's ACLs are off: turn them on") || strings.Count(errOut, "\n") != 1 {
+		t.Errorf("acl bootstrap without ACLs: exit %d: %q", code, errOut)
+	}
+	if code, _, errOut := inProcess("drain", "--consul", consul, "open-a", "--reason", "bios update"); code != 0 {
+		t.Fatalf("drain: exit %d: %s", code, errOut)
+	}
+	if code, _, errOut := inProcess("resume", "--consul", consul, "open-a"); code != 0 {
+		t.Fatalf("resume: exit %d: %s", code, errOut)
+	}
+	code, out, errOut := inProcess("audit", "--consul", consul, "--json", "--since", "1h")
+	if code != 0 {
+		t.Fatalf("audit: exit %d: %s", code, errOut)
+	}
+	var entries []audit.Entry
+	if err := json.Unmarshal([]byte(out), &entries); err != nil {
+		t.Fatalf("audit --json: %v\n%s", err, out)
+	}
+	if len(entries) != 2 || entries[0].Action != audit.ActionDrain || entries[0].Detail != "bios update" || entries[1].Action != audit.ActionResume ||
+		entries[0].Token != "none" || entries[0].Accessor != "" || entries[0].User != currentUser() {
+		t.Errorf("audit: %+v", entries)
+	}
+	if code, out, _ := inProcess("audit", "--consul", consul, "--user", "nobody-at-all"); code != 0 || strings.Count(out, "\n") != 1 {
+		t.Errorf("audit --user nobody-at-all: exit %d:\n%s", code, out)
 	}
 }
