@@ -2,6 +2,7 @@ package job
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"path/filepath"
 	"testing"
@@ -88,5 +89,62 @@ func TestRequestWithdrawnWhenNoAgentAnswers(t *testing.T) {
 	}
 	if left, _, _ := s.List(ctx, acl.UsersPrefix); len(left) != 0 {
 		t.Errorf("the request was not withdrawn: %v", left)
+	}
+}
+
+// TestStaleRequestQueuesNothing: a request changed after the elected agent read it (the
+// asker withdrew or rewrote it) is not carried out from the old read: the submit's
+// transaction, which holds the answer's check-and-set, is refused whole, serve gives up
+// at once (it does not try the next job id for ever) and no job is queued.
+func TestStaleRequestQueuesNothing(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s := store.NewMemory()
+	inv, err := topology.LoadFile(filepath.Join("..", "topology", "testdata", "inventories", "dgx-h100.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	inv.Node = "n1"
+	a, err := allocator.NewAgent(s, allocator.AgentConfig{Node: "n1", Addr: "127.0.0.1", Inventory: inv, NoScheduler: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	actx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = a.Run(actx) }()
+	defer func() { stop(); <-done }()
+	for {
+		c, err := allocator.RegisteredNodes(ctx, s)
+		if err == nil && len(c.Nodes) == 1 {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatal("the node never registered")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	key := requestKey("alice", requestSubmit)
+	b, _ := json.Marshal(Request{Kind: requestSubmit, Spec: &Spec{Command: []string{"true"}, MinNodes: 1, MaxNodes: 1, GPUsPerNode: 1, WorkDir: "/tmp"}})
+	write := func() {
+		if _, err := s.Txn(ctx, []store.Op{{Verb: store.Set, Key: key, Value: b}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write()
+	first, err := s.Get(ctx, key)
+	if err != nil || first == nil {
+		t.Fatalf("the request: %v", err)
+	}
+	write() // written again: the first read is stale
+	if e, _ := s.Get(ctx, key); e == nil || e.ModifyIndex == first.ModifyIndex {
+		t.Fatalf("the request's index did not move: %+v", e)
+	}
+	pass := store.Op{Verb: store.CheckNotExists, Key: "gangrun/test/no-such-key"} // a fence that holds
+	if err := serve(ctx, s, pass, *first); err != nil {
+		t.Fatalf("serve of a stale read: %v", err)
+	}
+	if jobs, _ := List(ctx, s); len(jobs) != 0 {
+		t.Errorf("a stale read queued %d job(s)", len(jobs))
 	}
 }

@@ -120,11 +120,29 @@ func submit(ctx context.Context, s store.Store, spec Spec, also alsoOps) (string
 		if err == nil {
 			return id, nil
 		}
-		if !errors.Is(err, store.ErrTxnRejected) {
+		if !errors.Is(err, store.ErrTxnRejected) || also != nil && !idTaken(err, id) {
 			return "", fmt.Errorf("submit job %s: %w", id, err)
 		}
 		// Another submit took the id meanwhile: take the next one.
 	}
+}
+
+// idTaken reports whether the rejection err of the transaction that queues job id
+// failed on the id only (the sequence's check-and-set, or the job's keys written
+// meanwhile): another submit took it, and the next id may be tried. A rejection on an
+// operation of also's (a request answered or withdrawn meanwhile) is the caller's to
+// judge: trying the next id would fail the same way for ever.
+func idTaken(err error, id string) bool {
+	var te *store.TxnError
+	if !errors.As(err, &te) {
+		return false
+	}
+	for _, oe := range te.Errors {
+		if oe.Key != seqKey && !strings.HasPrefix(oe.Key, jobsPrefix+id) {
+			return false
+		}
+	}
+	return true
 }
 
 // prepareSubmit fills spec's defaults and makes Submit's checks: the spec's own, the
@@ -261,7 +279,7 @@ func submitArray(ctx context.Context, s store.Store, spec Spec, a Array, also al
 		}
 		batches = append(batches, cur)
 		if _, err := s.Txn(ctx, batches[0]); err != nil {
-			if errors.Is(err, store.ErrTxnRejected) {
+			if errors.Is(err, store.ErrTxnRejected) && (also == nil || idTaken(err, id)) {
 				continue // another submit took the id meanwhile: take the next one
 			}
 			return "", nil, fmt.Errorf("submit job array %s: %w", id, err)
