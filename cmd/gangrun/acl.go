@@ -139,6 +139,27 @@ func identify(ctx context.Context, e *env, cmd string, s *store.Consul) (acl.Ide
 	return id, exitOK
 }
 
+// openReader is openStore for a command that only reads: it first asks Consul whose
+// the token is, so that with ACLs on and no valid token the command says so (one line,
+// exit 2) instead of showing the empty lists Consul's ACLs leave it. A token that is
+// none of gangrun's may read what its policies allow.
+func openReader(ctx context.Context, e *env, cmd, addr string) (*store.Consul, int) {
+	s, code := openStore(e, cmd, addr)
+	if code != exitOK {
+		return nil, code
+	}
+	_, err := acl.Whoami(ctx, s)
+	switch {
+	case err == nil, errors.Is(err, acl.ErrForeignToken):
+		return s, exitOK
+	case errors.Is(err, acl.ErrNoToken):
+		s.Close()
+		return nil, usageErr(e, cmd, "%v", err)
+	}
+	s.Close()
+	return nil, failErr(e, cmd, err)
+}
+
 // needAdmin refuses an administrative command (what, as "draining a node") to a token
 // that is not the operator's: one line, exit 2.
 func needAdmin(e *env, cmd, what string, id acl.Identity) int {
@@ -186,7 +207,7 @@ func runAudit(ctx context.Context, e *env, args []string) int {
 			return usageErr(e, "audit", "--since %q: %v", *sinceFlag, err)
 		}
 	}
-	s, code := openStore(e, "audit", *consul)
+	s, code := openReader(ctx, e, "audit", *consul)
 	if code != exitOK {
 		return code
 	}

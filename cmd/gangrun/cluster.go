@@ -151,6 +151,18 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 		return code
 	}
 	defer s.Close()
+	// With Consul's ACLs on, an agent holds the agents' token (docs/acl.md).
+	who, err := acl.Whoami(ctx, s)
+	switch {
+	case errors.Is(err, acl.ErrNoToken):
+		return usageErr(e, "agent", "no valid Consul ACL token: set CONSUL_HTTP_TOKEN_FILE to the agents' token (agent.token from gangrun acl bootstrap)")
+	case errors.Is(err, acl.ErrForeignToken):
+		return usageErr(e, "agent", "%v", err)
+	case err != nil:
+		return failErr(e, "agent", err)
+	case who.Role == acl.RoleUser:
+		return usageErr(e, "agent", "permission denied: an agent takes the agents' token from gangrun acl bootstrap (your token is %s)", who.Name())
+	}
 	var health allocator.HealthSource
 	switch {
 	case *healthEvents != "":
@@ -269,7 +281,7 @@ func runNodes(ctx context.Context, e *env, args []string) int {
 	if fs.NArg() > 0 {
 		return usageErr(e, "nodes", "unexpected argument %q: nodes takes flags only", fs.Arg(0))
 	}
-	s, code := openStore(e, "nodes", *consul)
+	s, code := openReader(ctx, e, "nodes", *consul)
 	if code != exitOK {
 		return code
 	}
@@ -443,7 +455,7 @@ func runQueue(ctx context.Context, e *env, args []string) int {
 	if fs.NArg() > 0 {
 		return usageErr(e, "queue", "unexpected argument %q: queue takes flags only (gangrun show ID shows one)", fs.Arg(0))
 	}
-	s, code := openStore(e, "queue", *consul)
+	s, code := openReader(ctx, e, "queue", *consul)
 	if code != exitOK {
 		return code
 	}
@@ -483,7 +495,7 @@ func runShow(ctx context.Context, e *env, args []string) int {
 	if err := store.CheckSegment("id", fs.Arg(0)); err != nil {
 		return usageErr(e, "show", "%v", err)
 	}
-	s, code := openStore(e, "show", *consul)
+	s, code := openReader(ctx, e, "show", *consul)
 	if code != exitOK {
 		return code
 	}

@@ -269,7 +269,7 @@ func runLogs(ctx context.Context, e *env, args []string) int {
 	if err := store.CheckSegment("job id", fs.Arg(0)); err != nil {
 		return usageErr(e, "logs", "%v", err)
 	}
-	s, code := openStore(e, "logs", *consul)
+	s, code := openReader(ctx, e, "logs", *consul)
 	if code != exitOK {
 		return code
 	}

@@ -40,7 +40,7 @@ func runPolicy(ctx context.Context, e *env, args []string) int {
 			return usageErr(e, "policy", "%s: %v", fs.Arg(1), err)
 		}
 	}
-	s, code := openStore(e, "policy", *consul)
+	s, code := openReader(ctx, e, "policy", *consul)
 	if code != exitOK {
 		return code
 	}
