@@ -173,6 +173,8 @@ func TestACLCluster(t *testing.T) {
 	}
 	refused(t, "bob sets the policy", c.as(bob, "policy", "set", pol), "gangrun policy: permission denied: changing the policy takes the operator's token (your token is bob's)")
 	refused(t, "a submit with no token", c.as("", "submit", "--", "true"), "gangrun submit: no valid Consul ACL token: set CONSUL_HTTP_TOKEN or CONSUL_HTTP_TOKEN_FILE")
+	refused(t, "an alloc with a user's token (no sessions): Consul's refusal", c.as(bob, "alloc", "--nodes", "1", "--gpus-per-node", "1", "--wait", "5s"),
+		"lacks permission 'session:write'")
 	refused(t, "a queue with no token", c.as("", "queue"), "gangrun queue: no valid Consul ACL token: set CONSUL_HTTP_TOKEN or CONSUL_HTTP_TOKEN_FILE")
 	refused(t, "an agent with a user's token", c.as(bob, "agent", "--node-name", "bobs", "--topology-file", inventory),
 		"gangrun agent: permission denied: an agent takes the agents' token from gangrun acl bootstrap (your token is bob's)")

@@ -22,6 +22,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/gangrun/gangrun/internal/proc"
+	"github.com/gangrun/gangrun/internal/store"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -251,9 +252,13 @@ func usageErr(e *env, cmd string, format string, a ...any) int {
 	return exitUsage
 }
 
-// failErr prints a one-line failure for cmd and returns exit code 1.
+// failErr prints a one-line failure for cmd and returns exit code 1; 2 when Consul's
+// ACLs refused the request (store.ErrPermissionDenied: nothing was done, docs/acl.md).
 func failErr(e *env, cmd string, err error) int {
 	fmt.Fprintf(e.stderr, "gangrun %s: %s\n", cmd, oneLine(err.Error()))
+	if errors.Is(err, store.ErrPermissionDenied) {
+		return exitUsage
+	}
 	return exitFailure
 }
 
