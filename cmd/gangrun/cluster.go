@@ -151,9 +151,11 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 		return code
 	}
 	defer s.Close()
-	// With Consul's ACLs on, an agent holds the agents' token (docs/acl.md).
+	// With Consul's ACLs on, an agent holds the agents' token (docs/acl.md). A Consul
+	// that does not answer yet is no refusal: the agent waits for it, as it always has.
 	who, err := acl.Whoami(ctx, s)
 	switch {
+	case errors.Is(err, store.ErrUnavailable):
 	case errors.Is(err, acl.ErrNoToken):
 		return usageErr(e, "agent", "no valid Consul ACL token: set CONSUL_HTTP_TOKEN_FILE to the agents' token (agent.token from gangrun acl bootstrap)")
 	case errors.Is(err, acl.ErrForeignToken):
