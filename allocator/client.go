@@ -301,8 +301,9 @@ func Show(ctx context.Context, s store.Store, id string) (*PendingRequest, *Gran
 }
 
 // SetDrain drains node (reason required) or, with reason "", returns it to service.
-// ErrNotFound for a node that never registered.
-func SetDrain(ctx context.Context, s store.Store, node, reason string) error {
+// ErrNotFound for a node that never registered. also's operations (an audit entry)
+// are applied in the same transaction.
+func SetDrain(ctx context.Context, s store.Store, node, reason string, also ...store.Op) error {
 	if err := store.CheckSegment("node", node); err != nil {
 		return err
 	}
@@ -314,10 +315,10 @@ func SetDrain(ctx context.Context, s store.Store, node, reason string) error {
 		return fmt.Errorf("node %q: %w (registered nodes: gangrun nodes)", node, ErrNotFound)
 	}
 	if reason == "" {
-		_, err = s.Txn(ctx, []store.Op{{Verb: store.Delete, Key: drainPrefix + node}})
+		_, err = s.Txn(ctx, append([]store.Op{{Verb: store.Delete, Key: drainPrefix + node}}, also...))
 		return err
 	}
 	d := Drain{Reason: strings.TrimSpace(reason), Since: time.Now().UTC()}
-	_, err = s.Txn(ctx, []store.Op{{Verb: store.Set, Key: drainPrefix + node, Value: mustJSON(d)}})
+	_, err = s.Txn(ctx, append([]store.Op{{Verb: store.Set, Key: drainPrefix + node, Value: mustJSON(d)}}, also...))
 	return err
 }

@@ -84,6 +84,15 @@ func applyPolicy(p *policy.Policy, spec *Spec) error {
 // controller writes it once they hold. Errors wrapping ErrInvalid are the user's;
 // others mean the store could not be asked.
 func Submit(ctx context.Context, s store.Store, spec Spec) (string, error) {
+	return submit(ctx, s, spec, nil)
+}
+
+// alsoOps, when not nil, gives operations to apply in the transaction that queues job
+// id (an array's first one): what must happen with the submit or not at all.
+type alsoOps func(id string) []store.Op
+
+// submit is Submit with also's operations in its transaction.
+func submit(ctx context.Context, s store.Store, spec Spec, also alsoOps) (string, error) {
 	spec, err := prepareSubmit(ctx, s, spec)
 	if err != nil {
 		return "", err
@@ -102,6 +111,9 @@ func Submit(ctx context.Context, s store.Store, spec Spec) (string, error) {
 			return "", err
 		}
 		ops := append(append([]store.Op{seqOp}, jobOps(spec, st)...), reqOps...)
+		if also != nil {
+			ops = append(ops, also(id)...)
+		}
 		if err := store.CheckTxn(ops); err != nil {
 			return "", &invalid{fmt.Errorf("the job's spec is too large to queue: %w", err)}
 		}
@@ -109,11 +121,29 @@ func Submit(ctx context.Context, s store.Store, spec Spec) (string, error) {
 		if err == nil {
 			return id, nil
 		}
-		if !errors.Is(err, store.ErrTxnRejected) {
+		if !errors.Is(err, store.ErrTxnRejected) || also != nil && !idTaken(err, id) {
 			return "", fmt.Errorf("submit job %s: %w", id, err)
 		}
 		// Another submit took the id meanwhile: take the next one.
 	}
+}
+
+// idTaken reports whether the rejection err of the transaction that queues job id
+// failed on the id only (the sequence's check-and-set, or the job's keys written
+// meanwhile): another submit took it, and the next id may be tried. A rejection on an
+// operation of also's (a request answered or withdrawn meanwhile) is the caller's to
+// judge: trying the next id would fail the same way for ever.
+func idTaken(err error, id string) bool {
+	var te *store.TxnError
+	if !errors.As(err, &te) {
+		return false
+	}
+	for _, oe := range te.Errors {
+		if oe.Key != seqKey && !strings.HasPrefix(oe.Key, jobsPrefix+id) {
+			return false
+		}
+	}
+	return true
 }
 
 // prepareSubmit fills spec's defaults and makes Submit's checks: the spec's own, the
@@ -201,6 +231,11 @@ func checkDependencies(ctx context.Context, s store.Store, deps []Dependency) er
 // which takes the id; a submit that fails after it leaves the tasks written so far
 // (`gangrun cancel A` removes them), and says how many.
 func SubmitArray(ctx context.Context, s store.Store, spec Spec, a Array) (string, []string, error) {
+	return submitArray(ctx, s, spec, a, nil)
+}
+
+// submitArray is SubmitArray with also's operations in its first transaction.
+func submitArray(ctx context.Context, s store.Store, spec Spec, a Array, also alsoOps) (string, []string, error) {
 	if len(a.Indices) == 0 {
 		return "", nil, &invalid{errors.New("--array: no indices")}
 	}
@@ -221,6 +256,10 @@ func SubmitArray(ctx context.Context, s store.Store, spec Spec, a Array) (string
 		var batches [][]store.Op
 		var ids []string
 		cur, total := []store.Op{seqOp}, 0
+		if also != nil {
+			cur = append(cur, also(id)...)
+		}
+		head := len(cur)
 		for _, i := range a.Indices {
 			ts := spec
 			ts.ID = TaskID(id, i)
@@ -241,12 +280,12 @@ func SubmitArray(ctx context.Context, s store.Store, spec Spec, a Array) (string
 		}
 		batches = append(batches, cur)
 		if _, err := s.Txn(ctx, batches[0]); err != nil {
-			if errors.Is(err, store.ErrTxnRejected) {
+			if errors.Is(err, store.ErrTxnRejected) && (also == nil || idTaken(err, id)) {
 				continue // another submit took the id meanwhile: take the next one
 			}
 			return "", nil, fmt.Errorf("submit job array %s: %w", id, err)
 		}
-		written := (len(batches[0]) - 1) / 3
+		written := (len(batches[0]) - head) / 3
 		for _, b := range batches[1:] {
 			if _, err := s.Txn(ctx, b); err != nil {
 				return id, ids[:written], fmt.Errorf("submit job array %s: wrote %d of its %d tasks (gangrun cancel %s removes them): %w", id, written, len(ids), id, err)
@@ -276,8 +315,9 @@ func nextID(ctx context.Context, s store.Store) (string, store.Op, error) {
 // Cancel cancels job id, as scancel does: a pending job ends CANCELLED at once, its
 // request goes and its accounting record is written with it; a granted or running one goes COMPLETING: every step stops its workers (SIGTERM, the grace, SIGKILL),
 // gives its GPUs back and exits, and the job ends CANCELLED. A job that already ended
-// is no error: Cancel reports false then.
-func Cancel(ctx context.Context, s store.Store, id string) (bool, error) {
+// is no error: Cancel reports false then. also's operations (an audit entry) are
+// applied in the transaction that cancels it, and only if it does.
+func Cancel(ctx context.Context, s store.Store, id string, also ...store.Op) (bool, error) {
 	for {
 		j, err := Read(ctx, s, id)
 		if err != nil {
@@ -299,7 +339,7 @@ func Cancel(ctx context.Context, s store.Store, id string) (bool, error) {
 			st.Status, st.End, st.Reason = Completing, Cancelled, "cancelled"
 		}
 		b, _ := json.Marshal(st)
-		_, err = s.Txn(ctx, append([]store.Op{{Verb: store.CAS, Key: stateKey(id), Value: b, Index: j.Index}}, extra...))
+		_, err = s.Txn(ctx, append(append([]store.Op{{Verb: store.CAS, Key: stateKey(id), Value: b, Index: j.Index}}, extra...), also...))
 		if err == nil {
 			return true, nil
 		}
@@ -314,7 +354,7 @@ func Cancel(ctx context.Context, s store.Store, id string) (bool, error) {
 				}
 				j.State.Status, j.State.End, j.State.Reason = Completing, Cancelled, "cancelled"
 				return true
-			}); err != nil || changed {
+			}, also...); err != nil || changed {
 				return changed, err
 			}
 			return false, nil

@@ -418,8 +418,8 @@ func Load(ctx context.Context, s store.Store) (*Policy, error) {
 }
 
 // Save writes p (after Validate) as the policy; the scheduler applies it on its next
-// pass.
-func Save(ctx context.Context, s store.Store, p *Policy) error {
+// pass. also's operations (an audit entry) are applied in the same transaction.
+func Save(ctx context.Context, s store.Store, p *Policy, also ...store.Op) error {
 	if err := p.Validate(); err != nil {
 		return err
 	}
@@ -427,7 +427,7 @@ func Save(ctx context.Context, s store.Store, p *Policy) error {
 	if err != nil {
 		return err
 	}
-	if _, err := s.Txn(ctx, []store.Op{{Verb: store.Set, Key: Key, Value: b}}); err != nil {
+	if _, err := s.Txn(ctx, append([]store.Op{{Verb: store.Set, Key: Key, Value: b}}, also...)); err != nil {
 		return fmt.Errorf("write %s: %w", Key, err)
 	}
 	return nil

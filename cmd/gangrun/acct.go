@@ -61,7 +61,7 @@ func runAcct(ctx context.Context, e *env, args []string) int {
 			return usageErr(e, "acct", "--state %q: --report sums every end state (drop --state)", *state)
 		}
 	}
-	s, code := openStore(e, "acct", *consul)
+	s, code := openReader(ctx, e, "acct", *consul)
 	if code != exitOK {
 		return code
 	}

@@ -17,7 +17,9 @@ import (
 	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 
+	"github.com/gangrun/gangrun/acl"
 	"github.com/gangrun/gangrun/allocator"
+	"github.com/gangrun/gangrun/audit"
 	"github.com/gangrun/gangrun/internal/proc"
 	"github.com/gangrun/gangrun/internal/store"
 	"github.com/gangrun/gangrun/job"
@@ -94,6 +96,9 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 		"accounting: while elected, fold job records older than this into the daily rollups and delete them (at most the rollups' 400 days)")
 	durationVar(fs, &acctFold, "acct-fold-interval", job.DefaultAcctFoldInterval, durationFlag{min: time.Second, max: maxWait},
 		"accounting: how often the elected agent looks for records past --acct-retention")
+	var auditRetention time.Duration
+	durationVar(fs, &auditRetention, "audit-retention", audit.DefaultRetention, durationFlag{min: time.Hour, max: 10 * audit.DefaultRetention},
+		"audit log: while elected, delete the days of entries older than this (hourly)")
 	var minJobAge time.Duration
 	durationVar(fs, &minJobAge, "min-job-age", job.DefaultMinJobAge, durationFlag{max: job.RollupRetention, zeroOK: true},
 		"while elected, remove an ended job's records this long after its end, as Slurm's MinJobAge (0: never; its accounting record stays for --acct-retention)")
@@ -146,6 +151,20 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 		return code
 	}
 	defer s.Close()
+	// With Consul's ACLs on, an agent holds the agents' token (docs/acl.md). A Consul
+	// that does not answer yet is no refusal: the agent waits for it, as it always has.
+	who, err := acl.Whoami(ctx, s)
+	switch {
+	case errors.Is(err, store.ErrUnavailable):
+	case errors.Is(err, acl.ErrNoToken):
+		return usageErr(e, "agent", "no valid Consul ACL token: set CONSUL_HTTP_TOKEN_FILE to the agents' token (agent.token from gangrun acl bootstrap)")
+	case errors.Is(err, acl.ErrForeignToken):
+		return usageErr(e, "agent", "%v", err)
+	case err != nil:
+		return failErr(e, "agent", err)
+	case who.Role == acl.RoleUser:
+		return usageErr(e, "agent", "permission denied: an agent takes the agents' token from gangrun acl bootstrap (your token is %s)", who.Name())
+	}
 	var health allocator.HealthSource
 	switch {
 	case *healthEvents != "":
@@ -175,7 +194,8 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 	a, err = allocator.NewAgent(s, allocator.AgentConfig{Node: name, Addr: *addr, Labels: lbl, Inventory: inv,
 		NoScheduler: *noSched, Log: log, Health: health, Events: sched,
 		Leader: []func(context.Context, store.Store, string) error{job.Control(log.Named("jobs"), sched, minJobAge), sched.Lead,
-			job.KeepAccounts(log.Named("acct"), acctRetention, acctFold)}})
+			job.KeepAccounts(log.Named("acct"), acctRetention, acctFold), job.ServeRequests(log.Named("requests")),
+			audit.Keep(log.Named("audit"), auditRetention, 0)}})
 	if err != nil {
 		return usageErr(e, "agent", "%v", err)
 	}
@@ -263,7 +283,7 @@ func runNodes(ctx context.Context, e *env, args []string) int {
 	if fs.NArg() > 0 {
 		return usageErr(e, "nodes", "unexpected argument %q: nodes takes flags only", fs.Arg(0))
 	}
-	s, code := openStore(e, "nodes", *consul)
+	s, code := openReader(ctx, e, "nodes", *consul)
 	if code != exitOK {
 		return code
 	}
@@ -452,7 +472,7 @@ func runQueue(ctx context.Context, e *env, args []string) int {
 	if fs.NArg() > 0 {
 		return usageErr(e, "queue", "unexpected argument %q: queue takes flags only (gangrun show ID shows one)", fs.Arg(0))
 	}
-	s, code := openStore(e, "queue", *consul)
+	s, code := openReader(ctx, e, "queue", *consul)
 	if code != exitOK {
 		return code
 	}
@@ -492,7 +512,7 @@ func runShow(ctx context.Context, e *env, args []string) int {
 	if err := store.CheckSegment("id", fs.Arg(0)); err != nil {
 		return usageErr(e, "show", "%v", err)
 	}
-	s, code := openStore(e, "show", *consul)
+	s, code := openReader(ctx, e, "show", *consul)
 	if code != exitOK {
 		return code
 	}
@@ -575,11 +595,30 @@ func runCancel(ctx context.Context, e *env, args []string) int {
 		return code
 	}
 	defer s.Close()
+	who, code := identify(ctx, e, "cancel", s)
+	if code != exitOK {
+		return code
+	}
+	if who.Role == acl.RoleUser {
+		return cancelAs(ctx, e, s, who, fs.Args())
+	}
+	if !who.Admin() {
+		return usageErr(e, "cancel", "permission denied: cancelling takes a user's token (for the user's own jobs) or the operator's (your token is %s)", who.Name())
+	}
+	me := currentUser()
 	// Each id is cancelled in turn; the exit code is 1 if any failed, else 2 if any
-	// was unknown (a usage error, as for show and drain), else 0.
+	// was unknown (a usage error, as for show and drain), else 0. Cancelling another
+	// user's job is recorded in the audit log (a job's, in its cancel's transaction).
 	unknown, failed := false, false
 	for _, id := range fs.Args() {
+		owner := ""
+		if tasks, err := job.Tasks(ctx, s, id); err == nil && len(tasks) > 0 {
+			owner = tasks[0].Spec.User
+		}
 		if n, err := job.CancelArray(ctx, s, id); !errors.Is(err, job.ErrNotFound) {
+			if err == nil && n > 0 && owner != me {
+				err = audit.Write(ctx, s, auditEntry(who, audit.ActionCancel, "job array "+id, owner, fmt.Sprintf("%d task(s)", n)))
+			}
 			if err != nil {
 				failErr(e, "cancel", err)
 				failed = true
@@ -588,7 +627,11 @@ func runCancel(ctx context.Context, e *env, args []string) int {
 			}
 			continue
 		}
-		if changed, err := job.Cancel(ctx, s, id); !errors.Is(err, job.ErrNotFound) {
+		var also []store.Op
+		if j, err := job.Read(ctx, s, id); err == nil && j.Spec.User != me {
+			also = append(also, auditOp(who, audit.ActionCancel, "job "+id, j.Spec.User, ""))
+		}
+		if changed, err := job.Cancel(ctx, s, id, also...); !errors.Is(err, job.ErrNotFound) {
 			switch {
 			case err != nil:
 				failErr(e, "cancel", err)
@@ -616,6 +659,40 @@ func runCancel(ctx context.Context, e *env, args []string) int {
 	case failed:
 		return exitFailure
 	case unknown:
+		return exitUsage
+	}
+	return exitOK
+}
+
+// cancelAs is `gangrun cancel` under a user's token: each job is cancelled through
+// the user's request box, and only if it is the user's (job.CancelAs). The exit code is
+// 1 if any failed, else 2 if any was unknown or another's, else 0.
+func cancelAs(ctx context.Context, e *env, s store.Store, who acl.Identity, ids []string) int {
+	refused, failed := false, false
+	for _, id := range ids {
+		n, array, err := job.CancelAs(ctx, s, who.User, id, job.DefaultRequestWait)
+		switch {
+		case errors.Is(err, job.ErrNotYours):
+			usageErr(e, "cancel", "%s: %v", id, err)
+			refused = true
+		case errors.Is(err, job.ErrNotFound):
+			usageErr(e, "cancel", "%s", unknownID(id))
+			refused = true
+		case err != nil:
+			failErr(e, "cancel", err)
+			failed = true
+		case array:
+			fmt.Fprintf(e.stdout, "cancelled %d task(s) of job array %s\n", n, id)
+		case n > 0:
+			fmt.Fprintf(e.stdout, "cancelled job %s\n", id)
+		default:
+			fmt.Fprintf(e.stdout, "job %s had ended or is ending already\n", id)
+		}
+	}
+	switch {
+	case failed:
+		return exitFailure
+	case refused:
 		return exitUsage
 	}
 	return exitOK
@@ -663,7 +740,18 @@ func setDrain(ctx context.Context, e *env, cmd, consul, node, reason string) int
 		return code
 	}
 	defer s.Close()
-	if err := allocator.SetDrain(ctx, s, node, reason); err != nil {
+	who, code := identify(ctx, e, cmd, s)
+	if code != exitOK {
+		return code
+	}
+	action, what := audit.ActionDrain, "draining a node"
+	if reason == "" {
+		action, what = audit.ActionResume, "resuming a node"
+	}
+	if code := needAdmin(e, cmd, what, who); code != exitOK {
+		return code
+	}
+	if err := allocator.SetDrain(ctx, s, node, reason, auditOp(who, action, "node "+node, "", reason)); err != nil {
 		if errors.Is(err, allocator.ErrNotFound) {
 			return usageErr(e, cmd, "%v", err)
 		}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/gangrun/gangrun/acl"
 	"github.com/gangrun/gangrun/allocator"
 	"github.com/gangrun/gangrun/hostlist"
 	"github.com/gangrun/gangrun/internal/store"
@@ -125,11 +126,26 @@ func runSubmit(ctx context.Context, e *env, args []string) int {
 		return code
 	}
 	defer s.Close()
+	who, code := identify(ctx, e, "submit", s)
+	if code != exitOK {
+		return code
+	}
 	var id string
 	var tasks []string
-	if array != nil {
+	switch {
+	case who.Role == acl.RoleUser:
+		// A user's token writes only the user's request box: the elected agent queues
+		// the job, as the token's user (docs/acl.md).
+		if f.uid != "" && f.uid != who.User {
+			return usageErr(e, "submit", "permission denied: --uid %q: your token is %s, and a user's token submits only as its user", f.uid, who.Name())
+		}
+		if spec.User != who.User {
+			fmt.Fprintf(e.stderr, "gangrun submit: submitting as %s, your token's user (not as %s)\n", who.User, spec.User)
+		}
+		id, tasks, err = job.SubmitAs(ctx, s, who.User, spec, array, job.DefaultRequestWait)
+	case array != nil:
 		id, tasks, err = job.SubmitArray(ctx, s, spec, *array)
-	} else {
+	default:
 		id, err = job.Submit(ctx, s, spec)
 	}
 	if errors.Is(err, job.ErrInvalid) {
@@ -269,7 +285,7 @@ func runLogs(ctx context.Context, e *env, args []string) int {
 	if err := store.CheckSegment("job id", fs.Arg(0)); err != nil {
 		return usageErr(e, "logs", "%v", err)
 	}
-	s, code := openStore(e, "logs", *consul)
+	s, code := openReader(ctx, e, "logs", *consul)
 	if code != exitOK {
 		return code
 	}

@@ -23,6 +23,7 @@ import (
 
 	"github.com/gangrun/gangrun/internal/cgroup"
 	"github.com/gangrun/gangrun/internal/proc"
+	"github.com/gangrun/gangrun/internal/store"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -85,6 +86,8 @@ func commands() []command {
 		{"logs", "print a job's output (like reading slurm-JOBID.out)", runLogs, false},
 		{"policy", "set or show the scheduling policy: partitions, accounts, limits, priority weights", runPolicy, false},
 		{"acct", "list finished jobs and sum their GPU-hours (like sacct and sreport)", runAcct, false},
+		{"audit", "list administrative actions: who cancelled, drained, resumed, changed the policy", runAudit, false},
+		{"acl", "set up Consul ACL policies and tokens for agents, operators and users", runACL, false},
 		{"drain", "mark a node drained: no new grants land on it", runDrain, false},
 		{"resume", "return a drained node to service", runResume, false},
 		{"ckpt", "find, list, verify and prune checkpoints", runCkpt, false},
@@ -250,9 +253,13 @@ func usageErr(e *env, cmd string, format string, a ...any) int {
 	return exitUsage
 }
 
-// failErr prints a one-line failure for cmd and returns exit code 1.
+// failErr prints a one-line failure for cmd and returns exit code 1; 2 when Consul's
+// ACLs refused the request (store.ErrPermissionDenied: nothing was done, docs/acl.md).
 func failErr(e *env, cmd string, err error) int {
 	fmt.Fprintf(e.stderr, "gangrun %s: %s\n", cmd, oneLine(err.Error()))
+	if errors.Is(err, store.ErrPermissionDenied) {
+		return exitUsage
+	}
 	return exitFailure
 }
 

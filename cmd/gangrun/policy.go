@@ -8,6 +8,7 @@ import (
 	"slices"
 	"text/tabwriter"
 
+	"github.com/gangrun/gangrun/audit"
 	"github.com/gangrun/gangrun/internal/userfile"
 	"github.com/gangrun/gangrun/job"
 	"github.com/gangrun/gangrun/policy"
@@ -39,14 +40,22 @@ func runPolicy(ctx context.Context, e *env, args []string) int {
 			return usageErr(e, "policy", "%s: %v", fs.Arg(1), err)
 		}
 	}
-	s, code := openStore(e, "policy", *consul)
+	s, code := openReader(ctx, e, "policy", *consul)
 	if code != exitOK {
 		return code
 	}
 	defer s.Close()
 	switch verb {
 	case "set":
-		if err := policy.Save(ctx, s, p); err != nil {
+		who, code := identify(ctx, e, "policy", s)
+		if code != exitOK {
+			return code
+		}
+		if code := needAdmin(e, "policy", "changing the policy", who); code != exitOK {
+			return code
+		}
+		detail := fmt.Sprintf("%d partitions, %d accounts", len(p.Partitions), len(p.Accounts))
+		if err := policy.Save(ctx, s, p, auditOp(who, audit.ActionPolicySet, "policy", "", detail)); err != nil {
 			return failErr(e, "policy", err)
 		}
 		fmt.Fprintf(e.stdout, "policy set: %d partitions, %d accounts; the scheduler applies it on its next pass\n", len(p.Partitions), len(p.Accounts))

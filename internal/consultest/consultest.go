@@ -9,6 +9,7 @@ package consultest
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -42,6 +43,9 @@ type Agent struct {
 	ServerAddr string
 	// SerfLANAddr is the LAN gossip address other agents join, "127.0.0.1:PORT".
 	SerfLANAddr string
+	// ManagementToken is the ACL system's initial management token (a UUID) of an agent
+	// started by StartACL; "" when ACLs are off.
+	ManagementToken string
 
 	t       testing.TB
 	bin     string
@@ -162,7 +166,35 @@ func StartPersistent(t testing.TB) *Agent {
 	return start(t, true)
 }
 
+// StartACL starts `consul agent -dev` as Start does, with Consul's ACL system on and
+// default_policy "deny": a request without a token, or with one whose policies do not
+// allow it, is refused (HTTP 403). The agent's ManagementToken is the initial
+// management token (Consul's acl.tokens.initial_management), which the agent also uses
+// for its own requests (acl.tokens.agent).
+func StartACL(t testing.TB) *Agent {
+	t.Helper()
+	return startWith(t, false, true)
+}
+
+// aclConfig is the agent's ACL configuration (Consul v1.14's agent configuration
+// reference, "ACL Parameters"), with the management token as %s twice.
+const aclConfig = `acl {
+  enabled = true
+  default_policy = "deny"
+  down_policy = "extend-cache"
+  tokens {
+    initial_management = %q
+    agent = %q
+  }
+}
+`
+
 func start(t testing.TB, persistent bool) *Agent {
+	t.Helper()
+	return startWith(t, persistent, false)
+}
+
+func startWith(t testing.TB, persistent, acl bool) *Agent {
 	t.Helper()
 	bin, err := Binary()
 	if err != nil {
@@ -180,6 +212,16 @@ func start(t testing.TB, persistent bool) *Agent {
 		"-serf-lan-port", strconv.Itoa(ports[2]), "-serf-wan-port", strconv.Itoa(ports[3]),
 		"-dns-port", "-1", "-grpc-port", "-1", "-hcl", "ports { grpc_tls = -1 }", "-hcl", "limits { http_max_conns_per_client = 4096 }",
 		"-log-level", "warn",
+	}
+	if acl {
+		var b [16]byte
+		_, _ = rand.Read(b[:])
+		a.ManagementToken = fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+		f := filepath.Join(t.TempDir(), "acl.hcl")
+		if err := os.WriteFile(f, []byte(fmt.Sprintf(aclConfig, a.ManagementToken, a.ManagementToken)), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		common = append(common, "-config-file", f)
 	}
 	if persistent {
 		a.dataDir = t.TempDir()
@@ -247,7 +289,8 @@ func (a *Agent) Running() bool {
 	}
 }
 
-// waitReady polls until a leader is known to the agent and the agent's own node is in
+// waitReady polls until a leader is known to the agent (with ACLs, until the management
+// token works) and the agent's own node is in
 // the catalog with a passing serfHealth check: a session bound to the node's health
 // (Consul's default) is refused with "Missing check 'serfHealth' registration" until
 // the leader has registered that check, which can come after the node itself, and an
@@ -278,6 +321,13 @@ func (a *Agent) ready(ctx context.Context) error {
 	if leader == "" {
 		return fmt.Errorf("no leader known")
 	}
+	if a.ManagementToken != "" {
+		// The leader creates the initial management token after it is elected.
+		var tok struct{ AccessorID string }
+		if err := a.get(ctx, "/v1/acl/token/self", &tok); err != nil {
+			return fmt.Errorf("the management token: %w", err)
+		}
+	}
 	var checks []struct {
 		CheckID string
 		Status  string
@@ -303,6 +353,9 @@ func (a *Agent) get(ctx context.Context, path string, v any) error {
 	req, err := http.NewRequestWithContext(rctx, http.MethodGet, "http://"+a.Addr+path, nil)
 	if err != nil {
 		return err
+	}
+	if a.ManagementToken != "" {
+		req.Header.Set("X-Consul-Token", a.ManagementToken)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {

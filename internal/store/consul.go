@@ -51,7 +51,18 @@ func ParseConsulURL(s string) (string, error) {
 // refused here, naming where it came from ("consul address", or CONSUL_HTTP_ADDR),
 // rather than failing as a DNS error at the first request.
 func NewConsul(addr string) (*Consul, error) {
+	return NewConsulToken(addr, "")
+}
+
+// NewConsulToken is NewConsul with the ACL token secret given ("" takes it from
+// CONSUL_HTTP_TOKEN or CONSUL_HTTP_TOKEN_FILE, as NewConsul does). The secret is sent
+// in the X-Consul-Token header of every request, never in a URL, so it appears in no
+// error.
+func NewConsulToken(addr, token string) (*Consul, error) {
 	cfg := api.DefaultConfig()
+	if token != "" {
+		cfg.Token, cfg.TokenFile = token, ""
+	}
 	what := "consul address"
 	if addr != "" {
 		cfg.Address = addr
@@ -166,6 +177,17 @@ func (s *Consul) Close() {
 	}
 }
 
+// TokenSelf returns the ACL token this client sends, as Consul knows it (GET
+// /v1/acl/token/self, which any token may ask of itself), riding out a leader election
+// as every request does. With Consul's ACLs off the error says "ACL support disabled";
+// an unknown token is a *PermissionError saying "ACL not found".
+func (s *Consul) TokenSelf(ctx context.Context) (*api.ACLToken, error) {
+	return attempt(ctx, "consul acl token self", func(ctx context.Context) (*api.ACLToken, error) {
+		t, _, err := s.c.ACL().TokenReadSelf((&api.QueryOptions{}).WithContext(ctx))
+		return t, err
+	})
+}
+
 // Client returns the underlying Consul API client.
 func (s *Consul) Client() *api.Client { return s.c }
 
@@ -192,6 +214,9 @@ func blockingTimeout(wait time.Duration) time.Duration { return wait + wait/16 +
 func failed(parent context.Context, op string, err error) error {
 	if parent.Err() != nil {
 		return parent.Err()
+	}
+	if code := statusCode(err); code == 403 || code == 401 && strings.Contains(err.Error(), "ACL not found") {
+		return &PermissionError{Op: op, Err: err}
 	}
 	if code := statusCode(err); code > 0 && code < 500 {
 		return fmt.Errorf("%s: %w", op, err)
@@ -420,6 +445,8 @@ func consulReason(what string) error {
 		return ErrSessionGone
 	case strings.Contains(what, "index is stale"), strings.Contains(what, "current modify index"):
 		return ErrStaleIndex
+	case strings.Contains(what, "Permission denied"), strings.Contains(what, "permission denied"):
+		return ErrPermissionDenied
 	case strings.Contains(what, "doesn't exist"):
 		return ErrKeyNotFound
 	case strings.Contains(what, "exists"):

@@ -244,6 +244,27 @@ func (e *UnavailableError) Unwrap() error { return e.Err }
 // Is makes errors.Is(err, ErrUnavailable) true.
 func (e *UnavailableError) Is(target error) bool { return target == ErrUnavailable }
 
+// ErrPermissionDenied marks a request Consul's ACL system refused: the token (from
+// CONSUL_HTTP_TOKEN or CONSUL_HTTP_TOKEN_FILE) is unknown, or its policies do not let
+// it read or write the key (Consul answers HTTP 403; in a transaction, the operation's
+// error says "Permission denied"). Asking again with the same token fails the same way.
+var ErrPermissionDenied = errors.New("permission denied")
+
+// PermissionError is an error marked ErrPermissionDenied: Op is what was asked, Err
+// Consul's answer (which names the token by its AccessorID, never by its secret).
+type PermissionError struct {
+	Op  string
+	Err error
+}
+
+func (e *PermissionError) Error() string { return e.Op + ": " + e.Err.Error() }
+
+// Unwrap returns the cause.
+func (e *PermissionError) Unwrap() error { return e.Err }
+
+// Is makes errors.Is(err, ErrPermissionDenied) true.
+func (e *PermissionError) Is(target error) bool { return target == ErrPermissionDenied }
+
 // Store is the coordination store. Implementations: Consul (NewConsul) and Memory
 // (NewMemory). All methods are safe for concurrent use.
 type Store interface {

@@ -1,0 +1,150 @@
+package job
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/gangrun/gangrun/acl"
+	"github.com/gangrun/gangrun/allocator"
+	"github.com/gangrun/gangrun/internal/store"
+	"github.com/gangrun/gangrun/topology"
+)
+
+// TestUsersRequests: on the in-memory store with a real elected agent serving users'
+// requests, a submit from bob's box is bob's job whatever its spec says, and is
+// queued; a cancel from bob's box of alice's job is refused naming alice, and does
+// nothing; alice's own cancel is done; an unknown job is ErrNotFound; every answered
+// request is gone from the boxes.
+func TestUsersRequests(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	s := store.NewMemory()
+	inv, err := topology.LoadFile(filepath.Join("..", "topology", "testdata", "inventories", "dgx-h100.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	inv.Node = "n1"
+	a, err := allocator.NewAgent(s, allocator.AgentConfig{Node: "n1", Addr: "127.0.0.1", Inventory: inv,
+		Leader: []func(context.Context, store.Store, string) error{ServeRequests(nil)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	actx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = a.Run(actx) }()
+	defer func() { stop(); <-done }()
+
+	spec := Spec{User: "alice", Command: []string{"true"}, MinNodes: 1, MaxNodes: 1, GPUsPerNode: 1, WorkDir: "/tmp"}
+	id, _, err := SubmitAs(ctx, s, "bob", spec, nil, time.Minute)
+	if err != nil {
+		t.Fatalf("bob's submit: %v", err)
+	}
+	j, err := Read(ctx, s, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j.Spec.User != "bob" || j.State.Status != Pending {
+		t.Errorf("bob's job: user %q, %s; want bob's, PENDING", j.Spec.User, j.State.Status)
+	}
+	if _, _, err := SubmitAs(ctx, s, "bob", Spec{User: "bob", MinNodes: 1, MaxNodes: 1, GPUsPerNode: 1}, nil, time.Minute); !errors.Is(err, ErrInvalid) {
+		t.Errorf("a submit with no command: %v, want ErrInvalid", err)
+	}
+
+	putJob(t, s, Job{Spec: Spec{ID: "77", User: "alice", GPUsPerNode: 1}, State: State{Status: Pending}})
+	_, _, err = CancelAs(ctx, s, "bob", "77", time.Minute)
+	var ny *NotYoursError
+	if !errors.As(err, &ny) || ny.Owner != "alice" || err.Error() != "permission denied: job 77 belongs to alice (your token is bob's)" {
+		t.Errorf("bob cancels alice's job: %v", err)
+	}
+	if j, _ := Read(ctx, s, "77"); j.State.Status != Pending {
+		t.Errorf("alice's job after bob's cancel: %s, want PENDING", j.State.Status)
+	}
+	if n, _, err := CancelAs(ctx, s, "alice", "77", time.Minute); err != nil || n != 1 {
+		t.Errorf("alice cancels her job: %d %v", n, err)
+	}
+	if j, _ := Read(ctx, s, "77"); j.State.Status != Cancelled {
+		t.Errorf("alice's job after her cancel: %s, want CANCELLED", j.State.Status)
+	}
+	if _, _, err := CancelAs(ctx, s, "alice", "404", time.Minute); !errors.Is(err, ErrNotFound) {
+		t.Errorf("cancel of no job: %v, want ErrNotFound", err)
+	}
+	if left, _, _ := s.List(ctx, acl.UsersPrefix); len(left) != 0 {
+		t.Errorf("requests left in the boxes: %v", left)
+	}
+}
+
+// TestRequestWithdrawnWhenNoAgentAnswers: with no elected agent, a user's submit gives
+// up after its wait with ErrNoAnswer and takes its request back: nothing is queued
+// later.
+func TestRequestWithdrawnWhenNoAgentAnswers(t *testing.T) {
+	ctx := context.Background()
+	s := store.NewMemory()
+	spec := Spec{Command: []string{"true"}, MinNodes: 1, MaxNodes: 1, GPUsPerNode: 1}
+	if _, _, err := SubmitAs(ctx, s, "alice", spec, nil, 200*time.Millisecond); !errors.Is(err, ErrNoAnswer) {
+		t.Fatalf("submit with no agent: %v, want ErrNoAnswer", err)
+	}
+	if left, _, _ := s.List(ctx, acl.UsersPrefix); len(left) != 0 {
+		t.Errorf("the request was not withdrawn: %v", left)
+	}
+}
+
+// TestStaleRequestQueuesNothing: a request changed after the elected agent read it (the
+// asker withdrew or rewrote it) is not carried out from the old read: the submit's
+// transaction, which holds the answer's check-and-set, is refused whole, serve gives up
+// at once (it does not try the next job id for ever) and no job is queued.
+func TestStaleRequestQueuesNothing(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s := store.NewMemory()
+	inv, err := topology.LoadFile(filepath.Join("..", "topology", "testdata", "inventories", "dgx-h100.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	inv.Node = "n1"
+	a, err := allocator.NewAgent(s, allocator.AgentConfig{Node: "n1", Addr: "127.0.0.1", Inventory: inv, NoScheduler: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	actx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = a.Run(actx) }()
+	defer func() { stop(); <-done }()
+	for {
+		c, err := allocator.RegisteredNodes(ctx, s)
+		if err == nil && len(c.Nodes) == 1 {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatal("the node never registered")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	key := requestKey("alice", requestSubmit)
+	b, _ := json.Marshal(Request{Kind: requestSubmit, Spec: &Spec{Command: []string{"true"}, MinNodes: 1, MaxNodes: 1, GPUsPerNode: 1, WorkDir: "/tmp"}})
+	write := func() {
+		if _, err := s.Txn(ctx, []store.Op{{Verb: store.Set, Key: key, Value: b}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write()
+	first, err := s.Get(ctx, key)
+	if err != nil || first == nil {
+		t.Fatalf("the request: %v", err)
+	}
+	write() // written again: the first read is stale
+	if e, _ := s.Get(ctx, key); e == nil || e.ModifyIndex == first.ModifyIndex {
+		t.Fatalf("the request's index did not move: %+v", e)
+	}
+	pass := store.Op{Verb: store.CheckNotExists, Key: "gangrun/test/no-such-key"} // a fence that holds
+	if err := serve(ctx, s, pass, *first); err != nil {
+		t.Fatalf("serve of a stale read: %v", err)
+	}
+	if jobs, _ := List(ctx, s); len(jobs) != 0 {
+		t.Errorf("a stale read queued %d job(s)", len(jobs))
+	}
+}
