@@ -2,6 +2,7 @@ package job
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"syscall"
@@ -10,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/gangrun/gangrun/allocator"
+	"github.com/gangrun/gangrun/audit"
 	"github.com/gangrun/gangrun/event"
 	"github.com/gangrun/gangrun/policy"
 	"github.com/gangrun/gangrun/rendezvous"
@@ -142,6 +144,19 @@ func (c *Controller) preemptFor(ctx context.Context, p Job, victims []string, po
 		}
 		now := c.now().UTC()
 		rec := Preemption{By: p.Spec.ID, Partition: p.Spec.Partition, At: now, Signal: int(sig), Grace: grace, RunFailures: base}
+		// The audit log records the pre-emption in the transaction that makes it: the
+		// elected agent's controller did it, for job p.
+		owner := ""
+		if v, err := Read(ctx, c.s, id); err == nil {
+			owner = v.Spec.User
+		}
+		partition := p.Spec.Partition
+		if partition == "" {
+			partition = "default"
+		}
+		entry := audit.Op(audit.Entry{At: now, User: "gangrun", Token: "agent", Action: audit.ActionPreempt,
+			Target: "job " + id, Owner: owner,
+			Detail: fmt.Sprintf("for job %s (partition %s): %s, %s grace", p.Spec.ID, partition, signalName(sig), grace)})
 		j, changed, err := c.update(ctx, id, func(j *Job) bool {
 			if j.State.Status != Running {
 				return false
@@ -151,7 +166,7 @@ func (c *Controller) preemptFor(ctx context.Context, p Job, victims []string, po
 			j.State.Status, j.State.Reason = Preempted, rec.reason()
 			j.State.Preemptions = append(j.State.Preemptions, rec)
 			return true
-		})
+		}, entry)
 		if err != nil {
 			return err
 		}
@@ -160,9 +175,7 @@ func (c *Controller) preemptFor(ctx context.Context, p Job, victims []string, po
 		}
 		c.log.Warn("job pre-empted", zap.String("job", id), zap.String("by", p.Spec.ID), zap.String("partition", j.Spec.Partition),
 			zap.String("signal", signalName(sig)), zap.Duration("grace", grace))
-		// The audit log (issue 15, item 1) takes pre-emptions from this event, as the
-		// metrics do (gangrun_preemptions_total): who (the controller, for job By), what
-		// (job Job pre-empted), when.
+		// The metrics count it from this event (gangrun_preemptions_total).
 		c.events.Emit(event.Event{Time: now, Kind: event.JobPreempted, Job: id, Attempt: -1, Partition: j.Spec.Partition,
 			Nodes: j.State.Nodes, Cause: p.Spec.ID})
 	}

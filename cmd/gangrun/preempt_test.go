@@ -125,6 +125,10 @@ func TestPreemptionRequeuesAndResumesFromTheSignalsCheckpoint(t *testing.T) {
 	if m := scrape(t, metricsAddr); !strings.Contains(m, `gangrun_preemptions_total{partition="low"} 1`) {
 		t.Errorf("metrics lack the pre-emption:\n%s", grepLines(m, "preempt"))
 	}
+	if code, out, errOut := c.gangrun("audit", "--since", "1h"); code != 0 || strings.Count(out, " preempt ") != 1 ||
+		!strings.Contains(out, "job "+low) || !strings.Contains(out, "for job "+high+" (partition high)") {
+		t.Errorf("the audit log does not record the one pre-emption: exit %d\n%s%s", code, out, errOut)
+	}
 	c.gangrun("cancel", keep)
 	c.waitState(keep, job.Cancelled, 60*time.Second)
 }
