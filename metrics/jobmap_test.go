@@ -2,8 +2,11 @@ package metrics
 
 import (
 	"context"
+	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,7 +17,9 @@ import (
 	"github.com/gangrun/gangrun/topology"
 )
 
-// mappingFiles returns dir's files by name and content.
+// mappingFiles returns dir's files by name and content, as dcgm-exporter reads them:
+// not the writer's temporary files (a rename can take one away between the listing and
+// the read, which made the test fail under load).
 func mappingFiles(t *testing.T, dir string) map[string]string {
 	t.Helper()
 	des, err := os.ReadDir(dir)
@@ -23,7 +28,13 @@ func mappingFiles(t *testing.T, dir string) map[string]string {
 	}
 	out := map[string]string{}
 	for _, de := range des {
+		if strings.HasPrefix(de.Name(), ".") {
+			continue // the writer's temporary file, which dcgm-exporter skips too
+		}
 		b, err := os.ReadFile(filepath.Join(dir, de.Name()))
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // removed between the listing and the read: a GPU given back
+		}
 		if err != nil {
 			t.Fatal(err)
 		}
