@@ -95,9 +95,11 @@ func checkDevices(r Request, n *NodeState) string {
 
 // reservedFor returns the check that rules out nodes kept for another request: kept maps
 // a node to the request it is kept for (the scheduler's reservations of this pass).
-func reservedFor(kept map[string]string) Checker {
+// backfill, when set, lets r use a node kept for owner all the same (r ends before
+// owner's reservation begins: Scheduler.backfills); nil lets no request.
+func reservedFor(kept map[string]string, backfill func(r Request, owner string) bool) Checker {
 	return func(r Request, n *NodeState) string {
-		if owner, ok := kept[n.Record.Name]; ok && owner != r.ID {
+		if owner, ok := kept[n.Record.Name]; ok && owner != r.ID && (backfill == nil || !backfill(r, owner)) {
 			return reasonReserved
 		}
 		return ""

@@ -46,7 +46,7 @@ func TestCheckers(t *testing.T) {
 			t.Errorf("node %s, request %+v: reason %q, want %q", tc.n.Record.Name, tc.r, got, tc.want)
 		}
 	}
-	kept := reservedFor(map[string]string{"n": "first"})
+	kept := reservedFor(map[string]string{"n": "first"}, nil)
 	if got := kept(Request{ID: "second"}, node("n", 8, h100, nil)); got != "reserved for a request ahead" {
 		t.Errorf("a node kept for another request: %q", got)
 	}

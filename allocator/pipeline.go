@@ -50,6 +50,9 @@ type pipeline struct {
 	fit     []Checker
 	nodes   NodeRanker
 	devices DeviceRanker
+	// backfill, when set, lets a request use nodes kept for another's reservation
+	// (reservedFor); the scheduler sets it for each pass, nil keeps them from all.
+	backfill func(r Request, owner string) bool
 }
 
 // defaultPipeline returns the scheduler's pipeline: the one place the checkers and
@@ -82,7 +85,7 @@ func (p pipeline) feasible(r Request, n *NodeState) string {
 // does not fit now: a pending reason that counts the checkers' reasons.
 func (p pipeline) place(r Request, nodes map[string]*NodeState, free map[string][]topology.Device, kept map[string]string,
 	inventory func(*NodeState) (*topology.Inventory, error)) ([]GrantNode, string) {
-	reserved := reservedFor(kept)
+	reserved := reservedFor(kept, p.backfill)
 	var cands []NodeCandidate
 	counts := map[string]int{}
 	for name, n := range nodes {

@@ -5,6 +5,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // reserve keeps nodes for r, the first request that does not fit, so that requests
@@ -80,6 +81,8 @@ func shapeKey(r Request) string {
 	b.WriteString(strconv.Itoa(r.MaxNodes))
 	b.WriteByte('x')
 	b.WriteString(strconv.Itoa(r.GPUsPerNode))
+	b.WriteByte('t') // the time limit decides whether it may backfill a reservation
+	b.WriteString(strconv.FormatInt(int64(r.TimeLimit), 10))
 	for _, s := range []string{r.GPUModel, r.MIGProfile, r.Partition} {
 		b.WriteByte(0)
 		b.WriteString(s)
@@ -98,4 +101,46 @@ func shapeKey(r Request) string {
 	b.WriteByte(2)
 	b.WriteString(strings.Join(r.Exclude, "\x00"))
 	return b.String()
+}
+
+// Backfill by time limit (Slurm's sched/backfill): a reservation is expected to begin
+// when the last job holding GPUs on its nodes reaches its time limit; a request with a
+// time limit that ends before that may use the kept nodes meanwhile, since it cannot
+// delay the reservation. A reservation with a holder that has no time limit (an alloc,
+// a job without --time) has no expected start: nothing backfills it.
+
+// reservationStart returns when the GPUs on nodes are expected to be free: the latest
+// end (grant time + the request's time limit) of the grants holding them, those made
+// earlier in this pass (passGrants: node → requests granted on it at now) included;
+// false when a holder has no time limit, or its grant or request is not in c.
+func reservationStart(c *Cluster, nodes []string, passGrants map[string][]Request, now time.Time) (time.Time, bool) {
+	var start time.Time
+	for _, name := range nodes {
+		n, ok := c.Nodes[name]
+		if !ok {
+			return time.Time{}, false
+		}
+		for _, id := range n.Held {
+			g, gok := c.Grants[id]
+			r, rok := c.Requests[id]
+			if !gok || !rok || r.TimeLimit <= 0 || g.Granted.IsZero() {
+				return time.Time{}, false
+			}
+			start = maxTime(start, g.Granted.Add(r.TimeLimit))
+		}
+		for _, r := range passGrants[name] {
+			if r.TimeLimit <= 0 {
+				return time.Time{}, false
+			}
+			start = maxTime(start, now.Add(r.TimeLimit))
+		}
+	}
+	return maxTime(start, now), true
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }

@@ -249,6 +249,14 @@ func (sc *Scheduler) Pass(ctx context.Context, c *Cluster) (time.Duration, error
 		held = heldBy(c)
 		soon(PolicyRecalc)
 	}
+	// Backfill (reservationStart): each reservation's expected start, and the requests
+	// granted in this pass on each node.
+	starts := map[string]time.Time{}
+	passGrants := map[string][]Request{}
+	sc.pipe.backfill = func(r Request, owner string) bool {
+		st, ok := starts[owner]
+		return ok && r.TimeLimit > 0 && !now.Add(r.TimeLimit).After(st)
+	}
 	var batch grantBatch
 	// settled records how one grant's commit ended; an error ends the pass.
 	settled := func(res batchResult) error {
@@ -345,6 +353,9 @@ func (sc *Scheduler) Pass(ctx context.Context, c *Cluster) (time.Duration, error
 					for _, n := range kept {
 						reservedNodes[n] = r.ID
 					}
+					if st, ok := reservationStart(c, kept, passGrants, now); ok {
+						starts[r.ID] = st
+					}
 				}
 			}
 			continue
@@ -360,6 +371,7 @@ func (sc *Scheduler) Pass(ctx context.Context, c *Cluster) (time.Duration, error
 		// (now or with the batch) lands or races with another change.
 		for _, gn := range nodes {
 			free[gn.Name] = without(free[gn.Name], gn.Devices)
+			passGrants[gn.Name] = append(passGrants[gn.Name], r.Request)
 		}
 		if held != nil {
 			j := PolicyJob(r.Request)
