@@ -25,6 +25,7 @@ import (
 	"github.com/gangrun/gangrun/job"
 	"github.com/gangrun/gangrun/launcher"
 	"github.com/gangrun/gangrun/metrics"
+	"github.com/gangrun/gangrun/policy"
 	"github.com/gangrun/gangrun/statuspage"
 	"github.com/gangrun/gangrun/topology"
 )
@@ -335,6 +336,7 @@ func runAlloc(ctx context.Context, e *env, args []string) int {
 	gpus := fs.String("gpus-per-node", "1", "[TYPE:]COUNT devices on each node: 8, h100:8 (a GPU model), 3g.40gb:2 (MIG devices of that profile)")
 	fs.StringVar(&r.GPUModel, "gpu-model", "", "GPU model, matched in the device name (H100, A100-SXM4-80GB)")
 	fs.StringVar(&r.Partition, "partition", "", "only nodes labelled partition=P")
+	fs.StringVar(&r.Account, "account", "", "the account the GPUs are charged to, for the policy's limits and fair-share (default: your default account in the policy, else your user name)")
 	labels := fs.StringArray("labels", nil, "only nodes with these labels KEY=VALUE[,...] (repeatable)")
 	fs.IntVar(&r.Priority, "priority", 0, "higher goes first")
 	durationVar(fs, &r.Wait, "wait", 0, durationFlag{max: maxWait, zeroOK: true},
@@ -371,12 +373,30 @@ func runAlloc(ctx context.Context, e *env, args []string) int {
 			return commandExitCode(err)
 		}
 	}
+	if r.Account != "" {
+		if err := store.CheckSegment("--account", r.Account); err != nil {
+			return usageErr(e, "alloc", "%v", err)
+		}
+	}
 	r.Holder = holder()
 	s, code := openStore(e, "alloc", *consul)
 	if code != exitOK {
 		return code
 	}
 	defer s.Close()
+	// The policy's limits and fair-share count an allocation as its user's, as they
+	// count a job (sbatch and salloc alike charge the submitting user).
+	r.User = currentUser()
+	if r.Account == "" {
+		pol, err := policy.Load(ctx, s)
+		if err != nil {
+			fmt.Fprintf(e.stderr, "gangrun alloc: %s\n", oneLine(err.Error()))
+			return exitFailure
+		}
+		if pol != nil {
+			r.Account = pol.DefaultAccount(r.User)
+		}
+	}
 
 	// From here a signal withdraws the request: Submit (which may wait on Consul) and
 	// Wait end with wctx.

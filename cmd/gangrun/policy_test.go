@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -132,4 +134,37 @@ func TestFairShareOrdersTheHeavyUserAfterTheLight(t *testing.T) {
 		c.gangrun("cancel", id)
 	}
 	c.waitState(light, job.Cancelled, 60*time.Second)
+}
+
+// TestAllocCountsAgainstTheUsersLimit: an allocation is its user's, as a job is: with
+// max_gpus_per_user 4 in the user's account, an alloc holding 4 GPUs keeps the same
+// user's job pending with the limit's reason until the alloc ends.
+func TestAllocCountsAgainstTheUsersLimit(t *testing.T) {
+	c := startJobCluster(t, "gpu-a")
+	t.Chdir(t.TempDir())
+	me := currentUser()
+	c.setPolicy(`{"accounts": {"ml": {"max_gpus_per_user": 4, "users": {"` + me + `": {}}}}}`)
+	alloc := exec.Command(gangrunBin, "alloc", "--consul", c.consul, "--gpus-per-node", "4", "--", "sleep", "300")
+	alloc.Env = append(os.Environ(), c.mark)
+	var out syncBuffer
+	alloc.Stdout, alloc.Stderr = &out, &out
+	if err := alloc.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { _ = alloc.Wait(); close(done) }()
+	t.Cleanup(func() { _ = alloc.Process.Signal(syscall.SIGTERM); <-done })
+	waitUntilFor(t, 60*time.Second, func() bool {
+		free, total := freeGPUs(nodesJSON(t, c.consul))
+		return total-free == 4
+	}, "the alloc holding 4 GPUs")
+	id := c.submit("--gpus-per-node", "4", "--", "true")
+	waitUntilFor(t, 30*time.Second, func() bool { return strings.HasPrefix(c.reason(id), policy.ReasonMaxGRESPerUser+":") },
+		"the job pending with "+policy.ReasonMaxGRESPerUser+" while the alloc holds the user's 4 GPUs")
+	if r := c.reason(id); !strings.Contains(r, me+" holds 4 of 4 GPUs in account ml") {
+		t.Errorf("reason %q does not count the alloc's GPUs as %s's in ml", r, me)
+	}
+	_ = alloc.Process.Signal(syscall.SIGTERM)
+	<-done
+	c.waitState(id, job.Completed, 90*time.Second)
 }
