@@ -234,6 +234,21 @@ func (sb *standby) activate(spec workerSpec, pc pythonCommand, cwd string, files
 		return nil, err
 	}
 	req := map[string]any{"env": envObject(spec.env), "cwd": cwd}
+	// The rank is known now: its CPUs bind every thread the standby has (torch's
+	// pools included), and its memory policy is the standby's to set on itself
+	// (set_mempolicy acts on the calling thread only), before the script's first line.
+	if len(spec.cpus) > 0 {
+		if _, err := proc.BindProcess(sb.w.p.Pid(), spec.cpus); err != nil {
+			return nil, err
+		}
+	}
+	if len(spec.mem.Nodes) > 0 {
+		mode := 1 // MPOL_PREFERRED: its first node
+		if spec.mem.Strict {
+			mode = 2 // MPOL_BIND
+		}
+		req["mempolicy"] = map[string]any{"mode": mode, "nodes": spec.mem.Nodes}
+	}
 	if pc.module != "" {
 		req["module"] = pc.module
 		req["argv"] = append([]string{"-m"}, pc.args...)

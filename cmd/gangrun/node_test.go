@@ -187,3 +187,48 @@ func TestRunBindsWorkersMemory(t *testing.T) {
 		})
 	}
 }
+
+// TestWarmStartedRankIsBound: a rank started from a warm standby (attempt 1; the
+// standby was started before its rank was known) runs bound as a cold one does: every
+// one of its threads on its CPU (the standby's own threads, torch's pools among them,
+// bound at activation), and its memory policy numactl's preferred on node 0.
+func TestWarmStartedRankIsBound(t *testing.T) {
+	var allowed unixCPUs
+	if !allowed.twoOrMore() {
+		t.Skip("needs CPUs 0 and 1")
+	}
+	inv := twoCPUInventory(t)
+	script := filepath.Join(t.TempDir(), "w.py")
+	if err := os.WriteFile(script, []byte(`import os, sys
+tasks = sorted(os.listdir("/proc/self/task"))
+cpus = set()
+for t in tasks:
+    for line in open("/proc/self/task/%s/status" % t):
+        if line.startswith("Cpus_allowed_list:"):
+            cpus.add(line.split()[1])
+policy = open("/proc/self/numa_maps").readline().split()[1]
+print("attempt", os.environ["GANGRUN_ATTEMPT"], "threads", len(tasks), "cpus", ",".join(sorted(cpus)), "policy", policy, flush=True)
+sys.exit(3 if os.environ["GANGRUN_ATTEMPT"] == "0" else 0)
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	mark := testMark(t)
+	res := runGangrun(t, []string{mark}, "run", "--topology-file", inv, "--nproc-per-node", "2", "--max-restarts", "1",
+		"--restart-backoff", "0s", "--warm-delay", "0s", "--", python(t), script)
+	if res.code != 0 || !strings.Contains(res.stderr, `"attempt": 1, "warm": 2, "cold": 0`) {
+		t.Fatalf("exit %d, or attempt 1 not warm\n%s\n%s", res.code, res.stdout, res.stderr)
+	}
+	re := regexp.MustCompile(`\[rank(\d)\]: attempt (\d) threads (\d+) cpus (\S+) policy (\S+)`)
+	warm := 0 // attempt 0's lines may be cut short by the other rank's failure
+	for _, m := range re.FindAllStringSubmatch(res.stdout, -1) {
+		if m[2] == "1" {
+			warm++
+		}
+		if m[4] != m[1] || m[5] != "prefer:0" {
+			t.Errorf("rank %s, attempt %s (%s threads): CPUs %s, policy %s; want CPU %s and prefer:0", m[1], m[2], m[3], m[4], m[5], m[1])
+		}
+	}
+	if warm != 2 {
+		t.Errorf("%d lines from attempt 1's ranks, want 2\n%s", warm, res.stdout)
+	}
+}

@@ -1,8 +1,12 @@
 package proc
 
 import (
+	"errors"
+	"fmt"
+	"os"
 	"os/exec"
 	"runtime"
+	"strconv"
 
 	"golang.org/x/sys/unix"
 )
@@ -116,4 +120,40 @@ func startBound(cmd *exec.Cmd, cpus []int, mp MemPolicy) (p *Process, bound []in
 	// thread would keep the narrow set: gangrun's scheduling would suffer, not the child.
 	_ = unix.SchedSetaffinity(0, &old)
 	return p, bound, memBound, err
+}
+
+// BindProcess binds every thread of running process pid to cpus, as `taskset -a -p`
+// does (sched_setaffinity on each task in /proc/PID/task): for a process that was
+// started before its CPUs were known (a warm standby). Threads it creates later inherit
+// the set from their creator. The set is narrowed to the CPUs gangrun itself may use;
+// bound is the set applied, nil when none was usable. Errors: the process's tasks
+// cannot be listed, or a task refused the set (one that exited meanwhile is skipped).
+func BindProcess(pid int, cpus []int) (bound []int, err error) {
+	var own, set unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &own); err != nil {
+		return nil, err
+	}
+	for _, c := range cpus {
+		if c >= 0 && c < len(own)*64 && own.IsSet(c) {
+			set.Set(c)
+			bound = append(bound, c)
+		}
+	}
+	if len(bound) == 0 {
+		return nil, nil
+	}
+	tasks, err := os.ReadDir("/proc/" + strconv.Itoa(pid) + "/task")
+	if err != nil {
+		return nil, err
+	}
+	for _, t := range tasks {
+		tid, err := strconv.Atoi(t.Name())
+		if err != nil {
+			continue
+		}
+		if err := unix.SchedSetaffinity(tid, &set); err != nil && !errors.Is(err, unix.ESRCH) {
+			return nil, fmt.Errorf("bind thread %d of process %d: %w", tid, pid, err)
+		}
+	}
+	return bound, nil
 }
