@@ -149,8 +149,13 @@ type Request struct {
 	// takes over (HandOver). The job removes the request, and its grant, when it ends.
 	Job string `json:"job,omitempty"`
 	// Exclude names nodes the request must not be placed on (a job placed again after
-	// losing them).
-	Exclude []string `json:"exclude,omitempty"`
+	// losing them). ExcludeSession, for such a node, is the node's agent session when
+	// it was lost: the exclusion holds only while that agent lives on (its session is
+	// the node's alive session), and lapses once the agent has restarted or the node
+	// went down and came back, since what failed there may have been the agent or
+	// the step rather than the node.
+	Exclude        []string          `json:"exclude,omitempty"`
+	ExcludeSession map[string]string `json:"exclude_session,omitempty"`
 	// User and Account are who submitted it and the account charged (a job's); the
 	// policy's limits and fair-share count them (policy.Job). TimeLimit is the job's
 	// --time (0: none), which a partition's max_time bounds.

@@ -47,12 +47,16 @@ func checkNotDrained(_ Request, n *NodeState) string {
 }
 
 // checkNotExcluded rules out a node the request excludes (a job placed again after it
-// lost the node).
+// lost the node), while the agent it was lost under lives on (Request.ExcludeSession).
 func checkNotExcluded(r Request, n *NodeState) string {
 	for _, x := range r.Exclude {
-		if x == n.Record.Name {
-			return reasonExcluded
+		if x != n.Record.Name {
+			continue
 		}
+		if was, ok := r.ExcludeSession[x]; ok && was != n.AliveSession {
+			return "" // its agent has restarted since: the exclusion lapsed
+		}
+		return reasonExcluded
 	}
 	return ""
 }

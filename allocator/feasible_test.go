@@ -92,3 +92,26 @@ func TestCheckFeasibleTakesThePolicysPartitionNodes(t *testing.T) {
 		t.Errorf("partition low on pool=y: %v, want %q (ErrInfeasible)", err, want)
 	}
 }
+
+// TestExclusionLapsesWhenTheAgentRestarts: a node a job lost while it looked healthy is
+// excluded while the agent it was lost under lives on, and taken again once that agent
+// has restarted (a new alive session); an exclusion without a session holds for good.
+func TestExclusionLapsesWhenTheAgentRestarts(t *testing.T) {
+	n := &NodeState{Record: NodeRecord{Name: "b"}, Up: true, AliveSession: "s1"}
+	for _, c := range []struct {
+		r    Request
+		want string
+	}{
+		{Request{Exclude: []string{"b"}, ExcludeSession: map[string]string{"b": "s1"}}, reasonExcluded},
+		{Request{Exclude: []string{"b"}, ExcludeSession: map[string]string{"b": "s0"}}, ""},
+		{Request{Exclude: []string{"b"}}, reasonExcluded},
+		{Request{Exclude: []string{"a"}, ExcludeSession: map[string]string{"a": "s1"}}, ""},
+	} {
+		if got := checkNotExcluded(c.r, n); got != c.want {
+			t.Errorf("%+v on node b (agent session s1): %q, want %q", c.r, got, c.want)
+		}
+	}
+	if shapeKey(Request{Exclude: []string{"b"}, ExcludeSession: map[string]string{"b": "s1"}}) == shapeKey(Request{Exclude: []string{"b"}, ExcludeSession: map[string]string{"b": "s0"}}) {
+		t.Error("two requests excluding a node under different agent sessions share a shape")
+	}
+}

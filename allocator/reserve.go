@@ -87,7 +87,7 @@ func shapeKey(r Request) string {
 		b.WriteByte(0)
 		b.WriteString(s)
 	}
-	for _, m := range []map[string]string{r.PartitionNodes, r.Labels} {
+	for _, m := range []map[string]string{r.PartitionNodes, r.Labels, r.ExcludeSession} {
 		b.WriteByte(1)
 		keys := make([]string, 0, len(m))
 		for k := range m {

@@ -393,12 +393,22 @@ func (c *Controller) job(ctx context.Context, v view, j Job) error {
 			}
 		}
 		var exclude []string
+		sessions := map[string]string{}
 		for _, l := range st.LostNodes {
 			if l.Exclude && !slices.Contains(exclude, l.Node) {
 				exclude = append(exclude, l.Node)
 			}
+			if l.Exclude && l.AgentSession != "" {
+				sessions[l.Node] = l.AgentSession // the latest loss's
+			} else if l.Exclude {
+				delete(sessions, l.Node)
+			}
 		}
-		reqOps, err := allocator.JobRequestOps(request(j.Spec, true, exclude))
+		req := request(j.Spec, true, exclude)
+		if len(sessions) > 0 {
+			req.ExcludeSession = sessions
+		}
+		reqOps, err := allocator.JobRequestOps(req)
 		if err != nil {
 			return err
 		}
@@ -578,7 +588,7 @@ func (c *Controller) requeueSilent(ctx context.Context, cl *allocator.Cluster, i
 		now := c.now().UTC()
 		for _, n := range silent {
 			st.LostNodes = append(st.LostNodes, LostNode{Node: n, Why: "the job's step on node " + n + " ended without a word (the node died or was cut off)",
-				At: now, Exclude: healthy(cl, n)})
+				At: now, Exclude: healthy(cl, n), AgentSession: agentSession(cl, n)})
 			st.NodeFailures++
 		}
 		st.Status, st.End, st.ExitCode, st.Requeue = Pending, "", 0, true
@@ -623,6 +633,14 @@ func grantNode(g allocator.Grant, n string) (allocator.GrantNode, bool) {
 // them over (they are held by its session, or went with it).
 func handedOver(gn allocator.GrantNode, ns *allocator.NodeState) bool {
 	return gn.Session != ns.AliveSession
+}
+
+// agentSession returns node n's agent session in cl ("" when it is down or unknown).
+func agentSession(cl *allocator.Cluster, n string) string {
+	if ns, ok := cl.Nodes[n]; ok && ns.Up {
+		return ns.AliveSession
+	}
+	return ""
 }
 
 // healthy reports whether node n is up and not drained in cl.
@@ -712,7 +730,7 @@ func (c *Controller) watchNodes(ctx context.Context, v view, j Job, g allocator.
 			if !slices.Contains(st.Nodes, n) {
 				continue
 			}
-			st.LostNodes = append(st.LostNodes, LostNode{Node: n, Why: lost[n], At: now, Exclude: healthy(cl, n)})
+			st.LostNodes = append(st.LostNodes, LostNode{Node: n, Why: lost[n], At: now, Exclude: healthy(cl, n), AgentSession: agentSession(cl, n)})
 			st.NodeFailures++
 			recorded = append(recorded, n)
 			st.Nodes = slices.DeleteFunc(st.Nodes, func(x string) bool { return x == n })

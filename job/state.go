@@ -138,6 +138,10 @@ type LostNode struct {
 	// is not excluded: the scheduler skips it while it is so, and takes it again once
 	// its agent is back or it is resumed.
 	Exclude bool `json:"exclude,omitempty"`
+	// AgentSession is the node's agent session when it was lost: the exclusion lapses
+	// once the agent has restarted (allocator.Request.ExcludeSession). "" (a record
+	// older than it) excludes for good, as before.
+	AgentSession string `json:"agent_session,omitempty"`
 }
 
 // closeAttempts ends the attempts still open at now with cause (the job stopped on

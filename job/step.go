@@ -259,6 +259,19 @@ func (st *step) prepare(ctx context.Context, gn allocator.GrantNode, out io.Writ
 		CheckpointDir: ckpt, Stdout: out, Stderr: out, Report: out, Log: st.log,
 		GuardianArgv: st.cfg.GuardianArgv, Signals: st.stop, Subreaper: st.cfg.Subreaper,
 		Events: &attempts{step: st, ch: make(chan event.Event, 64)},
+		// A worker that dies while the job is being stopped (a pre-emption's SIGUSR1
+		// that it does not handle) ends the step: no restart in the grace.
+		NoRestart: func() string {
+			st.mu.Lock()
+			defer st.mu.Unlock()
+			switch st.ending {
+			case "":
+				return ""
+			case Preempted:
+				return "the job is being pre-empted"
+			}
+			return "the job is being stopped (" + string(st.ending) + ")"
+		},
 	})
 }
 

@@ -97,6 +97,8 @@ type Spec struct {
 	// WarmDelay is --warm-delay (Config.WarmDelay): 0 is DefaultWarmDelay, a negative
 	// one none (the standbys start with the workers).
 	WarmDelay time.Duration
+	// NoRestart is Config.NoRestart.
+	NoRestart func() string
 	// Stdout, Stderr, Report, Log, GuardianArgv, Signals, Subreaper and Events are
 	// handed to the supervisor's Config as they are.
 	Stdout, Stderr, Report io.Writer
@@ -335,7 +337,7 @@ func resolve(ctx context.Context, spec Spec, o *rendezvous.Opened, inv *topology
 		MaxRestarts: spec.MaxRestarts, Backoff: backoff, NoRestartExitCode: spec.NoRestartExitCode, CheckpointDir: spec.CheckpointDir, ResumeArg: spec.ResumeArg,
 		LogDir: spec.LogDir, Tee: spec.Tee, TermTimeout: term, HangTimeout: spec.HangTimeout,
 		LocalRankArg: spec.LocalRankArg, MasterPort: spec.MasterPort, JobID: o.JobID,
-		WarmRestarts: spec.WarmRestarts, WarmImports: spec.WarmImports, WarmDelay: warmDelay,
+		WarmRestarts: spec.WarmRestarts, WarmImports: spec.WarmImports, WarmDelay: warmDelay, NoRestart: spec.NoRestart,
 		NodeName: o.NodeName, Addr: o.Addr,
 		// One node alone in its log directory: a rerun into it is refused before
 		// anything starts. The nodes of a job (Consul, Slurm) share one.

@@ -204,6 +204,10 @@ type Config struct {
 	// WarmImports are the modules a standby imports before it waits (--warm-imports);
 	// nil is DefaultWarmImports, whose import errors are ignored.
 	WarmImports []string
+	// NoRestart, when set, is asked before each restart after a failure: a reason not
+	// to restart ("" lets it) ends the run instead, failed. A cluster job's step uses it
+	// while the job is being stopped (pre-empted with a signal its workers may die of).
+	NoRestart func() string
 	// WarmDelay is how long after an attempt's workers start its standbys for the next
 	// attempt are started (--warm-delay), so that their imports do not compete for the
 	// CPUs with the workers' own start-up (their imports, the process group's set-up,
@@ -871,6 +875,18 @@ func (s *Supervisor) next(ctx context.Context, at *attempt, res *Result) (GroupS
 			s.setState(StateFailed, at)
 			res.ExitCode = end.Failure.ExitCode
 			return "", true
+		}
+		if s.cfg.NoRestart != nil {
+			if why := s.cfg.NoRestart(); why != "" {
+				code := 1
+				if end.Failure != nil && end.Failure.ExitCode != 0 {
+					code = end.Failure.ExitCode
+				}
+				s.log.Warn("no restart: "+why, zap.Int("exit_code", code))
+				s.setState(StateFailed, at)
+				res.ExitCode = code
+				return "", true
+			}
 		}
 		newest := s.newestCheckpoint() // one listing of the directory for both judgements
 		progressed := s.progressed(at, newest)

@@ -573,6 +573,28 @@ func TestNoRestartExitCode(t *testing.T) {
 	}
 }
 
+// TestNoRestartHookEndsTheRun: when Config.NoRestart gives a reason (a cluster job's
+// step while the job is pre-empted), a failed worker ends the run with its code, restarts
+// left or not, and the log says why; without a reason the same failure is restarted.
+func TestNoRestartHookEndsTheRun(t *testing.T) {
+	script := `[ "$GANGRUN_ATTEMPT" = 0 ] && exit 7; exit 0`
+	r := newTestRun(t, 2, script)
+	r.cfg.MaxRestarts = 3
+	r.cfg.NoRestart = func() string { return "the job is being pre-empted" }
+	if res := r.run(t); res.ExitCode != 7 {
+		t.Errorf("exit %d, want 7 without a restart; stderr:\n%s", res.ExitCode, r.stderr)
+	}
+	if !strings.Contains(r.stderr.String(), "no restart: the job is being pre-empted") || strings.Contains(r.stderr.String(), "restarting the gang") {
+		t.Errorf("stderr does not say why there is no restart:\n%s", r.stderr)
+	}
+	r = newTestRun(t, 2, script)
+	r.cfg.MaxRestarts = 3
+	r.cfg.NoRestart = func() string { return "" }
+	if res := r.run(t); res.ExitCode != 0 {
+		t.Errorf("exit %d with no reason given, want 0 after a restart; stderr:\n%s", res.ExitCode, r.stderr)
+	}
+}
+
 // TestUSR1ReachesTheWorkerNotItsChildren: SIGUSR1 forwarded to the workers reaches the
 // worker process (its handler runs) and not a child of it without a handler, which
 // would die of it (status 138: a DataLoader worker on a pre-emption warning).
