@@ -261,6 +261,14 @@ func serve(ctx context.Context, s store.Store, fence store.Op, e store.Entry) er
 		}
 		spec := *r.Spec
 		spec.User = user // the box says who asks, whatever the spec says
+		// What the cluster decides is not the user's to say: the id, the array task
+		// it would be, the submission time (the age factor counts from it).
+		spec.ID, spec.Array, spec.Submitted = "", nil, time.Time{}
+		if spec.Priority > 0 {
+			// As in Slurm, raising a job's priority is an operator's (sbatch --priority).
+			ans = Answer{Error: fmt.Sprintf("--priority %d: only an operator may raise a job's priority", spec.Priority), Invalid: true}
+			break
+		}
 		var err error
 		if r.Array != nil {
 			_, _, err = submitArray(ctx, s, spec, *r.Array, func(id string) []store.Op {

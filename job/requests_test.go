@@ -15,8 +15,9 @@ import (
 )
 
 // TestUsersRequests: on the in-memory store with a real elected agent serving users'
-// requests, a submit from bob's box is bob's job whatever its spec says, and is
-// queued; a cancel from bob's box of alice's job is refused naming alice, and does
+// requests, a submit from bob's box is bob's job whatever its spec says (its id, array
+// task and submission time the cluster's), and is queued; one raising --priority is
+// refused; a cancel from bob's box of alice's job is refused naming alice, and does
 // nothing; alice's own cancel is done; an unknown job is ErrNotFound; every answered
 // request is gone from the boxes.
 func TestUsersRequests(t *testing.T) {
@@ -38,7 +39,12 @@ func TestUsersRequests(t *testing.T) {
 	go func() { defer close(done); _ = a.Run(actx) }()
 	defer func() { stop(); <-done }()
 
-	spec := Spec{User: "alice", Command: []string{"true"}, MinNodes: 1, MaxNodes: 1, GPUsPerNode: 1, WorkDir: "/tmp"}
+	// What the cluster decides is bob's spec's to say neither: a forged id, array task
+	// and submission time (which the age factor counts from) are replaced.
+	forged := time.Date(1970, 1, 1, 0, 0, 0, 0, time.UTC)
+	spec := Spec{ID: "1", User: "alice", Command: []string{"true"}, MinNodes: 1, MaxNodes: 1, GPUsPerNode: 1, WorkDir: "/tmp",
+		Submitted: forged, Array: &ArrayTask{JobID: "1", TaskID: 7, Count: 8}}
+	before := time.Now().Add(-time.Minute)
 	id, _, err := SubmitAs(ctx, s, "bob", spec, nil, time.Minute)
 	if err != nil {
 		t.Fatalf("bob's submit: %v", err)
@@ -49,6 +55,13 @@ func TestUsersRequests(t *testing.T) {
 	}
 	if j.Spec.User != "bob" || j.State.Status != Pending {
 		t.Errorf("bob's job: user %q, %s; want bob's, PENDING", j.Spec.User, j.State.Status)
+	}
+	if j.Spec.Submitted.Before(before) || j.Spec.Array != nil {
+		t.Errorf("bob's job keeps his forged fields: submitted %s, array %+v", j.Spec.Submitted, j.Spec.Array)
+	}
+	spec.Priority = 100
+	if _, _, err := SubmitAs(ctx, s, "bob", spec, nil, time.Minute); !errors.Is(err, ErrInvalid) || err.Error() != "--priority 100: only an operator may raise a job's priority" {
+		t.Errorf("a user's submit with --priority 100: %v, want it refused", err)
 	}
 	if _, _, err := SubmitAs(ctx, s, "bob", Spec{User: "bob", MinNodes: 1, MaxNodes: 1, GPUsPerNode: 1}, nil, time.Minute); !errors.Is(err, ErrInvalid) {
 		t.Errorf("a submit with no command: %v, want ErrInvalid", err)
