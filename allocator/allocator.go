@@ -123,7 +123,8 @@ type Request struct {
 	Nodes       int `json:"nodes"`
 	MaxNodes    int `json:"max_nodes,omitempty"`
 	GPUsPerNode int `json:"gpus_per_node"`
-	// GPUModel, when set, must appear (case-insensitive) in the devices' model name.
+	// GPUModel, when set, must appear (case-insensitive) in the devices' model name;
+	// without MIGProfile it asks for whole GPUs only.
 	GPUModel string `json:"gpu_model,omitempty"`
 	// MIGProfile, when set, asks for MIG devices of that profile ("3g.40gb"), as
 	// --gpus-per-node 3g.40gb:2 does (ParseGPUs); unset, any allocatable device counts,
@@ -227,9 +228,14 @@ func ParseGPUs(s string) (count int, profile, model string, err error) {
 }
 
 // wants reports whether device d is of the kind r asks for: its model (GPUModel, a
-// case-insensitive substring) and, with MIGProfile, a MIG device of that profile.
+// case-insensitive substring) and, with MIGProfile, a MIG device of that profile. A
+// model without a profile asks for whole GPUs of that model, as a typed GPU request in
+// Slurm does: never a MIG device, nor a gang mixing both.
 func (r Request) wants(d topology.Device) bool {
 	if r.MIGProfile != "" && !strings.EqualFold(d.MIGProfile, r.MIGProfile) {
+		return false
+	}
+	if r.MIGProfile == "" && r.GPUModel != "" && d.MIGProfile != "" {
 		return false
 	}
 	return r.GPUModel == "" || strings.Contains(strings.ToLower(d.Model), strings.ToLower(r.GPUModel))

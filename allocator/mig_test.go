@@ -71,6 +71,9 @@ func TestMIGProfileRequests(t *testing.T) {
 		{req: Request{ID: "m3", Nodes: 1, GPUsPerNode: 3, MIGProfile: "3g.20gb"}, want: "--gpus-per-node 3g.20gb:3: no node has more than 2 3g.20gb MIG devices"},
 		{req: Request{ID: "m1", Nodes: 1, GPUsPerNode: 1, MIGProfile: "1g.10gb"}, want: "--gpus-per-node 1g.10gb:1: no node has 1g.10gb MIG devices"},
 		{req: Request{ID: "ok", Nodes: 1, GPUsPerNode: 2, MIGProfile: "3g.20gb"}},
+		// A model asks for whole GPUs: the node has 7 A100s outside MIG, not 8.
+		{req: Request{ID: "a100x8", Nodes: 1, GPUsPerNode: 8, GPUModel: "a100"}, want: "--gpus-per-node 8: no node has more than 7 allocatable GPUs"},
+		{req: Request{ID: "a100x7", Nodes: 1, GPUsPerNode: 7, GPUModel: "a100"}},
 	} {
 		err := CheckFeasible(nodes, c.req)
 		switch {

@@ -226,6 +226,7 @@ func TestCgroupFlagErrors(t *testing.T) {
 		{[]string{"run", "--mem", "4GB", "--", "true"}, `gangrun run: --mem "4GB": want a size such as 4G, 500M or 1024 (megabytes), or 0 for no limit`},
 		{[]string{"run", "--mem", "-1", "--", "true"}, `gangrun run: --mem "-1": want a size such as 4G, 500M or 1024 (megabytes), or 0 for no limit`},
 		{[]string{"run", "--mem", "2000T", "--", "true"}, `gangrun run: --mem "2000T": want at most 1P per node`},
+		{[]string{"run", "--mem", "1K", "--", "true"}, `gangrun run: --mem "1K": want at least 16M (or 0 for no limit): a step needs more to start`},
 		{[]string{"run", "--mem", "1G", "--cgroup", "off", "--", "true"}, `gangrun run: --mem 1G needs the step's cgroup, and --cgroup is off`},
 		{[]string{"run", "--pids-limit", "5", "--", "true"}, `gangrun run: --pids-limit 5: a Python worker alone starts more threads than that; want 0 (no limit) or at least 16`},
 		{[]string{"run", "--pids-limit=-1", "--", "true"}, `gangrun run: --pids-limit -1: want 0 (no limit) or more`},

@@ -71,6 +71,11 @@ const DefaultPidsLimit = 32768
 // refused rather than read as no limit.
 const MaxMem = int64(1) << 50
 
+// MinMem is the smallest --mem other than 0: below it, the kernel's own allocations for
+// the thread that moves workers into the cgroup (opening the cgroup's files) fail, and
+// no worker could start anyway.
+const MinMem = int64(16) << 20
+
 // ParseMem parses --mem the way Slurm's --mem is read: a whole number with an
 // optional unit suffix K, M, G or T (either case; powers of 1024), megabytes when
 // none is given; "0" means no limit (Slurm: all the node's memory). It returns bytes
@@ -98,6 +103,9 @@ func ParseMem(s string) (int64, error) {
 	n, err := strconv.ParseInt(v, 10, 64)
 	if err != nil || n > MaxMem/unit {
 		return 0, fmt.Errorf("--mem %q: want at most 1P per node", s)
+	}
+	if n != 0 && n*unit < MinMem {
+		return 0, fmt.Errorf("--mem %q: want at least 16M (or 0 for no limit): a step needs more to start", s)
 	}
 	return n * unit, nil
 }
