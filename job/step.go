@@ -349,8 +349,12 @@ func (st *step) watch(ctx context.Context) {
 			st.stop <- spec.Signal
 		case <-graceEnd:
 			graceEnd = nil
-			st.log.Warn("the pre-emption's grace is over: stopping the workers")
-			st.stop <- syscall.SIGTERM // a second terminating signal kills them at once
+			st.log.Warn("the pre-emption's grace is over: killing the workers")
+			// The grace is a hard limit (Slurm's GraceTime), not a start of the job's own
+			// --term-timeout: after a SIGUSR1 the first SIGTERM would begin that; a second
+			// terminating signal kills the workers at once.
+			st.stop <- syscall.SIGTERM
+			st.stop <- syscall.SIGTERM
 		case <-limit:
 			st.log.Warn("time limit reached: stopping the job", zap.Duration("time_limit", spec.TimeLimit))
 			_, _, _ = update(ctx, st.cfg.Store, spec.ID, func(j *Job) bool {

@@ -33,6 +33,9 @@ const (
 	// GraceTime defaults to 0 (SIGKILL at once); gangrun gives a trainer the time to
 	// write a checkpoint, as long as its own --term-timeout default (30 s).
 	DefaultGraceTime = 30 * time.Second
+	// MaxGraceTime bounds grace_time, as gangrun bounds every grace (--term-timeout):
+	// a longer one is a typo.
+	MaxGraceTime = 24 * time.Hour
 )
 
 // preemptSignals are the signals a policy may name: the two a trainer handles to
@@ -53,8 +56,8 @@ type Preemption struct {
 	// Signal is what the victim's workers get first: "SIGTERM" (default), "SIGUSR1",
 	// "SIGUSR2" or "SIGINT" (with or without "SIG"). A terminating one (SIGTERM, SIGINT)
 	// stops the workers, SIGKILL after GraceTime; SIGUSR1/SIGUSR2 are only delivered,
-	// and the workers are stopped (SIGTERM, then SIGKILL after the job's --term-timeout)
-	// once GraceTime has passed, unless they ended meanwhile.
+	// and the workers are killed once GraceTime has passed, unless they ended meanwhile:
+	// GraceTime is a hard limit either way, as Slurm's is.
 	Signal string `json:"signal,omitempty"`
 	// GraceTime is the time between Signal and the stop (default DefaultGraceTime).
 	GraceTime Duration `json:"grace_time,omitempty"`
@@ -71,8 +74,8 @@ func (p *Policy) validatePreemption() error {
 	if pr.ExemptTime < 0 {
 		return fmt.Errorf("preemption.exempt_time %s: must not be negative", time.Duration(pr.ExemptTime))
 	}
-	if pr.GraceTime < 0 {
-		return fmt.Errorf("preemption.grace_time %s: must not be negative", time.Duration(pr.GraceTime))
+	if pr.GraceTime < 0 || time.Duration(pr.GraceTime) > MaxGraceTime {
+		return fmt.Errorf("preemption.grace_time %s: want 0 to %s", time.Duration(pr.GraceTime), MaxGraceTime)
 	}
 	if pr.Signal != "" {
 		if _, ok := preemptSignals[signalKey(pr.Signal)]; !ok {
