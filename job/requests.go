@@ -114,6 +114,10 @@ func ask(ctx context.Context, s store.Store, user string, r Request, wait time.D
 		if left > 0 {
 			entries, idx, err := s.WatchList(ctx, key, index, min(left, 10*time.Second))
 			if err != nil {
+				if ctx.Err() != nil {
+					// Stopped (a signal): take the request back, unless it was answered.
+					return withdraw(context.WithoutCancel(ctx), s, key, ctx.Err())
+				}
 				return nil, err
 			}
 			index = idx
@@ -146,6 +150,32 @@ func ask(ctx context.Context, s store.Store, user string, r Request, wait time.D
 		}
 		return nil, fmt.Errorf("%w within %s: no elected gangrun agent answered; nothing was done", ErrNoAnswer, wait)
 	}
+}
+
+// withdraw takes back the unanswered request at key after why stopped its asker: its
+// answer when it was answered meanwhile, else why, wrapped to say nothing was done (or
+// that the request may stand, when it could not be removed).
+func withdraw(ctx context.Context, s store.Store, key string, why error) (*Answer, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	for range 3 {
+		e, err := s.Get(ctx, key)
+		if err != nil {
+			break
+		}
+		if e == nil {
+			return nil, fmt.Errorf("stopped (%w): the request was withdrawn; nothing was done", why)
+		}
+		var got Request
+		if json.Unmarshal(e.Value, &got) == nil && got.Answer != nil {
+			_, _ = s.Txn(ctx, []store.Op{{Verb: store.Delete, Key: key}})
+			return got.Answer, nil
+		}
+		if _, err := s.Txn(ctx, []store.Op{{Verb: store.DeleteCAS, Key: key, Index: e.ModifyIndex}}); err == nil {
+			return nil, fmt.Errorf("stopped (%w): the request was withdrawn; nothing was done", why)
+		}
+	}
+	return nil, fmt.Errorf("stopped (%w) and could not withdraw the request %s: it may still be carried out", why, key)
 }
 
 // SubmitAs submits spec (an array's tasks when a is not nil) as user through the

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -159,5 +160,22 @@ func TestStaleRequestQueuesNothing(t *testing.T) {
 	}
 	if jobs, _ := List(ctx, s); len(jobs) != 0 {
 		t.Errorf("a stale read queued %d job(s)", len(jobs))
+	}
+}
+
+// TestStoppedRequestIsWithdrawn: a user's submit stopped while it waits for an answer
+// (gangrun submit killed by SIGTERM: its context cancelled) takes its request back and
+// says so: nothing is left in the box to be carried out later.
+func TestStoppedRequestIsWithdrawn(t *testing.T) {
+	s := store.NewMemory()
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(200*time.Millisecond, cancel)
+	spec := Spec{Command: []string{"true"}, MinNodes: 1, MaxNodes: 1, GPUsPerNode: 1}
+	_, _, err := SubmitAs(ctx, s, "alice", spec, nil, time.Minute)
+	if err == nil || !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "the request was withdrawn; nothing was done") {
+		t.Errorf("a stopped submit: %v, want it to say the request was withdrawn", err)
+	}
+	if left, _, _ := s.List(context.Background(), acl.UsersPrefix); len(left) != 0 {
+		t.Errorf("requests left in the box: %v", left)
 	}
 }

@@ -384,20 +384,6 @@ func runAlloc(ctx context.Context, e *env, args []string) int {
 		return code
 	}
 	defer s.Close()
-	// The policy's limits and fair-share count an allocation as its user's, as they
-	// count a job (sbatch and salloc alike charge the submitting user).
-	r.User = currentUser()
-	if r.Account == "" {
-		pol, err := policy.Load(ctx, s)
-		if err != nil {
-			fmt.Fprintf(e.stderr, "gangrun alloc: %s\n", oneLine(err.Error()))
-			return exitFailure
-		}
-		if pol != nil {
-			r.Account = pol.DefaultAccount(r.User)
-		}
-	}
-
 	// From here a signal withdraws the request: Submit (which may wait on Consul) and
 	// Wait end with wctx.
 	if !e.startup.handOver() {
@@ -405,7 +391,21 @@ func runAlloc(ctx context.Context, e *env, args []string) int {
 	}
 	wctx, watch := proc.WatchSignals(ctx, e.signals)
 	defer watch.Stop()
-	tk, err := allocator.Submit(wctx, s, r)
+	// The policy's limits and fair-share count an allocation as its user's, as they
+	// count a job (sbatch and salloc alike charge the submitting user).
+	r.User = currentUser()
+	err = nil
+	if r.Account == "" {
+		var pol *policy.Policy
+		pol, err = policy.Load(wctx, s)
+		if err == nil && pol != nil {
+			r.Account = pol.DefaultAccount(r.User)
+		}
+	}
+	var tk *allocator.Ticket
+	if err == nil {
+		tk, err = allocator.Submit(wctx, s, r)
+	}
 	if err != nil {
 		if sig := watch.Signal(); sig != 0 {
 			// Submit destroys the session of a request it could not finish writing.

@@ -79,10 +79,12 @@ func commands() []command {
 		{"agent", "register this node with Consul and keep it alive", runAgent, true},
 		{"nodes", "list the cluster's nodes and free GPUs (like sinfo)", runNodes, false},
 		{"alloc", "reserve a gang of GPUs across nodes, all or nothing (like salloc)", runAlloc, true},
-		{"submit", "queue a job the cluster places, launches and supervises (like sbatch)", runSubmit, false},
+		// submit and cancel catch signals: under a user's token they wait for the elected
+		// agent's answer, and a signal takes the request back (job.SubmitAs).
+		{"submit", "queue a job the cluster places, launches and supervises (like sbatch)", runSubmit, true},
 		{"queue", "list jobs and allocations (like squeue)", runQueue, false},
 		{"show", "show one job, grant or request (like scontrol show job)", runShow, false},
-		{"cancel", "cancel jobs, release grants or withdraw requests (like scancel)", runCancel, false},
+		{"cancel", "cancel jobs, release grants or withdraw requests (like scancel)", runCancel, true},
 		{"logs", "print a job's output (like reading slurm-JOBID.out)", runLogs, false},
 		{"policy", "set or show the scheduling policy: partitions, accounts, limits, priority weights", runPolicy, false},
 		{"acct", "list finished jobs and sum their GPU-hours (like sacct and sreport)", runAcct, false},
