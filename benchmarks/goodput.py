@@ -20,7 +20,7 @@ trainer finds its newest checkpoint itself.
 
 Usage: make build && /usr/bin/python3 benchmarks/goodput.py [DURATION] [EVERY] [SEED]
 (defaults 120, 20, 1); GANGRUN_BIN, GANGRUN_CONSUL and GOODPUT_MODES (a comma list of
-warm, cold, torchrun) override.
+warm, warm0 — warm restarts with --warm-delay 0s —, cold, torchrun) override.
 """
 import os
 import random
@@ -106,6 +106,8 @@ def run_mode(mode, consul_addr, work, duration, every, seed):
                    "--nnodes", "2", "--nproc-per-node", "2", "--max-restarts", "1000", "--checkpoint-dir", ckpt]
             if mode == "cold":
                 cmd.append("--warm-restarts=false")
+            elif mode == "warm0":
+                cmd.append("--warm-delay=0s")  # the standbys start with the workers
             procs.append(subprocess.Popen(cmd + ["--"] + trainer, env=env,
                                           stdout=open(os.path.join(work, "node-%s.log" % node), "w"),
                                           stderr=subprocess.STDOUT, start_new_session=True))
@@ -205,7 +207,7 @@ def main():
                      "%.2f" % statistics.median(tf) if tf else "-", " ".join("%.2f" % t for t in tf)))
         byname = {r["mode"]: r for r in results if "error" not in r}
         if "torchrun" in byname:
-            for m in ("warm", "cold"):
+            for m in ("warm", "warm0", "cold"):
                 if m in byname:
                     print("gangrun %s / torchrun ETTR: %.2fx" % (m, byname[m]["ettr"] / byname["torchrun"]["ettr"]))
     finally:
