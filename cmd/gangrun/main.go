@@ -90,7 +90,7 @@ func commands() []command {
 		{"acct", "list finished jobs and sum their GPU-hours (like sacct and sreport)", runAcct, false},
 		{"audit", "list administrative actions: who cancelled, drained, resumed, changed the policy", runAudit, false},
 		{"acl", "set up Consul ACL policies and tokens for agents, operators and users", runACL, false},
-		{"drain", "mark a node drained: no new grants land on it", runDrain, false},
+		{"drain", "mark a node drained: no new grants land on it, and jobs running there are moved off", runDrain, false},
 		{"resume", "return a drained node to service", runResume, false},
 		{"ckpt", "find, list, verify and prune checkpoints", runCkpt, false},
 		{"bench", "benchmark collectives across the gang (nccl-tests figures)", runBench, true},
