@@ -50,6 +50,18 @@ func runACL(ctx context.Context, e *env, args []string) int {
 			return usageErr(e, "acl", "--out: %s exists: a token is never written over another (remove it first)", f)
 		}
 	}
+	// ... and a place it cannot be written to: the directory must be there (bootstrap
+	// makes its own, now), so that no token is minted only to be lost.
+	if verb == "bootstrap" && *out != "" {
+		if err := os.MkdirAll(*out, 0o700); err != nil {
+			return usageErr(e, "acl", "--out: %v", err)
+		}
+	}
+	for _, f := range files {
+		if st, err := os.Stat(filepath.Dir(f)); err != nil || !st.IsDir() {
+			return usageErr(e, "acl", "--out %s: its directory %s does not exist (nothing was minted)", f, filepath.Dir(f))
+		}
+	}
 	s, code := openStore(e, "acl", *consul)
 	if code != exitOK {
 		return code
@@ -198,6 +210,11 @@ func runAudit(ctx context.Context, e *env, args []string) int {
 	}
 	if fs.NArg() > 0 {
 		return usageErr(e, "audit", "unexpected argument %q: audit takes flags only", fs.Arg(0))
+	}
+	if *user != "" {
+		if err := store.CheckSegment("--user", *user); err != nil {
+			return usageErr(e, "audit", "%v", err)
+		}
 	}
 	now := time.Now().UTC()
 	since := now.Add(-7 * 24 * time.Hour)

@@ -108,6 +108,12 @@ func TestACLCluster(t *testing.T) {
 	}
 	refused(t, "bootstrap again into the same files", c.as(mgmt, "acl", "bootstrap", "--out", tokDir),
 		"gangrun acl: --out: "+filepath.Join(tokDir, "agent.token")+" exists: a token is never written over another (remove it first)")
+	missing := filepath.Join(tokDir, "no-such-dir", "carol.token")
+	refused(t, "a user token into a missing directory", c.as(mgmt, "acl", "user", "carol", "--out", missing),
+		"gangrun acl: --out "+missing+": its directory "+filepath.Dir(missing)+" does not exist (nothing was minted)")
+	if r := c.as(mgmt, "acl", "user", "carol"); r.code != 0 {
+		t.Errorf("carol's token after the refused --out: exit %d %s (was one minted before the refusal?)", r.code, r.stderr)
+	}
 	for _, u := range []string{"alice", "bob"} {
 		r := c.as(mgmt, "acl", "user", u)
 		tok, ok := strings.CutPrefix(strings.TrimSpace(r.stdout), "user "+u+" token: ")

@@ -95,6 +95,7 @@ func TestBadInputs(t *testing.T) {
 		{"acl user bad name", []string{"acl", "user", "a.b"}, nil, 2, `gangrun acl: user "a.b": want 1 to 64 letters, digits, '_' and '-' (not first), as Consul's policy names take`},
 		{"acl unknown verb", []string{"acl", "mint"}, nil, 2, `gangrun acl: want bootstrap, user NAME or whoami (got ["mint"])`},
 		{"audit bad since", []string{"audit", "--since", "yesterday"}, nil, 2, `gangrun audit: --since "yesterday": want a date YYYY-MM-DD[THH:MM[:SS]] (UTC) or a time ago such as 90m, 36h or 7d`},
+		{"audit user with an escape", []string{"audit", "--user", "a\x1b[2J"}, nil, 2, `gangrun audit: --user "a\x1b[2J": only letters, digits, '-', '_' and '.' are allowed`},
 		{"bench iters absurd", []string{"bench", "nccl", "--iters", "99999999999"}, nil, 2, "gangrun bench nccl: --iters 99999999999: want 1 to 1000000"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

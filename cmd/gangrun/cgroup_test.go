@@ -228,6 +228,7 @@ func TestCgroupFlagErrors(t *testing.T) {
 		{[]string{"run", "--mem", "2000T", "--", "true"}, `gangrun run: --mem "2000T": want at most 1P per node`},
 		{[]string{"run", "--mem", "1K", "--", "true"}, `gangrun run: --mem "1K": want at least 16M (or 0 for no limit): a step needs more to start`},
 		{[]string{"run", "--mem", "1G", "--cgroup", "off", "--", "true"}, `gangrun run: --mem 1G needs the step's cgroup, and --cgroup is off`},
+		{[]string{"run", "--pids-limit", "100", "--cgroup", "off", "--", "true"}, `gangrun run: --pids-limit 100 needs the step's cgroup, and --cgroup is off`},
 		{[]string{"run", "--pids-limit", "5", "--", "true"}, `gangrun run: --pids-limit 5: a Python worker alone starts more threads than that; want 0 (no limit) or at least 16`},
 		{[]string{"run", "--pids-limit=-1", "--", "true"}, `gangrun run: --pids-limit -1: want 0 (no limit) or more`},
 		{[]string{"submit", "--consul", "127.0.0.1:1", "--mem", "lots", "--", "true"}, `gangrun submit: --mem "lots": want a size such as 4G, 500M or 1024 (megabytes), or 0 for no limit`},

@@ -109,6 +109,9 @@ func runRun(ctx context.Context, e *env, args []string) int {
 		return code
 	}
 	g.nprocGiven, g.nnodesGiven = fs.Changed("nproc-per-node"), fs.Changed("nnodes")
+	if fs.Changed("pids-limit") && g.cgroup == string(cgroup.Off) {
+		return usageErr(e, "run", "--pids-limit %d needs the step's cgroup, and --cgroup is off", g.pidsLimit)
+	}
 	log, err := newLogger(g.logFormat, e.stderr)
 	if err != nil {
 		return usageErr(e, "run", "%v", err)

@@ -77,6 +77,9 @@ func NewConsulToken(addr, token string) (*Consul, error) {
 	if err := CheckConsulAddr(what, cfg.Address); err != nil {
 		return nil, err
 	}
+	if err := checkToken(cfg); err != nil {
+		return nil, err
+	}
 	c, err := api.NewClient(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("consul client for %s: %w", cfg.Address, err)
@@ -517,4 +520,23 @@ func (s *Consul) SessionExists(ctx context.Context, id string) (bool, error) {
 		return false, err
 	}
 	return se != nil, nil
+}
+
+// checkToken refuses a token that could not be sent as the X-Consul-Token header (a
+// file of two lines, a control character): consul/api would fail every request with
+// net/http's "invalid header field value", and an agent would retry for ever. The error
+// names where the token came from, never the token.
+func checkToken(cfg *api.Config) error {
+	token, from := cfg.Token, api.HTTPTokenEnvName
+	if token == "" && cfg.TokenFile != "" {
+		b, err := os.ReadFile(cfg.TokenFile)
+		if err != nil {
+			return fmt.Errorf("%s %s: %w", api.HTTPTokenFileEnvName, cfg.TokenFile, err)
+		}
+		token, from = strings.TrimSpace(string(b)), api.HTTPTokenFileEnvName+" "+cfg.TokenFile
+	}
+	if strings.IndexFunc(token, func(r rune) bool { return r < 0x21 || r == 0x7f }) >= 0 {
+		return fmt.Errorf("%s: the token holds a line break, a space or a control character (want one line: the token's SecretID)", from)
+	}
+	return nil
 }

@@ -1,6 +1,8 @@
 package store
 
 import (
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -93,5 +95,37 @@ func TestConsulAddrFromEnvironment(t *testing.T) {
 	t.Setenv("CONSUL_HTTP_ADDR", "127.0.0.1;8500")
 	if _, err := NewConsul("127.0.0.1:8500"); err != nil {
 		t.Errorf("an explicit address wins over a bad CONSUL_HTTP_ADDR: %v", err)
+	}
+}
+
+// TestTokenThatCannotBeSent: a token file of two lines (or a token with a control
+// character) is refused when the store is made, naming where it came from and not the
+// token; one line, spaces around it trimmed as consul/api does, is taken.
+func TestTokenThatCannotBeSent(t *testing.T) {
+	dir := t.TempDir()
+	two := filepath.Join(dir, "two")
+	one := filepath.Join(dir, "one")
+	if err := os.WriteFile(two, []byte("secret-a\nsecret-b\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(one, []byte("  secret-a\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("CONSUL_HTTP_TOKEN", "")
+	t.Setenv("CONSUL_HTTP_TOKEN_FILE", two)
+	_, err := NewConsul("127.0.0.1:8500")
+	if err == nil || !strings.Contains(err.Error(), "CONSUL_HTTP_TOKEN_FILE "+two) || strings.Contains(err.Error(), "secret") {
+		t.Errorf("a two-line token file: %v, want a refusal naming the file and not the token", err)
+	}
+	t.Setenv("CONSUL_HTTP_TOKEN_FILE", one)
+	if c, err := NewConsul("127.0.0.1:8500"); err != nil {
+		t.Errorf("a one-line token file: %v", err)
+	} else {
+		c.Close()
+	}
+	t.Setenv("CONSUL_HTTP_TOKEN_FILE", "")
+	t.Setenv("CONSUL_HTTP_TOKEN", "secret\x1b[2J")
+	if _, err := NewConsul("127.0.0.1:8500"); err == nil || strings.Contains(err.Error(), "secret") {
+		t.Errorf("a token with an escape: %v, want a refusal without the token", err)
 	}
 }
