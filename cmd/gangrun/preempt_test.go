@@ -152,7 +152,7 @@ func TestPolicySetRefusesBadPreemption(t *testing.T) {
 	for _, tc := range []struct{ doc, want string }{
 		{`{"preemption": {"type": "partition_prio", "signal": "KILL"}}`, `preemption.signal "KILL": want SIGTERM, SIGUSR1, SIGUSR2 or SIGINT`},
 		{`{"preemption": {"type": "qos"}}`, `preemption.type "qos": want "off" or "partition_prio"`},
-		{`{"preemption": {"type": "partition_prio", "grace_time": "-1s"}}`, `preemption.grace_time -1s: must not be negative`},
+		{`{"preemption": {"type": "partition_prio", "grace_time": "-1s"}}`, `preemption.grace_time -1s: want 0 to 24h0m0s`},
 		{`{"partitions": {"p": {"preempt_mode": "cancel"}}}`, `partitions.p.preempt_mode "cancel": want "requeue" or "off"`},
 	} {
 		f := filepath.Join(dir, "policy.json")
