@@ -92,26 +92,17 @@ func startBound(cmd *exec.Cmd, cpus []int, mp MemPolicy) (p *Process, bound []in
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	start := func() { p, err = Start(cmd) }
-	if len(cpus) == 0 {
-		memBound = withMemPolicy(mp, start)
-		return p, nil, memBound, err
-	}
 	var old, set unix.CPUSet
-	if unix.SchedGetaffinity(0, &old) != nil {
-		memBound = withMemPolicy(mp, start)
-		return p, nil, memBound, err
-	}
-	for _, c := range cpus {
-		if c >= 0 && c < len(old)*64 && old.IsSet(c) {
-			set.Set(c)
-			bound = append(bound, c)
+	if len(cpus) > 0 && unix.SchedGetaffinity(0, &old) == nil {
+		for _, c := range cpus {
+			if c >= 0 && c < len(old)*64 && old.IsSet(c) {
+				set.Set(c)
+				bound = append(bound, c)
+			}
 		}
 	}
-	if len(bound) == 0 {
-		memBound = withMemPolicy(mp, start)
-		return p, nil, memBound, err
-	}
-	if unix.SchedSetaffinity(0, &set) != nil {
+	if len(bound) == 0 || unix.SchedSetaffinity(0, &set) != nil {
+		// Unbound: no CPUs asked, none usable, or the set refused.
 		memBound = withMemPolicy(mp, start)
 		return p, nil, memBound, err
 	}
