@@ -2,6 +2,7 @@ package job
 
 import (
 	"context"
+	"os/user"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -110,9 +111,13 @@ func TestControllerPreemptsOnlyWhatThePolicyAllows(t *testing.T) {
 	if err := policy.Save(ctx, s, pol); err != nil {
 		t.Fatal(err)
 	}
+	me, err := user.Current() // the steps run their workers as the job's user
+	if err != nil {
+		t.Fatal(err)
+	}
 	submit := func(partition string) string {
 		t.Helper()
-		id, err := Submit(ctx, s, Spec{Name: partition, User: "t", Partition: partition, MinNodes: 1, MaxNodes: 1, GPUsPerNode: 2,
+		id, err := Submit(ctx, s, Spec{Name: partition, User: me.Username, Partition: partition, MinNodes: 1, MaxNodes: 1, GPUsPerNode: 2,
 			Command: []string{"sleep", "300"}, WorkDir: dir, TermTimeout: 5 * time.Second, MaxRestarts: 0})
 		if err != nil {
 			t.Fatalf("submit to %s: %v", partition, err)

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -20,6 +21,7 @@ import (
 	"github.com/gangrun/gangrun/event"
 	"github.com/gangrun/gangrun/hostlist"
 	"github.com/gangrun/gangrun/internal/cgroup"
+	"github.com/gangrun/gangrun/internal/proc"
 	"github.com/gangrun/gangrun/internal/store"
 	"github.com/gangrun/gangrun/launcher"
 	"github.com/gangrun/gangrun/topology"
@@ -75,7 +77,8 @@ type step struct {
 	lease *store.Lease
 	stop  chan os.Signal // the supervisor's signals: the step's own stop and warnings
 
-	cleanup []func() // run when the step ends
+	cleanup []func()   // run when the step ends
+	user    *proc.User // who the workers run as: the job's user (nil: the step's own)
 
 	mu     sync.Mutex
 	ending Status // what the step's own stop means (Cancelled, Timeout); "" when none
@@ -142,6 +145,11 @@ func (st *step) run(ctx context.Context) int {
 		return 0
 	}
 	st.job = j
+	if st.user, err = jobUser(j.Spec.User, node); err != nil {
+		st.log.Error("the job's user", zap.Error(err))
+		_ = st.recordEnd(ctx, Failed, 1, err.Error())
+		return 1
+	}
 	out, err := st.output()
 	if err != nil {
 		st.log.Error("open the job's output", zap.Error(err))
@@ -216,14 +224,39 @@ func (st *step) lockStepKey(ctx context.Context, sess string, rec []byte) error 
 }
 
 // output opens the job's output file on this node: --output expanded, appended to
-// (the nodes of a pattern without %n share one file; each line is written whole).
-func (st *step) output() (*os.File, error) {
+// (the nodes of a pattern without %n share one file; each line is written whole). It
+// is opened, and created, with the permissions of the job's user, as slurmstepd
+// opens a step's output after dropping to the user: a path the user could not write
+// is refused, and a new file is the user's.
+func (st *step) output() (f *os.File, err error) {
 	path := st.job.Spec.OutputPath(st.cfg.Node)
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND|syscall.O_CLOEXEC, 0o644)
+	err = proc.AsUser(st.user, func() error {
+		f, err = os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND|syscall.O_CLOEXEC, 0o644)
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("output %s: %w", path, err)
 	}
 	return f, nil
+}
+
+// jobUser is the Unix user a job's workers run as on node: the job's submitter
+// (Spec.User), as Slurm runs a job's tasks as its user; nil when that is the step's own
+// user. Errors: the user does not exist on the node (Slurm's "User not found on
+// host"), or the step is not root and so cannot switch to another user (slurmd runs as
+// root for this).
+func jobUser(name, node string) (*proc.User, error) {
+	u, err := proc.LookupUser(name)
+	if err != nil {
+		return nil, fmt.Errorf("the job's user cannot run on node %s: %w", node, err)
+	}
+	if u.IsSelf() {
+		return nil, nil
+	}
+	if os.Geteuid() != 0 {
+		return nil, fmt.Errorf("the job's user %s cannot run on node %s: its agent runs as uid %d, not root, and so cannot start processes as another user (run the agents as root, as slurmd runs)", u.Name, node, os.Geteuid())
+	}
+	return u, nil
 }
 
 // prepare builds the node's run of the job: `gangrun run` with the job's settings, the
@@ -232,7 +265,7 @@ func (st *step) prepare(ctx context.Context, gn allocator.GrantNode, out io.Writ
 	spec, state := st.job.Spec, st.job.State
 	command := spec.Command
 	if spec.Script != "" {
-		path, cleanup, err := writeScript(spec)
+		path, cleanup, err := writeScript(spec, st.user)
 		if err != nil {
 			return nil, err
 		}
@@ -244,7 +277,15 @@ func (st *step) prepare(ctx context.Context, gn allocator.GrantNode, out io.Writ
 	}
 	ckpt := spec.CheckpointPath()
 	addr, _ := allocator.NodeAddr(ctx, st.cfg.Store, st.cfg.Node) // "": the run finds its own
-	environ := append(os.Environ(), "GANGRUN_NODELIST="+hostlist.Compress(state.Nodes))
+	environ := os.Environ()
+	if st.user != nil {
+		environ = slices.DeleteFunc(environ, func(kv string) bool {
+			k, _, _ := strings.Cut(kv, "=")
+			return k == "USER" || k == "LOGNAME" || k == "HOME"
+		})
+		environ = append(environ, st.user.Env()...)
+	}
+	environ = append(environ, "GANGRUN_NODELIST="+hostlist.Compress(state.Nodes))
 	if spec.Array != nil {
 		environ = append(environ, spec.Array.Environ()...)
 	}
@@ -257,7 +298,7 @@ func (st *step) prepare(ctx context.Context, gn allocator.GrantNode, out io.Writ
 		Cgroup: string(cgroup.Auto), Mem: spec.Mem, PidsLimit: cgroup.DefaultPidsLimit,
 		MaxRestarts: max(spec.MaxRestarts-state.Restarts, 0), Backoff: "exp", NoRestartExitCode: launcher.DefaultNoRestartExitCode, TermTimeout: spec.TermTimeout,
 		CheckpointDir: ckpt, Stdout: out, Stderr: out, Report: out, Log: st.log,
-		GuardianArgv: st.cfg.GuardianArgv, Signals: st.stop, Subreaper: st.cfg.Subreaper,
+		GuardianArgv: st.cfg.GuardianArgv, Signals: st.stop, Subreaper: st.cfg.Subreaper, User: st.user,
 		Events: &attempts{step: st, ch: make(chan event.Event, 64)},
 		// A worker that dies while the job is being stopped (a pre-emption's SIGUSR1
 		// that it does not handle) ends the step: no restart in the grace.
@@ -276,14 +317,21 @@ func (st *step) prepare(ctx context.Context, gn allocator.GrantNode, out io.Writ
 }
 
 // writeScript writes the job's script, as submitted, where the step runs it: a
-// directory of its own under TMPDIR, which the returned cleanup removes.
-func writeScript(spec Spec) (path string, cleanup func(), err error) {
+// directory of its own under TMPDIR (the user's, when u is set, as the script is),
+// which the returned cleanup removes.
+func writeScript(spec Spec, u *proc.User) (path string, cleanup func(), err error) {
 	dir, err := os.MkdirTemp("", "gangrun-job-"+spec.ID+"-")
 	if err != nil {
 		return "", nil, fmt.Errorf("write the job's script: %w", err)
 	}
 	path = filepath.Join(dir, "script")
-	if err := os.WriteFile(path, []byte(spec.Script), 0o755); err != nil {
+	err = os.WriteFile(path, []byte(spec.Script), 0o755)
+	if err == nil && u != nil {
+		if err = os.Chown(path, int(u.UID), int(u.GID)); err == nil {
+			err = os.Chown(dir, int(u.UID), int(u.GID))
+		}
+	}
+	if err != nil {
 		os.RemoveAll(dir)
 		return "", nil, fmt.Errorf("write the job's script: %w", err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/user"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -234,7 +235,7 @@ func runThroughput(b *testing.B, n, clients int, realSteps bool, limit time.Dura
 					return
 				}
 				at := time.Now()
-				id, err := Submit(ctx, s, Spec{Name: "true", User: "bench", MinNodes: 1, MaxNodes: 1, GPUsPerNode: 1,
+				id, err := Submit(ctx, s, Spec{Name: "true", User: benchUser, MinNodes: 1, MaxNodes: 1, GPUsPerNode: 1,
 					Command: []string{"true"}, WorkDir: dir})
 				if err != nil {
 					b.Errorf("submit %d: %v", i, err)
@@ -399,3 +400,12 @@ func percentile(d []time.Duration, p float64) time.Duration {
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// benchUser is the benchmark's jobs' user: this process's (a step runs a job's workers
+// as its user, who must exist on the node).
+var benchUser = func() string {
+	if u, err := user.Current(); err == nil {
+		return u.Username
+	}
+	return strconv.Itoa(os.Getuid())
+}()

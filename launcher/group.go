@@ -34,6 +34,7 @@ type workerSpec struct {
 	cpus      []int          // CPUs to bind the worker to (proc.StartBound); nil: unbound
 	mem       proc.MemPolicy // its NUMA memory policy; no nodes: the default
 	place     proc.Placement // the step's cgroup to start it in; nil: none
+	user      *proc.User     // who it runs as (Config.User); nil: gangrun's user
 }
 
 // worker is one started process of a group.
@@ -118,6 +119,16 @@ func startWorker(s workerSpec, console, consoleErr *lineWriter, act *activity, w
 		return nil, fmt.Errorf("rank %d: %w", s.rank, err)
 	}
 	defer dir.Close()
+	if !s.user.IsSelf() {
+		// The rank's directory is the user's (its error file, its heartbeat), and
+		// theirs alone; the directories above it are gangrun's.
+		if err := dir.Chown(int(s.user.UID), int(s.user.GID)); err != nil {
+			return nil, fmt.Errorf("rank %d: %w", s.rank, err)
+		}
+		if err := dir.Chmod(0o700); err != nil {
+			return nil, fmt.Errorf("rank %d: %w", s.rank, err)
+		}
+	}
 	w := &worker{spec: s}
 	// torch's error handler warns about and overwrites a stale file; a stale one from an
 	// earlier attempt with the same number would be misread as this attempt's root
@@ -149,6 +160,9 @@ func startWorker(s workerSpec, console, consoleErr *lineWriter, act *activity, w
 	}
 	cmd := exec.Command(s.argv[0], s.argv[1:]...)
 	cmd.Env = s.env
+	if !s.user.IsSelf() {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.user.Credential()} // kept by proc.Start
+	}
 	for _, name := range []string{"stdout", "stderr"} {
 		r, wr, err := os.Pipe()
 		if err != nil {

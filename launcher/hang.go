@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"github.com/gangrun/gangrun/internal/proc"
 	"github.com/gangrun/gangrun/rendezvous"
 )
 
@@ -55,8 +56,9 @@ type timerRequest struct {
 // order, none dropped: a lost release would later look like a hang).
 type fileTimer struct {
 	path    string
-	created string // the directory gangrun made for the pipe, removed on close
-	made    bool   // gangrun made the pipe at the user's path: removed on close
+	created string     // the directory gangrun made for the pipe, removed on close
+	made    bool       // gangrun made the pipe at the user's path: removed on close
+	user    *proc.User // who the workers run as (Config.User)
 	f       *os.File
 
 	mu     sync.Mutex
@@ -70,19 +72,32 @@ type timerKey struct {
 }
 
 // openFileTimer creates the named pipe at path ("" for one of gangrun's own) and starts
-// reading it. An error means the watchdog cannot be served (the path exists and is not
-// a pipe, the directory cannot be written).
-func openFileTimer(path string) (*fileTimer, error) {
-	ft := &fileTimer{timers: map[timerKey]timerRequest{}}
+// reading it; the workers write it as u (Config.User; nil: gangrun's user), whose
+// permissions create (and remove) a pipe at a path they named. An error means the
+// watchdog cannot be served (the path exists and is not a pipe, the directory cannot
+// be written).
+func openFileTimer(path string, u *proc.User) (*fileTimer, error) {
+	ft := &fileTimer{timers: map[timerKey]timerRequest{}, user: u}
+	mkfifo := func() error { return proc.AsUser(u, func() error { return unix.Mkfifo(path, 0o600) }) }
 	if path == "" {
 		dir, err := os.MkdirTemp("", "gangrun-watchdog-")
 		if err != nil {
 			return nil, err
 		}
 		ft.created, path = dir, filepath.Join(dir, "timer")
+		mkfifo = func() error {
+			err := unix.Mkfifo(path, 0o600)
+			if err == nil && !u.IsSelf() {
+				// Gangrun's own directory, which the user's workers only pass through.
+				if err = os.Chmod(dir, 0o711); err == nil {
+					err = os.Chown(path, int(u.UID), int(u.GID))
+				}
+			}
+			return err
+		}
 	}
 	ft.path = path
-	if err := unix.Mkfifo(path, 0o600); err == nil {
+	if err := mkfifo(); err == nil {
 		ft.made = ft.created == ""
 	} else if !errors.Is(err, unix.EEXIST) {
 		ft.close()
@@ -130,7 +145,7 @@ func (ft *fileTimer) close() {
 		_ = os.RemoveAll(ft.created)
 	}
 	if ft.made {
-		_ = os.Remove(ft.path)
+		_ = proc.AsUser(ft.user, func() error { return os.Remove(ft.path) })
 	}
 }
 

@@ -21,6 +21,7 @@ import (
 	"github.com/gangrun/gangrun/allocator"
 	"github.com/gangrun/gangrun/event"
 	"github.com/gangrun/gangrun/internal/cgroup"
+	"github.com/gangrun/gangrun/internal/proc"
 	"github.com/gangrun/gangrun/rendezvous"
 	"github.com/gangrun/gangrun/topology"
 )
@@ -99,6 +100,8 @@ type Spec struct {
 	WarmDelay time.Duration
 	// NoRestart is Config.NoRestart.
 	NoRestart func() string
+	// User is Config.User.
+	User *proc.User
 	// Stdout, Stderr, Report, Log, GuardianArgv, Signals, Subreaper and Events are
 	// handed to the supervisor's Config as they are.
 	Stdout, Stderr, Report io.Writer
@@ -348,6 +351,7 @@ func resolve(ctx context.Context, spec Spec, o *rendezvous.Opened, inv *topology
 			Ranks: ranks, PerRankDevice: perRank, SocketIfname: socketIfname(spec)},
 		Stdout: spec.Stdout, Stderr: spec.Stderr, Log: spec.Log, Report: spec.Report,
 		GuardianArgv: spec.GuardianArgv, Subreaper: spec.Subreaper, Signals: spec.Signals, Events: spec.Events,
+		User: spec.User,
 	}
 	if o.Store != nil {
 		// The node's switch label, from its agent's registration, orders node ranks.

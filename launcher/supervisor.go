@@ -121,6 +121,13 @@ type Config struct {
 	Notes []string
 	// Confine is the step's cgroup: where its workers run and what holds them.
 	Confine Confinement
+	// User, when set and not gangrun's own user, is who the workers and standbys run
+	// as (a cluster job's submitter; gangrun stays root, as slurmstepd does): each
+	// rank's attempt directory (its error file, heartbeat) is the user's, the scratch
+	// directories above it only let the user through, and the files the user's
+	// processes write are read with the user's permissions (proc.AsUser). The
+	// environment's USER, LOGNAME and HOME are the caller's to set (User.Env).
+	User *proc.User
 	// Command is the training command: argv[0] is looked up on PATH.
 	Command []string
 	// Torchrun is Command parsed as a wrapped torchrun (Prepare sets it, having parsed
@@ -553,6 +560,14 @@ func (s *Supervisor) Run(ctx context.Context) Result {
 			return Result{ExitCode: 1, Err: fmt.Errorf("create scratch dir: %w", err)}
 		}
 		s.scratch = dir
+		if !s.cfg.User.IsSelf() {
+			// The user's workers pass through to their own rank directories; they list
+			// nothing here.
+			if err := os.Chmod(dir, 0o711); err != nil {
+				os.RemoveAll(dir)
+				return Result{ExitCode: 1, Err: fmt.Errorf("scratch dir: %w", err)}
+			}
+		}
 		defer os.RemoveAll(dir)
 		if err := s.guard.RemoveOnDeath(dir); err != nil {
 			s.log.Warn("guardian", zap.Error(err))
@@ -562,7 +577,7 @@ func (s *Supervisor) Run(ctx context.Context) Result {
 	defer s.setupWarm()()
 	if env := newEnvMap(s.cfg.Env.Base, s.cfg.Env.Extra); env[FileTimerEnableEnv] == "1" && s.torch == nil {
 		path := env[FileTimerFileEnv]
-		if ft, err := openFileTimer(path); err != nil {
+		if ft, err := openFileTimer(path, s.cfg.User); err != nil {
 			s.log.Warn("torch's file-based watchdog cannot be served: its timers are not judged", zap.Error(err))
 		} else {
 			s.timer = ft
@@ -1200,7 +1215,7 @@ func (s *Supervisor) specs(a rendezvous.Assignment) ([]workerSpec, error) {
 			env:    TorchrunEnv(s.cfg.Env, a, errFile),
 			prefix: "[node" + strconv.Itoa(a.NodeRank) + "]: ",
 			base:   base, rel: []string{attempt, node},
-			dir: dir, errorFile: errFile, logFiles: s.cfg.LogDir != "", place: s.placement(),
+			dir: dir, errorFile: errFile, logFiles: s.cfg.LogDir != "", place: s.placement(), user: s.cfg.User,
 		}}, nil
 	}
 	specs := make([]workerSpec, 0, a.LocalWorldSize)
@@ -1230,7 +1245,7 @@ func (s *Supervisor) specs(a rendezvous.Assignment) ([]workerSpec, error) {
 			cpus, mem = rp.CPUs, proc.MemPolicy{Nodes: rp.Mems, Strict: rp.MemBind == topology.MemBindStrict}
 		}
 		specs = append(specs, workerSpec{
-			localRank: lr, rank: rank, argv: argv, cpus: cpus, mem: mem, place: s.placement(),
+			localRank: lr, rank: rank, argv: argv, cpus: cpus, mem: mem, place: s.placement(), user: s.cfg.User,
 			env:    env,
 			prefix: rankPrefix(rank), base: base, rel: []string{attempt, rankDir},
 			dir: dir, errorFile: errFile, logFiles: s.cfg.LogDir != "",
@@ -1239,13 +1254,24 @@ func (s *Supervisor) specs(a rendezvous.Assignment) ([]workerSpec, error) {
 	return specs, nil
 }
 
+// readErrorFile is ReadErrorFile with the permissions of the user the workers run as:
+// the file is theirs to write, and a link they put there must not let gangrun read for
+// them what they could not.
+func (s *Supervisor) readErrorFile(path string) (r ErrorReport, ok bool) {
+	_ = proc.AsUser(s.cfg.User, func() error {
+		r, ok = ReadErrorFile(path)
+		return nil
+	})
+	return r, ok
+}
+
 // failureOf describes a failed worker as the root cause.
 func (s *Supervisor) failureOf(a rendezvous.Assignment, w *worker) *rendezvous.Failure {
 	f := &rendezvous.Failure{
 		Node: s.cfg.NodeName, Rank: w.spec.rank, LocalRank: w.spec.localRank,
 		ExitCode: w.status.ShellCode(), Reason: w.status.String(),
 	}
-	if r, ok := ReadErrorFile(w.spec.errorFile); ok {
+	if r, ok := s.readErrorFile(w.spec.errorFile); ok {
 		f.Message = r.FirstLine()
 	}
 	if w.status.Signal == syscall.SIGKILL && s.cg != nil && s.cg.OOMKills() > s.oomBase {
@@ -1277,7 +1303,7 @@ func (s *Supervisor) report(a rendezvous.Assignment, f *rendezvous.Failure) {
 	} else if s.torch != nil {
 		errFile = filepath.Join(s.attemptBase(a), "node_"+strconv.Itoa(a.NodeRank), errorFileName)
 	}
-	r, hasReport := ReadErrorFile(errFile)
+	r, hasReport := s.readErrorFile(errFile)
 	if hasReport {
 		fields = append(fields, zap.String("message", r.FirstLine()))
 		if s.cfg.LogDir != "" {

@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -146,6 +147,9 @@ func (s *Supervisor) startStandby(spec workerSpec, pc pythonCommand) (*standby, 
 	env := standbyEnv(spec.env)
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = env
+	if !s.cfg.User.IsSelf() {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.cfg.User.Credential()} // kept by proc.Start
+	}
 	ctrlR, ctrlW, err := os.Pipe()
 	if err != nil {
 		return nil, err
@@ -318,6 +322,9 @@ func (s *Supervisor) setupWarm() (cleanup func()) {
 	dir, err := os.MkdirTemp("", "gangrun-warm-"+safeName(s.cfg.JobID)+"-")
 	if err == nil {
 		err = os.WriteFile(filepath.Join(dir, "standby.py"), standbyProgram, 0o644)
+		if err == nil && !s.cfg.User.IsSelf() {
+			err = os.Chmod(dir, 0o755) // the user's standbys read the program
+		}
 		if err != nil {
 			os.RemoveAll(dir)
 		}

@@ -9,8 +9,10 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -85,11 +87,14 @@ func TestACLCluster(t *testing.T) {
 	c := &aclCluster{t: t, consul: consultest.StartACL(t)}
 	mgmt := c.consul.ManagementToken
 	inventory := filepath.Join(repoRoot(t), "topology", "testdata", "inventories", "dgx-h100.json")
-	dir := t.TempDir()
+	// The users' jobs run as their Unix users (alice, bob), in a directory they may
+	// write; the tokens are in root's own.
+	unixUsers(t, "alice", "bob")
+	dir := sharedDir(t)
 	t.Chdir(dir)
 
 	// Bootstrap: the tokens go into files of mode 0600, a user's onto stdout once.
-	tokDir := filepath.Join(dir, "tokens")
+	tokDir := filepath.Join(t.TempDir(), "tokens")
 	if r := c.as(mgmt, "acl", "bootstrap", "--out", tokDir); r.code != 0 {
 		t.Fatalf("acl bootstrap: exit %d: %s", r.code, r.stderr)
 	}
@@ -151,15 +156,25 @@ func TestACLCluster(t *testing.T) {
 		return r.code == 0 && strings.Contains(r.stdout, `"state": "up"`)
 	}, "the agent up, as alice's token reads it")
 
-	// Alice's job runs to COMPLETED: the elected agent queued it as hers.
-	r := c.as(alice, "submit", "--gpus-per-node", "2", "--name", "hello", "--", "/bin/sh", "-c", "echo hello from $RANK")
+	// Alice's job runs to COMPLETED: the elected agent queued it as hers, and the
+	// agent's node runs its workers as her Unix user, who cannot read the agents' token
+	// (as root they could).
+	script := "echo hello from $RANK as $(id -un) home=$HOME; cat " + filepath.Join(tokDir, "agent.token") + " >/dev/null 2>&1 || echo the agent token is not mine"
+	r := c.as(alice, "submit", "--gpus-per-node", "2", "--name", "hello", "--", "/bin/sh", "-c", script)
 	if r.code != 0 {
 		t.Fatalf("alice's submit: exit %d: %s", r.code, r.stderr)
 	}
 	done := strings.TrimSpace(r.stdout)
 	waitUntilFor(t, 120*time.Second, func() bool { return c.state(alice, done) == string(job.Completed) }, "alice's job COMPLETED")
-	if out, err := os.ReadFile(filepath.Join(dir, "gangrun-"+done+".out")); err != nil || !strings.Contains(string(out), "[rank1]: hello from 1") {
+	outFile := filepath.Join(dir, "gangrun-"+done+".out")
+	if out, err := os.ReadFile(outFile); err != nil || !strings.Contains(string(out), "[rank1]: hello from 1 as alice home=/nonexistent\n") ||
+		!strings.Contains(string(out), "[rank0]: the agent token is not mine\n") {
 		t.Errorf("alice's job's output: %v %q", err, out)
+	}
+	if au, err := user.Lookup("alice"); err != nil {
+		t.Error(err)
+	} else if st, err := os.Stat(outFile); err != nil || fmt.Sprint(st.Sys().(*syscall.Stat_t).Uid) != au.Uid {
+		t.Errorf("alice's output file %s: %v, want it hers (uid %s)", outFile, err, au.Uid)
 	}
 	// A long one, to be cancelled.
 	r = c.as(alice, "submit", "--gpus-per-node", "2", "--", "sleep", "300")

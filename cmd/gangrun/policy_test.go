@@ -52,7 +52,8 @@ func (c *jobCluster) reason(id string) string {
 // limit lets hers start on the next pass.
 func TestUserOverMaxGPUsWaitsWithTheReason(t *testing.T) {
 	c := startJobCluster(t, "gpu-a", "gpu-b")
-	t.Chdir(t.TempDir())
+	unixUsers(t, "alice", "bob") // the jobs run as their users
+	t.Chdir(sharedDir(t))
 	c.setPolicy(`{"accounts": {"ml": {"max_gpus_per_user": 4, "users": {"alice": {}, "bob": {}}}}}`)
 	first := c.submit("--uid", "alice", "--gpus-per-node", "4", "--", "sleep", "300")
 	c.waitState(first, job.Running, 60*time.Second)
@@ -93,7 +94,8 @@ func TestUserOverMaxGPUsWaitsWithTheReason(t *testing.T) {
 // heavy's, is ranked first (queue --priority) and gets the GPUs when they come free.
 func TestFairShareOrdersTheHeavyUserAfterTheLight(t *testing.T) {
 	c := startJobCluster(t, "gpu-a", "gpu-b")
-	t.Chdir(t.TempDir())
+	unixUsers(t, "heavy", "light") // the jobs run as their users
+	t.Chdir(sharedDir(t))
 	// The usage first: the scheduler reads it when it first passes under a policy.
 	s, err := store.NewConsul(c.consul)
 	if err != nil {

@@ -74,15 +74,21 @@ func SignalName(sig syscall.Signal) string {
 }
 
 // Start starts cmd as the leader of a new process group with a SIGKILL parent-death
-// signal. cmd must not have been started; its SysProcAttr is replaced. The caller owns
-// the returned Process and must call Release once, which also reaps it.
+// signal. cmd must not have been started; its SysProcAttr is replaced, all but its
+// Credential (the user the process runs as: User.Credential). The caller owns the
+// returned Process and must call Release once, which also reaps it.
 //
 // Start returns the error of exec.Cmd.Start (for instance exec.ErrNotFound wrapped in
 // *exec.Error, or a *os.PathError for a missing or non-executable file).
 func Start(cmd *exec.Cmd) (*Process, error) {
+	var cred *syscall.Credential
+	if cmd.SysProcAttr != nil {
+		cred = cmd.SysProcAttr.Credential
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Setpgid:   true,
-		Pdeathsig: syscall.SIGKILL,
+		Setpgid:    true,
+		Pdeathsig:  syscall.SIGKILL, // set in the child after its credentials: kept
+		Credential: cred,
 	}
 	if err := cmd.Start(); err != nil {
 		return nil, err

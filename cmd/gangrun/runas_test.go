@@ -1,0 +1,85 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/user"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gangrun/gangrun/job"
+)
+
+// TestJobRunsAsItsUser: a job submitted as alice (root's --uid, as sbatch --uid) runs
+// its workers as her Unix user, with her USER and HOME; its output file is created
+// with her permissions (hers when new, refused where she may not write: root's home);
+// the root cause comes from the error file she writes, read with her permissions (a
+// link she puts there to a file only root may read gives nothing away); a user the node
+// does not know fails the job, saying so.
+func TestJobRunsAsItsUser(t *testing.T) {
+	c := startJobCluster(t, "gpu-a")
+	unixUsers(t, "alice")
+	alice, err := user.Lookup("alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := sharedDir(t)
+	t.Chdir(dir)
+	secret := filepath.Join(t.TempDir(), "secret.json") // root's alone
+	if err := os.WriteFile(secret, []byte(`{"message": "root's secret"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	// Rank 0 writes its own error file and fails once rank 1 has written; rank 1 waits to
+	// be stopped.
+	// Both write what gangrun serves them: torch's watchdog pipe, the heartbeat file.
+	own := c.submit("--uid", "alice", "--gpus-per-node", "2", "--max-restarts", "0", "--env", "TORCHELASTIC_ENABLE_FILE_TIMER=1", "--", "/bin/sh", "-c",
+		`echo "$(id -un):$(id -gn) user=$USER home=$HOME"
+		echo '{"pid": 1, "scope_id": "s", "expiration_time": -1, "signal": 0}' > "$TORCHELASTIC_TIMER_FILE" && touch "$GANGRUN_HEARTBEAT_FILE" && echo pipe and heartbeat written
+		[ "$RANK" = 1 ] && touch rank1-wrote && exec sleep 300
+		while [ ! -e rank1-wrote ]; do sleep 0.1; done
+		printf '{"message": "alice wrote this"}' > "$TORCHELASTIC_ERROR_FILE"; exit 4`)
+	m := c.waitState(own, job.Failed, 90*time.Second)
+	if r, _ := m["reason"].(string); !strings.Contains(fmt.Sprint(m), "alice wrote this") {
+		t.Errorf("the failed job's record lacks the message of alice's error file (reason %q):\n%v", r, m)
+	}
+	outFile := filepath.Join(dir, "gangrun-"+own+".out")
+	out, err := os.ReadFile(outFile)
+	if err != nil || !bytes.Contains(out, []byte("[rank0]: alice:alice user=alice home=/nonexistent\n")) ||
+		!bytes.Contains(out, []byte("[rank0]: pipe and heartbeat written\n")) || !bytes.Contains(out, []byte("[rank1]: pipe and heartbeat written\n")) {
+		t.Errorf("output: %v\n%s", err, out)
+	}
+	if st, err := os.Stat(outFile); err != nil || fmt.Sprint(st.Sys().(*syscall.Stat_t).Uid) != alice.Uid {
+		t.Errorf("output file %s: %v, want it alice's (uid %s)", outFile, err, alice.Uid)
+	}
+
+	// Her error file is a link to root's secret: nothing of it reaches the record.
+	link := c.submit("--uid", "alice", "--gpus-per-node", "1", "--max-restarts", "0", "--", "/bin/sh", "-c",
+		`ln -s `+secret+` "$TORCHELASTIC_ERROR_FILE" && exit 5`)
+	m = c.waitState(link, job.Failed, 90*time.Second)
+	if s := fmt.Sprint(m); strings.Contains(s, "root's secret") || !strings.Contains(s, "exit code 5") {
+		t.Errorf("a linked error file: the record shows what alice may not read, or not her exit code:\n%s", s)
+	}
+
+	// An output file where she may not write: refused, and nothing created there.
+	rootDir := t.TempDir() // mode 0700, root's
+	denied := c.submit("--uid", "alice", "--gpus-per-node", "1", "--output", filepath.Join(rootDir, "%j.out"), "--", "true")
+	m = c.waitState(denied, job.Failed, 90*time.Second)
+	if r := fmt.Sprint(m); !strings.Contains(r, "output "+filepath.Join(rootDir, denied+".out")+": ") || !strings.Contains(r, "permission denied") {
+		t.Errorf("an output alice may not write: the record does not say so:\n%s", r)
+	}
+	if entries, _ := os.ReadDir(rootDir); len(entries) != 0 {
+		t.Errorf("root's directory got %d entries from alice's job", len(entries))
+	}
+
+	// A user the node does not know.
+	unknown := c.submit("--uid", "no-such-user-gr", "--gpus-per-node", "1", "--", "true")
+	m = c.waitState(unknown, job.Failed, 90*time.Second)
+	if r := fmt.Sprint(m); !strings.Contains(r, `the job's user cannot run on node gpu-a: user "no-such-user-gr": no such user on this node`) {
+		t.Errorf("an unknown user: the record does not say so:\n%s", r)
+	}
+}
