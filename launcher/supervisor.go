@@ -1355,7 +1355,7 @@ func (s *Supervisor) chooseResume(_ context.Context) (string, error) {
 	if _, err := os.Stat(s.cfg.CheckpointDir); errors.Is(err, os.ErrNotExist) {
 		return "", nil
 	}
-	c, err := checkpoint.Latest(s.cfg.CheckpointDir, checkpoint.Options{Exclude: s.excluded})
+	c, err := s.latestCheckpoint()
 	if errors.Is(err, checkpoint.ErrNoComplete) {
 		s.log.Info("no complete checkpoint yet: starting from the beginning", zap.String("checkpoint_dir", s.cfg.CheckpointDir))
 		return "", nil
@@ -1372,11 +1372,23 @@ func (s *Supervisor) newestCheckpoint() string {
 	if s.cfg.CheckpointDir == "" {
 		return ""
 	}
-	latest, err := checkpoint.Latest(s.cfg.CheckpointDir, checkpoint.Options{Exclude: s.excluded})
+	latest, err := s.latestCheckpoint()
 	if err != nil {
 		return ""
 	}
 	return latest.Path
+}
+
+// latestCheckpoint is checkpoint.Latest of CheckpointDir, skipping the excluded, read
+// with the permissions of the user the workers run as (Config.User): the directory is
+// the user's to name, and gangrun reads (and, for pins and fences, writes) there only
+// what the user could.
+func (s *Supervisor) latestCheckpoint() (c checkpoint.Checkpoint, err error) {
+	err = proc.AsUser(s.cfg.User, func() error {
+		c, err = checkpoint.Latest(s.cfg.CheckpointDir, checkpoint.Options{Exclude: s.excluded})
+		return err
+	})
+	return c, err
 }
 
 // progressed reports whether the failed attempt at made progress: it ran HealthyStretch,
@@ -1417,7 +1429,7 @@ func (s *Supervisor) pin(path string) {
 		return
 	}
 	if s.unpin != nil {
-		if err := s.unpin(); err != nil {
+		if err := proc.AsUser(s.cfg.User, s.unpin); err != nil {
 			s.log.Warn("unpin checkpoint", zap.String("path", s.pinned), zap.Error(err))
 		}
 		s.unpin, s.pinned = nil, ""
@@ -1425,7 +1437,11 @@ func (s *Supervisor) pin(path string) {
 	if path == "" || s.cfg.CheckpointDir == "" {
 		return
 	}
-	release, err := checkpoint.Pin(s.cfg.CheckpointDir, path, s.cfg.JobID+"/"+s.cfg.NodeName)
+	var release func() error
+	err := proc.AsUser(s.cfg.User, func() (err error) {
+		release, err = checkpoint.Pin(s.cfg.CheckpointDir, path, s.cfg.JobID+"/"+s.cfg.NodeName)
+		return err
+	})
 	if err != nil {
 		s.log.Warn("pin checkpoint", zap.String("path", path), zap.Error(err))
 		return
@@ -1440,7 +1456,7 @@ func (s *Supervisor) fence(a rendezvous.Assignment) {
 		return
 	}
 	f := checkpoint.Fence{Job: s.cfg.JobID, Attempt: a.Round, Node: s.cfg.NodeName}
-	if err := checkpoint.WriteFence(s.cfg.CheckpointDir, f); err != nil {
+	if err := proc.AsUser(s.cfg.User, func() error { return checkpoint.WriteFence(s.cfg.CheckpointDir, f) }); err != nil {
 		s.log.Warn("write the checkpoint directory's fence", zap.Error(err))
 	}
 }

@@ -15,7 +15,8 @@ import (
 )
 
 // TestJobRunsAsItsUser: a job submitted as alice (root's --uid, as sbatch --uid) runs
-// its workers as her Unix user, with her USER and HOME; its output file is created
+// its workers as her Unix user, with her USER and HOME; the checkpoint directory gangrun
+// makes (its fence) before they start is hers to write; its output file is created
 // with her permissions (hers when new, refused where she may not write: root's home);
 // the root cause comes from the error file she writes, read with her permissions (a
 // link she puts there to a file only root may read gives nothing away); a user the node
@@ -37,10 +38,12 @@ func TestJobRunsAsItsUser(t *testing.T) {
 	// Rank 0 writes its own error file and fails once rank 1 has written; rank 1 waits to
 	// be stopped.
 	// Both write what gangrun serves them: torch's watchdog pipe, the heartbeat file.
-	own := c.submit("--uid", "alice", "--gpus-per-node", "2", "--max-restarts", "0", "--env", "TORCHELASTIC_ENABLE_FILE_TIMER=1", "--", "/bin/sh", "-c",
+	own := c.submit("--uid", "alice", "--gpus-per-node", "2", "--max-restarts", "0", "--env", "TORCHELASTIC_ENABLE_FILE_TIMER=1",
+		"--checkpoint-dir", "ckpt", "--", "/bin/sh", "-c",
 		`echo "$(id -un):$(id -gn) user=$USER home=$HOME"
 		echo '{"pid": 1, "scope_id": "s", "expiration_time": -1, "signal": 0}' > "$TORCHELASTIC_TIMER_FILE" && touch "$GANGRUN_HEARTBEAT_FILE" && echo pipe and heartbeat written
 		[ "$RANK" = 1 ] && touch rank1-wrote && exec sleep 300
+		mkdir ckpt/step-1 && echo checkpoint directory writable
 		while [ ! -e rank1-wrote ]; do sleep 0.1; done
 		printf '{"message": "alice wrote this"}' > "$TORCHELASTIC_ERROR_FILE"; exit 4`)
 	m := c.waitState(own, job.Failed, 90*time.Second)
@@ -50,7 +53,8 @@ func TestJobRunsAsItsUser(t *testing.T) {
 	outFile := filepath.Join(dir, "gangrun-"+own+".out")
 	out, err := os.ReadFile(outFile)
 	if err != nil || !bytes.Contains(out, []byte("[rank0]: alice:alice user=alice home=/nonexistent\n")) ||
-		!bytes.Contains(out, []byte("[rank0]: pipe and heartbeat written\n")) || !bytes.Contains(out, []byte("[rank1]: pipe and heartbeat written\n")) {
+		!bytes.Contains(out, []byte("[rank0]: pipe and heartbeat written\n")) || !bytes.Contains(out, []byte("[rank1]: pipe and heartbeat written\n")) ||
+		!bytes.Contains(out, []byte("[rank0]: checkpoint directory writable\n")) {
 		t.Errorf("output: %v\n%s", err, out)
 	}
 	if st, err := os.Stat(outFile); err != nil || fmt.Sprint(st.Sys().(*syscall.Stat_t).Uid) != alice.Uid {
