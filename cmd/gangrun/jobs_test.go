@@ -185,11 +185,14 @@ func TestSubmitRunsAJobToCompletion(t *testing.T) {
 // TestJobResumesAfterAWorkerFails: a real PyTorch DDP job on two nodes whose last rank
 // fails once restarts as a gang from its newest checkpoint and completes; show records
 // both attempts, the second resumed from the checkpoint, and one restart of its own.
+// The job is carol's, so its workers run as her Unix user, writing the checkpoints
+// gangrun reads.
 func TestJobResumesAfterAWorkerFails(t *testing.T) {
 	c := startJobCluster(t, "gpu-a", "gpu-b")
-	args := append([]string{"--nodes", "2", "--gpus-per-node", "2", "--checkpoint-dir", "ckpt", "--"},
+	unixUsers(t, "carol")
+	args := append([]string{"--uid", "carol", "--nodes", "2", "--gpus-per-node", "2", "--checkpoint-dir", "ckpt", "--"},
 		trainer(t, "--steps", "40", "--ckpt-every", "10", "--fail-at-step", "25")...)
-	dir := t.TempDir()
+	dir := sharedDir(t)
 	t.Chdir(dir)
 	id := c.submit(args...)
 	m := c.waitState(id, job.Completed, 3*time.Minute)
