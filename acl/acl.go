@@ -164,6 +164,12 @@ var ErrNoToken = errors.New("no valid Consul ACL token")
 // policy, not management).
 var ErrForeignToken = errors.New("not a gangrun token")
 
+// ErrNameTaken is wrapped by MintUser's error for a user whose policy name differs only
+// in case from an existing policy's: Consul's ACL policy names are unique regardless
+// of case (its state store indexes them case-insensitively), so "ALICE" cannot have a
+// policy beside "alice".
+var ErrNameTaken = errors.New("the name is taken")
+
 // Whoami asks Consul who s's token is (store.Consul.TokenSelf). With Consul's ACLs
 // off it returns RoleOpen. Errors: ErrNoToken (no token, or one Consul does not know),
 // ErrForeignToken, or Consul unreachable (store.ErrUnavailable).

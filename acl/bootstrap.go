@@ -3,6 +3,7 @@ package acl
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/hashicorp/consul/api"
 )
@@ -65,8 +66,11 @@ func upsertPolicy(ctx context.Context, c *api.Client, name, desc, rules string) 
 	}
 	var p *api.ACLPolicy
 	for _, e := range list {
-		if e.Name == name {
+		switch {
+		case e.Name == name:
 			p = &api.ACLPolicy{ID: e.ID, Name: e.Name}
+		case strings.EqualFold(e.Name, name):
+			return fmt.Errorf("ACL policy %s: %w by %s (Consul's policy names ignore case)", name, ErrNameTaken, e.Name)
 		}
 	}
 	if p == nil {

@@ -286,11 +286,18 @@ func CheckLabels(labels map[string]string) error {
 	return nil
 }
 
-// CheckReason refuses a drain reason that is empty, or not one line of printable text:
-// it is a cell of `gangrun nodes`' table.
+// MaxReasonBytes bounds a drain reason: a line of `gangrun nodes`, kept on the node's
+// drain key (Slurm's reasons are a short line too).
+const MaxReasonBytes = 512
+
+// CheckReason refuses a drain reason that is empty, longer than MaxReasonBytes, or not
+// one line of printable text: it is a cell of `gangrun nodes`' table.
 func CheckReason(reason string) error {
 	if strings.TrimSpace(reason) == "" {
 		return errors.New("--reason is required (it shows in gangrun nodes)")
+	}
+	if len(reason) > MaxReasonBytes {
+		return fmt.Errorf("--reason of %d bytes (%.40q...): want at most %d, one line for gangrun nodes", len(reason), reason, MaxReasonBytes)
 	}
 	return checkPrintable("--reason", reason)
 }

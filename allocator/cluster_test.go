@@ -266,7 +266,7 @@ func TestCheckFeasibleRejectsBadRequestsBeforeReserving(t *testing.T) {
 		{Request{Nodes: 3, GPUsPerNode: 1}, "--nodes 3: only 2 registered nodes"},
 		{Request{Nodes: 1, GPUsPerNode: 1, Partition: "gpu"}, "--partition gpu: no node is in that partition"},
 		{Request{Nodes: 1, GPUsPerNode: 1, Labels: map[string]string{"rack": "r9"}}, "--labels rack=r9: no node has that label"},
-		{Request{Nodes: 1, GPUsPerNode: 1, GPUModel: "B200"}, "--gpu-model B200: no node has such GPUs"},
+		{Request{Nodes: 1, GPUsPerNode: 1, GPUModel: "B200"}, "GPU model B200 (--gpus-per-node B200:1, or --gpu-model): no node has such GPUs"},
 		{Request{Nodes: 1, GPUsPerNode: 1, Wait: -time.Second}, "--wait -1s"},
 	} {
 		_, err := Submit(context.Background(), s, tc.r)

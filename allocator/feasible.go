@@ -195,7 +195,7 @@ func CheckFeasible(c *Cluster, r Request) error {
 		if r.MIGProfile != "" {
 			return refusal(fmt.Errorf("--gpus-per-node %s:%d: no node has %s MIG devices", r.MIGProfile, r.GPUsPerNode, r.MIGProfile))
 		}
-		return refusal(fmt.Errorf("--gpu-model %s: no node has such GPUs", r.GPUModel))
+		return refusal(fmt.Errorf("GPU model %s (--gpus-per-node %s:%d, or --gpu-model): no node has such GPUs", r.GPUModel, r.GPUModel, r.GPUsPerNode))
 	}
 	if r.GPUsPerNode > most {
 		if r.MIGProfile != "" {

@@ -98,6 +98,9 @@ func runACL(ctx context.Context, e *env, args []string) int {
 		names, secrets = []string{"agent", "operator"}, []string{t.Agent, t.Operator}
 	} else {
 		t, err := acl.MintUser(ctx, s.Client(), fs.Arg(1))
+		if errors.Is(err, acl.ErrNameTaken) {
+			return usageErr(e, "acl", "user %q: %v: nothing was minted", fs.Arg(1), err)
+		}
 		if err != nil {
 			return failErr(e, "acl", err)
 		}

@@ -119,6 +119,8 @@ func TestACLCluster(t *testing.T) {
 	if r := c.as(mgmt, "acl", "user", "carol"); r.code != 0 {
 		t.Errorf("carol's token after the refused --out: exit %d %s (was one minted before the refusal?)", r.code, r.stderr)
 	}
+	refused(t, "a user whose name differs from carol's in case only", c.as(mgmt, "acl", "user", "Carol"),
+		`gangrun acl: user "Carol": ACL policy gangrun-user-Carol: the name is taken by gangrun-user-carol (Consul's policy names ignore case): nothing was minted`)
 	for _, u := range []string{"alice", "bob"} {
 		r := c.as(mgmt, "acl", "user", u)
 		tok, ok := strings.CutPrefix(strings.TrimSpace(r.stdout), "user "+u+" token: ")

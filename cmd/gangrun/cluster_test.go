@@ -234,6 +234,7 @@ func TestClusterUsageErrors(t *testing.T) {
 		{[]string{"drain", "a/b", "--reason", "x"}, 2, `node "a/b": only letters`},
 		{[]string{"resume", "gpu-z"}, 2, `node "gpu-z": not found`},
 		{[]string{"drain", "gpu-a", "--reason", "multi\nline"}, 2, `--reason "multi\nline": holds the invisible character U+000A (newline)`},
+		{[]string{"drain", "gpu-a", "--reason", strings.Repeat("x", 100_000)}, 2, `--reason of 100000 bytes ("xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"...): want at most 512, one line for gangrun nodes`},
 		{[]string{"drain", "gpu-a", "--reason", "fan\u202eliaf"}, 2, `--reason "fan\u202eliaf": holds the invisible character U+202E`},
 		{[]string{"agent", "--labels", "=x", "--node-name", "n"}, 2, "--labels"},
 		{[]string{"agent", "--labels", "switch=leaf\n1", "--node-name", "n"}, 2, `--labels "switch=leaf\n1": holds the invisible character U+000A (newline)`},
