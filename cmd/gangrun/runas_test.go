@@ -15,7 +15,7 @@ import (
 )
 
 // TestJobRunsAsItsUser: a job submitted as alice (root's --uid, as sbatch --uid) runs
-// its workers as her Unix user, with her USER and HOME; the checkpoint directory gangrun
+// its workers as her Unix user, with her USER and HOME (a batch script's too); the checkpoint directory gangrun
 // makes (its fence) before they start is hers to write; its output file is created
 // with her permissions (hers when new, refused where she may not write: root's home);
 // the root cause comes from the error file she writes, read with her permissions (a
@@ -59,6 +59,17 @@ func TestJobRunsAsItsUser(t *testing.T) {
 	}
 	if st, err := os.Stat(outFile); err != nil || fmt.Sprint(st.Sys().(*syscall.Stat_t).Uid) != alice.Uid {
 		t.Errorf("output file %s: %v, want it alice's (uid %s)", outFile, err, alice.Uid)
+	}
+
+	// A batch script runs as her too, from a copy she may read.
+	script := filepath.Join(dir, "job.sh")
+	if err := os.WriteFile(script, []byte("#!/bin/sh\n#GANGRUN --gpus-per-node 1\necho \"script as $(id -un) from $(stat -c %U \"$0\")'s copy\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	batch := c.submit("--uid", "alice", script)
+	c.waitState(batch, job.Completed, 90*time.Second)
+	if out, err := os.ReadFile(filepath.Join(dir, "gangrun-"+batch+".out")); err != nil || !bytes.Contains(out, []byte("[rank0]: script as alice from alice's copy\n")) {
+		t.Errorf("the batch script's output: %v\n%s", err, out)
 	}
 
 	// Her error file is a link to root's secret: nothing of it reaches the record.
