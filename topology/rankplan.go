@@ -14,6 +14,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -128,11 +129,16 @@ func (inv *Inventory) WriteNCCLTopoFile(dir string) (string, error) {
 	}
 	sum := sha256.Sum256(buf.Bytes())
 	path := filepath.Join(dir, "nccl-topo-"+hex.EncodeToString(sum[:6])+".xml")
-	if b, err := os.ReadFile(path); err == nil && bytes.Equal(b, buf.Bytes()) {
-		return path, nil
-	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", fmt.Errorf("NCCL topology file: %w", err)
+	}
+	// dir is under a shared /tmp: one someone else made (or can write) could hold a
+	// file of their choosing under the expected name.
+	if fi, err := os.Lstat(dir); err != nil || !fi.IsDir() || fi.Sys().(*syscall.Stat_t).Uid != uint32(os.Geteuid()) || fi.Mode().Perm()&0o022 != 0 {
+		return "", fmt.Errorf("NCCL topology file: %s is not a directory of this user's that only it may write", dir)
+	}
+	if b, err := os.ReadFile(path); err == nil && bytes.Equal(b, buf.Bytes()) {
+		return path, nil
 	}
 	tmp, err := os.CreateTemp(dir, ".nccl-topo-*")
 	if err != nil {

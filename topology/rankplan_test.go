@@ -94,6 +94,14 @@ func TestPlanRanksFlatVM(t *testing.T) {
 	if b, err := os.ReadFile(p1); err != nil || !strings.Contains(string(b), "<system") {
 		t.Fatalf("topology file %s: %v %.80q", p1, err, b)
 	}
+	// A directory others may write (as a /tmp/gangrun-UID someone else made would be)
+	// is refused: they could put their own file under the expected name.
+	if err := os.Chmod(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := inv.WriteNCCLTopoFile(dir); err == nil || !strings.Contains(err.Error(), "is not a directory of this user's that only it may write") {
+		t.Errorf("a directory anyone may write: %v, want it refused", err)
+	}
 }
 
 func TestSplitCPUs(t *testing.T) {
