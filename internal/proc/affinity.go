@@ -148,3 +148,42 @@ func BindProcess(pid int, cpus []int) (bound []int, err error) {
 	}
 	return bound, nil
 }
+
+// StandbyNice is the nice value a warm standby waits at (the lowest priority), so that
+// its imports take only CPU time the running workers leave; SetNice gives it back its
+// priority when it becomes a worker.
+const StandbyNice = 19
+
+// SetNice sets the nice value of every thread of running process pid to nice, as
+// `renice -n NICE -p` does for each of /proc/PID/task (setpriority(2) with PRIO_PROCESS
+// acts on one thread on Linux). Threads it creates later inherit the value from their
+// creator. Lowering a nice value takes CAP_SYS_NICE or a matching RLIMIT_NICE
+// (CanRaisePriority); raising it does not. Errors: the tasks cannot be listed, or one
+// refused the value (one that exited meanwhile is skipped).
+func SetNice(pid, nice int) error {
+	tasks, err := os.ReadDir("/proc/" + strconv.Itoa(pid) + "/task")
+	if err != nil {
+		return err
+	}
+	for _, t := range tasks {
+		tid, err := strconv.Atoi(t.Name())
+		if err != nil {
+			continue
+		}
+		if err := unix.Setpriority(unix.PRIO_PROCESS, tid, nice); err != nil && !errors.Is(err, unix.ESRCH) {
+			return fmt.Errorf("nice %d for thread %d of process %d: %w", nice, tid, pid, err)
+		}
+	}
+	return nil
+}
+
+// CanRaisePriority reports whether this process may set a thread's nice value back to
+// 0 once it has raised it (setpriority(2): root, CAP_SYS_NICE, or an RLIMIT_NICE soft
+// limit of at least 20, whose ceiling is 20 - limit).
+func CanRaisePriority() bool {
+	if os.Geteuid() == 0 {
+		return true
+	}
+	var lim unix.Rlimit
+	return unix.Getrlimit(unix.RLIMIT_NICE, &lim) == nil && lim.Cur >= 20
+}
