@@ -4,7 +4,10 @@
 // and, where the node can, no access to the node's GPUs it was not given
 // (ConstrainDevices). It uses containerd's cgroups library
 // (github.com/containerd/cgroups/v3: its cgroup1 package for v1, cgroup2 for v2) for
-// the hierarchy's files.
+// the hierarchy's files. cgroup2 brings github.com/cilium/ebpf, with which it builds
+// and attaches v2's device program (v2 has no devices files), and containerd's logger:
+// 1.8 MB more binary, under 0.3 ms more start-up (their package init, measured with
+// GODEBUG=inittrace=1).
 //
 // Which hierarchy: cgroup v1 where its controllers are mounted (a legacy or hybrid
 // node, as /sys/fs/cgroup/{cpuset,memory,...}), cgroup v2 where the node has only the
