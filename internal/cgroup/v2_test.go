@@ -278,3 +278,41 @@ func startAndRead(cmd *exec.Cmd, st *cgroup.Step) ([]byte, error) {
 	p.Release()
 	return b, nil
 }
+
+// TestV2FreshMount: Cgroup2RootEnv may name any cgroup2 mount, not only one below
+// /sys/fs/cgroup: the test mounts the v2 hierarchy afresh in a temporary directory, and
+// a step made there holds its worker and is removed (RemoveDir checks the file system,
+// not the path); the mount is undone after.
+func TestV2FreshMount(t *testing.T) {
+	mnt := t.TempDir()
+	if err := unix.Mount("none", mnt, "cgroup2", 0, ""); err != nil {
+		t.Fatalf("mount cgroup2 on %s (the tests run as root): %v", mnt, err)
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount(mnt, 0); err != nil {
+			t.Errorf("unmount %s: %v", mnt, err)
+		}
+	})
+	t.Setenv(cgroup.Cgroup2RootEnv, mnt)
+	st, err := cgroup.New(uniqueName(t), cgroup.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Delete()
+	if st.Dirs()[0] != filepath.Join(mnt, st.Name()) {
+		t.Errorf("dirs %v, want below %s", st.Dirs(), mnt)
+	}
+	b, err := startAndRead(exec.Command("cat", "/proc/self/cgroup"), st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), "0::/"+st.Name()+"\n") {
+		t.Errorf("the child is not in /%s:\n%s", st.Name(), b)
+	}
+	if err := st.Delete(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(st.Dirs()[0]); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("cgroup %s left behind (%v)", st.Dirs()[0], err)
+	}
+}
