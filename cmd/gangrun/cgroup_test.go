@@ -474,3 +474,33 @@ func TestRunCgroupV2BesideItsOwn(t *testing.T) {
 	}
 	assertV2Gone(t, want)
 }
+
+// TestJobStepInCgroupV2: a cluster job's step on an agent that uses cgroup v2 runs in
+// a step cgroup of its own there (both ranks' 0:: line), with the eBPF device program
+// denying the node's GPUs the job was not given, and the cgroup is gone after.
+func TestJobStepInCgroupV2(t *testing.T) {
+	t.Setenv("GANGRUN_CGROUP2_ROOT", "/sys/fs/cgroup/unified") // the agents inherit it
+	c := startJobCluster(t, "gpu-a")
+	dir := t.TempDir()
+	t.Chdir(dir)
+	id := c.submit("--nodes", "1", "--gpus-per-node", "2", "--", "sh", "-c", v2Worker)
+	c.waitState(id, job.Completed, 2*time.Minute)
+	out, err := os.ReadFile(filepath.Join(dir, "gangrun-"+id+".out"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := regexp.MustCompile(`step confined to its cgroup\s+\{"step": "gpu-a", "cgroup": "(gangrun-[^"]+)", "controllers": \["devices"\].*"devices_denied": \["/dev/nvidia\d", "/dev/nvidia\d", "/dev/nvidia\d", "/dev/nvidia\d", "/dev/nvidia\d", "/dev/nvidia\d"\], "hierarchy": "v2"\}`).FindSubmatch(out)
+	if name == nil {
+		t.Fatalf("the step's output does not show its cgroup v2 with 6 GPUs denied:\n%s", out)
+	}
+	ranks := v2LineRE.FindAllSubmatch(out, -1)
+	for _, m := range ranks {
+		if string(m[2]) != "/"+string(name[1]) {
+			t.Errorf("rank %s in %s, want /%s", m[1], m[2], name[1])
+		}
+	}
+	if len(ranks) != 2 {
+		t.Errorf("%d ranks reported their cgroup v2, want 2:\n%s", len(ranks), out)
+	}
+	assertV2Gone(t, "/"+string(name[1]))
+}
