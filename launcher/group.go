@@ -73,9 +73,15 @@ type warmStart func(spec workerSpec, files []*os.File) *worker
 // warm, when non-nil, is asked for each worker first.
 func startGroup(specs []workerSpec, console, consoleErr *lineWriter, act *activity, guard *proc.Guardian, warm warmStart) (*group, error) {
 	g := &group{exits: make(chan int, len(specs))}
+	// cgroup v1: one move of the forking thread into the step's cgroup for the whole
+	// group, not one per worker: each move costs a cgroup migration per controller.
+	// cgroup v2 has no such move: each worker is cloned into it (its spec's place).
+	byThread := len(specs) > 0 && proc.EntersByThread(specs[0].place)
 	start := func() error {
 		for i, s := range specs {
-			s.place = nil // the whole group starts in it (below)
+			if byThread {
+				s.place = nil // the whole group starts in it (below)
+			}
 			w, err := startWorker(s, console, consoleErr, act, warm)
 			if err != nil {
 				return err
@@ -94,9 +100,7 @@ func startGroup(specs []workerSpec, console, consoleErr *lineWriter, act *activi
 		return nil
 	}
 	var err error
-	if len(specs) > 0 && specs[0].place != nil {
-		// One move of the forking thread into the step's cgroup for the whole group,
-		// not one per worker: each move costs a cgroup migration per controller.
+	if byThread {
 		err = proc.InPlacement(specs[0].place, start)
 	} else {
 		err = start()

@@ -347,7 +347,13 @@ func (s *Supervisor) confine() error {
 		}
 		fields = append(fields, zap.Strings("devices_denied", paths))
 	}
+	if st.V2() {
+		fields = append(fields, zap.String("hierarchy", "v2"))
+	}
 	s.log.Info("step confined to its cgroup", fields...)
+	if why := st.Why(); why != "" {
+		s.log.Info("the step's cgroup lacks part of its confinement: " + why)
+	}
 	return nil
 }
 

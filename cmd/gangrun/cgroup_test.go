@@ -8,10 +8,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/gangrun/gangrun/job"
 )
@@ -265,4 +268,239 @@ if [ "$RANK" = 1 ]; then exec `+py+` -c "b = [b'x' * (16 << 20) for _ in range(3
 	}
 	paths, _ := workerCgroups(string(out))
 	assertCgroupGone(t, paths["0"])
+}
+
+// cgroupV2Env points gangrun's step cgroups at this machine's cgroup v2 mount: the
+// development VM is hybrid, and its v2 hierarchy offers only hugetlb, so these runs
+// exercise v2's placement (CLONE_INTO_CGROUP), removal and kill for real, not its
+// cpuset, memory or pids limits.
+const cgroupV2Env = "GANGRUN_CGROUP2_ROOT=/sys/fs/cgroup/unified"
+
+// v2Worker prints the worker's cgroup v2 path ("v2 PATH") and its CPUs.
+const v2Worker = `echo "v2 $(grep '^0::' /proc/self/cgroup | cut -d: -f3)"; grep Cpus_allowed_list /proc/self/status
+`
+
+var v2LineRE = regexp.MustCompile(`\[rank(\d)\]: v2 (\S+)`)
+
+// assertV2Gone fails the test unless the cgroup v2 directory of path is gone (waiting
+// up to 30 s, for the guardian).
+func assertV2Gone(t *testing.T, path string) {
+	t.Helper()
+	d := filepath.Join("/sys/fs/cgroup/unified", path)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, err := os.Lstat(d)
+		if errors.Is(err, os.ErrNotExist) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("cgroup %s left behind (%v)", d, err)
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestRunConfinesWorkersToACgroupV2: on cgroup v2 both workers are in the one step
+// cgroup the log names (their own /proc/self/cgroup's 0:: line), bound to their own
+// CPU; the log says once which limits v2 cannot apply here (no cpuset or pids
+// controller offered); the cgroup is gone after the run.
+func TestRunConfinesWorkersToACgroupV2(t *testing.T) {
+	var allowed unixCPUs
+	if !allowed.twoOrMore() {
+		t.Fatal("needs CPUs 0 and 1 (the development VM has them)")
+	}
+	mark := testMark(t)
+	res := runGangrun(t, []string{mark, cgroupV2Env}, "run", "--topology-file", twoCPUInventory(t), "--nproc-per-node", "2",
+		"--cgroup", "required", "--", "sh", "-c", v2Worker)
+	if res.code != 0 {
+		t.Fatalf("exit %d\n%s\n%s", res.code, res.stdout, res.stderr)
+	}
+	name := regexp.MustCompile(`step confined to its cgroup\s+\{"cgroup": "(gangrun-[^"]+)", "controllers": \[\], "cpus": "0-1", "pids_limit": 32768, "hierarchy": "v2"\}`).FindStringSubmatch(res.stderr)
+	if name == nil {
+		t.Fatalf("no log line naming the step's cgroup v2:\n%s", res.stderr)
+	}
+	why := `the step's cgroup lacks part of its confinement: cgroup v2 offers no cpuset or pids controller in /sys/fs/cgroup/unified (its cgroup.controllers: "hugetlb"), so the step's cpuset and pids limit cannot be applied`
+	if strings.Count(res.stderr, why) != 1 {
+		t.Errorf("the log does not say once what v2 cannot apply here (%s):\n%s", why, res.stderr)
+	}
+	got := map[string]string{}
+	for _, m := range v2LineRE.FindAllStringSubmatch(res.stdout, -1) {
+		got[m[1]] = m[2]
+	}
+	for _, r := range []string{"0", "1"} {
+		if got[r] != "/"+name[1] {
+			t.Errorf("rank %s: cgroup v2 %q, want /%s", r, got[r], name[1])
+		}
+		if !strings.Contains(res.stdout, "[rank"+r+"]: Cpus_allowed_list:\t"+r+"\n") {
+			t.Errorf("rank %s is not bound to CPU %s:\n%s", r, r, res.stdout)
+		}
+	}
+	assertV2Gone(t, "/"+name[1])
+}
+
+// TestRunCgroupV2MemWithoutMemoryController: --mem where cgroup v2 offers no memory
+// controller: --cgroup required refuses the run in one line naming why (exit 1, no
+// worker); --cgroup auto says why once and runs the step unconfined.
+func TestRunCgroupV2MemWithoutMemoryController(t *testing.T) {
+	mark := testMark(t)
+	why := `cgroups cannot be used: --mem needs the memory controller, which cgroup v2 does not offer in /sys/fs/cgroup/unified (its cgroup.controllers: "hugetlb")`
+	res := runGangrun(t, []string{mark, cgroupV2Env}, "run", "--cgroup", "required", "--mem", "256M", "--", "sh", "-c", v2Worker)
+	// The error is a JSON field of the log line: its quotes escaped.
+	if res.code != 1 || !strings.Contains(res.stderr, `"error": "--cgroup required: `+strings.ReplaceAll(why, `"`, `\"`)+`"`) || strings.Contains(res.stdout, "[rank0]") {
+		t.Errorf("--cgroup required: exit %d, want 1 naming why, no worker:\n%s\n%s", res.code, res.stdout, res.stderr)
+	}
+	res = runGangrun(t, []string{mark, cgroupV2Env}, "run", "--mem", "256M", "--", "sh", "-c", v2Worker)
+	if res.code != 0 || strings.Count(res.stderr, "running the step unconfined (--cgroup auto): "+why) != 1 || !strings.Contains(res.stdout, "[rank0]: v2 /\n") {
+		t.Errorf("--cgroup auto: exit %d, want 0, why once, the worker in gangrun's own cgroup v2:\n%s\n%s", res.code, res.stdout, res.stderr)
+	}
+}
+
+// TestRunSIGKILLRemovesItsCgroupV2: when gangrun is SIGKILLed, its guardian kills
+// everything in the step's cgroup v2 (cgroup.kill) — a setsid process too — and
+// removes the directory.
+func TestRunSIGKILLRemovesItsCgroupV2(t *testing.T) {
+	mark := testMark(t)
+	dir := t.TempDir()
+	var out bytes.Buffer
+	cmd := exec.Command(gangrunBin, "run", "--nproc-per-node", "2", "--", "/bin/sh", "-c",
+		v2Worker+`setsid sleep 300 & sleep 300 & touch `+dir+`/ready-$RANK; wait`)
+	cmd.Env = append(os.Environ(), mark, cgroupV2Env)
+	cmd.Stdout, cmd.Stderr = &out, io.Discard
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitForFiles(t, dir, "ready-0", "ready-1")
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	m := v2LineRE.FindStringSubmatch(out.String())
+	if m == nil || !strings.HasPrefix(m[2], "/gangrun-") {
+		t.Fatalf("the workers did not report a step cgroup v2:\n%s", out.String())
+	}
+	assertV2Gone(t, m[2])
+	// testMark's cleanup asserts that nothing carrying the mark is left: the setsid
+	// sleeps were in the cgroup, and the guardian killed them.
+}
+
+// TestRunCgroupV2WarmAndColdRanks: on cgroup v2 a cold rank (attempt 0) and a rank
+// started from a warm standby (attempt 1) are both in the step's cgroup, each cloned
+// into it, and keep their CPU binding and memory policy (numactl's preferred on node
+// 0) as on v1.
+func TestRunCgroupV2WarmAndColdRanks(t *testing.T) {
+	var allowed unixCPUs
+	if !allowed.twoOrMore() {
+		t.Fatal("needs CPUs 0 and 1 (the development VM has them)")
+	}
+	script := filepath.Join(t.TempDir(), "w.py")
+	if err := os.WriteFile(script, []byte(`import os, sys
+cg = [l.split(":", 2)[2].strip() for l in open("/proc/self/cgroup") if l.startswith("0::")][0]
+cpus = [l.split()[1] for l in open("/proc/self/status") if l.startswith("Cpus_allowed_list:")][0]
+policy = open("/proc/self/numa_maps").readline().split()[1]
+print("attempt", os.environ["GANGRUN_ATTEMPT"], "v2", cg, "cpus", cpus, "policy", policy, flush=True)
+sys.exit(3 if os.environ["GANGRUN_ATTEMPT"] == "0" else 0)
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	mark := testMark(t)
+	res := runGangrun(t, []string{mark, cgroupV2Env}, "run", "--topology-file", twoCPUInventory(t), "--nproc-per-node", "2",
+		"--max-restarts", "1", "--restart-backoff", "0s", "--warm-delay", "0s", "--", python(t), script)
+	if res.code != 0 || !strings.Contains(res.stderr, `"attempt": 1, "warm": 2, "cold": 0`) {
+		t.Fatalf("exit %d, or attempt 1 not warm\n%s\n%s", res.code, res.stdout, res.stderr)
+	}
+	name := regexp.MustCompile(`step confined to its cgroup\s+\{"cgroup": "(gangrun-[^"]+)"`).FindStringSubmatch(res.stderr)
+	if name == nil {
+		t.Fatalf("no log line naming the step's cgroup:\n%s", res.stderr)
+	}
+	re := regexp.MustCompile(`\[rank(\d)\]: attempt (\d) v2 (\S+) cpus (\S+) policy (\S+)`)
+	seen := map[string]int{}
+	for _, m := range re.FindAllStringSubmatch(res.stdout, -1) {
+		seen[m[2]]++
+		if m[3] != "/"+name[1] || m[4] != m[1] || m[5] != "prefer:0" {
+			t.Errorf("rank %s, attempt %s: cgroup %s, CPUs %s, policy %s; want /%s, CPU %s, prefer:0", m[1], m[2], m[3], m[4], m[5], name[1], m[1])
+		}
+	}
+	// Attempt 0's lines may be cut short by the other rank's failure.
+	if seen["1"] != 2 || seen["0"] < 1 {
+		t.Errorf("lines by attempt %v, want 2 from attempt 1 and one or more from attempt 0\n%s", seen, res.stdout)
+	}
+	assertV2Gone(t, "/"+name[1])
+}
+
+// TestRunCgroupV2BesideItsOwn: on cgroup v2 the step's cgroup goes beside gangrun's
+// own, in its parent, as with a systemd unit's Delegate=yes and DelegateSubgroup=:
+// gangrun started in T/leaf puts its step in T/gangrun-..., and T is empty again
+// after the run.
+func TestRunCgroupV2BesideItsOwn(t *testing.T) {
+	mark := testMark(t)
+	top := filepath.Join("/sys/fs/cgroup/unified", "gangrun-test-delegated-"+strconv.Itoa(os.Getpid()))
+	leaf := filepath.Join(top, "supervisor")
+	if err := os.MkdirAll(leaf, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, d := range []string{leaf, top} {
+			if err := os.Remove(d); err != nil {
+				t.Errorf("remove %s: %v (the step's cgroup left in it?)", d, err)
+			}
+		}
+	})
+	fd, err := unix.Open(leaf, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	cmd := exec.Command(gangrunBin, "run", "--nproc-per-node", "2", "--cgroup", "required", "--", "sh", "-c", v2Worker)
+	cmd.Env = append(os.Environ(), mark, cgroupV2Env)
+	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: fd}
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("%v\n%s\n%s", err, stdout.String(), stderr.String())
+	}
+	name := regexp.MustCompile(`step confined to its cgroup\s+\{"cgroup": "(gangrun-[^"]+)"`).FindStringSubmatch(stderr.String())
+	if name == nil {
+		t.Fatalf("no log line naming the step's cgroup:\n%s", stderr.String())
+	}
+	want := "/" + filepath.Base(top) + "/" + name[1]
+	for _, m := range v2LineRE.FindAllStringSubmatch(stdout.String(), -1) {
+		if m[2] != want {
+			t.Errorf("rank %s in %s, want %s (beside gangrun's own /%s/supervisor)", m[1], m[2], want, filepath.Base(top))
+		}
+	}
+	if n := len(v2LineRE.FindAllStringSubmatch(stdout.String(), -1)); n != 2 {
+		t.Errorf("%d ranks reported their cgroup, want 2:\n%s", n, stdout.String())
+	}
+	assertV2Gone(t, want)
+}
+
+// TestJobStepInCgroupV2: a cluster job's step on an agent that uses cgroup v2 runs in
+// a step cgroup of its own there (both ranks' 0:: line), with the eBPF device program
+// denying the node's GPUs the job was not given, and the cgroup is gone after.
+func TestJobStepInCgroupV2(t *testing.T) {
+	t.Setenv("GANGRUN_CGROUP2_ROOT", "/sys/fs/cgroup/unified") // the agents inherit it
+	c := startJobCluster(t, "gpu-a")
+	dir := t.TempDir()
+	t.Chdir(dir)
+	id := c.submit("--nodes", "1", "--gpus-per-node", "2", "--", "sh", "-c", v2Worker)
+	c.waitState(id, job.Completed, 2*time.Minute)
+	out, err := os.ReadFile(filepath.Join(dir, "gangrun-"+id+".out"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := regexp.MustCompile(`step confined to its cgroup\s+\{"step": "gpu-a", "cgroup": "(gangrun-[^"]+)", "controllers": \["devices"\].*"devices_denied": \["/dev/nvidia\d", "/dev/nvidia\d", "/dev/nvidia\d", "/dev/nvidia\d", "/dev/nvidia\d", "/dev/nvidia\d"\], "hierarchy": "v2"\}`).FindSubmatch(out)
+	if name == nil {
+		t.Fatalf("the step's output does not show its cgroup v2 with 6 GPUs denied:\n%s", out)
+	}
+	ranks := v2LineRE.FindAllSubmatch(out, -1)
+	for _, m := range ranks {
+		if string(m[2]) != "/"+string(name[1]) {
+			t.Errorf("rank %s in %s, want /%s", m[1], m[2], name[1])
+		}
+	}
+	if len(ranks) != 2 {
+		t.Errorf("%d ranks reported their cgroup v2, want 2:\n%s", len(ranks), out)
+	}
+	assertV2Gone(t, "/"+string(name[1]))
 }

@@ -80,7 +80,11 @@ func SignalName(sig syscall.Signal) string {
 //
 // Start returns the error of exec.Cmd.Start (for instance exec.ErrNotFound wrapped in
 // *exec.Error, or a *os.PathError for a missing or non-executable file).
-func Start(cmd *exec.Cmd) (*Process, error) {
+func Start(cmd *exec.Cmd) (*Process, error) { return startIn(cmd, -1) }
+
+// startIn is Start with the process cloned into the cgroup v2 directory open as
+// cgroupFD (clone3's CLONE_INTO_CGROUP) when cgroupFD >= 0.
+func startIn(cmd *exec.Cmd, cgroupFD int) (*Process, error) {
 	var cred *syscall.Credential
 	if cmd.SysProcAttr != nil {
 		cred = cmd.SysProcAttr.Credential
@@ -89,6 +93,9 @@ func Start(cmd *exec.Cmd) (*Process, error) {
 		Setpgid:    true,
 		Pdeathsig:  syscall.SIGKILL, // set in the child after its credentials: kept
 		Credential: cred,
+	}
+	if cgroupFD >= 0 {
+		cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, cgroupFD
 	}
 	if err := cmd.Start(); err != nil {
 		return nil, err
