@@ -292,6 +292,8 @@ type Supervisor struct {
 
 	cg      *cgroup.Step // the step's cgroup; nil when unconfined
 	oomBase uint64       // the cgroup's OOM kills when the current attempt started
+	// pidsBase is the cgroup's refused forks (pids.events) when the attempt started.
+	pidsBase uint64
 }
 
 // placement is where workers start: the step's cgroup, or nil (a nil *cgroup.Step in
@@ -729,7 +731,7 @@ func (s *Supervisor) begin(ctx context.Context, at *attempt, res *Result) (Group
 	at.started = time.Now()
 	s.started = at.started
 	if s.cg != nil {
-		s.oomBase = s.cg.OOMKills()
+		s.oomBase, s.pidsBase = s.cg.OOMKills(), s.cg.PidsRefused()
 	}
 	if s.timer != nil {
 		s.timer.reset()
@@ -1282,6 +1284,13 @@ func (s *Supervisor) failureOf(a rendezvous.Assignment, w *worker) *rendezvous.F
 	}
 	if w.status.Signal == syscall.SIGKILL && s.cg != nil && s.cg.OOMKills() > s.oomBase {
 		f.Reason = s.oomReason(w.status)
+	}
+	if s.cg != nil {
+		if n := s.cg.PidsRefused(); n > s.pidsBase {
+			// A fork bomb, or a worker that starts more threads than --pids-limit: the
+			// exit status alone does not say that the limit refused them.
+			f.Reason += fmt.Sprintf(" (the step's --pids-limit %d refused %d forks or threads in this attempt)", s.cfg.Confine.Limits.PidsLimit, n-s.pidsBase)
+		}
 	}
 	return f
 }

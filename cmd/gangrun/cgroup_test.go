@@ -141,6 +141,20 @@ if [ "$RANK" = 1 ]; then exec ` + py + ` -c "b = [b'x' * (16 << 20) for _ in ran
 	assertCgroupGone(t, paths["0"])
 }
 
+// TestRunPidsLimitNamedInTheRootCause: a worker that forks past --pids-limit fails, and
+// the root cause says that the limit refused its forks (its exit status alone does not).
+func TestRunPidsLimitNamedInTheRootCause(t *testing.T) {
+	mark := testMark(t)
+	worker := `i=0; while [ $i -lt 40 ]; do sleep 30 & i=$((i+1)); done; wait`
+	res := runGangrun(t, []string{mark}, "run", "--nproc-per-node", "1", "--pids-limit", "16", "--max-restarts", "0", "--", "sh", "-c", worker)
+	if res.code == 0 {
+		t.Fatalf("exit 0: the worker's 40 forks under --pids-limit 16 all succeeded?\n%s", res.stderr)
+	}
+	if !regexp.MustCompile(`status:  .* \(the step's --pids-limit 16 refused [0-9]+ forks or threads in this attempt\)\n`).MatchString(res.stderr) {
+		t.Errorf("the root cause does not name the pids limit:\n%s", res.stderr)
+	}
+}
+
 // TestRunSIGKILLRemovesItsCgroup: when gangrun is SIGKILLed, its guardian kills
 // everything left in the step's cgroup — a process that left its worker's process
 // group (setsid) too — and removes the cgroup.

@@ -483,6 +483,28 @@ func (s *Step) OOMKills() uint64 {
 	return st.MemoryOomControl.OomKill
 }
 
+// PidsRefused returns how many times the step's pids limit refused a fork or clone
+// (pids.events' "max" count, v1 and v2 alike: the kernel's cgroup-v1/pids.rst and
+// cgroup-v2.rst), 0 without the pids controller. The library's stats carry no events.
+func (s *Step) PidsRefused() uint64 {
+	if !slices.Contains(s.names, string(cgroup1.Pids)) {
+		return 0
+	}
+	for _, d := range s.dirs {
+		data, err := os.ReadFile(filepath.Join(d, "pids.events"))
+		if err != nil {
+			continue
+		}
+		for line := range strings.Lines(string(data)) {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(line), "max "); ok {
+				n, _ := strconv.ParseUint(v, 10, 64)
+				return n
+			}
+		}
+	}
+	return 0
+}
+
 // deleteWait bounds how long Delete and RemoveDir wait for the processes they killed
 // to leave the cgroup.
 const deleteWait = 10 * time.Second
