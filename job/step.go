@@ -362,6 +362,7 @@ func (st *step) watch(ctx context.Context) {
 		}
 	}
 	var graceEnd <-chan time.Time // a pre-emption's grace
+	var failedStop <-chan time.Time // the job failed on another node: failedStopGrace
 	changes := make(chan *Job, 1)
 	go func() {
 		w := store.NewWatcher(st.cfg.Store, jobsPrefix+spec.ID+"/state")
@@ -395,6 +396,10 @@ func (st *step) watch(ctx context.Context) {
 		case <-warn:
 			st.log.Info("sending the workers the time limit's warning", zap.String("signal", signalName(spec.Signal)), zap.Duration("before", spec.SignalBefore))
 			st.stop <- spec.Signal
+		case <-failedStop:
+			failedStop = nil
+			st.log.Warn("the job failed on another node, and this node's workers still run: stopping them", zap.Duration("after", failedStopGrace))
+			st.stopWorkers(Failed)
 		case <-graceEnd:
 			graceEnd = nil
 			st.log.Warn("the pre-emption's grace is over: killing the workers")
@@ -418,6 +423,14 @@ func (st *step) watch(ctx context.Context) {
 			case j.State.Status == Completing && j.State.End != Completed && j.State.End != Failed:
 				st.log.Warn("stopping the job", zap.String("reason", j.State.Reason))
 				st.stopWorkers(j.State.End)
+			case j.State.Status == Completing && j.State.End == Failed && failedStop == nil:
+				// A gang's failure reaches every node's supervisor through the job's
+				// rendezvous, which stops its workers; a step that failed before it joined
+				// the rendezvous (its output refused, its user unknown on its node) never
+				// does, and the other nodes would wait for it for ever.
+				t := time.NewTimer(failedStopGrace)
+				defer t.Stop()
+				failedStop = t.C
 			case j.State.Status == Preempted && len(j.State.Preemptions) > 0:
 				if ch := st.preempt(j.State.Preemptions[len(j.State.Preemptions)-1]); ch != nil {
 					graceEnd = ch
@@ -432,6 +445,10 @@ func (st *step) watch(ctx context.Context) {
 		}
 	}
 }
+
+// failedStopGrace is how long a step whose job failed elsewhere leaves its supervisor to
+// learn it through the rendezvous before stopping the workers itself.
+const failedStopGrace = 10 * time.Second
 
 // stopWorkers has the supervisor stop the workers (SIGTERM, its grace, SIGKILL), once;
 // why is what the stop means for the job.

@@ -590,3 +590,26 @@ func TestSubmitMIGProfile(t *testing.T) {
 		t.Errorf("show: exit %d:\n%s", code, show)
 	}
 }
+
+// TestJobFailsWhenOneNodesStepCannotStart: a 2-node job whose output one node cannot
+// open (its directory is missing there) fails on that node before the job's
+// rendezvous; the other node's step, waiting in the rendezvous for it, is stopped too,
+// so the job ends FAILED with the cause and every GPU free, rather than COMPLETING for
+// ever.
+func TestJobFailsWhenOneNodesStepCannotStart(t *testing.T) {
+	c := startJobCluster(t, "gpu-a", "gpu-b")
+	dir := t.TempDir()
+	t.Chdir(dir)
+	if err := os.Mkdir(filepath.Join(dir, "out-gpu-a"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	id := c.submit("--nodes", "2", "--gpus-per-node", "2", "--output", filepath.Join(dir, "out-%n", "o-%j.out"), "--", "sleep", "300")
+	m := c.waitState(id, job.Failed, 120*time.Second)
+	if r, _ := m["reason"].(string); !strings.Contains(r, "output "+filepath.Join(dir, "out-gpu-b", "o-"+id+".out")+": ") {
+		t.Errorf("reason %q, want gpu-b's output refused", r)
+	}
+	waitUntilFor(t, 60*time.Second, func() bool {
+		free, total := freeGPUs(nodesJSON(t, c.consul))
+		return free == total
+	}, "every GPU free again")
+}
