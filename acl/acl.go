@@ -102,10 +102,19 @@ key_prefix %q {
 var userName = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_-]{0,63}$`)
 
 // CheckUser reports whether name can be a gangrun user: 1 to 64 letters, digits, '_'
-// and '-', not beginning with '-'.
+// and '-', not beginning with '-', not all digits, and not root. A user's jobs run as
+// the Unix user of that name on every node, so a name of digits would be taken for a
+// uid (useradd refuses such names for that reason), and a token for root would run its
+// holder's jobs as root everywhere: root submits as itself, on a node.
 func CheckUser(name string) error {
 	if !userName.MatchString(name) {
 		return fmt.Errorf("user %q: want 1 to 64 letters, digits, '_' and '-' (not first), as Consul's policy names take", name)
+	}
+	if strings.Trim(name, "0123456789") == "" {
+		return fmt.Errorf("user %q: a name of digits only would be taken for a uid by the nodes (the jobs of a token's user run as that Unix user)", name)
+	}
+	if name == "root" {
+		return fmt.Errorf("user %q: a token's jobs run as its user on every node, and gangrun mints none for root (root submits as itself, on a node)", name)
 	}
 	return nil
 }

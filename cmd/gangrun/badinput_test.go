@@ -93,6 +93,8 @@ func TestBadInputs(t *testing.T) {
 		{"queue argument", []string{"queue", "abc"}, nil, 2, `gangrun queue: unexpected argument "abc": queue takes flags only (gangrun show ID shows one)`},
 		{"cancel malformed id", []string{"cancel", "../x"}, nil, 2, `gangrun cancel: id "../x": only letters, digits, '-', '_' and '.' are allowed`},
 		{"acl user bad name", []string{"acl", "user", "a.b"}, nil, 2, `gangrun acl: user "a.b": want 1 to 64 letters, digits, '_' and '-' (not first), as Consul's policy names take`},
+		{"acl user of digits", []string{"acl", "user", "0"}, nil, 2, `gangrun acl: user "0": a name of digits only would be taken for a uid by the nodes (the jobs of a token's user run as that Unix user)`},
+		{"acl user root", []string{"acl", "user", "root"}, nil, 2, `gangrun acl: user "root": a token's jobs run as its user on every node, and gangrun mints none for root (root submits as itself, on a node)`},
 		{"acl unknown verb", []string{"acl", "mint"}, nil, 2, `gangrun acl: want bootstrap, user NAME or whoami (got ["mint"])`},
 		{"audit bad since", []string{"audit", "--since", "yesterday"}, nil, 2, `gangrun audit: --since "yesterday": want a date YYYY-MM-DD[THH:MM[:SS]] (UTC) or a time ago such as 90m, 36h or 7d`},
 		{"audit user with an escape", []string{"audit", "--user", "a\x1b[2J"}, nil, 2, `gangrun audit: --user "a\x1b[2J": only letters, digits, '-', '_' and '.' are allowed`},
