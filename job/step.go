@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 
 	"github.com/gangrun/gangrun/allocator"
 	"github.com/gangrun/gangrun/event"
@@ -193,6 +194,10 @@ func (st *step) run(ctx context.Context) int {
 		_ = st.recordEnd(ctx, Completed, 0, "")
 	case res.Failure != nil && res.Err == nil:
 		_ = st.recordEnd(ctx, Failed, res.ExitCode, res.Failure.String())
+	case errors.Is(res.Err, launcher.ErrCommandNotFound) || errors.Is(res.Err, launcher.ErrNotExecutable) || errors.Is(res.Err, launcher.ErrWorkDir):
+		// The job's command or directory, which the job's user cannot use (the checks
+		// before the start were root's): the job's fault, not the node's.
+		_ = st.recordEnd(ctx, Failed, res.ExitCode, res.Err.Error())
 	default:
 		// The step could not go on (the coordinator lost, an error of its own): the job's
 		// controller sees its key go and handles the node as lost.
@@ -272,7 +277,19 @@ func (st *step) prepare(ctx context.Context, gn allocator.GrantNode, out io.Writ
 		st.cleanup = append(st.cleanup, cleanup)
 		command = append(append(Interpreter(spec.Script), path), spec.Command...)
 	}
-	if err := os.Chdir(spec.WorkDir); err != nil {
+	// The user must reach the directory (every component searchable: "DIR/." makes the
+	// lookup pass through DIR itself); the workers enter it again as the user.
+	err := proc.AsUser(st.user, func() error {
+		fd, err := unix.Open(spec.WorkDir+"/.", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err == nil {
+			unix.Close(fd)
+		}
+		return err
+	})
+	if err == nil {
+		err = os.Chdir(spec.WorkDir)
+	}
+	if err != nil {
 		return nil, fmt.Errorf("work directory %s: %w", spec.WorkDir, err)
 	}
 	ckpt := spec.CheckpointPath()
@@ -361,7 +378,7 @@ func (st *step) watch(ctx context.Context) {
 			warn = tw.C
 		}
 	}
-	var graceEnd <-chan time.Time // a pre-emption's grace
+	var graceEnd <-chan time.Time   // a pre-emption's grace
 	var failedStop <-chan time.Time // the job failed on another node: failedStopGrace
 	changes := make(chan *Job, 1)
 	go func() {

@@ -21,6 +21,10 @@ var ErrCommandNotFound = errors.New("command not found")
 // as POSIX shells do for a command found but not executable.
 var ErrNotExecutable = errors.New("not executable")
 
+// ErrWorkDir means a worker could not enter the working directory: one the user the
+// workers run as (Config.User) may not reach.
+var ErrWorkDir = errors.New("working directory")
+
 // notExecutableError is "NAME: why" and is ErrNotExecutable.
 type notExecutableError struct{ name, why string }
 

@@ -166,6 +166,12 @@ func startWorker(s workerSpec, console, consoleErr *lineWriter, act *activity, w
 	cmd.Env = s.env
 	if !s.user.IsSelf() {
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.user.Credential()} // kept by proc.Start
+		// The worker enters gangrun's working directory itself, as the user, after
+		// taking the user's ids (os/exec's chdir in the child): gangrun's own chdir
+		// was root's, and a directory the user may not reach must not be inherited.
+		if wd, err := os.Getwd(); err == nil {
+			cmd.Dir = wd
+		}
 	}
 	for _, name := range []string{"stdout", "stderr"} {
 		r, wr, err := os.Pipe()
@@ -185,6 +191,9 @@ func startWorker(s workerSpec, console, consoleErr *lineWriter, act *activity, w
 	childEnds = nil
 	if err != nil {
 		closeAll()
+		if pe := (*os.PathError)(nil); errors.As(err, &pe) && pe.Op == "chdir" {
+			return nil, fmt.Errorf("start rank %d: %w %s: %v", s.rank, ErrWorkDir, pe.Path, pe.Err)
+		}
 		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
 			// The command vanished since New checked it.
 			return nil, fmt.Errorf("start rank %d: %w: %s (%v)", s.rank, ErrCommandNotFound, s.argv[0], unwrapPath(err))

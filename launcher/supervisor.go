@@ -403,7 +403,9 @@ func New(cfg Config, rdzv rendezvous.Rendezvous) (*Supervisor, error) {
 		return nil, err
 	}
 	if cfg.CheckpointDir != "" {
-		if err := checkReadableDir(cfg.CheckpointDir); err != nil {
+		// With the permissions of the user the workers run as: a directory root may read
+		// and the user may not would fail every attempt later.
+		if err := proc.AsUser(cfg.User, func() error { return checkReadableDir(cfg.CheckpointDir) }); err != nil {
 			return nil, err
 		}
 	}

@@ -91,6 +91,26 @@ func TestJobRunsAsItsUser(t *testing.T) {
 		t.Errorf("root's directory got %d entries from alice's job", len(entries))
 	}
 
+	// A command only root may run, and a work directory only root may enter: both
+	// passed root's checks, and both fail the job (not the node) when the worker
+	// starts as her.
+	secretCmd := filepath.Join(rootDir, "cmd.sh")
+	if err := os.WriteFile(secretCmd, []byte("#!/bin/sh\necho ran\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmdJob := c.submit("--uid", "alice", "--gpus-per-node", "1", "--", secretCmd)
+	m = c.waitState(cmdJob, job.Failed, 90*time.Second)
+	if r := fmt.Sprint(m); !strings.Contains(r, secretCmd+": ") || m["exit_code"] != float64(126) {
+		t.Errorf("a command alice may not run: want FAILED with exit code 126 naming it:\n%s", r)
+	}
+	t.Chdir(rootDir)
+	wdJob := c.submit("--uid", "alice", "--gpus-per-node", "1", "--output", filepath.Join(dir, "%j.out"), "--", "ls")
+	m = c.waitState(wdJob, job.Failed, 90*time.Second)
+	if r := fmt.Sprint(m); !strings.Contains(r, "work directory "+rootDir+": permission denied") {
+		t.Errorf("a work directory alice may not enter: want FAILED naming it:\n%s", r)
+	}
+	t.Chdir(dir)
+
 	// A user the node does not know.
 	unknown := c.submit("--uid", "no-such-user-gr", "--gpus-per-node", "1", "--", "true")
 	m = c.waitState(unknown, job.Failed, 90*time.Second)
