@@ -356,3 +356,56 @@ func TestTxnHandsALockOver(t *testing.T) {
 		}
 	})
 }
+
+// TestAnchorSteadiesAnEmptyPrefix: Consul answers a list of a prefix without keys with
+// the index of the whole store, so a blocking query on it would return at every write
+// anywhere; once anchored, the prefix's index moves only with changes under it. On
+// both stores the anchor is written once and left alone after.
+func TestAnchorSteadiesAnEmptyPrefix(t *testing.T) {
+	consultest.EachStore(t, func(t *testing.T, s store.Store) {
+		ctx := context.Background()
+		index := func(prefix string) uint64 {
+			t.Helper()
+			_, idx, err := s.List(ctx, prefix)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return idx
+		}
+		write := func(key string) {
+			t.Helper()
+			if _, err := s.Txn(ctx, []store.Op{{Verb: store.Set, Key: key, Value: []byte("x")}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, ok := s.(*store.Consul); ok {
+			before := index("anchor/empty/")
+			write("elsewhere/1")
+			if after := index("anchor/empty/"); after <= before {
+				t.Errorf("Consul: an empty prefix's index stayed %d after a write elsewhere (%d); the anchor's reason is gone", before, after)
+			}
+		}
+		if err := store.Anchor(ctx, s, "anchor/empty/"); err != nil {
+			t.Fatal(err)
+		}
+		e, err := s.Get(ctx, "anchor/empty/")
+		if err != nil || e == nil || len(e.Value) != 0 {
+			t.Fatalf("the anchor: %+v, %v; want an empty key", e, err)
+		}
+		before := index("anchor/empty/")
+		write("elsewhere/2")
+		if after := index("anchor/empty/"); after != before {
+			t.Errorf("an anchored prefix's index moved from %d to %d with a write elsewhere", before, after)
+		}
+		if err := store.Anchor(ctx, s, "anchor/empty/"); err != nil {
+			t.Errorf("anchoring again: %v", err)
+		}
+		if again, _ := s.Get(ctx, "anchor/empty/"); again == nil || again.ModifyIndex != e.ModifyIndex {
+			t.Errorf("anchoring again rewrote the anchor: %+v, was %+v", again, e)
+		}
+		write("anchor/empty/job")
+		if after := index("anchor/empty/"); after <= before {
+			t.Errorf("an anchored prefix's index stayed %d after a write under it", after)
+		}
+	})
+}
