@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -385,6 +386,26 @@ func (s *Consul) List(ctx context.Context, prefix string) ([]Entry, uint64, erro
 		return nil, 0, err
 	}
 	return entries(l.pairs), l.index, nil
+}
+
+// Keys implements Store.
+func (s *Consul) Keys(ctx context.Context, prefix string) ([]string, uint64, error) {
+	type listed struct {
+		keys  []string
+		index uint64
+	}
+	l, err := attempt(ctx, "consul keys "+prefix, func(ctx context.Context) (listed, error) {
+		keys, meta, err := s.c.KV().Keys(prefix, "", qopts(ctx))
+		if err != nil {
+			return listed{}, err
+		}
+		return listed{keys, meta.LastIndex}, nil
+	})
+	if err != nil {
+		return nil, 0, err
+	}
+	sort.Strings(l.keys)
+	return l.keys, l.index, nil
 }
 
 // WatchList implements Store with a blocking query.

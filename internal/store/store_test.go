@@ -409,3 +409,60 @@ func TestAnchorSteadiesAnEmptyPrefix(t *testing.T) {
 		}
 	})
 }
+
+// TestKeysTellWhatChanged: Keys names the keys List returns, with List's index, so the
+// same names and index mean nothing under the prefix was written or deleted since.
+func TestKeysTellWhatChanged(t *testing.T) {
+	consultest.EachStore(t, func(t *testing.T, s store.Store) {
+		ctx := context.Background()
+		n := 0
+		set := func(key string) {
+			t.Helper()
+			n++ // a new value: Consul skips a write of the value a key has
+			if _, err := s.Txn(ctx, []store.Op{{Verb: store.Set, Key: key, Value: []byte(fmt.Sprint(n))}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		keys := func() ([]string, uint64) {
+			t.Helper()
+			k, idx, err := s.Keys(ctx, "keys/")
+			if err != nil {
+				t.Fatal(err)
+			}
+			entries, lidx, err := s.List(ctx, "keys/")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var names []string
+			for _, e := range entries {
+				names = append(names, e.Key)
+			}
+			if fmt.Sprint(names) != fmt.Sprint(k) || lidx != idx {
+				t.Fatalf("Keys = %v at %d, List = %v at %d", k, idx, names, lidx)
+			}
+			return k, idx
+		}
+		set("keys/b")
+		set("keys/a")
+		set("other")
+		k1, i1 := keys()
+		if fmt.Sprint(k1) != "[keys/a keys/b]" {
+			t.Fatalf("Keys = %v, want [keys/a keys/b]", k1)
+		}
+		set("other")
+		if k, i := keys(); fmt.Sprint(k) != fmt.Sprint(k1) || i != i1 {
+			t.Errorf("a write elsewhere changed Keys: %v at %d, was %v at %d", k, i, k1, i1)
+		}
+		set("keys/a")
+		k2, i2 := keys()
+		if i2 <= i1 {
+			t.Errorf("a write under the prefix left its index at %d (was %d)", i2, i1)
+		}
+		if _, err := s.Txn(ctx, []store.Op{{Verb: store.Delete, Key: "keys/b"}}); err != nil {
+			t.Fatal(err)
+		}
+		if k, _ := keys(); fmt.Sprint(k) == fmt.Sprint(k2) {
+			t.Errorf("a delete under the prefix left the names %v", k)
+		}
+	})
+}
