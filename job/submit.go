@@ -163,6 +163,17 @@ func prepareSubmit(ctx context.Context, s store.Store, cc *clientCache, spec Spe
 	if err := spec.Validate(); err != nil {
 		return spec, &invalid{err}
 	}
+	// The policy and the node records are read side by side: two round trips for the
+	// time of one.
+	type nodesRead struct {
+		c   *allocator.Cluster
+		err error
+	}
+	nodes := make(chan nodesRead, 1)
+	go func() {
+		c, err := cc.nodes.Registered(ctx, s)
+		nodes <- nodesRead{c, err}
+	}()
 	pol, err := policy.Load(ctx, s)
 	if err != nil {
 		return spec, err
@@ -170,10 +181,11 @@ func prepareSubmit(ctx context.Context, s store.Store, cc *clientCache, spec Spe
 	if err := applyPolicy(pol, &spec); err != nil {
 		return spec, err
 	}
-	c, err := cc.nodes.Registered(ctx, s)
-	if err != nil {
-		return spec, err
+	read := <-nodes
+	if read.err != nil {
+		return spec, read.err
 	}
+	c := read.c
 	pre := request(spec, false, nil)
 	if pol != nil {
 		pre.PartitionNodes, _ = pol.PartitionNodes(spec.Partition)
