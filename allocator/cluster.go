@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 
 	"github.com/gangrun/gangrun/internal/store"
 	"github.com/gangrun/gangrun/topology"
@@ -365,6 +366,52 @@ func RegisteredNodes(ctx context.Context, s store.Store) (*Cluster, error) {
 		return nil, err
 	}
 	return parseCluster(entries, idx), nil
+}
+
+// NodeRecords keeps the registered nodes' records between reads, for a caller that
+// checks many requests (a long-lived submitter): Registered answers what
+// RegisteredNodes would, and reads the records again only when a key under
+// gangrun/cluster/nodes/ was written or deleted since (store.Keys: the same names at the
+// same index), so that a submit costs a list of the node names instead of every record.
+// Safe for concurrent use; the zero value is ready.
+type NodeRecords struct {
+	mu    sync.Mutex
+	keys  []string
+	index uint64
+	c     *Cluster
+}
+
+// Registered returns the registered nodes, as RegisteredNodes reads them now: the
+// records kept when nothing under gangrun/cluster/nodes/ changed since they were read,
+// else those read again. The Cluster is shared with other callers and must not be
+// modified.
+func (r *NodeRecords) Registered(ctx context.Context, s store.Store) (*Cluster, error) {
+	r.mu.Lock()
+	kept, keys, index := r.c, r.keys, r.index
+	r.mu.Unlock()
+	if kept != nil {
+		now, idx, err := s.Keys(ctx, nodesPrefix)
+		if err != nil {
+			return nil, err
+		}
+		if idx == index && slices.Equal(now, keys) {
+			return kept, nil
+		}
+	}
+	entries, idx, err := s.List(ctx, nodesPrefix)
+	if err != nil {
+		return nil, err
+	}
+	c := parseCluster(entries, idx)
+	names := make([]string, len(entries))
+	for i, e := range entries {
+		names[i] = e.Key
+	}
+	sort.Strings(names)
+	r.mu.Lock()
+	r.c, r.keys, r.index = c, names, idx // checked again at every use: the last read is kept
+	r.mu.Unlock()
+	return c, nil
 }
 
 // NodeAddr returns the address node's agent registered ("" when it has not registered

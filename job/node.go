@@ -31,8 +31,9 @@ const launcherRetry = time.Second
 
 // RunLauncher starts, on its node, the step of every job that runs there, as the
 // node's agent (slurmd starting slurmstepd), until ctx ends. It watches the node's own
-// entries of the launchers' index (gangrun/batch/placed/<node>/), so what it reads does
-// not grow with the cluster's jobs, and confirms each against the job's state. It starts
+// entries of the launchers' index (gangrun/batch/placed/<node>/, anchored: store.Anchor),
+// so what it reads does not grow with the cluster's jobs, and confirms each against the
+// job's state. It starts
 // each job's step once per placement: a step that dies is not started again by it (the
 // controller handles the node as lost); a restarted agent finds the steps that outlived
 // it by their keys and leaves them be.
@@ -42,6 +43,17 @@ func RunLauncher(ctx context.Context, cfg LauncherConfig) error {
 		log = zap.NewNop()
 	}
 	prefix := placedPrefix + cfg.Node + "/"
+	// The node's index is empty whenever it runs nothing: its anchor keeps the watch
+	// from waking at every write to the store (store.Anchor).
+	anchored := false
+	anchor := func() {
+		if err := store.Anchor(ctx, cfg.Store, prefix); err != nil {
+			log.Warn("anchor the node's index of jobs (tried again at its next change)", zap.String("key", prefix), zap.Error(err))
+			return
+		}
+		anchored = true
+	}
+	anchor()
 	w := store.NewWatcher(cfg.Store, prefix)
 	launched := map[string]int{} // job → the placement its step was started for
 	var entries []store.Entry
@@ -62,6 +74,9 @@ func RunLauncher(ctx context.Context, cfg LauncherConfig) error {
 			}
 		}
 		retry = false
+		if !anchored {
+			anchor()
+		}
 		placed := map[string]int{}
 		for _, e := range entries {
 			p, err := strconv.Atoi(string(e.Value))

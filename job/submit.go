@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"strconv"
 	"strings"
 	"time"
 
@@ -82,7 +81,11 @@ func applyPolicy(p *policy.Policy, spec *Spec) error {
 // (PENDING) and the job's request in one transaction, so a job is queued whole or not
 // at all. A job with dependencies is written without its request (State.Deferred): the
 // controller writes it once they hold. Errors wrapping ErrInvalid are the user's;
-// others mean the store could not be asked.
+// others mean the store could not be asked. Submits through one store client keep the
+// node records while they do not change and the id sequence as the client last wrote it
+// (clientCache): a client that submits many jobs reads the node names instead of their
+// records, and not the sequence, for each, and its concurrent submits take their turns
+// at the sequence instead of racing for it.
 func Submit(ctx context.Context, s store.Store, spec Spec) (string, error) {
 	return submit(ctx, s, spec, nil)
 }
@@ -93,12 +96,15 @@ type alsoOps func(id string) []store.Op
 
 // submit is Submit with also's operations in its transaction.
 func submit(ctx context.Context, s store.Store, spec Spec, also alsoOps) (string, error) {
-	spec, err := prepareSubmit(ctx, s, spec)
+	cc := cacheFor(s)
+	spec, err := prepareSubmit(ctx, s, cc, spec)
 	if err != nil {
 		return "", err
 	}
+	cc.seqMu.Lock()
+	defer cc.seqMu.Unlock()
 	for {
-		id, seqOp, err := nextID(ctx, s)
+		id, seqOp, err := cc.nextID(ctx, s)
 		if err != nil {
 			return "", err
 		}
@@ -117,7 +123,8 @@ func submit(ctx context.Context, s store.Store, spec Spec, also alsoOps) (string
 		if err := store.CheckTxn(ops); err != nil {
 			return "", &invalid{fmt.Errorf("the job's spec is too large to queue: %w", err)}
 		}
-		_, err = s.Txn(ctx, ops)
+		res, err := s.Txn(ctx, ops)
+		cc.claimed(seqOp, res, err)
 		if err == nil {
 			return id, nil
 		}
@@ -147,14 +154,26 @@ func idTaken(err error, id string) bool {
 }
 
 // prepareSubmit fills spec's defaults and makes Submit's checks: the spec's own, the
-// cluster's (allocator.CheckFeasible) and that its dependencies name jobs that exist.
-func prepareSubmit(ctx context.Context, s store.Store, spec Spec) (Spec, error) {
+// cluster's (allocator.CheckFeasible, against the node records as they are now, kept in
+// cc while they do not change) and that its dependencies name jobs that exist.
+func prepareSubmit(ctx context.Context, s store.Store, cc *clientCache, spec Spec) (Spec, error) {
 	if spec.Output == "" {
 		spec.Output = DefaultOutput
 	}
 	if err := spec.Validate(); err != nil {
 		return spec, &invalid{err}
 	}
+	// The policy and the node records are read side by side: two round trips for the
+	// time of one.
+	type nodesRead struct {
+		c   *allocator.Cluster
+		err error
+	}
+	nodes := make(chan nodesRead, 1)
+	go func() {
+		c, err := cc.nodes.Registered(ctx, s)
+		nodes <- nodesRead{c, err}
+	}()
 	pol, err := policy.Load(ctx, s)
 	if err != nil {
 		return spec, err
@@ -162,10 +181,11 @@ func prepareSubmit(ctx context.Context, s store.Store, spec Spec) (Spec, error) 
 	if err := applyPolicy(pol, &spec); err != nil {
 		return spec, err
 	}
-	c, err := allocator.RegisteredNodes(ctx, s)
-	if err != nil {
-		return spec, err
+	read := <-nodes
+	if read.err != nil {
+		return spec, read.err
 	}
+	c := read.c
 	pre := request(spec, false, nil)
 	if pol != nil {
 		pre.PartitionNodes, _ = pol.PartitionNodes(spec.Partition)
@@ -239,7 +259,8 @@ func submitArray(ctx context.Context, s store.Store, spec Spec, a Array, also al
 	if len(a.Indices) == 0 {
 		return "", nil, &invalid{errors.New("--array: no indices")}
 	}
-	spec, err := prepareSubmit(ctx, s, spec)
+	cc := cacheFor(s)
+	spec, err := prepareSubmit(ctx, s, cc, spec)
 	if err != nil {
 		return "", nil, err
 	}
@@ -248,8 +269,10 @@ func submitArray(ctx context.Context, s store.Store, spec Spec, a Array, also al
 		reason = ReasonDependency
 	}
 	st := State{Status: Pending, Reason: reason, Deferred: true}
+	cc.seqMu.Lock()
+	defer cc.seqMu.Unlock()
 	for {
-		id, seqOp, err := nextID(ctx, s)
+		id, seqOp, err := cc.nextID(ctx, s)
 		if err != nil {
 			return "", nil, err
 		}
@@ -279,7 +302,9 @@ func submitArray(ctx context.Context, s store.Store, spec Spec, a Array, also al
 			ids = append(ids, ts.ID)
 		}
 		batches = append(batches, cur)
-		if _, err := s.Txn(ctx, batches[0]); err != nil {
+		res, err := s.Txn(ctx, batches[0])
+		cc.claimed(seqOp, res, err)
+		if err != nil {
 			if errors.Is(err, store.ErrTxnRejected) && (also == nil || idTaken(err, id)) {
 				continue // another submit took the id meanwhile: take the next one
 			}
@@ -294,22 +319,6 @@ func submitArray(ctx context.Context, s store.Store, spec Spec, a Array, also al
 		}
 		return id, ids, nil
 	}
-}
-
-// nextID returns the next job id and the operation that claims it (a check-and-set of
-// the sequence key, in the submit's transaction).
-func nextID(ctx context.Context, s store.Store) (string, store.Op, error) {
-	e, err := s.Get(ctx, seqKey)
-	if err != nil {
-		return "", store.Op{}, err
-	}
-	n, idx := uint64(0), uint64(0)
-	if e != nil {
-		n, _ = strconv.ParseUint(string(e.Value), 10, 64)
-		idx = e.ModifyIndex
-	}
-	id := strconv.FormatUint(n+1, 10)
-	return id, store.Op{Verb: store.CAS, Key: seqKey, Value: []byte(id), Index: idx}, nil
 }
 
 // Cancel cancels job id, as scancel does: a pending job ends CANCELLED at once, its

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -80,11 +81,44 @@ func NewConsulToken(addr, token string) (*Consul, error) {
 	if err := checkToken(cfg); err != nil {
 		return nil, err
 	}
+	if t := cfg.Transport; t != nil {
+		// A gangrun process sends many requests at once through one client (an agent's
+		// watches, its launcher, a step's): idle connections are kept for them instead
+		// of being closed and dialled again (consul/api keeps GOMAXPROCS+1).
+		t.MaxIdleConnsPerHost = maxIdleConns
+		// Gzip costs both ends CPU for every answer and saves nothing on the loopback
+		// to the node's own Consul agent, the way Consul is deployed.
+		t.DisableCompression = loopback(cfg.Address)
+	}
 	c, err := api.NewClient(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("consul client for %s: %w", cfg.Address, err)
 	}
 	return &Consul{c: c, transport: cfg.Transport}, nil
+}
+
+// maxIdleConns is how many idle connections to its Consul agent a client keeps (Consul
+// accepts 200 from one address by default: http_max_conns_per_client).
+const maxIdleConns = 32
+
+// loopback reports whether the Consul address addr (as Config.Address takes it) is on
+// this machine: a unix socket, localhost, or a loopback IP.
+func loopback(addr string) bool {
+	if strings.HasPrefix(addr, "unix://") {
+		return true
+	}
+	if u, err := url.Parse(addr); err == nil && u.Host != "" {
+		addr = u.Host
+	}
+	host := addr
+	if h, _, err := net.SplitHostPort(addr); err == nil {
+		host = h
+	}
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(strings.Trim(host, "[]"))
+	return ip != nil && ip.IsLoopback()
 }
 
 // CheckConsulAddr accepts what consul/api's Config.Address takes: HOST[:PORT], or
@@ -352,6 +386,26 @@ func (s *Consul) List(ctx context.Context, prefix string) ([]Entry, uint64, erro
 		return nil, 0, err
 	}
 	return entries(l.pairs), l.index, nil
+}
+
+// Keys implements Store.
+func (s *Consul) Keys(ctx context.Context, prefix string) ([]string, uint64, error) {
+	type listed struct {
+		keys  []string
+		index uint64
+	}
+	l, err := attempt(ctx, "consul keys "+prefix, func(ctx context.Context) (listed, error) {
+		keys, meta, err := s.c.KV().Keys(prefix, "", qopts(ctx))
+		if err != nil {
+			return listed{}, err
+		}
+		return listed{keys, meta.LastIndex}, nil
+	})
+	if err != nil {
+		return nil, 0, err
+	}
+	sort.Strings(l.keys)
+	return l.keys, l.index, nil
 }
 
 // WatchList implements Store with a blocking query.

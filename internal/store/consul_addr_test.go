@@ -1,11 +1,17 @@
 package store
 
 import (
+	"context"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 )
 
 func TestConsulAddresses(t *testing.T) {
@@ -127,5 +133,88 @@ func TestTokenThatCannotBeSent(t *testing.T) {
 	t.Setenv("CONSUL_HTTP_TOKEN", "secret\x1b[2J")
 	if _, err := NewConsul("127.0.0.1:8500"); err == nil || strings.Contains(err.Error(), "secret") {
 		t.Errorf("a token with an escape: %v, want a refusal without the token", err)
+	}
+}
+
+// TestConsulClientConnections: a client of a Consul on this machine asks for no gzip
+// (it would only cost CPU on the loopback) and keeps its connections for the next
+// requests when many were sent at once, instead of dialling again.
+func TestConsulClientConnections(t *testing.T) {
+	const at = 16 // at once: more than consul/api's own GOMAXPROCS+1 idle connections
+	var mu sync.Mutex
+	conns, gzipAsked, arrived := 0, 0, 0
+	release := make(chan struct{})
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		if strings.Contains(r.Header.Get("Accept-Encoding"), "gzip") {
+			gzipAsked++
+		}
+		// Each round's requests are answered once all of them arrived: they are
+		// open at once, each on a connection of its own.
+		ch := release
+		if arrived++; arrived%at == 0 {
+			close(release)
+			release = make(chan struct{})
+		}
+		mu.Unlock()
+		select {
+		case <-ch:
+		case <-time.After(time.Minute):
+		}
+		w.Header().Set("X-Consul-Index", "5")
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`[{"Key":"k","Value":"eA==","ModifyIndex":5}]`))
+	}))
+	srv.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+		if st == http.StateNew {
+			mu.Lock()
+			conns++
+			mu.Unlock()
+		}
+	}
+	srv.Start()
+	defer srv.Close()
+	s, err := NewConsul(strings.TrimPrefix(srv.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	round := func() {
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for range at {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				if _, err := s.Get(context.Background(), "k"); err != nil {
+					t.Error(err)
+				}
+			}()
+		}
+		close(start)
+		wg.Wait()
+	}
+	round()
+	mu.Lock()
+	first := conns
+	mu.Unlock()
+	for range 3 {
+		round()
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if conns != first {
+		t.Errorf("%d connections for the first %d requests at once, %d after three rounds more: want them kept", first, at, conns)
+	}
+	if gzipAsked != 0 {
+		t.Errorf("%d of %d requests to a loopback Consul asked for gzip", gzipAsked, 4*at)
+	}
+	for addr, want := range map[string]bool{"127.0.0.1:8500": true, "localhost:8500": true, "[::1]:8500": true,
+		"http://127.0.0.1:8500": true, "unix:///run/consul.sock": true, "10.0.0.5:8500": false, "consul.example:8500": false,
+		"https://consul.example": false} {
+		if got := loopback(addr); got != want {
+			t.Errorf("loopback(%q) = %v, want %v", addr, got, want)
+		}
 	}
 }

@@ -93,6 +93,18 @@ func (m *Memory) List(_ context.Context, prefix string) ([]Entry, uint64, error)
 	return out, idx, nil
 }
 
+// Keys implements Store.
+func (m *Memory) Keys(_ context.Context, prefix string) ([]string, uint64, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out, idx := m.list(prefix)
+	keys := make([]string, len(out))
+	for i, e := range out {
+		keys[i] = e.Key
+	}
+	return keys, idx, nil
+}
+
 // WatchList implements Store.
 func (m *Memory) WatchList(ctx context.Context, prefix string, index uint64, wait time.Duration) ([]Entry, uint64, error) {
 	if wait <= 0 || wait > MaxWaitTime {

@@ -273,6 +273,11 @@ type Store interface {
 	// List returns every key under prefix, sorted, and the store index of the result.
 	// Reads are consistent.
 	List(ctx context.Context, prefix string) ([]Entry, uint64, error)
+	// Keys returns the names of the keys under prefix, sorted, and the index List would
+	// return (Consul's ?keys): a cheap way to tell whether anything under prefix changed
+	// since a List (the same names and index: nothing was written or deleted). Reads are
+	// consistent.
+	Keys(ctx context.Context, prefix string) ([]string, uint64, error)
 	// WatchList is a blocking List: it returns when the prefix's index passes index, or
 	// after wait (at most MaxWaitTime), or when ctx ends (with ctx's error). index 0
 	// returns at once.

@@ -356,3 +356,113 @@ func TestTxnHandsALockOver(t *testing.T) {
 		}
 	})
 }
+
+// TestAnchorSteadiesAnEmptyPrefix: Consul answers a list of a prefix without keys with
+// the index of the whole store, so a blocking query on it would return at every write
+// anywhere; once anchored, the prefix's index moves only with changes under it. On
+// both stores the anchor is written once and left alone after.
+func TestAnchorSteadiesAnEmptyPrefix(t *testing.T) {
+	consultest.EachStore(t, func(t *testing.T, s store.Store) {
+		ctx := context.Background()
+		index := func(prefix string) uint64 {
+			t.Helper()
+			_, idx, err := s.List(ctx, prefix)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return idx
+		}
+		write := func(key string) {
+			t.Helper()
+			if _, err := s.Txn(ctx, []store.Op{{Verb: store.Set, Key: key, Value: []byte("x")}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, ok := s.(*store.Consul); ok {
+			before := index("anchor/empty/")
+			write("elsewhere/1")
+			if after := index("anchor/empty/"); after <= before {
+				t.Errorf("Consul: an empty prefix's index stayed %d after a write elsewhere (%d); the anchor's reason is gone", before, after)
+			}
+		}
+		if err := store.Anchor(ctx, s, "anchor/empty/"); err != nil {
+			t.Fatal(err)
+		}
+		e, err := s.Get(ctx, "anchor/empty/")
+		if err != nil || e == nil || len(e.Value) != 0 {
+			t.Fatalf("the anchor: %+v, %v; want an empty key", e, err)
+		}
+		before := index("anchor/empty/")
+		write("elsewhere/2")
+		if after := index("anchor/empty/"); after != before {
+			t.Errorf("an anchored prefix's index moved from %d to %d with a write elsewhere", before, after)
+		}
+		if err := store.Anchor(ctx, s, "anchor/empty/"); err != nil {
+			t.Errorf("anchoring again: %v", err)
+		}
+		if again, _ := s.Get(ctx, "anchor/empty/"); again == nil || again.ModifyIndex != e.ModifyIndex {
+			t.Errorf("anchoring again rewrote the anchor: %+v, was %+v", again, e)
+		}
+		write("anchor/empty/job")
+		if after := index("anchor/empty/"); after <= before {
+			t.Errorf("an anchored prefix's index stayed %d after a write under it", after)
+		}
+	})
+}
+
+// TestKeysTellWhatChanged: Keys names the keys List returns, with List's index, so the
+// same names and index mean nothing under the prefix was written or deleted since.
+func TestKeysTellWhatChanged(t *testing.T) {
+	consultest.EachStore(t, func(t *testing.T, s store.Store) {
+		ctx := context.Background()
+		n := 0
+		set := func(key string) {
+			t.Helper()
+			n++ // a new value: Consul skips a write of the value a key has
+			if _, err := s.Txn(ctx, []store.Op{{Verb: store.Set, Key: key, Value: []byte(fmt.Sprint(n))}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		keys := func() ([]string, uint64) {
+			t.Helper()
+			k, idx, err := s.Keys(ctx, "keys/")
+			if err != nil {
+				t.Fatal(err)
+			}
+			entries, lidx, err := s.List(ctx, "keys/")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var names []string
+			for _, e := range entries {
+				names = append(names, e.Key)
+			}
+			if fmt.Sprint(names) != fmt.Sprint(k) || lidx != idx {
+				t.Fatalf("Keys = %v at %d, List = %v at %d", k, idx, names, lidx)
+			}
+			return k, idx
+		}
+		set("keys/b")
+		set("keys/a")
+		set("other")
+		k1, i1 := keys()
+		if fmt.Sprint(k1) != "[keys/a keys/b]" {
+			t.Fatalf("Keys = %v, want [keys/a keys/b]", k1)
+		}
+		set("other")
+		if k, i := keys(); fmt.Sprint(k) != fmt.Sprint(k1) || i != i1 {
+			t.Errorf("a write elsewhere changed Keys: %v at %d, was %v at %d", k, i, k1, i1)
+		}
+		set("keys/a")
+		k2, i2 := keys()
+		if i2 <= i1 {
+			t.Errorf("a write under the prefix left its index at %d (was %d)", i2, i1)
+		}
+		if _, err := s.Txn(ctx, []store.Op{{Verb: store.Delete, Key: "keys/b"}}); err != nil {
+			t.Fatal(err)
+		}
+		if k, _ := keys(); fmt.Sprint(k) == fmt.Sprint(k2) {
+			t.Errorf("a delete under the prefix left the names %v", k)
+		}
+	})
+}
