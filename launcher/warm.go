@@ -134,7 +134,6 @@ type standby struct {
 	acks   chan string // standby → gangrun: "ready", "go"
 	env    []string    // its environment: the worker's less the late variables
 	interp []string
-	niced  bool // waiting at proc.StandbyNice: set back to 0 at activation
 }
 
 // startStandby starts the standby of spec's local rank, a process like a worker.
@@ -192,10 +191,6 @@ func (s *Supervisor) startStandby(spec workerSpec, pc pythonCommand) (*standby, 
 	}
 	w.p = p
 	_ = s.guard.Watch(p.Pid())
-	// It imports at the lowest priority, in the CPU time the running workers leave
-	// (on a small node its imports slowed their steps), when gangrun may give it its
-	// priority back at activation.
-	niced := proc.CanRaisePriority() && proc.SetNice(p.Pid(), proc.StandbyNice) == nil
 	prefix := "[standby" + strconv.Itoa(spec.localRank) + "]: "
 	sinks := []*lineWriter{s.console, s.consoleErr}
 	for i, r := range w.readers {
@@ -206,7 +201,7 @@ func (s *Supervisor) startStandby(spec workerSpec, pc pythonCommand) (*standby, 
 			pumpTo(r, sinks[i], w.targets[i])
 		}(i, r)
 	}
-	sb := &standby{w: w, ctrl: ctrlW, acks: make(chan string, 2), env: env, interp: slices.Clone(pc.interp), niced: niced}
+	sb := &standby{w: w, ctrl: ctrlW, acks: make(chan string, 2), env: env, interp: slices.Clone(pc.interp)}
 	go func() {
 		defer close(sb.acks)
 		defer ackR.Close()
@@ -239,21 +234,8 @@ func (sb *standby) awaitAck(line string, d time.Duration) error {
 // activate hands spec to the standby and returns it as spec's worker, its output going
 // to spec's prefix and files.
 func (sb *standby) activate(spec workerSpec, pc pythonCommand, cwd string, files []*os.File, act *activity) (*worker, error) {
-	if sb.niced {
-		// Its priority first: one still importing finishes at the workers' priority.
-		if err := proc.SetNice(sb.w.p.Pid(), 0); err != nil {
-			return nil, err
-		}
-	}
 	if err := sb.awaitAck("ready", standbyReadyWait); err != nil {
 		return nil, err
-	}
-	if sb.niced {
-		// Again, now that its imports are done: a thread made meanwhile by one not yet
-		// set back would have been missed.
-		if err := proc.SetNice(sb.w.p.Pid(), 0); err != nil {
-			return nil, err
-		}
 	}
 	req := map[string]any{"env": envObject(spec.env), "cwd": cwd}
 	// The rank is known now: its CPUs bind every thread the standby has (torch's

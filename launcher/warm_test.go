@@ -67,7 +67,7 @@ def main():
     rank = os.environ["RANK"]
     print(json.dumps({"argv": sys.argv, "name": __name__, "path0": sys.path[0], "file": __file__,
                       "var": helper.VAR, "rank_at_import": helper.RANK, "rank": rank,
-                      "cwd": os.getcwd(), "spec": __spec__ and __spec__.name, "nice": os.nice(0)}), flush=True)
+                      "cwd": os.getcwd(), "spec": __spec__ and __spec__.name}), flush=True)
     print("to stderr", file=sys.stderr, flush=True)
     done = os.path.join(os.environ["WARM_TEST_DIR"], "done-%s" % os.environ["GANGRUN_ATTEMPT"])
     if rank == "1":
@@ -148,7 +148,7 @@ func TestWarmRestartRunsLikeCold(t *testing.T) {
 		for _, want := range []string{
 			`"argv": ["sub/train.py", "--flag", "a b"]`, `"name": "__main__"`,
 			`"path0": "` + filepath.Join(dir, "sub") + `"`, `"file": "` + filepath.Join(dir, "sub", "train.py") + `"`,
-			`"var": "from-env"`, `"rank_at_import": "` + rank + `"`, `"spec": null`, `"nice": 0`,
+			`"var": "from-env"`, `"rank_at_import": "` + rank + `"`, `"spec": null`,
 		} {
 			if !strings.Contains(out, want) {
 				t.Errorf("rank %s's warm output lacks %s:\n%s", rank, want, out)

@@ -5,13 +5,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
-	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // TestLookupUser: a name and a numeric uid find the same user (nobody, 65534 on Debian
@@ -87,49 +83,5 @@ func TestAsUserAndCredential(t *testing.T) {
 	p.Release()
 	if got := strings.TrimSpace(out.String()); got != "65534" {
 		t.Errorf("id -u started with nobody's credential: %q", got)
-	}
-}
-
-// TestSetNice: every thread of a process takes the nice value, and (as root) gets 0
-// back, as a warm standby does at activation.
-func TestSetNice(t *testing.T) {
-	if !CanRaisePriority() {
-		t.Fatal("this test gives a thread its priority back: run it as root (CI does)")
-	}
-	cmd := exec.Command("/usr/bin/python3", "-c", "import threading, time\nfor _ in range(3): threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\nprint('up', flush=True)\ntime.sleep(60)")
-	var out strings.Builder
-	cmd.Stdout = &out
-	p, err := Start(cmd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = p.Signal(syscall.SIGKILL); p.Release() }()
-	niceOf := func() []int {
-		tasks, _ := os.ReadDir(filepath.Join("/proc", strconv.Itoa(p.Pid()), "task"))
-		var ns []int
-		for _, task := range tasks {
-			tid, _ := strconv.Atoi(task.Name())
-			prio, err := unix.Getpriority(unix.PRIO_PROCESS, tid) // 20 - nice, as the kernel returns it
-			if err == nil {
-				ns = append(ns, 20-prio)
-			}
-		}
-		return ns
-	}
-	for deadline := time.Now().Add(60 * time.Second); len(niceOf()) < 4; time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the process never had its 4 threads: %v", niceOf())
-		}
-	}
-	for _, want := range []int{StandbyNice, 0} {
-		if err := SetNice(p.Pid(), want); err != nil {
-			t.Fatal(err)
-		}
-		for _, n := range niceOf() {
-			if n != want {
-				t.Errorf("after SetNice %d: threads' nice values %v", want, niceOf())
-				break
-			}
-		}
 	}
 }
