@@ -236,11 +236,21 @@ func (st *step) lockStepKey(ctx context.Context, sess string, rec []byte) error 
 func (st *step) output() (f *os.File, err error) {
 	path := st.job.Spec.OutputPath(st.cfg.Node)
 	err = proc.AsUser(st.user, func() error {
-		f, err = os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND|syscall.O_CLOEXEC, 0o644)
+		// Without blocking: a named pipe with no reader would hold the step in open(2).
+		f, err = os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND|syscall.O_CLOEXEC|syscall.O_NONBLOCK, 0o644)
 		return err
 	})
+	if errors.Is(err, syscall.ENXIO) {
+		err = errors.New("a named pipe that no one reads: want a file")
+	}
 	if err != nil {
 		return nil, fmt.Errorf("output %s: %w", path, err)
+	}
+	// A file, or a character device (/dev/null); a pipe or socket someone reads could
+	// stop the step when full.
+	if fi, err := f.Stat(); err != nil || !(fi.Mode().IsRegular() || fi.Mode()&os.ModeCharDevice != 0) {
+		f.Close()
+		return nil, fmt.Errorf("output %s: is not a file: want a file (or /dev/null)", path)
 	}
 	return f, nil
 }
@@ -335,9 +345,29 @@ func (st *step) prepare(ctx context.Context, gn allocator.GrantNode, out io.Writ
 
 // writeScript writes the job's script, as submitted, where the step runs it: a
 // directory of its own under TMPDIR (the user's, when u is set, as the script is),
-// which the returned cleanup removes.
+// which the returned cleanup removes. When u cannot reach it there (the agent's TMPDIR
+// is private to the agent), it goes under /tmp instead.
 func writeScript(spec Spec, u *proc.User) (path string, cleanup func(), err error) {
-	dir, err := os.MkdirTemp("", "gangrun-job-"+spec.ID+"-")
+	path, cleanup, err = writeScriptIn(os.TempDir(), spec, u)
+	if err == nil && u != nil && os.TempDir() != "/tmp" {
+		readable := proc.AsUser(u, func() error {
+			f, err := os.Open(path)
+			if err == nil {
+				f.Close()
+			}
+			return err
+		}) == nil
+		if !readable {
+			cleanup()
+			return writeScriptIn("/tmp", spec, u)
+		}
+	}
+	return path, cleanup, err
+}
+
+// writeScriptIn is writeScript in the directory tmp.
+func writeScriptIn(tmp string, spec Spec, u *proc.User) (path string, cleanup func(), err error) {
+	dir, err := os.MkdirTemp(tmp, "gangrun-job-"+spec.ID+"-")
 	if err != nil {
 		return "", nil, fmt.Errorf("write the job's script: %w", err)
 	}

@@ -103,16 +103,31 @@ func openFileTimer(path string, u *proc.User) (*fileTimer, error) {
 		ft.close()
 		return nil, fmt.Errorf("%s=%s: %w", FileTimerFileEnv, path, err)
 	}
-	if fi, err := os.Lstat(path); err != nil || fi.Mode()&os.ModeNamedPipe == 0 {
-		ft.close()
-		return nil, fmt.Errorf("%s=%s: exists and is not a named pipe", FileTimerFileEnv, path)
-	}
 	// Read and write: the open does not wait for a writer, and the pipe never reads
-	// end-of-file when the workers close it.
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	// end-of-file when the workers close it. A path the user named is opened with the
+	// user's permissions, following no link, without blocking, and must be a pipe: not
+	// someone else's, not a device or file put there (or swapped in) meanwhile.
+	openAs := u
+	if ft.created != "" {
+		openAs = nil // gangrun's own directory
+	}
+	var f *os.File
+	err := proc.AsUser(openAs, func() (err error) {
+		f, err = os.OpenFile(path, os.O_RDWR|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+		return err
+	})
+	if err == nil {
+		if fi, serr := f.Stat(); serr != nil || fi.Mode()&os.ModeNamedPipe == 0 {
+			f.Close()
+			err = errors.New("exists and is not a named pipe")
+		}
+	}
+	if errors.Is(err, unix.ELOOP) {
+		err = errors.New("is a symbolic link: name the pipe itself")
+	}
 	if err != nil {
 		ft.close()
-		return nil, err
+		return nil, fmt.Errorf("%s=%s: %w", FileTimerFileEnv, path, err)
 	}
 	ft.f = f
 	go ft.read(f)

@@ -592,6 +592,11 @@ func (s *Supervisor) Run(ctx context.Context) Result {
 		} else {
 			s.timer = ft
 			defer ft.close()
+			if ft.created != "" {
+				if err := s.guard.RemoveOnDeath(ft.created); err != nil {
+					s.log.Warn("guardian", zap.Error(err))
+				}
+			}
 			s.log.Info("serving torch's file-based watchdog", zap.String(FileTimerFileEnv, ft.path))
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/exec"
 	"os/user"
@@ -16,10 +17,12 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+	"golang.org/x/sys/unix"
 
 	"github.com/gangrun/gangrun/acl"
 	"github.com/gangrun/gangrun/allocator"
 	"github.com/gangrun/gangrun/hostlist"
+	"github.com/gangrun/gangrun/internal/proc"
 	"github.com/gangrun/gangrun/internal/store"
 	"github.com/gangrun/gangrun/internal/userfile"
 	"github.com/gangrun/gangrun/job"
@@ -209,12 +212,16 @@ func (f *submitFlags) spec(command []string, script, name string) (job.Spec, err
 		return job.Spec{}, err
 	}
 	submitter := currentUser()
-	if f.uid != "" {
+	if f.uid != "" && f.uid != submitter {
 		if os.Geteuid() != 0 {
 			return job.Spec{}, fmt.Errorf("--uid %q: only root may submit as another user", f.uid)
 		}
 		if err := store.CheckSegment("--uid", f.uid); err != nil {
 			return job.Spec{}, err
+		}
+		// Slurm's sbatch --uid takes a name or a number known to the submitting host.
+		if _, err := proc.LookupUser(f.uid); err != nil {
+			return job.Spec{}, fmt.Errorf("--uid %q: %w", f.uid, errors.Unwrap(err))
 		}
 		submitter = f.uid
 	}
@@ -504,6 +511,10 @@ func nodesRange(s job.Spec) string {
 // runStep is the hidden `gangrun __step --consul ADDR [--topology-file F] JOB NODE` an
 // agent starts for a job's step on its node.
 func runStep(ctx context.Context, e *env, args []string) int {
+	// Descriptors the agent inherited without close-on-exec (from its own starter) must
+	// not reach the job's workers, which run as another user: Slurm's tasks get 0-2
+	// only. Linux 5.11's close_range flag; an older kernel keeps them.
+	_ = unix.CloseRange(3, math.MaxUint32, unix.CLOSE_RANGE_CLOEXEC)
 	fs := newFlagSet(e, stepCommand, "--consul ADDR [--topology-file F] JOB NODE")
 	consul := consulFlag(fs)
 	topoFile := fs.String("topology-file", "", "the node's recorded inventory (as its agent's)")

@@ -52,7 +52,7 @@ func (c *jobCluster) reason(id string) string {
 // limit lets hers start on the next pass.
 func TestUserOverMaxGPUsWaitsWithTheReason(t *testing.T) {
 	c := startJobCluster(t, "gpu-a", "gpu-b")
-	unixUsers(t, "alice", "bob") // the jobs run as their users
+	unixUsers(t, "alice", "bob", "eve") // the jobs run as their users
 	t.Chdir(sharedDir(t))
 	c.setPolicy(`{"accounts": {"ml": {"max_gpus_per_user": 4, "users": {"alice": {}, "bob": {}}}}}`)
 	first := c.submit("--uid", "alice", "--gpus-per-node", "4", "--", "sleep", "300")

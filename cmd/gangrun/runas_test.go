@@ -2,15 +2,18 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"os/user"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/gangrun/gangrun/internal/store"
 	"github.com/gangrun/gangrun/job"
 )
 
@@ -91,6 +94,37 @@ func TestJobRunsAsItsUser(t *testing.T) {
 		t.Errorf("root's directory got %d entries from alice's job", len(entries))
 	}
 
+	// A named pipe as the output, which no one reads: refused, not waited on (the
+	// step would hang in open(2), its GPUs held). And torch's watchdog pipe named as a
+	// link to root's own pipe: not served, said once; the job runs.
+	pipe := filepath.Join(dir, "out.fifo")
+	rootPipe := filepath.Join(rootDir, "root.fifo")
+	for _, p := range []string{pipe, rootPipe} {
+		if err := syscall.Mkfifo(p, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	uid, _ := strconv.Atoi(alice.Uid)
+	gid, _ := strconv.Atoi(alice.Gid)
+	if err := os.Chown(pipe, uid, gid); err != nil { // hers
+		t.Fatal(err)
+	}
+	fifoJob := c.submit("--uid", "alice", "--gpus-per-node", "1", "--output", pipe, "--", "true")
+	m = c.waitState(fifoJob, job.Failed, 90*time.Second)
+	if r := fmt.Sprint(m); !strings.Contains(r, "output "+pipe+": a named pipe that no one reads: want a file") {
+		t.Errorf("a named pipe as the output: the record does not say so:\n%s", r)
+	}
+	timerLink := filepath.Join(dir, "timer-link")
+	if err := os.Symlink(rootPipe, timerLink); err != nil {
+		t.Fatal(err)
+	}
+	timerJob := c.submit("--uid", "alice", "--gpus-per-node", "1", "--env", "TORCHELASTIC_ENABLE_FILE_TIMER=1", "--env", "TORCHELASTIC_TIMER_FILE="+timerLink, "--", "true")
+	c.waitState(timerJob, job.Completed, 90*time.Second)
+	if out, _ := os.ReadFile(filepath.Join(dir, "gangrun-"+timerJob+".out")); !bytes.Contains(out, []byte("torch's file-based watchdog cannot be served")) ||
+		!bytes.Contains(out, []byte("TORCHELASTIC_TIMER_FILE="+timerLink+": is a symbolic link: name the pipe itself")) {
+		t.Errorf("a watchdog pipe named by a link: the output does not say it is not served:\n%s", out)
+	}
+
 	// A command only root may run, and a work directory only root may enter: both
 	// passed root's checks, and both fail the job (not the node) when the worker
 	// starts as her.
@@ -111,8 +145,22 @@ func TestJobRunsAsItsUser(t *testing.T) {
 	}
 	t.Chdir(dir)
 
-	// A user the node does not know.
-	unknown := c.submit("--uid", "no-such-user-gr", "--gpus-per-node", "1", "--", "true")
+	// A user unknown here is refused at submission, as sbatch --uid refuses one; a
+	// job of a user the node does not know (submitted from a host that knows her)
+	// fails, saying so.
+	if code, _, errOut := c.gangrun("submit", "--uid", "no-such-user-gr", "--", "true"); code != 2 || errOut != "gangrun submit: --uid \"no-such-user-gr\": no such user on this node\n" {
+		t.Errorf("submit --uid of an unknown user: exit %d, %q", code, errOut)
+	}
+	s, err := store.NewConsul(c.consul)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	unknown, err := job.Submit(context.Background(), s, job.Spec{Name: "x", User: "no-such-user-gr", MinNodes: 1, MaxNodes: 1, GPUsPerNode: 1,
+		Command: []string{"true"}, WorkDir: dir, MaxRestarts: 0})
+	if err != nil {
+		t.Fatal(err)
+	}
 	m = c.waitState(unknown, job.Failed, 90*time.Second)
 	if r := fmt.Sprint(m); !strings.Contains(r, `the job's user cannot run on node gpu-a: user "no-such-user-gr": no such user on this node`) {
 		t.Errorf("an unknown user: the record does not say so:\n%s", r)
