@@ -19,9 +19,9 @@ LDFLAGS   := -X main.version=$(VERSION)
 # What each target installs (scripts/install-deps.sh components). The demo runs on one
 # machine with the embedded coordinator: torch only, no Consul build. The tests start
 # Consul dev agents and real PyTorch, and use ip, a real Prometheus server (and
-# promtool) and headless Chromium; the benchmarks Consul and PyTorch.
+# promtool), headless Chromium and useradd; the benchmarks Consul and PyTorch.
 DEMO_DEPS  := torch
-TEST_DEPS  := torch consul iproute2 prometheus chromium
+TEST_DEPS  := torch consul iproute2 prometheus chromium passwd
 BENCH_DEPS := torch consul
 
 .PHONY: all build deps demo test test-short bench fuzz lint clean

@@ -11,13 +11,15 @@
 #             start a real Prometheus that scrapes test agents, and check the exposition
 #             with `promtool check metrics`
 #   chromium  Debian's chromium: the status page's test loads it in headless Chromium
+#   passwd    useradd and userdel (Debian's passwd): tests make the Unix users that jobs
+#             run as, and remove them
 #
-# Usage: scripts/install-deps.sh [torch] [consul] [iproute2] [prometheus] [chromium]
+# Usage: scripts/install-deps.sh [torch] [consul] [iproute2] [prometheus] [chromium] [passwd]
 # (no arguments: all of them). The Makefile asks for what each target needs: `make demo`
 # torch only, `make test` all of them, `make bench` torch and consul.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-want=("$@"); [ ${#want[@]} -eq 0 ] && want=(torch consul iproute2 prometheus chromium)
+want=("$@"); [ ${#want[@]} -eq 0 ] && want=(torch consul iproute2 prometheus chromium passwd)
 
 apt_install() {
   local sudo=""
@@ -58,6 +60,12 @@ for w in "${want[@]}"; do
         apt_install chromium
       fi
       ;;
-    *) echo "install-deps.sh: unknown component $w (want torch, consul, iproute2, prometheus or chromium)" >&2; exit 2 ;;
+    passwd)
+      if ! command -v useradd >/dev/null 2>&1 || ! command -v userdel >/dev/null 2>&1; then
+        echo "installing Debian's passwd (useradd, userdel) ..." >&2
+        apt_install passwd
+      fi
+      ;;
+    *) echo "install-deps.sh: unknown component $w (want torch, consul, iproute2, prometheus, chromium or passwd)" >&2; exit 2 ;;
   esac
 done
