@@ -190,10 +190,20 @@ func TestSubmitRunsAJobToCompletion(t *testing.T) {
 func TestJobResumesAfterAWorkerFails(t *testing.T) {
 	c := startJobCluster(t, "gpu-a", "gpu-b")
 	unixUsers(t, "carol")
-	args := append([]string{"--uid", "carol", "--nodes", "2", "--gpus-per-node", "2", "--checkpoint-dir", "ckpt", "--"},
-		trainer(t, "--steps", "40", "--ckpt-every", "10", "--fail-at-step", "25")...)
+	// Her copy of the trainer: the repository may be in a directory only root may
+	// reach (a CI's clean clone under mktemp -d).
+	argv := trainer(t, "--steps", "40", "--ckpt-every", "10", "--fail-at-step", "25")
 	dir := sharedDir(t)
 	t.Chdir(dir)
+	src, err := os.ReadFile(argv[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	argv[1] = filepath.Join(dir, "train_ddp.py")
+	if err := os.WriteFile(argv[1], src, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	args := append([]string{"--uid", "carol", "--nodes", "2", "--gpus-per-node", "2", "--checkpoint-dir", "ckpt", "--"}, argv...)
 	id := c.submit(args...)
 	m := c.waitState(id, job.Completed, 3*time.Minute)
 	attempts, _ := m["attempts"].([]any)
