@@ -155,16 +155,19 @@ func TestRunPidsLimitNamedInTheRootCause(t *testing.T) {
 	}
 }
 
-// TestRunSIGKILLRemovesItsCgroup: when gangrun is SIGKILLed, its guardian kills
-// everything left in the step's cgroup — a process that left its worker's process
-// group (setsid) too — and removes the cgroup.
-func TestRunSIGKILLRemovesItsCgroup(t *testing.T) {
+// runThenSIGKILL runs `gangrun run` with two ranks of worker (a shell script that
+// reports its cgroups) each leaving a setsid sleep and a sleep behind, SIGKILLs gangrun
+// once both ranks are ready, and returns what the workers printed. The test's mark
+// (testMark) is in the environment, with env: its cleanup fails the test if anything
+// is left running.
+func runThenSIGKILL(t *testing.T, worker string, env ...string) string {
+	t.Helper()
 	mark := testMark(t)
 	dir := t.TempDir()
-	var out bytes.Buffer
+	var out syncBuffer
 	cmd := exec.Command(gangrunBin, "run", "--nproc-per-node", "2", "--", "/bin/sh", "-c",
-		cgroupWorker+`setsid sleep 300 & sleep 300 & touch `+dir+`/ready-$RANK; wait`)
-	cmd.Env = append(os.Environ(), mark)
+		worker+`setsid sleep 300 & sleep 300 & touch `+dir+`/ready-$RANK; wait`)
+	cmd.Env = append(append(os.Environ(), mark), env...)
 	cmd.Stdout, cmd.Stderr = &out, io.Discard
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -174,9 +177,17 @@ func TestRunSIGKILLRemovesItsCgroup(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = cmd.Wait()
-	paths, _ := workerCgroups(out.String())
+	return out.String()
+}
+
+// TestRunSIGKILLRemovesItsCgroup: when gangrun is SIGKILLed, its guardian kills
+// everything left in the step's cgroup — a process that left its worker's process
+// group (setsid) too — and removes the cgroup.
+func TestRunSIGKILLRemovesItsCgroup(t *testing.T) {
+	out := runThenSIGKILL(t, cgroupWorker)
+	paths, _ := workerCgroups(out)
 	if len(paths["1"]) != 4 {
-		t.Fatalf("the workers did not report their cgroups:\n%s", out.String())
+		t.Fatalf("the workers did not report their cgroups:\n%s", out)
 	}
 	assertCgroupGone(t, paths["0"])
 	// testMark's cleanup asserts that nothing carrying the mark is left: the setsid
@@ -374,24 +385,10 @@ func TestRunCgroupV2MemWithoutMemoryController(t *testing.T) {
 // everything in the step's cgroup v2 (cgroup.kill) — a setsid process too — and
 // removes the directory.
 func TestRunSIGKILLRemovesItsCgroupV2(t *testing.T) {
-	mark := testMark(t)
-	dir := t.TempDir()
-	var out bytes.Buffer
-	cmd := exec.Command(gangrunBin, "run", "--nproc-per-node", "2", "--", "/bin/sh", "-c",
-		v2Worker+`setsid sleep 300 & sleep 300 & touch `+dir+`/ready-$RANK; wait`)
-	cmd.Env = append(os.Environ(), mark, cgroupV2Env)
-	cmd.Stdout, cmd.Stderr = &out, io.Discard
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	waitForFiles(t, dir, "ready-0", "ready-1")
-	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	_ = cmd.Wait()
-	m := v2LineRE.FindStringSubmatch(out.String())
+	out := runThenSIGKILL(t, v2Worker, cgroupV2Env)
+	m := v2LineRE.FindStringSubmatch(out)
 	if m == nil || !strings.HasPrefix(m[2], "/gangrun-") {
-		t.Fatalf("the workers did not report a step cgroup v2:\n%s", out.String())
+		t.Fatalf("the workers did not report a step cgroup v2:\n%s", out)
 	}
 	assertV2Gone(t, m[2])
 	// testMark's cleanup asserts that nothing carrying the mark is left: the setsid

@@ -220,8 +220,10 @@ func (f *submitFlags) spec(command []string, script, name string) (job.Spec, err
 			return job.Spec{}, err
 		}
 		// Slurm's sbatch --uid takes a name or a number known to the submitting host.
-		if _, err := proc.LookupUser(f.uid); err != nil {
-			return job.Spec{}, fmt.Errorf("--uid %q: %w", f.uid, errors.Unwrap(err))
+		if _, err := proc.LookupUser(f.uid); errors.Is(err, proc.ErrUnknownUser) {
+			return job.Spec{}, fmt.Errorf("--uid %q: %w", f.uid, proc.ErrUnknownUser)
+		} else if err != nil {
+			return job.Spec{}, fmt.Errorf("--uid: %w", err) // LookupUser's error names the user
 		}
 		submitter = f.uid
 	}
