@@ -5,10 +5,13 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"slices"
 	"strings"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/gangrun/gangrun/internal/proc"
 	"github.com/gangrun/gangrun/internal/userfile"
 )
 
@@ -61,4 +64,38 @@ func LookCommand(name string) (string, error) {
 		return "", &notExecutableError{name, "is not executable (no execute permission)"}
 	}
 	return name, nil
+}
+
+// lookPathAs is exec.LookPath for the user u the workers run as (Config.User): the first
+// PATH entry holding name that u may reach (the lookup made with u's file-system ids, so
+// each directory must be searchable by u) and execute (the file's mode bits for u's
+// uid, groups or others; ACLs are not read). gangrun's own LookPath is root's, which
+// finds a command in a directory only root may enter (a pyenv shim under /root) that the
+// worker then cannot run. A name with a slash is returned as it is: the worker's exec,
+// as u, judges it. Errors: ErrCommandNotFound wrapped, naming the command.
+func lookPathAs(u *proc.User, name string) (string, error) {
+	if strings.Contains(name, "/") {
+		return name, nil
+	}
+	for _, dir := range filepath.SplitList(os.Getenv("PATH")) {
+		if dir == "" {
+			dir = "."
+		}
+		path := filepath.Join(dir, name)
+		var st unix.Stat_t
+		if proc.AsUser(u, func() error { return unix.Stat(path, &st) }) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
+			continue
+		}
+		bit := uint32(0o001)
+		switch {
+		case st.Uid == u.UID:
+			bit = 0o100
+		case st.Gid == u.GID || slices.Contains(u.Groups, st.Gid):
+			bit = 0o010
+		}
+		if st.Mode&bit != 0 {
+			return path, nil
+		}
+	}
+	return "", fmt.Errorf("%w: %s (in the PATH, for user %s)", ErrCommandNotFound, name, u.Name)
 }

@@ -172,6 +172,12 @@ func startWorker(s workerSpec, console, consoleErr *lineWriter, act *activity, w
 		if wd, err := os.Getwd(); err == nil {
 			cmd.Dir = wd
 		}
+		// The program the user finds on the PATH, not the one root found.
+		if path, err := lookPathAs(s.user, s.argv[0]); err == nil {
+			cmd.Path, cmd.Err = path, nil
+		} else {
+			cmd.Err = err
+		}
 	}
 	for _, name := range []string{"stdout", "stderr"} {
 		r, wr, err := os.Pipe()

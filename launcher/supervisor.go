@@ -402,6 +402,11 @@ func New(cfg Config, rdzv rendezvous.Rendezvous) (*Supervisor, error) {
 	if _, err := LookCommand(cfg.Command[0]); err != nil {
 		return nil, err
 	}
+	if !cfg.User.IsSelf() {
+		if _, err := lookPathAs(cfg.User, cfg.Command[0]); err != nil {
+			return nil, err
+		}
+	}
 	if cfg.CheckpointDir != "" {
 		// With the permissions of the user the workers run as: a directory root may read
 		// and the user may not would fail every attempt later.

@@ -220,12 +220,13 @@ func (f *submitFlags) spec(command []string, script, name string) (job.Spec, err
 			return job.Spec{}, err
 		}
 		// Slurm's sbatch --uid takes a name or a number known to the submitting host.
-		if _, err := proc.LookupUser(f.uid); errors.Is(err, proc.ErrUnknownUser) {
+		u, err := proc.LookupUser(f.uid)
+		if errors.Is(err, proc.ErrUnknownUser) {
 			return job.Spec{}, fmt.Errorf("--uid %q: %w", f.uid, proc.ErrUnknownUser)
 		} else if err != nil {
 			return job.Spec{}, fmt.Errorf("--uid: %w", err) // LookupUser's error names the user
 		}
-		submitter = f.uid
+		submitter = u.Name // a uid is recorded by its user's name, as sbatch does
 	}
 	spec := job.Spec{Name: f.name, User: submitter, Account: f.account, Partition: f.partition,
 		MinNodes: lo, MaxNodes: hi, GPUsPerNode: gpus, GPUModel: model, MIGProfile: profile, Priority: f.priority, TimeLimit: limit,

@@ -166,3 +166,33 @@ func TestJobRunsAsItsUser(t *testing.T) {
 		t.Errorf("an unknown user: the record does not say so:\n%s", r)
 	}
 }
+
+// TestJobFindsItsCommandAsItsUser: a command named without a slash is the one the job's
+// user finds on the PATH, not the one root finds first in a directory only root may
+// enter (a pyenv shim under /root): the job runs the user's. A --uid given as a number
+// is recorded by its user's name.
+func TestJobFindsItsCommandAsItsUser(t *testing.T) {
+	unixUsers(t, "alice")
+	alice, err := user.Lookup("alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := sharedDir(t)
+	rootOnly := t.TempDir() // mode 0700, root's
+	for d, who := range map[string]string{rootOnly: "root's", dir: "hers"} {
+		if err := os.WriteFile(filepath.Join(d, "gr-which"), []byte("#!/bin/sh\necho "+who+"\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Setenv("PATH", rootOnly+":"+dir+":"+os.Getenv("PATH")) // the agents' PATH, and so the step's
+	c := startJobCluster(t, "gpu-a")
+	t.Chdir(dir)
+	id := c.submit("--uid", alice.Uid, "--gpus-per-node", "1", "--", "gr-which")
+	m := c.waitState(id, job.Completed, 90*time.Second)
+	if m["user"] != "alice" {
+		t.Errorf("--uid %s recorded as user %v, want alice", alice.Uid, m["user"])
+	}
+	if out, err := os.ReadFile(filepath.Join(dir, "gangrun-"+id+".out")); err != nil || !bytes.Contains(out, []byte("[rank0]: hers\n")) {
+		t.Errorf("want the user's gr-which run: %v\n%s", err, out)
+	}
+}
