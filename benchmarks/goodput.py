@@ -20,7 +20,8 @@ trainer finds its newest checkpoint itself.
 
 Usage: make build && /usr/bin/python3 benchmarks/goodput.py [DURATION] [EVERY] [SEED]
 (defaults 120, 20, 1); GANGRUN_BIN, GANGRUN_CONSUL and GOODPUT_MODES (a comma list of
-warm, warm0 — warm restarts with --warm-delay 0s —, cold, torchrun) override.
+warm, warm0 — warm restarts with --warm-delay 0s —, cold, torchrun) override;
+GOODPUT_FLAGS adds flags to every gangrun run (for experiments).
 """
 import os
 import random
@@ -108,6 +109,7 @@ def run_mode(mode, consul_addr, work, duration, every, seed):
                 cmd.append("--warm-restarts=false")
             elif mode == "warm0":
                 cmd.append("--warm-delay=0s")  # the standbys start with the workers
+            cmd += os.environ.get("GOODPUT_FLAGS", "").split()
             procs.append(subprocess.Popen(cmd + ["--"] + trainer, env=env,
                                           stdout=open(os.path.join(work, "node-%s.log" % node), "w"),
                                           stderr=subprocess.STDOUT, start_new_session=True))
