@@ -284,6 +284,14 @@ type Supervisor struct {
 
 	warmDir  string           // holds the standby program; "" when warm restarts are off
 	standbys map[int]*standby // by local rank, for the next attempt
+	// forked are the standbys the current attempt's warm workers forked at their
+	// activation, for the attempt after (by local rank).
+	forked   map[int]*standby
+	pending  map[int]*pendingFork // activated standbys whose fork is still to be told
+	forkTold bool                 // the log said that a standby could not fork
+	// masterChecked: a warm rank of this attempt waited for rank 0's store (awaitMaster);
+	// masterSilent: one waited in vain, so none waits again.
+	masterChecked, masterSilent bool
 	// nextSpecs are the specs whose standbys are due WarmDelay after the attempt's start
 	// (nil: none due).
 	nextSpecs []workerSpec
@@ -750,13 +758,14 @@ func (s *Supervisor) begin(ctx context.Context, at *attempt, res *Result) (Group
 	}
 	s.act.touch()
 	var warm warmStart
-	if s.nextSpecs != nil {
+	s.masterChecked = false
+	if s.nextSpecs != nil && len(s.standbys) == 0 {
 		s.log.Info("starting cold: the last attempt ended within --warm-delay, before its standbys were started",
 			zap.Duration("warm_delay", s.cfg.WarmDelay))
-		s.nextSpecs = nil
-	} else if s.standbys != nil {
+	} else if len(s.standbys) > 0 {
 		warm = s.takeStandby
 	}
+	s.nextSpecs = nil
 	g, err := startGroup(specs, s.console, s.consoleErr, &s.act, s.guard, warm)
 	if err != nil {
 		_ = round.Fail(ctx, rendezvous.Failure{Node: s.cfg.NodeName, Rank: -1, LocalRank: -1, ExitCode: 1, Reason: err.Error()})
@@ -779,10 +788,16 @@ func (s *Supervisor) begin(ctx context.Context, at *attempt, res *Result) (Group
 	}
 	if s.warmDir != "" {
 		s.log.Info("workers started", zap.Int("attempt", a.Round), zap.Int("warm", g.warm), zap.Int("cold", len(g.workers)-g.warm))
+		// The standbys not used are dropped; those the warm workers forked serve the
+		// attempt after, and only the ranks without one get a fresh standby.
+		s.adoptForked()
+		forked := s.forked
+		s.forked = nil
 		s.dropStandbys()
+		s.standbys = forked
 		if s.cfg.WarmDelay <= 0 {
 			s.prepareStandbys(specs)
-		} else {
+		} else if !s.standbysFor(specs) {
 			s.nextSpecs = specs // monitor starts them when they are due
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 
 	"github.com/gangrun/gangrun/internal/proc"
 )
@@ -130,10 +132,61 @@ func standbyEnv(env []string) []string {
 // its worker takes the rank's spec and its pumps the rank's prefix and log files.
 type standby struct {
 	w      *worker
-	ctrl   *os.File    // gangrun → standby: the activation request
-	acks   chan string // standby → gangrun: "ready", "go"
+	ctrl   *os.File    // gangrun → standby: the activation request (a Unix socket)
+	acks   chan string // standby → gangrun: "ready", "go [PID]"
 	env    []string    // its environment: the worker's less the late variables
 	interp []string
+}
+
+// standbyEnds are the descriptors between gangrun and one standby: gangrun's ends and
+// the standby's own (child: its stdout, stderr, fd 3 and fd 4), which gangrun closes
+// once the standby holds them.
+type standbyEnds struct {
+	outR, errR, ctrl, ackR *os.File
+	child                  [4]*os.File
+}
+
+// newStandbyEnds makes a standby's pipes and its control socket.
+func newStandbyEnds() (*standbyEnds, error) {
+	e := &standbyEnds{}
+	var err error
+	if e.outR, e.child[0], err = os.Pipe(); err != nil {
+		return nil, err
+	}
+	if e.errR, e.child[1], err = os.Pipe(); err != nil {
+		e.closeAll()
+		return nil, err
+	}
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		e.closeAll()
+		return nil, os.NewSyscallError("socketpair", err)
+	}
+	e.ctrl, e.child[2] = os.NewFile(uintptr(fds[0]), "standby-ctrl"), os.NewFile(uintptr(fds[1]), "standby-ctrl")
+	if e.ackR, e.child[3], err = os.Pipe(); err != nil {
+		e.closeAll()
+		return nil, err
+	}
+	return e, nil
+}
+
+// closeChild closes gangrun's copies of the standby's ends.
+func (e *standbyEnds) closeChild() {
+	for _, f := range e.child {
+		if f != nil {
+			f.Close()
+		}
+	}
+}
+
+// closeAll closes every end.
+func (e *standbyEnds) closeAll() {
+	e.closeChild()
+	for _, f := range []*os.File{e.outR, e.errR, e.ctrl, e.ackR} {
+		if f != nil {
+			f.Close()
+		}
+	}
 }
 
 // startStandby starts the standby of spec's local rank, a process like a worker.
@@ -150,48 +203,27 @@ func (s *Supervisor) startStandby(spec workerSpec, pc pythonCommand) (*standby, 
 	if !s.cfg.User.IsSelf() {
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.cfg.User.Credential()} // kept by proc.Start
 	}
-	ctrlR, ctrlW, err := os.Pipe()
+	e, err := newStandbyEnds()
 	if err != nil {
 		return nil, err
 	}
-	ackR, ackW, err := os.Pipe()
-	if err != nil {
-		ctrlR.Close()
-		ctrlW.Close()
-		return nil, err
-	}
-	cmd.ExtraFiles = []*os.File{ctrlR, ackW} // fds 3 and 4
-	w := &worker{spec: workerSpec{localRank: spec.localRank, rank: -1}}
-	var childEnds []*os.File
-	for range 2 {
-		r, wr, err := os.Pipe()
-		if err != nil {
-			break
-		}
-		w.readers = append(w.readers, r)
-		childEnds = append(childEnds, wr)
-	}
-	closeAll := func() {
-		for _, f := range append(append(childEnds, w.readers...), ctrlR, ctrlW, ackR, ackW) {
-			f.Close()
-		}
-	}
-	if len(childEnds) < 2 {
-		closeAll()
-		return nil, errors.New("output pipes")
-	}
-	cmd.Stdout, cmd.Stderr = childEnds[0], childEnds[1]
+	cmd.Stdout, cmd.Stderr = e.child[0], e.child[1]
+	cmd.ExtraFiles = []*os.File{e.child[2], e.child[3]} // fds 3 and 4
 	p, _, err := proc.StartPlaced(cmd, nil, s.placement()) // in the step's cgroup, unbound
 	if err != nil {
-		closeAll()
+		e.closeAll()
 		return nil, err
 	}
-	for _, f := range append(childEnds, ctrlR, ackW) {
-		f.Close()
-	}
-	w.p = p
+	e.closeChild()
+	return s.newStandby(spec.localRank, p, e, env, slices.Clone(pc.interp)), nil
+}
+
+// newStandby watches p, a started standby of localRank whose ends e gangrun holds (its
+// own closed), pumps its output and reads its acknowledgements.
+func (s *Supervisor) newStandby(localRank int, p *proc.Process, e *standbyEnds, env, interp []string) *standby {
+	w := &worker{spec: workerSpec{localRank: localRank, rank: -1}, p: p, readers: []*os.File{e.outR, e.errR}}
 	_ = s.guard.Watch(p.Pid())
-	prefix := "[standby" + strconv.Itoa(spec.localRank) + "]: "
+	prefix := "[standby" + strconv.Itoa(localRank) + "]: "
 	sinks := []*lineWriter{s.console, s.consoleErr}
 	for i, r := range w.readers {
 		w.targets[i] = &pumpTarget{prefix: prefix}
@@ -201,40 +233,43 @@ func (s *Supervisor) startStandby(spec workerSpec, pc pythonCommand) (*standby, 
 			pumpTo(r, sinks[i], w.targets[i])
 		}(i, r)
 	}
-	sb := &standby{w: w, ctrl: ctrlW, acks: make(chan string, 2), env: env, interp: slices.Clone(pc.interp)}
-	go func() {
+	sb := &standby{w: w, ctrl: e.ctrl, acks: make(chan string, 2), env: env, interp: interp}
+	go func(ackR *os.File) {
 		defer close(sb.acks)
 		defer ackR.Close()
 		sc := bufio.NewScanner(ackR)
 		for sc.Scan() {
 			sb.acks <- sc.Text()
 		}
-	}()
-	return sb, nil
+	}(e.ackR)
+	return sb
 }
 
-// awaitAck waits for line from the standby, up to d; an error when it exits first.
-func (sb *standby) awaitAck(line string, d time.Duration) error {
+// awaitAck waits for the line word, or word and more after a space, from the standby,
+// up to d, and returns the line; an error when it exits first.
+func (sb *standby) awaitAck(word string, d time.Duration) (string, error) {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case got, ok := <-sb.acks:
 		if !ok {
-			return errors.New("it exited")
+			return "", errors.New("it exited")
 		}
-		if got != line {
-			return fmt.Errorf("it said %q, not %q", got, line)
+		if got != word && !strings.HasPrefix(got, word+" ") {
+			return "", fmt.Errorf("it said %q, not %q", got, word)
 		}
-		return nil
+		return got, nil
 	case <-t.C:
-		return fmt.Errorf("no %q within %s", line, d)
+		return "", fmt.Errorf("no %q within %s", word, d)
 	}
 }
 
 // activate hands spec to the standby and returns it as spec's worker, its output going
-// to spec's prefix and files.
-func (sb *standby) activate(spec workerSpec, pc pythonCommand, cwd string, files []*os.File, act *activity) (*worker, error) {
-	if err := sb.awaitAck("ready", standbyReadyWait); err != nil {
+// to spec's prefix and files. With next, the standby then forks the rank's standby for
+// the attempt after, onto next's child ends (closed here once sent), and says so on its
+// acknowledgements (pendingFork).
+func (sb *standby) activate(spec workerSpec, pc pythonCommand, cwd string, files []*os.File, act *activity, next *standbyEnds) (*worker, error) {
+	if _, err := sb.awaitAck("ready", standbyReadyWait); err != nil {
 		return nil, err
 	}
 	req := map[string]any{"env": envObject(spec.env), "cwd": cwd}
@@ -260,6 +295,11 @@ func (sb *standby) activate(spec workerSpec, pc pythonCommand, cwd string, files
 		req["script"] = pc.script
 		req["argv"] = append([]string{pc.script}, pc.args...)
 	}
+	var rights []byte
+	if next != nil {
+		req["next"] = map[string]any{"ppid": os.Getpid()}
+		rights = unix.UnixRights(int(next.child[0].Fd()), int(next.child[1].Fd()), int(next.child[2].Fd()), int(next.child[3].Fd()))
+	}
 	data, err := json.Marshal(req)
 	if err != nil {
 		return nil, err
@@ -274,15 +314,64 @@ func (sb *standby) activate(spec workerSpec, pc pythonCommand, cwd string, files
 		t.set(spec.prefix, file, act)
 	}
 	go func(ctrl *os.File) {
-		_, _ = ctrl.Write(append(data, '\n')) // a standby that died is seen by awaitAck
+		// A standby that died is seen by awaitAck.
+		_ = sendLine(ctrl, append(data, '\n'), rights)
+		if next != nil {
+			next.closeChild() // the standby holds its own copies once sent
+		}
 		ctrl.Close()
 	}(sb.ctrl)
 	sb.ctrl = nil
-	if err := sb.awaitAck("go", standbyAckWait); err != nil {
+	if _, err := sb.awaitAck("go", standbyAckWait); err != nil {
 		w.files = nil // the caller closes them
 		return nil, err
 	}
 	return w, nil
+}
+
+// forkWait bounds how long gangrun waits for a worker's "next" (the fork of the next
+// standby, tens of milliseconds) once every worker of the attempt is started.
+const forkWait = 2 * time.Second
+
+// pendingFork is a standby activated with next ends: its "next [PID]" is still to come.
+type pendingFork struct {
+	from *standby
+	ends *standbyEnds
+}
+
+// forkedPid waits up to d for the standby's "next [PID]" and returns PID, 0 when it did
+// not fork, or an error.
+func (pf *pendingFork) forkedPid(d time.Duration) (int, error) {
+	got, err := pf.from.awaitAck("next", d)
+	if err != nil {
+		return 0, err
+	}
+	f := strings.Fields(got)
+	if len(f) < 2 {
+		return 0, nil
+	}
+	pid, err := strconv.Atoi(f[1])
+	if err != nil || pid <= 0 {
+		return 0, fmt.Errorf("it said %q", got)
+	}
+	return pid, nil
+}
+
+// sendLine writes data to the Unix socket f, passing the descriptors in rights (nil:
+// none) with its first byte.
+func sendLine(f *os.File, data, rights []byte) error {
+	fd := int(f.Fd())
+	for len(data) > 0 {
+		n, err := unix.SendmsgN(fd, data, rights, nil, 0)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return os.NewSyscallError("sendmsg", err)
+		}
+		data, rights = data[n:], nil
+	}
+	return nil
 }
 
 // drop kills the standby and reaps it.
@@ -343,18 +432,33 @@ func (s *Supervisor) setupWarm() (cleanup func()) {
 	}
 }
 
-// prepareStandbys starts a standby for each local rank of specs, for the next attempt,
-// after dropping any left from before.
+// prepareStandbys starts a standby for each local rank of specs that has none fit for
+// the next attempt (a forked one may be there already), and drops the standbys of
+// local ranks not in specs.
 func (s *Supervisor) prepareStandbys(specs []workerSpec) {
-	s.dropStandbys()
 	if s.warmDir == "" {
 		return
 	}
-	s.standbys = map[int]*standby{}
+	if s.standbys == nil {
+		s.standbys = map[int]*standby{}
+	}
+	want := map[int]bool{}
 	for _, spec := range specs {
+		want[spec.localRank] = true
 		pc, ok := parsePython(spec.argv)
 		if !ok {
 			continue
+		}
+		if sb := s.standbys[spec.localRank]; sb != nil {
+			select {
+			case <-sb.w.p.Exited():
+			default:
+				if slices.Equal(standbyEnv(spec.env), sb.env) && slices.Equal(pc.interp, sb.interp) {
+					continue
+				}
+			}
+			sb.drop(s)
+			delete(s.standbys, spec.localRank)
 		}
 		sb, err := s.startStandby(spec, pc)
 		if err != nil {
@@ -363,26 +467,54 @@ func (s *Supervisor) prepareStandbys(specs []workerSpec) {
 		}
 		s.standbys[spec.localRank] = sb
 	}
+	for lr, sb := range s.standbys {
+		if !want[lr] {
+			sb.drop(s)
+			delete(s.standbys, lr)
+		}
+	}
 }
 
-// dropStandbys kills every standby not used.
+// standbysFor reports whether every local rank of specs has a standby.
+func (s *Supervisor) standbysFor(specs []workerSpec) bool {
+	for _, spec := range specs {
+		if s.standbys[spec.localRank] == nil {
+			return false
+		}
+	}
+	return true
+}
+
+// dropStandbys kills every standby not used, the forked ones for the attempt after
+// included, and forgets the forks still to be told (a copy whose control socket
+// closes exits).
 func (s *Supervisor) dropStandbys() {
-	for lr, sb := range s.standbys {
-		sb.drop(s)
-		delete(s.standbys, lr)
+	for lr, pf := range s.pending {
+		pf.ends.closeAll()
+		delete(s.pending, lr)
+	}
+	for _, m := range []map[int]*standby{s.standbys, s.forked} {
+		for lr, sb := range m {
+			sb.drop(s)
+			delete(m, lr)
+		}
 	}
 }
 
 // standbyPids adds the standbys' pids (their process groups) to keep.
 func (s *Supervisor) standbyPids(keep map[int]bool) map[int]bool {
-	for _, sb := range s.standbys {
-		keep[sb.w.p.Pid()] = true
+	for _, m := range []map[int]*standby{s.standbys, s.forked} {
+		for _, sb := range m {
+			keep[sb.w.p.Pid()] = true
+		}
 	}
 	return keep
 }
 
 // takeStandby returns spec's worker started from its standby, or nil (having logged
-// why) when it must start cold. files are spec's log files, already created.
+// why) when it must start cold. files are spec's log files, already created. Where
+// standbys fork (Config.Subreaper), the standby forks the rank's next one first, kept
+// in s.forked.
 func (s *Supervisor) takeStandby(spec workerSpec, files []*os.File) *worker {
 	if s.warmDir == "" || spec.localRank < 0 {
 		return nil
@@ -415,9 +547,112 @@ func (s *Supervisor) takeStandby(spec workerSpec, files []*os.File) *worker {
 	if err != nil {
 		return cold("no working directory: " + err.Error())
 	}
-	w, err := sb.activate(spec, pc, cwd, files, &s.act)
+	if spec.rank != 0 {
+		s.awaitMaster(spec.env)
+	}
+	var next *standbyEnds
+	if s.cfg.Subreaper {
+		if next, err = newStandbyEnds(); err != nil {
+			s.log.Warn("the next standby starts afresh", zap.Int("local_rank", spec.localRank), zap.Error(err))
+			next = nil
+		}
+	}
+	w, err := sb.activate(spec, pc, cwd, files, &s.act, next)
 	if err != nil {
+		if next != nil {
+			next.closeAll()
+		}
 		return cold("its standby did not take the attempt: " + err.Error())
 	}
+	if next != nil {
+		if s.pending == nil {
+			s.pending = map[int]*pendingFork{}
+		}
+		s.pending[spec.localRank] = &pendingFork{from: sb, ends: next}
+	}
 	return w
+}
+
+// adoptForked waits for the standbys the attempt's warm workers forked (their workers
+// run meanwhile) and keeps them in s.forked, for the attempt after.
+func (s *Supervisor) adoptForked() {
+	deadline := time.Now().Add(forkWait)
+	for lr, pf := range s.pending {
+		delete(s.pending, lr)
+		pid, err := pf.forkedPid(max(time.Until(deadline), time.Millisecond))
+		if err != nil {
+			pf.ends.closeAll()
+			s.log.Warn("the next standby starts afresh: its worker did not say what it forked", zap.Int("local_rank", lr), zap.Error(err))
+			continue
+		}
+		s.adoptStandby(lr, pid, pf.ends, pf.from)
+	}
+}
+
+// adoptStandby keeps pid, the standby that from forked for the attempt after (0: it did
+// not fork), as localRank's, on the ends e.
+func (s *Supervisor) adoptStandby(localRank, pid int, e *standbyEnds, from *standby) {
+	if pid <= 0 {
+		e.closeAll()
+		if !s.forkTold {
+			s.forkTold = true
+			s.log.Info("the next attempt's standbys start afresh: a standby had more than one thread when activated (a module it imported started one), and a fork copies only one",
+				zap.Int("local_rank", localRank))
+		}
+		return
+	}
+	p, err := proc.Adopt(pid)
+	if err != nil {
+		e.closeAll() // the copy, not re-parented here, exits by itself
+		s.log.Warn("the next standby starts afresh", zap.Int("local_rank", localRank), zap.Error(err))
+		return
+	}
+	if s.forked == nil {
+		s.forked = map[int]*standby{}
+	}
+	s.forked[localRank] = s.newStandby(localRank, p, e, from.env, from.interp)
+}
+
+// masterWait bounds how long a warm rank other than 0 waits for rank 0's store to
+// listen on MASTER_ADDR:MASTER_PORT: torch's store client retries a refused connection
+// only after a fixed second (measured on torch 1.13: benchmarks/README.md), which a
+// rank started as fast as a standby's would otherwise lose at every restart.
+const masterWait = time.Second
+
+// awaitMaster waits, once per attempt, up to masterWait for MASTER_ADDR:MASTER_PORT in
+// env to accept a TCP connection, closed at once (torch's store takes a client that
+// closes without a request as gone). Where it waited in vain (a script whose rank 0
+// does not listen there, or reaches it later), later attempts do not wait.
+func (s *Supervisor) awaitMaster(env []string) {
+	if s.masterChecked || s.masterSilent {
+		return
+	}
+	s.masterChecked = true
+	var host, port string
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "MASTER_ADDR="); ok {
+			host = v
+		} else if v, ok := strings.CutPrefix(kv, "MASTER_PORT="); ok {
+			port = v
+		}
+	}
+	if host == "" || port == "" {
+		return
+	}
+	addr := net.JoinHostPort(host, port)
+	deadline := time.Now().Add(masterWait)
+	for {
+		c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
+		if err == nil {
+			c.Close()
+			return
+		}
+		if time.Now().After(deadline) {
+			s.masterSilent = true
+			s.log.Info("warm ranks no longer wait for rank 0's store: nothing listened on MASTER_ADDR:MASTER_PORT within "+masterWait.String(),
+				zap.String("master", addr))
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -406,6 +407,135 @@ func TestRunWarmRestartsFlag(t *testing.T) {
 		}
 		if got := strings.Contains(res.stderr, "starting cold: the last attempt ended within --warm-delay"); got != c.told {
 			t.Errorf("%s: told the standbys were not due %v, want %v; stderr:\n%s", c.flag, got, c.told, res.stderr)
+		}
+	}
+}
+
+// TestRunWarmStandbysFork: after the first warm attempt, each rank's standby is a fork
+// of the one activated before it, so its modules are imported once for the whole run:
+// three warm attempts, one import per rank. Every warm worker still runs the script
+// as a fresh interpreter would, as gangrun's child (its parent pid is gangrun's, not an
+// earlier worker's), each a process of its own; and nothing is left behind (testMark).
+// A standby with a second thread does not fork (a fork copies one thread): the log says
+// so and the next attempt's standby is started afresh, still warm.
+func TestRunWarmStandbysFork(t *testing.T) {
+	py := python(t)
+	dir := t.TempDir()
+	imports := filepath.Join(dir, "imports")
+	mod := "import os, threading, time\n" +
+		"with open(" + strconv.Quote(imports) + ", 'a') as f:\n    f.write('%d\\n' % os.getpid())\n" +
+		"if os.environ.get('WARMMOD_THREAD'):\n    threading.Thread(target=time.sleep, args=(600,), daemon=True).start()\n"
+	if err := os.WriteFile(filepath.Join(dir, "warmmod.py"), []byte(mod), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	script := filepath.Join(dir, "t.py")
+	// Each rank prints, then waits for the other's line before attempts 0-2 fail.
+	if err := os.WriteFile(script, []byte(`import os, sys, time
+a = int(os.environ["GANGRUN_ATTEMPT"])
+print("attempt", a, "pid", os.getpid(), "ppid", os.getppid(), "imported", "warmmod" in sys.modules,
+      "name", __name__, "argv", sys.argv[1:], flush=True)
+done = os.path.join(os.environ["SYNC_DIR"], "%d-%s" % (a, os.environ["RANK"]))
+open(done, "w").close()
+for _ in range(600):
+    if all(os.path.exists(os.path.join(os.environ["SYNC_DIR"], "%d-%d" % (a, r))) for r in (0, 1)):
+        break
+    time.sleep(0.05)
+sys.exit(3 if a < 3 else 0)
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	line := regexp.MustCompile(`(?m)^\[rank(\d)\]: attempt (\d) pid (\d+) ppid (\d+) imported (\w+) name __main__ argv \['x'\]$`)
+	for _, threaded := range []bool{false, true} {
+		os.Remove(imports)
+		env := []string{testMark(t), "PYTHONPATH=" + dir, "SYNC_DIR=" + t.TempDir()}
+		if threaded {
+			env = append(env, "WARMMOD_THREAD=1")
+		}
+		res := runGangrun(t, env, "run", "--nproc-per-node", "2", "--max-restarts", "3", "--restart-backoff", "0s",
+			"--warm-delay", "0s", "--warm-imports", "warmmod", "--", py, script, "x")
+		if res.code != 0 {
+			t.Fatalf("threaded %v: exit %d; stdout:\n%s\nstderr:\n%s", threaded, res.code, res.stdout, res.stderr)
+		}
+		for a := 1; a <= 3; a++ {
+			if !strings.Contains(res.stderr, fmt.Sprintf(`"attempt": %d, "warm": 2, "cold": 0`, a)) {
+				t.Errorf("threaded %v: attempt %d not warm on both ranks; stderr:\n%s", threaded, a, res.stderr)
+			}
+		}
+		pids, ppids := map[string]bool{}, map[string]bool{}
+		ms := line.FindAllStringSubmatch(res.stdout, -1)
+		for _, m := range ms {
+			pids[m[3]] = true
+			ppids[m[4]] = true
+			if want := m[2] != "0"; (m[5] == "True") != want {
+				t.Errorf("threaded %v: rank %s attempt %s: module imported %s, want %v", threaded, m[1], m[2], m[5], want)
+			}
+		}
+		if len(ms) != 8 || len(pids) != 8 || len(ppids) != 1 {
+			t.Errorf("threaded %v: want 8 worker lines, 8 pids, 1 parent (gangrun); got %d lines, %d pids, %d parents:\n%s",
+				threaded, len(ms), len(pids), len(ppids), res.stdout)
+		}
+		data, err := os.ReadFile(imports)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := strings.Count(string(data), "\n")
+		told := strings.Contains(res.stderr, "standbys start afresh: a standby had more than one thread")
+		if !threaded && (n != 2 || told) {
+			t.Errorf("imports %d (want 2: one per rank, then forks), told %v; stderr:\n%s", n, told, res.stderr)
+		}
+		if threaded && (n < 6 || !told) {
+			t.Errorf("threaded: imports %d (want 6 or more: a fresh standby per rank for each warm attempt), told %v; stderr:\n%s", n, told, res.stderr)
+		}
+	}
+}
+
+// TestRunWarmRanksAwaitTheMaster: a warm rank other than 0 starts once rank 0 listens
+// on MASTER_ADDR:MASTER_PORT (torch's store client retries a refused connection only a
+// second later), here after rank 0's 200 ms pause; where rank 0 never listens there,
+// the ranks wait once in vain, the log says so, and later attempts do not wait.
+func TestRunWarmRanksAwaitTheMaster(t *testing.T) {
+	py := python(t)
+	script := filepath.Join(t.TempDir(), "t.py")
+	if err := os.WriteFile(script, []byte(`import os, socket, sys, time
+a, rank = int(os.environ["GANGRUN_ATTEMPT"]), int(os.environ["RANK"])
+addr = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+if os.environ.get("LISTEN") and rank == 0:
+    time.sleep(0.2)
+    s = socket.create_server(addr)
+    time.sleep(1)
+elif rank == 1:
+    try:
+        socket.create_connection(addr, timeout=1).close()
+        print("attempt", a, "master up", flush=True)
+    except OSError:
+        print("attempt", a, "master down", flush=True)
+    time.sleep(0.3)
+sys.exit(3 if a < 2 else 0)
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, listen := range []bool{true, false} {
+		env := []string{testMark(t)}
+		if listen {
+			env = append(env, "LISTEN=1")
+		}
+		res := runGangrun(t, env, "run", "--nproc-per-node", "2", "--max-restarts", "2", "--restart-backoff", "0s",
+			"--warm-delay", "0s", "--", py, script)
+		if res.code != 0 {
+			t.Fatalf("listen %v: exit %d; stdout:\n%s\nstderr:\n%s", listen, res.code, res.stdout, res.stderr)
+		}
+		told := strings.Count(res.stderr, "warm ranks no longer wait for rank 0's store")
+		if listen {
+			for _, a := range []string{"1", "2"} {
+				if !strings.Contains(res.stdout, "[rank1]: attempt "+a+" master up") {
+					t.Errorf("warm attempt %s's rank 1 started before rank 0 listened:\n%s", a, res.stdout)
+				}
+			}
+			if told != 0 {
+				t.Errorf("told %d times that the ranks do not wait:\n%s", told, res.stderr)
+			}
+		} else if told != 1 || !strings.Contains(res.stdout, "[rank1]: attempt 2 master down") {
+			t.Errorf("told %d times (want once) that the ranks no longer wait; stdout:\n%s\nstderr:\n%s", told, res.stdout, res.stderr)
 		}
 	}
 }

@@ -19,6 +19,8 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 
@@ -26,7 +28,7 @@ import (
 )
 
 // Process is a started command that leads its own process group. The zero value is not
-// usable; create one with Start.
+// usable; create one with Start (or Adopt).
 type Process struct {
 	cmd    *exec.Cmd
 	pid    int
@@ -105,6 +107,36 @@ func startIn(cmd *exec.Cmd, cgroupFD int) (*Process, error) {
 	return p, nil
 }
 
+// ErrNotOurChild is Adopt's error for a pid that is not a child of this process.
+var ErrNotOurChild = errors.New("not a child of this process")
+
+// Adopt returns the Process of pid, a child of this process that it did not start
+// itself: a process re-parented here, which this process is a child subreaper for
+// (BecomeSubreaper), after its parent died. pid must lead its own process group (setsid
+// or setpgid, which Adopt does not check: Signal and Release signal the group pid).
+// The caller owns the Process and must call Release once, as for Start's.
+//
+// Errors: ErrNotOurChild when /proc says pid's parent is another process (or pid is
+// gone); /proc's error when it cannot be read.
+func Adopt(pid int) (*Process, error) {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("pid %d: %w", pid, ErrNotOurChild)
+		}
+		return nil, err
+	}
+	// pid (comm) state ppid ...: comm may hold spaces and parentheses, so from the last ')'.
+	s := string(data)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	if len(f) < 2 || f[1] != strconv.Itoa(os.Getpid()) {
+		return nil, fmt.Errorf("pid %d: %w", pid, ErrNotOurChild)
+	}
+	p := &Process{pid: pid, exited: make(chan struct{})}
+	go p.watch()
+	return p, nil
+}
+
 // watch waits for the leader to exit without reaping it, so its pid (and so its process
 // group id) stays reserved until Release.
 func (p *Process) watch() {
@@ -156,6 +188,10 @@ func (p *Process) Release() (ExitStatus, error) {
 		// The leader's pid is still reserved here (not reaped), so the group id cannot
 		// name anybody else's processes.
 		_ = p.Signal(syscall.SIGKILL)
+		if p.cmd == nil { // adopted
+			p.status, p.releaseErr = wait(p.pid)
+			return
+		}
 		err := p.cmd.Wait()
 		var exitErr *exec.ExitError
 		if err != nil && !errors.As(err, &exitErr) {
@@ -165,6 +201,24 @@ func (p *Process) Release() (ExitStatus, error) {
 		p.status = statusOf(p.cmd.ProcessState)
 	})
 	return p.status, p.releaseErr
+}
+
+// wait reaps pid, a child of this process, and returns how it ended.
+func wait(pid int) (ExitStatus, error) {
+	for {
+		var ws unix.WaitStatus
+		_, err := unix.Wait4(pid, &ws, 0, nil)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return ExitStatus{Code: -1}, fmt.Errorf("reap pid %d: %w", pid, err)
+		}
+		if ws.Signaled() {
+			return ExitStatus{Code: -1, Signal: ws.Signal()}, nil
+		}
+		return ExitStatus{Code: ws.ExitStatus()}, nil
+	}
 }
 
 func statusOf(ps *os.ProcessState) ExitStatus {
