@@ -537,6 +537,42 @@ func TestJobMovesToTheSpareWhenANodeDies(t *testing.T) {
 	}
 }
 
+// TestJobExcludedNodeWaitsForItsAgentsRestart: on a 2-node cluster, a 2-node job whose
+// step on gpu-b is SIGKILLed (its agent and node up) waits PENDING away from gpu-b,
+// its pending reason naming gpu-b and that restarting the gangrun agent there clears
+// it; once that agent has restarted, the job runs on both nodes again and completes.
+func TestJobExcludedNodeWaitsForItsAgentsRestart(t *testing.T) {
+	c := startJobCluster(t, "gpu-a", "gpu-b")
+	dir := t.TempDir()
+	t.Chdir(dir)
+	gate := filepath.Join(dir, "go")
+	id := c.submit("--nodes", "2", "--gpus-per-node", "2", "--max-restarts", "0", "--",
+		"/bin/sh", "-c", `while [ ! -e `+gate+` ]; do sleep 0.1; done; echo done`)
+	c.waitState(id, job.Running, 60*time.Second)
+	waitUntilFor(t, 30*time.Second, func() bool { return stepPID(c.mark, id, "gpu-b") != 0 }, "the step on gpu-b")
+	if err := syscall.Kill(stepPID(c.mark, id, "gpu-b"), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	const want = "1 excluded (gpu-b lost this job's step; restarting the gangrun agent there clears it)"
+	var reason string
+	waitUntilFor(t, 2*time.Minute, func() bool {
+		reason = c.reason(id)
+		return strings.Contains(reason, want)
+	}, "the pending reason naming gpu-b's exclusion")
+	t.Logf("pending reason: %s", reason)
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	a := c.agents["gpu-b"]
+	_ = a.Process.Signal(syscall.SIGTERM)
+	_ = a.Wait()
+	c.startAgent("gpu-b")
+	m := c.waitState(id, job.Completed, 2*time.Minute)
+	if n, _ := m["nodes"].([]any); len(n) != 2 {
+		t.Errorf("the job ended on %v, want both nodes", m["nodes"])
+	}
+}
+
 // TestJobMovesOffANodeWhoseGPUFails: an Xid 79 on a GPU of a node a 2-node job runs on
 // (replayed by its agent) drains the node with the reason; the job, which cannot do
 // without it, stops on both nodes, waits PENDING, is placed again on the two healthy
