@@ -167,6 +167,23 @@ type Request struct {
 	// policy's partitions.<name>.nodes), in place of the label partition=<Partition>.
 	// The scheduler sets it from the policy at each pass; it is not stored.
 	PartitionNodes map[string]string `json:"-"`
+	// Spares, of Nodes (and MaxNodes), are a job's --spare-nodes, which CheckFeasible's
+	// refusal names apart from its --nodes, as the user gave them. The submit sets it;
+	// it is not stored.
+	Spares int `json:"-"`
+}
+
+// nodesFlags writes the request's node count as the flags that asked for it:
+// "--nodes 2", "--nodes 2:4", "--nodes 2 --spare-nodes 1".
+func (r Request) nodesFlags() string {
+	s := fmt.Sprintf("--nodes %d", r.Nodes-r.Spares)
+	if r.MaxNodes > r.Nodes {
+		s += fmt.Sprintf(":%d", r.MaxNodes-r.Spares)
+	}
+	if r.Spares > 0 {
+		s += fmt.Sprintf(" --spare-nodes %d", r.Spares)
+	}
+	return s
 }
 
 // Durable reports whether the request is a job's, held by no session.

@@ -115,3 +115,30 @@ func TestExclusionLapsesWhenTheAgentRestarts(t *testing.T) {
 		t.Error("two requests excluding a node under different agent sessions share a shape")
 	}
 }
+
+// TestPendingReasonSaysWhatClearsAnExclusion: a job waiting because it excludes a node
+// it lost its step on says which node, and that restarting the gangrun agent there
+// clears it; without a recorded agent session (for good) it names the node only.
+func TestPendingReasonSaysWhatClearsAnExclusion(t *testing.T) {
+	a, b, c := node("a", 4, "H100", nil), node("b", 4, "H100", nil), node("c", 4, "H100", nil)
+	a.AliveSession, b.AliveSession, c.AliveSession = "sa", "sb", "sc"
+	nodes := map[string]*NodeState{"a": a, "b": b, "c": c}
+	free := map[string][]topology.Device{"a": a.Record.Devices, "b": b.Record.Devices, "c": c.Record.Devices}
+	noInventory := func(*NodeState) (*topology.Inventory, error) { return nil, errors.New("not asked") }
+	for _, tc := range []struct {
+		r    Request
+		want string
+	}{
+		{Request{Job: "1", Nodes: 3, GPUsPerNode: 4, Exclude: []string{"b"}, ExcludeSession: map[string]string{"b": "sb"}},
+			"Resources: needs 3 nodes with 4 free GPUs; 2 of 2 eligible nodes have them now; 1 excluded (b lost this job's step; restarting the gangrun agent there clears it)"},
+		{Request{Job: "1", Nodes: 2, GPUsPerNode: 4, Exclude: []string{"c", "b"}, ExcludeSession: map[string]string{"b": "sb", "c": "sc"}},
+			"Resources: needs 2 nodes with 4 free GPUs; 1 of 1 eligible node has them now; 2 excluded (b, c lost this job's steps; restarting the gangrun agents there clears it)"},
+		{Request{Job: "1", Nodes: 3, GPUsPerNode: 4, Exclude: []string{"b"}},
+			"Resources: needs 3 nodes with 4 free GPUs; 2 of 2 eligible nodes have them now; 1 excluded (b lost this job's step)"},
+	} {
+		_, why := defaultPipeline().place(tc.r, nodes, free, nil, noInventory)
+		if why != tc.want {
+			t.Errorf("%+v: pending reason %q, want %q", tc.r, why, tc.want)
+		}
+	}
+}

@@ -22,6 +22,7 @@ package allocator
 import (
 	"fmt"
 	"sort"
+	"strings"
 
 	"github.com/gangrun/gangrun/topology"
 )
@@ -88,6 +89,7 @@ func (p pipeline) place(r Request, nodes map[string]*NodeState, free map[string]
 	reserved := reservedFor(kept, p.backfill)
 	var cands []NodeCandidate
 	counts := map[string]int{}
+	var excluded []string // the nodes checkNotExcluded ruled out
 	for name, n := range nodes {
 		why := p.feasible(r, n)
 		if why == "" {
@@ -95,6 +97,9 @@ func (p pipeline) place(r Request, nodes map[string]*NodeState, free map[string]
 		}
 		if why != "" {
 			counts[why]++
+			if why == reasonExcluded {
+				excluded = append(excluded, name)
+			}
 			continue
 		}
 		f := len(matching(free[name], r))
@@ -110,7 +115,7 @@ func (p pipeline) place(r Request, nodes map[string]*NodeState, free map[string]
 		}
 	}
 	if err != nil {
-		return nil, waitReason(r, cands, counts)
+		return nil, waitReason(r, cands, counts, excluded)
 	}
 	out := make([]GrantNode, 0, len(chosen))
 	for _, cn := range chosen {
@@ -135,8 +140,10 @@ func (p pipeline) place(r Request, nodes map[string]*NodeState, free map[string]
 
 // waitReason explains why r does not fit, in one line: what it needs, how many of the
 // nodes the checkers left have that free now, then each checker's reason with the
-// number of nodes it ruled out (excluded), in alphabetical order.
-func waitReason(r Request, cands []NodeCandidate, excluded map[string]int) string {
+// number of nodes it ruled out (excluded), in alphabetical order. The count of nodes
+// the job excludes (excludedNodes) names them and what clears it: "1 excluded (gpu-b
+// lost this job's step; restarting the gangrun agent there clears it)".
+func waitReason(r Request, cands []NodeCandidate, excluded map[string]int, excludedNodes []string) string {
 	ready := 0
 	for _, c := range cands {
 		if c.FreeGPUs >= r.GPUsPerNode {
@@ -156,6 +163,31 @@ func waitReason(r Request, cands []NodeCandidate, excluded map[string]int) strin
 	sort.Strings(keys)
 	for _, k := range keys {
 		s += fmt.Sprintf("; %d %s", excluded[k], k)
+		if k == reasonExcluded && len(excludedNodes) > 0 {
+			s += excludedHint(r, excludedNodes)
+		}
 	}
 	return s
+}
+
+// excludedHint names the nodes job request r excludes and what clears that: the
+// exclusion lapses once the node's agent session is not the one the step was lost
+// under (its agent restarted, or the node went down and came back), and holds for good
+// where none was recorded (checkNotExcluded).
+func excludedHint(r Request, nodes []string) string {
+	sort.Strings(nodes)
+	lapses := true
+	for _, n := range nodes {
+		if _, ok := r.ExcludeSession[n]; !ok {
+			lapses = false
+		}
+	}
+	names, steps, agents := strings.Join(nodes, ", "), "step", "agent"
+	if len(nodes) > 1 {
+		steps, agents = "steps", "agents"
+	}
+	if !lapses {
+		return fmt.Sprintf(" (%s lost this job's %s)", names, steps)
+	}
+	return fmt.Sprintf(" (%s lost this job's %s; restarting the gangrun %s there clears it)", names, steps, agents)
 }

@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/gangrun/gangrun/internal/store"
@@ -45,17 +46,24 @@ func OutputFiles(j *Job) []string {
 	return out
 }
 
+// ErrNoOutput is what Logs returns (wrapped, with the job's end and its recorded
+// reason) for a job that has ended without any output file: its output refused (an
+// --output path its user may not write), cancelled before it ran, or the file removed.
+var ErrNoOutput = errors.New("no output")
+
 // Logs copies job id's output to w, like reading slurm-<id>.out; with follow it goes on
 // copying what is appended until the job has ended (as tail -f would, stopping by
 // itself), or ctx ends. The files are those OutputFiles names, read where this process
 // sees them (the submit directory, on a real cluster shared storage). A file not yet
-// written is skipped until it is.
+// written is skipped until it is; a job that has ended with none of them there is
+// ErrNoOutput.
 func Logs(ctx context.Context, s store.Store, id string, follow bool, w io.Writer) error {
 	j, err := Read(ctx, s, id)
 	if err != nil {
 		return err
 	}
 	offsets := map[string]int64{}
+	found := false
 	copyNew := func() error {
 		for _, p := range OutputFiles(j) {
 			f, err := os.Open(p)
@@ -65,6 +73,7 @@ func Logs(ctx context.Context, s store.Store, id string, follow bool, w io.Write
 			if err != nil {
 				return fmt.Errorf("job %s's output: %w", id, err)
 			}
+			found = true
 			if _, err := f.Seek(offsets[p], io.SeekStart); err == nil {
 				n, cerr := io.Copy(w, f)
 				offsets[p] += n
@@ -77,8 +86,17 @@ func Logs(ctx context.Context, s store.Store, id string, follow bool, w io.Write
 		}
 		return nil
 	}
-	if err := copyNew(); err != nil || !follow {
+	ended := func() error {
+		if found || !j.State.Status.Final() {
+			return nil
+		}
+		return noOutput(j)
+	}
+	if err := copyNew(); err != nil {
 		return err
+	}
+	if !follow {
+		return ended()
 	}
 	for !j.State.Status.Final() {
 		select {
@@ -93,5 +111,28 @@ func Logs(ctx context.Context, s store.Store, id string, follow bool, w io.Write
 			return err
 		}
 	}
-	return copyNew()
+	if err := copyNew(); err != nil {
+		return err
+	}
+	return ended()
+}
+
+// noOutput is ErrNoOutput for ended job j, naming the files that are not there and
+// how the job ended, with its recorded reason: "job 2 has no output (/root/x.out does
+// not exist): it ended FAILED: output /root/x.out: open /root/x.out: permission denied".
+func noOutput(j *Job) error {
+	var where string
+	switch files := OutputFiles(j); len(files) {
+	case 0:
+		where = "it ran on no node"
+	case 1:
+		where = files[0] + " does not exist"
+	default:
+		where = "none of " + strings.Join(files, ", ") + " exists"
+	}
+	why := ""
+	if j.State.Reason != "" {
+		why = ": " + j.State.Reason
+	}
+	return fmt.Errorf("job %s has %w (%s): it ended %s%s", j.Spec.ID, ErrNoOutput, where, j.State.Status, why)
 }

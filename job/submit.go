@@ -30,12 +30,13 @@ func (e *invalid) Unwrap() []error { return []error{ErrInvalid, e.err} }
 // reserved with the job); a placement again (after the job lost nodes) takes them when
 // they are free, and runs without.
 func request(spec Spec, again bool, exclude []string) allocator.Request {
-	least := spec.MinNodes + spec.SpareNodes
+	least, spares := spec.MinNodes+spec.SpareNodes, spec.SpareNodes
 	if again {
-		least = spec.MinNodes
+		least, spares = spec.MinNodes, 0
 	}
 	r := allocator.JobRequest(spec.ID, least, spec.MaxNodes+spec.SpareNodes, spec.GPUsPerNode,
 		spec.Partition, spec.GPUModel, nil, spec.Priority, exclude)
+	r.Spares = spares
 	r.MIGProfile = spec.MIGProfile
 	// Who and what the policy counts (limits, fair-share); the age factor counts from
 	// the submission, a placement again included.

@@ -100,6 +100,29 @@ func TestConcurrentSubmitsTakeUniqueIDs(t *testing.T) {
 	}
 }
 
+// TestSubmitRefusalNamesTheFlagsGiven: a job that, with its spares or its minimum
+// nodes, needs more nodes than are registered is refused naming --nodes and
+// --spare-nodes as given, not their sum.
+func TestSubmitRefusalNamesTheFlagsGiven(t *testing.T) {
+	s := store.NewMemory()
+	registerNode(t, s, "a", nil)
+	registerNode(t, s, "b", nil)
+	for _, c := range []struct {
+		min, max, spares int
+		want             string
+	}{
+		{2, 2, 1, "--nodes 2 --spare-nodes 1: only 2 registered nodes could ever take 4 GPUs each with these constraints (the job and its spares need 3)"},
+		{3, 4, 0, "--nodes 3:4: only 2 registered nodes could ever take 4 GPUs each with these constraints"},
+		{1, 2, 2, "--nodes 1:2 --spare-nodes 2: only 2 registered nodes could ever take 4 GPUs each with these constraints (the job and its spares need 3)"},
+	} {
+		_, err := Submit(context.Background(), s, Spec{User: "u", MinNodes: c.min, MaxNodes: c.max, SpareNodes: c.spares, GPUsPerNode: 4,
+			Command: []string{"true"}, WorkDir: t.TempDir()})
+		if !errors.Is(err, ErrInvalid) || err.Error() != c.want {
+			t.Errorf("--nodes %d:%d --spare-nodes %d: %v, want %q", c.min, c.max, c.spares, err, c.want)
+		}
+	}
+}
+
 // TestSubmitChecksTheNodesAsTheyAreNow: a client that keeps the node records between
 // submits refuses and accepts as a fresh read would: a partition whose only node went
 // is refused at once, a partition whose node just registered is accepted at once.

@@ -10,6 +10,7 @@ import (
 	"os/user"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"text/tabwriter"
 	"time"
 
@@ -233,14 +234,22 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 		case <-actx.Done():
 		}
 	}()
-	// The node's part of cluster jobs: it starts their steps here (slurmd's part).
+	// The node's part of cluster jobs: it starts their steps here (slurmd's part), their
+	// own messages before the job's output opens in stepLogs, removed when the agent
+	// stops unless a step it started still runs (and may still write there).
 	stepLogs, err := os.MkdirTemp("", "gangrun-agent-"+name+"-")
 	if err != nil {
 		return failErr(e, "agent", err)
 	}
+	log.Info("the steps' own messages", zap.String("dir", stepLogs))
+	var steps atomic.Int64 // the steps this agent started that still run
+	lctx, stopLauncher := context.WithCancel(actx)
+	defer stopLauncher()
+	launcherDone := make(chan struct{})
 	go func() {
-		_ = job.RunLauncher(actx, job.LauncherConfig{Store: s, Node: name, Log: log.Named("jobs"),
-			Spawn: spawnStep(e, *consul, *topoFile, name, stepLogs)})
+		defer close(launcherDone)
+		_ = job.RunLauncher(lctx, job.LauncherConfig{Store: s, Node: name, Log: log.Named("jobs"),
+			Spawn: spawnStep(e, *consul, *topoFile, name, stepLogs, &steps)})
 	}()
 	exposition := metrics.Handler(gpus, metrics.NewNodeCollector(view, name), sched, metrics.NewJobCollector(s, name, 0, 0))
 	if metricsLn != nil {
@@ -270,6 +279,13 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 	}()
 	if err := a.Run(actx); err != nil {
 		return failErr(e, "agent", err)
+	}
+	stopLauncher()
+	<-launcherDone // it starts no step from here on
+	if n := steps.Load(); n > 0 {
+		log.Info("leaving the steps' own messages: steps this agent started still run", zap.String("dir", stepLogs), zap.Int64("steps", n))
+	} else if err := os.RemoveAll(stepLogs); err != nil {
+		log.Warn("remove the steps' own messages", zap.Error(err))
 	}
 	return exitOK
 }

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -560,8 +561,9 @@ func runStep(ctx context.Context, e *env, args []string) int {
 // spawnStep returns the agent's way to start a job's step on node: this binary's hidden
 // step command, in a session of its own (it outlives the agent, as slurmstepd outlives
 // slurmd), its own messages before the job's output opens in dir/job-ID-step.log (dir
-// is the agent's, one per agent process).
-func spawnStep(e *env, consul, topoFile, node, dir string) func(id string) error {
+// is the agent's, one per agent process); running counts the steps started that have
+// not ended while this agent lives.
+func spawnStep(e *env, consul, topoFile, node, dir string, running *atomic.Int64) func(id string) error {
 	return func(id string) error {
 		if e.self == "" {
 			return errors.New("no gangrun binary to start the step with")
@@ -589,7 +591,11 @@ func spawnStep(e *env, consul, topoFile, node, dir string) func(id string) error
 		if err := cmd.Start(); err != nil {
 			return err
 		}
-		go func() { _ = cmd.Wait() }() // reap it, while this agent lives
+		running.Add(1)
+		go func() { // reap it, while this agent lives
+			_ = cmd.Wait()
+			running.Add(-1)
+		}()
 		return nil
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -330,13 +332,31 @@ func TestJobWhoseCommandIsMissingFails(t *testing.T) {
 	}
 }
 
+// stepLogDir is the directory of node's agent (as it is now) for its steps' own
+// messages, as its log names it at start.
+func (c *jobCluster) stepLogDir(node string) string {
+	c.t.Helper()
+	re := regexp.MustCompile(`the steps' own messages\t\{"dir": "([^"]+)"`)
+	var dir string
+	waitUntilFor(c.t, 30*time.Second, func() bool {
+		if m := re.FindStringSubmatch(c.logs[node].String()); m != nil {
+			dir = m[1]
+		}
+		return dir != ""
+	}, "agent "+node+" names its step-log directory")
+	return dir
+}
+
 // TestJobSurvivesItsAgentsRestart: an agent restarted while its node runs a job's step
-// leaves the step running (as slurmstepd outlives slurmd) and its GPUs held; the job
-// completes.
+// leaves the step running (as slurmstepd outlives slurmd) and its GPUs held, and its
+// step-log directory, which the step may still write, in place; the job completes. An
+// agent stopped when the steps it started have ended removes its directory.
 func TestJobSurvivesItsAgentsRestart(t *testing.T) {
 	c := startJobCluster(t, "gpu-a")
 	dir := t.TempDir()
 	t.Chdir(dir)
+	first := c.stepLogDir("gpu-a")
+	t.Cleanup(func() { _ = os.RemoveAll(first) })
 	gate := filepath.Join(dir, "go")
 	id := c.submit("--gpus-per-node", "2", "--", "/bin/sh", "-c", `while [ ! -e `+gate+` ]; do sleep 0.1; done; echo done`)
 	c.waitState(id, job.Running, 60*time.Second)
@@ -350,11 +370,33 @@ func TestJobSurvivesItsAgentsRestart(t *testing.T) {
 	if held := heldGPUs(t, c.consul, "gpu-a"); held != 2 {
 		t.Errorf("%d GPUs held with the agent down, want the step's 2", held)
 	}
+	if _, err := os.Stat(filepath.Join(first, "job-"+id+"-step.log")); err != nil ||
+		!strings.Contains(c.logs["gpu-a"].String(), "leaving the steps' own messages: steps this agent started still run") {
+		t.Errorf("the stopped agent's step-log directory with its step running: %v; want it left, and said", err)
+	}
 	c.startAgent("gpu-a")
+	second := c.stepLogDir("gpu-a")
 	if err := os.WriteFile(gate, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	c.waitState(id, job.Completed, 60*time.Second)
+
+	// A step the restarted agent starts, and which ends: the agent's directory goes
+	// when it stops.
+	short := c.submit("--gpus-per-node", "1", "--", "true")
+	c.waitState(short, job.Completed, 60*time.Second)
+	if _, err := os.Stat(filepath.Join(second, "job-"+short+"-step.log")); err != nil {
+		t.Fatalf("the restarted agent's step log: %v", err)
+	}
+	waitUntilFor(t, 30*time.Second, func() bool { return stepPID(c.mark, short, "gpu-a") == 0 }, "the short job's step ended")
+	a = c.agents["gpu-a"]
+	_ = a.Process.Signal(syscall.SIGTERM)
+	if err := a.Wait(); err != nil {
+		t.Fatalf("the agent stopped with %v, want exit 0", err)
+	}
+	if _, err := os.Stat(second); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the stopped agent's step-log directory %s: %v, want it removed", second, err)
+	}
 }
 
 // TestSubmitRefusesBadSpecs: what no node could run, or cannot be read, is refused in one
@@ -492,6 +534,42 @@ func TestJobMovesToTheSpareWhenANodeDies(t *testing.T) {
 	out, _ := os.ReadFile(filepath.Join(dir, "gangrun-"+id+".out"))
 	if !bytes.Contains(out, []byte("finished at step 400")) || !bytes.Contains(out, []byte("resumed from step")) {
 		t.Errorf("the job did not resume and finish:\n%s", out)
+	}
+}
+
+// TestJobExcludedNodeWaitsForItsAgentsRestart: on a 2-node cluster, a 2-node job whose
+// step on gpu-b is SIGKILLed (its agent and node up) waits PENDING away from gpu-b,
+// its pending reason naming gpu-b and that restarting the gangrun agent there clears
+// it; once that agent has restarted, the job runs on both nodes again and completes.
+func TestJobExcludedNodeWaitsForItsAgentsRestart(t *testing.T) {
+	c := startJobCluster(t, "gpu-a", "gpu-b")
+	dir := t.TempDir()
+	t.Chdir(dir)
+	gate := filepath.Join(dir, "go")
+	id := c.submit("--nodes", "2", "--gpus-per-node", "2", "--max-restarts", "0", "--",
+		"/bin/sh", "-c", `while [ ! -e `+gate+` ]; do sleep 0.1; done; echo done`)
+	c.waitState(id, job.Running, 60*time.Second)
+	waitUntilFor(t, 30*time.Second, func() bool { return stepPID(c.mark, id, "gpu-b") != 0 }, "the step on gpu-b")
+	if err := syscall.Kill(stepPID(c.mark, id, "gpu-b"), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	const want = "1 excluded (gpu-b lost this job's step; restarting the gangrun agent there clears it)"
+	var reason string
+	waitUntilFor(t, 2*time.Minute, func() bool {
+		reason = c.reason(id)
+		return strings.Contains(reason, want)
+	}, "the pending reason naming gpu-b's exclusion")
+	t.Logf("pending reason: %s", reason)
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	a := c.agents["gpu-b"]
+	_ = a.Process.Signal(syscall.SIGTERM)
+	_ = a.Wait()
+	c.startAgent("gpu-b")
+	m := c.waitState(id, job.Completed, 2*time.Minute)
+	if n, _ := m["nodes"].([]any); len(n) != 2 {
+		t.Errorf("the job ended on %v, want both nodes", m["nodes"])
 	}
 }
 

@@ -93,6 +93,12 @@ func TestJobRunsAsItsUser(t *testing.T) {
 	if entries, _ := os.ReadDir(rootDir); len(entries) != 0 {
 		t.Errorf("root's directory got %d entries from alice's job", len(entries))
 	}
+	// Its logs: nothing to show, said in one line with the recorded reason, exit 1.
+	deniedOut := filepath.Join(rootDir, denied+".out")
+	if code, out, errOut := c.gangrun("logs", denied); code != 1 || out != "" ||
+		errOut != "gangrun logs: job "+denied+" has no output ("+deniedOut+" does not exist): it ended FAILED: output "+deniedOut+": open "+deniedOut+": permission denied\n" {
+		t.Errorf("logs of the job whose output was refused: exit %d, %q, stderr %q", code, out, errOut)
+	}
 
 	// A named pipe as the output, which no one reads: refused, not waited on (the
 	// step would hang in open(2), its GPUs held). And torch's watchdog pipe named as a
