@@ -21,7 +21,15 @@ trainer finds its newest checkpoint itself.
 Usage: make build && /usr/bin/python3 benchmarks/goodput.py [DURATION] [EVERY] [SEED]
 (defaults 120, 20, 1); GANGRUN_BIN, GANGRUN_CONSUL and GOODPUT_MODES (a comma list of
 warm, warm0 — warm restarts with --warm-delay 0s —, cold, torchrun) override;
-GOODPUT_FLAGS adds flags to every gangrun run (for experiments).
+GOODPUT_FLAGS adds flags to every gangrun run (for experiments); GOODPUT_JITTER=1 moves
+each kill to a seeded uniformly random time within EVERY/2 of its place (the same times
+for every mode). A kill due while no trainer runs falls on the next to start.
+
+Why the jitter: with kills exactly every 20 s, four times the checkpoint interval (100
+steps of 50 ms), every attempt that restarts within 5 s keeps exactly three checkpoints
+before its kill, so ETTR comes out near 75 % whatever the restart takes between 0 and
+5 s (and near 50 % for 5-10 s). Jittered kills fall at random points of the checkpoint
+cycle, and ETTR then follows the restart time.
 """
 import os
 import random
@@ -115,13 +123,21 @@ def run_mode(mode, consul_addr, work, duration, every, seed):
                                           stderr=subprocess.STDOUT, start_new_session=True))
     start = time.time()
     rng = random.Random(seed)
+    jitter = random.Random(seed + 1000) if os.environ.get("GOODPUT_JITTER") else None
     kills = []
     for k in range(1, int(duration // every) + 1):
         when = start + k * every
+        if jitter:
+            when += jitter.uniform(-every / 2, every / 2)
         if when >= start + duration:
             break
         time.sleep(max(when - time.time(), 0))
+        # A kill due while no trainer runs (the gang restarting) falls on the next one
+        # to start, so that every mode gets the same number of failures.
         live = trainers(progress)
+        while not live and time.time() < start + duration:
+            time.sleep(0.05)
+            live = trainers(progress)
         if live:
             victim = rng.choice(live)
             try:
@@ -192,8 +208,8 @@ def main():
             except OSError:
                 pass
             time.sleep(0.1)
-        print("machine: %d cores; %gs per mode, a worker SIGKILLed every %gs (seed %d); 2 nodes x 2 workers, ~50 ms steps, checkpoint every 100"
-              % (os.cpu_count(), duration, every, seed))
+        print("machine: %d cores; %gs per mode, a worker SIGKILLed every %gs%s (seed %d); 2 nodes x 2 workers, ~50 ms steps, checkpoint every 100"
+              % (os.cpu_count(), duration, every, " +- %gs (jitter)" % (every / 2) if os.environ.get("GOODPUT_JITTER") else "", seed))
         results = []
         for mode in modes:
             work = os.path.join(base, mode)

@@ -219,6 +219,9 @@ type Config struct {
 	// attempt are started (--warm-delay), so that their imports do not compete for the
 	// CPUs with the workers' own start-up (their imports, the process group's set-up,
 	// the checkpoint's load); 0 starts them at once. A failure within it restarts cold.
+	// With Subreaper, a warm worker forks its rank's next standby as it starts, so only
+	// ranks without one (the first attempt's, those whose standby could not fork) wait
+	// for WarmDelay.
 	WarmDelay time.Duration
 	// Events receives the worker group's state changes (event.StateChanged, with
 	// GroupState names), failures, restarts, the checkpoint each attempt resumes from

@@ -94,7 +94,7 @@ func (t *trainFlags) register(fs *pflag.FlagSet) {
 	fs.BoolVar(&t.warmRestarts, "warm-restarts", true, "restart Python workers from standby interpreters that imported --warm-imports already (false: always a fresh interpreter)")
 	fs.StringSliceVar(&t.warmImports, "warm-imports", nil, "modules a standby imports before it waits, MOD[,MOD...] (default torch)")
 	durationVar(fs, &t.warmDelay, "warm-delay", launcher.DefaultWarmDelay, durationFlag{max: maxGrace, zeroOK: true},
-		"start the next attempt's standbys this long after the workers start, so their imports do not slow the workers' start-up (0s: at once)")
+		"start the next attempt's standbys this long after cold workers start, so their imports do not slow the workers' start-up (0s: at once; warm workers fork theirs at once)")
 }
 
 func runRun(ctx context.Context, e *env, args []string) int {
