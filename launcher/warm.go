@@ -208,7 +208,7 @@ func (s *Supervisor) startStandby(spec workerSpec, pc pythonCommand) (*standby, 
 		return nil, err
 	}
 	cmd.Stdout, cmd.Stderr = e.child[0], e.child[1]
-	cmd.ExtraFiles = []*os.File{e.child[2], e.child[3]} // fds 3 and 4
+	cmd.ExtraFiles = []*os.File{e.child[2], e.child[3]}    // fds 3 and 4
 	p, _, err := proc.StartPlaced(cmd, nil, s.placement()) // in the step's cgroup, unbound
 	if err != nil {
 		e.closeAll()
