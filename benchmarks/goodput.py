@@ -19,7 +19,8 @@ shim cmd/gangrun/testdata/bin/torchrun; torch 1.13 takes the underscore spelling
 trainer finds its newest checkpoint itself.
 
 Usage: make build && /usr/bin/python3 benchmarks/goodput.py [DURATION] [EVERY] [SEED]
-(defaults 120, 20, 1); GANGRUN_BIN, GANGRUN_CONSUL and GOODPUT_MODES (a comma list of
+(defaults 120, 20, 1); KEEP_WORK=1 keeps the work directory (logs, progress files);
+GANGRUN_BIN, GANGRUN_CONSUL and GOODPUT_MODES (a comma list of
 warm, warm0 — warm restarts with --warm-delay 0s —, cold, torchrun) override;
 GOODPUT_FLAGS adds flags to every gangrun run (for experiments); GOODPUT_JITTER=1 moves
 each kill to a seeded uniformly random time within EVERY/2 of its place (the same times
