@@ -113,6 +113,10 @@ def _become_next(fds, w, mid, ppid):
         if "numpy" in _sys.modules:
             # A fresh interpreter's numpy seeds its global generator anew at import.
             _sys.modules["numpy"].random.seed()
+        if "torch" in _sys.modules:
+            # So does a fresh interpreter's torch its default CPU generator (not CUDA's,
+            # whose default seed is fixed; torch.seed() would seed those too).
+            _sys.modules["torch"].random.default_generator.seed()
     except BaseException:
         os._exit(1)
 

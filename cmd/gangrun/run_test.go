@@ -489,6 +489,39 @@ sys.exit(3 if a < 3 else 0)
 	}
 }
 
+// TestRunWarmForksSeedTorchAnew: a fresh interpreter seeds torch's default CPU
+// generator anew, so each warm attempt's worker, forked from the same standby, must
+// too (before the fix, attempts 1-3 all drew the same torch.rand).
+func TestRunWarmForksSeedTorchAnew(t *testing.T) {
+	py := python(t)
+	script := filepath.Join(t.TempDir(), "t.py")
+	if err := os.WriteFile(script, []byte(`import os, sys, torch
+a = int(os.environ["GANGRUN_ATTEMPT"])
+print("attempt", a, "seed", torch.initial_seed(), flush=True)
+sys.exit(3 if a < 3 else 0)
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	res := runGangrun(t, []string{testMark(t)}, "run", "--nproc-per-node", "1", "--max-restarts", "3",
+		"--restart-backoff", "0s", "--warm-delay", "0s", "--", py, script)
+	if res.code != 0 {
+		t.Fatalf("exit %d; stdout:\n%s\nstderr:\n%s", res.code, res.stdout, res.stderr)
+	}
+	for a := 2; a <= 3; a++ {
+		if !strings.Contains(res.stderr, fmt.Sprintf(`"attempt": %d, "warm": 1, "cold": 0`, a)) {
+			t.Fatalf("attempt %d not warm; stderr:\n%s", a, res.stderr)
+		}
+	}
+	ms := regexp.MustCompile(`(?m)^\[rank0\]: attempt \d seed (\d+)$`).FindAllStringSubmatch(res.stdout, -1)
+	seeds := map[string]bool{}
+	for _, m := range ms {
+		seeds[m[1]] = true
+	}
+	if len(ms) != 4 || len(seeds) != 4 {
+		t.Errorf("want 4 attempts with 4 different torch seeds:\n%s", res.stdout)
+	}
+}
+
 // TestRunWarmRanksAwaitTheMaster: a warm rank other than 0 starts once rank 0 listens
 // on MASTER_ADDR:MASTER_PORT (torch's store client retries a refused connection only a
 // second later), here after rank 0's 200 ms pause; where rank 0 never listens there,
