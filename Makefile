@@ -21,7 +21,7 @@ LDFLAGS   := -X main.version=$(VERSION)
 # Consul dev agents and real PyTorch, and use ip, a real Prometheus server (and
 # promtool), headless Chromium and useradd; the benchmarks Consul and PyTorch.
 DEMO_DEPS  := torch
-TEST_DEPS  := torch consul iproute2 prometheus chromium passwd
+TEST_DEPS  := torch consul iproute2 prometheus chromium passwd munge
 BENCH_DEPS := torch consul
 
 .PHONY: all build deps demo test test-short bench fuzz lint clean

@@ -38,6 +38,9 @@ type AgentConfig struct {
 	Addr string
 	// Labels are the node's labels (partition, switch, spine, anything else).
 	Labels map[string]string
+	// Auth is how the agent knows who submits jobs (NodeRecord.Auth), shown by `gangrun
+	// nodes` and the status page.
+	Auth string
 	// Inventory is the node's topology.
 	Inventory *topology.Inventory
 	// NoScheduler keeps this agent out of the scheduler election.
@@ -196,7 +199,7 @@ func (a *Agent) record() (NodeRecord, []byte, error) {
 		return NodeRecord{}, nil, err
 	}
 	sum := sha256.Sum256(data)
-	r := NodeRecord{Name: a.cfg.Node, Addr: a.cfg.Addr, Labels: a.cfg.Labels, GPUs: len(inv.GPUs),
+	r := NodeRecord{Name: a.cfg.Node, Addr: a.cfg.Addr, Labels: a.cfg.Labels, Auth: a.cfg.Auth, GPUs: len(inv.GPUs),
 		InventoryHash: hex.EncodeToString(sum[:8]), Registered: time.Now().UTC(), Devices: inv.Allocatable()}
 	return r, data, nil
 }

@@ -107,6 +107,10 @@ type NodeRecord struct {
 	InventoryHash string `json:"inventory_hash"`
 	// Registered is when the agent (re)registered.
 	Registered time.Time `json:"registered"`
+	// Auth is how the node's agent knows who submitted a job (agent --auth): "munge"
+	// (MUNGE credentials), "acl" (Consul's ACL tokens only) or "none" (nothing
+	// checked: every local user may act as any other).
+	Auth string `json:"auth,omitempty"`
 }
 
 // Drain is an administrator's note that a node takes no new grants.

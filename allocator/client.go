@@ -304,21 +304,30 @@ func Show(ctx context.Context, s store.Store, id string) (*PendingRequest, *Gran
 // ErrNotFound for a node that never registered. also's operations (an audit entry)
 // are applied in the same transaction.
 func SetDrain(ctx context.Context, s store.Store, node, reason string, also ...store.Op) error {
-	if err := store.CheckSegment("node", node); err != nil {
-		return err
-	}
-	e, err := s.Get(ctx, nodesPrefix+node)
+	ops, err := DrainOps(ctx, s, node, reason)
 	if err != nil {
 		return err
 	}
+	_, err = s.Txn(ctx, append(ops, also...))
+	return err
+}
+
+// DrainOps are the operations that drain node (reason required) or, with reason "",
+// return it to service. ErrNotFound for a node that never registered.
+func DrainOps(ctx context.Context, s store.Store, node, reason string) ([]store.Op, error) {
+	if err := store.CheckSegment("node", node); err != nil {
+		return nil, err
+	}
+	e, err := s.Get(ctx, nodesPrefix+node)
+	if err != nil {
+		return nil, err
+	}
 	if e == nil {
-		return fmt.Errorf("node %q: %w (registered nodes: gangrun nodes)", node, ErrNotFound)
+		return nil, fmt.Errorf("node %q: %w (registered nodes: gangrun nodes)", node, ErrNotFound)
 	}
 	if reason == "" {
-		_, err = s.Txn(ctx, append([]store.Op{{Verb: store.Delete, Key: drainPrefix + node}}, also...))
-		return err
+		return []store.Op{{Verb: store.Delete, Key: drainPrefix + node}}, nil
 	}
 	d := Drain{Reason: strings.TrimSpace(reason), Since: time.Now().UTC()}
-	_, err = s.Txn(ctx, append([]store.Op{{Verb: store.Set, Key: drainPrefix + node, Value: mustJSON(d)}}, also...))
-	return err
+	return []store.Op{{Verb: store.Set, Key: drainPrefix + node, Value: mustJSON(d)}}, nil
 }

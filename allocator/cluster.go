@@ -251,6 +251,8 @@ type NodeStatus struct {
 	Addr     string            `json:"addr,omitempty"`
 	Model    string            `json:"gpu_model,omitempty"`
 	Reason   string            `json:"reason,omitempty"` // the drain reason
+	// Auth is how the node's agent knows who submits jobs (NodeRecord.Auth).
+	Auth string `json:"auth,omitempty"`
 }
 
 // NodeList lists the registered nodes, sorted by name. GPUsTotal counts allocatable
@@ -260,7 +262,7 @@ func (c *Cluster) NodeList() []NodeStatus {
 	out := make([]NodeStatus, 0, len(c.Nodes))
 	for _, n := range c.Nodes {
 		st := NodeStatus{Name: n.Record.Name, State: n.State(), GPUsTotal: len(n.Record.Devices),
-			Labels: n.Record.Labels, Addr: n.Record.Addr}
+			Labels: n.Record.Labels, Addr: n.Record.Addr, Auth: n.Record.Auth}
 		if st.Labels == nil {
 			st.Labels = map[string]string{}
 		}

@@ -52,6 +52,10 @@ const (
 	ActionResume    = "resume"
 	ActionPolicySet = "policy-set"
 	ActionPreempt   = "preempt"
+	// ActionRefuse is the elected agent refusing a job or a request whose MUNGE
+	// credential does not prove its user (job.ReasonInvalidCredential), and a step
+	// refusing to run a job whose record does not match its attestation.
+	ActionRefuse = "refuse"
 )
 
 // Entry is one administrative action: who did what, to what, when and from where. Its

@@ -15,11 +15,10 @@ import (
 	"github.com/gangrun/gangrun/internal/mungetest"
 )
 
-func open(t *testing.T, d *mungetest.Daemon) *identity.Munge {
-	t.Helper()
+func open(t testing.TB, d *mungetest.Daemon) *identity.Munge {
 	m, err := identity.Open(d.Socket)
 	if err != nil {
-		t.Fatal(err)
+		panic(err)
 	}
 	return m
 }
@@ -177,5 +176,32 @@ func TestSocketFrom(t *testing.T) {
 	env["MUNGE_SOCKET"] = "/tmp/x/socket"
 	if got := identity.SocketFrom(get); got != "/tmp/x/socket" {
 		t.Errorf("MUNGE_SOCKET: %q", got)
+	}
+}
+
+// BenchmarkSeal and BenchmarkVerify: one credential made, one checked, through the test's
+// own munged (benchmarks/README.md, "MUNGE credentials").
+func BenchmarkSeal(b *testing.B) {
+	m := open(nil, mungetest.Start(b))
+	ctx := context.Background()
+	for b.Loop() {
+		if _, err := m.Seal(ctx, []byte("job 1")); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkVerify(b *testing.B) {
+	d := mungetest.Start(b)
+	m := open(nil, d)
+	ctx := context.Background()
+	cred, err := m.Seal(ctx, []byte("job 1"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		if _, err := m.Verify(ctx, cred, []byte("job 1"), identity.Kept); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

@@ -49,6 +49,14 @@ type Controller struct {
 	mu      sync.Mutex // guards written (a pass handles jobs at once)
 	// minJobAge is how long an ended job's records stay; 0: for ever.
 	minJobAge time.Duration
+	// prover checks who submitted each job before it runs (auth.go); nil: nothing is
+	// checked (agent --auth none).
+	prover Prover
+	// attested caches the attestations checked before a start: the content they were
+	// checked against → the outcome, so a job placed again is not checked twice.
+	attested sync.Map
+	// seenPurged is when the expired replay markers were last deleted (purgeSeen).
+	seenPurged time.Time
 }
 
 // controllerRetry is how often the controller passes again without a change (a step
@@ -63,9 +71,11 @@ const staleWait = 500 * time.Millisecond
 // the signature allocator.AgentConfig.Leader takes (with the log and the sink bound).
 // events receives event.JobStarted when a job first runs (nil discards it). An ended
 // job's records are removed minJobAge after its end (0: never; see DefaultMinJobAge).
-func Control(log *zap.Logger, events event.Sink, minJobAge time.Duration) func(ctx context.Context, s store.Store, session string) error {
+// prover, when not nil, checks every pending job's MUNGE credential before it may run
+// (auth.go); nil checks nothing (agent --auth none).
+func Control(log *zap.Logger, events event.Sink, minJobAge time.Duration, prover Prover) func(ctx context.Context, s store.Store, session string) error {
 	return func(ctx context.Context, s store.Store, session string) error {
-		c := &Controller{s: s, session: session, log: log, events: event.Or(events), now: time.Now, minJobAge: minJobAge}
+		c := &Controller{s: s, session: session, log: log, events: event.Or(events), now: time.Now, minJobAge: minJobAge, prover: prover}
 		if c.log == nil {
 			c.log = zap.NewNop()
 		}
@@ -237,6 +247,10 @@ func (c *Controller) pass(ctx context.Context, v view) error {
 		// Pre-emption reads the policy and the scheduler's status: once per tick
 		// (controllerRetry), not on every change.
 		note(c.preempt(ctx, v))
+		if now := c.now(); now.Sub(c.seenPurged) > seenPurgeInterval {
+			c.seenPurged = now
+			note(c.purgeSeen(ctx, now))
+		}
 	}
 	return firstErr
 }
@@ -369,6 +383,9 @@ func (jc *jobCache) parse(entries []store.Entry) ([]Job, map[string]map[string]S
 
 // job is one job's part of the pass.
 func (c *Controller) job(ctx context.Context, v view, j Job) error {
+	if c.prover != nil && j.State.Status == Pending && (j.Auth == nil || j.Auth.Attestation == "") {
+		return c.acceptJob(ctx, j) // nothing else until it is accepted, or refused
+	}
 	id, cl := j.Spec.ID, v.cluster
 	g, granted := cl.Grants[id]
 	_, requested := cl.Requests[id]
@@ -543,6 +560,11 @@ func (c *Controller) completing(ctx context.Context, v view, j Job) error {
 // start makes a pending job whose request was granted run: its first nodes run it (in
 // the grant's node-rank order), the rest are its spares.
 func (c *Controller) start(ctx context.Context, j Job, g allocator.Grant) error {
+	if c.prover != nil {
+		if ok, err := c.checkStart(ctx, j); !ok || err != nil {
+			return err
+		}
+	}
 	var names []string
 	for _, gn := range g.Nodes {
 		names = append(names, gn.Name)

@@ -68,7 +68,7 @@ func TestControllerPreemptsOnlyWhatThePolicyAllows(t *testing.T) {
 	inv.Node = node
 	sink := &preemptions{}
 	a, err := allocator.NewAgent(s, allocator.AgentConfig{Node: node, Addr: "127.0.0.1", Inventory: inv, Labels: map[string]string{"pool": "x"},
-		Leader: []func(context.Context, store.Store, string) error{Control(nil, sink, 0)}})
+		Leader: []func(context.Context, store.Store, string) error{Control(nil, sink, 0, nil)}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,15 +14,25 @@ import (
 
 	"github.com/gangrun/gangrun/acl"
 	"github.com/gangrun/gangrun/allocator"
+	"github.com/gangrun/gangrun/audit"
+	"github.com/gangrun/gangrun/identity"
+	"github.com/gangrun/gangrun/internal/proc"
 	"github.com/gangrun/gangrun/internal/store"
+	"github.com/gangrun/gangrun/policy"
 )
 
-// A user's requests, when Consul's ACLs are on (docs/acl.md). A user's token may write
-// only gangrun/batch/users/<user>/ (acl.UserRules); `gangrun submit` and `gangrun
-// cancel` under such a token write a Request there and wait for its Answer, which the
-// elected agent writes (ServeRequests): the key's place is the proof of who asks.
+// Requests to the elected agent (docs/acl.md). With Consul's ACLs on, a user's token
+// may write only gangrun/batch/users/<user>/ (acl.UserRules): `gangrun submit` and
+// `gangrun cancel` under such a token write a Request there and wait for its Answer,
+// which the elected agent writes (ServeRequests), and the key's place proves who asks.
+// With MUNGE (agents' --auth munge), every request also carries the asker's
+// credential, bound to the request's key and text: the agent acts for the uid the
+// credential proves, whose name must be the box's, whatever the box or the request
+// say; and then, with or without ACLs, cancels, drains, resumes and policy changes go
+// through the boxes (root's too), so that the agent checks who asks.
 //
-//	gangrun/batch/users/<user>/<kind>-<nanos>-<rand>   Request; kind submit or cancel
+//	gangrun/batch/users/<user>/<kind>-<nanos>-<rand>   boxed request; kind submit,
+//	                                                   cancel, drain, resume or policy
 //
 // A submit's job is queued in the transaction that writes its answer (a check-and-set
 // of the request), so a request is carried out once or not at all; the asker deletes
@@ -33,6 +43,9 @@ import (
 const (
 	requestSubmit = "submit"
 	requestCancel = "cancel"
+	requestDrain  = "drain"
+	requestResume = "resume"
+	requestPolicy = "policy"
 )
 
 // requestKeep is how long an answered request nobody took is kept.
@@ -50,8 +63,27 @@ type Request struct {
 	Array *Array `json:"array,omitempty"`
 	// Job is a cancel's job id (or an array's).
 	Job string `json:"job,omitempty"`
+	// Node and Reason are a drain's node and reason (a resume's node).
+	Node   string `json:"node,omitempty"`
+	Reason string `json:"reason,omitempty"`
+	// Policy is a policy change's document (policy.Parse's input).
+	Policy json.RawMessage `json:"policy,omitempty"`
 	// Answer is the elected agent's, nil until it answers.
 	Answer *Answer `json:"answer,omitempty"`
+}
+
+// boxed is a request as it lies in a box: the request's text as the asker wrote it
+// (without its answer), the asker's MUNGE credential bound to requestContent of it, and
+// the agent's answer.
+type boxed struct {
+	Request    json.RawMessage `json:"request"`
+	Credential string          `json:"credential,omitempty"`
+	Answer     *Answer         `json:"answer,omitempty"`
+}
+
+// requestContent is what a request's credential is bound to: its key and its text.
+func requestContent(key string, text []byte) []byte {
+	return append([]byte("gangrun request "+key+"\n"), text...)
 }
 
 // Answer is the elected agent's answer to a Request.
@@ -65,23 +97,46 @@ type Answer struct {
 	// Array says the cancel was of a job array's tasks.
 	Array bool `json:"array,omitempty"`
 	// Error is why it was not done; Invalid marks the user's error (a bad spec, an
-	// unknown job), Owner the job's user when it is another's.
+	// unknown job), Owner the job's user when it is another's, Denied a request the
+	// asker may not make (Error says why).
 	Error   string `json:"error,omitempty"`
 	Invalid bool   `json:"invalid,omitempty"`
 	Owner   string `json:"owner,omitempty"`
+	Denied  bool   `json:"denied,omitempty"`
+	// By says how the agent knew the asker ("your MUNGE credential is bob's", "your
+	// token is bob's"), for a refusal's words.
+	By string `json:"by,omitempty"`
+	// Detail is a done request's summary (a policy change's).
+	Detail string `json:"detail,omitempty"`
 }
 
 // ErrNotYours marks a cancel of another user's job under a user's token.
 var ErrNotYours = errors.New("permission denied")
 
-// NotYoursError is a cancel refused because job ID is Owner's, not User's.
+// NotYoursError is a cancel refused because job ID is Owner's, not User's; By says how
+// the agent knew the asker ("your token is bob's").
 type NotYoursError struct {
-	ID, Owner, User string
+	ID, Owner, User, By string
 }
 
 func (e *NotYoursError) Error() string {
-	return fmt.Sprintf("permission denied: job %s belongs to %s (your token is %s's)", e.ID, e.Owner, e.User)
+	by := e.By
+	if by == "" {
+		by = "your token is " + e.User + "'s"
+	}
+	return fmt.Sprintf("permission denied: job %s belongs to %s (%s)", e.ID, e.Owner, by)
 }
+
+// ErrDenied marks a request the elected agent refused to its asker: an operator's
+// action (drain, resume, a policy change) asked by a user, or a request whose
+// credential does not prove its box's user. The error's text says why.
+var ErrDenied = errors.New("permission denied")
+
+// deniedError is an ErrDenied with the agent's words.
+type deniedError struct{ why string }
+
+func (e *deniedError) Error() string        { return e.why }
+func (e *deniedError) Is(target error) bool { return target == ErrDenied }
 
 // Is makes errors.Is(err, ErrNotYours) true.
 func (e *NotYoursError) Is(target error) bool { return target == ErrNotYours }
@@ -100,9 +155,21 @@ func requestKey(user, kind string) string {
 // deletes the request. On no answer in time it withdraws the request (a check-and-set
 // delete: when that fails, the answer came meanwhile and is taken) and returns
 // ErrNoAnswer.
-func ask(ctx context.Context, s store.Store, user string, r Request, wait time.Duration) (*Answer, error) {
+func ask(ctx context.Context, s store.Store, as Asker, r Request) (*Answer, error) {
+	user, wait := as.User, as.Wait
+	if wait <= 0 {
+		wait = DefaultRequestWait
+	}
 	key := requestKey(user, r.Kind)
-	b, _ := json.Marshal(r)
+	text, _ := json.Marshal(r)
+	box := boxed{Request: text}
+	if as.Sealer != nil {
+		var err error
+		if box.Credential, err = as.Sealer.Seal(ctx, requestContent(key, text)); err != nil {
+			return nil, fmt.Errorf("the request's MUNGE credential: %w", err)
+		}
+	}
+	b, _ := json.Marshal(box)
 	res, err := s.Txn(ctx, []store.Op{{Verb: store.CheckNotExists, Key: key}, {Verb: store.Set, Key: key, Value: b}})
 	if err != nil {
 		return nil, fmt.Errorf("write request %s: %w", key, err)
@@ -125,7 +192,7 @@ func ask(ctx context.Context, s store.Store, user string, r Request, wait time.D
 				if e.Key != key {
 					continue
 				}
-				var got Request
+				var got boxed
 				if json.Unmarshal(e.Value, &got) == nil && got.Answer != nil {
 					_, _ = s.Txn(ctx, []store.Op{{Verb: store.Delete, Key: key}})
 					return got.Answer, nil
@@ -139,7 +206,7 @@ func ask(ctx context.Context, s store.Store, user string, r Request, wait time.D
 			return nil, err
 		}
 		if e != nil {
-			var got Request
+			var got boxed
 			if json.Unmarshal(e.Value, &got) == nil && got.Answer != nil {
 				_, _ = s.Txn(ctx, []store.Op{{Verb: store.Delete, Key: key}})
 				return got.Answer, nil
@@ -166,7 +233,7 @@ func withdraw(ctx context.Context, s store.Store, key string, why error) (*Answe
 		if e == nil {
 			return nil, fmt.Errorf("stopped (%w): the request was withdrawn; nothing was done", why)
 		}
-		var got Request
+		var got boxed
 		if json.Unmarshal(e.Value, &got) == nil && got.Answer != nil {
 			_, _ = s.Txn(ctx, []store.Op{{Verb: store.Delete, Key: key}})
 			return got.Answer, nil
@@ -178,20 +245,37 @@ func withdraw(ctx context.Context, s store.Store, key string, why error) (*Answe
 	return nil, fmt.Errorf("stopped (%w) and could not withdraw the request %s: it may still be carried out", why, key)
 }
 
+// Asker is who asks the elected agent through a request box: User names the box (a
+// user token's user, or the Unix user running the command), Sealer makes the
+// request's MUNGE credential (nil: none, where no agent checks them), and Wait bounds
+// the wait for the answer (0: DefaultRequestWait).
+type Asker struct {
+	User   string
+	Sealer Sealer
+	Wait   time.Duration
+}
+
 // SubmitAs submits spec (an array's tasks when a is not nil) as user through the
 // user's request box: what a user's token, which may write nothing else, does. The
 // job's user is user whatever spec says. Errors as Submit's (ErrInvalid for the user's
 // mistakes), and ErrNoAnswer when no elected agent answered within wait.
 func SubmitAs(ctx context.Context, s store.Store, user string, spec Spec, a *Array, wait time.Duration) (string, []string, error) {
-	spec.User = user
-	ans, err := ask(ctx, s, user, Request{Kind: requestSubmit, Spec: &spec, Array: a}, wait)
+	return Asker{User: user, Wait: wait}.Submit(ctx, s, spec, a)
+}
+
+// Submit is SubmitAs for as.
+func (as Asker) Submit(ctx context.Context, s store.Store, spec Spec, a *Array) (string, []string, error) {
+	spec.User = as.User
+	ans, err := ask(ctx, s, as, Request{Kind: requestSubmit, Spec: &spec, Array: a})
 	if err != nil {
 		return "", nil, err
 	}
-	if ans.Error != "" {
-		if ans.Invalid {
-			return "", nil, &invalid{errors.New(ans.Error)}
-		}
+	switch {
+	case ans.Denied:
+		return "", nil, &deniedError{ans.Error}
+	case ans.Error != "" && ans.Invalid:
+		return "", nil, &invalid{errors.New(ans.Error)}
+	case ans.Error != "":
 		return "", nil, errors.New(ans.Error)
 	}
 	return ans.ID, ans.Tasks, nil
@@ -202,13 +286,20 @@ func SubmitAs(ctx context.Context, s store.Store, user string, spec Spec, a *Arr
 // had ended or were ending) and whether id is an array. Errors: *NotYoursError
 // (ErrNotYours) for another's job, ErrNotFound, ErrNoAnswer.
 func CancelAs(ctx context.Context, s store.Store, user, id string, wait time.Duration) (int, bool, error) {
-	ans, err := ask(ctx, s, user, Request{Kind: requestCancel, Job: id}, wait)
+	return Asker{User: user, Wait: wait}.Cancel(ctx, s, id)
+}
+
+// Cancel is CancelAs for as: root's cancels any job.
+func (as Asker) Cancel(ctx context.Context, s store.Store, id string) (int, bool, error) {
+	ans, err := ask(ctx, s, as, Request{Kind: requestCancel, Job: id})
 	if err != nil {
 		return 0, false, err
 	}
 	switch {
 	case ans.Owner != "":
-		return 0, ans.Array, &NotYoursError{ID: id, Owner: ans.Owner, User: user}
+		return 0, ans.Array, &NotYoursError{ID: id, Owner: ans.Owner, User: as.User, By: ans.By}
+	case ans.Denied:
+		return 0, false, &deniedError{ans.Error}
 	case ans.Invalid:
 		return 0, false, fmt.Errorf("job %s: %w", id, ErrNotFound)
 	case ans.Error != "":
@@ -217,18 +308,64 @@ func CancelAs(ctx context.Context, s store.Store, user, id string, wait time.Dur
 	return ans.Cancelled, ans.Array, nil
 }
 
+// Drain drains node for reason, or with reason "" resumes it, through as's box: an
+// operator's action, which the agent carries out for root only, recorded in the audit
+// log. Errors: ErrDenied, allocator.ErrNotFound for a node never registered,
+// ErrNoAnswer.
+func (as Asker) Drain(ctx context.Context, s store.Store, node, reason string) error {
+	kind := requestDrain
+	if reason == "" {
+		kind = requestResume
+	}
+	ans, err := ask(ctx, s, as, Request{Kind: kind, Node: node, Reason: reason})
+	if err != nil {
+		return err
+	}
+	switch {
+	case ans.Denied:
+		return &deniedError{ans.Error}
+	case ans.Invalid:
+		return fmt.Errorf("%s: %w", ans.Error, allocator.ErrNotFound)
+	case ans.Error != "":
+		return errors.New(ans.Error)
+	}
+	return nil
+}
+
+// SetPolicy sets the cluster's policy to doc (a policy document, policy.Parse's input)
+// through as's box, for root only, and returns the agent's summary of it. Errors:
+// ErrDenied, ErrInvalid (a document the agent refuses), ErrNoAnswer.
+func (as Asker) SetPolicy(ctx context.Context, s store.Store, doc []byte) (string, error) {
+	ans, err := ask(ctx, s, as, Request{Kind: requestPolicy, Policy: doc})
+	if err != nil {
+		return "", err
+	}
+	switch {
+	case ans.Denied:
+		return "", &deniedError{ans.Error}
+	case ans.Invalid:
+		return "", &invalid{errors.New(ans.Error)}
+	case ans.Error != "":
+		return "", errors.New(ans.Error)
+	}
+	return ans.Detail, nil
+}
+
 // ServeRequests returns the elected agent's server of users' requests, the signature
 // allocator.AgentConfig.Leader takes: it follows gangrun/batch/users/ and carries out
 // each request not yet answered, as the user whose box it is in, every write fenced by
 // the leader's session: a submit queues the job as that user's (with its answer, in one
-// transaction); a cancel cancels the job if it is that user's, and answers with its
-// owner if not.
-func ServeRequests(log *zap.Logger) func(ctx context.Context, s store.Store, session string) error {
+// transaction); a cancel cancels the job if it is that user's (any job for root), and
+// answers with its owner if not; a drain, resume or policy change is done for root
+// only, and recorded in the audit log. With prover (agent --auth munge) a request must
+// carry a fresh credential, bound to it and never used before, of the box's user:
+// otherwise it is refused, with an audit entry, and nothing is done.
+func ServeRequests(log *zap.Logger, prover Prover) func(ctx context.Context, s store.Store, session string) error {
 	if log == nil {
 		log = zap.NewNop()
 	}
 	return func(ctx context.Context, s store.Store, session string) error {
-		fence := allocator.LeaderFence(session)
+		sv := &server{s: s, fence: allocator.LeaderFence(session), prover: prover, log: log}
 		f := store.Follow(ctx, s, watchGap, acl.UsersPrefix)
 		tick := time.NewTicker(controllerRetry)
 		defer tick.Stop()
@@ -244,7 +381,7 @@ func ServeRequests(log *zap.Logger) func(ctx context.Context, s store.Store, ses
 				continue
 			}
 			for _, e := range answers[0].Entries {
-				err := serve(ctx, s, fence, e)
+				err := sv.serve(ctx, e)
 				switch {
 				case ctx.Err() != nil:
 					return nil
@@ -258,16 +395,38 @@ func ServeRequests(log *zap.Logger) func(ctx context.Context, s store.Store, ses
 	}
 }
 
+// server is the elected agent's side of the request boxes.
+type server struct {
+	s      store.Store
+	fence  store.Op
+	prover Prover
+	log    *zap.Logger
+}
+
+// asker is who a request comes from, as the agent knows it.
+type asker struct {
+	user string // the box's user, proven
+	root bool   // uid 0 (with MUNGE) or the operator: any job, the operator's actions
+	by   string // how it is known, for a refusal's words
+	// cred and uid, gid are the request's credential and its ids (MUNGE only).
+	cred     string
+	uid, gid uint32
+	expires  time.Time
+}
+
 // serve carries out the request at e, if it is one not yet answered; an answered one
 // older than requestKeep is deleted.
-func serve(ctx context.Context, s store.Store, fence store.Op, e store.Entry) error {
+func (sv *server) serve(ctx context.Context, e store.Entry) error {
+	s, fence := sv.s, sv.fence
 	user, name, _ := strings.Cut(strings.TrimPrefix(e.Key, acl.UsersPrefix), "/")
+	var box boxed
 	var r Request
-	if acl.CheckUser(user) != nil || strings.Contains(name, "/") || json.Unmarshal(e.Value, &r) != nil {
+	if !boxName(user, sv.prover != nil) || name == "" || strings.Contains(name, "/") ||
+		json.Unmarshal(e.Value, &box) != nil || json.Unmarshal(box.Request, &r) != nil {
 		return nil // not a request: left alone
 	}
-	if r.Answer != nil {
-		if time.Since(r.Answer.At) > requestKeep {
+	if box.Answer != nil {
+		if time.Since(box.Answer.At) > requestKeep {
 			_, err := s.Txn(ctx, []store.Op{fence, {Verb: store.DeleteCAS, Key: e.Key, Index: e.ModifyIndex}})
 			if errors.Is(err, store.ErrTxnRejected) && !errors.Is(err, store.ErrNotLockHolder) {
 				return nil
@@ -278,103 +437,277 @@ func serve(ctx context.Context, s store.Store, fence store.Op, e store.Entry) er
 	}
 	answer := func(a Answer) store.Op {
 		a.At = time.Now().UTC()
-		r.Answer = &a
-		b, _ := json.Marshal(r)
+		box.Answer = &a
+		b, _ := json.Marshal(box)
 		return store.Op{Verb: store.CAS, Key: e.Key, Value: b, Index: e.ModifyIndex}
 	}
-	var ans Answer
-	switch r.Kind {
-	case requestSubmit:
-		if r.Spec == nil {
-			ans = Answer{Error: "a submit request without a job", Invalid: true}
-			break
-		}
-		spec := *r.Spec
-		spec.User = user // the box says who asks, whatever the spec says
-		// What the cluster decides is not the user's to say: the id, the array task
-		// it would be, the submission time (the age factor counts from it).
-		spec.ID, spec.Array, spec.Submitted = "", nil, time.Time{}
-		if spec.Priority > 0 {
-			// As in Slurm, raising a job's priority is an operator's (sbatch --priority).
-			ans = Answer{Error: fmt.Sprintf("--priority %d: only an operator may raise a job's priority", spec.Priority), Invalid: true}
-			break
-		}
-		var err error
-		if r.Array != nil {
-			_, _, err = submitArray(ctx, s, spec, *r.Array, func(id string) []store.Op {
-				tasks := make([]string, len(r.Array.Indices))
-				for i, x := range r.Array.Indices {
-					tasks[i] = TaskID(id, x)
-				}
-				return []store.Op{fence, answer(Answer{ID: id, Tasks: tasks})}
-			})
-		} else {
-			_, err = submit(ctx, s, spec, func(id string) []store.Op { return []store.Op{fence, answer(Answer{ID: id})} })
-		}
-		switch {
-		case err == nil:
-			return nil
-		case errors.Is(err, ErrInvalid):
-			ans = Answer{Error: err.Error(), Invalid: true}
-		case errors.Is(err, store.ErrTxnRejected) && !errors.Is(err, store.ErrNotLockHolder):
-			return nil // the request changed meanwhile: its next version is served
-		default:
-			return err
-		}
-	case requestCancel:
-		var err error
-		ans, err = cancelFor(ctx, s, user, r.Job)
-		if err != nil {
-			return err
-		}
-	default:
-		ans = Answer{Error: fmt.Sprintf("unknown request kind %q", r.Kind), Invalid: true}
+	who, ans, err := sv.who(ctx, e.Key, user, r, box)
+	if err != nil {
+		return err
 	}
-	_, err := s.Txn(ctx, []store.Op{fence, answer(ans)})
+	var also []store.Op
+	if ans == nil {
+		ans, also, err = sv.do(ctx, who, r, answer)
+		if err != nil || ans == nil {
+			return err
+		}
+	}
+	ops := append([]store.Op{fence, answer(*ans)}, also...)
+	if ans.Error == "" && who.cred != "" {
+		ops = append(ops, seenOps(who.cred, e.Key, who.expires)...)
+	}
+	_, err = s.Txn(ctx, ops)
 	if errors.Is(err, store.ErrTxnRejected) && !errors.Is(err, store.ErrNotLockHolder) {
 		return nil
 	}
 	return err
 }
 
-// cancelFor cancels job id (or array id's tasks) for user when it is user's.
-func cancelFor(ctx context.Context, s store.Store, user, id string) (Answer, error) {
+// boxName reports whether user can name a box: a gangrun user name (acl.CheckUser),
+// or, where credentials prove who asks, also root's.
+func boxName(user string, proven bool) bool {
+	return acl.CheckUser(user) == nil || proven && user == "root"
+}
+
+// seenOps mark credential cred used (by the request at key), once only.
+func seenOps(cred, key string, expires time.Time) []store.Op {
+	k := seenPrefix + identity.Digest(cred)
+	b, _ := json.Marshal(seenMark{Job: key, Expires: expires})
+	return []store.Op{{Verb: store.CheckNotExists, Key: k}, {Verb: store.Set, Key: k, Value: b}}
+}
+
+// who says who asked request r at key in user's box: with a prover, the uid its
+// credential proves, which must be the box user's; without, the box's user. A request
+// refused for its credential gets its answer (and an audit entry) here.
+func (sv *server) who(ctx context.Context, key, user string, r Request, box boxed) (asker, *Answer, error) {
+	if sv.prover == nil {
+		return asker{user: user, by: "your token is " + user + "'s"}, nil, nil
+	}
+	deny := func(why string) (asker, *Answer, error) {
+		sv.log.Warn("request refused", zap.String("key", key), zap.String("reason", why))
+		err := audit.Write(ctx, sv.s, audit.Entry{User: "gangrun", Token: "agent", Action: audit.ActionRefuse,
+			Target: "request " + key, Owner: user, Detail: why})
+		return asker{}, &Answer{Error: "permission denied: " + why, Denied: true}, err
+	}
+	caller, err := sv.prover.Verify(ctx, box.Credential, requestContent(key, box.Request), identity.FreshOrReplayed)
+	if err != nil {
+		if checkerTrouble(ctx, err) {
+			return asker{}, nil, err // tried again: the request waits
+		}
+		return deny(requestWhy(err))
+	}
+	if e, err := sv.s.Get(ctx, seenPrefix+identity.Digest(box.Credential)); err != nil {
+		return asker{}, nil, err
+	} else if e != nil {
+		return deny("replayed: the request's credential was used before")
+	}
+	name := userName(caller.UID)
+	if name != user && caller.UID != 0 {
+		return deny(fmt.Sprintf("the request is in %s's box, its MUNGE credential is uid %d's (%s)", user, caller.UID, name))
+	}
+	// Root asks in any box, as its user (root holding a user's token): root's powers
+	// only in root's own.
+	who := asker{user: user, root: user == "root" && caller.UID == 0, by: "your MUNGE credential is " + name + "'s", cred: box.Credential,
+		uid: caller.UID, gid: caller.GID, expires: caller.Expires()}
+	if name != user {
+		who.by = "your token is " + user + "'s" // root in another's box: a user token root holds
+		if u, err := proc.LookupUser(user); err == nil {
+			who.uid, who.gid = u.UID, u.GID // a job queued from the box runs as its user
+		} else {
+			return deny(fmt.Sprintf("the request is in %s's box, who has no account on the elected agent's node", user))
+		}
+	}
+	return who, nil, nil
+}
+
+// requestWhy says why a request's credential was refused.
+func requestWhy(err error) string {
+	switch {
+	case errors.Is(err, identity.ErrMissing):
+		return "the request carries no MUNGE credential (is munged running where it was made? the agents check them)"
+	case errors.Is(err, identity.ErrMismatch):
+		return "the request's credential was made for another request (it was copied, or the request changed)"
+	case errors.Is(err, identity.ErrInvalid):
+		return "the request's credential is not of this cluster (another MUNGE key, or damaged)"
+	case errors.Is(err, identity.ErrExpired):
+		return "the request's credential has expired: " + err.Error()
+	}
+	return "the request's credential: " + err.Error()
+}
+
+// do carries out request r for who: its answer, and operations to apply with it; a nil
+// answer with no error means the request changed meanwhile (its next version is
+// served). answer makes the operation that answers it (a check-and-set of the request).
+func (sv *server) do(ctx context.Context, who asker, r Request, answer func(Answer) store.Op) (*Answer, []store.Op, error) {
+	s, fence := sv.s, sv.fence
+	var ans Answer
+	switch r.Kind {
+	case requestSubmit:
+		if r.Spec == nil {
+			return &Answer{Error: "a submit request without a job", Invalid: true}, nil, nil
+		}
+		spec := *r.Spec
+		spec.User = who.user // the box says who asks, whatever the spec says
+		// What the cluster decides is not the user's to say: the id, the array task
+		// it would be, the submission time (the age factor counts from it).
+		spec.ID, spec.Array, spec.Submitted = "", nil, time.Time{}
+		if spec.Priority > 0 && !who.root {
+			// As in Slurm, raising a job's priority is an operator's (sbatch --priority).
+			return &Answer{Error: fmt.Sprintf("--priority %d: only an operator may raise a job's priority", spec.Priority), Invalid: true}, nil, nil
+		}
+		var auth authFor
+		if who.cred != "" {
+			auth = sv.accepted(who)
+		}
+		var err error
+		also := func(id string) []store.Op {
+			tasks := []string(nil)
+			if r.Array != nil {
+				tasks = make([]string, len(r.Array.Indices))
+				for i, x := range r.Array.Indices {
+					tasks[i] = TaskID(id, x)
+				}
+			}
+			return []store.Op{fence, answer(Answer{ID: id, Tasks: tasks})}
+		}
+		if who.cred != "" {
+			// The credential is used once, with the job it queues.
+			also = func(also alsoOps) alsoOps {
+				return func(id string) []store.Op {
+					return append(also(id), seenOps(who.cred, "submit of job "+id, who.expires)...)
+				}
+			}(also)
+		}
+		if r.Array != nil {
+			_, _, err = submitArray(ctx, s, spec, *r.Array, also, auth)
+		} else {
+			_, err = submit(ctx, s, spec, also, auth)
+		}
+		switch {
+		case err == nil:
+			return nil, nil, nil // answered in the submit's transaction
+		case errors.Is(err, ErrInvalid):
+			ans = Answer{Error: err.Error(), Invalid: true}
+		case errors.Is(err, store.ErrTxnRejected) && !errors.Is(err, store.ErrNotLockHolder):
+			return nil, nil, nil // the request changed meanwhile: its next version is served
+		default:
+			return nil, nil, err
+		}
+	case requestCancel:
+		a, also, err := cancelFor(ctx, s, who, r.Job)
+		if err != nil {
+			return nil, nil, err
+		}
+		a.By = who.by
+		return &a, also, nil
+	case requestDrain, requestResume, requestPolicy:
+		return sv.operate(ctx, who, r)
+	default:
+		ans = Answer{Error: fmt.Sprintf("unknown request kind %q", r.Kind), Invalid: true}
+	}
+	return &ans, nil, nil
+}
+
+// accepted is how the agent writes a job it queues from who's request: accepted at
+// once, the request's credential kept and the attestation made for the job as queued.
+func (sv *server) accepted(who asker) authFor {
+	return func(ctx context.Context, spec Spec) (*Auth, error) {
+		att, err := sv.prover.Seal(ctx, attestContent(spec, who.uid, who.gid, who.cred))
+		if err != nil {
+			return nil, fmt.Errorf("the attestation: %w", err)
+		}
+		return &Auth{Credential: who.cred, UID: who.uid, GID: who.gid, Attestation: att, Accepted: time.Now().UTC()}, nil
+	}
+}
+
+// operate carries out an operator's request r (drain, resume, a policy change) for who,
+// root only, with its audit entry in the same transaction.
+func (sv *server) operate(ctx context.Context, who asker, r Request) (*Answer, []store.Op, error) {
+	what := map[string]string{requestDrain: "draining a node", requestResume: "resuming a node", requestPolicy: "changing the policy"}[r.Kind]
+	if !who.root {
+		return &Answer{Error: fmt.Sprintf("permission denied: %s is root's (the operator's): %s", what, who.by), Denied: true}, nil, nil
+	}
+	entry := func(action, target, detail string) store.Op {
+		return audit.Op(audit.Entry{User: who.user, Token: "munge", Action: action, Target: target, Detail: detail})
+	}
+	switch r.Kind {
+	case requestDrain, requestResume:
+		if err := store.CheckSegment("node", r.Node); err != nil {
+			return &Answer{Error: err.Error(), Invalid: true}, nil, nil
+		}
+		reason, action := strings.TrimSpace(r.Reason), audit.ActionResume
+		if r.Kind == requestDrain {
+			if err := allocator.CheckReason(r.Reason); err != nil {
+				return &Answer{Error: err.Error(), Invalid: true}, nil, nil
+			}
+			action = audit.ActionDrain
+		}
+		ops, err := allocator.DrainOps(ctx, sv.s, r.Node, reason)
+		if errors.Is(err, allocator.ErrNotFound) {
+			return &Answer{Error: err.Error(), Invalid: true}, nil, nil
+		}
+		if err != nil {
+			return nil, nil, err
+		}
+		return &Answer{}, append(ops, entry(action, "node "+r.Node, reason)), nil
+	default:
+		p, err := policy.Parse(r.Policy)
+		if err != nil {
+			return &Answer{Error: err.Error(), Invalid: true}, nil, nil
+		}
+		ops, detail, err := policy.SaveOps(p)
+		if err != nil {
+			return &Answer{Error: err.Error(), Invalid: true}, nil, nil
+		}
+		return &Answer{Detail: detail}, append(ops, entry(audit.ActionPolicySet, "policy", detail)), nil
+	}
+}
+
+// cancelFor cancels job id (or array id's tasks) for who when it is who's, or who is
+// root: the answer, and an audit entry to write with it when root cancels another's.
+func cancelFor(ctx context.Context, s store.Store, who asker, id string) (Answer, []store.Op, error) {
 	if checkID(id) != nil {
-		return Answer{Error: fmt.Sprintf("no job %q", id), Invalid: true}, nil
+		return Answer{Error: fmt.Sprintf("no job %q", id), Invalid: true}, nil, nil
 	}
 	tasks, err := Tasks(ctx, s, id)
 	if err != nil {
-		return Answer{}, err
+		return Answer{}, nil, err
+	}
+	auditOf := func(target, owner, detail string) []store.Op {
+		if owner == who.user {
+			return nil
+		}
+		return []store.Op{audit.Op(audit.Entry{User: who.user, Token: "munge", Action: audit.ActionCancel, Target: target, Owner: owner, Detail: detail})}
 	}
 	if len(tasks) > 0 {
 		for _, t := range tasks {
-			if t.Spec.User != user {
-				return Answer{Owner: t.Spec.User, Array: true}, nil
+			if t.Spec.User != who.user && !who.root {
+				return Answer{Owner: t.Spec.User, Array: true}, nil, nil
 			}
 		}
 		n, err := CancelArray(ctx, s, id)
 		if err != nil {
-			return Answer{}, err
+			return Answer{}, nil, err
 		}
-		return Answer{Cancelled: n, Array: true}, nil
+		return Answer{Cancelled: n, Array: true}, auditOf("job array "+id, tasks[0].Spec.User, fmt.Sprintf("%d task(s)", n)), nil
 	}
 	j, err := Read(ctx, s, id)
 	if errors.Is(err, ErrNotFound) {
-		return Answer{Error: fmt.Sprintf("no job %q", id), Invalid: true}, nil
+		return Answer{Error: fmt.Sprintf("no job %q", id), Invalid: true}, nil, nil
 	}
 	if err != nil {
-		return Answer{}, err
+		return Answer{}, nil, err
 	}
-	if j.Spec.User != user {
-		return Answer{Owner: j.Spec.User}, nil
+	if j.Spec.User != who.user && !who.root {
+		return Answer{Owner: j.Spec.User}, nil, nil
 	}
-	changed, err := Cancel(ctx, s, id)
+	changed, err := Cancel(ctx, s, id, auditOf("job "+id, j.Spec.User, "")...)
 	if err != nil {
-		return Answer{}, err
+		return Answer{}, nil, err
 	}
 	n := 0
 	if changed {
 		n = 1
 	}
-	return Answer{Cancelled: n}, nil
+	return Answer{Cancelled: n}, nil, nil
 }

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/gangrun/gangrun/acl"
 	"github.com/gangrun/gangrun/allocator"
 	"github.com/gangrun/gangrun/internal/store"
@@ -31,7 +33,7 @@ func TestUsersRequests(t *testing.T) {
 	}
 	inv.Node = "n1"
 	a, err := allocator.NewAgent(s, allocator.AgentConfig{Node: "n1", Addr: "127.0.0.1", Inventory: inv,
-		Leader: []func(context.Context, store.Store, string) error{ServeRequests(nil)}})
+		Leader: []func(context.Context, store.Store, string) error{ServeRequests(nil, nil)}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,7 +141,8 @@ func TestStaleRequestQueuesNothing(t *testing.T) {
 	}
 
 	key := requestKey("alice", requestSubmit)
-	b, _ := json.Marshal(Request{Kind: requestSubmit, Spec: &Spec{Command: []string{"true"}, MinNodes: 1, MaxNodes: 1, GPUsPerNode: 1, WorkDir: "/tmp"}})
+	text, _ := json.Marshal(Request{Kind: requestSubmit, Spec: &Spec{Command: []string{"true"}, MinNodes: 1, MaxNodes: 1, GPUsPerNode: 1, WorkDir: "/tmp"}})
+	b, _ := json.Marshal(boxed{Request: text})
 	write := func() {
 		if _, err := s.Txn(ctx, []store.Op{{Verb: store.Set, Key: key, Value: b}}); err != nil {
 			t.Fatal(err)
@@ -155,7 +158,7 @@ func TestStaleRequestQueuesNothing(t *testing.T) {
 		t.Fatalf("the request's index did not move: %+v", e)
 	}
 	pass := store.Op{Verb: store.CheckNotExists, Key: "gangrun/test/no-such-key"} // a fence that holds
-	if err := serve(ctx, s, pass, *first); err != nil {
+	if err := (&server{s: s, fence: pass, log: zap.NewNop()}).serve(ctx, *first); err != nil {
 		t.Fatalf("serve of a stale read: %v", err)
 	}
 	if jobs, _ := List(ctx, s); len(jobs) != 0 {

@@ -17,6 +17,7 @@ import (
 //
 //	spec           Spec, written once by Submit
 //	state          State, changed only by check-and-set
+//	auth           Auth: who submitted it, proven (auth.go)
 //	steps/<node>   StepRecord, held by the session of the job's step on the node: the
 //	               step runs while the key exists
 //
@@ -251,6 +252,10 @@ type Job struct {
 	Index uint64
 	// Idle are the nodes' marks that the job's GPUs there stay idle (IdleMark), by node.
 	Idle []IdleMark
+	// Auth is who submitted it, proven (auth.go); nil when its record has none.
+	// AuthIndex is the auth key's index (0: none).
+	Auth      *Auth
+	AuthIndex uint64
 }
 
 // Read returns job id; ErrNotFound when there is none.
@@ -281,6 +286,11 @@ func decode(id string, entries []store.Entry) (*Job, error) {
 				return nil, fmt.Errorf("job %s: state: %w", id, err)
 			}
 			j.Index, haveState = e.ModifyIndex, true
+		case authKey(id):
+			var a Auth
+			if json.Unmarshal(e.Value, &a) == nil {
+				j.Auth, j.AuthIndex = &a, e.ModifyIndex
+			}
 		default:
 			var m IdleMark
 			if isIdleKey(id, e.Key) && e.Session != "" && json.Unmarshal(e.Value, &m) == nil {

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gangrun/gangrun/allocator"
+	"github.com/gangrun/gangrun/audit"
 	"github.com/gangrun/gangrun/event"
 	"github.com/gangrun/gangrun/hostlist"
 	"github.com/gangrun/gangrun/internal/cgroup"
@@ -45,6 +46,9 @@ type StepConfig struct {
 	// Log receives the step's own messages until the job's output file is open (they go
 	// into it, beside the workers' lines, from then on); nil discards them.
 	Log *zap.Logger
+	// Prover checks the job's attestation before anything runs, and gives the uid and
+	// gid the workers run as (auth.go); nil checks nothing (agent --auth none).
+	Prover Prover
 	// Signals are the signals sent to the step process: SIGINT, SIGTERM and SIGHUP stop
 	// the workers as a cancel does (the job's end is then the controller's to say);
 	// SIGUSR1 and SIGUSR2 are passed on to them.
@@ -146,7 +150,26 @@ func (st *step) run(ctx context.Context) int {
 		return 0
 	}
 	st.job = j
-	if st.user, err = jobUser(j.Spec.User, node); err != nil {
+	var proven *proc.User // the user the job's attestation proves (auth.go)
+	if st.cfg.Prover != nil {
+		var r *refusal
+		proven, err = stepUser(ctx, st.cfg.Prover, j, node)
+		switch {
+		case errors.As(err, &r):
+			st.log.Error("the job's credential is refused: nothing runs", zap.Error(err))
+			_ = audit.Write(context.WithoutCancel(ctx), s, audit.Entry{User: "gangrun", Token: "agent", Action: audit.ActionRefuse,
+				Target: "job " + id, Owner: j.Spec.User, Detail: "on node " + node + ": " + r.Error()})
+			_ = st.recordEnd(ctx, Failed, 1, r.Error())
+			return 1
+		case err != nil:
+			// This node cannot check (its munged does not answer): the node's trouble,
+			// not the job's. The step ends without an outcome, and the controller
+			// places the job again, away from this node.
+			st.log.Error("cannot check the job's credential on this node: nothing runs here", zap.Error(err))
+			return 1
+		}
+	}
+	if st.user, err = jobUser(j.Spec.User, proven, node); err != nil {
 		st.log.Error("the job's user", zap.Error(err))
 		_ = st.recordEnd(ctx, Failed, 1, err.Error())
 		return 1
@@ -256,14 +279,18 @@ func (st *step) output() (f *os.File, err error) {
 }
 
 // jobUser is the Unix user a job's workers run as on node: the job's submitter
-// (Spec.User), as Slurm runs a job's tasks as its user; nil when that is the step's own
-// user. Errors: the user does not exist on the node (Slurm's "User not found on
+// (Spec.User), as Slurm runs a job's tasks as its user — the user its MUNGE
+// attestation proves (proven), or, when nothing is checked (agent --auth none), the
+// user of that name here; nil when that is the step's own user. Errors: the user does not exist on the node (Slurm's "User not found on
 // host"), or the step is not root and so cannot switch to another user (slurmd runs as
 // root for this).
-func jobUser(name, node string) (*proc.User, error) {
-	u, err := proc.LookupUser(name)
-	if err != nil {
-		return nil, fmt.Errorf("the job's user cannot run on node %s: %w", node, err)
+func jobUser(name string, proven *proc.User, node string) (*proc.User, error) {
+	u := proven
+	if u == nil {
+		var err error
+		if u, err = proc.LookupUser(name); err != nil {
+			return nil, fmt.Errorf("the job's user cannot run on node %s: %w", node, err)
+		}
 	}
 	if u.IsSelf() {
 		return nil, nil

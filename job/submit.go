@@ -88,7 +88,15 @@ func applyPolicy(p *policy.Policy, spec *Spec) error {
 // records, and not the sequence, for each, and its concurrent submits take their turns
 // at the sequence instead of racing for it.
 func Submit(ctx context.Context, s store.Store, spec Spec) (string, error) {
-	return submit(ctx, s, spec, nil)
+	return submit(ctx, s, spec, nil, nil)
+}
+
+// SubmitSealed is Submit with the submitter's MUNGE credential, made by sealer for the
+// job as queued (its id and spec: auth.go), written with it: what a cluster whose
+// agents check credentials (--auth munge) requires. Errors: Submit's, and sealer's
+// (munged not answering).
+func SubmitSealed(ctx context.Context, s store.Store, spec Spec, sealer Sealer) (string, error) {
+	return submit(ctx, s, spec, nil, sealed(sealer))
 }
 
 // alsoOps, when not nil, gives operations to apply in the transaction that queues job
@@ -96,7 +104,7 @@ func Submit(ctx context.Context, s store.Store, spec Spec) (string, error) {
 type alsoOps func(id string) []store.Op
 
 // submit is Submit with also's operations in its transaction.
-func submit(ctx context.Context, s store.Store, spec Spec, also alsoOps) (string, error) {
+func submit(ctx context.Context, s store.Store, spec Spec, also alsoOps, auth authFor) (string, error) {
 	cc := cacheFor(s)
 	spec, err := prepareSubmit(ctx, s, cc, spec)
 	if err != nil {
@@ -117,7 +125,11 @@ func submit(ctx context.Context, s store.Store, spec Spec, also alsoOps) (string
 		} else if reqOps, err = allocator.JobRequestOps(request(spec, false, nil)); err != nil {
 			return "", err
 		}
-		ops := append(append([]store.Op{seqOp}, jobOps(spec, st)...), reqOps...)
+		aops, err := authOps(ctx, auth, spec)
+		if err != nil {
+			return "", err
+		}
+		ops := append(append(append([]store.Op{seqOp}, jobOps(spec, st)...), aops...), reqOps...)
 		if also != nil {
 			ops = append(ops, also(id)...)
 		}
@@ -252,11 +264,18 @@ func checkDependencies(ctx context.Context, s store.Store, deps []Dependency) er
 // which takes the id; a submit that fails after it leaves the tasks written so far
 // (`gangrun cancel A` removes them), and says how many.
 func SubmitArray(ctx context.Context, s store.Store, spec Spec, a Array) (string, []string, error) {
-	return submitArray(ctx, s, spec, a, nil)
+	return submitArray(ctx, s, spec, a, nil, nil)
 }
 
-// submitArray is SubmitArray with also's operations in its first transaction.
-func submitArray(ctx context.Context, s store.Store, spec Spec, a Array, also alsoOps) (string, []string, error) {
+// SubmitArraySealed is SubmitArray with the submitter's MUNGE credential for each task,
+// made by sealer (SubmitSealed).
+func SubmitArraySealed(ctx context.Context, s store.Store, spec Spec, a Array, sealer Sealer) (string, []string, error) {
+	return submitArray(ctx, s, spec, a, nil, sealed(sealer))
+}
+
+// submitArray is SubmitArray with also's operations in its first transaction, and the
+// tasks' Auth made by auth (none when nil).
+func submitArray(ctx context.Context, s store.Store, spec Spec, a Array, also alsoOps, auth authFor) (string, []string, error) {
 	if len(a.Indices) == 0 {
 		return "", nil, &invalid{errors.New("--array: no indices")}
 	}
@@ -289,6 +308,11 @@ func submitArray(ctx context.Context, s store.Store, spec Spec, a Array, also al
 			ts.ID = TaskID(id, i)
 			ts.Array = &ArrayTask{JobID: id, TaskID: i, Count: len(a.Indices), Min: a.Indices[0], Max: a.Indices[len(a.Indices)-1], Step: a.Step, Limit: a.Limit}
 			ops := jobOps(ts, st)
+			aops, err := authOps(ctx, auth, ts)
+			if err != nil {
+				return "", nil, err
+			}
+			ops = append(ops, aops...)
 			total += len(ops[1].Value)
 			if total > maxArrayBytes {
 				return "", nil, &invalid{fmt.Errorf("--array %s: its %d tasks' specs would take over %d MiB (a smaller script, or fewer tasks)", a, len(a.Indices), maxArrayBytes>>20)}
@@ -311,12 +335,16 @@ func submitArray(ctx context.Context, s store.Store, spec Spec, a Array, also al
 			}
 			return "", nil, fmt.Errorf("submit job array %s: %w", id, err)
 		}
-		written := (len(batches[0]) - head) / 3
+		perTask := 3
+		if auth != nil {
+			perTask = 4 // and the task's credential
+		}
+		written := (len(batches[0]) - head) / perTask
 		for _, b := range batches[1:] {
 			if _, err := s.Txn(ctx, b); err != nil {
 				return id, ids[:written], fmt.Errorf("submit job array %s: wrote %d of its %d tasks (gangrun cancel %s removes them): %w", id, written, len(ids), id, err)
 			}
-			written += len(b) / 3
+			written += len(b) / perTask
 		}
 		return id, ids, nil
 	}

@@ -175,7 +175,7 @@ func runThroughput(b *testing.B, n, clients int, realSteps bool, limit time.Dura
 			b.Fatal(err)
 		}
 		a, err := allocator.NewAgent(s, allocator.AgentConfig{Node: node, Addr: "127.0.0.1", Inventory: inv,
-			Events: grants, Leader: []func(context.Context, store.Store, string) error{Control(nil, nil, DefaultMinJobAge)}})
+			Events: grants, Leader: []func(context.Context, store.Store, string) error{Control(nil, nil, DefaultMinJobAge, nil)}})
 		if err != nil {
 			b.Fatal(err)
 		}

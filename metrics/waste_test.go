@@ -43,7 +43,7 @@ func TestGPUWasteMarksAnIdleJob(t *testing.T) {
 		Holders: func(ctx context.Context) (map[int]JobLabels, error) { return view.Holders(ctx, "gpu-w") }, CacheTTL: 10 * time.Millisecond})
 	sched := NewSchedulerCollector(s, view)
 	a, err := allocator.NewAgent(s, allocator.AgentConfig{Node: "gpu-w", Addr: "127.0.0.1", Inventory: m.inv, Events: sched,
-		Leader: []func(context.Context, store.Store, string) error{job.Control(nil, sched, job.DefaultMinJobAge), sched.Lead}})
+		Leader: []func(context.Context, store.Store, string) error{job.Control(nil, sched, job.DefaultMinJobAge, nil), sched.Lead}})
 	if err != nil {
 		t.Fatal(err)
 	}

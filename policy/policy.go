@@ -420,15 +420,31 @@ func Load(ctx context.Context, s store.Store) (*Policy, error) {
 // Save writes p (after Validate) as the policy; the scheduler applies it on its next
 // pass. also's operations (an audit entry) are applied in the same transaction.
 func Save(ctx context.Context, s store.Store, p *Policy, also ...store.Op) error {
-	if err := p.Validate(); err != nil {
-		return err
-	}
-	b, err := json.MarshalIndent(p, "", "  ")
+	ops, _, err := SaveOps(p)
 	if err != nil {
 		return err
 	}
-	if _, err := s.Txn(ctx, append([]store.Op{{Verb: store.Set, Key: Key, Value: b}}, also...)); err != nil {
+	if _, err := s.Txn(ctx, append(ops, also...)); err != nil {
 		return fmt.Errorf("write %s: %w", Key, err)
 	}
 	return nil
+}
+
+// SaveOps are the operations that write p (after Validate) as the policy, and p's
+// summary ("2 partitions, 3 accounts") as the audit log and `gangrun policy set` say it.
+func SaveOps(p *Policy) ([]store.Op, string, error) {
+	if err := p.Validate(); err != nil {
+		return nil, "", err
+	}
+	b, err := json.MarshalIndent(p, "", "  ")
+	if err != nil {
+		return nil, "", err
+	}
+	return []store.Op{{Verb: store.Set, Key: Key, Value: b}}, Summary(p), nil
+}
+
+// Summary is p's size as the audit log records a policy change: "N partitions, M
+// accounts".
+func Summary(p *Policy) string {
+	return fmt.Sprintf("%d partitions, %d accounts", len(p.Partitions), len(p.Accounts))
 }

@@ -13,13 +13,16 @@
 #   chromium  Debian's chromium: the status page's test loads it in headless Chromium
 #   passwd    useradd and userdel (Debian's passwd): tests make the Unix users that jobs
 #             run as, and remove them
+#   munge     Debian's munge (munged, munge, mungekey and libmunge.so.2): the tests run
+#             their own munged daemons, as every node of a cluster runs one; the
+#             package's own service is left stopped if nothing had started it
 #
-# Usage: scripts/install-deps.sh [torch] [consul] [iproute2] [prometheus] [chromium] [passwd]
+# Usage: scripts/install-deps.sh [torch] [consul] [iproute2] [prometheus] [chromium] [passwd] [munge]
 # (no arguments: all of them). The Makefile asks for what each target needs: `make demo`
 # torch only, `make test` all of them, `make bench` torch and consul.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-want=("$@"); [ ${#want[@]} -eq 0 ] && want=(torch consul iproute2 prometheus chromium passwd)
+want=("$@"); [ ${#want[@]} -eq 0 ] && want=(torch consul iproute2 prometheus chromium passwd munge)
 
 apt_install() {
   local sudo=""
@@ -66,6 +69,13 @@ for w in "${want[@]}"; do
         apt_install passwd
       fi
       ;;
-    *) echo "install-deps.sh: unknown component $w (want torch, consul, iproute2, prometheus, chromium or passwd)" >&2; exit 2 ;;
+    munge)
+      if ! command -v munge >/dev/null 2>&1 || ! [ -x /usr/sbin/munged ] || ! [ -x /usr/sbin/mungekey ] ||
+         ! /sbin/ldconfig -p 2>/dev/null | grep 'libmunge\.so\.2' >/dev/null; then
+        echo "installing Debian's munge (munged, munge, libmunge) ..." >&2
+        apt_install munge
+      fi
+      ;;
+    *) echo "install-deps.sh: unknown component $w (want torch, consul, iproute2, prometheus, chromium, passwd or munge)" >&2; exit 2 ;;
   esac
 done

@@ -14,7 +14,7 @@ h1 { font-size: 1.4em; margin: 0 0 .2em; } h2 { font-size: 1.1em; margin: 1.4em 
 .nodes { display: flex; flex-wrap: wrap; gap: .8em; }
 .node { border: 2px solid #8a8; border-radius: 6px; padding: .5em .7em; background: #fff; min-width: 14em; }
 .node.drained { border-color: #d90; background: #fff8e6; } .node.down { border-color: #999; background: #eee; color: #777; }
-.node h3 { margin: 0; font-size: 1em; } .node .state { font-size: .85em; color: #555; }
+.node h3 { margin: 0; font-size: 1em; } .node .state, .node .auth { font-size: .85em; color: #555; } .node .auth.insecure { color: #b00; font-weight: bold; }
 .gpus { display: grid; grid-template-columns: repeat(4, 2.6em); gap: 4px; margin-top: .4em; }
 .gpu { height: 2.2em; border-radius: 3px; font-size: .75em; text-align: center; line-height: 1.1em; padding-top: .2em; position: relative; overflow: hidden; }
 .gpu.free { background: #d8efd8; } .gpu.off { background: #ddd; color: #777; } .gpu.held { background: #7aa7e0; color: #fff; }
@@ -39,6 +39,7 @@ th { background: #eee; }
 {{range .Nodes}}<div class="node {{.State}}" id="node-{{.Name}}">
 <h3>{{.Name}}</h3>
 <div class="state">{{.State}}{{if .Reason}}: {{.Reason}}{{end}} · {{.Free}}/{{.Total}} free{{if .Model}} · {{.Model}}{{end}}</div>
+{{if .Auth}}<div class="auth{{if eq .Auth "none"}} insecure{{end}}">who submits: {{if eq .Auth "munge"}}MUNGE credentials{{else if eq .Auth "acl"}}Consul ACL tokens{{else if eq .Auth "none"}}not checked (--auth none): anyone may run jobs as anyone{{else}}{{.Auth}}{{end}}</div>{{end}}
 <div class="gpus">{{range .GPUs}}<div class="gpu {{.Class}}" title="{{.Title}}">{{.Label}}{{if ge .Util 0.0}}<div class="bar" style="width: {{pct .Util}}"></div>{{end}}</div>{{end}}</div>
 </div>
 {{else}}<p>No node registered.</p>

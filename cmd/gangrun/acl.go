@@ -74,7 +74,19 @@ func runACL(ctx context.Context, e *env, args []string) int {
 	if verb == "whoami" {
 		switch id.Role {
 		case acl.RoleOpen:
-			fmt.Fprintln(e.stdout, "Consul's ACLs are off: every command may do everything")
+			munge, err := clusterSealer(ctx, e, s)
+			switch {
+			case err != nil:
+				return sealerErr(e, "acl", err)
+			case munge != nil:
+				who, err := munge.Probe(ctx)
+				if err != nil {
+					return sealerErr(e, "acl", err)
+				}
+				fmt.Fprintf(e.stdout, "Consul's ACLs are off; the agents check MUNGE credentials: you are %s (uid %d)\n", userOf(who.UID), who.UID)
+			default:
+				fmt.Fprintln(e.stdout, "Consul's ACLs are off and no agent checks MUNGE credentials: every command may do everything")
+			}
 		case acl.RoleUser:
 			fmt.Fprintf(e.stdout, "user %s (token %s)\n", id.User, id.Accessor)
 		default:

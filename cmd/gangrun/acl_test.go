@@ -303,9 +303,10 @@ func TestACLCluster(t *testing.T) {
 	}
 }
 
-// TestAuditWithoutACLs: with Consul's ACLs off every command may do everything, as
-// before ACLs; `acl whoami` says so, `acl bootstrap` refuses with one line and exit 2,
-// and drain and resume are still recorded in the audit log, with token "none".
+// TestAuditWithoutACLs: with Consul's ACLs off, MUNGE says who asks (the package's
+// munged: the agents check credentials); `acl whoami` says so, `acl bootstrap` refuses
+// with one line and exit 2, and root's drain and resume are recorded in the audit log
+// by the elected agent, with token "munge".
 func TestAuditWithoutACLs(t *testing.T) {
 	consul := consultest.Start(t).Addr
 	startAgent(t, consul, "open-a", "dgx-h100", "partition=train")
@@ -313,7 +314,7 @@ func TestAuditWithoutACLs(t *testing.T) {
 		nodes := nodesJSON(t, consul)
 		return len(nodes) == 1 && nodes[0].State == "up"
 	}, "the agent up")
-	if code, out, errOut := inProcess("acl", "--consul", consul, "whoami"); code != 0 || out != "Consul's ACLs are off: every command may do everything\n" {
+	if code, out, errOut := inProcess("acl", "--consul", consul, "whoami"); code != 0 || out != "Consul's ACLs are off; the agents check MUNGE credentials: you are root (uid 0)\n" {
 		t.Errorf("acl whoami: exit %d: %q %s", code, out, errOut)
 	}
 	if code, _, errOut := inProcess("acl", "--consul", consul, "bootstrap"); code != 2 || !strings.HasPrefix(errOut, "gangrun acl: Consul's ACLs are off: turn them on") || strings.Count(errOut, "\n") != 1 {
@@ -334,7 +335,7 @@ func TestAuditWithoutACLs(t *testing.T) {
 		t.Fatalf("audit --json: %v\n%s", err, out)
 	}
 	if len(entries) != 2 || entries[0].Action != audit.ActionDrain || entries[0].Detail != "bios update" || entries[1].Action != audit.ActionResume ||
-		entries[0].Token != "none" || entries[0].Accessor != "" || entries[0].User != currentUser() {
+		entries[0].Token != "munge" || entries[0].Accessor != "" || entries[0].User != currentUser() {
 		t.Errorf("audit: %+v", entries)
 	}
 	if code, out, _ := inProcess("audit", "--consul", consul, "--user", "nobody-at-all"); code != 0 || strings.Count(out, "\n") != 1 {

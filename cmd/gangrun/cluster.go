@@ -86,6 +86,7 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 	noSched := fs.Bool("no-scheduler", false, "never act as the cluster's scheduler")
 	healthEvents := fs.String("health-events", "", "replay GPU health changes appended to FILE (JSON lines) instead of watching NVML: drills and tests")
 	logFormat := fs.String("log-format", "text", "log lines: text or json")
+	authMode := fs.String("auth", "", "how users are told apart: munge (MUNGE credentials, checked before any job runs) or none (nothing checked: anyone may run jobs as anyone); default: munge where munged answers, else Consul's ACLs when on, else the agent refuses to start")
 	metricsAddr := fs.String("metrics-addr", "", fmt.Sprintf("serve Prometheus metrics on HOST:PORT/metrics (off unless given; suggested port %d)", metrics.DefaultPort))
 	httpAddr := fs.String("http-addr", "", "serve the cluster's status page on HOST:PORT/ (and /metrics; off unless given)")
 	jobMapDir := fs.String("dcgm-job-mapping-dir", "", "write dcgm-exporter's HPC job-mapping files (one per GPU index, the job ids holding it) into DIR, for its --hpc-job-mapping-dir (off unless given)")
@@ -167,6 +168,14 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 	case who.Role == acl.RoleUser:
 		return usageErr(e, "agent", "permission denied: an agent takes the agents' token from gangrun acl bootstrap (your token is %s)", who.Name())
 	}
+	munge, auth, code := agentAuth(ctx, e, *authMode, err == nil && who.Role != acl.RoleOpen)
+	if code != exitOK {
+		return code
+	}
+	var prover job.Prover // nil unless MUNGE: a nil *identity.Munge is no nil Prover
+	if munge != nil {
+		prover = munge
+	}
 	var health allocator.HealthSource
 	switch {
 	case *healthEvents != "":
@@ -193,10 +202,10 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 	if health != nil {
 		health = tapHealth(health, gpus.NoteHealth)
 	}
-	a, err = allocator.NewAgent(s, allocator.AgentConfig{Node: name, Addr: *addr, Labels: lbl, Inventory: inv,
+	a, err = allocator.NewAgent(s, allocator.AgentConfig{Node: name, Addr: *addr, Labels: lbl, Inventory: inv, Auth: auth,
 		NoScheduler: *noSched, Log: log, Health: health, Events: sched,
-		Leader: []func(context.Context, store.Store, string) error{job.Control(log.Named("jobs"), sched, minJobAge), sched.Lead,
-			job.KeepAccounts(log.Named("acct"), acctRetention, acctFold), job.ServeRequests(log.Named("requests")),
+		Leader: []func(context.Context, store.Store, string) error{job.Control(log.Named("jobs"), sched, minJobAge, prover), sched.Lead,
+			job.KeepAccounts(log.Named("acct"), acctRetention, acctFold), job.ServeRequests(log.Named("requests"), prover),
 			audit.Keep(log.Named("audit"), auditRetention, 0)}})
 	if err != nil {
 		return usageErr(e, "agent", "%v", err)
@@ -221,6 +230,17 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 	}
 	for _, n := range inv.Notes {
 		log.Info("topology", zap.String("note", n))
+	}
+	switch auth {
+	case authMunge:
+		log.Info("who submits jobs: MUNGE credentials, checked before any job runs", zap.String("munge_socket", munge.Socket()))
+		if err == nil && who.Role == acl.RoleOpen {
+			log.Warn("Consul's ACLs are off: a local user can still write gangrun's records in Consul directly (stop or delete jobs, drain nodes), though never run anything as another user; turn them on to stop that too (docs/acl.md)")
+		}
+	case authACL:
+		log.Info("who submits jobs: Consul's ACL tokens (munged does not answer here)")
+	case authNone:
+		log.Warn("--auth none: no credential is checked: any local user who reaches Consul can run jobs as any user, root included")
 	}
 	if !e.startup.handOver() {
 		return exitFailure // stopped by a signal while starting: main says so
@@ -249,7 +269,7 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 	go func() {
 		defer close(launcherDone)
 		_ = job.RunLauncher(lctx, job.LauncherConfig{Store: s, Node: name, Log: log.Named("jobs"),
-			Spawn: spawnStep(e, *consul, *topoFile, name, stepLogs, &steps)})
+			Spawn: spawnStep(e, *consul, *topoFile, name, auth, stepLogs, &steps)})
 	}()
 	exposition := metrics.Handler(gpus, metrics.NewNodeCollector(view, name), sched, metrics.NewJobCollector(s, name, 0, 0))
 	if metricsLn != nil {
@@ -314,10 +334,10 @@ func runNodes(ctx context.Context, e *env, args []string) int {
 		return printJSON(e, nodes)
 	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tSTATE\tGPUS\tUSED\tFREE\tMODEL\tLABELS\tJOBS\tREASON")
+	fmt.Fprintln(tw, "NODE\tSTATE\tGPUS\tUSED\tFREE\tMODEL\tLABELS\tJOBS\tAUTH\tREASON")
 	for _, n := range nodes {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\n", n.Name, n.State, n.GPUsTotal, n.GPUsUsed, n.GPUsFree, orDash(n.Model),
-			orDash(labelString(n.Labels)), orDash(strings.Join(n.Grants, ",")), orDash(n.Reason))
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\n", n.Name, n.State, n.GPUsTotal, n.GPUsUsed, n.GPUsFree, orDash(n.Model),
+			orDash(labelString(n.Labels)), orDash(strings.Join(n.Grants, ",")), orDash(n.Auth), orDash(n.Reason))
 	}
 	tw.Flush()
 	return exitOK
@@ -635,8 +655,21 @@ func runCancel(ctx context.Context, e *env, args []string) int {
 	if code != exitOK {
 		return code
 	}
-	if who.Role == acl.RoleUser {
-		return cancelAs(ctx, e, s, who, fs.Args())
+	munge, err := clusterSealer(ctx, e, s)
+	if err != nil {
+		return sealerErr(e, "cancel", err)
+	}
+	switch {
+	case who.Role == acl.RoleUser:
+		as := job.Asker{User: who.User, Wait: job.DefaultRequestWait}
+		if munge != nil {
+			as.Sealer = munge
+		}
+		return cancelAs(ctx, e, s, as, fs.Args())
+	case who.Role == acl.RoleOpen && munge != nil:
+		// No ACLs, but MUNGE: the elected agent cancels what the credential's user may
+		// (their own jobs; root's, any).
+		return cancelAs(ctx, e, s, asker(munge), fs.Args())
 	}
 	if !who.Admin() {
 		return usageErr(e, "cancel", "permission denied: cancelling takes a user's token (for the user's own jobs) or the operator's (your token is %s)", who.Name())
@@ -700,15 +733,16 @@ func runCancel(ctx context.Context, e *env, args []string) int {
 	return exitOK
 }
 
-// cancelAs is `gangrun cancel` under a user's token: each job is cancelled through
-// the user's request box, and only if it is the user's (job.CancelAs). The exit code is
-// 1 if any failed, else 2 if any was unknown or another's, else 0.
-func cancelAs(ctx context.Context, e *env, s store.Store, who acl.Identity, ids []string) int {
+// cancelAs is `gangrun cancel` through the asker's request box, under a user's token
+// or with MUNGE credentials: each job is cancelled by the elected agent, and only if it
+// is the asker's (root's: any). The exit code is 1 if any failed, else 2 if any was
+// unknown or another's, else 0.
+func cancelAs(ctx context.Context, e *env, s store.Store, as job.Asker, ids []string) int {
 	refused, failed := false, false
 	for _, id := range ids {
-		n, array, err := job.CancelAs(ctx, s, who.User, id, job.DefaultRequestWait)
+		n, array, err := as.Cancel(ctx, s, id)
 		switch {
-		case errors.Is(err, job.ErrNotYours):
+		case errors.Is(err, job.ErrNotYours), errors.Is(err, job.ErrDenied):
 			usageErr(e, "cancel", "%s: %v", id, err)
 			refused = true
 		case errors.Is(err, job.ErrNotFound):
@@ -784,6 +818,23 @@ func setDrain(ctx context.Context, e *env, cmd, consul, node, reason string) int
 	if reason == "" {
 		action, what = audit.ActionResume, "resuming a node"
 	}
+	if who.Role == acl.RoleOpen {
+		munge, err := clusterSealer(ctx, e, s)
+		if err != nil {
+			return sealerErr(e, cmd, err)
+		}
+		if munge != nil {
+			// No ACLs, but MUNGE: the elected agent drains for root only.
+			err := asker(munge).Drain(ctx, s, node, reason)
+			switch {
+			case errors.Is(err, job.ErrDenied), errors.Is(err, allocator.ErrNotFound):
+				return usageErr(e, cmd, "%v", err)
+			case err != nil:
+				return failErr(e, cmd, err)
+			}
+			return drained(e, node, reason)
+		}
+	}
 	if code := needAdmin(e, cmd, what, who); code != exitOK {
 		return code
 	}
@@ -793,6 +844,11 @@ func setDrain(ctx context.Context, e *env, cmd, consul, node, reason string) int
 		}
 		return failErr(e, cmd, err)
 	}
+	return drained(e, node, reason)
+}
+
+// drained says node was drained for reason, or resumed ("").
+func drained(e *env, node, reason string) int {
 	if reason == "" {
 		fmt.Fprintf(e.stdout, "resumed %s\n", node)
 	} else {

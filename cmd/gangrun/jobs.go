@@ -23,6 +23,7 @@ import (
 	"github.com/gangrun/gangrun/acl"
 	"github.com/gangrun/gangrun/allocator"
 	"github.com/gangrun/gangrun/hostlist"
+	"github.com/gangrun/gangrun/identity"
 	"github.com/gangrun/gangrun/internal/proc"
 	"github.com/gangrun/gangrun/internal/store"
 	"github.com/gangrun/gangrun/internal/userfile"
@@ -134,6 +135,16 @@ func runSubmit(ctx context.Context, e *env, args []string) int {
 	if code != exitOK {
 		return code
 	}
+	// Where the agents check MUNGE credentials, the job carries its submitter's
+	// (docs/acl.md#identity).
+	munge, err := clusterSealer(ctx, e, s)
+	if err != nil {
+		return sealerErr(e, "submit", err)
+	}
+	var sealer job.Sealer
+	if munge != nil {
+		sealer = munge
+	}
 	var id string
 	var tasks []string
 	switch {
@@ -146,14 +157,17 @@ func runSubmit(ctx context.Context, e *env, args []string) int {
 		if spec.User != who.User {
 			fmt.Fprintf(e.stderr, "gangrun submit: submitting as %s, your token's user (not as %s)\n", who.User, spec.User)
 		}
-		id, tasks, err = job.SubmitAs(ctx, s, who.User, spec, array, job.DefaultRequestWait)
+		id, tasks, err = job.Asker{User: who.User, Sealer: sealer, Wait: job.DefaultRequestWait}.Submit(ctx, s, spec, array)
 	case array != nil:
-		id, tasks, err = job.SubmitArray(ctx, s, spec, *array)
+		id, tasks, err = job.SubmitArraySealed(ctx, s, spec, *array, sealer)
 	default:
-		id, err = job.Submit(ctx, s, spec)
+		id, err = job.SubmitSealed(ctx, s, spec, sealer)
 	}
-	if errors.Is(err, job.ErrInvalid) {
+	if errors.Is(err, job.ErrInvalid) || errors.Is(err, job.ErrDenied) {
 		return usageErr(e, "submit", "%v", err)
+	}
+	if errors.Is(err, identity.ErrNoDaemon) || errors.Is(err, identity.ErrNoMunge) {
+		return sealerErr(e, "submit", err)
 	}
 	if err != nil {
 		return failErr(e, "submit", err)
@@ -519,9 +533,10 @@ func runStep(ctx context.Context, e *env, args []string) int {
 	// not reach the job's workers, which run as another user: Slurm's tasks get 0-2
 	// only. Linux 5.11's close_range flag; an older kernel keeps them.
 	_ = unix.CloseRange(3, math.MaxUint32, unix.CLOSE_RANGE_CLOEXEC)
-	fs := newFlagSet(e, stepCommand, "--consul ADDR [--topology-file F] JOB NODE")
+	fs := newFlagSet(e, stepCommand, "--consul ADDR [--topology-file F] [--auth munge|none] JOB NODE")
 	consul := consulFlag(fs)
 	topoFile := fs.String("topology-file", "", "the node's recorded inventory (as its agent's)")
+	authMode := fs.String("auth", authNone, "as the agent's --auth: munge checks the job's attestation before anything runs")
 	if done, code := parseFlags(e, fs, args); done {
 		return code
 	}
@@ -551,11 +566,23 @@ func runStep(ctx context.Context, e *env, args []string) int {
 	if e.self != "" {
 		guardian = []string{e.self, guardianCommand}
 	}
+	var prover job.Prover
+	switch *authMode {
+	case authMunge:
+		m, err := identity.Open(identity.SocketFrom(e.getenv))
+		if err != nil {
+			return failErr(e, stepCommand, err)
+		}
+		prover = m
+	case authNone, authACL:
+	default:
+		return usageErr(e, stepCommand, "--auth %q: want munge, acl or none", *authMode)
+	}
 	if !e.startup.handOver() {
 		return exitFailure // stopped by a signal while starting: main says so
 	}
 	return job.RunStep(ctx, job.StepConfig{Store: s, ConsulAddr: addr, Job: id, Node: node, Inventory: inv,
-		GuardianArgv: guardian, Subreaper: e.self != "", Signals: e.signals, Log: log})
+		GuardianArgv: guardian, Subreaper: e.self != "", Signals: e.signals, Log: log, Prover: prover})
 }
 
 // spawnStep returns the agent's way to start a job's step on node: this binary's hidden
@@ -563,7 +590,7 @@ func runStep(ctx context.Context, e *env, args []string) int {
 // slurmd), its own messages before the job's output opens in dir/job-ID-step.log (dir
 // is the agent's, one per agent process); running counts the steps started that have
 // not ended while this agent lives.
-func spawnStep(e *env, consul, topoFile, node, dir string, running *atomic.Int64) func(id string) error {
+func spawnStep(e *env, consul, topoFile, node, auth, dir string, running *atomic.Int64) func(id string) error {
 	return func(id string) error {
 		if e.self == "" {
 			return errors.New("no gangrun binary to start the step with")
@@ -573,7 +600,7 @@ func spawnStep(e *env, consul, topoFile, node, dir string, running *atomic.Int64
 			return err
 		}
 		defer logFile.Close()
-		args := []string{stepCommand}
+		args := []string{stepCommand, "--auth", auth}
 		if consul != "" {
 			args = append(args, "--consul", consul)
 		}

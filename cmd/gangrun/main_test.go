@@ -1,6 +1,8 @@
 package main
 
 import (
+	"github.com/gangrun/gangrun/internal/mungetest"
+
 	"context"
 	"errors"
 	"flag"
@@ -25,6 +27,9 @@ var update = flag.Bool("update", false, "rewrite golden files under testdata/")
 // (signals, process groups, a driverless machine).
 var gangrunBin string
 
+// testMunge is the package's munged (TestMain): its key is the test cluster's.
+var testMunge *mungetest.Daemon
+
 func TestMain(m *testing.M) {
 	flag.Parse()
 	dir, err := os.MkdirTemp("", "gangrun-test-bin-")
@@ -44,7 +49,19 @@ func TestMain(m *testing.M) {
 		os.RemoveAll(dir)
 		os.Exit(1)
 	}
+	// One munged for the package, as every node of a cluster runs one with the
+	// cluster's key: the agents the tests start check MUNGE credentials, as a default
+	// cluster does, and the commands make them (docs/acl.md#identity).
+	munged, err := mungetest.Launch("")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	os.Setenv("MUNGE_SOCKET", munged.Socket)
+	testMunge = munged
 	code := m.Run()
+	munged.Stop()
 	os.RemoveAll(dir)
 	os.Exit(code)
 }

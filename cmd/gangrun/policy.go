@@ -3,11 +3,13 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
 	"text/tabwriter"
 
+	"github.com/gangrun/gangrun/acl"
 	"github.com/gangrun/gangrun/audit"
 	"github.com/gangrun/gangrun/internal/userfile"
 	"github.com/gangrun/gangrun/job"
@@ -50,6 +52,25 @@ func runPolicy(ctx context.Context, e *env, args []string) int {
 		who, code := identify(ctx, e, "policy", s)
 		if code != exitOK {
 			return code
+		}
+		if who.Role == acl.RoleOpen {
+			munge, err := clusterSealer(ctx, e, s)
+			if err != nil {
+				return sealerErr(e, "policy", err)
+			}
+			if munge != nil {
+				// No ACLs, but MUNGE: the elected agent sets it for root only.
+				data, _ := json.Marshal(p)
+				_, err := asker(munge).SetPolicy(ctx, s, data)
+				switch {
+				case errors.Is(err, job.ErrDenied), errors.Is(err, job.ErrInvalid):
+					return usageErr(e, "policy", "%v", err)
+				case err != nil:
+					return failErr(e, "policy", err)
+				}
+				fmt.Fprintf(e.stdout, "policy set: %d partitions, %d accounts; the scheduler applies it on its next pass\n", len(p.Partitions), len(p.Accounts))
+				return exitOK
+			}
 		}
 		if code := needAdmin(e, "policy", "changing the policy", who); code != exitOK {
 			return code

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gangrun/gangrun/identity"
 	"github.com/gangrun/gangrun/internal/store"
 	"github.com/gangrun/gangrun/job"
 )
@@ -162,13 +163,17 @@ func TestJobRunsAsItsUser(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	unknown, err := job.Submit(context.Background(), s, job.Spec{Name: "x", User: "no-such-user-gr", MinNodes: 1, MaxNodes: 1, GPUsPerNode: 1,
-		Command: []string{"true"}, WorkDir: dir, MaxRestarts: 0})
+	munge, err := identity.Open(testMunge.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unknown, err := job.SubmitSealed(context.Background(), s, job.Spec{Name: "x", User: "no-such-user-gr", MinNodes: 1, MaxNodes: 1, GPUsPerNode: 1,
+		Command: []string{"true"}, WorkDir: dir, MaxRestarts: 0}, munge)
 	if err != nil {
 		t.Fatal(err)
 	}
 	m = c.waitState(unknown, job.Failed, 90*time.Second)
-	if r := fmt.Sprint(m); !strings.Contains(r, `the job's user cannot run on node gpu-a: user "no-such-user-gr": no such user on this node`) {
+	if r := fmt.Sprint(m); !strings.Contains(r, `InvalidCredential: the job's user "no-such-user-gr" has no account on the elected agent's node`) {
 		t.Errorf("an unknown user: the record does not say so:\n%s", r)
 	}
 }

@@ -79,7 +79,7 @@ func TestStatusPageInChromium(t *testing.T) {
 	url := "http://127.0.0.1:" + strconv.Itoa(port) + "/"
 	dom := string(chromium(t, "--dump-dom", url))
 	for _, want := range []string{`id="node-gpu-a"`, `id="node-gpu-b"`, "fan replacement", `id="job-` + id + `"`, "flaky-trainer",
-		`id="attempts-` + id + `"`, "exit code 3", `class="gpu held"`, `class="node drained"`} {
+		`id="attempts-` + id + `"`, "exit code 3", `class="gpu held"`, `class="node drained"`, "who submits: MUNGE credentials"} {
 		if !strings.Contains(dom, want) {
 			t.Errorf("the DOM Chromium rendered lacks %q", want)
 		}
