@@ -105,6 +105,24 @@ type Spec struct {
 	Array *ArrayTask `json:"array,omitempty"`
 }
 
+// Hidden is what another user's job's private fields read as through gangrun's
+// commands under Consul's ACLs (Spec.Redacted).
+const Hidden = "(hidden: another user's job)"
+
+// Redacted is s as another user sees it through `gangrun show` under Consul's ACLs,
+// as Slurm's PrivateData=jobs keeps a job's details to its user and the operators:
+// its command, script, environment, directories and output path read as Hidden; its
+// resources, times and states stay. (Consul itself still serves the spec's key to a
+// user's token: docs/acl.md, "Limits".)
+func (s Spec) Redacted() Spec {
+	s.Command, s.Script, s.Env = []string{Hidden}, "", nil
+	s.WorkDir, s.Output = Hidden, Hidden
+	if s.CheckpointDir != "" {
+		s.CheckpointDir = Hidden
+	}
+	return s
+}
+
 // Validate checks the spec's own fields; the cluster checks (a partition that exists,
 // nodes with enough GPUs) are Submit's. Errors name the flag and the bad value.
 func (s Spec) Validate() error {

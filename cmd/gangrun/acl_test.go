@@ -186,6 +186,19 @@ func TestACLCluster(t *testing.T) {
 	long := strings.TrimSpace(r.stdout)
 	waitUntilFor(t, 120*time.Second, func() bool { return c.state(alice, long) == string(job.Running) }, "alice's second job RUNNING")
 
+	// Bob sees the outline of alice's job (its name, as queue shows it), not its command
+	// or directories (Slurm's PrivateData=jobs); alice sees all of it.
+	if r := c.as(bob, "show", long); r.code != 0 || strings.Contains(r.stdout, "sleep 300") || strings.Contains(r.stdout, dir) ||
+		!strings.Contains(r.stdout, "Command="+job.Hidden) || !strings.Contains(r.stdout, "UserId=alice") {
+		t.Errorf("bob's show of alice's job: exit %d:\n%s", r.code, r.stdout)
+	}
+	if r := c.as(bob, "show", "--json", long); r.code != 0 || strings.Contains(r.stdout, `"300"`) || strings.Contains(r.stdout, dir) {
+		t.Errorf("bob's show --json of alice's job: exit %d:\n%s", r.code, r.stdout)
+	}
+	if r := c.as(alice, "show", long); r.code != 0 || !strings.Contains(r.stdout, "Command=sleep 300") {
+		t.Errorf("alice's show of her job: exit %d:\n%s", r.code, r.stdout)
+	}
+
 	// Bob is refused what is not his.
 	refused(t, "bob cancels alice's job", c.as(bob, "cancel", long), fmt.Sprintf("gangrun cancel: %s: permission denied: job %s belongs to alice (your token is bob's)", long, long))
 	refused(t, "bob drains a node", c.as(bob, "drain", "acl-a", "--reason", "mine now"), "gangrun drain: permission denied: draining a node takes the operator's token (your token is bob's)")

@@ -573,7 +573,16 @@ func runShow(ctx context.Context, e *env, args []string) int {
 		return code
 	}
 	defer s.Close()
+	// Under Consul's ACLs a user sees only the outline of another user's job, as
+	// Slurm's PrivateData=jobs.
+	who, _ := acl.Whoami(ctx, s)
+	private := func(j *job.Job) {
+		if who.Role == acl.RoleUser && j.Spec.User != who.User {
+			j.Spec = j.Spec.Redacted()
+		}
+	}
 	if j, err := job.Read(ctx, s, fs.Arg(0)); err == nil {
+		private(j)
 		if st := j.State; st.Status == job.Pending && !st.Requeue && !st.Deferred {
 			// The scheduler's reason, as queue shows it (a limit's, say).
 			if status, err := allocator.ReadStatus(ctx, s); err == nil && status.Pending[j.Spec.ID] != "" {
@@ -587,6 +596,9 @@ func runShow(ctx context.Context, e *env, args []string) int {
 	if tasks, err := job.Tasks(ctx, s, fs.Arg(0)); err != nil {
 		return failErr(e, "show", err)
 	} else if len(tasks) > 0 {
+		for i := range tasks {
+			private(&tasks[i])
+		}
 		return showArray(e, tasks, *asJSON)
 	}
 	r, g, err := allocator.Show(ctx, s, fs.Arg(0))
