@@ -61,6 +61,7 @@ cleanup() {
   pids=$(marked_pids)
   if [ -n "$pids" ]; then kill -KILL $pids 2>/dev/null || true; fi
   if [ -n "$consul_pid" ]; then kill "$consul_pid" 2>/dev/null || true; fi
+  stop_munged
   wait 2>/dev/null || true
   if [ -n "${KEEP_WORK:-}" ]; then echo "kept $work (agents' logs, jobs' output)" >&2; else rm -rf "$work"; fi
 }
@@ -68,6 +69,7 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 start_consul "$work/consul.log"
+start_munged # the agents check MUNGE credentials, as on a default cluster
 addr="127.0.0.1:$http"
 sleep 1
 

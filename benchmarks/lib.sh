@@ -13,3 +13,24 @@ start_consul() {
   consul_pid=$!
   until curl -sf "127.0.0.1:$http/v1/status/leader" | grep -q 127; do sleep 0.1; done
 }
+
+# start_munged starts a munged with a new key of its own in a new directory under /tmp
+# (0755: munged wants every directory above its socket searchable by all) and exports
+# MUNGE_SOCKET, so the agents started after it check MUNGE credentials, as on a default
+# cluster, and the commands make them; it sets munged_pid and munged_dir, which
+# stop_munged removes. Debian's munge: scripts/install-deps.sh munge.
+start_munged() {
+  munged_dir=$(mktemp -d /tmp/gangrun-bench-munge-XXXXXX)
+  chmod 0755 "$munged_dir"
+  /usr/sbin/mungekey --create --keyfile "$munged_dir/munge.key"
+  /usr/sbin/munged --socket "$munged_dir/socket" --key-file "$munged_dir/munge.key" --pid-file "$munged_dir/munged.pid" \
+    --seed-file "$munged_dir/munged.seed" --log-file "$munged_dir/munged.log"
+  munged_pid=$(cat "$munged_dir/munged.pid")
+  export MUNGE_SOCKET="$munged_dir/socket"
+}
+
+# stop_munged stops start_munged's munged and removes its directory.
+stop_munged() {
+  if [ -n "${munged_pid:-}" ]; then kill "$munged_pid" 2>/dev/null || true; fi
+  if [ -n "${munged_dir:-}" ]; then rm -rf "$munged_dir"; fi
+}

@@ -28,12 +28,14 @@ cleanup() {
   sleep 1
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
+  stop_munged
   rm -rf "$work"
 }
 trap cleanup EXIT
 mport=$(port)
 start_consul "$work/consul.log"
 pids+=("$consul_pid")
+start_munged # the agent checks MUNGE credentials, as on a default cluster
 "$gangrun" agent --consul "127.0.0.1:$http" --node-name gpu-m --advertise-addr 127.0.0.1 --topology-file "$inv" \
   --metrics-addr "127.0.0.1:$mport" >"$work/agent.log" 2>&1 &
 agent=$!

@@ -17,7 +17,9 @@ import (
 
 	"github.com/gangrun/gangrun/allocator"
 	"github.com/gangrun/gangrun/event"
+	"github.com/gangrun/gangrun/identity"
 	"github.com/gangrun/gangrun/internal/consultest"
+	"github.com/gangrun/gangrun/internal/mungetest"
 	"github.com/gangrun/gangrun/internal/store"
 	"github.com/gangrun/gangrun/topology"
 )
@@ -41,6 +43,11 @@ const (
 // one after the other) while the
 // scheduler runs. Each iteration starts everything afresh (not timed) and times from
 // the first submit to the last job's step being started.
+//
+// Each sub-benchmark runs twice: auth=none as agents run with --auth none (no
+// credential made or checked), and auth=munge with a real munged of its own, every job
+// submitted with SubmitSealed and accepted by the controller (auth.go), every step
+// checking its attestation: the cost of proving who submits.
 //
 // Two sub-benchmarks:
 //
@@ -89,11 +96,13 @@ func BenchmarkJobThroughput(b *testing.B) {
 		name  string
 		steps bool
 	}{{"control-plane", false}, {"steps", true}} {
-		b.Run(fmt.Sprintf("%s/nodes=%d/jobs=%d/clients=%d", mode.name, throughputNodes, n, clients), func(b *testing.B) {
-			for i := 0; i < b.N; i++ {
-				runThroughput(b, n, clients, mode.steps, limit)
-			}
-		})
+		for _, auth := range []string{"none", "munge"} {
+			b.Run(fmt.Sprintf("%s/auth=%s/nodes=%d/jobs=%d/clients=%d", mode.name, auth, throughputNodes, n, clients), func(b *testing.B) {
+				for i := 0; i < b.N; i++ {
+					runThroughput(b, n, clients, mode.steps, auth == "munge", limit)
+				}
+			})
+		}
 	}
 }
 
@@ -141,9 +150,18 @@ func (sp *spawns) count() int {
 	return len(sp.at)
 }
 
-func runThroughput(b *testing.B, n, clients int, realSteps bool, limit time.Duration) {
+func runThroughput(b *testing.B, n, clients int, realSteps, munge bool, limit time.Duration) {
 	b.StopTimer()
 	agent := consultest.Start(b)
+	var prover Prover
+	var sealer Sealer
+	if munge {
+		m, err := identity.Open(mungetest.Start(b).Socket)
+		if err != nil {
+			b.Fatal(err)
+		}
+		prover, sealer = m, m
+	}
 	s, err := store.NewConsul(agent.Addr)
 	if err != nil {
 		b.Fatal(err)
@@ -175,7 +193,7 @@ func runThroughput(b *testing.B, n, clients int, realSteps bool, limit time.Dura
 			b.Fatal(err)
 		}
 		a, err := allocator.NewAgent(s, allocator.AgentConfig{Node: node, Addr: "127.0.0.1", Inventory: inv,
-			Events: grants, Leader: []func(context.Context, store.Store, string) error{Control(nil, nil, DefaultMinJobAge, nil)}})
+			Events: grants, Leader: []func(context.Context, store.Store, string) error{Control(nil, nil, DefaultMinJobAge, prover)}})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -200,7 +218,7 @@ func runThroughput(b *testing.B, n, clients int, realSteps bool, limit time.Dura
 					b.Error(err)
 					return
 				}
-				RunStep(ctx, StepConfig{Store: ss, ConsulAddr: agent.Addr, Job: id, Node: node, Inventory: inv})
+				RunStep(ctx, StepConfig{Store: ss, ConsulAddr: agent.Addr, Job: id, Node: node, Inventory: inv, Prover: prover})
 			}()
 			return nil
 		}
@@ -235,8 +253,8 @@ func runThroughput(b *testing.B, n, clients int, realSteps bool, limit time.Dura
 					return
 				}
 				at := time.Now()
-				id, err := Submit(ctx, s, Spec{Name: "true", User: benchUser, MinNodes: 1, MaxNodes: 1, GPUsPerNode: 1,
-					Command: []string{"true"}, WorkDir: dir})
+				id, err := SubmitSealed(ctx, s, Spec{Name: "true", User: benchUser, MinNodes: 1, MaxNodes: 1, GPUsPerNode: 1,
+					Command: []string{"true"}, WorkDir: dir}, sealer)
 				if err != nil {
 					b.Errorf("submit %d: %v", i, err)
 					return

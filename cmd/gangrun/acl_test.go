@@ -199,6 +199,15 @@ func TestACLCluster(t *testing.T) {
 		t.Errorf("alice's show of her job: exit %d:\n%s", r.code, r.stdout)
 	}
 
+	// MUNGE proves the uid inside the box too: the Unix user bob holding alice's token
+	// submits nothing as alice.
+	r = runAsUserEnv(t, "bob", testMunge.Socket, dir, []string{"CONSUL_HTTP_TOKEN=" + alice}, "submit", "--consul", c.consul.Addr, "--", "true")
+	c.outputs = append(c.outputs, r.stdout, r.stderr)
+	if lines := strings.Split(strings.TrimSpace(r.stderr), "\n"); r.code != 2 || len(lines) != 2 ||
+		!strings.HasPrefix(lines[1], "gangrun submit: permission denied: the request is in alice's box, its MUNGE credential is uid ") || !strings.HasSuffix(lines[1], "(bob)") {
+		t.Errorf("bob submits with alice's token: exit %d, stderr %q; want exit 2, the token's note and the refusal naming bob", r.code, r.stderr)
+	}
+
 	// Bob is refused what is not his.
 	refused(t, "bob cancels alice's job", c.as(bob, "cancel", long), fmt.Sprintf("gangrun cancel: %s: permission denied: job %s belongs to alice (your token is bob's)", long, long))
 	refused(t, "bob drains a node", c.as(bob, "drain", "acl-a", "--reason", "mine now"), "gangrun drain: permission denied: draining a node takes the operator's token (your token is bob's)")
@@ -267,6 +276,12 @@ func TestACLCluster(t *testing.T) {
 	if err := json.Unmarshal([]byte(r.stdout), &entries); err != nil {
 		t.Fatalf("audit --json: %v\n%s", err, r.stdout)
 	}
+	// First the elected agent's refusal of bob's request in alice's box.
+	if len(entries) == 0 || entries[0].Action != audit.ActionRefuse || entries[0].Owner != "alice" || !strings.Contains(entries[0].Detail, "(bob)") ||
+		entries[0].User != "gangrun" || entries[0].Token != "agent" {
+		t.Fatalf("audit: the first entry is not the refusal of bob's request:\n%s", r.stdout)
+	}
+	entries = entries[1:]
 	host, _ := os.Hostname()
 	want := []struct{ action, target, owner, detail string }{
 		{audit.ActionDrain, "node acl-a", "", "fan swap"},
@@ -284,7 +299,7 @@ func TestACLCluster(t *testing.T) {
 			t.Errorf("audit entry %d: %+v, want %+v by the operator's token from %s", i, e, w, host)
 		}
 	}
-	if r := c.as(bob, "audit"); r.code != 0 || strings.Count(r.stdout, "\n") != 1+len(want) || !strings.Contains(r.stdout, "fan swap") {
+	if r := c.as(bob, "audit"); r.code != 0 || strings.Count(r.stdout, "\n") != 2+len(want) || !strings.Contains(r.stdout, "fan swap") {
 		t.Errorf("audit (table): exit %d:\n%s", r.code, r.stdout)
 	}
 

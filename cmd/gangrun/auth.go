@@ -106,7 +106,11 @@ func sealerErr(e *env, cmd string, err error) int {
 // asker is who a command asks the elected agent as, through a request box: the Unix
 // user running it, its credentials made by m.
 func asker(m *identity.Munge) job.Asker {
-	return job.Asker{User: currentUser(), Sealer: m, Wait: job.DefaultRequestWait}
+	as := job.Asker{User: currentUser(), Wait: job.DefaultRequestWait}
+	if m != nil { // a nil *identity.Munge is no nil Sealer
+		as.Sealer = m
+	}
+	return as
 }
 
 // userOf is uid's user name here, or the number when this host does not know it.

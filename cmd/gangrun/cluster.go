@@ -680,7 +680,8 @@ func runCancel(ctx context.Context, e *env, args []string) int {
 		return cancelAs(ctx, e, s, as, fs.Args())
 	case who.Role == acl.RoleOpen && munge != nil:
 		// No ACLs, but MUNGE: the elected agent cancels what the credential's user may
-		// (their own jobs; root's, any).
+		// (their own jobs; root's, any). An id that is no job may be a grant of
+		// `gangrun alloc`, cancelled here as before (docs/acl.md, "Limits").
 		return cancelAs(ctx, e, s, asker(munge), fs.Args())
 	}
 	if !who.Admin() {
@@ -758,8 +759,19 @@ func cancelAs(ctx context.Context, e *env, s store.Store, as job.Asker, ids []st
 			usageErr(e, "cancel", "%s: %v", id, err)
 			refused = true
 		case errors.Is(err, job.ErrNotFound):
-			usageErr(e, "cancel", "%s", unknownID(id))
-			refused = true
+			// No job: a request or grant of `gangrun alloc`, which holds GPUs but runs
+			// nothing as anyone, is cancelled directly (with Consul's ACLs, only the
+			// operator's token may).
+			switch err := allocator.Cancel(ctx, s, id); {
+			case errors.Is(err, allocator.ErrNotFound):
+				usageErr(e, "cancel", "%s", unknownID(id))
+				refused = true
+			case err != nil:
+				failErr(e, "cancel", err)
+				failed = true
+			default:
+				fmt.Fprintf(e.stdout, "cancelled %s\n", id)
+			}
 		case err != nil:
 			failErr(e, "cancel", err)
 			failed = true

@@ -63,6 +63,12 @@ func binForUsers(t *testing.T) string {
 // host's), and returns how it ended.
 func runAsUser(t *testing.T, name, socket, dir string, args ...string) gangrunResult {
 	t.Helper()
+	return runAsUserEnv(t, name, socket, dir, nil, args...)
+}
+
+// runAsUserEnv is runAsUser with extra environment entries (a Consul token).
+func runAsUserEnv(t *testing.T, name, socket, dir string, env []string, args ...string) gangrunResult {
+	t.Helper()
 	u, err := user.Lookup(name)
 	if err != nil {
 		t.Fatal(err)
@@ -73,7 +79,7 @@ func runAsUser(t *testing.T, name, socket, dir string, args ...string) gangrunRe
 	defer cancel()
 	cmd := exec.CommandContext(ctx, binForUsers(t), args...)
 	cmd.Dir = dir
-	cmd.Env = []string{"PATH=/usr/bin:/bin", "HOME=/nonexistent", "USER=" + name, "LOGNAME=" + name, "MUNGE_SOCKET=" + socket}
+	cmd.Env = append([]string{"PATH=/usr/bin:/bin", "HOME=/nonexistent", "USER=" + name, "LOGNAME=" + name, "MUNGE_SOCKET=" + socket}, env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}}
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
