@@ -485,3 +485,32 @@ func TestStepChecksWhatTheControllerLetThrough(t *testing.T) {
 		t.Errorf("no audit entry of the step's refusal: %+v", entries)
 	}
 }
+
+// TestAgentRefusesWithoutIdentity: an agent that finds neither a munged nor Consul's
+// ACLs refuses to start, in one line saying how to set up either (exit 2); --auth munge
+// without a munged, and an --auth of no known mode, are refused the same way.
+func TestAgentRefusesWithoutIdentity(t *testing.T) {
+	consul := consultest.Start(t).Addr
+	inv := filepath.Join(repoRoot(t), "topology", "testdata", "inventories", "dgx-h100.json")
+	noSocket := []string{"MUNGE_SOCKET=" + filepath.Join(t.TempDir(), "no-munged")}
+	for _, tc := range []struct {
+		flags []string
+		want  string
+	}{
+		{nil, "gangrun agent: no way to tell users apart: munged is not running: munged does not answer at "},
+		{[]string{"--auth", "munge"}, "gangrun agent: --auth munge: munged is not running: munged does not answer at "},
+		{[]string{"--auth", "kerberos"}, `gangrun agent: --auth "kerberos": want munge or none`},
+	} {
+		r := runGangrun(t, noSocket, append([]string{"agent", "--consul", consul, "--node-name", "lonely", "--topology-file", inv}, tc.flags...)...)
+		if r.code != 2 || strings.Count(r.stderr, "\n") != 1 || !strings.HasPrefix(r.stderr, tc.want) {
+			t.Errorf("agent %v: exit %d, stderr %q; want exit 2 and one line starting %q", tc.flags, r.code, r.stderr, tc.want)
+		}
+		if tc.flags == nil && !strings.Contains(r.stderr, "Consul's ACLs are off; start munge on every node with one key") ||
+			tc.flags == nil && !strings.Contains(r.stderr, "or pass --auth none") {
+			t.Errorf("the refusal does not say how to set up MUNGE, ACLs or --auth none: %q", r.stderr)
+		}
+	}
+	if n := nodesJSON(t, consul); len(n) != 0 {
+		t.Errorf("a refused agent registered: %+v", n)
+	}
+}
