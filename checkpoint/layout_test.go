@@ -122,12 +122,12 @@ func TestRegistry(t *testing.T) {
 		}
 	}
 	_, err := ParseFormat("keras")
-	want := `unknown checkpoint format "keras" (want one of auto, generic, hf, dcp, deepspeed, megatron, nemo, lightning)`
+	want := `unknown checkpoint format "keras" (want one of auto, generic, hf, dcp, olmo-core, torchtitan, accelerate, deepspeed, megatron, levanter, composer, nemo, lightning)`
 	if err == nil || err.Error() != want {
 		t.Errorf("ParseFormat(keras) = %v; want %s", err, want)
 	}
-	const names = "step-N, checkpoint-N, global_stepN and iter_N directories, DeepSpeed's latest, " +
-		"Megatron's latest_checkpointed_iteration.txt and *.ckpt"
+	const names = "step-N, checkpoint-N, checkpoint_N, global_stepN and iter_N directories, OLMo-core's stepN-tmp, " +
+		"DeepSpeed's latest, Megatron's latest_checkpointed_iteration.txt, Composer's epE-baB[-rank0.pt] with latest-rank0.pt and *.ckpt"
 	if got := NamesLookedFor(); got != names {
 		t.Errorf("NamesLookedFor() = %q; want %q", got, names)
 	}
