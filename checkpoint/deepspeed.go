@@ -26,8 +26,8 @@ const deepSpeedPointer = "latest"
 // deepSpeedLayout is DeepSpeed's layout: global_stepN tag directories (the default
 // tag), the tag of any name that `latest` names, and `latest` itself, a pointer
 // (pointer.go). Under auto-detection it owns both kinds of name; a directory holding
-// *mp_rank_*_model_states.pt decides after `.complete`, trainer_state.json and
-// `.metadata`.
+// *mp_rank_*_model_states.pt decides after `.complete`, trainer_state.json,
+// `.metadata` and the OLMo-core, torchtitan and accelerate markers.
 type deepSpeedLayout struct{}
 
 func (deepSpeedLayout) info() layoutInfo {

@@ -32,8 +32,8 @@ const (
 // megatronLayout is Megatron-LM's layout: iter_NNNNNNN directories, the release
 // directory, and the tracker file naming the newest (a pointer, pointer.go). Under
 // auto-detection it owns both kinds of name; mp_rank_* directories inside a directory
-// decide last, and a `.metadata` directory of its own (torch_dist) is reported as
-// megatron when the tracker is there.
+// decide after the other layouts' markers, and a `.metadata` directory of its own
+// (torch_dist, torch_dcp) is judged by its rule (judgeDCP).
 type megatronLayout struct{}
 
 func (megatronLayout) info() layoutInfo {
