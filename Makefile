@@ -63,6 +63,7 @@ fuzz:
 	$(GO) test ./hostlist -run '^$$' -fuzz FuzzCompress -fuzztime 30s
 	$(GO) test ./bench -run '^$$' -fuzz FuzzParse -fuzztime 30s
 	$(GO) test ./checkpoint -run '^$$' -fuzz FuzzLatest -fuzztime 30s
+	$(GO) test ./checkpoint -run '^$$' -fuzz FuzzReadPickle -fuzztime 30s
 	$(GO) test ./topology -run '^$$' -fuzz FuzzParseNCCLList -fuzztime 30s
 	$(GO) test ./topology -run '^$$' -fuzz FuzzParseCPUList -fuzztime 30s
 	$(GO) test ./topology -run '^$$' -fuzz FuzzDecode -fuzztime 30s

@@ -46,18 +46,18 @@ func writeBenchTree(b *testing.B, dir, layout string, n, incomplete int) {
 			}
 		case "deepspeed":
 			d := filepath.Join(dir, fmt.Sprintf("global_step%d", step))
-			write(filepath.Join(d, "mp_rank_00_model_states.pt"), "m")
+			write(filepath.Join(d, "mp_rank_00_model_states.pt"), ptFile())
 			if done {
 				for dp := 0; dp < 4; dp++ {
-					write(filepath.Join(d, fmt.Sprintf("zero_pp_rank_%d_mp_rank_00_optim_states.pt", dp)), "o")
+					write(filepath.Join(d, fmt.Sprintf("zero_pp_rank_%d_mp_rank_00_optim_states.pt", dp)), ptFile())
 				}
 			} else {
-				write(filepath.Join(d, "zero_pp_rank_1_mp_rank_00_optim_states.pt"), "o")
+				write(filepath.Join(d, "zero_pp_rank_1_mp_rank_00_optim_states.pt"), ptFile())
 			}
 		case "megatron":
 			d := filepath.Join(dir, megatronIterName(int64(step)))
 			for tp := 0; tp < 2; tp++ {
-				content := "s"
+				content := ptFile()
 				if !done && tp == 1 {
 					content = ""
 				}

@@ -183,20 +183,114 @@ func latestCases(tb testing.TB) []latestCase {
 		{
 			name: "deepspeed/ZeRO-3 model states per data-parallel rank",
 			tree: tree{
-				"global_step5/zero_pp_rank_0_mp_rank_00_model_states.pt": "m",
-				"global_step5/zero_pp_rank_1_mp_rank_00_model_states.pt": "m",
-				"global_step5/zero_pp_rank_0_mp_rank_00_optim_states.pt": "o",
-				"global_step5/zero_pp_rank_1_mp_rank_00_optim_states.pt": "o",
-				"global_step9/zero_pp_rank_0_mp_rank_00_model_states.pt": "m",
-				"global_step9/zero_pp_rank_0_mp_rank_00_optim_states.pt": "o",
-				"global_step9/zero_pp_rank_1_mp_rank_00_optim_states.pt": "o",
+				"global_step5/zero_pp_rank_0_mp_rank_00_model_states.pt": ptFile(),
+				"global_step5/zero_pp_rank_1_mp_rank_00_model_states.pt": ptFile(),
+				"global_step5/zero_pp_rank_0_mp_rank_00_optim_states.pt": ptFile(),
+				"global_step5/zero_pp_rank_1_mp_rank_00_optim_states.pt": ptFile(),
+				"global_step9/zero_pp_rank_0_mp_rank_00_model_states.pt": ptFile(),
+				"global_step9/zero_pp_rank_0_mp_rank_00_optim_states.pt": ptFile(),
+				"global_step9/zero_pp_rank_1_mp_rank_00_optim_states.pt": ptFile(),
 				"latest": "global_step9",
 			},
 			want: "global_step5", wantStep: 5, wantFormat: FormatDeepSpeed,
 			rejected: map[string]string{"global_step9": "ZeRO model and optimizer states cover different ranks"},
 		},
 
+		{
+			name: "deepspeed/MoE: one expert-parallel rank's optimizer file missing, latest naming the tag",
+			tree: merge(opsTree(dsMoE("global_step10", 4, 2)), opsTree(dsMoE("global_step20", 4, 2))),
+			setup: func(tb testing.TB, root string) {
+				os.Remove(filepath.Join(root, "global_step20", "expp_rank_2_mp_rank_00_optim_states.pt"))
+			},
+			want: "global_step10", wantStep: 10, wantFormat: FormatDeepSpeed,
+			rejected: map[string]string{"global_step20": "MoE optimizer states (expp_rank_*) incomplete: expert-parallel rank 2 of model-parallel rank 0 missing"},
+			notes:    []string{"latest names global_step20, which is incomplete"},
+		},
+		{
+			name: "deepspeed/MoE: the last rank's experts saved, its optimizer file not",
+			tree: merge(opsTree(dsMoE("global_step10", 4, 2)), opsTree(dsMoE("global_step20", 4, 2))),
+			setup: func(tb testing.TB, root string) {
+				os.Remove(filepath.Join(root, "global_step20", "expp_rank_3_mp_rank_00_optim_states.pt"))
+			},
+			want: "global_step10", wantStep: 10, wantFormat: FormatDeepSpeed,
+			rejected: map[string]string{"global_step20": "MoE layer 0 holds 4 experts for 3 expert-parallel optimizer files"},
+		},
+		{
+			name: "deepspeed/MoE: a layer's experts short of the recorded num_experts",
+			tree: merge(opsTree(dsMoE("global_step10", 4, 2)), opsTree(dsMoE("global_step20", 4, 2))),
+			setup: func(tb testing.TB, root string) {
+				for _, f := range []string{"layer_0_expert_3_mp_rank_00_model_states.pt", "layer_1_expert_3_mp_rank_00_model_states.pt", "expp_rank_3_mp_rank_00_optim_states.pt"} {
+					os.Remove(filepath.Join(root, "global_step20", f))
+				}
+			},
+			want: "global_step10", wantStep: 10, wantFormat: FormatDeepSpeed,
+			rejected: map[string]string{"global_step20": "MoE layer 0 holds 3 expert files for model-parallel rank 0, mp_rank_00_model_states.pt records 4 experts"},
+		},
+		{
+			name: "deepspeed/pipeline: a layer file missing for one model-parallel rank",
+			tree: merge(opsTree(dsPipe("global_step10", [][]int{{1, 3}, {4, 5}}, 2)), opsTree(dsPipe("global_step20", [][]int{{1, 3}, {4, 5}}, 2))),
+			setup: func(tb testing.TB, root string) {
+				os.Remove(filepath.Join(root, "global_step20", "layer_05-model_01-model_states.pt"))
+			},
+			want: "global_step10", wantStep: 10, wantFormat: FormatDeepSpeed,
+			rejected: map[string]string{"global_step20": `pipeline layer 05 saved by other model-parallel ranks but not for "model_01"`},
+		},
+		{
+			name: "deepspeed/recorded sizes: the last model-parallel and data-parallel ranks missing, ZeRO files never written",
+			tree: merge(opsTree(dsZeRO2("", "global_step10", 4)), tree{
+				"global_step20/mp_rank_00_model_states.pt":                dsStates(2, 1, false, nil),
+				"global_step30/mp_rank_00_model_states.pt":                dsStates(1, 4, true, nil),
+				"global_step30/zero_pp_rank_0_mp_rank_00_optim_states.pt": ptFile(),
+				"global_step30/zero_pp_rank_1_mp_rank_00_optim_states.pt": ptFile(),
+				"global_step40/mp_rank_00_model_states.pt":                dsStates(1, 4, true, nil),
+				"latest": "global_step10",
+			}),
+			setup: func(tb testing.TB, root string) { os.Remove(filepath.Join(root, "latest")) },
+			want:  "global_step10", wantStep: 10, wantFormat: FormatDeepSpeed,
+			rejected: map[string]string{
+				"global_step20": "model states of 1 model-parallel ranks, mp_rank_00_model_states.pt records mp_world_size 2",
+				"global_step30": "ZeRO optimizer states of 2 data-parallel ranks for model-parallel rank 0, mp_rank_00_model_states.pt records dp_world_size 4",
+				"global_step40": "no ZeRO optimizer states (*zero_pp_rank_*_optim_states.pt): mp_rank_00_model_states.pt records param_shapes",
+			},
+		},
+		{
+			name: "deepspeed/a model states file cut short",
+			tree: merge(deepspeedTag("global_step10", 2, 1), deepspeedTag("global_step20", 2, 1),
+				tree{"global_step20/mp_rank_00_model_states.pt": ptFile()[:100]}),
+			want: "global_step10", wantStep: 10, wantFormat: FormatDeepSpeed,
+			rejected: map[string]string{"global_step20": "mp_rank_00_model_states.pt has no zip end record: torch.save writes it in place"},
+		},
+
 		// Megatron-LM
+		{
+			name: "megatron/torch_dcp iterations alone: the dcp rule",
+			tree: merge(dcp("iter_0000100", true), dcp("iter_0000200", false)),
+			want: "iter_0000100", wantStep: 100, wantFormat: FormatDCP,
+			rejected: map[string]string{"iter_0000200": "no completion marker"},
+		},
+		{
+			name: "megatron/torch_dist without metadata.json: common.pt, a sibling's metadata.json",
+			tree: merge(dcp("iter_0000100", true), dcp("iter_0000200", true), dcp("iter_0000300", true), tree{
+				"iter_0000100/metadata.json": `{"sharded_backend": "torch_dist", "sharded_backend_version": 1}`,
+				"iter_0000300/common.pt":     ptFile(),
+			}),
+			want: "iter_0000100", wantStep: 100, wantFormat: FormatMegatron,
+			rejected: map[string]string{
+				"iter_0000200": "no metadata.json: dist_checkpointing writes it after every shard",
+				"iter_0000300": "check_is_distributed_checkpoint needs it",
+			},
+		},
+		{
+			name: "megatron/torch_dist metadata.json cut or without sharded_backend",
+			tree: merge(dcp("iter_0000100", true), dcp("iter_0000200", true), dcp("iter_0000300", true),
+				tree{"iter_0000100/metadata.json": `{"sharded_backend": "torch_dist"}`,
+					"iter_0000200/metadata.json": `{"sharded_backend": "tor`, "iter_0000300/metadata.json": `{}`}),
+			want: "iter_0000100", wantStep: 100, wantFormat: FormatMegatron,
+			rejected: map[string]string{
+				"iter_0000200": "metadata.json is not a JSON object (truncated?)",
+				"iter_0000300": "metadata.json has no sharded_backend",
+			},
+		},
 		{
 			name: "megatron/tracker names an iteration that does not exist",
 			tree: merge(megatronIter(100, 2, 1), megatronIter(200, 2, 1), tree{megatronTracker: "300"}),
@@ -242,7 +336,7 @@ func latestCases(tb testing.TB) []latestCase {
 		},
 		{
 			name: "megatron/release named by the tracker",
-			tree: merge(megatronIter(100, 1, 1), tree{"release/mp_rank_00/model_optim_rng.pt": "w", megatronTracker: "release"}),
+			tree: merge(megatronIter(100, 1, 1), tree{"release/mp_rank_00/model_optim_rng.pt": ptFile(), megatronTracker: "release"}),
 			want: "release", wantStep: -1, wantFormat: FormatMegatron,
 			order: []string{"release", "iter_0000100"},
 		},
@@ -304,6 +398,17 @@ func latestCases(tb testing.TB) []latestCase {
 			order: []string{"last.ckpt", lightningName(0, 100), "best.ckpt"},
 		},
 
+		{
+			name: "lightning/FSDP sharded directory without meta.pt, and with it cut",
+			tree: merge(dcp(lightningName(0, 100), true), dcp(lightningName(0, 200), true), dcp(lightningName(0, 300), true),
+				tree{lightningName(0, 100) + "/meta.pt": zip, lightningName(0, 300) + "/meta.pt": zip[:40]}),
+			want: lightningName(0, 100), wantStep: 100, wantFormat: FormatLightning,
+			rejected: map[string]string{
+				lightningName(0, 200): "sharded checkpoint without meta.pt",
+				lightningName(0, 300): "meta.pt has no zip end record",
+			},
+		},
+
 		// NeMo
 		{
 			name: "nemo/-unfinished marker",
@@ -336,6 +441,18 @@ func latestCases(tb testing.TB) []latestCase {
 			notes: []string{"NeMo marker gpt--step=7-unfinished has no checkpoint next to it"},
 		},
 	}
+}
+
+// opsTree is the tree a sequence of write steps leaves (savecut_test.go's saves).
+func opsTree(steps []saveOp) tree {
+	t := tree{}
+	for _, op := range steps {
+		if op.kind != opWrite {
+			panic("opsTree: only writes")
+		}
+		t[op.path] = op.body
+	}
+	return t
 }
 
 // zipWithout is a valid zip archive that torch.save did not write.

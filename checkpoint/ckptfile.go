@@ -96,8 +96,9 @@ func (s *scan) judgeCkpt(c *candidate, label Format) verdict {
 //
 // A directory (Lightning's DeepSpeed and FSDP strategies, NeMo's distributed
 // checkpoints) is complete when it holds a non-empty `.metadata`
-// (torch.distributed.checkpoint), or NeMo 2's weights/.metadata, or a DeepSpeed
-// `latest` naming a complete tag inside it.
+// (torch.distributed.checkpoint) and the file its writer saves last (Lightning's
+// meta.pt, or dist_checkpointing's metadata.json: checkShardedCkptDir), or NeMo 2's
+// weights/.metadata, or a DeepSpeed `latest` naming a complete tag inside it.
 func checkCkpt(path string, label Format) verdict {
 	lfi, err := os.Lstat(path)
 	if err != nil {
@@ -147,12 +148,42 @@ func checkTorchZip(path string, size int64, label Format) verdict {
 	return notDone(label, "zip archive without data.pkl: not written by torch.save")
 }
 
+// lightningMeta is Lightning's _METADATA_FILENAME (lightning/fabric/utilities/load.py):
+// the FSDP and ModelParallel strategies' sharded save writes the shards
+// (_distributed_checkpoint_save, torch.distributed.checkpoint), then rank 0 writes
+// meta.pt with torch.save (_atomic_save, in place).
+const lightningMeta = "meta.pt"
+
+// checkShardedCkptDir judges a *.ckpt directory holding `.metadata`: the shards are
+// complete by torch.distributed.checkpoint's rule, and the save's own last file must be
+// whole — Lightning's meta.pt (its _is_sharded_checkpoint takes a directory as a
+// checkpoint only when meta.pt is a file, lightning/fabric/strategies/fsdp.py), or, for
+// NeMo's distributed checkpoints written by Megatron's dist_checkpointing,
+// metadata.json (checkMegatronDCP's rule).
+func checkShardedCkptDir(dir string, label Format) verdict {
+	v := checkDCP(dir, label)
+	if !v.complete {
+		return v
+	}
+	if _, err := os.Lstat(filepath.Join(dir, megatronDistConfig)); err == nil {
+		if _, why := readDistConfig(filepath.Join(dir, megatronDistConfig)); why != "" {
+			return notDone(label, "%s %s: dist_checkpointing writes it last, so the save did not finish", megatronDistConfig, why)
+		}
+		return done(label)
+	}
+	if _, err := os.Lstat(filepath.Join(dir, lightningMeta)); err != nil {
+		return notDone(label, "sharded checkpoint without %s: Lightning writes it after every shard (its _is_sharded_checkpoint needs it), so the save did not finish", lightningMeta)
+	}
+	if v, ok := checkTorchSaveFile(dir, lightningMeta, label); !ok {
+		return v
+	}
+	return done(label)
+}
+
 // checkCkptDir applies the directory part of checkCkpt.
 func checkCkptDir(dir string, label Format) verdict {
 	if _, err := os.Lstat(filepath.Join(dir, dcpMetadata)); err == nil {
-		v := checkDCP(dir, label)
-		v.format = label
-		return v
+		return checkShardedCkptDir(dir, label)
 	}
 	if _, err := os.Lstat(filepath.Join(dir, "weights", dcpMetadata)); err == nil {
 		v := checkDCP(filepath.Join(dir, "weights"), label)

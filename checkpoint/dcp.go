@@ -37,32 +37,34 @@ func (dcpLayout) judge(s *scan, c *candidate) verdict { return checkDCP(s.path(c
 
 func (dcpLayout) claim(*scan, *candidate) nameClaim { return notMine }
 
-// detect: a `.metadata` file. The verdict is reported as the layout that writes DCP
-// directories under its own names, when one says so of c (Megatron-LM's torch_dist
-// iterations), else as dcp.
+// detect: a `.metadata` file. A layout whose trainer writes DCP directories under its
+// own names and rules judges c when it says c is its own (Megatron-LM's torch_dist
+// iterations, which also need metadata.json; Composer's sharded ep-ba directories);
+// otherwise torch.distributed.checkpoint's rule, reported as dcp.
 func (dcpLayout) detect(s *scan, c *candidate, dir string, entries []fs.DirEntry) (verdict, bool) {
 	if !hasEntry(entries, dcpMetadata) {
 		return verdict{}, false
 	}
-	label := FormatDCP
 	for _, l := range s.layouts {
-		if w, ok := l.(dcpWriter); ok && w.writesDCP(s, c) {
-			label = l.info().format
-			break
+		if w, ok := l.(dcpWriter); ok {
+			if v, mine := w.judgeDCP(s, c, dir, entries); mine {
+				return v, true
+			}
 		}
 	}
-	return checkDCP(dir, label), true
+	return checkDCP(dir, FormatDCP), true
 }
 
 func (dcpLayout) notes(*scan) []string { return nil }
 
 // dcpWriter is a layout whose trainer may save its own checkpoints as
 // torch.distributed.checkpoint directories (Megatron-LM's torch_dist, torch_dcp and
-// fsdp_dtensor formats).
+// fsdp_dtensor formats; Composer's sharded checkpoints).
 type dcpWriter interface {
-	// writesDCP reports whether a `.metadata` directory candidate c is this layout's
-	// checkpoint, to be reported under its format.
-	writesDCP(s *scan, c *candidate) bool
+	// judgeDCP judges directory candidate c, whose listing (entries, of dir) holds
+	// `.metadata`, by the layout's own rule and reports it under the layout's format;
+	// mine is false when c is not this layout's checkpoint.
+	judgeDCP(s *scan, c *candidate, dir string, entries []fs.DirEntry) (v verdict, mine bool)
 }
 
 // checkDCP applies torch.distributed.checkpoint's rule: a non-empty regular

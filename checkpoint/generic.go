@@ -25,7 +25,7 @@ type genericLayout struct{}
 func (genericLayout) info() layoutInfo {
 	return layoutInfo{
 		format: FormatGeneric,
-		names:  "step-N, checkpoint-N, global_stepN and iter_N directories",
+		names:  "step-N, checkpoint-N, checkpoint_N, global_stepN and iter_N directories",
 		marker: genericMarker,
 	}
 }

@@ -28,6 +28,23 @@ func layoutZoo(tb testing.TB) map[string]tree {
 			"best.ckpt": zip},
 		"nemo": tree{"gpt--val_loss=1.0-step=10.ckpt": zip, "gpt--val_loss=0.9-step=20.ckpt": zip,
 			"gpt--val_loss=0.9-step=20-unfinished": ""},
+		"torchtitan": merge(dcp("step-10", true), tree{
+			"step-20/model-00001-of-00001.safetensors": safetensorsBody("w", 4),
+			"step-20/" + hfIndex:                       `{"weight_map": {"w": "model-00001-of-00001.safetensors"}}`,
+			"step-30/model-00001-of-00001.safetensors": safetensorsBody("w", 4)[:20],
+			"step-30/" + hfIndex:                       `{"weight_map": {"w": "model-00001-of-00001.safetensors"}}`,
+		}),
+		"accelerate": tree{
+			"checkpoint_0/model.safetensors": safetensorsBody("w", 4), "checkpoint_0/optimizer.bin": zip,
+			"checkpoint_0/random_states_0.pkl": zip, "checkpoint_0/random_states_1.pkl": zip,
+			"checkpoint_1/model.safetensors": safetensorsBody("w", 4), "checkpoint_1/random_states_1.pkl": zip,
+		},
+		"composer": tree{"ep0-ba100-rank0.pt": zip, "ep0-ba200-rank0.pt": zip, "ep1-ba300-rank0.pt": zip[:50],
+			"latest-rank0.pt@": "ep0-ba100-rank0.pt"},
+		"levanter": tree{"step-100/model/manifest.ocdbt": "m", "step-100/metadata.json": `{"step": 100, "timestamp": "2025-03-01T10:00:00"}`,
+			"step-200/model/manifest.ocdbt": "m", "step-200/metadata.json": `{"step": 200, "timest`},
+		"olmo-core": merge(dcp("step100/model_and_optim", true), dcp("step200-tmp/model_and_optim", false), tree{
+			"step100/train/rank0.pt": zip, "step100/.metadata.json": `{"ephemeral": false}`, "step200-tmp/train/rank0.pt": zip}),
 	}
 }
 

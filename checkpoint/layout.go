@@ -74,17 +74,24 @@ const (
 // layouts returns every layout, in auto-detection order: a candidate's owner is the
 // first layout that claims its name, and a directory candidate is judged by the first
 // layout whose marker its listing holds — `.complete` (the trainer says it is done)
-// before trainer_state.json before `.metadata` before DeepSpeed's rank files before
-// Megatron-LM's rank directories; NeMo claims a *.ckpt entry before Lightning does
-// when the directory holds NeMo's markers or the name its "--". Formats lists the
-// layouts in this order. A new layout is one line here.
+// before trainer_state.json before `.metadata` before OLMo-core's .metadata.json or
+// model_and_optim/ before model.safetensors.index.json (torchtitan's HF export) before
+// accelerate's random_states_*.pkl before DeepSpeed's rank files before Megatron-LM's
+// rank directories before Levanter's metadata.json; NeMo claims a *.ckpt entry before
+// Lightning does when the directory holds NeMo's markers or the name its "--".
+// Formats lists the layouts in this order. A new layout is one line here.
 func layouts() []layout {
 	return []layout{
 		genericLayout{},
 		hfLayout{},
 		dcpLayout{},
+		olmoCoreLayout{},
+		torchtitanLayout{},
+		accelerateLayout{},
 		deepSpeedLayout{},
 		megatronLayout{},
+		levanterLayout{},
+		composerLayout{},
 		nemoLayout{},
 		lightningLayout{},
 	}

@@ -64,13 +64,14 @@ func TestForcedFormatRuleApplies(t *testing.T) {
 
 // TestForcedLightningAndNeMo pins the verdicts of the two formats judge's switch once
 // lacked: under --format lightning or nemo a directory is judged by the *.ckpt rule
-// (torch.distributed.checkpoint's .metadata, NeMo 2's weights/.metadata, or a DeepSpeed
-// latest inside), never by another layout's marker, and a NeMo marker still means the
-// save did not finish.
+// (torch.distributed.checkpoint's .metadata with Lightning's meta.pt, NeMo 2's
+// weights/.metadata, or a DeepSpeed latest inside), never by another layout's marker,
+// and a NeMo marker still means the save did not finish.
 func TestForcedLightningAndNeMo(t *testing.T) {
 	zip := torchZip(t, "archive")
 	root := t.TempDir()
-	build(t, root, merge(generic("step-5", true), hf(6, validTrainerState), dcp("run-a", true), tree{
+	build(t, root, merge(generic("step-5", true), hf(6, validTrainerState), dcp("run-a", true), dcp("run-b", true), tree{
+		"run-a/" + lightningMeta: zip,
 		"epoch=0-step=7.ckpt":    zip,
 		"gpt--step=8.ckpt":       zip,
 		"gpt--step=8-unfinished": "",
@@ -84,6 +85,7 @@ func TestForcedLightningAndNeMo(t *testing.T) {
 			{"step-5", false, "checkpoint directory without .metadata, weights/.metadata or a DeepSpeed latest"},
 			{"checkpoint-6", false, "checkpoint directory without .metadata"},
 			{"run-a", true, ""},
+			{"run-b", false, "sharded checkpoint without meta.pt"},
 			{"epoch=0-step=7.ckpt", true, ""},
 			{"gpt--step=8.ckpt", false, "NeMo's marker gpt--step=8-unfinished exists"},
 		} {
@@ -120,12 +122,12 @@ func TestRegistry(t *testing.T) {
 		}
 	}
 	_, err := ParseFormat("keras")
-	want := `unknown checkpoint format "keras" (want one of auto, generic, hf, dcp, deepspeed, megatron, nemo, lightning)`
+	want := `unknown checkpoint format "keras" (want one of auto, generic, hf, dcp, olmo-core, torchtitan, accelerate, deepspeed, megatron, levanter, composer, nemo, lightning)`
 	if err == nil || err.Error() != want {
 		t.Errorf("ParseFormat(keras) = %v; want %s", err, want)
 	}
-	const names = "step-N, checkpoint-N, global_stepN and iter_N directories, DeepSpeed's latest, " +
-		"Megatron's latest_checkpointed_iteration.txt and *.ckpt"
+	const names = "step-N, checkpoint-N, checkpoint_N, global_stepN and iter_N directories, OLMo-core's stepN-tmp, " +
+		"DeepSpeed's latest, Megatron's latest_checkpointed_iteration.txt, Composer's epE-baB[-rank0.pt] with latest-rank0.pt and *.ckpt"
 	if got := NamesLookedFor(); got != names {
 		t.Errorf("NamesLookedFor() = %q; want %q", got, names)
 	}

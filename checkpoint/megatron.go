@@ -1,6 +1,7 @@
 package checkpoint
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -9,6 +10,8 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+
+	"github.com/gangrun/gangrun/internal/userfile"
 )
 
 // FormatMegatron is Megatron-LM's layout: iter_NNNNNNN directories and
@@ -29,8 +32,8 @@ const (
 // megatronLayout is Megatron-LM's layout: iter_NNNNNNN directories, the release
 // directory, and the tracker file naming the newest (a pointer, pointer.go). Under
 // auto-detection it owns both kinds of name; mp_rank_* directories inside a directory
-// decide last, and a `.metadata` directory of its own (torch_dist) is reported as
-// megatron when the tracker is there.
+// decide after the other layouts' markers, and a `.metadata` directory of its own
+// (torch_dist, torch_dcp) is judged by its rule (judgeDCP).
 type megatronLayout struct{}
 
 func (megatronLayout) info() layoutInfo {
@@ -47,7 +50,7 @@ func (megatronLayout) reserves(name string) bool {
 	return name == megatronTracker || name == megatronRelease
 }
 
-func (megatronLayout) judge(s *scan, c *candidate) verdict { return checkMegatron(s.path(c)) }
+func (megatronLayout) judge(s *scan, c *candidate) verdict { return checkMegatron(s, c) }
 
 func (megatronLayout) claim(_ *scan, c *candidate) nameClaim {
 	if c.fam == famIter || c.fam == famRelease {
@@ -65,10 +68,19 @@ func (megatronLayout) detect(_ *scan, _ *candidate, dir string, entries []fs.Dir
 
 func (megatronLayout) notes(*scan) []string { return nil }
 
-// writesDCP: an iter_ or release directory next to a tracker is Megatron-LM's, in the
-// torch_dist (DCP) format when it holds `.metadata`.
-func (megatronLayout) writesDCP(s *scan, c *candidate) bool {
-	return s.pointerOf(FormatMegatron) != nil && (c.fam == famIter || c.fam == famRelease)
+// judgeDCP: an iter_ or release directory holding `.metadata` is Megatron-LM's when
+// the tracker is there, when it holds dist_checkpointing's own files (metadata.json,
+// common.pt), or when a nearby iteration holds metadata.json (the run saves torch_dist);
+// it is then judged by checkMegatronDCP.
+func (megatronLayout) judgeDCP(s *scan, c *candidate, dir string, entries []fs.DirEntry) (verdict, bool) {
+	if c.fam != famIter && c.fam != famRelease {
+		return verdict{}, false
+	}
+	distFiles := hasEntry(entries, megatronDistConfig) || hasEntry(entries, megatronDistCommon)
+	if s.pointerOf(FormatMegatron) == nil && !distFiles && !s.megatronRunSavesDist(c) {
+		return verdict{}, false
+	}
+	return checkMegatronDCP(s, c, dir, entries), true
 }
 
 // readPointer reads DIR/latest_checkpointed_iteration.txt when the listing holds it
@@ -163,17 +175,32 @@ func hasMegatronRanks(entries []fs.DirEntry) bool {
 	return false
 }
 
-// checkMegatron applies Megatron-LM's rule to an iter_NNNNNNN (or release) directory:
-// the torch_dist / torch_dcp / fsdp_dtensor formats are torch.distributed.checkpoint
-// directories (complete with a non-empty `.metadata`); the legacy torch format is
-// complete when checkMegatronEntries holds.
-func checkMegatron(dir string) verdict {
-	if _, err := os.Lstat(filepath.Join(dir, dcpMetadata)); !errors.Is(err, fs.ErrNotExist) {
-		return checkDCP(dir, FormatMegatron)
-	}
+// Megatron-LM's dist_checkpointing files (megatron/core/dist_checkpointing/core.py,
+// strategies/common.py): metadata.json (CONFIG_FNAME, {"sharded_backend": ...}) is
+// written last, by rank 0 after every shard and `.metadata` (serialization.py save,
+// step 7, metadata_finalize_fn); common.pt (COMMON_STATE_FNAME) is written first, by
+// rank 0, in the versions that keep the common state apart.
+const (
+	megatronDistConfig = "metadata.json"
+	megatronDistCommon = "common.pt"
+)
+
+// maxDistConfigBytes bounds how much of metadata.json is read, in bytes: it holds two
+// short fields.
+const maxDistConfigBytes = 1 << 20
+
+// checkMegatron applies Megatron-LM's rule to an iter_NNNNNNN (or release) directory,
+// as its _get_checkpoint_format decides the format (megatron/training/checkpointing.py):
+// metadata.json or `.metadata` or common.pt — a distributed checkpoint,
+// checkMegatronDCP; otherwise the legacy torch format, checkMegatronEntries.
+func checkMegatron(s *scan, c *candidate) verdict {
+	dir := s.path(c)
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return notDone(FormatMegatron, "%s", describeFSError(err))
+	}
+	if hasEntry(entries, dcpMetadata) || hasEntry(entries, megatronDistConfig) || hasEntry(entries, megatronDistCommon) {
+		return checkMegatronDCP(s, c, dir, entries)
 	}
 	if !hasMegatronRanks(entries) {
 		return notDone(FormatMegatron, "no %s (torch_dist) and no mp_rank_*/%s (legacy torch format): the save did not finish", dcpMetadata, megatronModelFile)
@@ -181,10 +208,91 @@ func checkMegatron(dir string) verdict {
 	return checkMegatronEntries(dir, entries)
 }
 
+// checkMegatronDCP is the rule for Megatron-LM's distributed formats.
+// _get_checkpoint_format takes a directory as torch_dist only when
+// dist_checkpointing.check_is_distributed_checkpoint holds — metadata.json exists and
+// loads as a CheckpointingConfig (a JSON object with sharded_backend) — and as torch_dcp
+// or fsdp_dtensor when it holds only torch.distributed.checkpoint's `.metadata`. So:
+//   - with metadata.json: it must be such an object, and its torch backend's shards
+//     need `.metadata` (the dcp rule; the retired zarr backend has none);
+//   - without it, a directory that is torch_dist's — it holds common.pt, or the run's
+//     other iterations hold metadata.json — is a save cut before its last step;
+//   - otherwise (torch_dcp, fsdp_dtensor) the dcp rule.
+//
+// A torch_dist save cut before metadata.json, with no common.pt (current versions keep
+// the common state among the shards) and no earlier torch_dist iteration to compare
+// with, cannot be told from a torch_dcp checkpoint; the tracker covers it when present.
+func checkMegatronDCP(s *scan, c *candidate, dir string, entries []fs.DirEntry) verdict {
+	if hasEntry(entries, megatronDistConfig) {
+		backend, why := readDistConfig(filepath.Join(dir, megatronDistConfig))
+		if why != "" {
+			return notDone(FormatMegatron, "%s %s: dist_checkpointing writes it last, so the save did not finish", megatronDistConfig, why)
+		}
+		if backend == "zarr" {
+			return done(FormatMegatron)
+		}
+		return checkDCP(dir, FormatMegatron)
+	}
+	if hasEntry(entries, megatronDistCommon) || s.megatronRunSavesDist(c) {
+		return notDone(FormatMegatron, "no %s: dist_checkpointing writes it after every shard and %s, and Megatron-LM's check_is_distributed_checkpoint needs it, so the torch_dist save did not finish",
+			megatronDistConfig, dcpMetadata)
+	}
+	return checkDCP(dir, FormatMegatron)
+}
+
+// readDistConfig reads dist_checkpointing's metadata.json as maybe_load_config does
+// (json.load, then CheckpointingConfig(**fields), whose sharded_backend has no default)
+// and returns the backend, or why it cannot be loaded.
+func readDistConfig(path string) (backend, why string) {
+	data, err := userfile.ReadFile(path, maxDistConfigBytes)
+	if err != nil {
+		return "", describeFSError(err)
+	}
+	var cfg map[string]json.RawMessage
+	if err := json.Unmarshal(data, &cfg); err != nil {
+		return "", "is not a JSON object (truncated?)"
+	}
+	raw, ok := cfg["sharded_backend"]
+	if !ok || json.Unmarshal(raw, &backend) != nil {
+		return "", "has no sharded_backend"
+	}
+	return backend, ""
+}
+
+// megatronRunSavesDist reports whether the directory's Megatron-LM run saves torch_dist
+// checkpoints, as far as other iterations say: the one the tracker names, or one of the
+// two nearest iterations to c, holds metadata.json. It reads at most three entries.
+func (s *scan) megatronRunSavesDist(c *candidate) bool {
+	var look []string
+	if p := s.pointerOf(FormatMegatron); p != nil && p.target != "" && p.target != c.name {
+		look = append(look, p.target)
+	}
+	at := -1
+	for i, o := range s.cands {
+		if o == c || o.name == c.name {
+			at = i
+			break
+		}
+	}
+	for d := 1; len(look) < 3 && at >= 0 && (at-d >= 0 || at+d < len(s.cands)); d++ {
+		for _, i := range []int{at + d, at - d} {
+			if i >= 0 && i < len(s.cands) && (s.cands[i].fam == famIter || s.cands[i].fam == famRelease) && len(look) < 3 {
+				look = append(look, s.cands[i].name)
+			}
+		}
+	}
+	for _, name := range look {
+		if fi, err := os.Stat(filepath.Join(s.dir, name, megatronDistConfig)); err == nil && fi.Mode().IsRegular() {
+			return true
+		}
+	}
+	return false
+}
+
 // checkMegatronEntries is the legacy torch format's rule: every mp_rank_* directory
-// holds a non-empty model_optim_rng.pt (and distrib_optim.pt, when present, is not
-// empty), and the rank tuples form a full grid — every combination of the tensor,
-// pipeline and expert ranks seen, from 0.
+// holds a whole model_optim_rng.pt (and distrib_optim.pt, when present, is whole: both
+// written in place by torch.save, checkTorchSaveFile), and the rank tuples form a full
+// grid — every combination of the tensor, pipeline and expert ranks seen, from 0.
 func checkMegatronEntries(dir string, entries []fs.DirEntry) verdict {
 	seen := map[string]bool{}
 	dims := -1
@@ -219,18 +327,13 @@ func checkMegatronEntries(dir string, entries []fs.DirEntry) verdict {
 			key[i] = strconv.Itoa(n)
 		}
 		seen[strings.Join(key, "_")] = true
-		rankDir := filepath.Join(dir, e.Name())
-		fi, err := os.Stat(filepath.Join(rankDir, megatronModelFile))
-		switch {
-		case errors.Is(err, fs.ErrNotExist):
-			return notDone(FormatMegatron, "%s/%s missing", e.Name(), megatronModelFile)
-		case err != nil:
-			return notDone(FormatMegatron, "%s/%s: %s", e.Name(), megatronModelFile, describeFSError(err))
-		case !fi.Mode().IsRegular() || fi.Size() == 0:
-			return notDone(FormatMegatron, "%s/%s is empty or not a regular file", e.Name(), megatronModelFile)
+		if v, ok := checkTorchSaveFile(dir, e.Name()+"/"+megatronModelFile, FormatMegatron); !ok {
+			return v
 		}
-		if fi, err := os.Stat(filepath.Join(rankDir, megatronOptimFile)); err == nil && fi.Size() == 0 {
-			return notDone(FormatMegatron, "%s/%s is empty (0 bytes)", e.Name(), megatronOptimFile)
+		if _, err := os.Lstat(filepath.Join(dir, e.Name(), megatronOptimFile)); !errors.Is(err, fs.ErrNotExist) {
+			if v, ok := checkTorchSaveFile(dir, e.Name()+"/"+megatronOptimFile, FormatMegatron); !ok {
+				return v
+			}
 		}
 	}
 	total := 1

@@ -41,9 +41,12 @@ type dcgmField struct {
 }
 
 // dcgmFields are the fields exported, with dcgm-exporter's names, types and units
-// (etc/default-counters.csv of NVIDIA/dcgm-exporter; the ECC and retired-page rows are
-// commented out there and exported here where NVML gives them). The Xid field is not
-// here: NVML reports Xids as events (GPUCollector.NoteHealth).
+// (etc/default-counters.csv of NVIDIA/dcgm-exporter 4.5.3-4.8.2; the ECC and
+// retired-page rows are commented out there and exported here where NVML gives them),
+// each read through the NVML call DCGM itself makes for it (DcgmCacheManager.cpp). The
+// Xid field is not here: NVML reports Xids as events (GPUCollector.NoteHealth); nor are
+// the profiling fields (gpm.go) and the NVLink rates (nvlink.go), which need two
+// readings.
 func dcgmFields() []dcgmField {
 	const mib = 1 << 20
 	return []dcgmField{
@@ -56,20 +59,41 @@ func dcgmFields() []dcgmField {
 			return float64(u.Memory), ret == nvml.SUCCESS
 		}},
 		{"DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", prometheus.GaugeValue, func(d nvml.Device) (float64, bool) {
-			m, ret := d.GetMemoryInfo()
-			return float64(m.Free / mib), ret == nvml.SUCCESS
+			m, ok := memoryInfo(d)
+			return float64(m.Free / mib), ok
 		}},
 		{"DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", prometheus.GaugeValue, func(d nvml.Device) (float64, bool) {
-			m, ret := d.GetMemoryInfo()
-			return float64(m.Used / mib), ret == nvml.SUCCESS
+			m, ok := memoryInfo(d)
+			return float64(m.Used / mib), ok
+		}},
+		{"DCGM_FI_DEV_FB_RESERVED", "Framebuffer memory reserved (in MiB).", prometheus.GaugeValue, func(d nvml.Device) (float64, bool) {
+			m, ret := d.GetMemoryInfo_v2()
+			return float64(m.Reserved / mib), ret == nvml.SUCCESS
 		}},
 		{"DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", prometheus.GaugeValue, func(d nvml.Device) (float64, bool) {
 			mw, ret := d.GetPowerUsage()
 			return float64(mw) / 1000, ret == nvml.SUCCESS
 		}},
+		{"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "Total energy consumption since boot (in mJ).", prometheus.CounterValue, func(d nvml.Device) (float64, bool) {
+			mj, ret := d.GetTotalEnergyConsumption()
+			return float64(mj), ret == nvml.SUCCESS
+		}},
 		{"DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", prometheus.GaugeValue, func(d nvml.Device) (float64, bool) {
 			c, ret := d.GetTemperature(nvml.TEMPERATURE_GPU)
 			return float64(c), ret == nvml.SUCCESS
+		}},
+		{"DCGM_FI_DEV_MEMORY_TEMP", "Memory temperature (in C).", prometheus.GaugeValue, readMemoryTemp},
+		{"DCGM_FI_DEV_ENC_UTIL", "Encoder utilization (in %).", prometheus.GaugeValue, func(d nvml.Device) (float64, bool) {
+			u, _, ret := d.GetEncoderUtilization()
+			return float64(u), ret == nvml.SUCCESS
+		}},
+		{"DCGM_FI_DEV_DEC_UTIL", "Decoder utilization (in %).", prometheus.GaugeValue, func(d nvml.Device) (float64, bool) {
+			u, _, ret := d.GetDecoderUtilization()
+			return float64(u), ret == nvml.SUCCESS
+		}},
+		{"DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "Total number of PCIe retries.", prometheus.CounterValue, func(d nvml.Device) (float64, bool) {
+			n, ret := d.GetPcieReplayCounter()
+			return float64(n), ret == nvml.SUCCESS
 		}},
 		{"DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", prometheus.GaugeValue, func(d nvml.Device) (float64, bool) {
 			c, ret := d.GetClockInfo(nvml.CLOCK_SM)
@@ -102,6 +126,43 @@ func dcgmFields() []dcgmField {
 			return boolValue(failed), ret == nvml.SUCCESS
 		}},
 	}
+}
+
+// memoryInfo returns the framebuffer's use as DCGM reads it
+// (DcgmCacheManager::ReadAndCacheFBMemoryInfo): nvmlDeviceGetMemoryInfo_v2, whose used
+// excludes the memory the driver reserves, or, where the driver has no v2,
+// nvmlDeviceGetMemoryInfo. A panic in the binding (a mock leaving a function unset)
+// counts as "not supported".
+func memoryInfo(d nvml.Device) (m nvml.Memory, ok bool) {
+	if v2, ret := safeMemoryInfoV2(d); ret == nvml.SUCCESS {
+		return nvml.Memory{Total: v2.Total, Free: v2.Free, Used: v2.Used}, true
+	}
+	m, ret := d.GetMemoryInfo()
+	return m, ret == nvml.SUCCESS
+}
+
+func safeMemoryInfoV2(d nvml.Device) (m nvml.Memory_v2, ret nvml.Return) {
+	defer func() {
+		if recover() != nil {
+			m, ret = nvml.Memory_v2{}, nvml.ERROR_NOT_SUPPORTED
+		}
+	}()
+	return d.GetMemoryInfo_v2()
+}
+
+// maxMemoryTemp is the highest memory temperature DCGM accepts from NVML, in °C
+// (DcgmCacheManager: a reading above 200 is an error).
+const maxMemoryTemp = 200
+
+// readMemoryTemp reads NVML_FI_DEV_MEMORY_TEMP, the field DCGM_FI_DEV_MEMORY_TEMP comes
+// from (HBM GPUs report it; others answer not supported).
+func readMemoryTemp(d nvml.Device) (float64, bool) {
+	v := []nvml.FieldValue{{FieldId: nvml.FI_DEV_MEMORY_TEMP}}
+	if d.GetFieldValues(v) != nvml.SUCCESS || nvml.Return(v[0].NvmlReturn) != nvml.SUCCESS {
+		return 0, false
+	}
+	c := fieldUint(v[0])
+	return float64(c), c <= maxMemoryTemp
 }
 
 func eccReader(kind nvml.MemoryErrorType, counter nvml.EccCounterType) func(nvml.Device) (float64, bool) {
@@ -148,9 +209,12 @@ type GPUCollector struct {
 	info   *prometheus.Desc
 	health *prometheus.Desc
 	nvlink nvlinkSeries
+	prof   []*prometheus.Desc // gpmFields' descriptions
 
 	mu       sync.Mutex
 	prevNV   map[int]nvlinkReading // each GPU's last NVLink reading
+	gpm      *gpmReader            // nil without NVML
+	driver   string                // the driver's version, once read
 	at       time.Time
 	readings []gpuReading
 	lastXid  map[int]uint64
@@ -167,6 +231,10 @@ type gpuReading struct {
 	nv             nvlinkReading
 	hasNV, hasRate bool
 	txRate, rxRate float64
+	// prof and hasProf are the profiling fields (gpmFields order) since the reading
+	// before.
+	prof    []float64
+	hasProf []bool
 }
 
 // NewGPUCollector returns the collector for cfg.
@@ -174,7 +242,11 @@ func NewGPUCollector(cfg GPUConfig) *GPUCollector {
 	if cfg.CacheTTL <= 0 {
 		cfg.CacheTTL = DefaultCacheTTL
 	}
-	c := &GPUCollector{cfg: cfg, fields: dcgmFields(), lastXid: map[int]uint64{}, prevNV: map[int]nvlinkReading{}, nvlink: newNVLinkSeries()}
+	c := &GPUCollector{cfg: cfg, fields: dcgmFields(), lastXid: map[int]uint64{}, prevNV: map[int]nvlinkReading{}, nvlink: newNVLinkSeries(),
+		prof: gpmDescs()}
+	if cfg.NVML != nil {
+		c.gpm = newGPMReader(cfg.NVML)
+	}
 	for _, f := range c.fields {
 		c.descs = append(c.descs, prometheus.NewDesc(f.name, f.help, gpuLabelNames(), nil))
 	}
@@ -194,6 +266,19 @@ func (c *GPUCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.info
 	ch <- c.health
 	c.nvlink.describe(ch)
+	for _, d := range c.prof {
+		ch <- d
+	}
+}
+
+// Close frees what the collector holds in NVML (the GPM samples); call it before
+// shutting NVML down. A scrape after Close allocates them again.
+func (c *GPUCollector) Close() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.gpm != nil {
+		c.gpm.close()
+	}
 }
 
 // NoteHealth records a GPU health change the agent saw (its Xid, when it carried one),
@@ -219,7 +304,7 @@ func (c *GPUCollector) Collect(ch chan<- prometheus.Metric) {
 			state = topology.Healthy
 		}
 		for _, s := range healthStates() {
-			ch <- prometheus.MustNewConstMetric(c.health, prometheus.GaugeValue, boolValue(s == state), r.labels[0], r.labels[1], r.labels[5], string(s))
+			ch <- prometheus.MustNewConstMetric(c.health, prometheus.GaugeValue, boolValue(s == state), r.labels[labelGPU], r.labels[labelUUID], r.labels[labelHostname], string(s))
 		}
 		if c.cfg.NVML == nil {
 			continue
@@ -237,6 +322,12 @@ func (c *GPUCollector) Collect(ch chan<- prometheus.Metric) {
 		if r.hasRate {
 			ch <- prometheus.MustNewConstMetric(c.nvlink.txRate, prometheus.GaugeValue, r.txRate, r.labels...)
 			ch <- prometheus.MustNewConstMetric(c.nvlink.rxRate, prometheus.GaugeValue, r.rxRate, r.labels...)
+			ch <- prometheus.MustNewConstMetric(c.nvlink.bandwidth, prometheus.CounterValue, dcgmBandwidth(r.txRate, r.rxRate), r.labels...)
+		}
+		for i, ok := range r.hasProf {
+			if ok {
+				ch <- prometheus.MustNewConstMetric(c.prof[i], prometheus.GaugeValue, r.prof[i], r.labels...)
+			}
 		}
 	}
 }
@@ -279,17 +370,21 @@ func (c *GPUCollector) sample(ctx context.Context) []gpuReading {
 	if c.cfg.Holders != nil {
 		holders, _ = c.cfg.Holders(ctx)
 	}
+	if c.driver == "" && c.cfg.NVML != nil {
+		c.driver = driverVersion(c.cfg.NVML)
+	}
 	out := make([]gpuReading, 0, len(inv.GPUs))
 	for _, g := range inv.GPUs {
 		j := holders[g.Index]
 		r := gpuReading{gpu: g, labels: []string{strconv.Itoa(g.Index), g.UUID, nvmlBusID(g.PCIBusID), "nvidia" + strconv.Itoa(g.Minor),
-			g.Name, c.cfg.Node, j.ID, j.User, j.Name}}
+			g.Name, c.cfg.Node, c.driver, j.ID, j.User, j.Name}}
 		if c.cfg.NVML != nil {
 			r.values, r.has = make([]float64, len(c.fields)), make([]bool, len(c.fields))
 			if dev, ret := c.cfg.NVML.DeviceGetHandleByIndex(g.Index); ret == nvml.SUCCESS {
 				for i, f := range c.fields {
 					r.values[i], r.has[i] = safeRead(f.read, dev)
 				}
+				r.prof, r.hasProf = c.gpm.read(g.Index, dev)
 				if r.nv, r.hasNV = readNVLink(dev); r.hasNV {
 					prev, ok := c.prevNV[g.Index]
 					r.txRate, r.rxRate, r.hasRate = nvlinkRate(prev, r.nv, ok)
@@ -300,6 +395,20 @@ func (c *GPUCollector) sample(ctx context.Context) []gpuReading {
 		out = append(out, r)
 	}
 	return out
+}
+
+// driverVersion returns the driver's version (nvmlSystemGetDriverVersion, what DCGM's
+// DCGM_FI_DRIVER_VERSION holds), or "" when NVML cannot tell.
+func driverVersion(lib nvml.Interface) (v string) {
+	defer func() {
+		if recover() != nil {
+			v = ""
+		}
+	}()
+	if v, ret := lib.SystemGetDriverVersion(); ret == nvml.SUCCESS {
+		return v
+	}
+	return ""
 }
 
 // safeRead calls read, turning a panic inside the binding (a function a mock leaves

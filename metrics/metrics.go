@@ -39,11 +39,22 @@ type JobLabels struct {
 }
 
 // The labels on the GPU metrics: dcgm-exporter's (gpu, UUID, pci_bus_id, device,
-// modelName, Hostname) and the job's. hpc_job is dcgm-exporter's own label for the HPC
-// job holding a GPU (its job-mapping transform); hpc_user and hpc_job_name follow it.
+// modelName, Hostname, and DCGM_FI_DRIVER_VERSION, the label its default counters make
+// of the driver's version) and the job's. hpc_job is dcgm-exporter's own label for the
+// HPC job holding a GPU (its job-mapping transform); hpc_user and hpc_job_name follow
+// it. Hostname is spelled as dcgm-exporter's newest release, 4.5.3-4.8.2, spells it
+// (internal/pkg/rendermetrics); its main branch renames it hostname after that release
+// (#655).
 func gpuLabelNames() []string {
-	return []string{"gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "hpc_job", "hpc_user", "hpc_job_name"}
+	return []string{"gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION", "hpc_job", "hpc_user", "hpc_job_name"}
 }
+
+// Indexes into gpuLabelNames.
+const (
+	labelGPU      = 0
+	labelUUID     = 1
+	labelHostname = 5
+)
 
 // Handler serves the collectors on /metrics in Prometheus' exposition format (and
 // OpenMetrics when asked), with the Go runtime's and the process' own metrics.

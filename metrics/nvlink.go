@@ -16,8 +16,9 @@ import (
 // (gangrun_gpu_nvlink_{tx,rx}_bytes_total) and, from the last two readings and NVML's
 // own timestamps, the rates under dcgm-exporter's names DCGM_FI_PROF_NVLINK_TX_BYTES and
 // DCGM_FI_PROF_NVLINK_RX_BYTES (gauges, B/s, data without headers, as dcgm-exporter's
-// profiling counters describe them). A GPU whose NVML gives no such field (older
-// drivers, no NVLink) exports none of the four.
+// profiling counters describe them) and DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL (DCGM's
+// value, below). A GPU whose NVML gives no such field (older drivers, no NVLink)
+// exports none of the five.
 
 // nvlinkReading is one GPU's NVLink data counters at one time: bytes over all active
 // links, and NVML's timestamp of the reading (µs).
@@ -26,18 +27,28 @@ type nvlinkReading struct {
 	at     int64
 }
 
-// nvlinkSeries are the four NVLink series' descriptions.
+// nvlinkSeries are the NVLink series' descriptions.
 type nvlinkSeries struct {
 	txTotal, rxTotal, txRate, rxRate *prometheus.Desc
+	// bandwidth is DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL, which dcgm-exporter's default
+	// counters enable (typed counter there). DCGM computes it
+	// (DcgmCacheManager::ReadAndCacheNvLinkBandwidth) from the same NVML data counters
+	// of every link, RX plus TX: the KiB since its previous reading divided by the
+	// seconds between the two and by 1000, which DCGM labels MB/s
+	// (DCGM_FIELD_UNIT_BW_MBPS): a rate, despite the counter type. It is exported with
+	// DCGM's value and dcgm-exporter's type and help, so dashboards made for
+	// dcgm-exporter read it as they do there.
+	bandwidth *prometheus.Desc
 }
 
 func newNVLinkSeries() nvlinkSeries {
 	l := gpuLabelNames()
 	return nvlinkSeries{
-		txTotal: prometheus.NewDesc("gangrun_gpu_nvlink_tx_bytes_total", "NVLink data transmitted over all the GPU's active links, without protocol headers (NVML NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX), in bytes.", l, nil),
-		rxTotal: prometheus.NewDesc("gangrun_gpu_nvlink_rx_bytes_total", "NVLink data received over all the GPU's active links, without protocol headers (NVML NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX), in bytes.", l, nil),
-		txRate:  prometheus.NewDesc("DCGM_FI_PROF_NVLINK_TX_BYTES", "The rate of data not including protocol headers transmitted over NVLink (in B/s), between the last two readings.", l, nil),
-		rxRate:  prometheus.NewDesc("DCGM_FI_PROF_NVLINK_RX_BYTES", "The rate of data not including protocol headers received over NVLink (in B/s), between the last two readings.", l, nil),
+		txTotal:   prometheus.NewDesc("gangrun_gpu_nvlink_tx_bytes_total", "NVLink data transmitted over all the GPU's active links, without protocol headers (NVML NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX), in bytes.", l, nil),
+		rxTotal:   prometheus.NewDesc("gangrun_gpu_nvlink_rx_bytes_total", "NVLink data received over all the GPU's active links, without protocol headers (NVML NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX), in bytes.", l, nil),
+		txRate:    prometheus.NewDesc("DCGM_FI_PROF_NVLINK_TX_BYTES", "The rate of data not including protocol headers transmitted over NVLink (in B/s), between the last two readings.", l, nil),
+		rxRate:    prometheus.NewDesc("DCGM_FI_PROF_NVLINK_RX_BYTES", "The rate of data not including protocol headers received over NVLink (in B/s), between the last two readings.", l, nil),
+		bandwidth: prometheus.NewDesc("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "Total number of NVLink bandwidth counters for all lanes.", l, nil),
 	}
 }
 
@@ -46,6 +57,13 @@ func (s nvlinkSeries) describe(ch chan<- *prometheus.Desc) {
 	ch <- s.rxTotal
 	ch <- s.txRate
 	ch <- s.rxRate
+	ch <- s.bandwidth
+}
+
+// dcgmBandwidth is DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL's value from the data rates in
+// bytes per second: KiB/s of RX plus TX, divided by 1000, as DCGM computes it.
+func dcgmBandwidth(txRate, rxRate float64) float64 {
+	return (txRate + rxRate) / 1024 / 1000
 }
 
 // readNVLink returns d's NVLink data counters summed over its active links, and false

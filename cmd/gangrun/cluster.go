@@ -198,6 +198,7 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 	view := metrics.NewView(s, 0)
 	gpus := metrics.NewGPUCollector(metrics.GPUConfig{NVML: lib, Node: name, Inventory: func() *topology.Inventory { return a.Inventory() },
 		Holders: func(ctx context.Context) (map[int]metrics.JobLabels, error) { return view.Holders(ctx, name) }})
+	defer gpus.Close() // before lib.Shutdown: deferred calls run last-in first-out
 	sched := metrics.NewSchedulerCollector(s, view)
 	if health != nil {
 		health = tapHealth(health, gpus.NoteHealth)

@@ -2,18 +2,15 @@ package main
 
 import (
 	"encoding/json"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -21,6 +18,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh100"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 
+	"github.com/gangrun/gangrun/internal/promtest"
 	"github.com/gangrun/gangrun/job"
 	"github.com/gangrun/gangrun/metrics"
 	"github.com/gangrun/gangrun/topology"
@@ -35,121 +33,6 @@ func freePort(t *testing.T) int {
 	}
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port
-}
-
-// promServer is a real Prometheus server (Debian's prometheus package) the test
-// started, scraping targets every second.
-type promServer struct {
-	t   *testing.T
-	url string
-}
-
-// startPrometheus starts Prometheus scraping targets (HOST:PORT, /metrics) every
-// second, with its data in a test directory; it fails the test when Debian's
-// prometheus is not installed (scripts/install-deps.sh prometheus).
-func startPrometheus(t *testing.T, targets ...string) *promServer {
-	t.Helper()
-	bin, err := exec.LookPath("prometheus")
-	if err != nil {
-		t.Fatal("prometheus not found: install Debian's prometheus package (scripts/install-deps.sh prometheus)")
-	}
-	dir := t.TempDir()
-	quoted := make([]string, len(targets))
-	for i, tg := range targets {
-		quoted[i] = strconv.Quote(tg)
-	}
-	cfg := fmt.Sprintf(`global:
-  scrape_interval: 1s
-  scrape_timeout: 900ms
-scrape_configs:
-  - job_name: gangrun
-    static_configs:
-      - targets: [%s]
-`, strings.Join(quoted, ", "))
-	if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(cfg), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	addr := "127.0.0.1:" + strconv.Itoa(freePort(t))
-	cmd := exec.Command(bin, "--config.file="+filepath.Join(dir, "prometheus.yml"), "--storage.tsdb.path="+filepath.Join(dir, "data"),
-		"--web.listen-address="+addr, "--log.level=warn")
-	log := &syncBuffer{}
-	cmd.Stdout, cmd.Stderr = log, log
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		_ = cmd.Wait()
-		if t.Failed() {
-			t.Logf("prometheus log:\n%s", log.String())
-		}
-	})
-	p := &promServer{t: t, url: "http://" + addr}
-	waitUntilFor(t, 60*time.Second, func() bool {
-		resp, err := http.Get(p.url + "/-/ready")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	}, "prometheus ready")
-	return p
-}
-
-// promSample is one series of an instant query's answer.
-type promSample struct {
-	Metric map[string]string `json:"metric"`
-	Value  [2]any            `json:"value"`
-}
-
-// query runs an instant PromQL query through Prometheus' HTTP API.
-func (p *promServer) query(q string) []promSample {
-	p.t.Helper()
-	resp, err := http.Get(p.url + "/api/v1/query?query=" + url.QueryEscape(q))
-	if err != nil {
-		p.t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var body struct {
-		Status string `json:"status"`
-		Error  string `json:"error"`
-		Data   struct {
-			Result []promSample `json:"result"`
-		} `json:"data"`
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
-		p.t.Fatalf("query %s: %v", q, err)
-	}
-	if body.Status != "success" {
-		p.t.Fatalf("query %s: %s", q, body.Error)
-	}
-	return body.Data.Result
-}
-
-// value returns the single series' value of q, or false when q has no single answer.
-func (p *promServer) value(q string) (float64, bool) {
-	r := p.query(q)
-	if len(r) != 1 {
-		return 0, false
-	}
-	s, _ := r[0].Value[1].(string)
-	v, err := strconv.ParseFloat(s, 64)
-	return v, err == nil
-}
-
-// waitValue waits until q answers want.
-func (p *promServer) waitValue(q string, want float64, within time.Duration) {
-	p.t.Helper()
-	var got float64
-	var ok bool
-	deadline := time.Now().Add(within)
-	for time.Now().Before(deadline) {
-		if got, ok = p.value(q); ok && got == want {
-			return
-		}
-		time.Sleep(250 * time.Millisecond)
-	}
-	p.t.Errorf("prometheus: %s = %v (answered %v), want %v; all: %+v", q, got, ok, want, p.query(q))
 }
 
 // mockGPUEndpoint serves, in this process, a node's GPU metrics read from go-nvml's
@@ -184,7 +67,7 @@ func TestMetricsScrapedByPrometheus(t *testing.T) {
 		return []string{"--metrics-addr", "127.0.0.1:" + strconv.Itoa(ports[node])}
 	}, "gpu-a", "gpu-b")
 	mock := mockGPUEndpoint(t, "gpu-mock")
-	p := startPrometheus(t, "127.0.0.1:"+strconv.Itoa(ports["gpu-a"]), "127.0.0.1:"+strconv.Itoa(ports["gpu-b"]), mock)
+	p := promtest.Start(t, "127.0.0.1:"+strconv.Itoa(ports["gpu-a"]), "127.0.0.1:"+strconv.Itoa(ports["gpu-b"]), mock)
 
 	id := c.submit("--nodes", "1", "--gpus-per-node", "4", "--name", "idle-sleeper", "--", "sleep", "300")
 	t.Cleanup(func() { stopJob(c, id) })
@@ -194,31 +77,31 @@ func TestMetricsScrapedByPrometheus(t *testing.T) {
 
 	// Two scrapes of every target, each up.
 	waitUntilFor(t, 60*time.Second, func() bool {
-		v, ok := p.value(`count(count_over_time(up{job="gangrun"}[1m]) >= 2 and up{job="gangrun"} == 1)`)
+		v, ok := p.Value(`count(count_over_time(up{job="gangrun"}[1m]) >= 2 and up{job="gangrun"} == 1)`)
 		return ok && v == 3
 	}, "three targets up, each scraped twice")
 
-	p.waitValue(`DCGM_FI_DEV_GPU_UTIL{Hostname="gpu-mock",gpu="3",modelName=~".*H100.*"}`, 30, 20*time.Second)
-	p.waitValue(`DCGM_FI_DEV_GPU_TEMP{Hostname="gpu-mock",gpu="7"}`, 47, 20*time.Second)
-	p.waitValue(`count(DCGM_FI_DEV_GPU_UTIL{Hostname="gpu-mock"})`, 8, 20*time.Second)
-	p.waitValue(`count(DCGM_FI_DEV_GPU_UTIL{Hostname=~"gpu-a|gpu-b"}) or vector(0)`, 0, 20*time.Second) // recorded: no readings made up
+	p.WaitValue(`DCGM_FI_DEV_GPU_UTIL{Hostname="gpu-mock",gpu="3",modelName=~".*H100.*"}`, 30, 20*time.Second)
+	p.WaitValue(`DCGM_FI_DEV_GPU_TEMP{Hostname="gpu-mock",gpu="7"}`, 47, 20*time.Second)
+	p.WaitValue(`count(DCGM_FI_DEV_GPU_UTIL{Hostname="gpu-mock"})`, 8, 20*time.Second)
+	p.WaitValue(`count(DCGM_FI_DEV_GPU_UTIL{Hostname=~"gpu-a|gpu-b"}) or vector(0)`, 0, 20*time.Second) // recorded: no readings made up
 	for _, n := range []string{"gpu-a", "gpu-b"} {
-		p.waitValue(`gangrun_node_gpus_total{node="`+n+`"}`, 8, 20*time.Second)
-		p.waitValue(`gangrun_node_state{node="`+n+`",state="up"}`, 1, 20*time.Second)
+		p.WaitValue(`gangrun_node_gpus_total{node="`+n+`"}`, 8, 20*time.Second)
+		p.WaitValue(`gangrun_node_state{node="`+n+`",state="up"}`, 1, 20*time.Second)
 	}
-	p.waitValue(`sum(gangrun_node_gpus_held)`, 4, 20*time.Second)
-	p.waitValue(`count(gangrun_gpu_info{hpc_job="`+id+`",hpc_job_name="idle-sleeper"})`, 4, 20*time.Second)
-	p.waitValue(`sum(gangrun_scheduler_leader)`, 1, 20*time.Second)
-	p.waitValue(`count(gangrun_scheduler_leader)`, 2, 20*time.Second)
-	p.waitValue(`sum(gangrun_jobs{state="RUNNING"})`, 1, 20*time.Second)
-	p.waitValue(`sum(gangrun_pending_jobs{reason="Resources"})`, 1, 20*time.Second)
-	p.waitValue(`sum(gangrun_grants_total)`, 1, 20*time.Second)
-	p.waitValue(`sum(gangrun_jobs_started_total)`, 1, 20*time.Second)
-	p.waitValue(`sum(gangrun_job_wait_time_seconds_count)`, 1, 20*time.Second)
-	p.waitValue(`sum(gangrun_scheduling_pass_duration_seconds_count) > bool 0`, 1, 20*time.Second)
-	p.waitValue(`gangrun_gpus{state="held"}`, 4, 20*time.Second)
-	p.waitValue(`gangrun_idle_nodes`, 1, 20*time.Second)
-	p.waitValue(`gangrun_nodes{state="up"}`, 2, 20*time.Second)
+	p.WaitValue(`sum(gangrun_node_gpus_held)`, 4, 20*time.Second)
+	p.WaitValue(`count(gangrun_gpu_info{hpc_job="`+id+`",hpc_job_name="idle-sleeper"})`, 4, 20*time.Second)
+	p.WaitValue(`sum(gangrun_scheduler_leader)`, 1, 20*time.Second)
+	p.WaitValue(`count(gangrun_scheduler_leader)`, 2, 20*time.Second)
+	p.WaitValue(`sum(gangrun_jobs{state="RUNNING"})`, 1, 20*time.Second)
+	p.WaitValue(`sum(gangrun_pending_jobs{reason="Resources"})`, 1, 20*time.Second)
+	p.WaitValue(`sum(gangrun_grants_total)`, 1, 20*time.Second)
+	p.WaitValue(`sum(gangrun_jobs_started_total)`, 1, 20*time.Second)
+	p.WaitValue(`sum(gangrun_job_wait_time_seconds_count)`, 1, 20*time.Second)
+	p.WaitValue(`sum(gangrun_scheduling_pass_duration_seconds_count) > bool 0`, 1, 20*time.Second)
+	p.WaitValue(`gangrun_gpus{state="held"}`, 4, 20*time.Second)
+	p.WaitValue(`gangrun_idle_nodes`, 1, 20*time.Second)
+	p.WaitValue(`gangrun_nodes{state="up"}`, 2, 20*time.Second)
 }
 
 // stopJob cancels job id and waits for it to end (its steps outlive the agents).
