@@ -61,12 +61,13 @@ bench: build
 fuzz:
 	$(GO) test ./hostlist -run '^$$' -fuzz FuzzExpand -fuzztime 30s
 	$(GO) test ./hostlist -run '^$$' -fuzz FuzzCompress -fuzztime 30s
-	$(GO) test ./bench -run '^$$' -fuzz FuzzParse -fuzztime 30s
+	$(GO) test ./bench -run '^$$' -fuzz FuzzParse -fuzztime 30s -fuzzminimizetime 2s
 	$(GO) test ./checkpoint -run '^$$' -fuzz FuzzLatest -fuzztime 30s
 	$(GO) test ./checkpoint -run '^$$' -fuzz FuzzReadPickle -fuzztime 30s
 	$(GO) test ./topology -run '^$$' -fuzz FuzzParseNCCLList -fuzztime 30s
 	$(GO) test ./topology -run '^$$' -fuzz FuzzParseCPUList -fuzztime 30s
 	$(GO) test ./topology -run '^$$' -fuzz FuzzDecode -fuzztime 30s
+	$(GO) test ./topology -run '^$$' -fuzz FuzzParseNvidiaSMI -fuzztime 30s -fuzzminimizetime 2s
 
 clean:
 	rm -rf bin demo-run

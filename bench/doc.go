@@ -1,6 +1,8 @@
 // Package bench holds collective benchmark results with nccl-tests' figures: the
 // formulas (algbw, busbw), results timed by the bundled PyTorch script or nccl-tests,
-// a parser for nccl-tests output, the table, JSON and CSV printers, and the pairwise
+// a parser for nccl-tests output as launchers and log collectors keep it (prefixes,
+// per-rank copies, the log's own verdict, runs cut by a CUDA or NCCL failure), the
+// table, JSON and CSV printers, and the pairwise
 // fabric sweep that names the slow node or link.
 //
 // Definitions follow nccl-tests' doc/PERFORMANCE.md (github.com/NVIDIA/nccl-tests):

@@ -100,8 +100,11 @@ const (
 // WriteTable prints each result as nccl-tests does: a title line naming the operation,
 // the three header lines, one line per message size with the out-of-place and in-place
 // halves side by side ("-" for a half the engine did not run, N/A for #wrong when not
-// checked; parsed output of older nccl-tests keeps its "error" column), the "# Out of bounds values" line when anything was checked, and the
-// "# Avg bus bandwidth" line.
+// checked; parsed output of older nccl-tests keeps its "error" column), the failure that
+// cut the run short as the log printed it (after the row it hit), the "# Out of bounds
+// values" line (the log's own when parsed, else counted from the rows when anything was
+// checked), and the "# Avg bus bandwidth" line (with the log's OK or FAILED), which a
+// run that failed before its first row lacks.
 func WriteTable(w io.Writer, results []Result) error {
 	bw := bufio.NewWriter(w)
 	for i, r := range results {
@@ -156,20 +159,44 @@ func writeTable(w *bufio.Writer, r Result) {
 		}
 		w.WriteString("\n")
 	}
-	if _, checked := r.Wrong(); checked {
-		failed := 0
-		for _, row := range r.Rows {
-			if row.Wrong != nil && *row.Wrong > 0 {
-				failed++
+	if f := r.Failure; f != nil {
+		if fr := f.Row; fr != nil {
+			root := ""
+			if fr.Root != nil {
+				root = strconv.Itoa(*fr.Root)
 			}
+			fmt.Fprintf(w, "%12d  %12d  %8s  %6s  %6s %s\n", fr.SizeBytes, fr.Count, fr.DType, fr.RedOp, root, f.Text)
+		} else {
+			fmt.Fprintf(w, "%s\n", f.Text)
 		}
+	}
+	switch _, checked := r.Wrong(); {
+	case r.OutOfBounds != nil:
+		verdict := "OK"
+		if r.OutOfBounds.Count > 0 || !r.OutOfBounds.OK {
+			verdict = "FAILED"
+		}
+		fmt.Fprintf(w, "# Out of bounds values : %d %s\n", r.OutOfBounds.Count, verdict)
+	case checked:
+		failed := wrongHalves(r.Rows)
 		verdict := "OK"
 		if failed > 0 {
 			verdict = "FAILED"
 		}
 		fmt.Fprintf(w, "# Out of bounds values : %d %s\n", failed, verdict)
 	}
-	fmt.Fprintf(w, "# Avg bus bandwidth    : %s\n", FormatAvg(r.AvgBusBW))
+	if r.Failure != nil && len(r.Rows) == 0 {
+		return // the run printed no row and no average
+	}
+	fmt.Fprintf(w, "# Avg bus bandwidth    : %s", FormatAvg(r.AvgBusBW))
+	if r.AvgBusBWOK != nil {
+		if *r.AvgBusBWOK {
+			w.WriteString(" OK")
+		} else {
+			w.WriteString(" FAILED")
+		}
+	}
+	w.WriteString("\n")
 }
 
 // FormatAvg prints an average bus bandwidth as nccl-tests does ("%g": six significant
@@ -215,6 +242,12 @@ func title(r Result) string {
 	}
 	if r.Device != "" {
 		s += ", device " + r.Device
+	}
+	if r.Copies > 1 {
+		s += fmt.Sprintf(", %d copies (each process printed one)", r.Copies)
+	}
+	if r.PrintedBy != "" {
+		s += ", printed by " + r.PrintedBy
 	}
 	return s
 }

@@ -25,9 +25,36 @@ const (
 	DeviceCopy Op = "device_copy"
 )
 
+// The other programs of nccl-tests (src/*.cu), known to `bench parse` so that their
+// logs name their operation; `bench nccl --op` does not run them.
+const (
+	Reduce    Op = "reduce"
+	Gather    Op = "gather"
+	Scatter   Op = "scatter"
+	SendRecv  Op = "sendrecv"
+	HyperCube Op = "hypercube"
+	AllToAllV Op = "alltoallv"
+)
+
+// NCCLTestsOps lists every operation an nccl-tests program (NAME_perf) times: the
+// Collectives and the others.
+func NCCLTestsOps() []Op {
+	return append(Collectives(), Reduce, Gather, Scatter, SendRecv, HyperCube, AllToAllV)
+}
+
 // Collectives lists the operations --op accepts, in the order they are documented.
 func Collectives() []Op {
 	return []Op{AllReduce, AllGather, ReduceScatter, AllToAll, Broadcast}
+}
+
+// isCollective reports whether op is one of Collectives (what `bench nccl` runs).
+func isCollective(op Op) bool {
+	for _, c := range Collectives() {
+		if c == op {
+			return true
+		}
+	}
+	return false
 }
 
 // ParseOps parses a comma list of collectives ("all_reduce,all_gather"). Blanks around
@@ -82,15 +109,15 @@ func opList() string {
 }
 
 // OpFromProgram returns the operation an nccl-tests program runs, from its name or path
-// ("all_reduce_perf", "./build/alltoall_perf", "all_gather_perf_mpi"); ok is false for
-// other names.
+// ("all_reduce_perf", "./build/alltoall_perf", "all_gather_perf_mpi", "sendrecv_perf");
+// ok is false for other names.
 func OpFromProgram(name string) (Op, bool) {
 	base := name[strings.LastIndex(name, "/")+1:]
 	stem, _, found := strings.Cut(base, "_perf")
 	if !found {
 		return "", false
 	}
-	for _, op := range Collectives() {
+	for _, op := range NCCLTestsOps() {
 		if stem == string(op) {
 			return op, true
 		}
@@ -105,17 +132,20 @@ func (o Op) Program() string { return string(o) + "_perf" }
 func (o Op) Reduces() bool { return o == AllReduce || o == ReduceScatter }
 
 // PerRank reports whether nccl-tests counts the operation's elements per rank: for
-// all_gather, reduce_scatter and alltoall the count column is count/ranks elements and
-// the size column the whole buffer of count/ranks × ranks elements (nccl-tests
-// src/all_gather.cu, reduce_scatter.cu, alltoall.cu: getCollByteCount).
-func (o Op) PerRank() bool { return o == AllGather || o == ReduceScatter || o == AllToAll }
+// all_gather, reduce_scatter, alltoall, gather and scatter the count column is
+// count/ranks elements and the size column the whole buffer of count/ranks × ranks
+// elements (nccl-tests src/all_gather.cu, reduce_scatter.cu, alltoall.cu, gather.cu,
+// scatter.cu: getCollByteCount).
+func (o Op) PerRank() bool {
+	return o == AllGather || o == ReduceScatter || o == AllToAll || o == Gather || o == Scatter
+}
 
 // BusFactor is the correction busbw = algbw × factor from nccl-tests' doc/PERFORMANCE.md
-// ("Summary"), for ranks ≥ 1:
+// ("Summary") and each program's GetBw (src/*.cu), for ranks ≥ 1:
 //
-//	all_reduce                          2(n−1)/n
-//	all_gather, reduce_scatter, alltoall  (n−1)/n
-//	broadcast                           1
+//	all_reduce                                                2(n−1)/n
+//	all_gather, reduce_scatter, alltoall, gather, scatter, alltoallv  (n−1)/n
+//	broadcast, reduce, sendrecv, hypercube                    1
 //
 // DeviceCopy, not a collective, gets 1. An unknown op returns an error.
 func (o Op) BusFactor(ranks int) (float64, error) {
@@ -126,12 +156,21 @@ func (o Op) BusFactor(ranks int) (float64, error) {
 	switch o {
 	case AllReduce:
 		return 2 * (n - 1) / n, nil
-	case AllGather, ReduceScatter, AllToAll:
+	case AllGather, ReduceScatter, AllToAll, Gather, Scatter, AllToAllV:
 		return (n - 1) / n, nil
-	case Broadcast, DeviceCopy:
+	case Broadcast, DeviceCopy, Reduce, SendRecv, HyperCube:
 		return 1, nil
 	}
 	return 0, fmt.Errorf("bus bandwidth of %q: unknown operation", string(o))
+}
+
+// busFactorDependsOnRanks reports whether BusFactor varies with the number of ranks.
+func (o Op) busFactorDependsOnRanks() bool {
+	switch o {
+	case AllReduce, AllGather, ReduceScatter, AllToAll, Gather, Scatter, AllToAllV:
+		return true
+	}
+	return false
 }
 
 // Geometry returns the bytes and element count nccl-tests times for a requested message

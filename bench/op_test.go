@@ -20,6 +20,10 @@ func TestBusFactor(t *testing.T) {
 		{AllToAll, 16, 0.9375},
 		{Broadcast, 1, 1}, {Broadcast, 8, 1},
 		{DeviceCopy, 1, 1},
+		// The other nccl-tests programs' GetBw (src/gather.cu, scatter.cu, reduce.cu,
+		// sendrecv.cu, hypercube.cu, alltoallv.cu).
+		{Gather, 4, 0.75}, {Scatter, 8, 0.875}, {AllToAllV, 2, 0.5},
+		{Reduce, 8, 1}, {SendRecv, 2, 1}, {HyperCube, 8, 1},
 	}
 	for _, c := range cases {
 		got, err := c.op.BusFactor(c.ranks)
@@ -30,7 +34,7 @@ func TestBusFactor(t *testing.T) {
 	for _, bad := range []struct {
 		op    Op
 		ranks int
-	}{{AllReduce, 0}, {"reduce", 2}, {"", 2}} {
+	}{{AllReduce, 0}, {"reduce_scatter_v", 2}, {"", 2}} {
 		if _, err := bad.op.BusFactor(bad.ranks); err == nil {
 			t.Errorf("%q.BusFactor(%d): no error", bad.op, bad.ranks)
 		}
@@ -123,7 +127,8 @@ func TestOpFromProgram(t *testing.T) {
 	cases := map[string]Op{
 		"all_reduce_perf": AllReduce, "./build/alltoall_perf": AllToAll, "/x/all_gather_perf_mpi": AllGather,
 		"reduce_scatter_perf": ReduceScatter, "broadcast_perf": Broadcast,
-		"reduce_perf": "", "sendrecv_perf": "", "all_reduce": "", "": "",
+		"reduce_perf": Reduce, "sendrecv_perf": SendRecv, "gather_perf": Gather, "hypercube_perf": HyperCube,
+		"alltoallv_perf": AllToAllV, "all_reduce": "", "allreduce_perf": "", "": "",
 	}
 	for in, want := range cases {
 		got, ok := OpFromProgram(in)

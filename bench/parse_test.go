@@ -179,7 +179,7 @@ func TestParseGolden(t *testing.T) {
 	for _, file := range files {
 		base := strings.TrimSuffix(filepath.Base(file), ".txt")
 		op, _ := OpFromProgram(base)
-		res := parseFile(t, filepath.Base(file), ParseOptions{Op: op})
+		res := parseFile(t, filepath.Base(file), ParseOptions{Op: op, OpSource: "file name"})
 		for _, f := range []struct {
 			ext    string
 			format Format

@@ -43,7 +43,7 @@ func (p Plan) Validate() error {
 		return fmt.Errorf("--op: no operation given")
 	}
 	for _, op := range p.Ops {
-		if _, err := op.BusFactor(1); err != nil || op == DeviceCopy {
+		if !isCollective(op) {
 			return fmt.Errorf("--op %q: not a collective", string(op))
 		}
 	}

@@ -121,6 +121,76 @@ type Result struct {
 	// Unsupported says why the operation did not run ("not supported by backend
 	// gloo (...)"); Rows is empty then.
 	Unsupported string `json:"unsupported,omitempty"`
+
+	// The fields below are set by Parse, from what the log says.
+
+	// OutOfBounds is the log's own verdict, "# Out of bounds values : N OK|FAILED";
+	// nil when the log printed none (gangrun's own runs: Row.Wrong says it).
+	OutOfBounds *OutOfBounds `json:"out_of_bounds,omitempty"`
+	// AvgBusBWOK is the log's verdict on the average busbw, printed after it when
+	// NCCL_TESTS_MIN_BW was set ("# Avg bus bandwidth : 12.3 FAILED"); nil otherwise.
+	AvgBusBWOK *bool `json:"avg_busbw_ok,omitempty"`
+	// Failure is the CUDA or NCCL failure that ended the run, as the log printed it; the
+	// rows before it are in Rows. nil for a run that was not cut short.
+	Failure *Failure `json:"failure,omitempty"`
+	// OpSource says where Op came from: OpFromLog, OpFromCommand, OpFromOption, or the
+	// caller's ParseOptions.OpSource; "" when Op is "".
+	OpSource string `json:"op_source,omitempty"`
+	// Program is the nccl-tests program the log names for the table
+	// ("all_reduce_perf_mpi"), when it names one.
+	Program string `json:"program,omitempty"`
+	// RanksInferred is true when Ranks was not listed by the log's "Rank N" lines but
+	// found from the rows' algbw and busbw (Parse).
+	RanksInferred bool `json:"ranks_inferred,omitempty"`
+	// Copies is how many processes printed this table, when more than one did (each
+	// process of an nccl-tests built without MPI prints its own); the one kept is the
+	// lowest rank's.
+	Copies int `json:"copies,omitempty"`
+	// PrintedBy is the launcher label of the process whose table this is ("[1,0]" for
+	// mpirun --tag-output, "0" for srun --label, a host for pdsh); "" without one.
+	PrintedBy string `json:"printed_by,omitempty"`
+	// Line is the input line of the table's column header (1 = first); 0 for a run that
+	// failed before its header.
+	Line int `json:"line,omitempty"`
+}
+
+// OutOfBounds is nccl-tests' data check verdict (src/util.cu writeResultFooter, and
+// its -J JSON's "out_of_bounds"): Count is the number of checks that found wrong
+// elements, one per process and half (and iteration, with -c N), summed over processes,
+// so it is not the number of rows; OK is its "OK" (Count 0) or "FAILED".
+type OutOfBounds struct {
+	Count int64 `json:"count"`
+	OK    bool  `json:"okay"`
+}
+
+// Verdict says whether the run failed by its own account, and why, in one line: the
+// CUDA or NCCL failure that cut it short, the log's "# Out of bounds values : N FAILED"
+// or "# Avg bus bandwidth : X FAILED", or, without the log's verdict, rows with wrong
+// elements. ok is true when none applies.
+func (r *Result) Verdict() (ok bool, why string) {
+	switch {
+	case r.Failure != nil:
+		return false, fmt.Sprintf("the run failed %s: %s", r.Failure.Describe(r.Rows), r.Failure.Text)
+	case r.OutOfBounds != nil && (r.OutOfBounds.Count > 0 || !r.OutOfBounds.OK):
+		return false, fmt.Sprintf("the log's own data check failed: # Out of bounds values : %d FAILED", r.OutOfBounds.Count)
+	case r.AvgBusBWOK != nil && !*r.AvgBusBWOK:
+		return false, fmt.Sprintf("the log's own bandwidth check failed: # Avg bus bandwidth : %s FAILED (below NCCL_TESTS_MIN_BW)", FormatAvg(r.AvgBusBW))
+	case r.OutOfBounds == nil:
+		if n := wrongHalves(r.Rows); n > 0 {
+			return false, fmt.Sprintf("%d timed halves had wrong elements (the #wrong column)", n)
+		}
+	}
+	return true, ""
+}
+
+func wrongHalves(rows []Row) int {
+	n := 0
+	for _, row := range rows {
+		if row.Wrong != nil && *row.Wrong > 0 {
+			n++
+		}
+	}
+	return n
 }
 
 // MeanBusBW returns the mean busbw over rows, as nccl-tests computes "Avg bus

@@ -7,7 +7,8 @@
 // github.com/NVIDIA/go-nvml, RDMA and PCI through sysfs read under a root directory
 // that tests point at fixture trees), and FileSource reads a recorded inventory, the
 // JSON that `gangrun topo --json` prints, so a CPU-only machine can stand in for a GPU
-// node in tests, demos and scale simulations.
+// node in tests, demos and scale simulations, or what `nvidia-smi topo -m` and
+// `nvidia-smi -q -x` printed on a node gangrun cannot run on (ParseNvidiaSMI).
 //
 // From an Inventory the package derives what other parts of gangrun need: the link
 // between two GPUs (Link), the devices a scheduler may hand out (Allocatable), the

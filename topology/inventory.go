@@ -7,7 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"path/filepath"
 	"sort"
+	"strings"
 
 	"github.com/gangrun/gangrun/internal/userfile"
 )
@@ -45,6 +47,11 @@ type Inventory struct {
 	// PCIDevices holds the PCI functions of the GPUs, NICs and NVSwitches and every
 	// bridge above them, so PCIe distances can be computed from a recording.
 	PCIDevices []PCIDevice `json:"pci_devices"`
+	// GPUNICLevels and NICLevels are PCIe levels recorded as such, for an inventory
+	// without a PCI tree: read from `nvidia-smi topo -m` (ParseNvidiaSMI). GPUNICLevel
+	// and the matrix use them before the tree. Empty for a probed node.
+	GPUNICLevels []GPUNICLevel `json:"gpu_nic_levels,omitempty"`
+	NICLevels    []NICLevel    `json:"nic_levels,omitempty"`
 	// Notes explain what is missing or odd, one line each ("no GPUs: ...").
 	Notes []string `json:"notes"`
 }
@@ -258,6 +265,22 @@ type Netdev struct {
 	RDMAPort   int    `json:"rdma_port,omitempty"`
 }
 
+// GPUNICLevel is the PCIe level between a GPU and an RDMA device, as recorded.
+type GPUNICLevel struct {
+	// GPU is the GPU's NVML index; NIC the RDMA device's name.
+	GPU int    `json:"gpu"`
+	NIC string `json:"nic"`
+	// Level is the path between them (nvidia-smi's PIX ... SYS).
+	Level Level `json:"level"`
+}
+
+// NICLevel is the PCIe level between two RDMA devices A < B (by name), as recorded.
+type NICLevel struct {
+	A     string `json:"a"`
+	B     string `json:"b"`
+	Level Level  `json:"level"`
+}
+
 // PCIDevice is one PCI function: a GPU, NIC, NVSwitch or a bridge above them.
 type PCIDevice struct {
 	// BusID is the function's address in sysfs form ("0000:16:00.0").
@@ -317,7 +340,21 @@ func ForNode(ctx context.Context, file, node string) (*Inventory, error) {
 	if err != nil {
 		return nil, FlagError(err)
 	}
+	if node != "" && inv.FromNvidiaSMI() {
+		inv.Node = node // an nvidia-smi recording names no node: --node-name's
+	}
 	return inv, nil
+}
+
+// FromNvidiaSMI reports whether the inventory was read from nvidia-smi output
+// (ParseNvidiaSMI), not probed or recorded by gangrun.
+func (inv *Inventory) FromNvidiaSMI() bool {
+	for _, n := range inv.Notes {
+		if n == smiNoteSource {
+			return true
+		}
+	}
+	return false
 }
 
 // FlagError words a LoadFile error after the --topology-file flag that named the file.
@@ -343,7 +380,10 @@ func (e *FileError) Error() string { return "topology file " + e.Path + ": " + e
 // Unwrap returns Err.
 func (e *FileError) Unwrap() error { return e.Err }
 
-// LoadFile reads a recorded inventory (the JSON `gangrun topo --json` prints). Errors
+// LoadFile reads a recorded inventory: the JSON `gangrun topo --json` prints, or, for a
+// node gangrun cannot run on, what `nvidia-smi topo -m` and/or `nvidia-smi -q -x`
+// printed there (ParseNvidiaSMI; told apart by the first non-blank byte, '{' for JSON),
+// named after the file without its extension. Errors
 // are a *FileError naming the file and saying what is wrong: missing file; not a regular
 // file (a named pipe, a directory, a device: refused before any read, so a FIFO never
 // blocks); invalid JSON (with line and column, and for a value of the wrong type the
@@ -364,6 +404,16 @@ func LoadFile(path string) (*Inventory, error) {
 			err = ue.Err // the path is FileError's
 		}
 		return fail(err)
+	}
+	if !looksLikeJSON(data) {
+		// nvidia-smi's own output, recorded where gangrun cannot run: named after the
+		// file ("dgx-07.txt" → dgx-07) until a --node-name says otherwise.
+		base := filepath.Base(path)
+		inv, err := ParseNvidiaSMI(data, strings.TrimSuffix(base, filepath.Ext(base)))
+		if err != nil {
+			return fail(fmt.Errorf("not a gangrun inventory (JSON) nor nvidia-smi output that reads: %w", err))
+		}
+		return inv, nil
 	}
 	inv, err := Decode(data)
 	if err != nil {
@@ -452,6 +502,16 @@ func (inv *Inventory) Validate() error {
 		}
 		pairs[[2]int{l.A, l.B}] = true
 	}
+	for _, l := range inv.GPUNICLevels {
+		if !gpus[l.GPU] || !nics[l.NIC] {
+			return fmt.Errorf("gpu_nic_levels: gpu %d to %q names an unknown device", l.GPU, l.NIC)
+		}
+	}
+	for _, l := range inv.NICLevels {
+		if !nics[l.A] || !nics[l.B] {
+			return fmt.Errorf("nic_levels: %q to %q names an unknown rdma device", l.A, l.B)
+		}
+	}
 	names := make(map[string]bool, len(inv.Netdevs))
 	for _, n := range inv.Netdevs {
 		if names[n.Name] {
@@ -512,6 +572,25 @@ func (inv *Inventory) normalize() {
 	sort.Slice(inv.RDMADevices, func(i, j int) bool { return naturalLess(inv.RDMADevices[i].Name, inv.RDMADevices[j].Name) })
 	sort.Slice(inv.Netdevs, func(i, j int) bool { return naturalLess(inv.Netdevs[i].Name, inv.Netdevs[j].Name) })
 	sort.Slice(inv.PCIDevices, func(i, j int) bool { return inv.PCIDevices[i].BusID < inv.PCIDevices[j].BusID })
+	sort.SliceStable(inv.GPUNICLevels, func(i, j int) bool {
+		a, b := inv.GPUNICLevels[i], inv.GPUNICLevels[j]
+		if a.GPU != b.GPU {
+			return a.GPU < b.GPU
+		}
+		return naturalLess(a.NIC, b.NIC)
+	})
+	for i := range inv.NICLevels {
+		if l := &inv.NICLevels[i]; naturalLess(l.B, l.A) {
+			l.A, l.B = l.B, l.A
+		}
+	}
+	sort.SliceStable(inv.NICLevels, func(i, j int) bool {
+		a, b := inv.NICLevels[i], inv.NICLevels[j]
+		if a.A != b.A {
+			return naturalLess(a.A, b.A)
+		}
+		return naturalLess(a.B, b.B)
+	})
 }
 
 // JSON returns the inventory as `gangrun topo --json` prints it: indented with two

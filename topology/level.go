@@ -162,7 +162,7 @@ func switches(chain []string) []string {
 // level returns the PCIe level between two PCI functions, from the tree and the NUMA
 // nodes of the two devices (used when the tree does not know them).
 func (t pciTree) level(a, b string, numaA, numaB int) Level {
-	if a == b {
+	if a == b && a != "" { // two devices without bus ids are not one device
 		return LevelSelf
 	}
 	ca, ha, okA := t.ancestors(a)
@@ -203,8 +203,9 @@ func (t pciTree) numa(busID string) int {
 	return -1
 }
 
-// GPUNICLevel returns the PCIe level between GPU gpu and RDMA device nic. The error
-// names an unknown GPU or device.
+// GPUNICLevel returns the PCIe level between GPU gpu and RDMA device nic: as recorded
+// in GPUNICLevels when it is there, else from the PCI tree. The error names an unknown
+// GPU or device.
 func (inv *Inventory) GPUNICLevel(gpu int, nic string) (Level, error) {
 	g, ok := inv.GPU(gpu)
 	if !ok {
@@ -214,6 +215,21 @@ func (inv *Inventory) GPUNICLevel(gpu int, nic string) (Level, error) {
 	if !ok {
 		return 0, fmt.Errorf("node %s has no rdma device %q", inv.Node, nic)
 	}
+	for _, l := range inv.GPUNICLevels {
+		if l.GPU == gpu && l.NIC == nic {
+			return l.Level, nil
+		}
+	}
 	t := newPCITree(inv.PCIDevices)
 	return t.level(g.PCIBusID, d.PCIBusID, g.NUMANode, d.NUMANode), nil
+}
+
+// nicLevel returns the PCIe level between two RDMA devices as recorded in NICLevels.
+func (inv *Inventory) nicLevel(a, b string) (Level, bool) {
+	for _, l := range inv.NICLevels {
+		if (l.A == a && l.B == b) || (l.A == b && l.B == a) {
+			return l.Level, true
+		}
+	}
+	return 0, false
 }

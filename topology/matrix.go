@@ -24,8 +24,12 @@ func (inv *Inventory) WriteMatrix(w io.Writer) error {
 	if inv.CUDADriver != "" {
 		fmt.Fprintf(bw, ", CUDA %s", inv.CUDADriver)
 	}
-	fmt.Fprintf(bw, "\nCPU: %s, %s, %s, %s\n", inv.CPU.Arch, cpuName(inv.CPU),
-		plural(inv.CPU.Sockets, "socket"), plural(len(inv.NUMANodes), "NUMA node"))
+	if inv.CPU.Arch == "" { // an nvidia-smi recording
+		fmt.Fprintf(bw, "\nCPU: not recorded, %s\n", plural(len(inv.NUMANodes), "NUMA node"))
+	} else {
+		fmt.Fprintf(bw, "\nCPU: %s, %s, %s, %s\n", inv.CPU.Arch, cpuName(inv.CPU),
+			plural(inv.CPU.Sockets, "socket"), plural(len(inv.NUMANodes), "NUMA node"))
+	}
 
 	if len(inv.GPUs)+len(nics) > 0 {
 		header := []string{""}
@@ -40,6 +44,7 @@ func (inv *Inventory) WriteMatrix(w io.Writer) error {
 
 		type endpoint struct {
 			gpu  *GPU
+			nic  string
 			bus  string
 			numa int
 		}
@@ -49,7 +54,22 @@ func (inv *Inventory) WriteMatrix(w io.Writer) error {
 			eps = append(eps, endpoint{gpu: g, bus: g.PCIBusID, numa: g.NUMANode})
 		}
 		for i := range nics {
-			eps = append(eps, endpoint{bus: nics[i].PCIBusID, numa: nics[i].NUMANode})
+			eps = append(eps, endpoint{nic: nics[i].Name, bus: nics[i].PCIBusID, numa: nics[i].NUMANode})
+		}
+		// The level between a GPU and a NIC, or two NICs: as recorded (nvidia-smi), else
+		// from the PCI tree.
+		recorded := func(a, b endpoint) (Level, bool) {
+			switch {
+			case a.gpu != nil && b.nic != "":
+				l, err := inv.GPUNICLevel(a.gpu.Index, b.nic)
+				return l, err == nil && len(inv.GPUNICLevels) > 0
+			case a.nic != "" && b.gpu != nil:
+				l, err := inv.GPUNICLevel(b.gpu.Index, a.nic)
+				return l, err == nil && len(inv.GPUNICLevels) > 0
+			case a.nic != "" && b.nic != "":
+				return inv.nicLevel(a.nic, b.nic)
+			}
+			return 0, false
 		}
 		for r, a := range eps {
 			row := []string{header[r+1]}
@@ -65,7 +85,11 @@ func (inv *Inventory) WriteMatrix(w io.Writer) error {
 					}
 					cell = l.String()
 				default:
-					cell = tree.level(a.bus, b.bus, a.numa, b.numa).String()
+					l, ok := recorded(a, b)
+					if !ok {
+						l = tree.level(a.bus, b.bus, a.numa, b.numa)
+					}
+					cell = l.String()
 				}
 				row = append(row, cell)
 			}
@@ -128,6 +152,9 @@ func (inv *Inventory) WriteMatrix(w io.Writer) error {
 		fmt.Fprintln(bw, "NICs:")
 		var rows [][]string
 		for i, d := range nics {
+			if len(d.Ports) == 0 {
+				rows = append(rows, []string{fmt.Sprintf("  NIC%d", i), d.Name, orDash(d.PCIBusID), "ports not recorded"})
+			}
 			for k, p := range d.Ports {
 				label := ""
 				name := ""

@@ -43,6 +43,16 @@ const (
 // itself. The output uses spaces only and no XML declaration, which NCCL's parser does
 // not accept.
 func (inv *Inventory) WriteNCCLTopoXML(w io.Writer) error {
+	// A recording without the CPU or the GPUs' bus ids (nvidia-smi topo -m's) cannot
+	// say where anything sits: NCCL would read a wrong file as the truth.
+	if inv.CPU.Arch == "" {
+		return fmt.Errorf("NCCL topology file of %s: the CPU architecture is not recorded (an nvidia-smi recording lacks it)", inv.Node)
+	}
+	for _, g := range inv.GPUs {
+		if g.PCIBusID == "" {
+			return fmt.Errorf("NCCL topology file of %s: GPU%d's PCI bus id is not recorded (nvidia-smi topo -m lacks it; -q -x has it)", inv.Node, g.Index)
+		}
+	}
 	root := &xmlNode{name: "system"}
 	root.attr("version", strconv.Itoa(NCCLTopoXMLVersion))
 	root.attr("name", inv.Node)

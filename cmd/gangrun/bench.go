@@ -43,7 +43,7 @@ func runBench(ctx context.Context, e *env, args []string) int {
 type outputFlags struct{ json, csv bool }
 
 func (o *outputFlags) register(fs *pflag.FlagSet) {
-	fs.BoolVar(&o.json, "json", false, "print JSON: one object per operation, one per line")
+	fs.BoolVar(&o.json, "json", false, "print JSON: one object per operation (per table for parse), one per line")
 	fs.BoolVar(&o.csv, "csv", false, "print CSV: one line per timed half")
 }
 
@@ -87,7 +87,7 @@ func runBenchParse(_ context.Context, e *env, args []string) int {
 		}
 		opts.Op = ops[0]
 	} else if op, ok := bench.OpFromProgram(filepath.Base(name)); ok {
-		opts.Op = op
+		opts.Op, opts.OpSource = op, "file name"
 	}
 	var in io.Reader = e.stdin
 	if name != "-" {
@@ -109,7 +109,32 @@ func runBenchParse(_ context.Context, e *env, args []string) int {
 	if err := bench.Write(e.stdout, format, results); err != nil {
 		return failErr(e, cmd, err)
 	}
-	return exitOK
+	// The log's own verdict: the results are printed first, as nccl-tests prints its
+	// table before "# Out of bounds values : N FAILED" and exits 1.
+	code := exitOK
+	for i, r := range results {
+		if ok, why := r.Verdict(); !ok {
+			fmt.Fprintf(e.stderr, "gangrun %s: %s: %s: %s\n", cmd, name, oneLine(tableName(r, i, len(results))), oneLine(why))
+			code = exitFailure
+		}
+	}
+	return code
+}
+
+// tableName names one parsed table in a message: "all_reduce", "table 2 of 3
+// (alltoall, line 40)".
+func tableName(r bench.Result, i, n int) string {
+	op := string(r.Op)
+	if op == "" {
+		op = "operation not named"
+	}
+	switch {
+	case n > 1 && r.Line > 0:
+		return fmt.Sprintf("table %d of %d (%s, line %d)", i+1, n, op, r.Line)
+	case n > 1:
+		return fmt.Sprintf("run %d of %d (%s)", i+1, n, op)
+	}
+	return op
 }
 
 // benchFlags are `gangrun bench nccl`'s flags beyond gangFlags.

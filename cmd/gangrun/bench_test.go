@@ -280,6 +280,78 @@ func TestBenchParseCommand(t *testing.T) {
 	}
 }
 
+// TestBenchParseRealLogs runs `gangrun bench parse` on every collected nccl-tests log
+// (bench/testdata/nccl-tests/real): the table printed is the golden one, the exit status
+// the one expect.json gives, and each failed verdict is one line on stderr naming the
+// file and the table, with the log's own count or failure.
+func TestBenchParseRealLogs(t *testing.T) {
+	dir := filepath.Join(ncclFixtures, "real")
+	b, err := os.ReadFile(filepath.Join(dir, "expect.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var es []struct {
+		File string
+		Exit int
+	}
+	if err := json.Unmarshal(b, &es); err != nil {
+		t.Fatal(err)
+	}
+	failing := 0
+	for _, e := range es {
+		file := filepath.Join(dir, e.File)
+		r := runBenchCLI(t, "", "bench", "parse", file)
+		want, err := os.ReadFile(filepath.Join("../../bench/testdata/golden/real", strings.TrimSuffix(e.File, ".txt")+".table"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.code != e.Exit || r.stdout != string(want) {
+			t.Errorf("%s: exit %d (want %d), stderr %q, table:\n%s", e.File, r.code, e.Exit, r.stderr, r.stdout)
+		}
+		lines := strings.Split(strings.TrimSuffix(r.stderr, "\n"), "\n")
+		switch {
+		case e.Exit == 0 && r.stderr != "":
+			t.Errorf("%s: exit 0 with stderr %q", e.File, r.stderr)
+		case e.Exit == 1:
+			failing++
+			for _, l := range lines {
+				if !strings.HasPrefix(l, "gangrun bench parse: "+file+": ") ||
+					!(strings.Contains(l, "# Out of bounds values : ") || strings.Contains(l, " failure ")) {
+					t.Errorf("%s: stderr line %q", e.File, l)
+				}
+			}
+		}
+	}
+	if failing < 5 {
+		t.Errorf("%d failing logs: the collection lost its failed runs", failing)
+	}
+	// The log's own count, not the rows with errors (two rows had wrong elements).
+	r := runBenchCLI(t, "", "bench", "parse", filepath.Join(dir, "issue369-out-of-bounds.txt"))
+	if !strings.Contains(r.stdout, "# Out of bounds values : 4 FAILED\n") ||
+		r.stderr != "gangrun bench parse: "+filepath.Join(dir, "issue369-out-of-bounds.txt")+": all_reduce: the log's own data check failed: # Out of bounds values : 4 FAILED\n" {
+		t.Errorf("issue 369: stdout %q stderr %q", r.stdout, r.stderr)
+	}
+	// JSON carries the verdict and the failure.
+	r = runBenchCLI(t, "", "bench", "parse", "--json", filepath.Join(dir, "issue355-cut-at-row.txt"))
+	var res bench.Result
+	if err := json.Unmarshal([]byte(r.stdout), &res); err != nil || r.code != 1 {
+		t.Fatalf("issue 355: exit %d %v: %s", r.code, err, r.stdout)
+	}
+	if f := res.Failure; f == nil || f.Kind != "CUDA" || f.File != "common.cu" || f.Line != 389 || f.Row == nil || f.Row.SizeBytes != 2097152 ||
+		f.Message != "an illegal memory access was encountered" || res.Op != bench.AllToAll || res.Ranks != 16 {
+		t.Errorf("issue 355: %+v failure %+v", res, res.Failure)
+	}
+	if !strings.Contains(r.stderr, `alltoall: the run failed at size 2097152 (row "2097152 32768 float none -1"): node0: Test CUDA failure common.cu:389 'an illegal memory access was encountered'`) {
+		t.Errorf("issue 355: stderr %q", r.stderr)
+	}
+	// Several runs: one JSON object per line, each naming its operation.
+	r = runBenchCLI(t, "", "bench", "parse", "--json", filepath.Join(dir, "issue287-two-runs-command-only.txt"))
+	objs := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	if len(objs) != 2 || r.code != 1 || !strings.Contains(r.stderr, "table 2 of 2 (all_reduce, line 54): the run failed before its first row: GENOA-06: Test NCCL failure") {
+		t.Errorf("issue 287: exit %d, %d objects, stderr %q", r.code, len(objs), r.stderr)
+	}
+}
+
 // TestBenchNCCLTestsEngine runs --engine nccl-tests against stand-in binaries on PATH
 // (this machine has no GPUs and no nccl-tests): gangrun must pass nccl-tests' flags,
 // give it every GPU of the node in one process and parse what it prints.

@@ -81,7 +81,7 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 	consul := consulFlag(fs)
 	node := fs.String("node-name", "", "this node's name (default: hostname)")
 	addr := fs.String("advertise-addr", "", "address the other nodes use for this one")
-	topoFile := fs.String("topology-file", "", "use a recorded inventory (gangrun topo --json) instead of probing")
+	topoFile := fs.String("topology-file", "", "use a recorded inventory instead of probing: gangrun topo --json, or nvidia-smi topo -m and/or -q -x output")
 	labels := fs.StringArray("labels", nil, "node labels KEY=VALUE[,...]: partition, switch, spine, anything (repeatable)")
 	noSched := fs.Bool("no-scheduler", false, "never act as the cluster's scheduler")
 	healthEvents := fs.String("health-events", "", "replay GPU health changes appended to FILE (JSON lines) instead of watching NVML: drills and tests")

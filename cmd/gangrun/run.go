@@ -50,7 +50,7 @@ func (g *gangFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&g.nodeName, "node-name", "", "this node's name (default: hostname)")
 	fs.StringVar(&g.advertiseAddr, "advertise-addr", "", "address the other nodes use for this one")
 	fs.IntVar(&g.masterPort, "master-port", 0, "MASTER_PORT; 0 picks a free port for every attempt")
-	fs.StringVar(&g.topologyFile, "topology-file", "", "use a recorded inventory (gangrun topo --json) instead of probing")
+	fs.StringVar(&g.topologyFile, "topology-file", "", "use a recorded inventory instead of probing: gangrun topo --json, or nvidia-smi topo -m and/or -q -x output")
 	fs.StringArrayVar(&g.env, "env", nil, "extra worker environment KEY=VAL (repeatable)")
 	fs.StringVar(&g.cpuBind, "cpu-bind", "numa", "bind each worker to its GPU's NUMA node CPUs, shared fairly (numa), or not at all (none)")
 	fs.StringVar(&g.memBind, "mem-bind", "local", "a bound worker's memory: from its GPU's NUMA node, preferred (local) or only (strict), or no policy (none)")

@@ -25,7 +25,7 @@ func runTopo(ctx context.Context, e *env, args []string) int {
 	nproc := fs.String("nproc-per-node", "auto", "with --rank: workers on the node, as gangrun run takes it")
 	cpuBind := fs.String("cpu-bind", "numa", "with --rank: numa or none, as gangrun run takes it")
 	ncclTopo := fs.String("nccl-topo", "auto", "with --rank: auto, always or never, as gangrun run takes it")
-	file := fs.String("topology-file", "", "read a recorded inventory from `FILE` instead of probing")
+	file := fs.String("topology-file", "", "read a recorded inventory from `FILE` instead of probing (gangrun topo --json, or nvidia-smi topo -m and/or -q -x output)")
 	sysfsRoot := fs.String("sysfs-root", "", "probe /sys and /proc under `DIR` instead of / (for tests)")
 	_ = fs.MarkHidden("sysfs-root")
 	if done, code := parseFlags(e, fs, args); done {
