@@ -113,6 +113,14 @@ func newGrantWrite(r PendingRequest, nodes []GrantNode) grantWrite {
 		// drains (a watch of its own) may be older than its view of the requests.
 		w.locks = append(w.locks, store.Op{Verb: store.CheckNotExists, Key: drainPrefix + gn.Name})
 		for _, d := range gn.Devices {
+			if gn.Session != "" {
+				// The node's agent holds this grant's keys (a job's), as it holds every
+				// other job's on the node: Consul lets a session lock again a key it
+				// holds, so its lock alone would not stop a view older than another
+				// job's grant from granting the same GPU twice. A free GPU has no key
+				// (a holder's session deletes its keys when it ends).
+				w.locks = append(w.locks, store.Op{Verb: store.CheckNotExists, Key: gpuKey(gn.Name, d)})
+			}
 			w.locks = append(w.locks, store.Op{Verb: store.Lock, Key: gpuKey(gn.Name, d), Value: []byte(r.ID), Session: w.g.KeySession(gn)})
 		}
 	}

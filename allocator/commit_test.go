@@ -234,6 +234,50 @@ func TestCommitRefusesADrainedNode(t *testing.T) {
 	}
 }
 
+// TestCommitRefusesAGPUAnotherJobHolds: two jobs' grants on one node are both held by
+// that node's agent session, which Consul lets lock a key it already holds: a view
+// older than the first job's grant (a lagging watch under load) must not grant the
+// same GPU to the second. Its commit is rejected, the first job keeps the GPU, and no
+// grant of the second is left.
+func TestCommitRefusesAGPUAnotherJobHolds(t *testing.T) {
+	ctx := context.Background()
+	s := store.NewMemory()
+	sc := NewScheduler(s, SchedulerConfig{Session: leaderSession(t, s), Name: "test"})
+	agent, err := s.CreateSession(ctx, store.SessionOptions{Name: "agent a", TTL: time.Minute, Behavior: store.DeleteKeys})
+	if err != nil {
+		t.Fatal(err)
+	}
+	jobs := []PendingRequest{}
+	for _, id := range []string{"1", "2"} {
+		r := JobRequest(id, 1, 1, 1, "", "", nil, 0, nil)
+		ops, err := JobRequestOps(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Txn(ctx, ops); err != nil {
+			t.Fatal(err)
+		}
+		e, err := s.Get(ctx, requestsPrefix+id)
+		if err != nil || e == nil {
+			t.Fatal(err)
+		}
+		jobs = append(jobs, PendingRequest{Request: r, Index: e.ModifyIndex})
+	}
+	on := func() []GrantNode { return []GrantNode{{Name: "a", GPUs: []int{3}, Devices: []string{"3"}, Session: agent}} }
+	if err := sc.commit(ctx, jobs[0], on()); err != nil {
+		t.Fatalf("the first job's grant: %v", err)
+	}
+	if err := sc.commit(ctx, jobs[1], on()); !errors.Is(err, store.ErrTxnRejected) {
+		t.Fatalf("the second job's grant of the same GPU: %v, want a rejected transaction", err)
+	}
+	if e, err := s.Get(ctx, gpuKey("a", "3")); err != nil || e == nil || string(e.Value) != "1" || e.Session != agent {
+		t.Errorf("GPU a/3 after the refused commit: %+v %v, want job 1's, held by the agent", e, err)
+	}
+	if e, err := s.Get(ctx, grantsPrefix+"2"); err != nil || e != nil {
+		t.Errorf("the second job's grant: %+v %v, want none", e, err)
+	}
+}
+
 // grantTxns returns the transactions of l that write a grant granted, with how many
 // grants each writes.
 func grantTxns(l *txnLog) []int {

@@ -10,6 +10,7 @@
 # (first submit started → every job COMPLETED, polled every 0.2 s).
 #
 # Usage: make build && benchmarks/submit_auth.sh [JOBS] [SHELLS] [ROUNDS]   (defaults 200 4 3)
+# WAIT_S bounds the wait for every job to complete (default 300 s); the jobs left are counted.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 jobs=${1:-200}
@@ -57,10 +58,14 @@ run() { # MODE (munge|none)
   done
   wait "${pids[@]}"
   t1=$EPOCHREALTIME
+  local deadline=$((SECONDS + ${WAIT_S:-300}))
   until [ "$("$gangrun" queue --consul "$addr" --all --json | python3 -c '
 import json, sys
 q = json.load(sys.stdin)
-print(sum(1 for j in q if j.get("kind", "job") == "job" and j["state"] == "COMPLETED"))')" -ge "$((jobs / shells * shells))" ]; do sleep 0.2; done
+print(sum(1 for j in q if j.get("kind", "job") == "job" and j["state"] == "COMPLETED"))')" -ge "$((jobs / shells * shells))" ]; do
+    [ $SECONDS -ge $deadline ] && { echo "$mode: not every job COMPLETED within ${WAIT_S:-300} s:" >&2; "$gangrun" queue --consul "$addr" >&2; break; }
+    sleep 0.2
+  done
   t2=$EPOCHREALTIME
   bad=$("$gangrun" queue --consul "$addr" --all --json | python3 -c '
 import json, sys
