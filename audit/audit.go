@@ -81,6 +81,80 @@ type Entry struct {
 	Owner  string `json:"owner,omitempty"`
 	// Detail is the rest: a drain's reason, a policy's summary.
 	Detail string `json:"detail,omitempty"`
+	// Seal is, for an entry the elected agent or a step wrote where MUNGE is on, the
+	// writer's credential (root's, decodable by root only) bound to the entry's other
+	// fields (Seal): with Consul's ACLs off anyone may write an entry, and only a sealed
+	// one is the cluster's word (Check).
+	Seal string `json:"seal,omitempty"`
+}
+
+// Sealer makes a credential bound to content: identity.Munge.
+type Sealer interface {
+	Seal(ctx context.Context, content []byte) (string, error)
+}
+
+// Verifier checks a credential bound to content, whatever its age, and says whose it is:
+// identity.Munge.Verify with identity.Kept.
+type Verifier func(ctx context.Context, cred string, content []byte) (uid uint32, err error)
+
+// sealContent is what an entry's Seal is bound to: the entry without its Seal.
+func sealContent(e Entry) []byte {
+	e.Seal = ""
+	b, _ := json.Marshal(e)
+	return append([]byte("gangrun audit\n"), b...)
+}
+
+// Seal returns e with its time and host filled (as Op fills them) and sealed by s.
+// Errors: s's.
+func Seal(ctx context.Context, e Entry, s Sealer) (Entry, error) {
+	if e.At.IsZero() {
+		e.At = time.Now()
+	}
+	e.At = e.At.UTC()
+	if e.Host == "" {
+		e.Host, _ = os.Hostname()
+	}
+	cred, err := s.Seal(ctx, sealContent(e))
+	if err != nil {
+		return e, fmt.Errorf("seal the audit entry: %w", err)
+	}
+	e.Seal = cred
+	return e, nil
+}
+
+// The outcomes of Check.
+const (
+	// Sealed: sealed by a writer the caller trusts (root, the agents).
+	Sealed = "sealed"
+	// Unsealed: no seal (written with Consul's ACLs guarding it, or past gangrun).
+	Unsealed = "unsealed"
+	// Forged: a seal that does not hold for the entry, or one made by an untrusted uid.
+	Forged = "forged"
+)
+
+// ErrUncheckable is wrapped by a Verifier's error when the check could not be made
+// here (munged not answering, or a user who may not decode root's credentials): the
+// entry is then neither sealed nor forged as far as the caller knows.
+var ErrUncheckable = errors.New("the seal cannot be checked here")
+
+// Check says whether e is sealed by a trusted uid (trusted: root, the agents' uid),
+// Unsealed, or Forged (with why); an error (ErrUncheckable) when the check itself
+// could not be made.
+func Check(ctx context.Context, e Entry, v Verifier, trusted func(uid uint32) bool) (string, string, error) {
+	if e.Seal == "" {
+		return Unsealed, "", nil
+	}
+	uid, err := v(ctx, e.Seal, sealContent(e))
+	if errors.Is(err, ErrUncheckable) {
+		return "", "", err
+	}
+	if err != nil {
+		return Forged, err.Error(), nil
+	}
+	if !trusted(uid) {
+		return Forged, fmt.Sprintf("sealed by uid %d, not by a gangrun agent", uid), nil
+	}
+	return Sealed, "", nil
 }
 
 // key is the entry's key (see the package comment).

@@ -98,9 +98,20 @@ func Digest(cred string) string {
 }
 
 // Seal makes a credential of this process's uid and gid bound to content, valid for
-// munged's default time-to-live. Errors: Encode's.
+// munged's default time-to-live, that only root may decode: every credential gangrun
+// keeps or sends is checked by its agents, which run as root, and one lifted from a
+// record (where any user may read it) is of no use to a user against another service
+// sharing the cluster's MUNGE key (Slurm's slurmctld takes a root credential as
+// root). Errors: Encode's.
 func (m *Munge) Seal(ctx context.Context, content []byte) (string, error) {
-	return m.Encode(ctx, payload(content), 0)
+	return m.EncodeFor(ctx, payload(content), 0, 0)
+}
+
+// SealFor is Seal for a credential that only uid may decode (root included: munged
+// lets no other uid decode it): the agent's answer
+// to a user's request, which the user's command checks.
+func (m *Munge) SealFor(ctx context.Context, content []byte, uid uint32) (string, error) {
+	return m.EncodeFor(ctx, payload(content), 0, uid)
 }
 
 // Freshness says what Verify asks of a credential's age.
@@ -182,7 +193,7 @@ func (m *Munge) Who(ctx context.Context, cred string) (Caller, error) {
 // credential sealed and verified again. Errors: Seal's and Verify's.
 func (m *Munge) Probe(ctx context.Context) (Caller, error) {
 	content := []byte("gangrun probe " + time.Now().String())
-	cred, err := m.Seal(ctx, content)
+	cred, err := m.Encode(ctx, payload(content), 0) // decoded here, by whoever runs it
 	if err != nil {
 		return Caller{}, err
 	}

@@ -25,7 +25,7 @@ typedef struct {
 } gr_munge;
 
 // munge.h's enum munge_opt.
-enum { GR_OPT_TTL = 4, GR_OPT_ADDR4 = 5, GR_OPT_ENCODE_TIME = 6, GR_OPT_SOCKET = 8 };
+enum { GR_OPT_TTL = 4, GR_OPT_ADDR4 = 5, GR_OPT_ENCODE_TIME = 6, GR_OPT_SOCKET = 8, GR_OPT_UID_RESTRICTION = 9 };
 // munge.h's EMUNGE_NO_MEMORY.
 enum { GR_NO_MEMORY = 5 };
 
@@ -67,11 +67,14 @@ static void *gr_ctx(gr_munge *m, const char *socket, int *err, char **msg) {
 	return ctx;
 }
 
-static int gr_encode(gr_munge *m, const char *socket, int ttl, const void *buf, int len, char **cred, char **msg) {
+// gr_encode encodes buf; restrict >= 0 lets only that uid decode it
+// (MUNGE_OPT_UID_RESTRICTION).
+static int gr_encode(gr_munge *m, const char *socket, int ttl, int64_t restrict_uid, const void *buf, int len, char **cred, char **msg) {
 	int e = 0;
 	void *ctx = gr_ctx(m, socket, &e, msg);
 	if (!ctx) return e;
 	if (ttl != 0) e = m->ctx_set(ctx, GR_OPT_TTL, ttl);
+	if (e == 0 && restrict_uid >= 0) e = m->ctx_set(ctx, GR_OPT_UID_RESTRICTION, (uid_t)restrict_uid);
 	if (e == 0) e = m->encode(cred, ctx, buf, len);
 	if (e != 0) {
 		const char *s = m->ctx_strerror(ctx);
@@ -135,6 +138,11 @@ const (
 const (
 	codeSocket       = 6
 	codeBadCred      = 8
+	codeBadVersion   = 9
+	codeBadCipher    = 10
+	codeBadMAC       = 11
+	codeBadZip       = 12
+	codeBadRealm     = 13
 	codeCredInvalid  = 14
 	codeExpired      = 15
 	codeRewound      = 16
@@ -181,10 +189,22 @@ func Open(socket string) (*Munge, error) {
 func (m *Munge) Socket() string { return m.socket }
 
 // Encode makes a credential carrying payload (at most MaxPayload bytes), valid for ttl
-// (0: munged's default, 300 s). Errors: ErrNoDaemon when munged does not answer at
-// m's socket; ctx's error when it ends first (the call itself runs on: libmunge has
-// its own timeouts).
+// (0: munged's default, 300 s), that anyone may decode. Errors: ErrNoDaemon when
+// munged does not answer at m's socket; ctx's error when it ends first (the call itself
+// runs on: libmunge has its own timeouts).
 func (m *Munge) Encode(ctx context.Context, payload []byte, ttl time.Duration) (string, error) {
+	return m.encode(ctx, payload, ttl, -1)
+}
+
+// EncodeFor is Encode for a credential only uid may decode, root not excepted (munged's
+// MUNGE_OPT_UID_RESTRICTION): one lifted from where it is kept is of no use to anyone
+// else, on this cluster or any other service sharing its MUNGE key.
+func (m *Munge) EncodeFor(ctx context.Context, payload []byte, ttl time.Duration, uid uint32) (string, error) {
+	return m.encode(ctx, payload, ttl, int64(uid))
+}
+
+// encode is Encode, restricted to uid restrict when it is not negative.
+func (m *Munge) encode(ctx context.Context, payload []byte, ttl time.Duration, restrict int64) (string, error) {
 	if len(payload) > MaxPayload {
 		return "", fmt.Errorf("munge: payload of %d bytes: at most %d", len(payload), MaxPayload)
 	}
@@ -202,7 +222,7 @@ func (m *Munge) Encode(ctx context.Context, payload []byte, ttl time.Duration) (
 			defer C.free(buf)
 		}
 		var cred, msg *C.char
-		code := C.gr_encode(m.lib, sock, C.int(ttl/time.Second), buf, C.int(len(payload)), &cred, &msg)
+		code := C.gr_encode(m.lib, sock, C.int(ttl/time.Second), C.int64_t(restrict), buf, C.int(len(payload)), &cred, &msg)
 		if cred != nil {
 			defer C.free(unsafe.Pointer(cred))
 		}
@@ -303,7 +323,9 @@ func (m *Munge) failure(code int, msg *C.char) error {
 	case codeSocket:
 		kind = ErrNoDaemon
 		text = fmt.Sprintf("munged does not answer at %s (is munged running? systemctl start munge; %s overrides the socket): %s", m.socket, SocketEnv, text)
-	case codeBadCred, codeCredInvalid:
+	case codeBadCred, codeBadVersion, codeBadCipher, codeBadMAC, codeBadZip, codeBadRealm, codeCredInvalid:
+		// Not a credential munged can read: the credential's fault, never the
+		// checker's (a damaged one would otherwise be tried again for ever).
 		kind = ErrInvalid
 	case codeExpired:
 		kind = ErrExpired

@@ -94,6 +94,29 @@ func ParseArray(v string) (Array, error) {
 	return a, nil
 }
 
+// Validate checks an Array that did not come from ParseArray (a request written into a
+// box): indices from 0 to MaxArraySize-1, ascending, each once; a cap and a step of at
+// least 0 and 1. Errors say which rule fails.
+func (a Array) Validate() error {
+	switch {
+	case len(a.Indices) == 0:
+		return errors.New("--array: no indices")
+	case len(a.Indices) > MaxArraySize:
+		return fmt.Errorf("--array: %d tasks: at most %d", len(a.Indices), MaxArraySize)
+	case a.Limit < 0 || a.Step < 0:
+		return fmt.Errorf("--array: a cap (%d) and a step (%d) must not be negative", a.Limit, a.Step)
+	}
+	for i, x := range a.Indices {
+		if x < 0 || x >= MaxArraySize {
+			return fmt.Errorf("--array: index %d: want 0 to %d", x, MaxArraySize-1)
+		}
+		if i > 0 && x <= a.Indices[i-1] {
+			return fmt.Errorf("--array: indices must ascend, each once (%d after %d)", x, a.Indices[i-1])
+		}
+	}
+	return nil
+}
+
 // arrayIndex parses one index of --array: 0 to MaxArraySize-1.
 func arrayIndex(s string) (int, error) {
 	n, err := strconv.Atoi(s)

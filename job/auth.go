@@ -16,6 +16,7 @@ import (
 	"github.com/gangrun/gangrun/identity"
 	"github.com/gangrun/gangrun/internal/proc"
 	"github.com/gangrun/gangrun/internal/store"
+	"github.com/gangrun/gangrun/rendezvous"
 )
 
 // Who submitted a job, proven (docs/acl.md#identity). With MUNGE (agents' --auth
@@ -73,6 +74,7 @@ type Auth struct {
 // run with --auth none: nothing is checked.
 type Prover interface {
 	Seal(ctx context.Context, content []byte) (string, error)
+	SealFor(ctx context.Context, content []byte, uid uint32) (string, error)
 	Verify(ctx context.Context, cred string, content []byte, f identity.Freshness) (identity.Caller, error)
 	Who(ctx context.Context, cred string) (identity.Caller, error)
 }
@@ -266,8 +268,8 @@ func userName(uid uint32) string {
 func (c *Controller) refuse(ctx context.Context, j Job, why string) error {
 	r := &refusal{why}
 	c.log.Warn("job refused", zap.String("job", j.Spec.ID), zap.String("reason", r.Error()))
-	entry := audit.Op(audit.Entry{At: c.now().UTC(), User: "gangrun", Token: "agent", Action: audit.ActionRefuse,
-		Target: "job " + j.Spec.ID, Owner: j.Spec.User, Detail: r.Error()})
+	entry := audit.Op(sealEntry(ctx, c.prover, audit.Entry{At: c.now().UTC(), User: "gangrun", Token: "agent", Action: audit.ActionRefuse,
+		Target: "job " + j.Spec.ID, Owner: j.Spec.User, Detail: r.Error()}))
 	_, _, err := c.update(ctx, j.Spec.ID, func(j *Job) bool {
 		if j.State.Status != Pending {
 			return false
@@ -401,3 +403,35 @@ func (c *Controller) purgeSeen(ctx context.Context, now time.Time) error {
 	}
 	return flush()
 }
+
+// sealEntry is e sealed by p (audit.Seal), so that `gangrun audit` can tell the
+// cluster's entries from entries anyone wrote into Consul; e as it is when p is nil, or
+// when sealing fails (the action is recorded all the same).
+func sealEntry(ctx context.Context, p Prover, e audit.Entry) audit.Entry {
+	if p == nil {
+		return e
+	}
+	sealed, err := audit.Seal(ctx, e, p)
+	if err != nil {
+		return e
+	}
+	return sealed
+}
+
+// sealedRendezvous is, with MUNGE, how a job's steps and its controller see job id's
+// rendezvous (its leader, members, assignments and heartbeats): every value sealed by
+// the writer and taken only when sealed by root or the agents' uid (identity.Sealed), so
+// that no user can tell a job's steps where the master is or what checkpoint to load.
+// nil without MUNGE.
+func sealedRendezvous(p Prover, id string) func(store.Store) store.Store {
+	if p == nil {
+		return nil
+	}
+	return func(s store.Store) store.Store {
+		return identity.Sealed(s, p, trustedMaker, rendezvous.JobPrefixes(id)...)
+	}
+}
+
+// trustedMaker reports whether uid is one a job's records may be sealed by: root, or the
+// agents' own uid.
+func trustedMaker(uid uint32) bool { return uid == 0 || uid == agentUID() }

@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap/zaptest"
+
 	"github.com/gangrun/gangrun/allocator"
 	"github.com/gangrun/gangrun/audit"
 	"github.com/gangrun/gangrun/identity"
@@ -92,7 +94,7 @@ func TestJobCredentials(t *testing.T) {
 	}
 	inv.Node = "n1"
 	a, err := allocator.NewAgent(s, allocator.AgentConfig{Node: "n1", Addr: "127.0.0.1", Inventory: inv,
-		Leader: []func(context.Context, store.Store, string) error{Control(nil, nil, 0, prover)}})
+		Leader: []func(context.Context, store.Store, string) error{Control(zaptest.NewLogger(t), nil, 0, prover)}})
 	if err != nil {
 		t.Fatal(err)
 	}

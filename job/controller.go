@@ -15,6 +15,7 @@ import (
 
 	"github.com/gangrun/gangrun/allocator"
 	"github.com/gangrun/gangrun/event"
+	"github.com/gangrun/gangrun/identity"
 	"github.com/gangrun/gangrun/internal/store"
 	"github.com/gangrun/gangrun/rendezvous"
 )
@@ -36,7 +37,10 @@ import (
 //   - a pending job of a higher tier that does not fit may pre-empt running jobs of
 //     lower tiers, when the policy says so (preempt.go).
 type Controller struct {
-	s       store.Store
+	s store.Store
+	// rdzv is s as the jobs' rendezvous keys are read and written through: sealed with
+	// MUNGE (sealedRendezvous), s itself without.
+	rdzv    store.Store
 	session string
 	log     *zap.Logger
 	events  event.Sink
@@ -75,7 +79,11 @@ const staleWait = 500 * time.Millisecond
 // (auth.go); nil checks nothing (agent --auth none).
 func Control(log *zap.Logger, events event.Sink, minJobAge time.Duration, prover Prover) func(ctx context.Context, s store.Store, session string) error {
 	return func(ctx context.Context, s store.Store, session string) error {
-		c := &Controller{s: s, session: session, log: log, events: event.Or(events), now: time.Now, minJobAge: minJobAge, prover: prover}
+		c := &Controller{s: s, rdzv: s, session: session, log: log, events: event.Or(events), now: time.Now, minJobAge: minJobAge, prover: prover}
+		if prover != nil {
+			// The jobs' rendezvous as their steps write it: sealed (sealedRendezvous).
+			c.rdzv = identity.Sealed(s, prover, trustedMaker, rendezvous.Prefixes()...)
+		}
 		if c.log == nil {
 			c.log = zap.NewNop()
 		}
@@ -579,6 +587,13 @@ func (c *Controller) start(ctx context.Context, j Job, g allocator.Grant) error 
 		first = j.State.Started.IsZero()
 		j.State.Status, j.State.Reason = Running, ""
 		j.State.Nodes, j.State.Spares = names[:len(names)-spares], names[len(names)-spares:]
+		// Each node's agent session as the job is placed there (stayedUp).
+		j.State.AgentSessions = map[string]string{}
+		for _, gn := range g.Nodes {
+			if gn.Session != "" { // the node's agent's, until its step takes the GPUs over
+				j.State.AgentSessions[gn.Name] = gn.Session
+			}
+		}
 		j.State.NodesSince, j.State.PlacedAt = now, now
 		j.State.Placement++
 		j.State.StepsEnded = nil
@@ -610,7 +625,7 @@ func (c *Controller) requeueSilent(ctx context.Context, cl *allocator.Cluster, i
 		now := c.now().UTC()
 		for _, n := range silent {
 			st.LostNodes = append(st.LostNodes, LostNode{Node: n, Why: "the job's step on node " + n + " ended without a word (the node died or was cut off)",
-				At: now, Exclude: healthy(cl, n), AgentSession: agentSession(cl, n)})
+				At: now, Exclude: stayedUp(cl, *st, n), AgentSession: agentSession(cl, n)})
 			st.NodeFailures++
 		}
 		st.Status, st.End, st.ExitCode, st.Requeue = Pending, "", 0, true
@@ -663,6 +678,20 @@ func agentSession(cl *allocator.Cluster, n string) string {
 		return ns.AliveSession
 	}
 	return ""
+}
+
+// stayedUp reports whether node n, which lost job state st's step, is up and healthy
+// and its agent has held the same session since the job was placed there: then the
+// step's loss is the step's own, and the job's later placements avoid the node. A node
+// whose agent registered again meanwhile went through an outage of its own (Consul
+// unreachable from it, its agent restarted) that explains the loss: it is not excluded,
+// and the job may run there again (no node stays excluded by its own fenced step).
+func stayedUp(cl *allocator.Cluster, st State, n string) bool {
+	if !healthy(cl, n) {
+		return false
+	}
+	was, known := st.AgentSessions[n]
+	return !known || was == agentSession(cl, n)
 }
 
 // healthy reports whether node n is up and not drained in cl.
@@ -752,7 +781,7 @@ func (c *Controller) watchNodes(ctx context.Context, v view, j Job, g allocator.
 			if !slices.Contains(st.Nodes, n) {
 				continue
 			}
-			st.LostNodes = append(st.LostNodes, LostNode{Node: n, Why: lost[n], At: now, Exclude: healthy(cl, n), AgentSession: agentSession(cl, n)})
+			st.LostNodes = append(st.LostNodes, LostNode{Node: n, Why: lost[n], At: now, Exclude: stayedUp(cl, *st, n), AgentSession: agentSession(cl, n)})
 			st.NodeFailures++
 			recorded = append(recorded, n)
 			st.Nodes = slices.DeleteFunc(st.Nodes, func(x string) bool { return x == n })
@@ -785,10 +814,10 @@ func (c *Controller) watchNodes(ctx context.Context, v view, j Job, g allocator.
 	// not wait for the lost node's rendezvous session to expire before they meet again.
 	refunded := 0
 	for _, n := range recorded {
-		if ok, err := rendezvous.AddRestarts(ctx, c.s, j.Spec.ID, 1); err == nil && ok {
+		if ok, err := rendezvous.AddRestarts(ctx, c.rdzv, j.Spec.ID, 1); err == nil && ok {
 			refunded++
 		}
-		if ok, err := rendezvous.Evict(ctx, c.s, j.Spec.ID, n); err == nil && ok {
+		if ok, err := rendezvous.Evict(ctx, c.rdzv, j.Spec.ID, n); err == nil && ok {
 			c.log.Info("lost node evicted from the job's rendezvous", zap.String("job", j.Spec.ID), zap.String("node", n))
 		}
 	}
@@ -801,7 +830,7 @@ func (c *Controller) watchNodes(ctx context.Context, v view, j Job, g allocator.
 // syncRestarts keeps a running job's count of its own restarts (the run's failures
 // less those its lost nodes caused) in its state, for queue and show.
 func (c *Controller) syncRestarts(ctx context.Context, j Job) {
-	info, ok, err := rendezvous.ReadRun(ctx, c.s, j.Spec.ID)
+	info, ok, err := rendezvous.ReadRun(ctx, c.rdzv, j.Spec.ID)
 	if err != nil || !ok {
 		return
 	}
@@ -820,7 +849,7 @@ func (c *Controller) syncRestarts(ctx context.Context, j Job) {
 
 // countRestarts sets j's own restarts from its run, as it ends.
 func (c *Controller) countRestarts(ctx context.Context, j *Job) {
-	if info, ok, err := rendezvous.ReadRun(ctx, c.s, j.Spec.ID); err == nil && ok {
+	if info, ok, err := rendezvous.ReadRun(ctx, c.rdzv, j.Spec.ID); err == nil && ok {
 		j.State.Restarts = max(info.Failures-j.State.NodeFailures-j.State.PreemptFailures, 0)
 	}
 }

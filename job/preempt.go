@@ -139,7 +139,7 @@ func (c *Controller) preemptFor(ctx context.Context, p Job, victims []string, po
 	sig, grace := pol.PreemptSignal(), pol.GraceTime()
 	for _, id := range victims {
 		base := 0
-		if info, ok, err := rendezvous.ReadRun(ctx, c.s, id); err == nil && ok {
+		if info, ok, err := rendezvous.ReadRun(ctx, c.rdzv, id); err == nil && ok {
 			base = info.Failures
 		}
 		now := c.now().UTC()
@@ -154,9 +154,9 @@ func (c *Controller) preemptFor(ctx context.Context, p Job, victims []string, po
 		if partition == "" {
 			partition = "default"
 		}
-		entry := audit.Op(audit.Entry{At: now, User: "gangrun", Token: "agent", Action: audit.ActionPreempt,
+		entry := audit.Op(sealEntry(ctx, c.prover, audit.Entry{At: now, User: "gangrun", Token: "agent", Action: audit.ActionPreempt,
 			Target: "job " + id, Owner: owner,
-			Detail: fmt.Sprintf("for job %s (partition %s): %s, %s grace", p.Spec.ID, partition, signalName(sig), grace)})
+			Detail: fmt.Sprintf("for job %s (partition %s): %s, %s grace", p.Spec.ID, partition, signalName(sig), grace)}))
 		j, changed, err := c.update(ctx, id, func(j *Job) bool {
 			if j.State.Status != Running {
 				return false
@@ -195,7 +195,7 @@ func (c *Controller) requeuePreempted(ctx context.Context, v view, j Job) error 
 	}
 	last := j.State.Preemptions[len(j.State.Preemptions)-1]
 	extra := 0
-	if info, ok, err := rendezvous.ReadRun(ctx, c.s, id); err == nil && ok {
+	if info, ok, err := rendezvous.ReadRun(ctx, c.rdzv, id); err == nil && ok {
 		extra = max(info.Failures-last.RunFailures, 0)
 	}
 	_, changed, err := c.update(ctx, id, func(j *Job) bool {
@@ -215,7 +215,7 @@ func (c *Controller) requeuePreempted(ctx context.Context, v view, j Job) error 
 		return err
 	}
 	if extra > 0 {
-		_, _ = rendezvous.AddRestarts(ctx, c.s, id, extra)
+		_, _ = rendezvous.AddRestarts(ctx, c.rdzv, id, extra)
 	}
 	c.log.Info("pre-empted job's steps stopped: requeued, waiting for the job that pre-empted it", zap.String("job", id), zap.String("by", last.By))
 	return nil

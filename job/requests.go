@@ -79,6 +79,18 @@ type boxed struct {
 	Request    json.RawMessage `json:"request"`
 	Credential string          `json:"credential,omitempty"`
 	Answer     *Answer         `json:"answer,omitempty"`
+	// Seal is, with MUNGE, the elected agent's credential (root's, decodable by the
+	// box's user) bound to the request and its answer (answerContent): with Consul's
+	// ACLs off anyone may write an answer into a box, and the asker takes only a
+	// sealed one.
+	Seal string `json:"seal,omitempty"`
+}
+
+// answerContent is what an answer's seal is bound to: the request's key and text and
+// the answer.
+func answerContent(key string, text []byte, a *Answer) []byte {
+	b, _ := json.Marshal(a)
+	return append(append(requestContent(key, text), "\nanswer "...), b...)
 }
 
 // requestContent is what a request's credential is bound to: its key and its text.
@@ -163,9 +175,9 @@ func ask(ctx context.Context, s store.Store, as Asker, r Request) (*Answer, erro
 	key := requestKey(user, r.Kind)
 	text, _ := json.Marshal(r)
 	box := boxed{Request: text}
-	if as.Sealer != nil {
+	if as.Prover != nil {
 		var err error
-		if box.Credential, err = as.Sealer.Seal(ctx, requestContent(key, text)); err != nil {
+		if box.Credential, err = as.Prover.Seal(ctx, requestContent(key, text)); err != nil {
 			return nil, fmt.Errorf("the request's MUNGE credential: %w", err)
 		}
 	}
@@ -183,7 +195,7 @@ func ask(ctx context.Context, s store.Store, as Asker, r Request) (*Answer, erro
 			if err != nil {
 				if ctx.Err() != nil {
 					// Stopped (a signal): take the request back, unless it was answered.
-					return withdraw(context.WithoutCancel(ctx), s, key, ctx.Err())
+					return withdraw(context.WithoutCancel(ctx), s, as, key, text, ctx.Err())
 				}
 				return nil, err
 			}
@@ -192,10 +204,8 @@ func ask(ctx context.Context, s store.Store, as Asker, r Request) (*Answer, erro
 				if e.Key != key {
 					continue
 				}
-				var got boxed
-				if json.Unmarshal(e.Value, &got) == nil && got.Answer != nil {
-					_, _ = s.Txn(ctx, []store.Op{{Verb: store.Delete, Key: key}})
-					return got.Answer, nil
+				if ans, ok, err := take(ctx, s, as, key, text, e); ok || err != nil {
+					return ans, err
 				}
 			}
 			continue
@@ -206,10 +216,8 @@ func ask(ctx context.Context, s store.Store, as Asker, r Request) (*Answer, erro
 			return nil, err
 		}
 		if e != nil {
-			var got boxed
-			if json.Unmarshal(e.Value, &got) == nil && got.Answer != nil {
-				_, _ = s.Txn(ctx, []store.Op{{Verb: store.Delete, Key: key}})
-				return got.Answer, nil
+			if ans, ok, err := take(ctx, s, as, key, text, *e); ok || err != nil {
+				return ans, err
 			}
 			if _, err := s.Txn(ctx, []store.Op{{Verb: store.DeleteCAS, Key: key, Index: e.ModifyIndex}}); errors.Is(err, store.ErrTxnRejected) {
 				continue // answered meanwhile
@@ -219,10 +227,36 @@ func ask(ctx context.Context, s store.Store, as Asker, r Request) (*Answer, erro
 	}
 }
 
+// ErrForgedAnswer marks an answer in a box that is not the elected agent's: its seal is
+// missing or does not hold for the request as asked. Nothing can be said of what was
+// done.
+var ErrForgedAnswer = errors.New("the answer is not the cluster's")
+
+// take returns the answer at e (the request at key, asked as text) once it is answered
+// (ok), and deletes the request. With as.Prover, only an answer sealed by root for this
+// request is taken; any other is ErrForgedAnswer.
+func take(ctx context.Context, s store.Store, as Asker, key string, text []byte, e store.Entry) (*Answer, bool, error) {
+	var got boxed
+	if json.Unmarshal(e.Value, &got) != nil || got.Answer == nil {
+		return nil, false, nil
+	}
+	_, _ = s.Txn(ctx, []store.Op{{Verb: store.Delete, Key: key}})
+	if as.Prover != nil {
+		agent, err := as.Prover.Verify(ctx, got.Seal, answerContent(key, text, got.Answer), identity.Kept)
+		switch {
+		case err != nil:
+			return nil, true, fmt.Errorf("%w (its seal: %v): anyone who reaches Consul may write into a box; what was done is unknown (gangrun queue, gangrun nodes)", ErrForgedAnswer, err)
+		case agent.UID != 0:
+			return nil, true, fmt.Errorf("%w: sealed by uid %d, not by a gangrun agent; what was done is unknown (gangrun queue, gangrun nodes)", ErrForgedAnswer, agent.UID)
+		}
+	}
+	return got.Answer, true, nil
+}
+
 // withdraw takes back the unanswered request at key after why stopped its asker: its
 // answer when it was answered meanwhile, else why, wrapped to say nothing was done (or
 // that the request may stand, when it could not be removed).
-func withdraw(ctx context.Context, s store.Store, key string, why error) (*Answer, error) {
+func withdraw(ctx context.Context, s store.Store, as Asker, key string, text []byte, why error) (*Answer, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	for range 3 {
@@ -233,10 +267,8 @@ func withdraw(ctx context.Context, s store.Store, key string, why error) (*Answe
 		if e == nil {
 			return nil, fmt.Errorf("stopped (%w): the request was withdrawn; nothing was done", why)
 		}
-		var got boxed
-		if json.Unmarshal(e.Value, &got) == nil && got.Answer != nil {
-			_, _ = s.Txn(ctx, []store.Op{{Verb: store.Delete, Key: key}})
-			return got.Answer, nil
+		if ans, ok, err := take(ctx, s, as, key, text, *e); ok || err != nil {
+			return ans, err
 		}
 		if _, err := s.Txn(ctx, []store.Op{{Verb: store.DeleteCAS, Key: key, Index: e.ModifyIndex}}); err == nil {
 			return nil, fmt.Errorf("stopped (%w): the request was withdrawn; nothing was done", why)
@@ -246,12 +278,13 @@ func withdraw(ctx context.Context, s store.Store, key string, why error) (*Answe
 }
 
 // Asker is who asks the elected agent through a request box: User names the box (a
-// user token's user, or the Unix user running the command), Sealer makes the
-// request's MUNGE credential (nil: none, where no agent checks them), and Wait bounds
-// the wait for the answer (0: DefaultRequestWait).
+// user token's user, or the Unix user running the command), Prover makes the
+// request's MUNGE credential and checks the agent's seal on the answer (nil: neither,
+// where no agent checks credentials), and Wait bounds the wait for the answer (0:
+// DefaultRequestWait).
 type Asker struct {
 	User   string
-	Sealer Sealer
+	Prover Prover
 	Wait   time.Duration
 }
 
@@ -408,9 +441,11 @@ type asker struct {
 	user string // the box's user, proven
 	root bool   // uid 0 (with MUNGE) or the operator: any job, the operator's actions
 	by   string // how it is known, for a refusal's words
-	// cred and uid, gid are the request's credential and its ids (MUNGE only).
+	// cred and uid, gid are the request's credential and the ids a job it queues runs
+	// as; caller is the uid the credential proves (MUNGE only).
 	cred     string
 	uid, gid uint32
+	caller   uint32
 	expires  time.Time
 }
 
@@ -435,15 +470,20 @@ func (sv *server) serve(ctx context.Context, e store.Entry) error {
 		}
 		return nil
 	}
+	var reader *uint32 // who may decode the answer's seal: the asker's uid, once known
 	answer := func(a Answer) store.Op {
 		a.At = time.Now().UTC()
 		box.Answer = &a
+		box.Seal = sv.sealAnswer(ctx, e.Key, user, reader, box.Request, &a)
 		b, _ := json.Marshal(box)
 		return store.Op{Verb: store.CAS, Key: e.Key, Value: b, Index: e.ModifyIndex}
 	}
 	who, ans, err := sv.who(ctx, e.Key, user, r, box)
 	if err != nil {
 		return err
+	}
+	if who.cred != "" {
+		reader = &who.caller
 	}
 	var also []store.Op
 	if ans == nil {
@@ -453,7 +493,8 @@ func (sv *server) serve(ctx context.Context, e store.Entry) error {
 		}
 	}
 	ops := append([]store.Op{fence, answer(*ans)}, also...)
-	if ans.Error == "" && who.cred != "" {
+	if who.cred != "" {
+		// Used, whatever the answer: a refused request is not tried again either.
 		ops = append(ops, seenOps(who.cred, e.Key, who.expires)...)
 	}
 	_, err = s.Txn(ctx, ops)
@@ -461,6 +502,30 @@ func (sv *server) serve(ctx context.Context, e store.Entry) error {
 		return nil
 	}
 	return err
+}
+
+// sealAnswer seals answer a to the request at key (text) in user's box, decodable by
+// the asker only: uid reader, the uid its credential proved, else the box user's uid
+// here. "" without MUNGE, or when no uid is known or munged fails (the asker then
+// refuses the answer, and says so).
+func (sv *server) sealAnswer(ctx context.Context, key, user string, reader *uint32, text []byte, a *Answer) string {
+	if sv.prover == nil {
+		return ""
+	}
+	var uid uint32
+	if reader != nil {
+		uid = *reader
+	} else if u, err := proc.LookupUser(user); err == nil {
+		uid = u.UID
+	} else {
+		return ""
+	}
+	seal, err := sv.prover.SealFor(ctx, answerContent(key, text, a), uid)
+	if err != nil {
+		sv.log.Warn("seal the answer", zap.String("key", key), zap.Error(err))
+		return ""
+	}
+	return seal
 }
 
 // boxName reports whether user can name a box: a gangrun user name (acl.CheckUser),
@@ -483,13 +548,16 @@ func (sv *server) who(ctx context.Context, key, user string, r Request, box boxe
 	if sv.prover == nil {
 		return asker{user: user, by: "your token is " + user + "'s"}, nil, nil
 	}
+	var used asker // the credential, once it verified: marked used with the refusal
 	deny := func(why string) (asker, *Answer, error) {
 		sv.log.Warn("request refused", zap.String("key", key), zap.String("reason", why))
-		err := audit.Write(ctx, sv.s, audit.Entry{User: "gangrun", Token: "agent", Action: audit.ActionRefuse,
-			Target: "request " + key, Owner: user, Detail: why})
-		return asker{}, &Answer{Error: "permission denied: " + why, Denied: true}, err
+		err := audit.Write(ctx, sv.s, sealEntry(ctx, sv.prover, audit.Entry{User: "gangrun", Token: "agent", Action: audit.ActionRefuse,
+			Target: "request " + key, Owner: user, Detail: why}))
+		return used, &Answer{Error: "permission denied: " + why, Denied: true}, err
 	}
-	caller, err := sv.prover.Verify(ctx, box.Credential, requestContent(key, box.Request), identity.FreshOrReplayed)
+	// Fresh: a request is carried out once, and munged's own replay cache refuses a
+	// credential decoded here before; gangrun/batch/seen/ does across a fail-over.
+	caller, err := sv.prover.Verify(ctx, box.Credential, requestContent(key, box.Request), identity.Fresh)
 	if err != nil {
 		if checkerTrouble(ctx, err) {
 			return asker{}, nil, err // tried again: the request waits
@@ -501,6 +569,7 @@ func (sv *server) who(ctx context.Context, key, user string, r Request, box boxe
 	} else if e != nil {
 		return deny("replayed: the request's credential was used before")
 	}
+	used = asker{cred: box.Credential, caller: caller.UID, expires: caller.Expires()}
 	name := userName(caller.UID)
 	if name != user && caller.UID != 0 {
 		return deny(fmt.Sprintf("the request is in %s's box, its MUNGE credential is uid %d's (%s)", user, caller.UID, name))
@@ -508,7 +577,7 @@ func (sv *server) who(ctx context.Context, key, user string, r Request, box boxe
 	// Root asks in any box, as its user (root holding a user's token): root's powers
 	// only in root's own.
 	who := asker{user: user, root: user == "root" && caller.UID == 0, by: "your MUNGE credential is " + name + "'s", cred: box.Credential,
-		uid: caller.UID, gid: caller.GID, expires: caller.Expires()}
+		uid: caller.UID, gid: caller.GID, caller: caller.UID, expires: caller.Expires()}
 	if name != user {
 		who.by = "your token is " + user + "'s" // root in another's box: a user token root holds
 		if u, err := proc.LookupUser(user); err == nil {
@@ -531,6 +600,8 @@ func requestWhy(err error) string {
 		return "the request's credential is not of this cluster (another MUNGE key, or damaged)"
 	case errors.Is(err, identity.ErrExpired):
 		return "the request's credential has expired: " + err.Error()
+	case errors.Is(err, identity.ErrReplayed):
+		return "replayed: the request's credential was used before"
 	}
 	return "the request's credential: " + err.Error()
 }
@@ -551,6 +622,11 @@ func (sv *server) do(ctx context.Context, who asker, r Request, answer func(Answ
 		// What the cluster decides is not the user's to say: the id, the array task
 		// it would be, the submission time (the age factor counts from it).
 		spec.ID, spec.Array, spec.Submitted = "", nil, time.Time{}
+		if r.Array != nil {
+			if err := r.Array.Validate(); err != nil {
+				return &Answer{Error: err.Error(), Invalid: true}, nil, nil
+			}
+		}
 		if spec.Priority > 0 && !who.root {
 			// As in Slurm, raising a job's priority is an operator's (sbatch --priority).
 			return &Answer{Error: fmt.Sprintf("--priority %d: only an operator may raise a job's priority", spec.Priority), Invalid: true}, nil, nil
@@ -594,7 +670,7 @@ func (sv *server) do(ctx context.Context, who asker, r Request, answer func(Answ
 			return nil, nil, err
 		}
 	case requestCancel:
-		a, also, err := cancelFor(ctx, s, who, r.Job)
+		a, also, err := cancelFor(ctx, s, sv.prover, who, r.Job)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -628,7 +704,7 @@ func (sv *server) operate(ctx context.Context, who asker, r Request) (*Answer, [
 		return &Answer{Error: fmt.Sprintf("permission denied: %s is root's (the operator's): %s", what, who.by), Denied: true}, nil, nil
 	}
 	entry := func(action, target, detail string) store.Op {
-		return audit.Op(audit.Entry{User: who.user, Token: "munge", Action: action, Target: target, Detail: detail})
+		return audit.Op(sealEntry(ctx, sv.prover, audit.Entry{User: who.user, Token: "munge", Action: action, Target: target, Detail: detail}))
 	}
 	switch r.Kind {
 	case requestDrain, requestResume:
@@ -665,7 +741,7 @@ func (sv *server) operate(ctx context.Context, who asker, r Request) (*Answer, [
 
 // cancelFor cancels job id (or array id's tasks) for who when it is who's, or who is
 // root: the answer, and an audit entry to write with it when root cancels another's.
-func cancelFor(ctx context.Context, s store.Store, who asker, id string) (Answer, []store.Op, error) {
+func cancelFor(ctx context.Context, s store.Store, p Prover, who asker, id string) (Answer, []store.Op, error) {
 	if checkID(id) != nil {
 		return Answer{Error: fmt.Sprintf("no job %q", id), Invalid: true}, nil, nil
 	}
@@ -677,7 +753,7 @@ func cancelFor(ctx context.Context, s store.Store, who asker, id string) (Answer
 		if owner == who.user {
 			return nil
 		}
-		return []store.Op{audit.Op(audit.Entry{User: who.user, Token: "munge", Action: audit.ActionCancel, Target: target, Owner: owner, Detail: detail})}
+		return []store.Op{audit.Op(sealEntry(ctx, p, audit.Entry{User: who.user, Token: "munge", Action: audit.ActionCancel, Target: target, Owner: owner, Detail: detail}))}
 	}
 	if len(tasks) > 0 {
 		for _, t := range tasks {

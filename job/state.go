@@ -172,6 +172,11 @@ type State struct {
 	NodesSince time.Time `json:"nodes_since,omitzero"`
 	// Placement counts the job's placements: 1 for its first grant, more after a requeue.
 	Placement int `json:"placement"`
+	// AgentSessions are, for the current placement, each node's agent session when the
+	// job was placed there: a node that loses the job's step while its agent still holds
+	// that session is excluded from the job's later placements; one whose agent
+	// registered again meanwhile (an outage of its own) is not.
+	AgentSessions map[string]string `json:"agent_sessions,omitempty"`
 	// Requeue is set on a PENDING job placed again after losing a node it could not do
 	// without, until its old grant is gone and its new request written.
 	Requeue bool `json:"requeue,omitempty"`

@@ -87,6 +87,11 @@ type step struct {
 
 	mu     sync.Mutex
 	ending Status // what the step's own stop means (Cancelled, Timeout); "" when none
+	// fenced is set once the step's lease is over (Consul unreachable): its workers
+	// are stopped and it ends without writing anything more.
+	fenced bool
+	// stopSupervisor ends the supervisor's run (a fenced step: no rejoin).
+	stopSupervisor func()
 }
 
 func (st *step) run(ctx context.Context) int {
@@ -157,8 +162,8 @@ func (st *step) run(ctx context.Context) int {
 		switch {
 		case errors.As(err, &r):
 			st.log.Error("the job's credential is refused: nothing runs", zap.Error(err))
-			_ = audit.Write(context.WithoutCancel(ctx), s, audit.Entry{User: "gangrun", Token: "agent", Action: audit.ActionRefuse,
-				Target: "job " + id, Owner: j.Spec.User, Detail: "on node " + node + ": " + r.Error()})
+			_ = audit.Write(context.WithoutCancel(ctx), s, sealEntry(ctx, st.cfg.Prover, audit.Entry{User: "gangrun", Token: "agent", Action: audit.ActionRefuse,
+				Target: "job " + id, Owner: j.Spec.User, Detail: "on node " + node + ": " + r.Error()}))
 			_ = st.recordEnd(ctx, Failed, 1, r.Error())
 			return 1
 		case err != nil:
@@ -203,13 +208,23 @@ func (st *step) run(ctx context.Context) int {
 	}
 	wctx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
+	sctx, stopSupervisor := context.WithCancel(ctx)
+	defer stopSupervisor()
+	st.stopSupervisor = stopSupervisor
 	go st.watch(wctx)
-	res := sup.Run(ctx)
+	res := sup.Run(sctx)
 	stopWatch()
-	defer st.markEnded(ctx)
 	st.mu.Lock()
-	ending := st.ending
+	ending, fenced := st.ending, st.fenced
 	st.mu.Unlock()
+	if fenced {
+		// Consul did not answer for the lease: nothing can be recorded now, and the
+		// job's controller requeues the job once Consul answers (its node a node
+		// failure, not excluded: the node's agent re-registers). Leave at once.
+		st.log.Warn("the step's lease is over: its workers have stopped; the step ends without recording how", zap.Int("exit_code", res.ExitCode))
+		return res.ExitCode
+	}
+	defer st.markEnded(ctx)
 	switch {
 	case ending != "":
 		// Stopped by the step itself: cancelled, or the time limit; recorded already.
@@ -353,6 +368,7 @@ func (st *step) prepare(ctx context.Context, gn allocator.GrantNode, out io.Writ
 		MaxRestarts: max(spec.MaxRestarts-state.Restarts, 0), Backoff: "exp", NoRestartExitCode: launcher.DefaultNoRestartExitCode, TermTimeout: spec.TermTimeout,
 		CheckpointDir: ckpt, Stdout: out, Stderr: out, Report: out, Log: st.log,
 		GuardianArgv: st.cfg.GuardianArgv, Signals: st.stop, Subreaper: st.cfg.Subreaper, User: st.user,
+		RendezvousStore: sealedRendezvous(st.cfg.Prover, spec.ID),
 		Events: &attempts{step: st, ch: make(chan event.Event, 64)},
 		// A worker that dies while the job is being stopped (a pre-emption's SIGUSR1
 		// that it does not handle) ends the step: no restart in the grace.
@@ -459,6 +475,18 @@ func (st *step) watch(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
+			return
+		case <-st.lease.Done():
+			// Consul has not answered for the lease (LeaseStop after the last renewal it
+			// accepted): it may soon give this node's GPUs and the job's place to others.
+			// The workers stop now, the supervisor does not rejoin, and the step ends:
+			// a step that waited for Consul would never end if it never came back.
+			st.log.Warn("the step's lease is over: stopping the workers and ending the step; the job is requeued once Consul answers", zap.Error(st.lease.Err()))
+			st.mu.Lock()
+			st.fenced = true
+			st.mu.Unlock()
+			st.stopWorkers(NodeFail)
+			st.stopSupervisor()
 			return
 		case sig := <-st.cfg.Signals:
 			if ss, ok := sig.(syscall.Signal); ok && (ss == syscall.SIGINT || ss == syscall.SIGTERM || ss == syscall.SIGHUP) {

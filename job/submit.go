@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -112,7 +113,7 @@ func submit(ctx context.Context, s store.Store, spec Spec, also alsoOps, auth au
 	}
 	cc.seqMu.Lock()
 	defer cc.seqMu.Unlock()
-	for {
+	for tries := 0; ; {
 		id, seqOp, err := cc.nextID(ctx, s)
 		if err != nil {
 			return "", err
@@ -141,10 +142,35 @@ func submit(ctx context.Context, s store.Store, spec Spec, also alsoOps, auth au
 		if err == nil {
 			return id, nil
 		}
-		if !errors.Is(err, store.ErrTxnRejected) || also != nil && !idTaken(err, id) {
+		if tries++; tries >= maxIDTries || !errors.Is(err, store.ErrTxnRejected) || !idTaken(err, id) {
 			return "", fmt.Errorf("submit job %s: %w", id, err)
 		}
-		// Another submit took the id meanwhile: take the next one.
+		// Another submit took the id meanwhile, or a record holds it: the next one.
+		cc.skip(seqOp, err)
+	}
+}
+
+// maxIDTries bounds how many job ids one submit tries before it gives up: each try
+// lost to another submit, or to a record written past gangrun.
+const maxIDTries = 1000
+
+// skip, after the rejection err of the transaction that claimed an id with seqOp,
+// moves this client's next id past that one when the sequence itself did not move (the
+// id's keys exist without the sequence having reached it: a record written past
+// gangrun), so the next try takes the id after it; when the sequence moved (another
+// submit), the next try reads it again. Called with seqMu held.
+func (c *clientCache) skip(seqOp store.Op, err error) {
+	var te *store.TxnError
+	if !errors.As(err, &te) {
+		return
+	}
+	for _, oe := range te.Errors {
+		if oe.Key == seqKey {
+			return
+		}
+	}
+	if n, perr := strconv.ParseUint(string(seqOp.Value), 10, 64); perr == nil {
+		c.seqValue, c.seqIndex = n, seqOp.Index
 	}
 }
 
@@ -159,7 +185,8 @@ func idTaken(err error, id string) bool {
 		return false
 	}
 	for _, oe := range te.Errors {
-		if oe.Key != seqKey && !strings.HasPrefix(oe.Key, jobsPrefix+id) {
+		if oe.Key != seqKey && !strings.HasPrefix(oe.Key, jobsPrefix+id+"/") && !strings.HasPrefix(oe.Key, jobsPrefix+id+"_") &&
+			oe.Key != allocator.RequestKey(id) {
 			return false
 		}
 	}
@@ -276,8 +303,8 @@ func SubmitArraySealed(ctx context.Context, s store.Store, spec Spec, a Array, s
 // submitArray is SubmitArray with also's operations in its first transaction, and the
 // tasks' Auth made by auth (none when nil).
 func submitArray(ctx context.Context, s store.Store, spec Spec, a Array, also alsoOps, auth authFor) (string, []string, error) {
-	if len(a.Indices) == 0 {
-		return "", nil, &invalid{errors.New("--array: no indices")}
+	if err := a.Validate(); err != nil {
+		return "", nil, &invalid{err}
 	}
 	cc := cacheFor(s)
 	spec, err := prepareSubmit(ctx, s, cc, spec)
@@ -291,7 +318,7 @@ func submitArray(ctx context.Context, s store.Store, spec Spec, a Array, also al
 	st := State{Status: Pending, Reason: reason, Deferred: true}
 	cc.seqMu.Lock()
 	defer cc.seqMu.Unlock()
-	for {
+	for tries := 0; ; {
 		id, seqOp, err := cc.nextID(ctx, s)
 		if err != nil {
 			return "", nil, err
@@ -330,8 +357,9 @@ func submitArray(ctx context.Context, s store.Store, spec Spec, a Array, also al
 		res, err := s.Txn(ctx, batches[0])
 		cc.claimed(seqOp, res, err)
 		if err != nil {
-			if errors.Is(err, store.ErrTxnRejected) && (also == nil || idTaken(err, id)) {
-				continue // another submit took the id meanwhile: take the next one
+			if tries++; tries < maxIDTries && errors.Is(err, store.ErrTxnRejected) && idTaken(err, id) {
+				cc.skip(seqOp, err) // another submit took the id meanwhile, or a record holds it
+				continue
 			}
 			return "", nil, fmt.Errorf("submit job array %s: %w", id, err)
 		}

@@ -22,6 +22,7 @@ import (
 	"github.com/gangrun/gangrun/event"
 	"github.com/gangrun/gangrun/internal/cgroup"
 	"github.com/gangrun/gangrun/internal/proc"
+	"github.com/gangrun/gangrun/internal/store"
 	"github.com/gangrun/gangrun/rendezvous"
 	"github.com/gangrun/gangrun/topology"
 )
@@ -102,6 +103,9 @@ type Spec struct {
 	NoRestart func() string
 	// User is Config.User.
 	User *proc.User
+	// RendezvousStore, when set, wraps the store a Consul rendezvous runs on
+	// (rendezvous.Config.WrapStore): a cluster job's step seals what it writes there.
+	RendezvousStore func(store.Store) store.Store
 	// Stdout, Stderr, Report, Log, GuardianArgv, Signals, Subreaper and Events are
 	// handed to the supervisor's Config as they are.
 	Stdout, Stderr, Report io.Writer
@@ -239,7 +243,7 @@ func Prepare(ctx context.Context, spec Spec) (*Prepared, error) {
 	opened, err := rendezvous.Open(ctx, spec.Coordinator, rendezvous.Config{
 		JobID: spec.JobID, NodeName: spec.NodeName, MinNodes: nmin, MaxNodes: nmax, NNodesGiven: spec.NNodesGiven,
 		MaxRestarts: spec.MaxRestarts, AdvertiseAddr: spec.AdvertiseAddr, Getenv: getenv, Log: log, Events: spec.Events,
-		FollowRun: spec.FollowRun,
+		FollowRun: spec.FollowRun, WrapStore: spec.RendezvousStore,
 	})
 	if err != nil {
 		return nil, err

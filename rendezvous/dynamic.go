@@ -212,6 +212,10 @@ func JobPrefixes(jobID string) []string {
 	return []string{jobKey(jobID), "gangrun/heartbeat/" + jobID + "/"}
 }
 
+// Prefixes are the key prefixes that hold every job's rendezvous (JobPrefixes of all
+// jobs).
+func Prefixes() []string { return []string{"gangrun/jobs/", "gangrun/heartbeat/"} }
+
 func (c *Dynamic) heartbeatKey(node string) string {
 	return "gangrun/heartbeat/" + c.cfg.JobID + "/" + node
 }
@@ -1219,7 +1223,11 @@ func (consul) open(_ context.Context, coordinator string, cfg Config) (*Opened, 
 		self = DefaultAddr(addr)
 	}
 	host, _ := os.Hostname()
-	d, err := NewDynamic(s, DynamicConfig{JobID: cfg.JobID, MinNodes: cfg.MinNodes, MaxNodes: cfg.MaxNodes,
+	var rs store.Store = s
+	if cfg.WrapStore != nil {
+		rs = cfg.WrapStore(s)
+	}
+	d, err := NewDynamic(rs, DynamicConfig{JobID: cfg.JobID, MinNodes: cfg.MinNodes, MaxNodes: cfg.MaxNodes,
 		MaxRestarts: cfg.MaxRestarts, Host: host, Log: cfg.Log.Named("rendezvous"), Events: cfg.Events, FollowRun: cfg.FollowRun})
 	if err != nil {
 		s.Close()

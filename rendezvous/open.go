@@ -42,6 +42,10 @@ type Config struct {
 	// Log receives the rendezvous' messages; Events its events (nil: none).
 	Log    *zap.Logger
 	Events event.Sink
+	// WrapStore, when set, wraps the store the Consul rendezvous runs on: a cluster
+	// job's step seals the values it writes and takes only values its peers sealed
+	// (identity.Sealed).
+	WrapStore func(store.Store) store.Store
 }
 
 // Opened is a node's rendezvous as its backend opened it, with what the backend settled.

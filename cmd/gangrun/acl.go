@@ -11,6 +11,7 @@ import (
 
 	"github.com/gangrun/gangrun/acl"
 	"github.com/gangrun/gangrun/audit"
+	"github.com/gangrun/gangrun/identity"
 	"github.com/gangrun/gangrun/internal/store"
 )
 
@@ -248,18 +249,69 @@ func runAudit(ctx context.Context, e *env, args []string) int {
 	if err != nil {
 		return failErr(e, "audit", err)
 	}
+	// Where the agents check MUNGE credentials they seal the entries they write: root
+	// can check each seal (the seals are root's alone to decode), and sees an entry
+	// anyone wrote into Consul for what it is.
+	munge, err := clusterSealer(ctx, e, s)
+	if err != nil {
+		return sealerErr(e, "audit", err)
+	}
+	checks := make([]string, len(entries))
+	for i, a := range entries {
+		checks[i] = checkEntry(ctx, munge, a)
+	}
 	if *asJSON {
-		if entries == nil {
-			entries = []audit.Entry{}
+		type checked struct {
+			audit.Entry
+			// Check is sealed, unsealed, forged (with why), or "" when not checked
+			// (no MUNGE, or not root).
+			Check string `json:"check,omitempty"`
 		}
-		return printJSON(e, entries)
+		out := make([]checked, len(entries))
+		for i, a := range entries {
+			a.Seal = ""
+			out[i] = checked{a, checks[i]}
+		}
+		return printJSON(e, out)
 	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "TIME\tUSER\tTOKEN\tHOST\tACTION\tTARGET\tOWNER\tDETAIL")
-	for _, a := range entries {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", a.At.Format("2006-01-02T15:04:05Z"), a.User, a.Token, a.Host, a.Action, a.Target,
+	head := "TIME\tUSER\tTOKEN\tHOST\tACTION\tTARGET\tOWNER\tDETAIL"
+	if munge != nil {
+		head += "\tCHECK"
+	}
+	fmt.Fprintln(tw, head)
+	for i, a := range entries {
+		line := fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s", a.At.Format("2006-01-02T15:04:05Z"), a.User, a.Token, a.Host, a.Action, a.Target,
 			orDash(a.Owner), orDash(oneLine(a.Detail)))
+		if munge != nil {
+			line += "\t" + orDash(checks[i])
+		}
+		fmt.Fprintln(tw, line)
 	}
 	tw.Flush()
 	return exitOK
+}
+
+// checkEntry says whether audit entry a is sealed by root or the agents, unsealed, or
+// forged (audit.Check), with m (nil: not checked, ""); "" too where this user cannot
+// decode the seals (they are root's).
+func checkEntry(ctx context.Context, m *identity.Munge, a audit.Entry) string {
+	if m == nil {
+		return ""
+	}
+	verify := func(ctx context.Context, cred string, content []byte) (uint32, error) {
+		c, err := m.Verify(ctx, cred, content, identity.Kept)
+		if errors.Is(err, identity.ErrUnauthorized) || errors.Is(err, identity.ErrNoDaemon) || errors.Is(err, identity.ErrNoMunge) {
+			return 0, fmt.Errorf("%w: %v", audit.ErrUncheckable, err)
+		}
+		return c.UID, err
+	}
+	got, why, err := audit.Check(ctx, a, verify, func(uid uint32) bool { return uid == 0 })
+	switch {
+	case err != nil:
+		return ""
+	case got == audit.Forged:
+		return "FORGED: " + why
+	}
+	return got
 }

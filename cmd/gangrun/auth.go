@@ -107,8 +107,8 @@ func sealerErr(e *env, cmd string, err error) int {
 // user running it, its credentials made by m.
 func asker(m *identity.Munge) job.Asker {
 	as := job.Asker{User: currentUser(), Wait: job.DefaultRequestWait}
-	if m != nil { // a nil *identity.Munge is no nil Sealer
-		as.Sealer = m
+	if m != nil { // a nil *identity.Munge is no nil Prover
+		as.Prover = m
 	}
 	return as
 }

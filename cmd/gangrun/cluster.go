@@ -676,7 +676,7 @@ func runCancel(ctx context.Context, e *env, args []string) int {
 	case who.Role == acl.RoleUser:
 		as := job.Asker{User: who.User, Wait: job.DefaultRequestWait}
 		if munge != nil {
-			as.Sealer = munge
+			as.Prover = munge
 		}
 		return cancelAs(ctx, e, s, as, fs.Args())
 	case who.Role == acl.RoleOpen && munge != nil:

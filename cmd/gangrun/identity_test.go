@@ -514,3 +514,225 @@ func TestAgentRefusesWithoutIdentity(t *testing.T) {
 		t.Errorf("a refused agent registered: %+v", n)
 	}
 }
+
+// TestIdentityAttacksOnWhatJobsTrust: the attacks a breaker found past the first round
+// of checks, each refused on a default cluster (no ACLs, MUNGE), mallory as the local
+// user: (1) the rendezvous of root's next job taken over before it starts (its leader
+// key, state and assignment written by her, with GANGRUN_RESUME_FROM pointing at her
+// files and her master port): the job never takes her assignment; (2) answers forged
+// in root's request box before the elected agent answers: root's cancel and drain say
+// the answer is not the cluster's (exit 1) instead of reporting success; (3) root's
+// drain request replayed after the replay marker was deleted: refused; (4) an audit
+// entry written by her: `gangrun audit` (root) marks it, the agent's entries are sealed.
+func TestIdentityAttacksOnWhatJobsTrust(t *testing.T) {
+	unixUsers(t, "mallory")
+	consul := consultest.Start(t).Addr
+	startAgentWith(t, consul, "tr-a", nil)
+	waitUntilFor(t, 60*time.Second, func() bool { n := nodesJSON(t, consul); return len(n) == 1 && n[0].State == "up" }, "the agent up")
+	s, err := store.NewConsul(consul)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	dir := sharedDir(t)
+	t.Chdir(dir)
+
+	// (1) The rendezvous of root's next job, taken over by mallory first.
+	seq, _ := s.Get(ctx, "gangrun/batch/jobseq")
+	next := 1
+	if seq != nil {
+		next, _ = strconv.Atoi(string(seq.Value))
+		next++
+	}
+	prefix := fmt.Sprintf("gangrun/jobs/%d/", next)
+	sess, err := s.CreateSession(ctx, store.SessionOptions{Name: "mallory", TTL: time.Minute, Behavior: store.DeleteKeys})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.DestroySession(context.Background(), sess)
+	evil := filepath.Join(dir, "evil-ckpt")
+	if _, err := s.Txn(ctx, []store.Op{{Verb: store.Lock, Key: prefix + "ctl/leader", Value: []byte("tr-a"), Session: sess},
+		{Verb: store.Set, Key: prefix + "ctl/state", Value: []byte(`{"run":"evil","round":0,"status":"open","failures":0,"nnodes":"1","max_restarts":3}`)}}); err != nil {
+		t.Fatal(err)
+	}
+	// As the job's leader she waits for the step to join, then closes the round with
+	// her assignment: her checkpoint to resume from, her master port.
+	hijacked := make(chan bool, 1)
+	go func() {
+		var idx uint64
+		deadline := time.Now().Add(30 * time.Second)
+		for time.Now().Before(deadline) {
+			entries, i, err := s.WatchList(ctx, prefix+"members/", idx, time.Second)
+			if err != nil {
+				break
+			}
+			idx = i
+			if len(entries) == 0 {
+				continue
+			}
+			_, err = s.Txn(ctx, []store.Op{
+				{Verb: store.Set, Key: prefix + "rounds/0/tr-a", Value: []byte(`{"run":"evil","job_id":"` + strconv.Itoa(next) + `","round":0,"restart_count":0,"node_rank":0,"nnodes":1,` +
+					`"local_world_size":1,"world_size":1,"rank_offset":0,"master_addr":"127.0.0.1","master_port":29999,"resume_from":"` + evil + `"}`)},
+				{Verb: store.Set, Key: prefix + "ctl/state", Value: []byte(`{"run":"evil","round":0,"status":"running","failures":0,"nnodes":"1","max_restarts":3}`)}})
+			hijacked <- err == nil
+			return
+		}
+		hijacked <- false
+	}()
+	code, out, errOut := inProcess("submit", "--consul", consul, "--output", "trusting-%j.out", "--checkpoint-dir", filepath.Join(dir, "ckpt"),
+		"--", "/bin/sh", "-c", `echo "resume=$GANGRUN_RESUME_FROM port=$MASTER_PORT"`)
+	if code != 0 || strings.TrimSpace(out) != strconv.Itoa(next) {
+		t.Fatalf("root's submit: exit %d %q %s (want job %d)", code, out, errOut, next)
+	}
+	if !<-hijacked {
+		t.Fatal("the step never joined mallory's round: the attack was not made")
+	}
+	time.Sleep(8 * time.Second) // time enough for a step to take a forged round
+	if b, _ := os.ReadFile(filepath.Join(dir, fmt.Sprintf("trusting-%d.out", next))); strings.Contains(string(b), "resume=") {
+		t.Errorf("root's job ran with mallory's rendezvous: %q", b)
+	}
+	// Her lock gone, the job runs on its own rendezvous.
+	if err := s.DestroySession(ctx, sess); err != nil {
+		t.Fatal(err)
+	}
+	waitUntilFor(t, 90*time.Second, func() bool {
+		j, err := job.Read(ctx, s, strconv.Itoa(next))
+		return err == nil && j.State.Status.Final()
+	}, "root's job ended")
+	b, _ := os.ReadFile(filepath.Join(dir, fmt.Sprintf("trusting-%d.out", next)))
+	if !strings.Contains(string(b), "[rank0]: resume= port=") || strings.Contains(string(b), "29999") || strings.Contains(string(b), evil) {
+		t.Errorf("root's job's output: %q, want it run on its own rendezvous (no resume, its own port)", b)
+	}
+
+	// (2) Answers forged in root's box: mallory answers before the agent can.
+	code, out, _ = inProcess("submit", "--consul", consul, "--", "sleep", "300")
+	if code != 0 {
+		t.Fatal("root's second submit")
+	}
+	victim := strings.TrimSpace(out)
+	waitUntilFor(t, 60*time.Second, func() bool { j, _ := job.Read(ctx, s, victim); return j != nil && j.State.Status == job.Running }, "root's job running")
+	stop := make(chan struct{})
+	forger := make(chan struct{})
+	go func() { // answers every new request in root's box at once, as a watching script would
+		defer close(forger)
+		var idx uint64
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			entries, i, err := s.WatchList(ctx, acl.UsersPrefix+"root/", idx, time.Second)
+			if err != nil {
+				return
+			}
+			idx = i
+			for _, e := range entries {
+				var v map[string]json.RawMessage
+				if json.Unmarshal(e.Value, &v) != nil || v["answer"] != nil {
+					continue
+				}
+				v["answer"] = json.RawMessage(`{"at":"2026-12-04T00:00:00Z","cancelled":1}`)
+				b, _ := json.Marshal(v)
+				_, _ = s.Txn(ctx, []store.Op{{Verb: store.CAS, Key: e.Key, Value: b, Index: e.ModifyIndex}})
+			}
+		}
+	}()
+	for _, args := range [][]string{{"cancel", victim}, {"drain", "tr-a", "--reason", "replacing GPU 3"}} {
+		code, out, errOut := inProcess(append([]string{args[0], "--consul", consul}, args[1:]...)...)
+		if code != 1 || !strings.Contains(errOut, "the answer is not the cluster's") || strings.Contains(out, "cancelled") || strings.Contains(out, "drained") {
+			t.Errorf("root's %s with a forged answer: exit %d, %q %q; want exit 1 saying the answer is not the cluster's", args[0], code, out, errOut)
+		}
+	}
+	close(stop)
+	<-forger
+	if j, _ := job.Read(ctx, s, victim); j == nil || j.State.Status != job.Running {
+		t.Errorf("root's job after the forged cancel: %+v", j)
+	}
+
+	// (3) Root's drain, then resume; the drain request replayed with its marker deleted.
+	var drainReq store.Entry
+	replayDone := make(chan struct{})
+	go func() { // keeps a copy of root's drain request, as a watching script would
+		defer close(replayDone)
+		var idx uint64
+		for i := 0; i < 50; i++ {
+			entries, ix, err := s.WatchList(ctx, acl.UsersPrefix+"root/", idx, time.Second)
+			if err != nil {
+				return
+			}
+			idx = ix
+			for _, e := range entries {
+				if strings.Contains(e.Key, "/drain-") {
+					drainReq = e
+					return
+				}
+			}
+		}
+	}()
+	if code, _, errOut := inProcess("drain", "--consul", consul, "tr-a", "--reason", "fan swap"); code != 0 {
+		t.Fatalf("root's drain: %d %s", code, errOut)
+	}
+	<-replayDone
+	if drainReq.Key == "" {
+		t.Fatal("the drain request was not seen")
+	}
+	if code, _, errOut := inProcess("resume", "--consul", consul, "tr-a"); code != 0 {
+		t.Fatalf("root's resume: %d %s", code, errOut)
+	}
+	if _, err := s.Txn(ctx, []store.Op{{Verb: store.DeleteTree, Key: "gangrun/batch/seen/"}}); err != nil {
+		t.Fatal(err)
+	}
+	var v map[string]json.RawMessage
+	_ = json.Unmarshal(drainReq.Value, &v)
+	delete(v, "answer")
+	delete(v, "seal")
+	replayed, _ := json.Marshal(v)
+	put(t, s, drainReq.Key, replayed)
+	waitUntilFor(t, 30*time.Second, func() bool {
+		e, _ := s.Get(ctx, drainReq.Key)
+		var got struct{ Answer *job.Answer }
+		return e != nil && json.Unmarshal(e.Value, &got) == nil && got.Answer != nil
+	}, "the replayed drain answered")
+	if c, _ := allocator.Snapshot(ctx, s); c.Nodes["tr-a"] == nil || c.Nodes["tr-a"].Drain != nil {
+		t.Errorf("tr-a drained again by a replayed request")
+	}
+
+	// (4) An audit entry written by her, as root's.
+	forgedEntry, _ := json.Marshal(audit.Entry{At: time.Now().UTC(), User: "root", Token: "munge", Host: "vm", Action: audit.ActionDrain, Target: "node tr-a", Detail: "forged"})
+	put(t, s, fmt.Sprintf("%s%s/%019d-deadbeef", audit.Prefix, time.Now().UTC().Format("2006-01-02"), time.Now().UnixNano()), forgedEntry)
+	code, out, errOut = inProcess("audit", "--consul", consul, "--json")
+	if code != 0 {
+		t.Fatalf("audit: %d %s", code, errOut)
+	}
+	var entries []struct {
+		audit.Entry
+		Check string `json:"check"`
+	}
+	if err := json.Unmarshal([]byte(out), &entries); err != nil {
+		t.Fatal(err)
+	}
+	sealed, forged := 0, 0
+	for _, e := range entries {
+		switch {
+		case e.Detail == "forged" && e.Check == audit.Unsealed:
+			forged++
+		case e.Detail == "forged":
+			t.Errorf("the forged entry checks %q, want unsealed", e.Check)
+		case e.Check == audit.Sealed:
+			sealed++
+		default:
+			t.Errorf("the agent's entry %+v checks %q, want sealed", e.Entry, e.Check)
+		}
+	}
+	if forged != 1 || sealed < 3 {
+		t.Errorf("audit: %d forged and %d sealed entries, want 1 and at least 3 (drain, resume, the replay's refusal):\n%s", forged, sealed, out)
+	}
+	if code, out, _ := inProcess("audit", "--consul", consul); code != 0 || !strings.Contains(out, "CHECK") || !strings.Contains(out, "unsealed") {
+		t.Errorf("audit table: exit %d:\n%s", code, out)
+	}
+	if code, _, _ := inProcess("cancel", "--consul", consul, victim); code != 0 {
+		t.Errorf("root's cancel")
+	}
+}

@@ -142,8 +142,9 @@ func runSubmit(ctx context.Context, e *env, args []string) int {
 		return sealerErr(e, "submit", err)
 	}
 	var sealer job.Sealer
-	if munge != nil {
-		sealer = munge
+	var prover job.Prover
+	if munge != nil { // a nil *identity.Munge is no nil interface
+		sealer, prover = munge, munge
 	}
 	var id string
 	var tasks []string
@@ -157,7 +158,7 @@ func runSubmit(ctx context.Context, e *env, args []string) int {
 		if spec.User != who.User {
 			fmt.Fprintf(e.stderr, "gangrun submit: submitting as %s, your token's user (not as %s)\n", who.User, spec.User)
 		}
-		id, tasks, err = job.Asker{User: who.User, Sealer: sealer, Wait: job.DefaultRequestWait}.Submit(ctx, s, spec, array)
+		id, tasks, err = job.Asker{User: who.User, Prover: prover, Wait: job.DefaultRequestWait}.Submit(ctx, s, spec, array)
 	case array != nil:
 		id, tasks, err = job.SubmitArraySealed(ctx, s, spec, *array, sealer)
 	default:
