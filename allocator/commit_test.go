@@ -263,7 +263,9 @@ func TestCommitRefusesAGPUAnotherJobHolds(t *testing.T) {
 		}
 		jobs = append(jobs, PendingRequest{Request: r, Index: e.ModifyIndex})
 	}
-	on := func() []GrantNode { return []GrantNode{{Name: "a", GPUs: []int{3}, Devices: []string{"3"}, Session: agent}} }
+	on := func() []GrantNode {
+		return []GrantNode{{Name: "a", GPUs: []int{3}, Devices: []string{"3"}, Session: agent}}
+	}
 	if err := sc.commit(ctx, jobs[0], on()); err != nil {
 		t.Fatalf("the first job's grant: %v", err)
 	}

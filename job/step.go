@@ -369,7 +369,7 @@ func (st *step) prepare(ctx context.Context, gn allocator.GrantNode, out io.Writ
 		CheckpointDir: ckpt, Stdout: out, Stderr: out, Report: out, Log: st.log,
 		GuardianArgv: st.cfg.GuardianArgv, Signals: st.stop, Subreaper: st.cfg.Subreaper, User: st.user,
 		RendezvousStore: sealedRendezvous(st.cfg.Prover, spec.ID),
-		Events: &attempts{step: st, ch: make(chan event.Event, 64)},
+		Events:          &attempts{step: st, ch: make(chan event.Event, 64)},
 		// A worker that dies while the job is being stopped (a pre-emption's SIGUSR1
 		// that it does not handle) ends the step: no restart in the grace.
 		NoRestart: func() string {
