@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/consul/api"
+
+	"github.com/gangrun/gangrun/internal/userfile"
 )
 
 // Consul is the Store on a Consul cluster, through github.com/hashicorp/consul/api.
@@ -576,6 +578,10 @@ func (s *Consul) SessionExists(ctx context.Context, id string) (bool, error) {
 	return se != nil, nil
 }
 
+// maxTokenFileBytes bounds how much of CONSUL_HTTP_TOKEN_FILE is read, in bytes: a
+// token is a 36-character UUID.
+const maxTokenFileBytes = 4 << 10
+
 // checkToken refuses a token that could not be sent as the X-Consul-Token header (a
 // file of two lines, a control character): consul/api would fail every request with
 // net/http's "invalid header field value", and an agent would retry for ever. The error
@@ -583,9 +589,10 @@ func (s *Consul) SessionExists(ctx context.Context, id string) (bool, error) {
 func checkToken(cfg *api.Config) error {
 	token, from := cfg.Token, api.HTTPTokenEnvName
 	if token == "" && cfg.TokenFile != "" {
-		b, err := os.ReadFile(cfg.TokenFile)
+		// A token file that is a FIFO or a device is refused, not read for ever.
+		b, err := userfile.ReadFile(cfg.TokenFile, maxTokenFileBytes)
 		if err != nil {
-			return fmt.Errorf("%s %s: %w", api.HTTPTokenFileEnvName, cfg.TokenFile, err)
+			return fmt.Errorf("%s %w", api.HTTPTokenFileEnvName, err)
 		}
 		token, from = strings.TrimSpace(string(b)), api.HTTPTokenFileEnvName+" "+cfg.TokenFile
 	}
