@@ -92,18 +92,27 @@ func runAcct(ctx context.Context, e *env, args []string) int {
 	return exitOK
 }
 
+// minAcctYear is the earliest year --since and --until take: the Unix epoch's.
+const minAcctYear = 1970
+
 // parseWhen reads --since and --until: a UTC date (YYYY-MM-DD), a date and time
 // (YYYY-MM-DDTHH:MM[:SS], or RFC 3339 with a zone), or a time before now: a Go
 // duration (90m, 36h) or whole days (7d).
 func parseWhen(v string, now time.Time) (time.Time, error) {
 	for _, layout := range []string{time.RFC3339, "2006-01-02T15:04:05", "2006-01-02T15:04", "2006-01-02"} {
 		if t, err := time.Parse(layout, v); err == nil {
+			if t.UTC().Year() < minAcctYear {
+				return time.Time{}, fmt.Errorf("want a date from %d-01-01 on (no job ended before)", minAcctYear)
+			}
 			return t.UTC(), nil
 		}
 	}
 	if d, ok := strings.CutSuffix(v, "d"); ok {
 		if n, err := strconv.Atoi(d); err == nil && n >= 0 && n <= 100000 {
-			return now.AddDate(0, 0, -n), nil
+			if t := now.AddDate(0, 0, -n); t.Year() >= minAcctYear {
+				return t, nil
+			}
+			return time.Time{}, fmt.Errorf("want at most %d days ago (%d-01-01: no job ended before)", int(now.Sub(time.Date(minAcctYear, 1, 1, 0, 0, 0, 0, time.UTC)).Hours()/24), minAcctYear)
 		}
 	}
 	if d, err := time.ParseDuration(v); err == nil && d >= 0 && d <= maxWait {
