@@ -1210,7 +1210,7 @@ func (consul) open(_ context.Context, coordinator string, cfg Config) (*Opened, 
 	if err != nil {
 		return nil, err
 	}
-	s, err := store.NewConsul(addr)
+	s, err := store.NewConsulFrom(addr, "--coordinator")
 	if err != nil {
 		return nil, &UsageError{Err: err}
 	}

@@ -44,7 +44,7 @@ func openStore(e *env, cmd, addr string) (*store.Consul, int) {
 			return nil, usageErr(e, cmd, "%v", err)
 		}
 	}
-	s, err := store.NewConsul(addr)
+	s, err := store.NewConsulFrom(addr, "--consul")
 	if err != nil {
 		return nil, usageErr(e, cmd, "%v", err)
 	}

@@ -257,7 +257,14 @@ func usageErr(e *env, cmd string, format string, a ...any) int {
 
 // failErr prints a one-line failure for cmd and returns exit code 1; 2 when Consul's
 // ACLs refused the request (store.ErrPermissionDenied: nothing was done, docs/acl.md).
+//
+// A Consul that could not be reached at all is said alone, naming its address and where
+// that came from (store.UnavailableError), without the operations that wrapped it.
 func failErr(e *env, cmd string, err error) int {
+	var ue *store.UnavailableError
+	if errors.As(err, &ue) && ue.Unreachable() {
+		err = ue
+	}
 	fmt.Fprintf(e.stderr, "gangrun %s: %s\n", cmd, oneLine(err.Error()))
 	if errors.Is(err, store.ErrPermissionDenied) {
 		return exitUsage

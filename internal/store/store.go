@@ -19,7 +19,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"strconv"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -234,9 +237,48 @@ var ErrUnavailable = errors.New("coordinator unavailable")
 type UnavailableError struct {
 	Op  string
 	Err error
+	// Addr and From are set when no connection to Consul could be made at all (refused,
+	// no such host, no route, a dial timeout): the address dialled and where it came
+	// from ("--consul", "CONSUL_HTTP_ADDR", "the default"). Error then says so in
+	// words a user can act on, instead of the request's URL.
+	Addr, From string
 }
 
-func (e *UnavailableError) Error() string { return e.Op + ": " + e.Err.Error() }
+// Error returns "OP: CAUSE", or for a connection that could not be made "cannot reach
+// Consul at ADDR (FROM): CAUSE; start a Consul agent there, or give its address with
+// --consul or CONSUL_HTTP_ADDR".
+func (e *UnavailableError) Error() string {
+	if e.Addr == "" {
+		return e.Op + ": " + e.Err.Error()
+	}
+	return fmt.Sprintf("cannot reach Consul at %s (%s): %s; start a Consul agent there, or give its address with --consul or CONSUL_HTTP_ADDR",
+		e.Addr, e.From, dialCause(e.Err))
+}
+
+// Unreachable reports whether the error is a connection that could not be made (Addr
+// set): the message a command prints alone, without the operations that wrap it.
+func (e *UnavailableError) Unreachable() bool { return e.Addr != "" }
+
+// dialCause returns the system's reason a dial failed ("connection refused", "no such
+// host", "i/o timeout"), without the URL and the addresses net/http puts around it.
+func dialCause(err error) string {
+	var dns *net.DNSError
+	if errors.As(err, &dns) {
+		return "no such host " + strconv.Quote(dns.Name)
+	}
+	var errno syscall.Errno
+	if errors.As(err, &errno) {
+		return errno.Error()
+	}
+	var oe *net.OpError
+	if errors.As(err, &oe) && oe.Err != nil {
+		if oe.Timeout() {
+			return "no answer to the connection (timed out)"
+		}
+		return oe.Err.Error()
+	}
+	return err.Error()
+}
 
 // Unwrap returns the cause.
 func (e *UnavailableError) Unwrap() error { return e.Err }
