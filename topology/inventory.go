@@ -402,7 +402,6 @@ func Decode(data []byte) (*Inventory, error) {
 	return inv, nil
 }
 
-
 // Validate checks the inventory's internal consistency: GPU indices unique and
 // non-negative, links between known GPUs with A < B and no pair twice, GPU NICs naming
 // known RDMA devices, names unique. The error names the first bad value.
