@@ -144,7 +144,7 @@ type Agent struct {
 
 // NewAgent checks cfg and returns an agent for it.
 func NewAgent(s store.Store, cfg AgentConfig) (*Agent, error) {
-	if err := store.CheckSegment("node name", cfg.Node); err != nil {
+	if err := store.CheckNodeName("node name", cfg.Node); err != nil {
 		return nil, err
 	}
 	if cfg.Inventory == nil {

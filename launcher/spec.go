@@ -22,6 +22,7 @@ import (
 	"github.com/gangrun/gangrun/event"
 	"github.com/gangrun/gangrun/internal/cgroup"
 	"github.com/gangrun/gangrun/internal/proc"
+	"github.com/gangrun/gangrun/internal/store"
 	"github.com/gangrun/gangrun/rendezvous"
 	"github.com/gangrun/gangrun/topology"
 )
@@ -143,6 +144,21 @@ func Prepare(ctx context.Context, spec Spec) (*Prepared, error) {
 		return nil, errors.New("no command to run: give it after --, as in gangrun run -- python train.py")
 	}
 	if err := checkMaxRestarts(spec.MaxRestarts); err != nil {
+		return nil, err
+	}
+	// Names first: a job id becomes a scratch directory's and a cgroup's name, so a bad
+	// one is refused before either is made.
+	if spec.JobID != "" {
+		if err := store.CheckSegment("--job-id", spec.JobID); err != nil {
+			return nil, err
+		}
+	}
+	if spec.NodeName != "" {
+		if err := store.CheckNodeName("--node-name", spec.NodeName); err != nil {
+			return nil, err
+		}
+	}
+	if err := checkWarmImports(spec.WarmImports); err != nil {
 		return nil, err
 	}
 	if spec.HangTimeout < 0 {

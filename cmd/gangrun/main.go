@@ -14,6 +14,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"unicode"
@@ -23,6 +24,7 @@ import (
 
 	"github.com/gangrun/gangrun/internal/cgroup"
 	"github.com/gangrun/gangrun/internal/proc"
+	"github.com/gangrun/gangrun/internal/quote"
 	"github.com/gangrun/gangrun/internal/store"
 )
 
@@ -277,8 +279,17 @@ func failErr(e *env, cmd string, err error) int {
 // format characters (U+202E reorders the rest of the line) and invalid UTF-8, written
 // as \u202e or \xff. Values in messages are quoted with %q where they are built; this
 // catches a path or a name that was not.
+//
+// A word longer than maxWordBytes (a 100 KB value a message quotes) is shortened to its
+// first bytes and its length (quote.Short): the value is named, never echoed whole.
 func oneLine(s string) string {
-	s = strings.Join(strings.Fields(s), " ")
+	words := strings.Fields(s)
+	for i, w := range words {
+		if len(w) > maxWordBytes {
+			words[i] = shortWord(w)
+		}
+	}
+	s = strings.Join(words, " ")
 	var b strings.Builder
 	for i, r := range s {
 		switch {
@@ -291,6 +302,25 @@ func oneLine(s string) string {
 		}
 	}
 	return b.String()
+}
+
+// maxWordBytes is the longest word, in bytes, a message shows whole: longer than any
+// path or name a message needs (a path is at most 4096 bytes, but one that long is
+// better shown shortened too).
+const maxWordBytes = 200
+
+// shortWord shortens w to quote.Head and its length, keeping a closing quote and the
+// punctuation after it: "xxxx..." (100002 bytes):
+func shortWord(w string) string {
+	punct := ""
+	if n := len(w); n > 0 && (w[n-1] == ':' || w[n-1] == ',' || w[n-1] == ';') {
+		w, punct = w[:n-1], w[n-1:]
+	}
+	closing := ""
+	if strings.HasPrefix(w, `"`) && strings.HasSuffix(w, `"`) {
+		closing = `"`
+	}
+	return quote.Head(w) + "..." + closing + " (" + strconv.Itoa(len(w)) + " bytes)" + punct
 }
 
 // writeJSON writes v to w as indented JSON, HTML characters unescaped.
