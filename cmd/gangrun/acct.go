@@ -8,6 +8,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/gangrun/gangrun/internal/quote"
+	"github.com/gangrun/gangrun/internal/store"
 	"github.com/gangrun/gangrun/job"
 )
 
@@ -31,6 +33,14 @@ func runAcct(ctx context.Context, e *env, args []string) int {
 	if fs.NArg() > 0 {
 		return usageErr(e, "acct", "unexpected argument %q: acct takes flags only", fs.Arg(0))
 	}
+	// A user or account is a name the records carry, never a path: "a/b" names none.
+	for _, f := range []struct{ flag, v string }{{"--user", *user}, {"--account", *account}} {
+		if f.v != "" {
+			if err := store.CheckSegment(f.flag, f.v); err != nil {
+				return usageErr(e, "acct", "%v", err)
+			}
+		}
+	}
 	now := time.Now().UTC()
 	since := now.Truncate(24 * time.Hour)
 	if *report {
@@ -40,12 +50,12 @@ func runAcct(ctx context.Context, e *env, args []string) int {
 	var err error
 	if *sinceFlag != "" {
 		if since, err = parseWhen(*sinceFlag, now); err != nil {
-			return usageErr(e, "acct", "--since %q: %v", *sinceFlag, err)
+			return usageErr(e, "acct", "--since %s: %v", quote.Q(*sinceFlag), err)
 		}
 	}
 	if *untilFlag != "" {
 		if until, err = parseWhen(*untilFlag, now); err != nil {
-			return usageErr(e, "acct", "--until %q: %v", *untilFlag, err)
+			return usageErr(e, "acct", "--until %s: %v", quote.Q(*untilFlag), err)
 		}
 	}
 	if !since.Before(until) {
@@ -55,7 +65,7 @@ func runAcct(ctx context.Context, e *env, args []string) int {
 	if *state != "" {
 		st = job.Status(strings.ToUpper(*state))
 		if !st.Final() {
-			return usageErr(e, "acct", "--state %q: want an end state: COMPLETED, FAILED, CANCELLED, TIMEOUT or NODE_FAIL", *state)
+			return usageErr(e, "acct", "--state %s: want an end state: COMPLETED, FAILED, CANCELLED, TIMEOUT or NODE_FAIL", quote.Q(*state))
 		}
 		if *report {
 			return usageErr(e, "acct", "--state %q: --report sums every end state (drop --state)", *state)

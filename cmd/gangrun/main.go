@@ -166,7 +166,21 @@ func dispatch(ctx context.Context, e *env, args []string) int {
 		return exitUsage
 	}
 	switch args[0] {
-	case "-h", "--help", "help":
+	case "help":
+		// help CMD is CMD --help, as git's; a command that does not exist is a usage
+		// error, not the list with exit 0.
+		if len(args) > 1 && args[1] != "-h" && args[1] != "--help" {
+			for _, c := range commands() {
+				if c.name == args[1] {
+					return c.run(ctx, e, []string{"--help"})
+				}
+			}
+			fmt.Fprintf(e.stderr, "gangrun help: unknown command %s (run 'gangrun help' for the list)\n", oneLine(quote.Q(args[1])))
+			return exitUsage
+		}
+		usage(e.stdout)
+		return exitOK
+	case "-h", "--help":
 		usage(e.stdout)
 		return exitOK
 	case "-v", "--version":
@@ -187,7 +201,7 @@ func dispatch(ctx context.Context, e *env, args []string) int {
 			return c.run(ctx, e, args[1:])
 		}
 	}
-	fmt.Fprintf(e.stderr, "gangrun: unknown command %q (run 'gangrun help' for the list)\n", args[0])
+	fmt.Fprintf(e.stderr, "gangrun: unknown command %s (run 'gangrun help' for the list)\n", oneLine(quote.Q(args[0])))
 	return exitUsage
 }
 

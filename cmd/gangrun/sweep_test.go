@@ -328,7 +328,7 @@ func sweepCases(t *testing.T, fx *sweepFixtures, consul string) []sweepCase {
 		{"a directory", fx.subdir, fx.subdir}, {"/dev/zero", "/dev/zero", "/dev/zero"}, {"a link to /dev/zero", fx.zeroLink, fx.zeroLink},
 		{"a link loop", fx.loop, fx.loop}, {"missing", fx.missing, fx.missing}, {"empty", fx.empty, fx.empty},
 		{"2 MB of x", fx.big, fx.big}, {"binary", fx.binary, fx.binary}, {"/proc/self/mem", "/proc/self/mem", "/proc/self/mem"},
-		{"an empty path", "", `""`}, {"/dev/stdin", "/dev/stdin", "/dev/stdin"},
+		{"an empty path", "", "empty"}, {"/dev/stdin", "/dev/stdin", "/dev/stdin"},
 	}
 	for _, s := range specials {
 		for _, pos := range []struct {
@@ -361,15 +361,25 @@ func sweepCases(t *testing.T, fx *sweepFixtures, consul string) []sweepCase {
 	} {
 		needle := s.path
 		if needle == "" {
-			needle = `""`
+			needle = "empty"
 		}
 		add(sweepCase{group: "dir", name: "run --checkpoint-dir " + s.name, args: run("--checkpoint-dir", s.path), needle: needle})
 		add(sweepCase{group: "dir", name: "run --log-dir " + s.name, args: run("--log-dir", s.path), needle: needle})
 		add(sweepCase{group: "dir", name: "submit --checkpoint-dir " + s.name, args: []string{"submit", "--checkpoint-dir", s.path, "--", "true"}, env: up, needle: needle})
 		for _, sub := range []string{"latest", "ls", "verify"} {
-			add(sweepCase{group: "dir", name: "ckpt " + sub + " " + s.name, args: []string{"ckpt", sub, s.path}, needle: needle})
+			c := sweepCase{group: "dir", name: "ckpt " + sub + " " + s.name, args: []string{"ckpt", sub, s.path}, needle: needle}
+			// verify judges any path (exit 1, incomplete, and why on stdout); /proc/1 is
+			// a directory to list like any other.
+			if sub == "verify" && s.path != "" || s.path == "/proc/1" {
+				c.want = wantSafe
+			}
+			add(c)
 		}
-		add(sweepCase{group: "dir", name: "ckpt prune " + s.name, args: []string{"ckpt", "prune", s.path, "--keep", "1", "--yes"}, needle: needle})
+		c := sweepCase{group: "dir", name: "ckpt prune " + s.name, args: []string{"ckpt", "prune", s.path, "--keep", "1", "--yes"}, needle: needle}
+		if s.path == "/proc/1" {
+			c.want = wantSafe
+		}
+		add(c)
 	}
 	// Outputs.
 	for _, s := range []struct{ name, path string }{
@@ -487,10 +497,10 @@ func sweepCases(t *testing.T, fx *sweepFixtures, consul string) []sweepCase {
 		{"submit --dependency", []string{"submit", "--dependency", "afterok:" + long, "--", "true"}, up},
 		{"submit --checkpoint-dir", []string{"submit", "--checkpoint-dir", "/tmp/" + long, "--", "true"}, up},
 		{"submit --gpus-per-node type", []string{"submit", "--gpus-per-node", long + ":1", "--", "true"}, up},
-		{"alloc --gpu-model", []string{"alloc", "--gpu-model", long, "--wait", "1s"}, up},
-		{"alloc --partition", []string{"alloc", "--partition", long, "--wait", "1s"}, up},
-		{"alloc --account", []string{"alloc", "--account", long, "--wait", "1s"}, up},
-		{"alloc --labels", []string{"alloc", "--labels", "k=" + long, "--wait", "1s"}, up},
+		{"alloc --gpu-model", []string{"alloc", "--gpu-model", long, "--wait", "1s", "--", "/bin/true"}, up},
+		{"alloc --partition", []string{"alloc", "--partition", long, "--wait", "1s", "--", "/bin/true"}, up},
+		{"alloc --account", []string{"alloc", "--account", long, "--wait", "1s", "--", "/bin/true"}, up},
+		{"alloc --labels", []string{"alloc", "--labels", "k=" + long, "--wait", "1s", "--", "/bin/true"}, up},
 		{"acct --user", []string{"acct", "--user", long}, up},
 		{"acct --account", []string{"acct", "--account", long}, up},
 		{"acct --state", []string{"acct", "--state", long}, up},
@@ -553,7 +563,6 @@ func sweepCases(t *testing.T, fx *sweepFixtures, consul string) []sweepCase {
 		{"run --env =1", run("--env", "=1"), nil, `"=1"`},
 		{"run --coordinator etcd://x", run("--coordinator", "etcd://x"), nil, "etcd://x"},
 		{"run --warm-imports not a module", run("--warm-imports", "no such;module"), nil, "no such;module"},
-		{"run --warm-imports a module that does not exist", append([]string{"run", "--warm-restarts", "--warm-imports", "gangrun_no_such_module_x", "--"}, "/usr/bin/python3", "-c", "pass"), nil, "gangrun_no_such_module_x"},
 		{"submit --nodes 100000000", []string{"submit", "--nodes", "100000000", "--", "true"}, up, "100000000"},
 		{"submit --nodes 0", []string{"submit", "--nodes", "0", "--", "true"}, up, `"0"`},
 		{"submit --gpus-per-node 100000000", []string{"submit", "--gpus-per-node", "100000000", "--", "true"}, up, "100000000"},
@@ -566,9 +575,9 @@ func sweepCases(t *testing.T, fx *sweepFixtures, consul string) []sweepCase {
 		{"submit --max-restarts 99999999", []string{"submit", "--max-restarts", "99999999", "--", "true"}, up, "99999999"},
 		{"submit --dependency afterok:", []string{"submit", "--dependency", "afterok:", "--", "true"}, up, "afterok:"},
 		{"submit --uid nosuchuser", []string{"submit", "--uid", "nosuchuser_x", "--", "true"}, up, "nosuchuser_x"},
-		{"alloc --nodes 100000000", []string{"alloc", "--nodes", "100000000", "--wait", "1s"}, up, "100000000"},
-		{"alloc --gpus-per-node 100000000", []string{"alloc", "--gpus-per-node", "100000000", "--wait", "1s"}, up, "100000000"},
-		{"alloc --priority max int64", []string{"alloc", "--priority", "9223372036854775807", "--wait", "1s"}, up, "9223372036854775807"},
+		{"alloc --nodes 100000000", []string{"alloc", "--nodes", "100000000", "--wait", "1s", "--", "/bin/true"}, up, "100000000"},
+		{"alloc --gpus-per-node 100000000", []string{"alloc", "--gpus-per-node", "100000000", "--wait", "1s", "--", "/bin/true"}, up, "100000000"},
+		{"alloc --priority max int64", []string{"alloc", "--priority", "9223372036854775807", "--wait", "1s", "--", "/bin/true"}, up, "9223372036854775807"},
 		{"alloc --wait -1s", []string{"alloc", "--wait", "-1s"}, up, "-1s"},
 		{"bench nccl --iters 0", []string{"bench", "nccl", "--iters", "0"}, nil, "0"},
 		{"bench nccl --min-bytes 1E", []string{"bench", "nccl", "--min-bytes", "1E"}, nil, "1E"},
@@ -584,6 +593,15 @@ func sweepCases(t *testing.T, fx *sweepFixtures, consul string) []sweepCase {
 	} {
 		add(sweepCase{group: "number", name: v.name, args: v.args, env: v.env, needle: v.needle})
 	}
+	// A --warm-imports module that cannot be imported: the restart is cold and says so.
+	add(sweepCase{group: "number", name: "run --warm-imports a module that does not exist", want: wantNote, needle: "cannot import gangrun_no_such_module_x (--warm-imports)",
+		args: []string{"run", "--max-restarts", "1", "--restart-backoff", "0s", "--warm-delay=0s", "--warm-imports", "gangrun_no_such_module_x", "--",
+			"/usr/bin/python3", "{dir}/t.py"}, timeout: 60 * time.Second,
+		setup: func(t *testing.T, _ string) string {
+			d := t.TempDir()
+			mustWriteFile(t, filepath.Join(d, "t.py"), "import os, sys\nsys.exit(3 if os.environ['GANGRUN_ATTEMPT'] == '0' else 0)\n")
+			return d
+		}})
 	// Times and dates.
 	for _, v := range []struct {
 		name, value, needle string
@@ -616,7 +634,9 @@ func sweepCases(t *testing.T, fx *sweepFixtures, consul string) []sweepCase {
 		{"--since", "2024-02-30"}, {"--since", "-5d"}, {"--since", "yesterday"}, {"--until", "0000-01-01"}, {"--since", "2025-01-01T25:00"},
 	} {
 		add(sweepCase{group: "time", name: "acct " + v.flag + " " + v.value, args: []string{"acct", v.flag, v.value}, env: up, needle: v.value})
-		add(sweepCase{group: "time", name: "audit " + v.flag + " " + v.value, args: []string{"audit", v.flag, v.value}, env: up, needle: v.value})
+		if v.flag == "--since" { // audit takes no --until
+			add(sweepCase{group: "time", name: "audit " + v.flag + " " + v.value, args: []string{"audit", v.flag, v.value}, env: up, needle: v.value})
+		}
 	}
 	for _, v := range []string{"9999999999h", "-1s", "1e100s", "soon"} {
 		add(sweepCase{group: "time", name: "run --hang-timeout " + v, args: run("--hang-timeout", v), needle: v})
@@ -644,7 +664,7 @@ func sweepCases(t *testing.T, fx *sweepFixtures, consul string) []sweepCase {
 		{"submit --env A", []string{"submit", "--env", "A", "--", "true"}, up, `"A"`},
 		{"run --job-id a/b", run("--job-id", "a/b"), nil, "a/b"},
 		{"run --node-name -n", run("--node-name", "-n"), nil, `"-n"`},
-		{"alloc --labels =x", []string{"alloc", "--labels", "=x", "--wait", "1s"}, up, "=x"},
+		{"alloc --labels =x", []string{"alloc", "--labels", "=x", "--wait", "1s", "--", "/bin/true"}, up, "=x"},
 		{"acl user a/b", []string{"acl", "user", "a/b"}, up, "a/b"},
 		{"ckpt --format bogus", []string{"ckpt", "ls", fx.ckpt, "--format", "bogus"}, nil, "bogus"},
 		{"ckpt verify a path that does not exist", []string{"ckpt", "verify", "/nonexistent/a/../b"}, nil, "/nonexistent/a/../b"},
@@ -656,7 +676,7 @@ func sweepCases(t *testing.T, fx *sweepFixtures, consul string) []sweepCase {
 	consulCmds := [][]string{
 		{"nodes"}, {"queue"}, {"show", "1"}, {"cancel", "1"}, {"logs", "1"}, {"policy", "show"}, {"policy", "set", fx.goodPolicy},
 		{"acct"}, {"audit"}, {"acl", "whoami"}, {"drain", "n1", "--reason", "r"}, {"resume", "n1"}, {"submit", "--", "true"},
-		{"alloc", "--wait", "1s"},
+		{"alloc", "--wait", "1s", "--", "/bin/true"},
 	}
 	for _, c := range consulCmds {
 		name := strings.Join(c[:min(2, len(c))], " ")
@@ -741,7 +761,6 @@ func sweepCases(t *testing.T, fx *sweepFixtures, consul string) []sweepCase {
 		{"a command that is a directory", []string{"submit", "--", "/tmp"}, "/tmp"},
 		{"--checkpoint-dir under /proc", []string{"submit", "--checkpoint-dir", "/proc/1/x", "--", "true"}, "/proc"},
 		{"--output under a file", []string{"submit", "--output", fx.empty + "/x.out", "--", "true"}, fx.empty},
-		{"--env with a control character", []string{"submit", "--env", "A=\x1b[2J", "--", "true"}, "A="},
 	} {
 		add(sweepCase{group: "submit", name: "submit " + v.name, args: v.args, env: up, needle: v.needle})
 	}
@@ -865,7 +884,11 @@ func runSweepCase(t *testing.T, bin string, fx *sweepFixtures, c sweepCase) swee
 		args[i] = subst(a)
 	}
 	timeout := c.timeout
-	if timeout == 0 {
+	switch {
+	case timeout != 0:
+	case args[0] == "agent":
+		timeout = 10 * time.Second
+	default:
 		timeout = 20 * time.Second
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
@@ -895,6 +918,10 @@ func runSweepCase(t *testing.T, bin string, fx *sweepFixtures, c sweepCase) swee
 		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 		<-done
 		o.class, o.why = "hang", fmt.Sprintf("still running after %s", timeout)
+		if args[0] == "agent" {
+			// A daemon that took its flags runs until stopped: it accepted them.
+			o.class, o.why = "accepted", "the agent took the bad input and ran"
+		}
 	}
 	stdin.Close()
 	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) // anything it left in its group
@@ -914,7 +941,7 @@ func runSweepCase(t *testing.T, bin string, fx *sweepFixtures, c sweepCase) swee
 			return o
 		}
 	}
-	if o.class == "hang" {
+	if o.class == "hang" || o.class == "accepted" {
 		return o
 	}
 	_, startErr := os.Stat(filepath.Join(mark, "started"))
@@ -928,10 +955,12 @@ func runSweepCase(t *testing.T, bin string, fx *sweepFixtures, c sweepCase) swee
 		}
 		return o
 	case wantSafe:
-		if o.code == 0 {
+		if o.code == 0 || o.code == 1 || o.code == 2 {
 			o.class = "ok"
-			return o
+		} else {
+			o.class, o.why = "unclear", fmt.Sprintf("exit %d", o.code)
 		}
+		return o
 	case wantNote:
 		if o.code == 0 {
 			if strings.Contains(o.stderr, c.needle) {
@@ -975,7 +1004,7 @@ func unclearRefusal(args []string, stderr string, code int, c sweepCase) string 
 		return fmt.Sprintf("exit %d: want 2 for bad input (1 for a failure the command reports)", code)
 	case c.code != 0 && code != c.code:
 		return fmt.Sprintf("exit %d, want %d", code, c.code)
-	case !strings.HasPrefix(line, "gangrun "):
+	case !strings.HasPrefix(line, "gangrun ") && !strings.HasPrefix(line, "gangrun:"):
 		return "the last line of stderr does not begin with gangrun COMMAND:"
 	case len(line) > 600:
 		return fmt.Sprintf("a %d-byte message: long values must be shortened", len(line))

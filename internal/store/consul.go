@@ -690,6 +690,9 @@ func checkToken(cfg *api.Config) error {
 			return fmt.Errorf("%s %w", api.HTTPTokenFileEnvName, err)
 		}
 		token, from = strings.TrimSpace(string(b)), api.HTTPTokenFileEnvName+" "+cfg.TokenFile
+		if token == "" {
+			return fmt.Errorf("%s %s: empty: want the token's SecretID (unset the variable to send no token)", api.HTTPTokenFileEnvName, cfg.TokenFile)
+		}
 	}
 	if strings.IndexFunc(token, func(r rune) bool { return r < 0x21 || r == 0x7f }) >= 0 {
 		return fmt.Errorf("%s: the token holds a line break, a space or a control character (want one line: the token's SecretID)", from)

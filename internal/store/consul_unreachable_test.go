@@ -95,3 +95,25 @@ func TestConsulSSLVariablesAreChecked(t *testing.T) {
 		t.Setenv(name, "")
 	}
 }
+
+// TestNamesAreBounded: an id or name longer than MaxSegmentBytes, and a node name DNS
+// would not take, are refused naming them shortened.
+func TestNamesAreBounded(t *testing.T) {
+	long := strings.Repeat("x", 100<<10)
+	if err := CheckSegment("job id", long); err == nil || !strings.Contains(err.Error(), `"`+long[:60]+`"... (102400 bytes): longer than 128 bytes`) {
+		t.Errorf("CheckSegment of 100 KB: %v", err)
+	}
+	if err := CheckSegment("job id", strings.Repeat("x", MaxSegmentBytes)); err != nil {
+		t.Errorf("CheckSegment of %d bytes: %v", MaxSegmentBytes, err)
+	}
+	for _, tc := range []struct{ name, want string }{
+		{"node-01", ""}, {"gpu01.rack2.example.com", ""}, {strings.Repeat("a", 63), ""},
+		{strings.Repeat("a", 64), "a label of 64 bytes: DNS allows 63 between dots"},
+		{"-n", "a label begins or ends with '-'"}, {"a..b", "an empty label"}, {"n/1", "only letters"},
+	} {
+		err := CheckNodeName("--node-name", tc.name)
+		if (tc.want == "") != (err == nil) || err != nil && !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("CheckNodeName(%q) = %v; want %q", tc.name, err, tc.want)
+		}
+	}
+}

@@ -92,7 +92,7 @@ func ReadFile(path string, limit int64) ([]byte, error) {
 	defer f.Close()
 	data, err := io.ReadAll(io.LimitReader(f, limit+1))
 	if err != nil {
-		return nil, pathErr(path, "read: %w", err)
+		return nil, pathErr(path, "read: %w", bareCause(err))
 	}
 	if int64(len(data)) > limit {
 		return nil, pathErr(path, "%w: longer than %d bytes", ErrTooLarge, limit)
@@ -130,6 +130,9 @@ func Create(path string, perm fs.FileMode, inputs ...string) (*os.File, error) {
 		}
 		if errors.Is(err, unix.EISDIR) {
 			return nil, pathErr(path, "is a directory, %w", ErrNotRegular)
+		}
+		if fsys := PseudoFS(path); fsys != "" {
+			return nil, pathErr(path, "cannot be created: %s is in the kernel's %s file system, where no files can be created", ExistingAncestor(path), fsys)
 		}
 		return nil, &Error{Path: path, Err: describeOpenError("a regular file", err)}
 	}
@@ -222,6 +225,16 @@ func describeOpenError(want string, err error) error {
 		return causeError{"too many levels of symbolic links (a link loop)", err}
 	case errors.Is(err, unix.ENAMETOOLONG):
 		return causeError{"file name too long (over 255 bytes in one name, or 4095 in the path)", err}
+	}
+	return err
+}
+
+// bareCause returns the system's error inside a *fs.PathError (which names the path a
+// second time), else err.
+func bareCause(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
 	}
 	return err
 }
