@@ -1,13 +1,18 @@
 package job
 
 import (
+	"context"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gangrun/gangrun/internal/store"
 )
 
 // TestParseTimeAsSbatchReadsIt: Slurm's time_str2secs grammar exactly (its
@@ -172,6 +177,38 @@ func TestCheckHere(t *testing.T) {
 		}
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v; want %q", tc.name, err, tc.want)
+		}
+	}
+}
+
+// TestLogsOfAFIFOOutputDoNotBlock: a job whose output path is a named pipe, a
+// directory or a device is refused at once, naming it, with or without --follow.
+func TestLogsOfAFIFOOutputDoNotBlock(t *testing.T) {
+	ctx := context.Background()
+	s := store.NewMemory()
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "out.fifo")
+	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for i, tc := range []struct{ output, want string }{
+		{fifo, "is a named pipe (FIFO), want a regular file"},
+		{dir, "is a directory, want a regular file"},
+		{"/dev/zero", "is a character device, want a regular file"},
+	} {
+		id := strconv.Itoa(10 + i)
+		putJob(t, s, Job{Spec: Spec{ID: id, User: "alice", WorkDir: dir, Output: tc.output}, State: State{Status: Completed}})
+		for _, follow := range []bool{false, true} {
+			done := make(chan error, 1)
+			go func() { done <- Logs(ctx, s, id, follow, io.Discard) }()
+			select {
+			case err := <-done:
+				if err == nil || !strings.Contains(err.Error(), tc.output+": "+tc.want) {
+					t.Errorf("%s follow %v: %v; want %q", tc.output, follow, err, tc.want)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("%s follow %v: Logs blocked", tc.output, follow)
+			}
 		}
 	}
 }
