@@ -944,6 +944,12 @@ func runSweepCase(t *testing.T, bin string, fx *sweepFixtures, c sweepCase) swee
 	if o.class == "hang" || o.class == "accepted" {
 		return o
 	}
+	for _, crash := range []string{"panic: ", "fatal error: ", "goroutine ", "runtime/"} {
+		if strings.Contains(o.stderr, crash) {
+			o.class, o.why = "unclear", "crashed: a Go panic or runtime failure on stderr"
+			return o
+		}
+	}
 	_, startErr := os.Stat(filepath.Join(mark, "started"))
 	started := startErr == nil
 	switch c.want {
