@@ -68,6 +68,12 @@ fuzz:
 	$(GO) test ./topology -run '^$$' -fuzz FuzzParseCPUList -fuzztime 30s
 	$(GO) test ./topology -run '^$$' -fuzz FuzzDecode -fuzztime 30s
 	$(GO) test ./topology -run '^$$' -fuzz FuzzParseNvidiaSMI -fuzztime 30s -fuzzminimizetime 2s
+	$(GO) test ./policy -run '^$$' -fuzz FuzzParse -fuzztime 30s
+	$(GO) test ./internal/jsonfile -run '^$$' -fuzz FuzzDecode -fuzztime 30s
+	$(GO) test ./internal/quote -run '^$$' -fuzz FuzzQ -fuzztime 30s
+	$(GO) test ./job -run '^$$' -fuzz FuzzParseTime -fuzztime 30s
+	$(GO) test ./job -run '^$$' -fuzz FuzzScriptOptions -fuzztime 30s
+	$(GO) test ./cmd/gangrun -run '^$$' -fuzz FuzzFlags -fuzztime 30s
 
 clean:
 	rm -rf bin demo-run

@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"sync"
 	"time"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/gangrun/gangrun/event"
 	"github.com/gangrun/gangrun/internal/store"
+	"github.com/gangrun/gangrun/internal/userfile"
 	"github.com/gangrun/gangrun/topology"
 )
 
@@ -85,7 +85,7 @@ func RecordedHealth(file string, bad func(line string, err error)) HealthSource 
 		var off int64
 		var partial []byte
 		for {
-			f, err := os.Open(file)
+			f, err := userfile.OpenFile(file) // a FIFO or a device is refused, never waited on
 			if err == nil {
 				if _, err = f.Seek(off, io.SeekStart); err == nil {
 					var data []byte
@@ -147,7 +147,7 @@ type Agent struct {
 
 // NewAgent checks cfg and returns an agent for it.
 func NewAgent(s store.Store, cfg AgentConfig) (*Agent, error) {
-	if err := store.CheckSegment("node name", cfg.Node); err != nil {
+	if err := store.CheckNodeName("node name", cfg.Node); err != nil {
 		return nil, err
 	}
 	if cfg.Inventory == nil {

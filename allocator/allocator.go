@@ -47,6 +47,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/gangrun/gangrun/internal/quote"
 	"github.com/gangrun/gangrun/internal/store"
 	"github.com/gangrun/gangrun/topology"
 )
@@ -203,6 +204,17 @@ func (r Request) Validate() error {
 		return fmt.Errorf("--gpus-per-node %d: must be at least 1", r.GPUsPerNode)
 	case r.Wait < 0:
 		return fmt.Errorf("--wait %s: must not be negative", r.Wait)
+	case r.Nodes > MaxNodes:
+		return fmt.Errorf("--nodes %d: want at most %d", r.Nodes, MaxNodes)
+	case r.GPUsPerNode > MaxGPUsPerNode:
+		return fmt.Errorf("--gpus-per-node %d: want at most %d devices on one node", r.GPUsPerNode, MaxGPUsPerNode)
+	case r.Priority > MaxPriority || r.Priority < -MaxPriority:
+		return fmt.Errorf("--priority %d: want %d to %d (Slurm's job priority is 32-bit)", r.Priority, -MaxPriority, MaxPriority)
+	}
+	for _, f := range []struct{ what, v string }{{"--partition", r.Partition}, {"--gpu-model", r.GPUModel}, {"--account", r.Account}} {
+		if len(f.v) > maxNameBytes {
+			return fmt.Errorf("%s %s: longer than %d bytes", f.what, quote.Q(f.v), maxNameBytes)
+		}
 	}
 	if err := checkPrintable("--partition", r.Partition); err != nil {
 		return err
@@ -227,6 +239,8 @@ var migProfileRE = regexp.MustCompile(`^[1-9][0-9]?g\.[1-9][0-9]*gb(\+[a-z]+)?$`
 // (profile); any other TYPE ("h100:8") is a GPU model, matched as --gpu-model is
 // (model). Errors name the value: a count that is not a whole number of at least 1, an
 // empty or unprintable type.
+//
+// The count is at most MaxGPUsPerNode, the type at most 64 bytes.
 func ParseGPUs(s string) (count int, profile, model string, err error) {
 	typ, num, typed := strings.Cut(s, ":")
 	if !typed {
@@ -238,6 +252,10 @@ func ParseGPUs(s string) (count int, profile, model string, err error) {
 		return 0, "", "", fmt.Errorf("--gpus-per-node %q: want [TYPE:]COUNT, a count of at least 1 (8, h100:8, 3g.40gb:2)", s)
 	case typed && typ == "":
 		return 0, "", "", fmt.Errorf("--gpus-per-node %q: empty type before ':'", s)
+	case count > MaxGPUsPerNode:
+		return 0, "", "", fmt.Errorf("--gpus-per-node %d: want at most %d devices on one node", count, MaxGPUsPerNode)
+	case len(typ) > maxGPUTypeBytes:
+		return 0, "", "", fmt.Errorf("--gpus-per-node %s: a type longer than %d bytes", quote.Q(s), maxGPUTypeBytes)
 	}
 	if err := checkPrintable("--gpus-per-node", typ); err != nil {
 		return 0, "", "", err
@@ -247,6 +265,23 @@ func ParseGPUs(s string) (count int, profile, model string, err error) {
 	}
 	return count, "", typ, nil
 }
+
+// MaxNodes bounds a request's nodes: as `gangrun run --nnodes` (launcher.MaxNNodes).
+const MaxNodes = 65536
+
+// MaxPriority bounds a request's --priority either way: Slurm keeps a job's priority
+// as a 32-bit unsigned number; gangrun takes the negative ones too.
+const MaxPriority = 1<<32 - 1
+
+// maxNameBytes bounds a partition, GPU model or account name as asked, in bytes.
+const maxNameBytes = 128
+
+// MaxGPUsPerNode bounds a request's devices per node: more than any node holds (a DGX
+// of 8 GPUs cut into 7 MIG devices each has 56), with room for larger machines.
+const MaxGPUsPerNode = 1024
+
+// maxGPUTypeBytes bounds a GPU model or MIG profile as asked, in bytes.
+const maxGPUTypeBytes = 64
 
 // wants reports whether device d is of the kind r asks for: its model (GPUModel, a
 // case-insensitive substring) and, with MIGProfile, a MIG device of that profile. A
@@ -299,6 +334,8 @@ func CheckLabels(labels map[string]string) error {
 			return fmt.Errorf("--labels: label name %q: no '=' or ',' in a name", k)
 		case strings.Contains(v, ","):
 			return fmt.Errorf("--labels %q: no ',' in a value (',' separates labels)", k+"="+v)
+		case len(k) > maxNameBytes || len(v) > maxNameBytes:
+			return fmt.Errorf("--labels %s: a name or value longer than %d bytes", quote.Q(k+"="+v), maxNameBytes)
 		}
 		if err := checkPrintable("--labels", k+"="+v); err != nil {
 			return err

@@ -2,9 +2,7 @@ package checkpoint
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"time"
@@ -45,9 +43,11 @@ type Fence struct {
 func FencePath(dir string) string { return filepath.Join(dir, stateDirName, fenceFileName) }
 
 // WriteFence records f as the attempt entitled to write into dir, atomically (readers see
-// the old file or the new one). dir is created when missing, as a trainer would.
+// the old file or the new one). dir is created when missing, as a trainer would; the
+// file is written through a stateDir (a link at .gangrun or at the fence's name is
+// refused or replaced, never followed).
 func WriteFence(dir string, f Fence) error {
-	if err := os.MkdirAll(filepath.Join(dir, stateDirName), 0o755); err != nil {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("write fence in %s: %w", dir, err)
 	}
 	if f.Written.IsZero() {
@@ -57,34 +57,38 @@ func WriteFence(dir string, f Fence) error {
 	if err != nil {
 		return fmt.Errorf("write fence in %s: %w", dir, err)
 	}
-	return writeFileAtomic(FencePath(dir), append(data, '\n'))
+	st, err := openState(dir, true)
+	if err != nil {
+		return fmt.Errorf("write fence: %w", err)
+	}
+	defer st.close()
+	if err := st.dir.WriteFileAtomic(fenceFileName, append(data, '\n'), 0o644); err != nil {
+		return fmt.Errorf("write fence: %w", err)
+	}
+	return nil
 }
 
 // ReadFence returns dir's fence; ok is false when there is none. A fence file that is
-// not a regular file or does not parse is an error naming it.
+// not a regular file (a link, a FIFO), longer than 4 KiB or that does not parse is an
+// error naming it.
 func ReadFence(dir string) (f Fence, ok bool, err error) {
-	path := FencePath(dir)
-	fi, err := os.Lstat(path)
-	if errors.Is(err, os.ErrNotExist) {
+	st, err := openState(dir, false)
+	if isMissing(err) {
 		return Fence{}, false, nil
 	}
 	if err != nil {
-		return Fence{}, false, fmt.Errorf("fence %s: %w", path, err)
+		return Fence{}, false, fmt.Errorf("fence: %w", err)
 	}
-	if !fi.Mode().IsRegular() {
-		return Fence{}, false, fmt.Errorf("fence %s: not a regular file", path)
+	defer st.close()
+	data, err := st.dir.ReadFile(fenceFileName, maxFenceBytes)
+	if isMissing(err) {
+		return Fence{}, false, nil
 	}
-	file, err := os.Open(path)
 	if err != nil {
-		return Fence{}, false, fmt.Errorf("fence %s: %w", path, err)
-	}
-	defer file.Close()
-	data, err := io.ReadAll(io.LimitReader(file, maxFenceBytes))
-	if err != nil {
-		return Fence{}, false, fmt.Errorf("fence %s: %w", path, err)
+		return Fence{}, false, fmt.Errorf("fence: %w", err)
 	}
 	if err := json.Unmarshal(data, &f); err != nil {
-		return Fence{}, false, fmt.Errorf("fence %s: not a gangrun fence file: %w", path, err)
+		return Fence{}, false, fmt.Errorf("fence %s: not a gangrun fence file: %w", FencePath(dir), err)
 	}
 	return f, true, nil
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"syscall"
 	"time"
 )
@@ -17,16 +16,14 @@ const lockPollInterval = 10 * time.Millisecond
 // Plan.Apply's move-aside of one checkpoint. It waits until ctx is done. flock locks
 // are per open file and released when the process dies, so a crashed holder never
 // leaves the lock taken. (On NFS, flock is emulated with POSIX locks by Linux clients.)
-func lockDir(ctx context.Context, dir string) (unlock func(), err error) {
-	stateDir := filepath.Join(dir, stateDirName)
-	if err := os.MkdirAll(stateDir, 0o755); err != nil {
-		return nil, fmt.Errorf("lock %s: %w", stateDir, err)
-	}
-	path := filepath.Join(stateDir, lockFileName)
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+// The lock file is opened through st, so a link or a FIFO put at its name is refused,
+// not followed or waited on.
+func lockDir(ctx context.Context, st *stateDir) (unlock func(), err error) {
+	f, err := st.dir.OpenFile(lockFileName, os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
-		return nil, fmt.Errorf("lock %s: %w", path, err)
+		return nil, fmt.Errorf("lock: %w", err)
 	}
+	path := st.dir.Join(lockFileName)
 	for {
 		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
 		if err == nil {

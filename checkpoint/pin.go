@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -55,8 +56,10 @@ type pinRecord struct {
 	// Created is when the pin was written.
 	Created time.Time `json:"created"`
 
-	// file is the pin file's path; stale and why are decided on reading.
+	// file is the pin file's path, name its name in the pins directory; stale (why it
+	// is) is decided on reading.
 	file  string
+	name  string
 	stale string
 }
 
@@ -96,7 +99,7 @@ func loadPins(dir string, notes []string) (pinSet, []string) {
 		notes = append(notes, fmt.Sprintf("stale pin on %s by %s ignored: %s", p.Checkpoint, p.describe(), p.stale))
 	}
 	for _, b := range ps.bad {
-		notes = append(notes, "unreadable pin "+b)
+		notes = append(notes, "pin not read: "+b)
 	}
 	return ps, notes
 }
@@ -120,15 +123,31 @@ func bootID() string {
 	return strings.TrimSpace(string(data))
 }
 
-// readPins reads every pin file of dir, deciding staleness against h.
+// readPins reads every pin file of dir, deciding staleness against h. Everything is
+// reached through a stateDir: a link at .gangrun, at pins or at a pin's name, and a pin
+// that is a FIFO, a device or longer than maxPinBytes, are bad pins (named in ps.bad),
+// never followed nor waited on; so is a record that gangrun did not write (malformed).
 func readPins(dir string, h host) pinSet {
 	var ps pinSet
-	pinsDir := filepath.Join(dir, stateDirName, pinsDirName)
-	entries, err := os.ReadDir(pinsDir)
+	st, err := openState(dir, false)
 	if err != nil {
-		if !isNotExist(err) {
-			ps.bad = append(ps.bad, fmt.Sprintf("directory %s: %v", pinsDir, err))
+		if !isMissing(err) {
+			ps.bad = append(ps.bad, stateErr(err))
 		}
+		return ps
+	}
+	defer st.close()
+	pins, err := st.sub(pinsDirName, false)
+	if err != nil {
+		if !isMissing(err) {
+			ps.bad = append(ps.bad, stateErr(err))
+		}
+		return ps
+	}
+	defer pins.Close()
+	entries, err := pins.Entries()
+	if err != nil {
+		ps.bad = append(ps.bad, stateErr(err))
 		return ps
 	}
 	for _, e := range entries {
@@ -136,21 +155,25 @@ func readPins(dir string, h host) pinSet {
 		if !strings.HasPrefix(name, pinPrefix) || !strings.HasSuffix(name, pinSuffix) {
 			continue
 		}
-		file := filepath.Join(pinsDir, name)
-		data, err := os.ReadFile(file)
+		file := pins.Join(name)
+		data, err := pins.ReadFile(name, maxPinBytes)
 		if err != nil {
-			if isNotExist(err) { // released while listing
+			if isMissing(err) { // released while listing
 				continue
 			}
-			ps.bad = append(ps.bad, fmt.Sprintf("%s: %v", file, err))
+			ps.bad = append(ps.bad, stateErr(err))
 			continue
 		}
 		var p pinRecord
-		if err := json.Unmarshal(data, &p); err != nil || p.Checkpoint == "" {
-			ps.bad = append(ps.bad, fmt.Sprintf("%s: not a pin record", file))
+		if err := json.Unmarshal(data, &p); err != nil {
+			ps.bad = append(ps.bad, fmt.Sprintf("%s: not a pin record (not JSON)", file))
 			continue
 		}
-		p.file = file
+		if why := p.malformed(); why != "" {
+			ps.bad = append(ps.bad, fmt.Sprintf("%s: malformed pin (%s): gangrun writes none such", file, why))
+			continue
+		}
+		p.file, p.name = file, name
 		if why := staleness(p, h); why != "" {
 			p.stale = why
 			ps.stale = append(ps.stale, p)
@@ -158,7 +181,27 @@ func readPins(dir string, h host) pinSet {
 		}
 		ps.live = append(ps.live, p)
 	}
+	sort.Strings(ps.bad)
 	return ps
+}
+
+// malformed says why p cannot be a pin gangrun wrote (Pin fills every field but the
+// optional ones), or "" when it could be. A malformed pin holds nothing: it is a bad
+// pin, which List notes and Prune refuses to work around.
+func (p pinRecord) malformed() string {
+	switch {
+	case p.Checkpoint == "" || strings.ContainsRune(p.Checkpoint, '/') || p.Checkpoint == "." || p.Checkpoint == "..":
+		return fmt.Sprintf("checkpoint %q is not a name inside the directory", clip(p.Checkpoint))
+	case p.Holder == "" || strings.IndexFunc(p.Holder, unicode.IsControl) >= 0:
+		return fmt.Sprintf("holder %q is not a job id", clip(p.Holder))
+	case p.Host == "":
+		return "no host"
+	case p.PID <= 0:
+		return fmt.Sprintf("pid %d", p.PID)
+	case p.Created.IsZero():
+		return "no creation time"
+	}
+	return ""
 }
 
 // staleness says why pin p is stale as seen from host h, or "" when it is live.
@@ -220,20 +263,26 @@ func Pin(dir, path, holder string) (release func() error, err error) {
 	if err := checkDir(dir); err != nil {
 		return nil, err
 	}
-	pinsDir := filepath.Join(dir, stateDirName, pinsDirName)
-	if err := os.MkdirAll(pinsDir, 0o755); err != nil {
-		return nil, fmt.Errorf("pin %s: create %s: %w", path, pinsDir, err)
+	st, err := openState(dir, true)
+	if err != nil {
+		return nil, fmt.Errorf("pin %s: %w", path, err)
 	}
+	defer st.close()
+	pins, err := st.sub(pinsDirName, true)
+	if err != nil {
+		return nil, fmt.Errorf("pin %s: %w", path, err)
+	}
+	defer pins.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), pinLockTimeout)
 	defer cancel()
-	unlock, err := lockDir(ctx, dir)
+	unlock, err := lockDir(ctx, st)
 	if err != nil {
 		return nil, fmt.Errorf("pin %s: %w", path, err)
 	}
 	defer unlock()
 	// Checked under the lock: Plan.Apply moves a checkpoint aside under the same lock,
 	// so a checkpoint seen here is not being deleted.
-	if _, err := os.Lstat(filepath.Join(dir, name)); err != nil {
+	if _, err := st.root.Lstat(name); err != nil {
 		de := dirError(path, err)
 		de.what = "checkpoint"
 		return nil, de
@@ -245,20 +294,40 @@ func Pin(dir, path, holder string) (release func() error, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("pin %s: encode: %w", path, err)
 	}
-	file := filepath.Join(pinsDir, pinPrefix+randomHex(8)+pinSuffix)
-	if err := writeFileAtomic(file, data); err != nil {
+	file := pinPrefix + randomHex(8) + pinSuffix
+	if err := pins.WriteFileAtomic(file, data, 0o644); err != nil {
 		return nil, fmt.Errorf("pin %s: %w", path, err)
 	}
 	var once sync.Once
 	var relErr error
 	return func() error {
-		once.Do(func() {
-			if err := os.Remove(file); err != nil && !isNotExist(err) {
-				relErr = fmt.Errorf("release pin %s: %w", file, err)
-			}
-		})
+		once.Do(func() { relErr = removePin(dir, file) })
 		return relErr
 	}, nil
+}
+
+// removePin removes the pin file name from dir's pins, through a stateDir.
+func removePin(dir, name string) error {
+	st, err := openState(dir, false)
+	if isMissing(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("release pin %s: %w", name, err)
+	}
+	defer st.close()
+	pins, err := st.sub(pinsDirName, false)
+	if isMissing(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("release pin %s: %w", name, err)
+	}
+	defer pins.Close()
+	if err := pins.Remove(name); err != nil {
+		return fmt.Errorf("release pin: %w", err)
+	}
+	return nil
 }
 
 // childName returns path's name when path is directly inside dir.
@@ -275,34 +344,6 @@ func childName(dir, path string) (string, error) {
 		return "", fmt.Errorf("checkpoint %q is not directly inside checkpoint dir %q", path, dir)
 	}
 	return filepath.Base(absPath), nil
-}
-
-// writeFileAtomic writes data to a temporary file next to path, syncs it and renames
-// it to path, so readers see the whole file or none.
-func writeFileAtomic(path string, data []byte) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".tmp-*")
-	if err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		os.Remove(tmp.Name())
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		os.Remove(tmp.Name())
-		return fmt.Errorf("sync %s: %w", path, err)
-	}
-	if err := tmp.Close(); err != nil {
-		os.Remove(tmp.Name())
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		os.Remove(tmp.Name())
-		return fmt.Errorf("rename into %s: %w", path, err)
-	}
-	return nil
 }
 
 // randomHex returns n random bytes as hex.

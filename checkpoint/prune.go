@@ -4,9 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/gangrun/gangrun/internal/userfile"
 )
 
 // trashDirName is where Plan.Apply moves a checkpoint (an atomic rename inside the
@@ -55,8 +56,10 @@ type Plan struct {
 // interrupted saves left behind. opts.Exclude is ignored. Prune deletes nothing; see
 // Plan.Apply.
 //
-// Errors: keep below 1; the errors of List; an unreadable pin file (which checkpoint it
-// protects cannot be known, so nothing is planned).
+// Errors: keep below 1; the errors of List; a *DirError for an unreadable or malformed
+// pin file, or a link (or anything but a directory) at .gangrun, .gangrun/pins or
+// .gangrun/trash (which checkpoint a pin protects cannot be known, or where Apply would
+// move checkpoints is not inside dir: nothing is planned).
 func Prune(dir string, keep int, opts Options) (Plan, error) {
 	if keep < 1 {
 		return Plan{}, fmt.Errorf("prune %s: keep %d: must be at least 1 (the newest complete checkpoint is what a restart resumes from)", dir, keep)
@@ -66,7 +69,11 @@ func Prune(dir string, keep int, opts Options) (Plan, error) {
 		return Plan{}, err
 	}
 	if len(s.pins.bad) > 0 {
-		return Plan{}, fmt.Errorf("prune %s: unreadable pin %s: remove it by hand if no job holds it", dir, s.pins.bad[0])
+		return Plan{}, &DirError{Path: dir, Problem: "cannot tell which checkpoints are pinned: " + s.pins.bad[0] +
+			"; prune deletes nothing until it is removed (by hand, once no job holds it)"}
+	}
+	if err := checkTrash(dir); err != nil {
+		return Plan{}, &DirError{Path: dir, Problem: stateErr(err) + "; prune deletes nothing until it is removed", Err: err}
 	}
 	plan := Plan{Dir: dir, Keep: keep, Notes: s.notes, format: opts.Format, Delete: []Decision{}, Kept: []Decision{}}
 	for _, p := range s.pins.stale {
@@ -137,6 +144,28 @@ func Prune(dir string, keep int, opts Options) (Plan, error) {
 	return plan, nil
 }
 
+// checkTrash returns an error when dir's .gangrun/trash exists and is not a directory
+// (a symbolic link to elsewhere, say): Plan.Apply would refuse to use it.
+func checkTrash(dir string) error {
+	st, err := openState(dir, false)
+	if isMissing(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer st.close()
+	t, err := st.sub(trashDirName, false)
+	if isMissing(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	t.Close()
+	return nil
+}
+
 // linkTargetName returns the name of the sibling a symlink target names, or "".
 func linkTargetName(dir, target string) string {
 	if target == "" {
@@ -166,16 +195,32 @@ func (p Plan) Apply() error { return p.ApplyContext(context.Background()) }
 // then it deletes the moved tree outside the lock. It deletes only names that are
 // still candidates of the directory, so a hand-built Plan cannot reach outside it.
 //
-// Errors (joined): the directory cannot be read or changed under the plan; ctx done;
-// a checkpoint pinned since the plan (errors.Is(err, ErrPinned); it is kept); a failed
-// rename or removal.
+// Every step goes through descriptors opened once (DIR, then .gangrun and trash inside
+// it without following a link) and single names relative to them, never a path
+// resolved again: a symbolic link at .gangrun or trash is refused, a checkpoint swapped
+// for a link is moved and removed as the link, and a link anywhere in a tree being
+// deleted is removed, not followed (userfile.Dir.RemoveAll). Nothing outside DIR is
+// ever deleted.
+//
+// Errors (joined): the directory cannot be read or changed under the plan (also: DIR
+// now names another directory than the one listed, or .gangrun or its trash is a link);
+// ctx done; a checkpoint pinned since the plan (errors.Is(err, ErrPinned); it is kept);
+// a failed rename or removal.
 func (p Plan) ApplyContext(ctx context.Context) error {
 	if len(p.Delete) == 0 && len(p.stalePins) == 0 {
 		return nil
 	}
+	root, err := userfile.OpenDirFD(p.Dir)
+	if err != nil {
+		return &DirError{Path: p.Dir, Problem: "nothing deleted: " + stateErr(err), Err: err}
+	}
+	defer root.Close()
 	s, err := newScan(p.Dir, Options{Format: p.format})
 	if err != nil {
 		return err
+	}
+	if !root.SameAs(p.Dir) {
+		return fmt.Errorf("prune %s: the directory changed since the plan: the path now names another directory; nothing deleted", p.Dir)
 	}
 	doomed := map[string]bool{}
 	for _, d := range p.Delete {
@@ -190,94 +235,112 @@ func (p Plan) ApplyContext(ctx context.Context) error {
 	case doomed[filepath.Base(latest.Path)]:
 		return fmt.Errorf("prune %s: the directory changed since the plan: %s, which the plan deletes, is now the newest complete checkpoint; nothing deleted", p.Dir, latest.Path)
 	}
-	trash := filepath.Join(p.Dir, stateDirName, trashDirName)
-	if err := os.MkdirAll(trash, 0o755); err != nil {
-		return fmt.Errorf("prune %s: %w", p.Dir, err)
+	sd, err := root.MkSub(stateDirName, 0o755)
+	if err != nil {
+		return fmt.Errorf("prune %s: nothing deleted: %w", p.Dir, err)
 	}
-	if left, err := os.ReadDir(trash); err == nil {
-		for _, e := range left { // leftovers of an interrupted Apply
-			_ = os.RemoveAll(filepath.Join(trash, e.Name()))
-		}
-	}
+	st := &stateDir{root: root, dir: sd}
+	defer sd.Close()
 	var errs []error
-	for _, d := range p.Delete {
-		if err := ctx.Err(); err != nil {
-			errs = append(errs, fmt.Errorf("prune %s: %w", p.Dir, err))
-			break
-		}
-		name := filepath.Base(d.Path)
-		if s.byName[name] == nil || filepath.Join(p.Dir, name) != d.Path {
-			errs = append(errs, fmt.Errorf("prune %s: %s is not a checkpoint of this directory; not deleted", p.Dir, d.Path))
-			continue
-		}
-		moved, err := moveAside(ctx, p.Dir, name, trash)
+	if len(p.Delete) > 0 {
+		trash, err := st.sub(trashDirName, true)
 		if err != nil {
-			errs = append(errs, err)
-			continue
+			return fmt.Errorf("prune %s: nothing deleted: %w", p.Dir, err)
 		}
-		if moved != "" {
-			if err := os.RemoveAll(moved); err != nil {
-				errs = append(errs, fmt.Errorf("prune %s: delete %s (moved to %s): %w", p.Dir, d.Path, moved, err))
+		defer trash.Close()
+		if left, err := trash.Entries(); err == nil {
+			for _, e := range left { // leftovers of an interrupted Apply
+				_ = trash.RemoveAll(e.Name())
+			}
+		}
+		for _, d := range p.Delete {
+			if err := ctx.Err(); err != nil {
+				errs = append(errs, fmt.Errorf("prune %s: %w", p.Dir, err))
+				break
+			}
+			name := filepath.Base(d.Path)
+			if s.byName[name] == nil || filepath.Join(p.Dir, name) != d.Path {
+				errs = append(errs, fmt.Errorf("prune %s: %s is not a checkpoint of this directory; not deleted", p.Dir, d.Path))
+				continue
+			}
+			moved, err := moveAside(ctx, st, p.Dir, name, trash)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			if moved != "" {
+				if err := trash.RemoveAll(moved); err != nil {
+					errs = append(errs, fmt.Errorf("prune %s: delete %s (moved to %s): %w", p.Dir, d.Path, trash.Join(moved), err))
+				}
 			}
 		}
 	}
-	if err := removeStalePins(ctx, p.Dir, p.stalePins); err != nil {
+	if err := removeStalePins(ctx, st, p.Dir, p.stalePins); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
 
 // moveAside renames DIR/name into trash under the directory lock, unless a live pin
-// holds it. It returns the new path, or "" when name no longer exists.
-func moveAside(ctx context.Context, dir, name, trash string) (string, error) {
-	unlock, err := lockDir(ctx, dir)
+// holds it, both through descriptors (a link at name is moved as the link). It returns
+// the name in trash, or "" when name no longer exists.
+func moveAside(ctx context.Context, st *stateDir, dir, name string, trash *userfile.Dir) (string, error) {
+	unlock, err := lockDir(ctx, st)
 	if err != nil {
 		return "", fmt.Errorf("prune %s: %w", dir, err)
 	}
 	defer unlock()
 	ps := readPins(dir, localHost())
 	if len(ps.bad) > 0 {
-		return "", fmt.Errorf("prune %s: %s not deleted: unreadable pin %s", dir, name, ps.bad[0])
+		return "", fmt.Errorf("prune %s: %s not deleted: pin not read: %s", dir, name, ps.bad[0])
 	}
 	if holder, ok := ps.holder(name); ok {
 		return "", fmt.Errorf("prune %s: %s %w by %s: kept", dir, name, ErrPinned, holder.describe())
 	}
-	src := filepath.Join(dir, name)
-	if _, err := os.Lstat(src); err != nil {
+	if _, err := st.root.Lstat(name); err != nil {
 		if isNotExist(err) {
 			return "", nil
 		}
-		return "", fmt.Errorf("prune %s: %s: %w", dir, name, err)
+		return "", fmt.Errorf("prune %s: %w", dir, err)
 	}
-	dst := filepath.Join(trash, name+"."+randomHex(4))
-	if err := os.Rename(src, dst); err != nil {
+	dst := name + "." + randomHex(4)
+	if err := st.root.Rename(name, trash, dst); err != nil {
 		return "", fmt.Errorf("prune %s: move %s aside: %w", dir, name, err)
 	}
 	return dst, nil
 }
 
 // removeStalePins removes the given pin files when they are still stale.
-func removeStalePins(ctx context.Context, dir string, files []string) error {
+func removeStalePins(ctx context.Context, st *stateDir, dir string, files []string) error {
 	if len(files) == 0 {
 		return nil
 	}
-	unlock, err := lockDir(ctx, dir)
+	unlock, err := lockDir(ctx, st)
 	if err != nil {
 		return fmt.Errorf("prune %s: %w", dir, err)
 	}
 	defer unlock()
 	ps := readPins(dir, localHost())
-	stale := map[string]bool{}
+	stale := map[string]string{}
 	for _, p := range ps.stale {
-		stale[p.file] = true
+		stale[p.file] = p.name
 	}
+	pins, err := st.sub(pinsDirName, false)
+	if isMissing(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("prune %s: %w", dir, err)
+	}
+	defer pins.Close()
 	var errs []error
 	for _, f := range files {
-		if !stale[f] {
+		name, ok := stale[f]
+		if !ok {
 			continue
 		}
-		if err := os.Remove(f); err != nil && !isNotExist(err) {
-			errs = append(errs, fmt.Errorf("prune %s: remove stale pin %s: %w", dir, f, err))
+		if err := pins.Remove(name); err != nil {
+			errs = append(errs, fmt.Errorf("prune %s: remove stale pin: %w", dir, err))
 		}
 	}
 	return errors.Join(errs...)

@@ -421,7 +421,12 @@ func deadPID(t *testing.T) int {
 func TestPinWaitsForApply(t *testing.T) {
 	root := t.TempDir()
 	build(t, root, generic("step-1", true))
-	unlock, err := lockDir(t.Context(), root)
+	st, err := openState(root, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.close()
+	unlock, err := lockDir(t.Context(), st)
 	if err != nil {
 		t.Fatal(err)
 	}

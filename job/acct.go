@@ -191,17 +191,32 @@ func (f Filter) match(r Record) bool {
 
 // Records returns the records of the jobs that ended in [since, until) and match f,
 // oldest job first. Records past the retention are in the rollups only.
+//
+// A range of at most maxDayLists days is read one day's list at a time; a longer one in
+// a single list of every day's records, so the number of requests is bounded whatever
+// the range (one per day since year 1 would be 740,000).
 func Records(ctx context.Context, s store.Store, since, until time.Time, f Filter) ([]Record, error) {
 	var out []Record
-	for d := dayStart(since); d.Before(until); d = d.AddDate(0, 0, 1) {
-		rs, _, err := dayRecords(ctx, s, dayOf(d))
-		if err != nil {
-			return nil, err
-		}
+	keep := func(rs []storedRecord) {
 		for _, r := range rs {
 			if !r.Ended.Before(since) && r.Ended.Before(until) && f.match(r.Record) {
 				out = append(out, r.Record)
 			}
+		}
+	}
+	if until.Sub(dayStart(since)) > maxDayLists*24*time.Hour {
+		rs, _, err := prefixRecords(ctx, s, acctJobsPrefix)
+		if err != nil {
+			return nil, err
+		}
+		keep(rs)
+	} else {
+		for d := dayStart(since); d.Before(until); d = d.AddDate(0, 0, 1) {
+			rs, _, err := dayRecords(ctx, s, dayOf(d))
+			if err != nil {
+				return nil, err
+			}
+			keep(rs)
 		}
 	}
 	sort.SliceStable(out, func(a, b int) bool {
@@ -220,9 +235,24 @@ type storedRecord struct {
 
 // dayRecords returns the records of day (unreadable ones left out) and the list's index.
 func dayRecords(ctx context.Context, s store.Store, day string) ([]storedRecord, uint64, error) {
-	entries, idx, err := s.List(ctx, acctDayPrefix(day))
+	rs, idx, err := prefixRecords(ctx, s, acctDayPrefix(day))
 	if err != nil {
 		return nil, 0, fmt.Errorf("accounting records of %s: %w", day, err)
+	}
+	return rs, idx, nil
+}
+
+// maxDayLists is the longest range, in days, Records reads one day at a time. Records
+// are kept DefaultAcctRetention (30 days) before they are folded into rollups, so a
+// longer range costs one list of about that many days' records instead.
+const maxDayLists = 62
+
+// prefixRecords returns the records under prefix (unreadable ones left out) and the
+// list's index.
+func prefixRecords(ctx context.Context, s store.Store, prefix string) ([]storedRecord, uint64, error) {
+	entries, idx, err := s.List(ctx, prefix)
+	if err != nil {
+		return nil, 0, fmt.Errorf("accounting records: %w", err)
 	}
 	out := make([]storedRecord, 0, len(entries))
 	for _, e := range entries {

@@ -6,12 +6,12 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"os"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/gangrun/gangrun/internal/store"
+	"github.com/gangrun/gangrun/internal/userfile"
 )
 
 // logsPoll is how often Logs with follow looks for more output and for the job's end.
@@ -66,12 +66,14 @@ func Logs(ctx context.Context, s store.Store, id string, follow bool, w io.Write
 	found := false
 	copyNew := func() error {
 		for _, p := range OutputFiles(j) {
-			f, err := os.Open(p)
+			// Never blocks: an output that is a FIFO, a device or a directory is
+			// refused, not opened for a read that waits for ever.
+			f, err := userfile.OpenFile(p)
 			if errors.Is(err, fs.ErrNotExist) {
 				continue
 			}
 			if err != nil {
-				return fmt.Errorf("job %s's output: %w", id, err)
+				return fmt.Errorf("job %s's output %w", id, err)
 			}
 			found = true
 			if _, err := f.Seek(offsets[p], io.SeekStart); err == nil {

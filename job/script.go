@@ -4,6 +4,9 @@ import (
 	"bufio"
 	"fmt"
 	"strings"
+	"unicode/utf8"
+
+	"github.com/gangrun/gangrun/internal/quote"
 )
 
 // Directive is the prefix of a script's option lines, as #SBATCH is sbatch's.
@@ -17,8 +20,16 @@ const MaxScriptBytes = 1 << 20
 // blank nor a comment ("#SBATCH directives must appear before any executable
 // command"), each line split into words as a shell would (single and double quotes,
 // backslash escapes). A directive line that does not parse is an error naming its line.
+//
+// Before that, the script as a whole is checked (CheckScript), and two directive lines
+// giving one --env variable are refused (the command line may override one, as
+// sbatch's does).
 func ScriptOptions(script string) ([]string, error) {
+	if err := CheckScript(script); err != nil {
+		return nil, err
+	}
 	var args []string
+	envLine := map[string]int{}
 	sc := bufio.NewScanner(strings.NewReader(script))
 	sc.Buffer(make([]byte, 64<<10), MaxScriptBytes)
 	for n := 1; sc.Scan(); n++ {
@@ -33,12 +44,31 @@ func ScriptOptions(script string) ([]string, error) {
 			break // the first command: no directive after it counts
 		}
 		rest, ok := strings.CutPrefix(line, Directive)
+		if ok && strings.HasPrefix(rest, "-") {
+			return nil, fmt.Errorf("script line %d %s: a %s line needs a space before its options", n, quote.Q(line), Directive)
+		}
 		if !ok || rest != "" && rest[0] != ' ' && rest[0] != '\t' {
 			continue // another comment (#GANGRUNX is not ours either)
 		}
 		words, err := splitWords(rest)
 		if err != nil {
-			return nil, fmt.Errorf("script line %d %q: %w", n, line, err)
+			return nil, fmt.Errorf("script line %d %s: %w", n, quote.Q(line), err)
+		}
+		for i, w := range words {
+			var kv string
+			switch {
+			case w == "--env" && i+1 < len(words):
+				kv = words[i+1]
+			case strings.HasPrefix(w, "--env="):
+				kv = strings.TrimPrefix(w, "--env=")
+			default:
+				continue
+			}
+			name, _, _ := strings.Cut(kv, "=")
+			if first, dup := envLine[name]; dup {
+				return nil, fmt.Errorf("script line %d: --env %s given twice (lines %d and %d): give each variable once", n, quote.Q(name), first, n)
+			}
+			envLine[name] = n
 		}
 		args = append(args, words...)
 	}
@@ -46,6 +76,31 @@ func ScriptOptions(script string) ([]string, error) {
 		return nil, fmt.Errorf("script: %w", err)
 	}
 	return args, nil
+}
+
+// CheckScript refuses a script gangrun could not keep or run as it is: DOS line breaks
+// ("\r\n": sbatch refuses them too, as the shell would read "\r" into every command), a
+// NUL byte (no shell reads past one; not a text script), and bytes that are not UTF-8
+// (the job record keeps the script as JSON text, which would change them). The error
+// names the first line at fault.
+func CheckScript(script string) error {
+	line := func(i int) int { return strings.Count(script[:i], "\n") + 1 }
+	if i := strings.Index(script, "\r\n"); i >= 0 {
+		return fmt.Errorf("script line %d: DOS line breaks (\\r\\n): save it with Unix line breaks (\\n), as sbatch requires (dos2unix converts it)", line(i))
+	}
+	if i := strings.IndexByte(script, 0); i >= 0 {
+		return fmt.Errorf("script line %d: a NUL byte: not a text script", line(i))
+	}
+	if !utf8.ValidString(script) {
+		for i, r := range script {
+			if r == utf8.RuneError {
+				if _, size := utf8.DecodeRuneInString(script[i:]); size == 1 {
+					return fmt.Errorf("script line %d: bytes that are not UTF-8 text (gangrun keeps the script as text)", line(i))
+				}
+			}
+		}
+	}
+	return nil
 }
 
 // HasCommand reports whether script runs anything: a line that is neither blank nor a

@@ -23,6 +23,7 @@ import (
 	"unicode"
 
 	"github.com/gangrun/gangrun/internal/cgroup"
+	"github.com/gangrun/gangrun/internal/quote"
 	"github.com/gangrun/gangrun/internal/store"
 )
 
@@ -40,7 +41,34 @@ const (
 	DefaultMaxRestarts = 3
 	// MaxRestartsLimit bounds --max-restarts.
 	MaxRestartsLimit = 10000
+	// MaxNodes bounds --nodes and --spare-nodes: as run's --nnodes (launcher.MaxNNodes).
+	MaxNodes = 65536
+	// MaxPriority bounds --priority either way: Slurm keeps a job's priority as a
+	// 32-bit unsigned number (gangrun takes negative ones too).
+	MaxPriority = 1<<32 - 1
+	// MaxNameBytes bounds --name, --account and --partition, in bytes.
+	MaxNameBytes = 128
+	// maxPathBytes and maxPathComponentBytes bound --output and --checkpoint-dir, in
+	// bytes: Linux's PATH_MAX (4096, with its NUL) and NAME_MAX.
+	maxPathBytes          = 4095
+	maxPathComponentBytes = 255
+	// maxArgBytes bounds one word of the command: Linux's MAX_ARG_STRLEN (32 pages).
+	maxArgBytes = 128 << 10
 )
+
+// checkPathLength refuses a path longer than Linux takes, or with a component longer
+// than a file name may be.
+func checkPathLength(flag, p string) error {
+	if len(p) > maxPathBytes {
+		return fmt.Errorf("%s %s: longer than %d bytes (PATH_MAX)", flag, quote.Q(p), maxPathBytes)
+	}
+	for _, c := range strings.Split(p, "/") {
+		if len(c) > maxPathComponentBytes {
+			return fmt.Errorf("%s %s: a name of %d bytes in the path: a file name takes at most %d (NAME_MAX)", flag, quote.Q(p), len(c), maxPathComponentBytes)
+		}
+	}
+	return nil
+}
 
 // Spec is a submitted job, as `gangrun submit` received it: immutable once queued.
 type Spec struct {
@@ -142,17 +170,47 @@ func (s Spec) Validate() error {
 	case s.Mem < 0 || s.Mem > cgroup.MaxMem:
 		return fmt.Errorf("--mem %d bytes: want 0 (no limit) to 1P", s.Mem)
 	case s.TimeLimit < 0 || s.TimeLimit > MaxTime:
-		return fmt.Errorf("--time %s: want at most %s", s.TimeLimit, MaxTime)
+		return fmt.Errorf("--time %s: want at most %s (a year)", FormatSlurmTime(s.TimeLimit), FormatSlurmTime(MaxTime))
 	case s.Signal != 0 && s.TimeLimit == 0:
 		return fmt.Errorf("--signal %s@%s needs --time (it is sent that long before the time limit)", signalName(s.Signal), s.SignalBefore)
 	case s.Signal != 0 && s.SignalBefore >= s.TimeLimit:
 		return fmt.Errorf("--signal %s@%s: the lead must be shorter than --time %s", signalName(s.Signal), s.SignalBefore, s.TimeLimit)
 	case s.WorkDir == "" || !filepath.IsAbs(s.WorkDir):
 		return fmt.Errorf("work directory %q: want an absolute path", s.WorkDir)
+	case s.MaxNodes > MaxNodes:
+		return fmt.Errorf("--nodes %d: want at most %d", s.MaxNodes, MaxNodes)
+	case s.SpareNodes > MaxNodes:
+		return fmt.Errorf("--spare-nodes %d: want at most %d", s.SpareNodes, MaxNodes)
+	case s.Priority > MaxPriority || s.Priority < -MaxPriority:
+		return fmt.Errorf("--priority %d: want %d to %d (Slurm's job priority is 32-bit)", s.Priority, -MaxPriority, MaxPriority)
 	}
 	for _, f := range []struct{ flag, v string }{{"--name", s.Name}, {"--account", s.Account}, {"--partition", s.Partition}, {"--output", s.Output}} {
 		if strings.IndexFunc(f.v, func(r rune) bool { return unicode.IsControl(r) || unicode.Is(unicode.Cf, r) }) >= 0 {
-			return fmt.Errorf("%s %q: only printable text is allowed", f.flag, f.v)
+			return fmt.Errorf("%s %s: only printable text is allowed", f.flag, quote.Q(f.v))
+		}
+	}
+	for _, f := range []struct{ flag, v string }{{"--name", s.Name}, {"--account", s.Account}, {"--partition", s.Partition}} {
+		if len(f.v) > MaxNameBytes {
+			return fmt.Errorf("%s %s: longer than %d bytes", f.flag, quote.Q(f.v), MaxNameBytes)
+		}
+	}
+	// An account or a partition is a name in the policy and a key: one word, no '/'.
+	for _, f := range []struct{ flag, v string }{{"--account", s.Account}, {"--partition", s.Partition}} {
+		if strings.ContainsAny(f.v, "/ \t") {
+			return fmt.Errorf("%s %s: want a name without '/' or spaces", f.flag, quote.Q(f.v))
+		}
+	}
+	for _, f := range []struct{ flag, v string }{{"--output", s.Output}, {"--checkpoint-dir", s.CheckpointDir}} {
+		if err := checkPathLength(f.flag, f.v); err != nil {
+			return err
+		}
+	}
+	for i, w := range s.Command {
+		if i == 0 && w == "" && s.Script == "" {
+			return errors.New(`command "": an empty word is no command`)
+		}
+		if len(w) > maxArgBytes {
+			return fmt.Errorf("command word %d %s: longer than %d bytes (Linux's MAX_ARG_STRLEN)", i+1, quote.Q(w), maxArgBytes)
 		}
 	}
 	if s.Output != "" {
@@ -166,7 +224,7 @@ func (s Spec) Validate() error {
 // ParseNodes parses --nodes: "N" or "N:M" (Slurm's --nodes takes "N-M"; both are
 // accepted).
 func ParseNodes(v string) (lo, hi int, err error) {
-	bad := fmt.Errorf("--nodes %q: want N or MIN:MAX, positive numbers", v)
+	bad := fmt.Errorf("--nodes %s: want N or MIN:MAX, positive numbers", quote.Q(v))
 	a, b, ranged := strings.Cut(v, ":")
 	if !ranged {
 		a, b, ranged = strings.Cut(v, "-")
@@ -181,68 +239,176 @@ func ParseNodes(v string) (lo, hi int, err error) {
 			return 0, 0, bad
 		}
 	}
+	if hi > MaxNodes {
+		return 0, 0, fmt.Errorf("--nodes %s: want at most %d", quote.Q(v), MaxNodes)
+	}
 	return lo, hi, nil
 }
 
-// ParseTime parses --time the ways Slurm's --time does — "minutes", "minutes:seconds",
-// "hours:minutes:seconds", "days-hours", "days-hours:minutes",
-// "days-hours:minutes:seconds" — and as a Go duration ("90m", "2h30m"). "0" or
-// "UNLIMITED" means no limit (0).
+// ParseTime parses --time as sbatch does (Slurm's time_str2secs, src/common/parse_time.c):
+// "minutes", "minutes:seconds", "hours:minutes:seconds", "days-hours",
+// "days-hours:minutes" and "days-hours:minutes:seconds", only digits, at most one '-'
+// (before any ':') and two ':', and enough numbers for the colons given; "-1",
+// "INFINITE" and "UNLIMITED" (any case), and "0", mean no limit (0). Like sbatch, it
+// adds the fields up without holding each to its clock range: "99:99:99" is 100 hours,
+// 40 minutes and 39 seconds, "1-25" two days and an hour (TimeNote says so). gangrun also
+// takes a Go duration ("90m", "2h30m"), keeps seconds (Slurm rounds up to minutes) and
+// refuses more than MaxTime and any negative value.
 func ParseTime(v string) (time.Duration, error) {
-	bad := fmt.Errorf("--time %q: want minutes, MM:SS, HH:MM:SS, D-HH[:MM[:SS]] (Slurm's forms) or a duration such as 90m", v)
+	d, _, err := parseTime(v)
+	return d, err
+}
+
+// TimeNote returns a line saying how a --time value whose fields run past their clock
+// range was read ("--time 99:99:99 is read as 4-04:40:39, as sbatch reads it: the
+// fields are added up"), or "" when it reads as it looks (or does not parse).
+func TimeNote(v string) string {
+	d, canonical, err := parseTime(v)
+	if err != nil || canonical {
+		return ""
+	}
+	return fmt.Sprintf("--time %s is read as %s, as sbatch reads it: the fields are added up", quote.Q(v), FormatSlurmTime(d))
+}
+
+// FormatSlurmTime writes d as Slurm shows a time limit: D-HH:MM:SS, or HH:MM:SS under
+// a day (squeue's and scontrol's form).
+func FormatSlurmTime(d time.Duration) string {
+	s := int64(d / time.Second)
+	days, h, m, sec := s/86400, s/3600%24, s/60%60, s%60
+	if days > 0 {
+		return fmt.Sprintf("%d-%02d:%02d:%02d", days, h, m, sec)
+	}
+	return fmt.Sprintf("%02d:%02d:%02d", h, m, sec)
+}
+
+// parseTime is ParseTime, also saying whether every field but the first was within
+// its clock range.
+func parseTime(v string) (d time.Duration, canonical bool, err error) {
+	bad := fmt.Errorf("--time %s: want minutes, MM:SS, HH:MM:SS, D-HH[:MM[:SS]] (Slurm's forms) or a duration such as 90m", quote.Q(v))
 	if v == "" {
-		return 0, bad
+		return 0, false, bad
 	}
-	if strings.EqualFold(v, "unlimited") || strings.EqualFold(v, "infinite") {
-		return 0, nil
+	if v == "-1" || strings.EqualFold(v, "unlimited") || strings.EqualFold(v, "infinite") {
+		return 0, true, nil
 	}
-	if d, err := time.ParseDuration(v); err == nil && strings.ContainsAny(v, "hms") {
-		if d < 0 || d > MaxTime {
-			return 0, fmt.Errorf("--time %q: want at most %s", v, MaxTime)
+	if strings.ContainsAny(v, "hms") {
+		dd, perr := time.ParseDuration(v)
+		switch {
+		case perr != nil && strings.Trim(v, "0123456789.hms") == "" && strings.ContainsAny(v, "0123456789"):
+			// Digits and units only: a duration past Go's 292 years.
+			return 0, false, fmt.Errorf("--time %s: want at most %s (a year)", quote.Q(v), FormatSlurmTime(MaxTime))
+		case perr != nil:
+			return 0, false, bad
+		case dd < 0:
+			return 0, false, fmt.Errorf("--time %s: must not be negative", quote.Q(v))
+		case dd > MaxTime:
+			return 0, false, fmt.Errorf("--time %s: want at most %s (a year)", quote.Q(v), FormatSlurmTime(MaxTime))
 		}
-		return d, nil
+		return dd, true, nil
 	}
-	days := 0
+	if !validTimespec(v) {
+		return 0, false, bad
+	}
+	if strings.HasPrefix(v, "-") {
+		return 0, false, fmt.Errorf("--time %s: must not be negative (-1 alone means no limit)", quote.Q(v))
+	}
+	num := func(f string) (int64, bool) {
+		if f == "" {
+			return 0, true
+		}
+		if len(f) > 9 {
+			return 0, false
+		}
+		n, err := strconv.ParseInt(f, 10, 64)
+		return n, err == nil
+	}
+	var fields []int64
+	var days int64
 	rest := v
-	if d, r, ok := strings.Cut(v, "-"); ok {
-		n, err := strconv.Atoi(d)
-		if err != nil || n < 0 {
-			return 0, bad
+	dashed := false
+	if dd, r, ok := strings.Cut(v, "-"); ok {
+		n, ok := num(dd)
+		if !ok {
+			return 0, false, fmt.Errorf("--time %s: want at most %s (a year)", quote.Q(v), FormatSlurmTime(MaxTime))
 		}
-		days, rest = n, r
+		days, rest, dashed = n, r, true
 	}
-	var parts []int
-	for _, p := range strings.Split(rest, ":") {
-		n, err := strconv.Atoi(p)
-		if err != nil || n < 0 || len(p) > 9 {
-			return 0, bad
+	if rest != "" || !dashed {
+		for _, f := range strings.Split(rest, ":") {
+			n, ok := num(f)
+			if !ok {
+				return 0, false, fmt.Errorf("--time %s: want at most %s (a year)", quote.Q(v), FormatSlurmTime(MaxTime))
+			}
+			fields = append(fields, n)
 		}
-		parts = append(parts, n)
 	}
-	var d time.Duration
+	var secs int64
+	canonical = true
+	over := func(n, limit int64) {
+		if n >= limit {
+			canonical = false
+		}
+	}
 	switch {
-	case strings.Contains(v, "-"): // days-hours[:minutes[:seconds]]
-		if len(parts) > 3 {
-			return 0, bad
+	case dashed: // days-hours[:minutes[:seconds]]
+		units := []int64{3600, 60, 1}
+		limits := []int64{24, 60, 60}
+		for i, n := range fields {
+			secs += n * units[i]
+			over(n, limits[i])
 		}
-		units := []time.Duration{time.Hour, time.Minute, time.Second}
-		for i, n := range parts {
-			d += time.Duration(n) * units[i]
+		secs += days * 86400
+	case len(fields) == 1: // minutes
+		secs = fields[0] * 60
+	case len(fields) == 2: // minutes:seconds
+		secs = fields[0]*60 + fields[1]
+		over(fields[1], 60)
+	default: // hours:minutes:seconds
+		secs = fields[0]*3600 + fields[1]*60 + fields[2]
+		over(fields[1], 60)
+		over(fields[2], 60)
+	}
+	d = time.Duration(secs) * time.Second
+	if secs > int64(MaxTime/time.Second) {
+		return 0, false, fmt.Errorf("--time %s: want at most %s (a year)", quote.Q(v), FormatSlurmTime(MaxTime))
+	}
+	return d, canonical, nil
+}
+
+// validTimespec is Slurm's _is_valid_timespec (src/common/parse_time.c): only digits,
+// '-' and ':'; no '-' after a ':'; at most one '-' and two ':'; and at least as many
+// runs of digits as the form needs (3 for D-H:M, 4 for D-H:M:S, 2 for M:S, 3 for
+// H:M:S).
+func validTimespec(s string) bool {
+	groups, dash, colon := 0, 0, 0
+	inDigits := false
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c >= '0' && c <= '9':
+			if !inDigits {
+				groups++
+				inDigits = true
+			}
+		case c == '-':
+			inDigits = false
+			dash++
+			if colon > 0 {
+				return false
+			}
+		case c == ':':
+			inDigits = false
+			colon++
+		default:
+			return false
 		}
-	case len(parts) == 1:
-		d = time.Duration(parts[0]) * time.Minute
-	case len(parts) == 2:
-		d = time.Duration(parts[0])*time.Minute + time.Duration(parts[1])*time.Second
-	case len(parts) == 3:
-		d = time.Duration(parts[0])*time.Hour + time.Duration(parts[1])*time.Minute + time.Duration(parts[2])*time.Second
-	default:
-		return 0, bad
 	}
-	d += time.Duration(days) * 24 * time.Hour
-	if d > MaxTime {
-		return 0, fmt.Errorf("--time %q: want at most %s", v, MaxTime)
+	switch {
+	case groups == 0, dash > 1, colon > 2:
+		return false
+	case dash > 0:
+		return !(colon == 1 && groups < 3 || colon == 2 && groups < 4)
 	}
-	return d, nil
+	return !(colon == 1 && groups < 2 || colon == 2 && groups < 3)
 }
 
 // signals are the signals --signal names, as Slurm takes them (with or without SIG).

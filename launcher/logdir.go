@@ -159,49 +159,11 @@ func whyNotWritable(path string, err error) string {
 	return err.Error()
 }
 
-// existingAncestor returns path or its nearest ancestor that exists.
-func existingAncestor(path string) string {
-	for d := filepath.Clean(path); ; d = filepath.Dir(d) {
-		if _, err := os.Lstat(d); err == nil {
-			return d
-		}
-		if filepath.Dir(d) == d {
-			return ""
-		}
-	}
-}
+// existingAncestor is userfile.ExistingAncestor.
+func existingAncestor(path string) string { return userfile.ExistingAncestor(path) }
 
-// pseudoFS names the kernel file system path (or its nearest existing ancestor) is on
-// when it is one where no file can be made (proc, sysfs, ...); "" otherwise.
-func pseudoFS(path string) string {
-	a := existingAncestor(path)
-	if a == "" {
-		return ""
-	}
-	var st unix.Statfs_t
-	if unix.Statfs(a, &st) != nil {
-		return ""
-	}
-	switch int64(st.Type) {
-	case unix.PROC_SUPER_MAGIC:
-		return "proc"
-	case unix.SYSFS_MAGIC:
-		return "sysfs"
-	case unix.CGROUP_SUPER_MAGIC, unix.CGROUP2_SUPER_MAGIC:
-		return "cgroup"
-	case unix.DEBUGFS_MAGIC:
-		return "debugfs"
-	case unix.TRACEFS_MAGIC:
-		return "tracefs"
-	case unix.SECURITYFS_MAGIC:
-		return "securityfs"
-	case unix.BPF_FS_MAGIC:
-		return "bpf"
-	case unix.DEVPTS_SUPER_MAGIC:
-		return "devpts"
-	}
-	return ""
-}
+// pseudoFS is userfile.PseudoFS.
+func pseudoFS(path string) string { return userfile.PseudoFS(path) }
 
 // workerDir creates base/rel[0]/rel[1]/... for a worker and returns the last one open.
 // base is the user's --log-dir (or gangrun's scratch directory) and may itself be, or

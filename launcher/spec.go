@@ -149,6 +149,21 @@ func Prepare(ctx context.Context, spec Spec) (*Prepared, error) {
 	if err := checkMaxRestarts(spec.MaxRestarts); err != nil {
 		return nil, err
 	}
+	// Names first: a job id becomes a scratch directory's and a cgroup's name, so a bad
+	// one is refused before either is made.
+	if spec.JobID != "" {
+		if err := store.CheckSegment("--job-id", spec.JobID); err != nil {
+			return nil, err
+		}
+	}
+	if spec.NodeName != "" {
+		if err := store.CheckNodeName("--node-name", spec.NodeName); err != nil {
+			return nil, err
+		}
+	}
+	if err := checkWarmImports(spec.WarmImports); err != nil {
+		return nil, err
+	}
 	if spec.HangTimeout < 0 {
 		return nil, fmt.Errorf("--hang-timeout %s: must not be negative", spec.HangTimeout)
 	}

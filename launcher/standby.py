@@ -134,7 +134,11 @@ def _standby():
             importlib.import_module(m)
         except Exception as e:  # the script will meet the same error itself
             if not optional:
-                print("gangrun standby: cannot import %s: %s" % (m, e), file=_sys.stderr, flush=True)
+                # --warm-imports named it: a standby without it is no warm start, so
+                # it says why and exits, and the attempt starts cold.
+                print("gangrun standby: cannot import %s (--warm-imports): %s: the next attempt starts cold" % (m, e),
+                      file=_sys.stderr, flush=True)
+                os._exit(3)
     while True:
         ctrl = socket.socket(fileno=3)
         try:

@@ -468,6 +468,11 @@ func New(cfg Config, rdzv rendezvous.Rendezvous) (*Supervisor, error) {
 // and rejects one that exists but cannot be listed, or is not a directory (a named pipe
 // is refused without blocking in open(2)).
 func checkReadableDir(dir string) error {
+	// The trainer writes its checkpoints there, and gangrun its pins and fence: a
+	// kernel file system (/proc, /sys) takes none.
+	if fsys := userfile.PseudoFS(dir); fsys != "" {
+		return fmt.Errorf("--checkpoint-dir %s: cannot be written: %s is in the kernel's %s file system, where no files can be created", dir, userfile.ExistingAncestor(dir), fsys)
+	}
 	f, err := userfile.OpenDir(dir)
 	if errors.Is(err, os.ErrNotExist) {
 		if fi, lerr := os.Lstat(dir); lerr == nil && fi.Mode()&fs.ModeSymlink != 0 {

@@ -6,6 +6,8 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+
+	"github.com/gangrun/gangrun/internal/quote"
 )
 
 // torchrun's options (torch/distributed/run.py, get_args_parser) by canonical name (the
@@ -289,14 +291,17 @@ func ParseNNodes(s string) (min, max int, err error) {
 	lo, hi, isRange := strings.Cut(s, ":")
 	min, err = strconv.Atoi(lo)
 	if err != nil || min < 1 {
-		return 0, 0, fmt.Errorf("--nnodes %q: want N or MIN:MAX with 1 <= MIN <= MAX", s)
+		return 0, 0, fmt.Errorf("--nnodes %s: want N or MIN:MAX with 1 <= MIN <= MAX", quote.Q(s))
 	}
 	max = min
 	if isRange {
 		max, err = strconv.Atoi(hi)
 		if err != nil || max < min {
-			return 0, 0, fmt.Errorf("--nnodes %q: want N or MIN:MAX with 1 <= MIN <= MAX", s)
+			return 0, 0, fmt.Errorf("--nnodes %s: want N or MIN:MAX with 1 <= MIN <= MAX", quote.Q(s))
 		}
+	}
+	if max > MaxNNodes {
+		return 0, 0, fmt.Errorf("--nnodes %s: want at most %d nodes", quote.Q(s), MaxNNodes)
 	}
 	return min, max, nil
 }
@@ -321,10 +326,22 @@ func ResolveNProcPerNode(v string, gpus, cpus int) (int, error) {
 	}
 	n, err := strconv.Atoi(v)
 	if err != nil || n < 1 {
-		return 0, fmt.Errorf("--nproc-per-node %q: want a positive number, auto, gpu or cpu", v)
+		return 0, fmt.Errorf("--nproc-per-node %s: want a positive number, auto, gpu or cpu", quote.Q(v))
+	}
+	if n > MaxNProcPerNode {
+		return 0, fmt.Errorf("--nproc-per-node %d: want at most %d workers on one node (Slurm's default MaxTasksPerNode)", n, MaxNProcPerNode)
 	}
 	return n, nil
 }
+
+// MaxNProcPerNode is the most workers --nproc-per-node N starts on one node: Slurm's
+// default MaxTasksPerNode (slurm.conf), 512. ("cpu" may give more on a larger node: one
+// per CPU it has.)
+const MaxNProcPerNode = 512
+
+// MaxNNodes is the most nodes --nnodes takes, in nodes: more than any cluster gangrun's
+// Consul layout serves (every node is a key and a session).
+const MaxNNodes = 65536
 
 func isNumber(s string) bool {
 	_, err := strconv.Atoi(s)

@@ -29,6 +29,8 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/gangrun/gangrun/internal/jsonfile"
+	"github.com/gangrun/gangrun/internal/quote"
 	"github.com/gangrun/gangrun/internal/store"
 )
 
@@ -48,6 +50,16 @@ const (
 	DefaultDampening     = 1.0
 	DefaultShares        = 1
 )
+
+// MaxWeight bounds each priority weight, share, QOS priority and count of the policy:
+// Slurm keeps them as 32-bit unsigned integers (PriorityWeight*, Fairshare, a QOS's
+// Priority, GrpTRES counts), and five weights of at most this much cannot overflow a
+// job's int64 priority.
+const MaxWeight = 1<<32 - 1
+
+// MaxTier bounds a partition's tier: Slurm's PriorityTier and PriorityJobFactor are
+// 16-bit, at most 65533.
+const MaxTier = 65533
 
 // MaxPolicyBytes bounds the policy document: it is one Consul value (512 KiB at most).
 const MaxPolicyBytes = 256 << 10
@@ -188,25 +200,17 @@ type User struct {
 // Parse reads a policy document and checks it (Validate). An unknown field is an
 // error, so a misspelt limit is not silently ignored.
 func Parse(data []byte) (*Policy, error) {
-	switch t := bytes.TrimSpace(data); {
+	switch t := bytes.TrimSpace(bytes.TrimPrefix(data, []byte("\xEF\xBB\xBF"))); {
 	case len(t) == 0:
 		return nil, errors.New("the policy is empty: give a JSON object ({} for no partitions, accounts or limits)")
 	case t[0] != '{':
-		return nil, fmt.Errorf("the policy must be a JSON object, not %q", string(t[:min(len(t), 20)]))
+		return nil, fmt.Errorf("the policy must be a JSON object, not %s", quote.Q(string(t[:min(len(t), 20)])))
 	}
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
+	// A byte-order mark, a key given twice, a misspelt field, a value of the wrong type:
+	// each named with its line, column and field as the file spells it.
 	var p Policy
-	if err := dec.Decode(&p); err != nil {
-		var se *json.SyntaxError
-		if errors.As(err, &se) {
-			line := bytes.Count(data[:min(int(se.Offset), len(data))], []byte("\n")) + 1
-			return nil, fmt.Errorf("line %d: %v", line, err)
-		}
+	if err := jsonfile.Decode(data, &p); err != nil {
 		return nil, err
-	}
-	if dec.More() {
-		return nil, errors.New("more than one JSON value")
 	}
 	if err := p.Validate(); err != nil {
 		return nil, err
@@ -224,12 +228,20 @@ func (p *Policy) Validate() error {
 		name string
 		v    int64
 	}{{"age", w.Age}, {"fairshare", w.FairShare}, {"job_size", w.JobSize}, {"partition", w.Partition}, {"qos", w.QOS}} {
-		if f.v < 0 {
-			return fmt.Errorf("priority.weights.%s %d: must not be negative", f.name, f.v)
+		if f.v < 0 || f.v > MaxWeight {
+			return fmt.Errorf("priority.weights.%s %d: want 0 to %d (Slurm's PriorityWeight* are 32-bit)", f.name, f.v, int64(MaxWeight))
 		}
 	}
 	if p.Priority.MaxAge < 0 || p.Priority.DecayHalfLife < 0 {
 		return fmt.Errorf("priority.max_age %s, decay_half_life %s: must not be negative", time.Duration(p.Priority.MaxAge), time.Duration(p.Priority.DecayHalfLife))
+	}
+	for _, f := range []struct {
+		name string
+		d    Duration
+	}{{"max_age", p.Priority.MaxAge}, {"decay_half_life", p.Priority.DecayHalfLife}} {
+		if f.d > 0 && time.Duration(f.d) < time.Minute {
+			return fmt.Errorf("priority.%s %s: want 0 (the default, 7 days) or at least 1m (Slurm takes it in minutes)", f.name, time.Duration(f.d))
+		}
 	}
 	if p.Priority.Dampening < 0 {
 		return fmt.Errorf("priority.dampening %g: must not be negative", p.Priority.Dampening)
@@ -256,8 +268,8 @@ func (p *Policy) Validate() error {
 			return fmt.Errorf("%s.default_time %s: longer than max_time %s", at, time.Duration(pt.DefaultTime), time.Duration(pt.MaxTime))
 		case pt.MaxGPUsPerJob < 0:
 			return fmt.Errorf("%s.max_gpus_per_job %d: must not be negative", at, pt.MaxGPUsPerJob)
-		case pt.Tier < 0:
-			return fmt.Errorf("%s.tier %d: must not be negative", at, pt.Tier)
+		case pt.Tier < 0 || pt.Tier > MaxTier:
+			return fmt.Errorf("%s.tier %d: want 0 to %d (Slurm's PriorityTier)", at, pt.Tier, MaxTier)
 		}
 		for _, a := range pt.AllowAccounts {
 			if _, ok := p.Accounts[a]; !ok && len(p.Accounts) > 0 {
@@ -275,8 +287,8 @@ func (p *Policy) Validate() error {
 		if err := checkName("qos", name); err != nil {
 			return err
 		}
-		if q := p.QOS[name]; q.Priority < 0 {
-			return fmt.Errorf("qos.%s.priority %d: must not be negative", name, q.Priority)
+		if q := p.QOS[name]; q.Priority < 0 || q.Priority > MaxWeight {
+			return fmt.Errorf("qos.%s.priority %d: want 0 to %d", name, q.Priority, int64(MaxWeight))
 		}
 	}
 	defaultOf := map[string]string{}
@@ -290,8 +302,8 @@ func (p *Policy) Validate() error {
 			name string
 			v    int
 		}{{"shares", a.Shares}, {"grp_gpus", a.GrpGPUs}, {"grp_jobs", a.GrpJobs}, {"max_gpus_per_user", a.MaxGPUsPerUser}, {"max_jobs_per_user", a.MaxJobsPerUser}} {
-			if f.v < 0 {
-				return fmt.Errorf("%s.%s %d: must not be negative", at, f.name, f.v)
+			if f.v < 0 || f.v > MaxWeight {
+				return fmt.Errorf("%s.%s %d: want 0 to %d", at, f.name, f.v, int64(MaxWeight))
 			}
 		}
 		if a.GrpGPUHours < 0 {
@@ -305,8 +317,8 @@ func (p *Policy) Validate() error {
 				return err
 			}
 			uu := a.Users[u]
-			if uu.Shares < 0 || uu.MaxGPUs < 0 || uu.MaxJobs < 0 {
-				return fmt.Errorf("%s.users.%s: shares %d, max_gpus %d, max_jobs %d: must not be negative", at, u, uu.Shares, uu.MaxGPUs, uu.MaxJobs)
+			if uu.Shares < 0 || uu.MaxGPUs < 0 || uu.MaxJobs < 0 || uu.Shares > MaxWeight || uu.MaxGPUs > MaxWeight || uu.MaxJobs > MaxWeight {
+				return fmt.Errorf("%s.users.%s: shares %d, max_gpus %d, max_jobs %d: want 0 to %d each", at, u, uu.Shares, uu.MaxGPUs, uu.MaxJobs, int64(MaxWeight))
 			}
 			if uu.Default {
 				if other, ok := defaultOf[u]; ok {

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"encoding/json"
 	"math"
 	"strings"
 	"testing"
@@ -208,7 +209,7 @@ func TestParseRefusesBadPolicies(t *testing.T) {
 	for _, tc := range []struct{ doc, want string }{
 		{`{"priority": {"weights": {"age": -1}}}`, "priority.weights.age -1"},
 		{`{"accounts": {"ml": {"grp_gpus": -2}}}`, "accounts.ml.grp_gpus -2"},
-		{`{"accounts": {"ml": {"max_gpu_per_user": 2}}}`, `unknown field "max_gpu_per_user"`},
+		{`{"accounts": {"ml": {"max_gpu_per_user": 2}}}`, `unknown field "accounts.ml.max_gpu_per_user"`},
 		{`{"partitions": {"p": {"max_time": "1h", "default_time": "2h"}}}`, "partitions.p.default_time 2h0m0s"},
 		{`{"partitions": {"p": {"max_time": 60}}}`, "duration 60"},
 		{`{"partitions": {"p": {"allow_accounts": ["x"]}}, "accounts": {"ml": {}}}`, `account "x" is not in accounts`},
@@ -220,10 +221,26 @@ func TestParseRefusesBadPolicies(t *testing.T) {
 		{"  \n", "the policy is empty"},
 		{"null", `not "null"`},
 		{"[1]", "must be a JSON object"},
+		// Issue 26: what encoding/json let through or said in Go's words.
+		{"\xEF\xBB\xBF{}", "UTF-8 byte-order mark (bytes EF BB BF)"},
+		{`{"priority": {"weights": {"age": 1, "age": 2}}}`, `line 1, column 37: field "priority.weights.age" given twice (first at line 1, column 27)`},
+		{`{"accounts": {"ml": {}}, "accounts": {}}`, `field "accounts" given twice`},
+		{`{"priority": {"weights": {"age": 9223372036854775807}}}`, "priority.weights.age 9223372036854775807: want 0 to 4294967295"},
+		{`{"priority": {"weights": {"age": 1e30}}}`, `line 1, column 38: field "priority.weights.age": want an integer from -9223372036854775808 to 9223372036854775807, got 1e30`},
+		{`{"priority": {"weights": {"age": "x"}}}`, `field "priority.weights.age": want an integer`},
+		{`{"accounts": {"ml": {"shares": 9223372036854775807}}}`, "accounts.ml.shares 9223372036854775807: want 0 to 4294967295"},
+		{`{"partitions": {"p": {"tier": 70000}}}`, "partitions.p.tier 70000: want 0 to 65533"},
+		{`{"priority": {"decay_half_life": "1ns"}}`, "priority.decay_half_life 1ns: want 0 (the default, 7 days) or at least 1m"},
+		{`{"priority": {"max_age": "30s"}}`, "priority.max_age 30s"},
+		{`{"priority": {"weights": {"age": 1}}`, "the file ends before the document does (truncated?)"},
+		{`{} {}`, "a second value after the document"},
 	} {
 		_, err := Parse([]byte(tc.doc))
 		if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "\n") {
 			t.Errorf("Parse(%s) = %v, want one line naming %q", tc.doc, err, tc.want)
+		}
+		if err != nil && (strings.Contains(err.Error(), "Go struct") || strings.Contains(err.Error(), "int64") || strings.Contains(err.Error(), "invalid character 'ï'")) {
+			t.Errorf("Parse(%s) = %v: Go's words, not the file's", tc.doc, err)
 		}
 	}
 }
@@ -243,4 +260,50 @@ func TestDefaults(t *testing.T) {
 	if a, b := p.DefaultTime("a"), p.DefaultTime("b"); a != 8*time.Hour || b != time.Hour {
 		t.Errorf("DefaultTime: a %s (want max_time 8h), b %s (want default_time 1h)", a, b)
 	}
+}
+
+// TestPriorityNeverWrapsAround: the heaviest weights the policy takes and the largest
+// --priority a job may have give the highest priority, never a negative one; a job
+// with no --priority ranks above one given the lowest.
+func TestPriorityNeverWrapsAround(t *testing.T) {
+	p := mustParse(t, `{"priority": {"weights": {"age": 4294967295, "fairshare": 4294967295, "job_size": 4294967295, "partition": 4294967295, "qos": 4294967295}}}`)
+	now := time.Now()
+	old := now.Add(-30 * 24 * time.Hour)
+	high := p.Factors(Job{Site: math.MaxInt, Submitted: old, GPUs: 8}, now, nil, 8)
+	if high.Priority != math.MaxInt64 {
+		t.Errorf("the largest --priority with the heaviest weights: %d, want %d (held at the limit)", high.Priority, int64(math.MaxInt64))
+	}
+	plain := p.Factors(Job{Submitted: old, GPUs: 8}, now, nil, 8)
+	low := p.Factors(Job{Site: math.MinInt, Submitted: old, GPUs: 8}, now, nil, 8)
+	if plain.Priority <= low.Priority || plain.Priority < 0 {
+		t.Errorf("no --priority: %d; the lowest --priority: %d: want the first above the second, and not negative", plain.Priority, low.Priority)
+	}
+}
+
+// FuzzParse: any document is parsed or refused in one line, never a panic; what is
+// accepted validates and survives a round trip.
+func FuzzParse(f *testing.F) {
+	for _, seed := range []string{`{}`, `{"priority": {"weights": {"age": 1000}}}`, `{"accounts": {"ml": {"users": {"a": {"default": true}}}}}`,
+		"\xEF\xBB\xBF{}", `{"a": 1, "a": 2}`, `{"partitions": {"p": {"max_time": "1h"}}}`} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		p, err := Parse(data)
+		if err != nil {
+			if strings.Contains(err.Error(), "\n") {
+				t.Errorf("a two-line error: %q", err)
+			}
+			return
+		}
+		if err := p.Validate(); err != nil {
+			t.Errorf("Parse accepted what Validate refuses: %v", err)
+		}
+		b, err := json.Marshal(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := Parse(b); err != nil {
+			t.Errorf("a parsed policy does not parse again: %v\n%s", err, b)
+		}
+	})
 }

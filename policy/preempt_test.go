@@ -44,7 +44,7 @@ func TestPreemptionPolicyParses(t *testing.T) {
 		{`{"preemption": {"grace_time": "1000000h"}}`, `preemption.grace_time 1000000h0m0s: want 0 to 24h0m0s`},
 		{`{"preemption": {"grace_time": 30}}`, `duration 30: want text such as "90m" or "168h"`},
 		{`{"partitions": {"p": {"preempt_mode": "suspend"}}}`, `partitions.p.preempt_mode "suspend": want "requeue" or "off"`},
-		{`{"preemption": {"tpye": "partition_prio"}}`, `unknown field "tpye"`},
+		{`{"preemption": {"tpye": "partition_prio"}}`, `unknown field "preemption.tpye"`},
 	} {
 		_, err := Parse([]byte(tc.doc))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

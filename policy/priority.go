@@ -63,8 +63,26 @@ func (p *Policy) Factors(j Job, now time.Time, fs *FairShare, totalGPUs int) Fac
 	w := p.Priority.Weights
 	sum := float64(w.Age)*f.Age + float64(w.FairShare)*f.FairShare + float64(w.JobSize)*f.JobSize +
 		float64(w.Partition)*f.Partition + float64(w.QOS)*f.QOS
-	f.Priority = int64(j.Site) + int64(sum)
+	f.Priority = saturatingAdd(int64(j.Site), sum)
 	return f
+}
+
+// saturatingAdd returns site + sum truncated to an integer, held within int64: a sum
+// past the limit stays at the limit instead of wrapping around to a negative priority
+// (the policy's weights are bounded, MaxWeight; a job's own --priority is not this
+// package's to bound).
+func saturatingAdd(site int64, sum float64) int64 {
+	var add int64
+	switch {
+	case sum >= math.MaxInt64: // float64(MaxInt64) is 2^63: beyond every int64
+		add = math.MaxInt64
+	case sum > 0:
+		add = int64(sum)
+	}
+	if site > 0 && add > math.MaxInt64-site {
+		return math.MaxInt64
+	}
+	return site + add
 }
 
 func (p *Policy) maxTier() int {

@@ -392,7 +392,7 @@ const (
 // Errors that no wait can fix (another --nnodes than the job's, a name held by another
 // node, the job finished meanwhile) are returned at once.
 func (c *Dynamic) Join(ctx context.Context, req JoinRequest) (Round, error) {
-	if err := store.CheckSegment("node name", req.Node); err != nil {
+	if err := store.CheckNodeName("node name", req.Node); err != nil {
 		return nil, err
 	}
 	if req.LocalWorldSize < 1 {
@@ -1214,7 +1214,7 @@ func (consul) open(_ context.Context, coordinator string, cfg Config) (*Opened, 
 	if err != nil {
 		return nil, err
 	}
-	s, err := store.NewConsul(addr)
+	s, err := store.NewConsulFrom(addr, "--coordinator")
 	if err != nil {
 		return nil, &UsageError{Err: err}
 	}

@@ -155,7 +155,7 @@ func nodeName(name string) (string, error) {
 		}
 		name = h
 	}
-	if err := store.CheckSegment("--node-name", name); err != nil {
+	if err := store.CheckNodeName("--node-name", name); err != nil {
 		return "", &UsageError{Err: err}
 	}
 	return name, nil

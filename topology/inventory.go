@@ -1,7 +1,6 @@
 package topology
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -11,6 +10,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/gangrun/gangrun/internal/jsonfile"
 	"github.com/gangrun/gangrun/internal/userfile"
 )
 
@@ -427,8 +427,13 @@ func Decode(data []byte) (*Inventory, error) {
 	var probe struct {
 		SchemaVersion *int `json:"schema_version"`
 	}
+	// A byte-order mark, an empty file or a key given twice is refused in the file's
+	// terms before anything is decoded (jsonfile.Check).
+	if err := jsonfile.Check(data); err != nil {
+		return nil, err
+	}
 	if err := json.Unmarshal(data, &probe); err != nil {
-		return nil, jsonError(data, err)
+		return nil, jsonfile.Describe(data, err)
 	}
 	if probe.SchemaVersion == nil {
 		return nil, fmt.Errorf("no schema_version: not a gangrun topology inventory")
@@ -438,21 +443,13 @@ func Decode(data []byte) (*Inventory, error) {
 	}
 	inv := &Inventory{}
 	if err := json.Unmarshal(data, inv); err != nil {
-		return nil, jsonError(data, err)
+		return nil, jsonfile.Describe(data, err)
 	}
 	inv.normalize()
 	if err := inv.Validate(); err != nil {
 		return nil, err
 	}
 	return inv, nil
-}
-
-func lineCol(data []byte, offset int64) (line, col int) {
-	offset = max(0, min(offset, int64(len(data))))
-	before := data[:offset]
-	line = bytes.Count(before, []byte("\n")) + 1
-	col = int(offset) - bytes.LastIndexByte(before, '\n')
-	return line, col
 }
 
 // Validate checks the inventory's internal consistency: GPU indices unique and

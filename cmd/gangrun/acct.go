@@ -8,6 +8,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/gangrun/gangrun/internal/quote"
+	"github.com/gangrun/gangrun/internal/store"
 	"github.com/gangrun/gangrun/job"
 )
 
@@ -31,6 +33,14 @@ func runAcct(ctx context.Context, e *env, args []string) int {
 	if fs.NArg() > 0 {
 		return usageErr(e, "acct", "unexpected argument %q: acct takes flags only", fs.Arg(0))
 	}
+	// A user or account is a name the records carry, never a path: "a/b" names none.
+	for _, f := range []struct{ flag, v string }{{"--user", *user}, {"--account", *account}} {
+		if f.v != "" {
+			if err := store.CheckSegment(f.flag, f.v); err != nil {
+				return usageErr(e, "acct", "%v", err)
+			}
+		}
+	}
 	now := time.Now().UTC()
 	since := now.Truncate(24 * time.Hour)
 	if *report {
@@ -40,12 +50,12 @@ func runAcct(ctx context.Context, e *env, args []string) int {
 	var err error
 	if *sinceFlag != "" {
 		if since, err = parseWhen(*sinceFlag, now); err != nil {
-			return usageErr(e, "acct", "--since %q: %v", *sinceFlag, err)
+			return usageErr(e, "acct", "--since %s: %v", quote.Q(*sinceFlag), err)
 		}
 	}
 	if *untilFlag != "" {
 		if until, err = parseWhen(*untilFlag, now); err != nil {
-			return usageErr(e, "acct", "--until %q: %v", *untilFlag, err)
+			return usageErr(e, "acct", "--until %s: %v", quote.Q(*untilFlag), err)
 		}
 	}
 	if !since.Before(until) {
@@ -55,7 +65,7 @@ func runAcct(ctx context.Context, e *env, args []string) int {
 	if *state != "" {
 		st = job.Status(strings.ToUpper(*state))
 		if !st.Final() {
-			return usageErr(e, "acct", "--state %q: want an end state: COMPLETED, FAILED, CANCELLED, TIMEOUT or NODE_FAIL", *state)
+			return usageErr(e, "acct", "--state %s: want an end state: COMPLETED, FAILED, CANCELLED, TIMEOUT or NODE_FAIL", quote.Q(*state))
 		}
 		if *report {
 			return usageErr(e, "acct", "--state %q: --report sums every end state (drop --state)", *state)
@@ -92,18 +102,27 @@ func runAcct(ctx context.Context, e *env, args []string) int {
 	return exitOK
 }
 
+// minAcctYear is the earliest year --since and --until take: the Unix epoch's.
+const minAcctYear = 1970
+
 // parseWhen reads --since and --until: a UTC date (YYYY-MM-DD), a date and time
 // (YYYY-MM-DDTHH:MM[:SS], or RFC 3339 with a zone), or a time before now: a Go
 // duration (90m, 36h) or whole days (7d).
 func parseWhen(v string, now time.Time) (time.Time, error) {
 	for _, layout := range []string{time.RFC3339, "2006-01-02T15:04:05", "2006-01-02T15:04", "2006-01-02"} {
 		if t, err := time.Parse(layout, v); err == nil {
+			if t.UTC().Year() < minAcctYear {
+				return time.Time{}, fmt.Errorf("want a date from %d-01-01 on (no job ended before)", minAcctYear)
+			}
 			return t.UTC(), nil
 		}
 	}
 	if d, ok := strings.CutSuffix(v, "d"); ok {
 		if n, err := strconv.Atoi(d); err == nil && n >= 0 && n <= 100000 {
-			return now.AddDate(0, 0, -n), nil
+			if t := now.AddDate(0, 0, -n); t.Year() >= minAcctYear {
+				return t, nil
+			}
+			return time.Time{}, fmt.Errorf("want at most %d days ago (%d-01-01: no job ended before)", int(now.Sub(time.Date(minAcctYear, 1, 1, 0, 0, 0, 0, time.UTC)).Hours()/24), minAcctYear)
 		}
 	}
 	if d, err := time.ParseDuration(v); err == nil && d >= 0 && d <= maxWait {

@@ -200,7 +200,7 @@ func TestBenchUsageErrors(t *testing.T) {
 		{"pairwise join timeout", []string{"bench", "nccl", "--pairwise", "--nnodes", "2", "--coordinator", "consul://127.0.0.1:1", "--job-id", "j", "--join-timeout", "-1s"}, 2, `--join-timeout "-1s": must not be negative`},
 		{"pairwise without job id", []string{"bench", "nccl", "--pairwise", "--nnodes", "2", "--coordinator", "consul://127.0.0.1:1"}, 2, "needs --job-id"},
 		{"pairwise consul unreachable", []string{"bench", "nccl", "--pairwise", "--nnodes", "2", "--coordinator", "consul://127.0.0.1:1", "--job-id", "j",
-			"--python", benchPython(), "--backend", "gloo", "--topology-file", filepath.Join(inventories, "cpu-only.json")}, 1, "pairwise sweep j: read the sweep key"},
+			"--python", benchPython(), "--backend", "gloo", "--topology-file", filepath.Join(inventories, "cpu-only.json")}, 1, "gangrun bench nccl: cannot reach Consul at 127.0.0.1:1 (from --coordinator): connection refused"},
 		{"json and csv", []string{"bench", "nccl", "--json", "--csv"}, 2, "--json and --csv"},
 		{"bad op", []string{"bench", "nccl", "--op", "all_reduce,gather"}, 2, `unknown operation "gather"`},
 		{"bad size", []string{"bench", "nccl", "--min-bytes", "1KB"}, 2, `--min-bytes: size "1KB"`},

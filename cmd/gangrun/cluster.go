@@ -44,7 +44,7 @@ func openStore(e *env, cmd, addr string) (*store.Consul, int) {
 			return nil, usageErr(e, cmd, "%v", err)
 		}
 	}
-	s, err := store.NewConsul(addr)
+	s, err := store.NewConsulFrom(addr, "--consul")
 	if err != nil {
 		return nil, usageErr(e, cmd, "%v", err)
 	}
@@ -138,7 +138,7 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 		}
 	}
 	// The node name is a key segment in Consul and a name the other nodes see.
-	if err := store.CheckSegment("--node-name", name); err != nil {
+	if err := store.CheckNodeName("--node-name", name); err != nil {
 		return usageErr(e, "agent", "%v", err)
 	}
 	if *addr != "" && net.ParseIP(*addr) == nil {
@@ -827,7 +827,7 @@ func runResume(ctx context.Context, e *env, args []string) int {
 }
 
 func setDrain(ctx context.Context, e *env, cmd, consul, node, reason string) int {
-	if err := store.CheckSegment("node", node); err != nil {
+	if err := store.CheckNodeName("node", node); err != nil {
 		return usageErr(e, cmd, "%v", err)
 	}
 	s, code := openStore(e, cmd, consul)

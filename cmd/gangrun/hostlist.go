@@ -95,6 +95,9 @@ func hostlistExpand(e *env, args []string) int {
 	var all [][]string
 	for _, expr := range exprs {
 		hosts, err := hostlist.Expand(expr)
+		if err == nil {
+			err = checkHostnames(hosts)
+		}
 		if err != nil {
 			return usageErr(e, cmd, "%v", err)
 		}
@@ -122,6 +125,9 @@ func hostlistCompress(e *env, stdin io.Reader, args []string) int {
 	var hosts []string
 	add := func(where, text string) int {
 		h, err := hostlist.Expand(text)
+		if err == nil {
+			err = checkHostnames(h)
+		}
 		if err != nil {
 			return usageErr(e, cmd, "%s: %v", where, err)
 		}
@@ -197,4 +203,14 @@ func hostlistFlush(e *env, cmd string, w *bufio.Writer) int {
 		return exitFailure
 	}
 	return failErr(e, cmd, fmt.Errorf("writing output: %w", err))
+}
+
+// checkHostnames returns the first of hosts that DNS would not take as a host name.
+func checkHostnames(hosts []string) error {
+	for _, h := range hosts {
+		if err := hostlist.CheckHostname(h); err != nil {
+			return err
+		}
+	}
+	return nil
 }

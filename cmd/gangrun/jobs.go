@@ -92,7 +92,7 @@ func runSubmit(ctx context.Context, e *env, args []string) int {
 		// line overrides; the job runs the script's text as it is now.
 		data, err := userfile.ReadFile(rest[0], job.MaxScriptBytes)
 		if err != nil {
-			return usageErr(e, "submit", "script %s: %v", rest[0], err)
+			return usageErr(e, "submit", "script %v", err) // err names the path
 		}
 		script = string(data)
 		if !job.HasCommand(script) {
@@ -117,6 +117,9 @@ func runSubmit(ctx context.Context, e *env, args []string) int {
 	spec, err := f.spec(command, script, scriptName(rest, script))
 	if err != nil {
 		return usageErr(e, "submit", "%v", err)
+	}
+	if code := checkSubmit(e, spec, f.timeLimit); code != exitOK {
+		return code
 	}
 	var array *job.Array
 	if f.array != "" {

@@ -14,6 +14,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"unicode"
@@ -23,6 +24,7 @@ import (
 
 	"github.com/gangrun/gangrun/internal/cgroup"
 	"github.com/gangrun/gangrun/internal/proc"
+	"github.com/gangrun/gangrun/internal/quote"
 	"github.com/gangrun/gangrun/internal/store"
 )
 
@@ -164,7 +166,21 @@ func dispatch(ctx context.Context, e *env, args []string) int {
 		return exitUsage
 	}
 	switch args[0] {
-	case "-h", "--help", "help":
+	case "help":
+		// help CMD is CMD --help, as git's; a command that does not exist is a usage
+		// error, not the list with exit 0.
+		if len(args) > 1 && args[1] != "-h" && args[1] != "--help" {
+			for _, c := range commands() {
+				if c.name == args[1] {
+					return c.run(ctx, e, []string{"--help"})
+				}
+			}
+			fmt.Fprintf(e.stderr, "gangrun help: unknown command %s (run 'gangrun help' for the list)\n", oneLine(quote.Q(args[1])))
+			return exitUsage
+		}
+		usage(e.stdout)
+		return exitOK
+	case "-h", "--help":
 		usage(e.stdout)
 		return exitOK
 	case "-v", "--version":
@@ -185,7 +201,7 @@ func dispatch(ctx context.Context, e *env, args []string) int {
 			return c.run(ctx, e, args[1:])
 		}
 	}
-	fmt.Fprintf(e.stderr, "gangrun: unknown command %q (run 'gangrun help' for the list)\n", args[0])
+	fmt.Fprintf(e.stderr, "gangrun: unknown command %s (run 'gangrun help' for the list)\n", oneLine(quote.Q(args[0])))
 	return exitUsage
 }
 
@@ -257,7 +273,14 @@ func usageErr(e *env, cmd string, format string, a ...any) int {
 
 // failErr prints a one-line failure for cmd and returns exit code 1; 2 when Consul's
 // ACLs refused the request (store.ErrPermissionDenied: nothing was done, docs/acl.md).
+//
+// A Consul that could not be reached at all is said alone, naming its address and where
+// that came from (store.UnavailableError), without the operations that wrapped it.
 func failErr(e *env, cmd string, err error) int {
+	var ue *store.UnavailableError
+	if errors.As(err, &ue) && ue.Unreachable() {
+		err = ue
+	}
 	fmt.Fprintf(e.stderr, "gangrun %s: %s\n", cmd, oneLine(err.Error()))
 	if errors.Is(err, store.ErrPermissionDenied) {
 		return exitUsage
@@ -270,8 +293,17 @@ func failErr(e *env, cmd string, err error) int {
 // format characters (U+202E reorders the rest of the line) and invalid UTF-8, written
 // as \u202e or \xff. Values in messages are quoted with %q where they are built; this
 // catches a path or a name that was not.
+//
+// A word longer than maxWordBytes (a 100 KB value a message quotes) is shortened to its
+// first bytes and its length (quote.Short): the value is named, never echoed whole.
 func oneLine(s string) string {
-	s = strings.Join(strings.Fields(s), " ")
+	words := strings.Fields(s)
+	for i, w := range words {
+		if len(w) > maxWordBytes {
+			words[i] = shortWord(w)
+		}
+	}
+	s = strings.Join(words, " ")
 	var b strings.Builder
 	for i, r := range s {
 		switch {
@@ -284,6 +316,25 @@ func oneLine(s string) string {
 		}
 	}
 	return b.String()
+}
+
+// maxWordBytes is the longest word, in bytes, a message shows whole: longer than any
+// path or name a message needs (a path is at most 4096 bytes, but one that long is
+// better shown shortened too).
+const maxWordBytes = 200
+
+// shortWord shortens w to quote.Head and its length, keeping a closing quote and the
+// punctuation after it: "xxxx..." (100002 bytes):
+func shortWord(w string) string {
+	punct := ""
+	if n := len(w); n > 0 && (w[n-1] == ':' || w[n-1] == ',' || w[n-1] == ';') {
+		w, punct = w[:n-1], w[n-1:]
+	}
+	closing := ""
+	if strings.HasPrefix(w, `"`) && strings.HasSuffix(w, `"`) {
+		closing = `"`
+	}
+	return quote.Head(w) + "..." + closing + " (" + strconv.Itoa(len(w)) + " bytes)" + punct
 }
 
 // writeJSON writes v to w as indented JSON, HTML characters unescaped.

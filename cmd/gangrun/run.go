@@ -236,6 +236,12 @@ func supervise(ctx context.Context, e *env, cmd string, p *launcher.Prepared) (i
 	res := sup.Run(ctx)
 	if res.Err != nil {
 		log.Error(cmd+" failed", zap.Error(res.Err))
+		// A Consul that could not be reached is said last, alone, in one line: the
+		// address, where it came from, and what to do.
+		var ue *store.UnavailableError
+		if errors.As(res.Err, &ue) && ue.Unreachable() {
+			fmt.Fprintf(e.stderr, "gangrun %s: %s\n", cmd, oneLine(ue.Error()))
+		}
 	}
 	return res.ExitCode, res
 }

@@ -116,10 +116,11 @@ func TestJobRunsAsItsUser(t *testing.T) {
 	if err := os.Chown(pipe, uid, gid); err != nil { // hers
 		t.Fatal(err)
 	}
-	fifoJob := c.submit("--uid", "alice", "--gpus-per-node", "1", "--output", pipe, "--", "true")
-	m = c.waitState(fifoJob, job.Failed, 90*time.Second)
-	if r := fmt.Sprint(m); !strings.Contains(r, "output "+pipe+": a named pipe that no one reads: want a file") {
-		t.Errorf("a named pipe as the output: the record does not say so:\n%s", r)
+	// submit refuses it before anything is queued (job.Spec.CheckHere); the step's own
+	// check stays for a pipe made after submit.
+	if code, _, errOut := c.gangrun("submit", "--uid", "alice", "--gpus-per-node", "1", "--output", pipe, "--", "true"); code != 2 ||
+		errOut != "gangrun submit: --output "+pipe+": "+pipe+" is a named pipe (FIFO): want a file (or /dev/null)\n" {
+		t.Errorf("a named pipe as the output: exit %d, stderr %q; want 2 and a refusal naming it", code, errOut)
 	}
 	timerLink := filepath.Join(dir, "timer-link")
 	if err := os.Symlink(rootPipe, timerLink); err != nil {

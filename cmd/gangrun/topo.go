@@ -4,8 +4,8 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"os"
 
+	"github.com/gangrun/gangrun/internal/userfile"
 	"github.com/gangrun/gangrun/launcher"
 	"github.com/gangrun/gangrun/topology"
 )
@@ -73,8 +73,19 @@ func runTopo(ctx context.Context, e *env, args []string) int {
 		}
 		if *xmlPath == "-" {
 			_, err = e.stdout.Write(buf.Bytes())
-		} else if err = os.WriteFile(*xmlPath, buf.Bytes(), 0o644); err != nil {
-			err = fmt.Errorf("write NCCL topology file: %w", err)
+		} else {
+			// Never onto the command's own input, a FIFO or a device (userfile.Create).
+			f, cerr := userfile.Create(*xmlPath, 0o644, *file)
+			if cerr != nil {
+				return usageErr(e, "topo", "--nccl-topo-xml %v", cerr)
+			}
+			_, err = f.Write(buf.Bytes())
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
+			if err != nil {
+				err = fmt.Errorf("write NCCL topology file %s: %w", *xmlPath, err)
+			}
 		}
 		if err != nil {
 			return failErr(e, "topo", err)

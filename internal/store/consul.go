@@ -14,12 +14,26 @@ import (
 	"time"
 
 	"github.com/hashicorp/consul/api"
+
+	"github.com/gangrun/gangrun/internal/quote"
+	"github.com/gangrun/gangrun/internal/userfile"
 )
 
 // Consul is the Store on a Consul cluster, through github.com/hashicorp/consul/api.
 type Consul struct {
 	c         *api.Client
 	transport *http.Transport
+	origin    origin
+}
+
+// origin is the Consul address a client dials and where it came from, for the error
+// of a request that could not connect.
+type origin struct {
+	// addr is the address as dialled ("127.0.0.1:8500", "https://h:8501",
+	// "unix:///run/consul.sock").
+	addr string
+	// from says where it came from: "--consul", "CONSUL_HTTP_ADDR", "the default".
+	from string
 }
 
 // ParseConsulURL turns a --coordinator value "consul://HOST:PORT" (or "consul://" to
@@ -52,7 +66,14 @@ func ParseConsulURL(s string) (string, error) {
 // refused here, naming where it came from ("consul address", or CONSUL_HTTP_ADDR),
 // rather than failing as a DNS error at the first request.
 func NewConsul(addr string) (*Consul, error) {
-	return NewConsulToken(addr, "")
+	return NewConsulFrom(addr, "consul address")
+}
+
+// NewConsulFrom is NewConsul naming where a non-empty addr came from ("--consul",
+// "--coordinator"): the errors of a malformed address, and of a Consul that cannot be
+// reached there, say so.
+func NewConsulFrom(addr, from string) (*Consul, error) {
+	return newConsul(addr, from, "")
 }
 
 // NewConsulToken is NewConsul with the ACL token secret given ("" takes it from
@@ -60,23 +81,39 @@ func NewConsul(addr string) (*Consul, error) {
 // in the X-Consul-Token header of every request, never in a URL, so it appears in no
 // error.
 func NewConsulToken(addr, token string) (*Consul, error) {
+	return newConsul(addr, "consul address", token)
+}
+
+func newConsul(addr, from, token string) (*Consul, error) {
+	if err := checkConsulEnv(); err != nil {
+		return nil, err
+	}
 	cfg := api.DefaultConfig()
 	if token != "" {
 		cfg.Token, cfg.TokenFile = token, ""
 	}
-	what := "consul address"
+	what, shown := from, addr
+	from = "from " + from
 	if addr != "" {
 		cfg.Address = addr
 	} else if env := os.Getenv(api.HTTPAddrEnvName); env != "" {
-		what = api.HTTPAddrEnvName
+		what, from, shown = api.HTTPAddrEnvName, "from "+api.HTTPAddrEnvName, env
 		// DefaultConfig strips a scheme it understands into cfg.Scheme: judge the
 		// variable as the user wrote it.
 		if err := CheckConsulAddr(what, env); err != nil {
 			return nil, err
 		}
+	} else {
+		what, from, shown = "consul address", "the default: no --consul given and CONSUL_HTTP_ADDR unset", cfg.Address
 	}
 	if err := CheckConsulAddr(what, cfg.Address); err != nil {
 		return nil, err
+	}
+	// A host without a port is Consul's port, not the scheme's (80 or 443).
+	if a, added := withConsulPort(cfg.Address, cfg.Scheme); added {
+		cfg.Address = a
+		shown = withScheme(cfg.Address, cfg.Scheme)
+		from += ", with Consul's default port added"
 	}
 	if err := checkToken(cfg); err != nil {
 		return nil, err
@@ -94,7 +131,48 @@ func NewConsulToken(addr, token string) (*Consul, error) {
 	if err != nil {
 		return nil, fmt.Errorf("consul client for %s: %w", cfg.Address, err)
 	}
-	return &Consul{c: c, transport: cfg.Transport}, nil
+	return &Consul{c: c, transport: cfg.Transport, origin: origin{addr: shown, from: from}}, nil
+}
+
+// Consul's default HTTP API port, and the port its documentation suggests for HTTPS
+// (ports.http and ports.https in Consul's agent configuration reference).
+const (
+	DefaultHTTPPort  = "8500"
+	DefaultHTTPSPort = "8501"
+)
+
+// withConsulPort adds Consul's default port to an address that has none (HOST,
+// http://HOST, [::1]): 8500, or 8501 under https. consul/api would use the scheme's, 80
+// or 443, where no Consul listens. An address with a path (a reverse proxy:
+// https://proxy.example.com/consul) or a unix socket is left as it is.
+func withConsulPort(addr, scheme string) (string, bool) {
+	if strings.HasPrefix(addr, "unix://") {
+		return addr, false
+	}
+	prefix, hostport := "", addr
+	if p, rest, ok := strings.Cut(addr, "://"); ok {
+		prefix, hostport, scheme = p+"://", rest, p
+	}
+	if hostport == "" || strings.ContainsAny(hostport, "/?#") {
+		return addr, false
+	}
+	if _, _, err := net.SplitHostPort(hostport); err == nil {
+		return addr, false
+	}
+	port := DefaultHTTPPort
+	if scheme == "https" {
+		port = DefaultHTTPSPort
+	}
+	return prefix + net.JoinHostPort(strings.Trim(hostport, "[]"), port), true
+}
+
+// withScheme returns addr as a user would write it: with https:// when the scheme is
+// https and addr has none.
+func withScheme(addr, scheme string) string {
+	if scheme == "https" && !strings.Contains(addr, "://") {
+		return "https://" + addr
+	}
+	return addr
 }
 
 // maxIdleConns is how many idle connections to its Consul agent a client keeps (Consul
@@ -219,7 +297,7 @@ func (s *Consul) Close() {
 // as every request does. With Consul's ACLs off the error says "ACL support disabled";
 // an unknown token is a *PermissionError saying "ACL not found".
 func (s *Consul) TokenSelf(ctx context.Context) (*api.ACLToken, error) {
-	return attempt(ctx, "consul acl token self", func(ctx context.Context) (*api.ACLToken, error) {
+	return attempt(ctx, s.origin, "consul acl token self", func(ctx context.Context) (*api.ACLToken, error) {
 		t, _, err := s.c.ACL().TokenReadSelf((&api.QueryOptions{}).WithContext(ctx))
 		return t, err
 	})
@@ -248,9 +326,12 @@ func blockingTimeout(wait time.Duration) time.Duration { return wait + wait/16 +
 // transport error, a timeout of CallTimeout, an HTTP 5xx such as "No cluster leader")
 // is an *UnavailableError; an answer (an HTTP 4xx: an ACL refusal, a bad request) is
 // wrapped as it is. When parent itself ended, its error is returned.
-func failed(parent context.Context, op string, err error) error {
+func failed(parent context.Context, o origin, op string, err error) error {
 	if parent.Err() != nil {
 		return parent.Err()
+	}
+	if dialFailed(err) {
+		return &UnavailableError{Op: op, Err: err, Addr: o.addr, From: o.from}
 	}
 	if code := statusCode(err); code == 403 || code == 401 && strings.Contains(err.Error(), "ACL not found") {
 		return &PermissionError{Op: op, Err: err}
@@ -301,7 +382,9 @@ const (
 // answer: the write may have been applied.)
 func notReached(err error) bool {
 	if dialFailed(err) {
-		return true
+		// A name no DNS server knows stays unknown: nothing to wait for.
+		var dns *net.DNSError
+		return !errors.As(err, &dns) || !dns.IsNotFound
 	}
 	var se api.StatusError
 	if errors.As(err, &se) && se.Code >= 500 {
@@ -324,7 +407,7 @@ func dialFailed(err error) bool {
 // request reached no server (notReached), until the bound: a one-shot command such as
 // `gangrun alloc` then rides out a Consul leader election instead of failing at once.
 // op names the request in the error; parent is the caller's context.
-func attempt[T any](parent context.Context, op string, f func(ctx context.Context) (T, error)) (T, error) {
+func attempt[T any](parent context.Context, o origin, op string, f func(ctx context.Context) (T, error)) (T, error) {
 	ctx, cancel := call(parent)
 	defer cancel()
 	start := time.Now()
@@ -335,7 +418,7 @@ func attempt[T any](parent context.Context, op string, f func(ctx context.Contex
 			return v, nil
 		}
 		if !notReached(err) || dialFailed(err) && time.Since(start) >= dialRetryFor || !Sleep(ctx, backoff) {
-			return v, failed(parent, op, err)
+			return v, failed(parent, o, op, err)
 		}
 		backoff = min(backoff*2, notReachedRetryMax)
 	}
@@ -355,7 +438,7 @@ func fromPair(p *api.KVPair) Entry {
 
 // Get implements Store.
 func (s *Consul) Get(ctx context.Context, key string) (*Entry, error) {
-	p, err := attempt(ctx, "consul get "+key, func(ctx context.Context) (*api.KVPair, error) {
+	p, err := attempt(ctx, s.origin, "consul get "+key, func(ctx context.Context) (*api.KVPair, error) {
 		p, _, err := s.c.KV().Get(key, qopts(ctx))
 		return p, err
 	})
@@ -375,7 +458,7 @@ func (s *Consul) List(ctx context.Context, prefix string) ([]Entry, uint64, erro
 		pairs api.KVPairs
 		index uint64
 	}
-	l, err := attempt(ctx, "consul list "+prefix, func(ctx context.Context) (listed, error) {
+	l, err := attempt(ctx, s.origin, "consul list "+prefix, func(ctx context.Context) (listed, error) {
 		pairs, meta, err := s.c.KV().List(prefix, qopts(ctx))
 		if err != nil {
 			return listed{}, err
@@ -394,7 +477,7 @@ func (s *Consul) Keys(ctx context.Context, prefix string) ([]string, uint64, err
 		keys  []string
 		index uint64
 	}
-	l, err := attempt(ctx, "consul keys "+prefix, func(ctx context.Context) (listed, error) {
+	l, err := attempt(ctx, s.origin, "consul keys "+prefix, func(ctx context.Context) (listed, error) {
 		keys, meta, err := s.c.KV().Keys(prefix, "", qopts(ctx))
 		if err != nil {
 			return listed{}, err
@@ -419,7 +502,7 @@ func (s *Consul) WatchList(ctx context.Context, prefix string, index uint64, wai
 	q := (&api.QueryOptions{WaitIndex: index, WaitTime: wait, RequireConsistent: true}).WithContext(ctx)
 	pairs, meta, err := s.c.KV().List(prefix, q)
 	if err != nil {
-		return nil, 0, failed(parent, "consul watch "+prefix, err)
+		return nil, 0, failed(parent, s.origin, "consul watch "+prefix, err)
 	}
 	return entries(pairs), meta.LastIndex, nil
 }
@@ -445,7 +528,7 @@ func (s *Consul) Txn(ctx context.Context, ops []Op) (TxnResult, error) {
 		ok   bool
 		resp *api.TxnResponse
 	}
-	ans, err := attempt(ctx, "consul txn", func(ctx context.Context) (answer, error) {
+	ans, err := attempt(ctx, s.origin, "consul txn", func(ctx context.Context) (answer, error) {
 		ok, resp, _, err := s.c.Txn().Txn(tops, qopts(ctx))
 		return answer{ok, resp}, err
 	})
@@ -530,7 +613,7 @@ func (s *Consul) CreateSession(ctx context.Context, o SessionOptions) (string, e
 		delay = time.Millisecond
 	}
 	se := &api.SessionEntry{Name: o.Name, TTL: o.TTL.String(), Behavior: string(b), LockDelay: delay}
-	return attempt(ctx, fmt.Sprintf("consul create session %q", o.Name), func(ctx context.Context) (string, error) {
+	return attempt(ctx, s.origin, fmt.Sprintf("consul create session %q", o.Name), func(ctx context.Context) (string, error) {
 		if o.NodeHealth {
 			id, _, err := s.c.Session().Create(se, wopts(ctx))
 			return id, err
@@ -542,7 +625,7 @@ func (s *Consul) CreateSession(ctx context.Context, o SessionOptions) (string, e
 
 // RenewSession implements Store.
 func (s *Consul) RenewSession(ctx context.Context, id string) error {
-	se, err := attempt(ctx, "renew session "+id, func(ctx context.Context) (*api.SessionEntry, error) {
+	se, err := attempt(ctx, s.origin, "renew session "+id, func(ctx context.Context) (*api.SessionEntry, error) {
 		se, _, err := s.c.Session().Renew(id, wopts(ctx))
 		return se, err
 	})
@@ -557,7 +640,7 @@ func (s *Consul) RenewSession(ctx context.Context, id string) error {
 
 // DestroySession implements Store.
 func (s *Consul) DestroySession(ctx context.Context, id string) error {
-	_, err := attempt(ctx, "destroy session "+id, func(ctx context.Context) (struct{}, error) {
+	_, err := attempt(ctx, s.origin, "destroy session "+id, func(ctx context.Context) (struct{}, error) {
 		_, err := s.c.Session().Destroy(id, wopts(ctx))
 		return struct{}{}, err
 	})
@@ -566,7 +649,7 @@ func (s *Consul) DestroySession(ctx context.Context, id string) error {
 
 // SessionExists implements Store.
 func (s *Consul) SessionExists(ctx context.Context, id string) (bool, error) {
-	se, err := attempt(ctx, "session info "+id, func(ctx context.Context) (*api.SessionEntry, error) {
+	se, err := attempt(ctx, s.origin, "session info "+id, func(ctx context.Context) (*api.SessionEntry, error) {
 		se, _, err := s.c.Session().Info(id, qopts(ctx))
 		return se, err
 	})
@@ -576,6 +659,24 @@ func (s *Consul) SessionExists(ctx context.Context, id string) (bool, error) {
 	return se != nil, nil
 }
 
+// checkConsulEnv refuses a CONSUL_HTTP_SSL or CONSUL_HTTP_SSL_VERIFY that is not a
+// boolean as strconv.ParseBool reads it (1, t, true, 0, f, false...): consul/api only
+// logs a warning and goes on without TLS, or verifying, against what the user meant.
+func checkConsulEnv() error {
+	for _, name := range []string{api.HTTPSSLEnvName, api.HTTPSSLVerifyEnvName} {
+		if v, ok := os.LookupEnv(name); ok && v != "" {
+			if _, err := strconv.ParseBool(v); err != nil {
+				return fmt.Errorf("%s %s: want true or false (1 or 0)", name, quote.Q(v))
+			}
+		}
+	}
+	return nil
+}
+
+// maxTokenFileBytes bounds how much of CONSUL_HTTP_TOKEN_FILE is read, in bytes: a
+// token is a 36-character UUID.
+const maxTokenFileBytes = 4 << 10
+
 // checkToken refuses a token that could not be sent as the X-Consul-Token header (a
 // file of two lines, a control character): consul/api would fail every request with
 // net/http's "invalid header field value", and an agent would retry for ever. The error
@@ -583,11 +684,15 @@ func (s *Consul) SessionExists(ctx context.Context, id string) (bool, error) {
 func checkToken(cfg *api.Config) error {
 	token, from := cfg.Token, api.HTTPTokenEnvName
 	if token == "" && cfg.TokenFile != "" {
-		b, err := os.ReadFile(cfg.TokenFile)
+		// A token file that is a FIFO or a device is refused, not read for ever.
+		b, err := userfile.ReadFile(cfg.TokenFile, maxTokenFileBytes)
 		if err != nil {
-			return fmt.Errorf("%s %s: %w", api.HTTPTokenFileEnvName, cfg.TokenFile, err)
+			return fmt.Errorf("%s %w", api.HTTPTokenFileEnvName, err)
 		}
 		token, from = strings.TrimSpace(string(b)), api.HTTPTokenFileEnvName+" "+cfg.TokenFile
+		if token == "" {
+			return fmt.Errorf("%s %s: empty: want the token's SecretID (unset the variable to send no token)", api.HTTPTokenFileEnvName, cfg.TokenFile)
+		}
 	}
 	if strings.IndexFunc(token, func(r rune) bool { return r < 0x21 || r == 0x7f }) >= 0 {
 		return fmt.Errorf("%s: the token holds a line break, a space or a control character (want one line: the token's SecretID)", from)

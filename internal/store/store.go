@@ -19,8 +19,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"strconv"
 	"strings"
+	"syscall"
 	"time"
+
+	"github.com/gangrun/gangrun/internal/quote"
 )
 
 // Limits of Consul's transaction endpoint (agent/txn_endpoint.go: maxTxnOps; the
@@ -234,9 +239,48 @@ var ErrUnavailable = errors.New("coordinator unavailable")
 type UnavailableError struct {
 	Op  string
 	Err error
+	// Addr and From are set when no connection to Consul could be made at all (refused,
+	// no such host, no route, a dial timeout): the address dialled and where it came
+	// from ("--consul", "CONSUL_HTTP_ADDR", "the default"). Error then says so in
+	// words a user can act on, instead of the request's URL.
+	Addr, From string
 }
 
-func (e *UnavailableError) Error() string { return e.Op + ": " + e.Err.Error() }
+// Error returns "OP: CAUSE", or for a connection that could not be made "cannot reach
+// Consul at ADDR (FROM): CAUSE; start a Consul agent there, or give its address with
+// --consul or CONSUL_HTTP_ADDR".
+func (e *UnavailableError) Error() string {
+	if e.Addr == "" {
+		return e.Op + ": " + e.Err.Error()
+	}
+	return fmt.Sprintf("cannot reach Consul at %s (%s): %s; start a Consul agent there, or give its address with --consul or CONSUL_HTTP_ADDR",
+		e.Addr, e.From, dialCause(e.Err))
+}
+
+// Unreachable reports whether the error is a connection that could not be made (Addr
+// set): the message a command prints alone, without the operations that wrap it.
+func (e *UnavailableError) Unreachable() bool { return e.Addr != "" }
+
+// dialCause returns the system's reason a dial failed ("connection refused", "no such
+// host", "i/o timeout"), without the URL and the addresses net/http puts around it.
+func dialCause(err error) string {
+	var dns *net.DNSError
+	if errors.As(err, &dns) {
+		return "no such host " + strconv.Quote(dns.Name)
+	}
+	var errno syscall.Errno
+	if errors.As(err, &errno) {
+		return errno.Error()
+	}
+	var oe *net.OpError
+	if errors.As(err, &oe) && oe.Err != nil {
+		if oe.Timeout() {
+			return "no answer to the connection (timed out)"
+		}
+		return oe.Err.Error()
+	}
+	return err.Error()
+}
 
 // Unwrap returns the cause.
 func (e *UnavailableError) Unwrap() error { return e.Err }
@@ -358,13 +402,43 @@ func SplitTxn(fence, ops []Op) ([][]Op, error) {
 // id): letters, digits, '-', '_' and '.' only, and not empty, so it can neither escape
 // its prefix ("../x", "a/b") nor collide with another key. what names the value in the
 // error.
+//
+// It is at most MaxSegmentBytes long: ids and names also become file names (a job's
+// scratch directory, its output file), whose components Linux holds to 255 bytes.
 func CheckSegment(what, s string) error {
 	if s == "" || s == "." || s == ".." {
 		return fmt.Errorf("%s %q: want a name of letters, digits, '-', '_' and '.'", what, s)
 	}
 	for _, c := range s {
 		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.') {
-			return fmt.Errorf("%s %q: only letters, digits, '-', '_' and '.' are allowed", what, s)
+			return fmt.Errorf("%s %s: only letters, digits, '-', '_' and '.' are allowed", what, quote.Q(s))
+		}
+	}
+	if len(s) > MaxSegmentBytes {
+		return fmt.Errorf("%s %s: longer than %d bytes", what, quote.Q(s), MaxSegmentBytes)
+	}
+	return nil
+}
+
+// MaxSegmentBytes is the longest key segment (an id, a name) CheckSegment takes, in
+// bytes.
+const MaxSegmentBytes = 128
+
+// CheckNodeName checks a node's name: a key segment (CheckSegment) that is also a host
+// name as DNS allows one (RFC 1035 2.3.4): dot-separated labels of at most 63 bytes,
+// not beginning or ending with '-', 253 bytes in all. Slurm's NodeName is a host name.
+func CheckNodeName(what, s string) error {
+	if err := CheckSegment(what, s); err != nil {
+		return err
+	}
+	for _, l := range strings.Split(strings.TrimSuffix(s, "."), ".") {
+		switch {
+		case l == "":
+			return fmt.Errorf("%s %s: an empty label (two dots, or a leading one): want a host name", what, quote.Q(s))
+		case len(l) > 63:
+			return fmt.Errorf("%s %s: a label of %d bytes: DNS allows 63 between dots", what, quote.Q(s), len(l))
+		case l[0] == '-' || l[len(l)-1] == '-':
+			return fmt.Errorf("%s %s: a label begins or ends with '-': want a host name", what, quote.Q(s))
 		}
 	}
 	return nil

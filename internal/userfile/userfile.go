@@ -8,7 +8,12 @@
 // the descriptor is then checked with fstat(2) (the thing opened, not a path that may
 // have changed since), refused when it is not what was asked for, and put back in
 // blocking mode before it is read. Symbolic links are followed: the user chose the
-// path.
+// path. Create opens a file a command writes for its user with the same care, and never
+// onto one of the command's inputs.
+//
+// What gangrun keeps inside a user's directory (a checkpoint directory's .gangrun/) is
+// reached through a Dir instead: one descriptor, names resolved relative to it, no link
+// followed (dir.go).
 //
 // Linux and other Unix systems only.
 package userfile
@@ -87,12 +92,78 @@ func ReadFile(path string, limit int64) ([]byte, error) {
 	defer f.Close()
 	data, err := io.ReadAll(io.LimitReader(f, limit+1))
 	if err != nil {
-		return nil, pathErr(path, "read: %w", err)
+		return nil, pathErr(path, "read: %w", bareCause(err))
 	}
 	if int64(len(data)) > limit {
 		return nil, pathErr(path, "%w: longer than %d bytes", ErrTooLarge, limit)
 	}
 	return data, nil
+}
+
+// ErrIsInput is wrapped by the error Create returns for an output path that names the
+// same file as one of the command's inputs.
+var ErrIsInput = errors.New("gangrun does not write over a file it reads")
+
+// Create opens path for writing a file a command makes for its user (topo
+// --nccl-topo-xml FILE), creating it with perm (before the umask) or emptying it. It
+// never blocks, and changes nothing before it has checked: what path names must be a
+// regular file (a FIFO, a device, a socket or a directory is refused: ErrNotRegular),
+// and no input of the same command (inputs, compared by device and inode after
+// following links, so two spellings of one file are caught) may be the same file
+// (ErrIsInput). Links in path are followed: the user chose it. Errors are an *Error
+// naming path.
+func Create(path string, perm fs.FileMode, inputs ...string) (*os.File, error) {
+	if path == "" {
+		return nil, &Error{Path: "", Err: ErrNotRegular}
+	}
+	var fd int
+	var err error
+	for {
+		fd, err = unix.Open(path, unix.O_WRONLY|unix.O_CREAT|unix.O_NONBLOCK|unix.O_CLOEXEC, uint32(perm.Perm()))
+		if err != unix.EINTR {
+			break
+		}
+	}
+	if err != nil {
+		if fi, serr := os.Stat(path); serr == nil && !fi.Mode().IsRegular() {
+			return nil, pathErr(path, "is %s, %w", Kind(fi.Mode()), ErrNotRegular)
+		}
+		if errors.Is(err, unix.EISDIR) {
+			return nil, pathErr(path, "is a directory, %w", ErrNotRegular)
+		}
+		if fsys := PseudoFS(path); fsys != "" {
+			return nil, pathErr(path, "cannot be created: %s is in the kernel's %s file system, where no files can be created", ExistingAncestor(path), fsys)
+		}
+		return nil, &Error{Path: path, Err: describeOpenError("a regular file", err)}
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return nil, pathErr(path, "fstat: %w", err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		unix.Close(fd)
+		return nil, pathErr(path, "is %s, %w", KindOfStat(st.Mode), ErrNotRegular)
+	}
+	for _, in := range inputs {
+		var ist unix.Stat_t
+		if in != "" && unix.Stat(in, &ist) == nil && ist.Dev == st.Dev && ist.Ino == st.Ino {
+			unix.Close(fd)
+			if in == path {
+				return nil, pathErr(path, "is also this command's input: %w", ErrIsInput)
+			}
+			return nil, pathErr(path, "is the same file as the input %s: %w", in, ErrIsInput)
+		}
+	}
+	if err := unix.Ftruncate(fd, 0); err != nil {
+		unix.Close(fd)
+		return nil, pathErr(path, "truncate: %w", err)
+	}
+	if err := unix.SetNonblock(fd, false); err != nil {
+		unix.Close(fd)
+		return nil, pathErr(path, "%w", err)
+	}
+	return os.NewFile(uintptr(fd), path), nil
 }
 
 func open(path string, dir bool) (*os.File, error) {
@@ -138,22 +209,44 @@ func openNonblock(path string) (int, error) {
 	}
 }
 
-// describeOpenError says in plain words why a path could not be opened.
+// describeOpenError says in plain words why a path could not be opened, once: the
+// error returned prints its own text alone and unwraps to err (so errors.Is still finds
+// fs.ErrPermission, unix.ELOOP...), where wrapping with %w would print the system's text
+// a second time ("permission denied: permission denied").
 func describeOpenError(want string, err error) error {
 	switch {
 	case errors.Is(err, unix.ENOENT):
 		return notExistError{noun(want)}
 	case errors.Is(err, unix.ENOTDIR):
-		return fmt.Errorf("no such %s (a component of the path is not a directory): %w", noun(want), fs.ErrNotExist)
+		return causeError{"no such " + noun(want) + " (a component of the path is not a directory)", fs.ErrNotExist}
 	case errors.Is(err, unix.EACCES), errors.Is(err, unix.EPERM):
-		return fmt.Errorf("permission denied: %w", fs.ErrPermission)
+		return causeError{"permission denied", err}
 	case errors.Is(err, unix.ELOOP):
-		return fmt.Errorf("too many levels of symbolic links (a link loop): %w", err)
+		return causeError{"too many levels of symbolic links (a link loop)", err}
 	case errors.Is(err, unix.ENAMETOOLONG):
-		return fmt.Errorf("file name too long: %w", err)
+		return causeError{"file name too long (over 255 bytes in one name, or 4095 in the path)", err}
 	}
 	return err
 }
+
+// bareCause returns the system's error inside a *fs.PathError (which names the path a
+// second time), else err.
+func bareCause(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
+}
+
+// causeError is an error whose text is its own, unwrapping to the system's cause.
+type causeError struct {
+	text  string
+	cause error
+}
+
+func (e causeError) Error() string { return e.text }
+func (e causeError) Unwrap() error { return e.cause }
 
 // notExistError is a missing path's error, "no such file" (or directory); it is
 // fs.ErrNotExist.

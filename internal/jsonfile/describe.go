@@ -1,4 +1,12 @@
-package topology
+// Package jsonfile decodes a JSON document a user wrote (a scheduling policy, a
+// recorded topology inventory) and says what is wrong with it in the file's own terms:
+// the line and column, the field as the file spells it (priority.weights.age,
+// gpus[0].nvlinks), what the file holds and what is wanted. Go's type names ("Go struct
+// field Weights.priority.weights.age of type int64"), a bare "unexpected EOF" and a
+// byte-order mark read as "invalid character 'ï'" never reach the user. It also refuses
+// what encoding/json lets through: a key given twice in one object (the last would
+// silently win) and a byte-order mark.
+package jsonfile
 
 import (
 	"bytes"
@@ -6,17 +14,29 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"reflect"
 	"strconv"
 	"strings"
 )
 
-// jsonError turns an encoding/json error into one line in JSON's own terms: where
-// (line and column), which field (a path such as gpus[0].nvlinks), what the file has and
-// what is wanted ("want an array, got a string"). Go type names never appear in it.
-func jsonError(data []byte, err error) error {
+// Describe turns an encoding/json error from decoding data into one line in JSON's own
+// terms: where (line and column), which field (a path such as gpus[0].nvlinks), what
+// the file has and what is wanted ("want an array, got a string"). Go type names never
+// appear in it. An unknown field (json.Decoder.DisallowUnknownFields) is named with its
+// path and place, a document cut short as such.
+func Describe(data []byte, err error) error {
 	var syn *json.SyntaxError
 	var typ *json.UnmarshalTypeError
+	if name, ok := unknownField(err); ok {
+		if line, col, path, found := findKey(data, name); found {
+			return fmt.Errorf("invalid JSON at line %d, column %d: unknown field %q (a misspelling?)", line, col, path)
+		}
+		return fmt.Errorf("invalid JSON: unknown field %q (a misspelling?)", name)
+	}
+	if errors.Is(err, io.ErrUnexpectedEOF) {
+		return errors.New("invalid JSON: the file ends before the document does (truncated?)")
+	}
 	switch {
 	case errors.As(err, &syn) && syn.Offset >= int64(len(bytes.TrimRight(data, " \t\r\n"))):
 		return errors.New("invalid JSON: the file ends before the document does (truncated?)")
@@ -34,7 +54,28 @@ func jsonError(data []byte, err error) error {
 		return fmt.Errorf("invalid JSON at line %d, column %d: field %q: want %s, got %s",
 			line, col, field, jsonWant(typ.Type), jsonGot(typ.Value))
 	}
-	return fmt.Errorf("invalid JSON: %w", err)
+	// A value's own UnmarshalJSON refused it: its message, which names the value.
+	return fmt.Errorf("invalid JSON: %s", strings.TrimPrefix(err.Error(), "json: "))
+}
+
+// unknownField returns the name in encoding/json's `json: unknown field "NAME"`.
+func unknownField(err error) (string, bool) {
+	const prefix = "json: unknown field "
+	msg := err.Error()
+	if !strings.HasPrefix(msg, prefix) {
+		return "", false
+	}
+	name, qerr := strconv.Unquote(strings.TrimPrefix(msg, prefix))
+	return name, qerr == nil
+}
+
+// lineCol returns the 1-based line and column of byte offset in data.
+func lineCol(data []byte, offset int64) (line, col int) {
+	offset = max(0, min(offset, int64(len(data))))
+	before := data[:offset]
+	line = bytes.Count(before, []byte("\n")) + 1
+	col = int(offset) - bytes.LastIndexByte(before, '\n')
+	return line, col
 }
 
 // jsonWant names what a Go type decodes from, in JSON terms, with its article.
