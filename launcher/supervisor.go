@@ -738,6 +738,14 @@ func (s *Supervisor) begin(ctx context.Context, at *attempt, res *Result) (Group
 		s.log.Warn("the round was lost before its workers started: joining the next", zap.String("reason", end.Detail))
 		return StateInit, false
 	}
+	if a.ResumeFrom != "" && !beneath(s.cfg.CheckpointDir, a.ResumeFrom) {
+		// The round names a checkpoint outside this job's checkpoint directory: never a
+		// choice of gangrun's (it picks among the directory's checkpoints), and loading
+		// it would hand the workers someone else's files (a pickle runs code).
+		s.log.Warn("the round names a checkpoint to resume from outside the checkpoint directory: starting without it",
+			zap.String("resume_from", a.ResumeFrom), zap.String("checkpoint_dir", s.cfg.CheckpointDir))
+		a.ResumeFrom, at.a.ResumeFrom = "", ""
+	}
 	s.pin(a.ResumeFrom)
 	s.fence(a)
 	s.events.Emit(event.Event{Time: time.Now(), Kind: event.CheckpointChosen, Job: s.cfg.JobID, Node: s.cfg.NodeName,
@@ -1520,4 +1528,19 @@ func safeName(s string) string {
 		}
 		return '_'
 	}, s)
+}
+
+// beneath reports whether path lies inside dir (lexically, both made absolute and
+// cleaned); false when dir is "".
+func beneath(dir, path string) bool {
+	if dir == "" {
+		return false
+	}
+	d, err1 := filepath.Abs(dir)
+	p, err2 := filepath.Abs(path)
+	if err1 != nil || err2 != nil {
+		return false
+	}
+	rel, err := filepath.Rel(d, p)
+	return err == nil && rel != "." && rel != ".." && !strings.HasPrefix(rel, "../")
 }
