@@ -14,6 +14,15 @@ import (
 	"github.com/gangrun/gangrun/internal/store"
 )
 
+// launch is a job's step the launcher started: its placement, the job's submission
+// (which names its ledger entry), and whether its outcome was recorded again from the
+// ledger.
+type launch struct {
+	placement int
+	submitted time.Time
+	recorded  bool
+}
+
 // LauncherConfig configures a node's launcher of job steps.
 type LauncherConfig struct {
 	// Store is the cluster's Consul; Node this node's name.
@@ -24,6 +33,10 @@ type LauncherConfig struct {
 	Spawn func(job string) error
 	// Log receives the launcher's messages; nil discards them.
 	Log *zap.Logger
+	// StateDir is the agent's state directory, where the node's ledger of its steps'
+	// outcomes is (ledger.go): a placement whose step ended here is never started
+	// again, its outcome recorded instead. "" keeps none.
+	StateDir string
 }
 
 // launcherRetry is how soon a launcher reads again a job whose state it could not read.
@@ -54,8 +67,9 @@ func RunLauncher(ctx context.Context, cfg LauncherConfig) error {
 		anchored = true
 	}
 	anchor()
+	pruneLedger(cfg.StateDir, time.Now())
 	w := store.NewWatcher(cfg.Store, prefix)
-	launched := map[string]int{} // job → the placement its step was started for
+	launched := map[string]launch{} // job → the placement its step was started for
 	var entries []store.Entry
 	retry := false
 	for {
@@ -90,7 +104,24 @@ func RunLauncher(ctx context.Context, cfg LauncherConfig) error {
 			}
 		}
 		for _, id := range slices.Sorted(maps.Keys(placed)) {
-			if launched[id] == placed[id] {
+			if l, ok := launched[id]; ok && l.placement == placed[id] {
+				// Started here already; but Consul restored from a snapshot may show it
+				// running though its step ended since: the ledger says.
+				if l.recorded {
+					continue
+				}
+				done, err := readLedger(cfg.StateDir, id, l.placement, l.submitted)
+				if err != nil || done == nil {
+					continue
+				}
+				if err := recordStepEnd(ctx, cfg.Store, id, cfg.Node, done.Placement, done.End, done.ExitCode, done.Why); err != nil {
+					retry = true
+					continue
+				}
+				log.Warn("the job's step ended here already, after the state Consul shows: its outcome recorded again",
+					zap.String("job", id), zap.Int("placement", done.Placement), zap.String("end", string(done.End)))
+				l.recorded = true
+				launched[id] = l
 				continue
 			}
 			j, err := Read(ctx, cfg.Store, id)
@@ -101,7 +132,21 @@ func RunLauncher(ctx context.Context, cfg LauncherConfig) error {
 			if err != nil || j.State.Status != Running || !slices.Contains(j.State.Nodes, cfg.Node) || j.State.Placement != placed[id] {
 				continue // the index is ahead of or behind the state: the next change settles it
 			}
-			launched[id] = placed[id]
+			if done, err := readLedger(cfg.StateDir, id, placed[id], j.Spec.Submitted); err != nil {
+				log.Warn("the node's ledger", zap.String("job", id), zap.Error(err))
+			} else if done != nil {
+				// This placement's step ended here already: Consul forgot it (restored
+				// from a snapshot taken before). Its outcome, not a second run.
+				if err := recordStepEnd(ctx, cfg.Store, id, cfg.Node, done.Placement, done.End, done.ExitCode, done.Why); err != nil {
+					retry = true
+					continue
+				}
+				log.Warn("the job's step ended here already: its outcome recorded again, the step not started again",
+					zap.String("job", id), zap.Int("placement", done.Placement), zap.String("end", string(done.End)))
+				launched[id] = launch{placement: placed[id], submitted: j.Spec.Submitted, recorded: true}
+				continue
+			}
+			launched[id] = launch{placement: placed[id], submitted: j.Spec.Submitted}
 			if e, err := cfg.Store.Get(ctx, stepKey(id, cfg.Node)); err == nil && e != nil && e.Session != "" {
 				continue // a step outlived this agent's restart, or started already
 			}

@@ -46,6 +46,9 @@ type StepConfig struct {
 	// Log receives the step's own messages until the job's output file is open (they go
 	// into it, beside the workers' lines, from then on); nil discards them.
 	Log *zap.Logger
+	// StateDir is the agent's state directory: the step writes its outcome in the
+	// node's ledger there (ledger.go); "" writes none.
+	StateDir string
 	// Prover checks the job's attestation before anything runs, and gives the uid and
 	// gid the workers run as (auth.go); nil checks nothing (agent --auth none).
 	Prover Prover
@@ -589,6 +592,14 @@ func (st *step) markEnded(ctx context.Context) {
 // stopped.
 func (st *step) recordEnd(ctx context.Context, end Status, code int, why string) error {
 	placement := st.job.State.Placement
+	if st.cfg.StateDir != "" {
+		// First in the node's ledger, which outlives a Consul restored from a snapshot
+		// taken before this (ledger.go).
+		if err := writeLedger(st.cfg.StateDir, ledgerEntry{Job: st.cfg.Job, Submitted: st.job.Spec.Submitted, Placement: placement, Node: st.cfg.Node,
+			End: end, ExitCode: code, Why: why, At: time.Now().UTC()}); err != nil {
+			st.log.Warn("the step's outcome in the node's ledger", zap.Error(err))
+		}
+	}
 	_, _, err := update(context.WithoutCancel(ctx), st.cfg.Store, st.cfg.Job, func(j *Job) bool {
 		changed := false
 		if j.State.Status == Running {

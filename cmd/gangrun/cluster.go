@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"os/user"
+	"path/filepath"
 	"sort"
 	"strings"
 	"sync/atomic"
@@ -86,6 +87,7 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 	noSched := fs.Bool("no-scheduler", false, "never act as the cluster's scheduler")
 	healthEvents := fs.String("health-events", "", "replay GPU health changes appended to FILE (JSON lines) instead of watching NVML: drills and tests")
 	logFormat := fs.String("log-format", "text", "log lines: text or json")
+	stateDir := fs.String("state-dir", "", "where the node keeps what must outlive Consul's data (its steps' outcomes, docs/operations.md); default: TMPDIR/gangrun-state-NODE; /var/lib/gangrun as packaged")
 	authMode := fs.String("auth", "", "how users are told apart: munge (MUNGE credentials, checked before any job runs) or none (nothing checked: anyone may run jobs as anyone); default: munge where munged answers, else Consul's ACLs when on, else the agent refuses to start")
 	metricsAddr := fs.String("metrics-addr", "", fmt.Sprintf("serve Prometheus metrics on HOST:PORT/metrics (off unless given; suggested port %d)", metrics.DefaultPort))
 	httpAddr := fs.String("http-addr", "", "serve the cluster's status page on HOST:PORT/ (and /metrics; off unless given)")
@@ -258,6 +260,12 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 	// The node's part of cluster jobs: it starts their steps here (slurmd's part), their
 	// own messages before the job's output opens in stepLogs, removed when the agent
 	// stops unless a step it started still runs (and may still write there).
+	if *stateDir == "" {
+		*stateDir = filepath.Join(os.TempDir(), "gangrun-state-"+name)
+	}
+	if err := os.MkdirAll(*stateDir, 0o700); err != nil {
+		return failErr(e, "agent", fmt.Errorf("--state-dir: %w", err))
+	}
 	stepLogs, err := os.MkdirTemp("", "gangrun-agent-"+name+"-")
 	if err != nil {
 		return failErr(e, "agent", err)
@@ -269,8 +277,8 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 	launcherDone := make(chan struct{})
 	go func() {
 		defer close(launcherDone)
-		_ = job.RunLauncher(lctx, job.LauncherConfig{Store: s, Node: name, Log: log.Named("jobs"),
-			Spawn: spawnStep(e, *consul, *topoFile, name, auth, stepLogs, &steps)})
+		_ = job.RunLauncher(lctx, job.LauncherConfig{Store: s, Node: name, Log: log.Named("jobs"), StateDir: *stateDir,
+			Spawn: spawnStep(e, *consul, *topoFile, name, auth, *stateDir, stepLogs, &steps)})
 	}()
 	exposition := metrics.Handler(gpus, metrics.NewNodeCollector(view, name), sched, metrics.NewJobCollector(s, name, 0, 0))
 	if metricsLn != nil {

@@ -541,6 +541,7 @@ func runStep(ctx context.Context, e *env, args []string) int {
 	consul := consulFlag(fs)
 	topoFile := fs.String("topology-file", "", "the node's recorded inventory (as its agent's)")
 	authMode := fs.String("auth", authNone, "as the agent's --auth: munge checks the job's attestation before anything runs")
+	stateDir := fs.String("state-dir", "", "the agent's state directory: the step writes its outcome in the node's ledger there")
 	if done, code := parseFlags(e, fs, args); done {
 		return code
 	}
@@ -586,7 +587,7 @@ func runStep(ctx context.Context, e *env, args []string) int {
 		return exitFailure // stopped by a signal while starting: main says so
 	}
 	return job.RunStep(ctx, job.StepConfig{Store: s, ConsulAddr: addr, Job: id, Node: node, Inventory: inv,
-		GuardianArgv: guardian, Subreaper: e.self != "", Signals: e.signals, Log: log, Prover: prover})
+		GuardianArgv: guardian, Subreaper: e.self != "", Signals: e.signals, Log: log, Prover: prover, StateDir: *stateDir})
 }
 
 // spawnStep returns the agent's way to start a job's step on node: this binary's hidden
@@ -594,7 +595,7 @@ func runStep(ctx context.Context, e *env, args []string) int {
 // slurmd), its own messages before the job's output opens in dir/job-ID-step.log (dir
 // is the agent's, one per agent process); running counts the steps started that have
 // not ended while this agent lives.
-func spawnStep(e *env, consul, topoFile, node, auth, dir string, running *atomic.Int64) func(id string) error {
+func spawnStep(e *env, consul, topoFile, node, auth, stateDir, dir string, running *atomic.Int64) func(id string) error {
 	return func(id string) error {
 		if e.self == "" {
 			return errors.New("no gangrun binary to start the step with")
@@ -604,7 +605,7 @@ func spawnStep(e *env, consul, topoFile, node, auth, dir string, running *atomic
 			return err
 		}
 		defer logFile.Close()
-		args := []string{stepCommand, "--auth", auth}
+		args := []string{stepCommand, "--auth", auth, "--state-dir", stateDir}
 		if consul != "" {
 			args = append(args, "--consul", consul)
 		}

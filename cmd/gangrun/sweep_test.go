@@ -155,12 +155,14 @@ func TestBadInputSweep(t *testing.T) {
 }
 
 // sweepAgent registers one node (a recorded DGX A100) that never schedules: submit and
-// alloc see a cluster, and nothing submitted runs.
+// alloc see a cluster, and nothing submitted runs. It checks no credentials (--auth
+// none): with MUNGE, policy set and drain would wait for an elected agent to check
+// who asks, and this cluster elects none.
 func sweepAgent(t *testing.T, consul string) {
 	t.Helper()
 	inv := filepath.Join(repoRoot(t), "topology", "testdata", "inventories", "dgx-a100.json")
 	cmd := exec.Command(gangrunBin, "agent", "--consul", consul, "--node-name", "n1", "--advertise-addr", "127.0.0.1",
-		"--topology-file", inv, "--no-scheduler")
+		"--topology-file", inv, "--no-scheduler", "--auth", "none")
 	var log bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &log, &log
 	if err := cmd.Start(); err != nil {

@@ -20,8 +20,9 @@ const (
 // Watcher follows every key under a prefix with blocking queries, applying Consul's
 // rules for the index (Consul docs, "Blocking Queries"): the first call returns at once;
 // later calls block until the index passes the last one seen; an index that goes
-// backwards (a store restored or restarted) resets the watch to 0, which returns at once;
-// an index of 0 is taken as 1. A wake-up is no proof of a change: callers compare what
+// backwards (a store restored or restarted) resets the watch to 0, which returns at once,
+// and so does an error (the store may come back restored, at a lower index); an index
+// of 0 is taken as 1. A wake-up is no proof of a change: callers compare what
 // they read.
 type Watcher struct {
 	s      Store
@@ -66,6 +67,10 @@ func (w *Watcher) Next(ctx context.Context) ([]Entry, error) {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
+		// The store did not answer: when it does again it may be another (restarted,
+		// restored from a snapshot) whose index is below the last seen, and a blocking
+		// query at that index would wait its whole time before saying so. Ask at once.
+		w.index = 0
 		if !Sleep(ctx, backoff) {
 			return nil, ctx.Err()
 		}
