@@ -21,6 +21,7 @@ import (
 	"github.com/gangrun/gangrun/acl"
 	"github.com/gangrun/gangrun/allocator"
 	"github.com/gangrun/gangrun/audit"
+	"github.com/gangrun/gangrun/internal/flagfile"
 	"github.com/gangrun/gangrun/internal/proc"
 	"github.com/gangrun/gangrun/internal/store"
 	"github.com/gangrun/gangrun/job"
@@ -76,38 +77,84 @@ func parseLabels(values []string) (map[string]string, error) {
 	return out, nil
 }
 
-func runAgent(ctx context.Context, e *env, args []string) int {
-	fs := newFlagSet(e, "agent", "[FLAGS]")
-	consul := consulFlag(fs)
-	node := fs.String("node-name", "", "this node's name (default: hostname)")
-	addr := fs.String("advertise-addr", "", "address the other nodes use for this one")
-	topoFile := fs.String("topology-file", "", "use a recorded inventory instead of probing: gangrun topo --json, or nvidia-smi topo -m and/or -q -x output")
-	labels := fs.StringArray("labels", nil, "node labels KEY=VALUE[,...]: partition, switch, spine, anything (repeatable)")
-	noSched := fs.Bool("no-scheduler", false, "never act as the cluster's scheduler")
-	healthEvents := fs.String("health-events", "", "replay GPU health changes appended to FILE (JSON lines) instead of watching NVML: drills and tests")
-	logFormat := fs.String("log-format", "text", "log lines: text or json")
-	authMode := fs.String("auth", "", "how users are told apart: munge (MUNGE credentials, checked before any job runs) or none (nothing checked: anyone may run jobs as anyone); default: munge where munged answers, else Consul's ACLs when on, else the agent refuses to start")
-	metricsAddr := fs.String("metrics-addr", "", fmt.Sprintf("serve Prometheus metrics on HOST:PORT/metrics (off unless given; suggested port %d)", metrics.DefaultPort))
-	httpAddr := fs.String("http-addr", "", "serve the cluster's status page on HOST:PORT/ (and /metrics; off unless given)")
-	jobMapDir := fs.String("dcgm-job-mapping-dir", "", "write dcgm-exporter's HPC job-mapping files (one per GPU index, the job ids holding it) into DIR, for its --hpc-job-mapping-dir (off unless given)")
-	wasteThreshold := fs.Float64("waste-threshold", metrics.DefaultWasteThreshold, "GPU waste: a running job whose GPUs on this node all stay under this utilisation (in %)...")
-	var wasteAfter time.Duration
-	durationVar(fs, &wasteAfter, "waste-after", metrics.DefaultWasteAfter, durationFlag{min: time.Second, max: maxWait},
+// agentFlags are gangrun agent's flags: the command line's, and the keys of the file
+// --config names (flagfile; docs/operations.md).
+type agentFlags struct {
+	consul, node, addr, topoFile        *string
+	labels                              *[]string
+	noSched                             *bool
+	healthEvents, logFormat, authMode   *string
+	metricsAddr, httpAddr, jobMapDir    *string
+	wasteThreshold                      *float64
+	wasteAfter, acctRetention, acctFold time.Duration
+	auditRetention, minJobAge           time.Duration
+	config                              *string
+}
+
+// configFlag is the agent's flag naming its settings file: the one key that file may
+// not hold.
+const configFlag = "config"
+
+// newAgentFlags registers gangrun agent's flags on a new flag set.
+func newAgentFlags(e *env) (*pflag.FlagSet, *agentFlags) {
+	fs := newFlagSet(e, "agent", "[--config FILE] [FLAGS]")
+	f := &agentFlags{}
+	f.config = fs.String(configFlag, "", "read flags from FILE, one KEY = VALUE a line, KEY a flag's name without its dashes (docs/operations.md); flags given here win over it")
+	f.consul = consulFlag(fs)
+	f.node = fs.String("node-name", "", "this node's name (default: hostname)")
+	f.addr = fs.String("advertise-addr", "", "address the other nodes use for this one")
+	f.topoFile = fs.String("topology-file", "", "use a recorded inventory instead of probing: gangrun topo --json, or nvidia-smi topo -m and/or -q -x output")
+	f.labels = fs.StringArray("labels", nil, "node labels KEY=VALUE[,...]: partition, switch, spine, anything (repeatable)")
+	f.noSched = fs.Bool("no-scheduler", false, "never act as the cluster's scheduler")
+	f.healthEvents = fs.String("health-events", "", "replay GPU health changes appended to FILE (JSON lines) instead of watching NVML: drills and tests")
+	f.logFormat = fs.String("log-format", "text", "log lines: text or json")
+	f.authMode = fs.String("auth", "", "how users are told apart: munge (MUNGE credentials, checked before any job runs) or none (nothing checked: anyone may run jobs as anyone); default: munge where munged answers, else Consul's ACLs when on, else the agent refuses to start")
+	f.metricsAddr = fs.String("metrics-addr", "", fmt.Sprintf("serve Prometheus metrics on HOST:PORT/metrics (off unless given; suggested port %d)", metrics.DefaultPort))
+	f.httpAddr = fs.String("http-addr", "", "serve the cluster's status page on HOST:PORT/ (and /metrics; off unless given)")
+	f.jobMapDir = fs.String("dcgm-job-mapping-dir", "", "write dcgm-exporter's HPC job-mapping files (one per GPU index, the job ids holding it) into DIR, for its --hpc-job-mapping-dir (off unless given)")
+	f.wasteThreshold = fs.Float64("waste-threshold", metrics.DefaultWasteThreshold, "GPU waste: a running job whose GPUs on this node all stay under this utilisation (in %)...")
+	durationVar(fs, &f.wasteAfter, "waste-after", metrics.DefaultWasteAfter, durationFlag{min: time.Second, max: maxWait},
 		"...for this long is flagged idle (queue, show, metrics; needs NVML)")
-	var acctRetention, acctFold time.Duration
-	durationVar(fs, &acctRetention, "acct-retention", job.DefaultAcctRetention, durationFlag{min: time.Second, max: job.RollupRetention},
+	durationVar(fs, &f.acctRetention, "acct-retention", job.DefaultAcctRetention, durationFlag{min: time.Second, max: job.RollupRetention},
 		"accounting: while elected, fold job records older than this into the daily rollups and delete them (at most the rollups' 400 days)")
-	durationVar(fs, &acctFold, "acct-fold-interval", job.DefaultAcctFoldInterval, durationFlag{min: time.Second, max: maxWait},
+	durationVar(fs, &f.acctFold, "acct-fold-interval", job.DefaultAcctFoldInterval, durationFlag{min: time.Second, max: maxWait},
 		"accounting: how often the elected agent looks for records past --acct-retention")
-	var auditRetention time.Duration
-	durationVar(fs, &auditRetention, "audit-retention", audit.DefaultRetention, durationFlag{min: time.Hour, max: 10 * audit.DefaultRetention},
+	durationVar(fs, &f.auditRetention, "audit-retention", audit.DefaultRetention, durationFlag{min: time.Hour, max: 10 * audit.DefaultRetention},
 		"audit log: while elected, delete the days of entries older than this (hourly)")
-	var minJobAge time.Duration
-	durationVar(fs, &minJobAge, "min-job-age", job.DefaultMinJobAge, durationFlag{max: job.RollupRetention, zeroOK: true},
+	durationVar(fs, &f.minJobAge, "min-job-age", job.DefaultMinJobAge, durationFlag{max: job.RollupRetention, zeroOK: true},
 		"while elected, remove an ended job's records this long after its end, as Slurm's MinJobAge (0: never; its accounting record stays for --acct-retention)")
+	return fs, f
+}
+
+// parseAgentFlags parses args and then the file --config names (the command line
+// wins). It returns done=true with the exit code when the command must stop: --help,
+// or a usage error (one line, exit 2) in either.
+func parseAgentFlags(e *env, cmd string, fs *pflag.FlagSet, f *agentFlags, args []string) (done bool, code int) {
 	if done, code := parseFlags(e, fs, args); done {
+		return done, code
+	}
+	if *f.config == "" {
+		return false, exitOK
+	}
+	settings, err := flagfile.Read(*f.config)
+	if err == nil {
+		err = flagfile.Apply(fs, *f.config, settings, configFlag)
+	}
+	if err != nil {
+		return true, usageErr(e, cmd, "--config %v", err)
+	}
+	return false, exitOK
+}
+
+func runAgent(ctx context.Context, e *env, args []string) int {
+	fs, f := newAgentFlags(e)
+	consul, node, addr, topoFile, labels := f.consul, f.node, f.addr, f.topoFile, f.labels
+	noSched, healthEvents, logFormat, authMode := f.noSched, f.healthEvents, f.logFormat, f.authMode
+	metricsAddr, httpAddr, jobMapDir, wasteThreshold := f.metricsAddr, f.httpAddr, f.jobMapDir, f.wasteThreshold
+	if done, code := parseAgentFlags(e, "agent", fs, f, args); done {
 		return code
 	}
+	wasteAfter, acctRetention, acctFold, auditRetention, minJobAge := f.wasteAfter, f.acctRetention, f.acctFold, f.auditRetention, f.minJobAge
 	if fs.NArg() > 0 {
 		return usageErr(e, "agent", "unexpected argument %q", fs.Arg(0))
 	}

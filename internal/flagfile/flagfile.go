@@ -62,7 +62,7 @@ type Error struct {
 func (e *Error) Error() string {
 	var b strings.Builder
 	if e.Path != "" {
-		b.WriteString(quote.Q(e.Path))
+		b.WriteString(quote.Short(e.Path))
 	}
 	if e.Line > 0 {
 		if b.Len() > 0 {

@@ -126,14 +126,14 @@ func TestApplyListFromTheFile(t *testing.T) {
 
 func TestApplyRefuses(t *testing.T) {
 	for _, tc := range []struct{ in, err string }{
-		{"consull = x", `"/etc/gangrun/agent.conf" line 1: unknown key "consull" (did you mean consul?)`},
-		{"colour = blue", `"/etc/gangrun/agent.conf" line 1: unknown key "colour" (the keys are the command's flags, without their dashes: see its --help)`},
-		{"config = /etc/other.conf", `"/etc/gangrun/agent.conf" line 1: unknown key "config": it cannot be set in the file (the keys are the command's flags, without their dashes: see its --help)`},
-		{"help = true", `"/etc/gangrun/agent.conf" line 1: unknown key "help" (the keys are the command's flags, without their dashes: see its --help)`},
-		{"consul = a\n# c\nconsul = b", `"/etc/gangrun/agent.conf" line 3: consul given twice (first on line 1): it takes one value`},
-		{"no-scheduler = maybe", `"/etc/gangrun/agent.conf" line 1: no-scheduler "maybe": want true or false`},
-		{"waste-threshold = lots", `"/etc/gangrun/agent.conf" line 1: waste-threshold "lots": want a number`},
-		{"waste-after = soon", `"/etc/gangrun/agent.conf" line 1: waste-after "soon": must be a duration like "30s" or "5m"`},
+		{"consull = x", `/etc/gangrun/agent.conf line 1: unknown key "consull" (did you mean consul?)`},
+		{"colour = blue", `/etc/gangrun/agent.conf line 1: unknown key "colour" (the keys are the command's flags, without their dashes: see its --help)`},
+		{"config = /etc/other.conf", `/etc/gangrun/agent.conf line 1: unknown key "config": it cannot be set in the file (the keys are the command's flags, without their dashes: see its --help)`},
+		{"help = true", `/etc/gangrun/agent.conf line 1: unknown key "help" (the keys are the command's flags, without their dashes: see its --help)`},
+		{"consul = a\n# c\nconsul = b", `/etc/gangrun/agent.conf line 3: consul given twice (first on line 1): it takes one value`},
+		{"no-scheduler = maybe", `/etc/gangrun/agent.conf line 1: no-scheduler "maybe": want true or false`},
+		{"waste-threshold = lots", `/etc/gangrun/agent.conf line 1: waste-threshold "lots": want a number`},
+		{"waste-after = soon", `/etc/gangrun/agent.conf line 1: waste-after "soon": must be a duration like "30s" or "5m"`},
 	} {
 		t.Run(tc.in, func(t *testing.T) {
 			f := newFlags()
@@ -178,7 +178,7 @@ func TestRead(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err := Read(good)
-	if err == nil || err.Error() != `"`+good+`" line 2: no-scheduler has no value: leave the line out to keep the default` {
+	if err == nil || err.Error() != good+` line 2: no-scheduler has no value: leave the line out to keep the default` {
 		t.Errorf("Read error %v", err)
 	}
 	fifo := filepath.Join(dir, "fifo")
