@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -95,9 +96,10 @@ type agentFlags struct {
 // not hold.
 const configFlag = "config"
 
-// newAgentFlags registers gangrun agent's flags on a new flag set.
-func newAgentFlags(e *env) (*pflag.FlagSet, *agentFlags) {
-	fs := newFlagSet(e, "agent", "[--config FILE] [FLAGS]")
+// newAgentFlags registers gangrun agent's flags on a new flag set for command name
+// (agent, or doctor, which checks a node as the agent with those flags would run).
+func newAgentFlags(e *env, name, synopsis string) (*pflag.FlagSet, *agentFlags) {
+	fs := newFlagSet(e, name, synopsis)
 	f := &agentFlags{}
 	f.config = fs.String(configFlag, "", "read flags from FILE, one KEY = VALUE a line, KEY a flag's name without its dashes (docs/operations.md); flags given here win over it")
 	f.consul = consulFlag(fs)
@@ -126,6 +128,44 @@ func newAgentFlags(e *env) (*pflag.FlagSet, *agentFlags) {
 	return fs, f
 }
 
+// check checks the agent's flags that need more than their own parsing, as the agent
+// does before it starts (and doctor, which must refuse what the agent would): the
+// listen addresses, --waste-threshold, --labels, --log-format, the node's name (the
+// hostname when --node-name is not given) and --advertise-addr. It returns the labels
+// and the node's name; an error is the usage error to print.
+func (f *agentFlags) check() (map[string]string, string, error) {
+	if err := checkListenAddr("--metrics-addr", *f.metricsAddr); err != nil {
+		return nil, "", err
+	}
+	if err := checkListenAddr("--http-addr", *f.httpAddr); err != nil {
+		return nil, "", err
+	}
+	if t := *f.wasteThreshold; t <= 0 || t > 100 || t != t {
+		return nil, "", fmt.Errorf("--waste-threshold %v: want a utilisation in %% above 0 and at most 100", t)
+	}
+	lbl, err := parseLabels(*f.labels)
+	if err != nil {
+		return nil, "", err
+	}
+	if _, err := newLogger(*f.logFormat, io.Discard); err != nil {
+		return nil, "", err
+	}
+	name := *f.node
+	if name == "" {
+		if name, err = os.Hostname(); err != nil {
+			return nil, "", fmt.Errorf("--node-name not given and the hostname is unknown: %w", err)
+		}
+	}
+	// The node name is a key segment in Consul and a name the other nodes see.
+	if err := store.CheckNodeName("--node-name", name); err != nil {
+		return nil, "", err
+	}
+	if *f.addr != "" && net.ParseIP(*f.addr) == nil {
+		return nil, "", fmt.Errorf("--advertise-addr %q: want an IP address (the other nodes connect to it)", *f.addr)
+	}
+	return lbl, name, nil
+}
+
 // parseAgentFlags parses args and then the file --config names (the command line
 // wins). It returns done=true with the exit code when the command must stop: --help,
 // or a usage error (one line, exit 2) in either.
@@ -147,8 +187,8 @@ func parseAgentFlags(e *env, cmd string, fs *pflag.FlagSet, f *agentFlags, args 
 }
 
 func runAgent(ctx context.Context, e *env, args []string) int {
-	fs, f := newAgentFlags(e)
-	consul, node, addr, topoFile, labels := f.consul, f.node, f.addr, f.topoFile, f.labels
+	fs, f := newAgentFlags(e, "agent", "[--config FILE] [FLAGS]")
+	consul, addr, topoFile := f.consul, f.addr, f.topoFile
 	noSched, healthEvents, logFormat, authMode := f.noSched, f.healthEvents, f.logFormat, f.authMode
 	metricsAddr, httpAddr, jobMapDir, wasteThreshold := f.metricsAddr, f.httpAddr, f.jobMapDir, f.wasteThreshold
 	if done, code := parseAgentFlags(e, "agent", fs, f, args); done {
@@ -158,38 +198,16 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 	if fs.NArg() > 0 {
 		return usageErr(e, "agent", "unexpected argument %q", fs.Arg(0))
 	}
-	if err := checkListenAddr("--metrics-addr", *metricsAddr); err != nil {
-		return usageErr(e, "agent", "%v", err)
-	}
-	if err := checkListenAddr("--http-addr", *httpAddr); err != nil {
+	lbl, name, err := f.check()
+	if err != nil {
 		return usageErr(e, "agent", "%v", err)
 	}
 	if *httpAddr != "" && *httpAddr == *metricsAddr {
 		*metricsAddr = "" // the status page's server serves /metrics too
 	}
-	if *wasteThreshold <= 0 || *wasteThreshold > 100 || *wasteThreshold != *wasteThreshold {
-		return usageErr(e, "agent", "--waste-threshold %v: want a utilisation in %% above 0 and at most 100", *wasteThreshold)
-	}
-	lbl, err := parseLabels(*labels)
-	if err != nil {
-		return usageErr(e, "agent", "%v", err)
-	}
 	log, err := newLogger(*logFormat, e.stderr)
 	if err != nil {
 		return usageErr(e, "agent", "%v", err)
-	}
-	name := *node
-	if name == "" {
-		if name, err = os.Hostname(); err != nil {
-			return usageErr(e, "agent", "--node-name not given and the hostname is unknown: %v", err)
-		}
-	}
-	// The node name is a key segment in Consul and a name the other nodes see.
-	if err := store.CheckNodeName("--node-name", name); err != nil {
-		return usageErr(e, "agent", "%v", err)
-	}
-	if *addr != "" && net.ParseIP(*addr) == nil {
-		return usageErr(e, "agent", "--advertise-addr %q: want an IP address (the other nodes connect to it)", *addr)
 	}
 	inv, err := topology.ForNode(ctx, *topoFile, name)
 	if err != nil {

@@ -251,7 +251,7 @@ func TestExampleSettingsListEveryAgentFlag(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fs, _ := newAgentFlags(&env{stdout: new(bytes.Buffer), stderr: new(bytes.Buffer), getenv: func(string) string { return "" }})
+	fs, _ := newAgentFlags(&env{stdout: new(bytes.Buffer), stderr: new(bytes.Buffer), getenv: func(string) string { return "" }}, "agent", "")
 	shown := map[string]string{} // key → the first value the example gives it
 	var uncommented []string
 	for _, line := range strings.Split(string(data), "\n") {
