@@ -119,6 +119,7 @@ fuzz:
 	$(GO) test ./policy -run '^$$' -fuzz FuzzParse -fuzztime 30s
 	$(GO) test ./internal/jsonfile -run '^$$' -fuzz FuzzDecode -fuzztime 30s
 	$(GO) test ./internal/quote -run '^$$' -fuzz FuzzQ -fuzztime 30s
+	$(GO) test ./internal/flagfile -run '^$$' -fuzz FuzzParse -fuzztime 30s
 	$(GO) test ./job -run '^$$' -fuzz FuzzParseTime -fuzztime 30s
 	$(GO) test ./job -run '^$$' -fuzz FuzzScriptOptions -fuzztime 30s
 	$(GO) test ./cmd/gangrun -run '^$$' -fuzz FuzzFlags -fuzztime 30s

@@ -239,7 +239,11 @@ func (r *run) version(ctx context.Context) Result {
 		return Result{Status: OK, Detail: fmt.Sprintf("this binary is %s; no agent has registered yet", r.cfg.Version)}
 	}
 	if len(byVersion) == 0 {
-		return Result{Status: Skip, Detail: fmt.Sprintf("this binary is %s; the %d registered agents' records carry no version (agents from before release versions)", r.cfg.Version, len(unversioned))}
+		records := fmt.Sprintf("the %d registered agents' records carry", len(unversioned))
+		if len(unversioned) == 1 {
+			records = "the registered agent's record carries"
+		}
+		return Result{Status: Skip, Detail: fmt.Sprintf("this binary is %s; %s no version (agents from before release versions)", r.cfg.Version, records)}
 	}
 	var parts []string
 	var versions []string

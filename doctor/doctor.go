@@ -96,9 +96,6 @@ type Config struct {
 	// SessionTTL bounds the clock's skew from the Consul servers' (store.SessionTTL
 	// when 0).
 	SessionTTL time.Duration
-	// Cgroup, when set, replaces the cgroup check's trial (tests of the outcomes the
-	// machine does not show).
-	Cgroup func() Result
 }
 
 // run is one doctor run: the config and what earlier checks found that later ones use.

@@ -50,7 +50,7 @@ func (r *run) gpus(ctx context.Context) Result {
 				Fix: "install or load the NVIDIA driver: nvidia-smi must list them (dmesg | grep -i nvrm)"}
 		}
 		return Result{Status: Warn, Detail: fmt.Sprintf("no NVIDIA GPU: none on the PCI bus, and %s; this node offers no GPUs to jobs", why),
-			Fix: "none on a node without GPUs; on a GPU node, check that the GPUs are seated and powered (lspci -d 10de:)"}
+			Fix: "nothing, on a node without GPUs; on a GPU node, check that the GPUs are seated and powered (lspci -d 10de:)"}
 	}
 	models := map[string]int{}
 	var sick []string

@@ -88,7 +88,7 @@ func TestDoctorCommand(t *testing.T) {
 	startAgentWith(t, consul.Addr, "gpu-1", nil)
 	waitUntilFor(t, 60*time.Second, func() bool { return len(nodesJSON(t, consul.Addr)) == 1 }, "the agent registered")
 	_, out, _ = doctorRun(t, "--consul", consul.Addr, "--node-name", "gpu-1")
-	if !strings.Contains(out, "skip  version   this binary is dev; the 1 registered agents' records carry no version") {
+	if !strings.Contains(out, "skip  version   this binary is dev; the registered agent's record carries no version") {
 		t.Errorf("version line:\n%s", out)
 	}
 
