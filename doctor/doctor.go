@@ -170,7 +170,11 @@ func (r *run) consul(ctx context.Context) Result {
 			Fix: "start Consul's agent on this node (systemctl start consul), or set consul = HOST:PORT in the agent's settings"}
 	case err != nil && (isErr(err, acl.ErrNoToken) || isErr(err, acl.ErrForeignToken)):
 		r.consulUp, r.aclOn = true, true
-		return Result{Status: Fail, Detail: fmt.Sprintf("Consul at %s has its ACLs on, and %v", addr, err),
+		detail := fmt.Sprintf("Consul at %s has its ACLs on, and %v", addr, err)
+		if isErr(err, acl.ErrNoToken) { // Whoami's own advice is a user's
+			detail = fmt.Sprintf("Consul at %s has its ACLs on, and no token was given or Consul does not know it", addr)
+		}
+		return Result{Status: Fail, Detail: detail,
 			Fix: "set CONSUL_HTTP_TOKEN_FILE in agent.env to the agents' token (agent.token from gangrun acl bootstrap)"}
 	case err != nil:
 		return Result{Status: Fail, Detail: fmt.Sprintf("Consul at %s: %v", addr, err)}

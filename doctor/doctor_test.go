@@ -221,7 +221,7 @@ func TestDoctorMungeDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := byCheck(t, Run(context.Background(), Config{Consul: aclStore, MungeSocket: gone, Node: "n1", NVML: noNVML(t)}))
-	want(t, got["consul"], Fail, "has its ACLs on, and no valid Consul ACL token")
+	want(t, got["consul"], Fail, "has its ACLs on, and no token was given or Consul does not know it")
 	want(t, got["munge"], Warn, "the agent will tell users apart by Consul's ACL tokens instead")
 }
 
