@@ -16,6 +16,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 	"github.com/hashicorp/consul/api"
 
+	"github.com/gangrun/gangrun/acl"
 	"github.com/gangrun/gangrun/internal/consultest"
 	"github.com/gangrun/gangrun/internal/mungetest"
 	"github.com/gangrun/gangrun/internal/store"
@@ -415,5 +416,44 @@ func TestDoctorCgroup(t *testing.T) {
 			res.Check = "cgroup"
 			want(t, res, tc.status, tc.parts...)
 		})
+	}
+}
+
+// TestDoctorConsulACLs: Consul with its ACLs on (default deny): the agents' token from
+// gangrun acl bootstrap is what an agent needs (ok, and the clock and the versions are
+// read with it); a user's token fails, naming whose it is.
+func TestDoctorConsulACLs(t *testing.T) {
+	agent := consultest.StartACL(t)
+	mgmt, err := store.NewConsulToken(agent.Addr, agent.ManagementToken)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokens, err := acl.Bootstrap(context.Background(), mgmt.Client())
+	if err != nil {
+		t.Fatal(err)
+	}
+	alice, err := acl.MintUser(context.Background(), mgmt.Client(), "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	munged := mungetest.Start(t)
+	for _, tc := range []struct {
+		token  string
+		status Status
+		part   string
+	}{
+		{tokens.Agent, OK, "with the agents' token"},
+		{alice, Fail, "but the token is alice's, not the agents'"},
+	} {
+		s, err := store.NewConsulToken(agent.Addr, tc.token)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := byCheck(t, Run(context.Background(), Config{Consul: s, MungeSocket: munged.Socket, Node: "n1", Version: "v-test", NVML: noNVML(t)}))
+		want(t, got["consul"], tc.status, tc.part)
+		if tc.status == OK {
+			want(t, got["clock"], kernelClockStatus(t), "(the Consul agent at "+agent.Addr+" is a server)")
+			want(t, got["version"], OK, "no agent has registered yet")
+		}
 	}
 }
