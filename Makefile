@@ -16,6 +16,26 @@ export GANGRUN_PYTHON := $(PYTHON)
 VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -X main.version=$(VERSION)
 
+# Where `make install` puts gangrun (docs/operations.md, "Install"): DESTDIR stages it
+# in a tree (packages, tests), PREFIX the rest. The agent's settings always go under
+# SYSCONFDIR/gangrun (/etc/gangrun), the systemd unit where systemd looks for a PREFIX
+# (/usr/local/lib/systemd/system; /usr/lib/systemd/system for a package).
+DESTDIR    ?=
+PREFIX     ?= /usr/local
+BINDIR     ?= $(PREFIX)/bin
+SYSCONFDIR ?= /etc
+UNITDIR    ?= $(PREFIX)/lib/systemd/system
+DOCDIR     ?= $(PREFIX)/share/doc/gangrun
+# The Slurm command names (sbatch, srun, squeue...) installed in BINDIR as links to
+# gangrun, which answers to them by argv[0]: none until gangrun does (the Slurm
+# job-script issue); install and uninstall already make and remove these links.
+SLURM_LINKS :=
+# The Debian package's version (scripts/package-deb.sh). Until gangrun has release
+# versions (issue 27, part 2) it is 0~ and VERSION, the commit `make build` stamps into
+# main.version, with '-' made '.': it sorts before any release. Set it from the
+# release version when there is one.
+DEB_VERSION ?= 0~$(subst -,.,$(VERSION))
+
 # What each target installs (scripts/install-deps.sh components). The demo runs on one
 # machine with the embedded coordinator: torch only, no Consul build. The tests start
 # Consul dev agents and real PyTorch, and use ip, a real Prometheus server (and
@@ -24,12 +44,40 @@ DEMO_DEPS  := torch
 TEST_DEPS  := torch consul iproute2 prometheus chromium passwd munge
 BENCH_DEPS := torch consul
 
-.PHONY: all build deps demo test test-short bench fuzz lint clean
+.PHONY: all build install uninstall deb deps demo test test-short bench fuzz lint clean
 
 all: build
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/gangrun
+
+# The binary, the agent's systemd unit, its settings files (never over an operator's:
+# an existing agent.conf or agent.env is kept) and the operations guide with the
+# settings example. As root for a node: make && sudo make install.
+install: build
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(SYSCONFDIR)/gangrun $(DESTDIR)$(DOCDIR)/examples
+	install -m 0755 $(BIN) $(DESTDIR)$(BINDIR)/gangrun
+	for n in $(SLURM_LINKS); do ln -sf gangrun $(DESTDIR)$(BINDIR)/$$n; done
+	sed -e 's|@BINDIR@|$(BINDIR)|g' -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g' -e 's|@DOCDIR@|$(DOCDIR)|g' \
+	  packaging/gangrun-agent.service.in > $(DESTDIR)$(UNITDIR)/gangrun-agent.service.tmp
+	chmod 0644 $(DESTDIR)$(UNITDIR)/gangrun-agent.service.tmp
+	mv -f $(DESTDIR)$(UNITDIR)/gangrun-agent.service.tmp $(DESTDIR)$(UNITDIR)/gangrun-agent.service
+	for f in agent.conf agent.env; do \
+	  install -m 0644 packaging/$$f $(DESTDIR)$(DOCDIR)/examples/$$f; \
+	  if [ -e $(DESTDIR)$(SYSCONFDIR)/gangrun/$$f ]; then echo "kept $(DESTDIR)$(SYSCONFDIR)/gangrun/$$f (this release's example: $(DESTDIR)$(DOCDIR)/examples/$$f)"; \
+	  else install -m 0644 packaging/$$f $(DESTDIR)$(SYSCONFDIR)/gangrun/$$f; fi; \
+	done
+	install -m 0644 docs/operations.md $(DESTDIR)$(DOCDIR)/operations.md
+
+# What install put there, but the settings under SYSCONFDIR/gangrun (the operator's).
+uninstall:
+	rm -f $(DESTDIR)$(BINDIR)/gangrun $(DESTDIR)$(UNITDIR)/gangrun-agent.service
+	for n in $(SLURM_LINKS); do rm -f $(DESTDIR)$(BINDIR)/$$n; done
+	rm -rf $(DESTDIR)$(DOCDIR)
+
+# The Debian package of the same files, in dist/ (scripts/package-deb.sh).
+deb: build
+	DEB_VERSION=$(DEB_VERSION) scripts/package-deb.sh dist
 
 # Everything any target needs.
 deps:
@@ -71,9 +119,10 @@ fuzz:
 	$(GO) test ./policy -run '^$$' -fuzz FuzzParse -fuzztime 30s
 	$(GO) test ./internal/jsonfile -run '^$$' -fuzz FuzzDecode -fuzztime 30s
 	$(GO) test ./internal/quote -run '^$$' -fuzz FuzzQ -fuzztime 30s
+	$(GO) test ./internal/flagfile -run '^$$' -fuzz FuzzParse -fuzztime 30s
 	$(GO) test ./job -run '^$$' -fuzz FuzzParseTime -fuzztime 30s
 	$(GO) test ./job -run '^$$' -fuzz FuzzScriptOptions -fuzztime 30s
 	$(GO) test ./cmd/gangrun -run '^$$' -fuzz FuzzFlags -fuzztime 30s
 
 clean:
-	rm -rf bin demo-run
+	rm -rf bin demo-run dist

@@ -97,6 +97,7 @@ func commands() []command {
 		{"ckpt", "find, list, verify and prune checkpoints", runCkpt, false},
 		{"bench", "benchmark collectives across the gang (nccl-tests figures)", runBench, true},
 		{"hostlist", "expand or compress Slurm hostlists", runHostlist, false},
+		{"doctor", "check what this node needs to run the agent: Consul, munge, cgroups, GPUs, NICs, clock, version", runDoctor, false},
 		{"version", "print gangrun's version", runVersion, false},
 	}
 }

@@ -261,6 +261,15 @@ func (e *UnavailableError) Error() string {
 // set): the message a command prints alone, without the operations that wrap it.
 func (e *UnavailableError) Unreachable() bool { return e.Addr != "" }
 
+// Cause is the system's reason a connection could not be made ("connection refused",
+// "no such host \"h\""), for a message that gives its own advice; Err's text otherwise.
+func (e *UnavailableError) Cause() string {
+	if e.Addr == "" {
+		return e.Err.Error()
+	}
+	return dialCause(e.Err)
+}
+
 // dialCause returns the system's reason a dial failed ("connection refused", "no such
 // host", "i/o timeout"), without the URL and the addresses net/http puts around it.
 func dialCause(err error) string {
