@@ -112,7 +112,7 @@ func newAgentFlags(e *env, name, synopsis string) (*pflag.FlagSet, *agentFlags) 
 	f.noSched = fs.Bool("no-scheduler", false, "never act as the cluster's scheduler")
 	f.healthEvents = fs.String("health-events", "", "replay GPU health changes appended to FILE (JSON lines) instead of watching NVML: drills and tests")
 	f.logFormat = fs.String("log-format", "text", "log lines: text or json")
-	f.stateDir = fs.String("state-dir", "", "where the node keeps what must outlive Consul's data (its steps' outcomes, docs/operations.md); default: TMPDIR/gangrun-state-NODE; /var/lib/gangrun as packaged")
+	f.stateDir = fs.String("state-dir", "", "where the node keeps what must outlive Consul's data (its steps' outcomes, docs/operations.md); default: $STATE_DIRECTORY (systemd's: /var/lib/gangrun under the packaged unit), else TMPDIR/gangrun-state-NODE")
 	f.authMode = fs.String("auth", "", "how users are told apart: munge (MUNGE credentials, checked before any job runs) or none (nothing checked: anyone may run jobs as anyone); default: munge where munged answers, else Consul's ACLs when on, else the agent refuses to start")
 	f.metricsAddr = fs.String("metrics-addr", "", fmt.Sprintf("serve Prometheus metrics on HOST:PORT/metrics (off unless given; suggested port %d)", metrics.DefaultPort))
 	f.httpAddr = fs.String("http-addr", "", "serve the cluster's status page on HOST:PORT/ (and /metrics; off unless given)")
@@ -327,7 +327,11 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 	// own messages before the job's output opens in stepLogs, removed when the agent
 	// stops unless a step it started still runs (and may still write there).
 	if *stateDir == "" {
-		*stateDir = filepath.Join(os.TempDir(), "gangrun-state-"+name)
+		// systemd's StateDirectory= (the packaged unit's: /var/lib/gangrun), else one
+		// of this node's under TMPDIR.
+		if *stateDir = e.getenv("STATE_DIRECTORY"); *stateDir == "" {
+			*stateDir = filepath.Join(os.TempDir(), "gangrun-state-"+name)
+		}
 	}
 	if err := os.MkdirAll(*stateDir, 0o700); err != nil {
 		return failErr(e, "agent", fmt.Errorf("--state-dir: %w", err))
