@@ -7,9 +7,10 @@
 # Links it as .tools/torch2 in the clone (git-ignored) and prints its python's path.
 #
 # The first install downloads about 4 GB (PyPI's Linux torch wheel brings NVIDIA's CUDA
-# libraries; they load and run on CPU without a GPU): 111 s on the 2-core
-# development VM (2026-12-04). Concurrent runs wait for each other (flock); an install cut short is
-# redone, never used: the environment counts as installed only once its marker is written.
+# libraries; they load and run on CPU without a GPU) and takes 5.4 GB: 111 s on the
+# 2-core development VM (2026-12-04; 235 s while other jobs loaded it). Concurrent runs
+# wait for each other (flock); an install cut short is redone, never used: the
+# environment counts as installed only once its marker is written.
 #
 # Usage: scripts/install-torch2.sh        install (or reuse) and print the interpreter's path
 #        scripts/install-torch2.sh --path print the path it installs to, install nothing
