@@ -71,6 +71,7 @@ fuzz:
 	$(GO) test ./topology -run '^$$' -fuzz FuzzParseNCCLList -fuzztime 30s
 	$(GO) test ./topology -run '^$$' -fuzz FuzzParseCPUList -fuzztime 30s
 	$(GO) test ./topology -run '^$$' -fuzz FuzzDecode -fuzztime 30s
+	$(GO) test ./internal/tcpstore -run '^$$' -fuzz FuzzServe -fuzztime 30s
 
 clean:
 	rm -rf bin demo-run
