@@ -295,7 +295,7 @@ func (g *group) live() []*worker {
 	return out
 }
 
-// signal sends sig to every live worker: a terminating one (SIGTERM, SIGINT, SIGHUP) to
+// signal sends sig to every live worker: a terminating one (SIGTERM, SIGINT, SIGHUP, SIGQUIT) to
 // its whole process group, any other (SIGUSR1, SIGUSR2) to the worker process alone,
 // as torchrun forwards it, so a child without a handler (a DataLoader worker) lives.
 func (g *group) signal(sig syscall.Signal) {

@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -34,6 +35,7 @@ import (
 	"github.com/gangrun/gangrun/event"
 	"github.com/gangrun/gangrun/internal/cgroup"
 	"github.com/gangrun/gangrun/internal/proc"
+	"github.com/gangrun/gangrun/internal/tcpstore"
 	"github.com/gangrun/gangrun/internal/userfile"
 	"github.com/gangrun/gangrun/rendezvous"
 	"github.com/gangrun/gangrun/topology"
@@ -201,7 +203,7 @@ type Config struct {
 	// for a process with no other children that something waits for (so never in tests
 	// that run the supervisor inside a test binary with children of its own).
 	Subreaper bool
-	// Signals delivers the signals sent to gangrun: SIGINT, SIGTERM and SIGHUP are
+	// Signals delivers the signals sent to gangrun: SIGINT, SIGTERM, SIGHUP and SIGQUIT are
 	// forwarded to every worker and stop the run; SIGUSR1 and SIGUSR2 are forwarded only, to each worker process (not its children).
 	Signals <-chan os.Signal
 	// WarmRestarts (--warm-restarts) has every attempt after the first start its ranks
@@ -300,6 +302,10 @@ type Supervisor struct {
 	nextSpecs []workerSpec
 	// memRefusedTold: the log said once that a worker's memory policy was refused.
 	memRefusedTold bool
+
+	// store is the workers' TCPStore this node serves for the current attempt as node
+	// rank 0 (Env.AgentStore); nil when none.
+	store *tcpstore.Server
 
 	cg      *cgroup.Step // the step's cgroup; nil when unconfined
 	oomBase uint64       // the cgroup's OOM kills when the current attempt started
@@ -457,6 +463,8 @@ func New(cfg Config, rdzv rendezvous.Rendezvous) (*Supervisor, error) {
 			return nil, err
 		}
 	}
+	// A wrapped torchrun serves its workers' store itself.
+	s.cfg.Env.AgentStore = !isTorchrun && s.cfg.Env.UsesAgentStore()
 	if cfg.LogDir == "" || cfg.Tee {
 		s.console = &lineWriter{w: cfg.Stdout}
 		s.consoleErr = &lineWriter{w: cfg.Stderr}
@@ -600,6 +608,7 @@ func (s *Supervisor) Run(ctx context.Context) Result {
 		}
 	}
 	defer s.pin("")
+	defer s.closeStore()
 	defer s.setupWarm()()
 	if env := newEnvMap(s.cfg.Env.Base, s.cfg.Env.Extra); env[FileTimerEnableEnv] == "1" && s.torch == nil {
 		path := env[FileTimerFileEnv]
@@ -750,6 +759,11 @@ func (s *Supervisor) begin(ctx context.Context, at *attempt, res *Result) (Group
 	if a.ResumeFrom != "" {
 		fields = append(fields, zap.String("resume_from", a.ResumeFrom))
 	}
+	if err := s.serveStore(a); err != nil {
+		_ = round.Fail(ctx, rendezvous.Failure{Node: s.cfg.NodeName, Rank: -1, LocalRank: -1, ExitCode: 1, Reason: err.Error()})
+		res.ExitCode, res.Err = 1, err
+		return "", true
+	}
 	s.log.Info("starting workers", fields...)
 	at.started = time.Now()
 	s.started = at.started
@@ -771,6 +785,7 @@ func (s *Supervisor) begin(ctx context.Context, at *attempt, res *Result) (Group
 	s.nextSpecs = nil
 	g, err := startGroup(specs, s.console, s.consoleErr, &s.act, s.guard, warm)
 	if err != nil {
+		s.closeStore()
 		_ = round.Fail(ctx, rendezvous.Failure{Node: s.cfg.NodeName, Rank: -1, LocalRank: -1, ExitCode: 1, Reason: err.Error()})
 		res.ExitCode, res.Err = 1, err
 		if errors.Is(err, ErrCommandNotFound) {
@@ -1188,6 +1203,7 @@ func (s *Supervisor) stop(g *group, sig syscall.Signal, killBy time.Time) {
 		}
 	}
 	g.kill(s.guard)
+	s.closeStore() // the attempt's workers are gone: the next attempt's find a new one
 	if s.cfg.Subreaper {
 		keep := s.standbyPids(map[int]bool{s.guard.Pid(): true})
 		for pid := range s.inherited {
@@ -1200,6 +1216,31 @@ func (s *Supervisor) stop(g *group, sig syscall.Signal, killBy time.Time) {
 		if n := proc.KillOrphans(keep, g.pids(), ours); n > 0 {
 			s.log.Info("killed processes the workers left outside their process groups", zap.Int("processes", n))
 		}
+	}
+}
+
+// serveStore starts the workers' TCPStore for attempt a on MASTER_PORT, on every
+// interface as torch's own server binds, when this node serves it: node rank 0 with
+// Env.AgentStore. The previous attempt's is closed first. An error (the port is taken)
+// names the port.
+func (s *Supervisor) serveStore(a rendezvous.Assignment) error {
+	s.closeStore()
+	if !s.cfg.Env.AgentStore || a.NodeRank != 0 {
+		return nil
+	}
+	st, err := tcpstore.Listen(net.JoinHostPort("", strconv.Itoa(a.MasterPort)))
+	if err != nil {
+		return fmt.Errorf("MASTER_PORT %d: gangrun serves the workers' store there (TORCHELASTIC_USE_AGENT_STORE=True) and cannot: %w", a.MasterPort, err)
+	}
+	s.store = st
+	return nil
+}
+
+// closeStore closes the attempt's TCPStore, if this node serves one.
+func (s *Supervisor) closeStore() {
+	if s.store != nil {
+		_ = s.store.Close()
+		s.store = nil
 	}
 }
 

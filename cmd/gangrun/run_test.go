@@ -230,7 +230,7 @@ func TestRunSIGKILLLeavesNoWorker(t *testing.T) {
 }
 
 func TestRunSignalsReachEveryWorker(t *testing.T) {
-	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP} {
+	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT} {
 		t.Run(sig.String(), func(t *testing.T) {
 			mark := testMark(t)
 			dir := t.TempDir()
@@ -286,6 +286,8 @@ func sigName(s syscall.Signal) string {
 		return "TERM"
 	case syscall.SIGHUP:
 		return "HUP"
+	case syscall.SIGQUIT:
+		return "QUIT"
 	case syscall.SIGUSR1:
 		return "USR1"
 	case syscall.SIGUSR2:
@@ -523,10 +525,14 @@ sys.exit(3 if a < 3 else 0)
 	})
 }
 
-// TestRunWarmRanksAwaitTheMaster: a warm rank other than 0 starts once rank 0 listens
-// on MASTER_ADDR:MASTER_PORT (torch's store client retries a refused connection only a
-// second later), here after rank 0's 200 ms pause; where rank 0 never listens there,
-// the ranks wait once in vain, the log says so, and later attempts do not wait.
+// TestRunWarmRanksAwaitTheMaster: by default gangrun serves the workers' store on
+// MASTER_ADDR:MASTER_PORT before any rank starts (TORCHELASTIC_USE_AGENT_STORE=True),
+// so every attempt's rank 1 finds it listening and nothing waits in vain. With torch's
+// opt-out (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1) rank 0 hosts the store: a warm rank
+// other than 0 starts once rank 0 listens there (torch's store client retries a
+// refused connection only a second later), here after rank 0's 200 ms pause; where
+// rank 0 never listens there, the ranks wait once in vain, the log says so, and later
+// attempts do not wait.
 func TestRunWarmRanksAwaitTheMaster(t *testing.T) {
 	py := python(t)
 	script := filepath.Join(t.TempDir(), "t.py")
@@ -540,36 +546,43 @@ if os.environ.get("LISTEN") and rank == 0:
 elif rank == 1:
     try:
         socket.create_connection(addr, timeout=1).close()
-        print("attempt", a, "master up", flush=True)
+        print("attempt", a, "master up", os.environ["TORCHELASTIC_USE_AGENT_STORE"], flush=True)
     except OSError:
-        print("attempt", a, "master down", flush=True)
+        print("attempt", a, "master down", os.environ["TORCHELASTIC_USE_AGENT_STORE"], flush=True)
     time.sleep(0.3)
 sys.exit(3 if a < 2 else 0)
 `), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	for _, listen := range []bool{true, false} {
-		env := []string{testMark(t)}
-		if listen {
-			env = append(env, "LISTEN=1")
-		}
-		res := runGangrun(t, env, "run", "--nproc-per-node", "2", "--max-restarts", "2", "--restart-backoff", "0s",
+	for _, c := range []struct {
+		name       string
+		env        []string
+		up         []string // attempts whose rank 1 found the store up
+		down       []string // ... down
+		told       int
+		agentStore string
+	}{
+		{"agent store", nil, []string{"1", "2"}, nil, 0, "True"},
+		{"rank 0 listens", []string{"TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1", "LISTEN=1"}, []string{"1", "2"}, nil, 0, "False"},
+		{"nothing listens", []string{"TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"}, nil, []string{"2"}, 1, "False"},
+	} {
+		res := runGangrun(t, append([]string{testMark(t)}, c.env...), "run", "--nproc-per-node", "2", "--max-restarts", "2", "--restart-backoff", "0s",
 			"--warm-delay", "0s", "--", py, script)
 		if res.code != 0 {
-			t.Fatalf("listen %v: exit %d; stdout:\n%s\nstderr:\n%s", listen, res.code, res.stdout, res.stderr)
+			t.Fatalf("%s: exit %d; stdout:\n%s\nstderr:\n%s", c.name, res.code, res.stdout, res.stderr)
 		}
-		told := strings.Count(res.stderr, "warm ranks no longer wait for rank 0's store")
-		if listen {
-			for _, a := range []string{"1", "2"} {
-				if !strings.Contains(res.stdout, "[rank1]: attempt "+a+" master up") {
-					t.Errorf("warm attempt %s's rank 1 started before rank 0 listened:\n%s", a, res.stdout)
-				}
+		for _, a := range c.up {
+			if !strings.Contains(res.stdout, "[rank1]: attempt "+a+" master up "+c.agentStore) {
+				t.Errorf("%s: attempt %s's rank 1 did not find the store up (TORCHELASTIC_USE_AGENT_STORE=%s):\n%s", c.name, a, c.agentStore, res.stdout)
 			}
-			if told != 0 {
-				t.Errorf("told %d times that the ranks do not wait:\n%s", told, res.stderr)
+		}
+		for _, a := range c.down {
+			if !strings.Contains(res.stdout, "[rank1]: attempt "+a+" master down "+c.agentStore) {
+				t.Errorf("%s: attempt %s's rank 1 found a store up (TORCHELASTIC_USE_AGENT_STORE=%s):\n%s", c.name, a, c.agentStore, res.stdout)
 			}
-		} else if told != 1 || !strings.Contains(res.stdout, "[rank1]: attempt 2 master down") {
-			t.Errorf("told %d times (want once) that the ranks no longer wait; stdout:\n%s\nstderr:\n%s", told, res.stdout, res.stderr)
+		}
+		if told := strings.Count(res.stderr, "warm ranks no longer wait for rank 0's store"); told != c.told {
+			t.Errorf("%s: told %d times (want %d) that the ranks no longer wait; stderr:\n%s", c.name, told, c.told, res.stderr)
 		}
 	}
 }
