@@ -66,6 +66,12 @@ type EnvConfig struct {
 	Role string
 	// SignalsToHandle is TORCHELASTIC_SIGNALS_TO_HANDLE; "" is DefaultSignalsToHandle.
 	SignalsToHandle string
+	// VirtualLocalRank is torchrun's --virtual-local-rank: every worker gets LOCAL_RANK 0
+	// and CUDA_VISIBLE_DEVICES naming its own device only, the local-rank-th of the
+	// devices the node's workers see, else the local rank itself
+	// (torch/distributed/elastic/agent/server/local_elastic_agent.py,
+	// _set_local_rank_env).
+	VirtualLocalRank bool
 }
 
 // UsesAgentStore reports whether gangrun serves the workers' store
@@ -289,6 +295,16 @@ func WorkerEnv(c EnvConfig, a rendezvous.Assignment, localRank int, errorFile st
 	m["WORLD_SIZE"] = strconv.Itoa(world)
 	m["GROUP_WORLD_SIZE"] = strconv.Itoa(a.NNodes)
 	m["ROLE_WORLD_SIZE"] = strconv.Itoa(world)
+	if c.VirtualLocalRank {
+		m["LOCAL_RANK"] = "0"
+		device := strconv.Itoa(localRank)
+		if list, ok := m["CUDA_VISIBLE_DEVICES"]; ok {
+			if ids := strings.Split(list, ","); localRank < len(ids) {
+				device = strings.TrimSpace(ids[localRank])
+			}
+		}
+		m["CUDA_VISIBLE_DEVICES"] = device
+	}
 	m["MASTER_ADDR"] = a.MasterAddr
 	m["MASTER_PORT"] = strconv.Itoa(a.MasterPort)
 	m["TORCHELASTIC_RESTART_COUNT"] = strconv.Itoa(a.RestartCount)

@@ -31,6 +31,9 @@ type workerSpec struct {
 	dir       string         // base/rel...: the per-attempt, per-rank directory, error file and logs
 	errorFile string         // TORCHELASTIC_ERROR_FILE, already in env
 	logFiles  bool           // write stdout.log / stderr.log into dir
+	// noFile and noConsole leave stream i (0 stdout, 1 stderr) out of its log file
+	// (when logFiles) and off the console (Config.Streams).
+	noFile, noConsole [2]bool
 	cpus      []int          // CPUs to bind the worker to (proc.StartBound); nil: unbound
 	mem       proc.MemPolicy // its NUMA memory policy; no nodes: the default
 	place     proc.Placement // the step's cgroup to start it in; nil: none
@@ -143,11 +146,17 @@ func startWorker(s workerSpec, console, consoleErr *lineWriter, act *activity, w
 	var childEnds []*os.File
 	closeAll := func() {
 		for _, f := range append(append(childEnds, w.readers...), w.files...) {
-			f.Close()
+			if f != nil {
+				f.Close()
+			}
 		}
 	}
 	if s.logFiles {
-		for _, name := range []string{"stdout", "stderr"} {
+		for i, name := range []string{"stdout", "stderr"} {
+			if s.noFile[i] {
+				w.files = append(w.files, nil)
+				continue
+			}
 			f, err := createLogFile(dir, name+".log")
 			if err != nil {
 				closeAll()
@@ -215,14 +224,18 @@ func startWorker(s workerSpec, console, consoleErr *lineWriter, act *activity, w
 	sinks := []*lineWriter{console, consoleErr}
 	for i, r := range w.readers {
 		var file io.Writer
-		if s.logFiles {
+		if s.logFiles && w.files[i] != nil {
 			file = w.files[i]
+		}
+		sink := sinks[i]
+		if s.noConsole[i] {
+			sink = nil
 		}
 		w.pumps.Add(1)
 		go func(r io.Reader, sink *lineWriter, file io.Writer) {
 			defer w.pumps.Done()
 			pump(r, s.prefix, sink, file, act)
-		}(r, sinks[i], file)
+		}(r, sink, file)
 	}
 	return w, nil
 }

@@ -12,6 +12,7 @@
 package launcher
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -166,6 +167,10 @@ type Config struct {
 	// Tee keeps worker output on the console when LogDir is set (without LogDir the
 	// console always gets it).
 	Tee bool
+	// Streams, when set, decides instead of LogDir and Tee where each local rank's
+	// stdout and stderr go (torchrun's --redirects, --tee, --local-ranks-filter and
+	// --log-line-prefix-template); a stream it sends to a file needs LogDir.
+	Streams *Streams
 	// TermTimeout is the SIGTERM → SIGKILL grace when stopping workers.
 	TermTimeout time.Duration
 	// HangTimeout: no output from any rank for this long counts as a failure; 0 is off.
@@ -465,7 +470,10 @@ func New(cfg Config, rdzv rendezvous.Rendezvous) (*Supervisor, error) {
 	}
 	// A wrapped torchrun serves its workers' store itself.
 	s.cfg.Env.AgentStore = !isTorchrun && s.cfg.Env.UsesAgentStore()
-	if cfg.LogDir == "" || cfg.Tee {
+	if cfg.Streams.NeedsFiles() && cfg.LogDir == "" {
+		return nil, errors.New("--redirects and --tee write log files: they need --log-dir")
+	}
+	if cfg.LogDir == "" || cfg.Tee || cfg.Streams != nil {
 		s.console = &lineWriter{w: cfg.Stdout}
 		s.consoleErr = &lineWriter{w: cfg.Stderr}
 	}
@@ -1323,12 +1331,23 @@ func (s *Supervisor) specs(a rendezvous.Assignment) ([]workerSpec, error) {
 			rp := s.cfg.Env.Ranks[lr]
 			cpus, mem = rp.CPUs, proc.MemPolicy{Nodes: rp.Mems, Strict: rp.MemBind == topology.MemBindStrict}
 		}
-		specs = append(specs, workerSpec{
+		spec := workerSpec{
 			localRank: lr, rank: rank, argv: argv, cpus: cpus, mem: mem, place: s.placement(), user: s.cfg.User,
 			env:    env,
 			prefix: rankPrefix(rank), base: base, rel: []string{attempt, rankDir},
 			dir: dir, errorFile: errFile, logFiles: s.cfg.LogDir != "",
-		})
+		}
+		if st := s.cfg.Streams; st != nil {
+			file, console := st.route(lr)
+			spec.logFiles = s.cfg.LogDir != "" && (file[0] || file[1])
+			for i := range 2 {
+				spec.noFile[i], spec.noConsole[i] = !file[i], !console[i]
+			}
+			if p := st.prefix(cmp.Or(s.cfg.Env.Role, RoleName), lr, rank); p != "" {
+				spec.prefix = p
+			}
+		}
+		specs = append(specs, spec)
 	}
 	return specs, nil
 }

@@ -175,7 +175,7 @@ func (c10d) open(ctx context.Context, coordinator string, cfg Config) (*Opened, 
 	if job == "" {
 		job = C10dJobID
 	}
-	local := localHost(e.Host)
+	local := IsLocalHost(e.Host)
 	if e.IsHost != nil && *e.IsHost && !local {
 		return nil, usage("c10d endpoint %s: rdzv-conf is_host=1, but %s is not an address or name of this machine", e.Endpoint(), e.Host)
 	}
@@ -275,11 +275,11 @@ func awaitEndpoint(ctx context.Context, r *store.Remote, e C10dEndpoint) error {
 	}
 }
 
-// localHost reports whether host names this machine, as torch's
+// IsLocalHost reports whether host names this machine, as torch's
 // _matches_machine_hostname decides whether its agent serves the endpoint: localhost,
 // a loopback address, this machine's hostname, or an address of one of its interfaces
 // (a name resolving to one).
-func localHost(host string) bool {
+func IsLocalHost(host string) bool {
 	if host == "localhost" {
 		return true
 	}
