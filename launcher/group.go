@@ -25,19 +25,19 @@ type workerSpec struct {
 	rank      int
 	argv      []string
 	env       []string
-	prefix    string         // console prefix, "[rank3]: "
-	base      string         // the log directory (or scratch directory) the attempt's tree is under
-	rel       []string       // dir below base: attempt_K, rank_N (or node_N)
-	dir       string         // base/rel...: the per-attempt, per-rank directory, error file and logs
-	errorFile string         // TORCHELASTIC_ERROR_FILE, already in env
-	logFiles  bool           // write stdout.log / stderr.log into dir
+	prefix    string   // console prefix, "[rank3]: "
+	base      string   // the log directory (or scratch directory) the attempt's tree is under
+	rel       []string // dir below base: attempt_K, rank_N (or node_N)
+	dir       string   // base/rel...: the per-attempt, per-rank directory, error file and logs
+	errorFile string   // TORCHELASTIC_ERROR_FILE, already in env
+	logFiles  bool     // write stdout.log / stderr.log into dir
 	// noFile and noConsole leave stream i (0 stdout, 1 stderr) out of its log file
 	// (when logFiles) and off the console (Config.Streams).
 	noFile, noConsole [2]bool
-	cpus      []int          // CPUs to bind the worker to (proc.StartBound); nil: unbound
-	mem       proc.MemPolicy // its NUMA memory policy; no nodes: the default
-	place     proc.Placement // the step's cgroup to start it in; nil: none
-	user      *proc.User     // who it runs as (Config.User); nil: gangrun's user
+	cpus              []int          // CPUs to bind the worker to (proc.StartBound); nil: unbound
+	mem               proc.MemPolicy // its NUMA memory policy; no nodes: the default
+	place             proc.Placement // the step's cgroup to start it in; nil: none
+	user              *proc.User     // who it runs as (Config.User); nil: gangrun's user
 }
 
 // worker is one started process of a group.
