@@ -167,7 +167,17 @@ func (c10d) open(ctx context.Context, coordinator string, cfg Config) (*Opened, 
 	if e.Port == 0 && cfg.MaxNodes > 1 {
 		return nil, usage("c10d endpoint %s with --nnodes %s: port 0 picks a free port the other nodes cannot know; give HOST:PORT", e.Endpoint(), nnodesString(cfg.MinNodes, cfg.MaxNodes))
 	}
-	node, err := nodeName(cfg.NodeName)
+	name := cfg.NodeName
+	if name == "" {
+		// torchrun's node of a c10d rendezvous is its host and process
+		// (_NodeDescGenerator: fqdn_pid_n): several on one machine are several nodes.
+		host, err := os.Hostname()
+		if err != nil {
+			return nil, usage("--node-name not given and the hostname is unknown: %v", err)
+		}
+		name = host + "-" + strconv.Itoa(os.Getpid())
+	}
+	node, err := nodeName(name)
 	if err != nil {
 		return nil, err
 	}
