@@ -269,3 +269,91 @@ func TestWorkerEnvMatchesTorchrun(t *testing.T) {
 		compareWorkerEnv(t, env, torch, gang)
 	})
 }
+
+// TestTorchrunDocExamples: with `alias torchrun='gangrun run'`, torchrun's own
+// documented examples (torch/distributed/run.py's module docstring, "Usage") run
+// unchanged on torch 2.x: single-node multi-worker (--standalone), stacked single-node
+// (c10d on localhost:0), fault tolerant on two nodes (c10d endpoint, --max-restarts=3,
+// a worker failing once) and elastic on two nodes (--nnodes=1:4), the two nodes being
+// two processes of this machine.
+func TestTorchrunDocExamples(t *testing.T) {
+	py := torchtest.PyPI(t)
+	script := filepath.Join(repoRoot(t), "scripts", "examples", "train_ddp.py")
+	port, err := rendezvous.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	vars := []string{"PATH=" + py.Bin + ":" + os.Getenv("PATH"), "NUM_TRAINERS=2", "JOB_ID=doc-example",
+		"HOST_NODE_ADDR=127.0.0.1:" + strconv.Itoa(port), "YOUR_TRAINING_SCRIPT=" + script}
+	bash := func(t *testing.T, line string, nodes int) []string {
+		t.Helper()
+		env := append(append(os.Environ(), vars...), testMark(t))
+		outs := make([]string, nodes)
+		var wg sync.WaitGroup
+		for i := range nodes {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+				defer cancel()
+				cmd := exec.CommandContext(ctx, "bash", "-c", "shopt -s expand_aliases\nalias torchrun='"+gangrunBin+" run'\n"+line)
+				cmd.Env = env
+				b, err := cmd.CombinedOutput()
+				outs[i] = string(b)
+				if err != nil {
+					t.Errorf("node %d: %v\n%s", i, err, b)
+				}
+			}()
+		}
+		wg.Wait()
+		return outs
+	}
+	for _, c := range []struct {
+		name, line string
+		nodes      int
+		want       []string // in the nodes' output
+	}{
+		{"single-node multi-worker", `torchrun
+    --standalone
+    --nnodes=1
+    --nproc-per-node=$NUM_TRAINERS
+    $YOUR_TRAINING_SCRIPT --steps 20`, 1, []string{"[rank0]: training: world size 2", "[rank0]: finished at step 20"}},
+		{"stacked single-node multi-worker", `torchrun
+    --rdzv-backend=c10d
+    --rdzv-endpoint=localhost:0
+    --nnodes=1
+    --nproc-per-node=$NUM_TRAINERS
+    $YOUR_TRAINING_SCRIPT --steps 20`, 1, []string{"[rank0]: training: world size 2", "[rank0]: finished at step 20"}},
+		{"fault tolerant", `torchrun
+    --nnodes=2
+    --nproc-per-node=$NUM_TRAINERS
+    --max-restarts=3
+    --rdzv-id=$JOB_ID
+    --rdzv-backend=c10d
+    --rdzv-endpoint=$HOST_NODE_ADDR
+    $YOUR_TRAINING_SCRIPT --steps 30 --fail-at-step 10`, 2, []string{"world size 4", "restarting the gang", "finished at step 30"}},
+		{"elastic", `torchrun
+    --nnodes=1:4
+    --nproc-per-node=$NUM_TRAINERS
+    --max-restarts=3
+    --rdzv-id=$JOB_ID
+    --rdzv-backend=c10d
+    --rdzv-endpoint=$HOST_NODE_ADDR
+    $YOUR_TRAINING_SCRIPT --steps 20`, 2, []string{"finished at step 20"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			// The docstring's lines, joined as a shell reads them.
+			line := strings.ReplaceAll(c.line, "\n    ", " \\\n    ")
+			outs := bash(t, line, c.nodes)
+			all := strings.Join(outs, "\n")
+			for _, w := range c.want {
+				if !strings.Contains(all, w) {
+					t.Errorf("the output lacks %q:\n%s", w, all)
+				}
+			}
+			if c.nodes == 2 && !strings.Contains(outs[0]+outs[1], "serving the c10d rendezvous endpoint") {
+				t.Errorf("no node served the endpoint:\n%s\n%s", outs[0], outs[1])
+			}
+		})
+	}
+}
