@@ -37,7 +37,7 @@ func TestOpenChoosesTheBackend(t *testing.T) {
 		{name: "embedded with two nodes", coordinator: "embedded", cfg: Config{MinNodes: 2, MaxNodes: 2}, wantErr: "--nnodes 2 needs a coordinator shared by the nodes"},
 		{name: "consul without a job id", coordinator: "consul://127.0.0.1:8500", wantErr: "needs --job-id"},
 		{name: "consul without a port", coordinator: "consul://127.0.0.1", cfg: Config{JobID: "j"}, wantErr: "want consul://HOST:PORT"},
-		{name: "unknown coordinator", coordinator: "etcd://x:1", wantErr: `--coordinator "etcd://x:1": want embedded, slurm, consul://HOST:PORT or c10d://HOST:PORT`},
+		{name: "unknown coordinator", coordinator: "etcd://x:1", wantErr: `--coordinator "etcd://x:1": want embedded, slurm, consul://HOST:PORT, c10d://HOST:PORT or static://HOST:PORT?node_rank=N`},
 		{name: "bad job id", cfg: Config{JobID: "a/b"}, wantErr: `--job-id "a/b"`},
 		{name: "bad node name", cfg: Config{NodeName: "my node"}, wantErr: `--node-name "my node"`},
 		{name: "slurm with --nnodes in conflict", coordinator: "slurm", cfg: Config{MinNodes: 3, MaxNodes: 3, NNodesGiven: true}, env: slurmEnv,

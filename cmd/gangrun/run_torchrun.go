@@ -332,7 +332,6 @@ func (f *torchrunFlags) coordinator(fs *pflag.FlagSet, g *gangFlags) error {
 	if err != nil {
 		return err
 	}
-	_ = lo
 	custom := changed("coordinator") && g.coordinator != "" && g.coordinator != "embedded"
 	if changed("rdzv-id") {
 		if err := checkRdzvID(f.rdzvID); err != nil {
@@ -366,9 +365,6 @@ func (f *torchrunFlags) coordinator(fs *pflag.FlagSet, g *gangFlags) error {
 		if changed("rdzv-conf") {
 			return fmt.Errorf("--rdzv-conf %s: the static rendezvous takes no settings (give --rdzv-backend c10d)", f.rdzvConf)
 		}
-		if hi > 1 && !custom {
-			return fmt.Errorf("--nnodes %s with torchrun's static rendezvous (--node-rank, --master-addr): gangrun's nodes meet through a coordinator: give torchrun's --rdzv-backend c10d --rdzv-endpoint HOST:PORT, or --coordinator consul://HOST:PORT", g.nnodes)
-		}
 		if custom {
 			for _, name := range []string{"node-rank", "master-addr", "rdzv-endpoint"} {
 				if changed(name) {
@@ -376,9 +372,6 @@ func (f *torchrunFlags) coordinator(fs *pflag.FlagSet, g *gangFlags) error {
 				}
 			}
 			return nil
-		}
-		if f.nodeRank != 0 {
-			return fmt.Errorf("--node-rank %d on one node: want 0", f.nodeRank)
 		}
 		master := f.masterAddr
 		if f.rdzvEndpoint != "" {
@@ -393,6 +386,23 @@ func (f *torchrunFlags) coordinator(fs *pflag.FlagSet, g *gangFlags) error {
 				}
 				g.masterPort = port
 			}
+		}
+		if hi > 1 {
+			// torchrun's static rendezvous across nodes: node ranks and the master from
+			// the command lines, MASTER_PORT 29500 unless given.
+			if lo != hi {
+				return fmt.Errorf("--nnodes %s: torchrun's static rendezvous has a fixed number of nodes (give --rdzv-backend c10d for a range)", g.nnodes)
+			}
+			port := g.masterPort
+			if !changed("master-port") && f.rdzvEndpoint == "" {
+				port = rendezvous.TorchrunStaticPort
+			}
+			u := url.URL{Scheme: "static", Host: net.JoinHostPort(master, strconv.Itoa(port)), RawQuery: "node_rank=" + strconv.Itoa(f.nodeRank)}
+			g.coordinator, g.masterPort = u.String(), port
+			return nil
+		}
+		if f.nodeRank != 0 {
+			return fmt.Errorf("--node-rank %d on one node: want 0", f.nodeRank)
 		}
 		if !rendezvous.IsLocalHost(master) {
 			return fmt.Errorf("--master-addr %s on one node: not an address or name of this machine (node rank 0's is this one)", master)

@@ -274,8 +274,9 @@ func TestWorkerEnvMatchesTorchrun(t *testing.T) {
 // documented examples (torch/distributed/run.py's module docstring, "Usage") run
 // unchanged on torch 2.x: single-node multi-worker (--standalone), stacked single-node
 // (c10d on localhost:0), fault tolerant on two nodes (c10d endpoint, --max-restarts=3,
-// a worker failing once) and elastic on two nodes (--nnodes=1:4), the two nodes being
-// two processes of this machine.
+// a worker failing once) and elastic on two nodes (--nnodes=1:4), and the static
+// rendezvous of its note (--node-rank, --master-addr, --master-port), the two nodes
+// being two processes of this machine.
 func TestTorchrunDocExamples(t *testing.T) {
 	py := torchtest.PyPI(t)
 	script := filepath.Join(repoRoot(t), "scripts", "examples", "train_ddp.py")
@@ -283,8 +284,12 @@ func TestTorchrunDocExamples(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	port2, err := rendezvous.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
 	vars := []string{"PATH=" + py.Bin + ":" + os.Getenv("PATH"), "NUM_TRAINERS=2", "JOB_ID=doc-example",
-		"HOST_NODE_ADDR=127.0.0.1:" + strconv.Itoa(port), "YOUR_TRAINING_SCRIPT=" + script}
+		"HOST_NODE_ADDR=127.0.0.1:" + strconv.Itoa(port), "YOUR_TRAINING_SCRIPT=" + script, "MASTER_PORT_ARG=" + strconv.Itoa(port2)}
 	bash := func(t *testing.T, line string, nodes int) []string {
 		t.Helper()
 		env := append(append(os.Environ(), vars...), testMark(t))
@@ -297,7 +302,7 @@ func TestTorchrunDocExamples(t *testing.T) {
 				ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 				defer cancel()
 				cmd := exec.CommandContext(ctx, "bash", "-c", "shopt -s expand_aliases\nalias torchrun='"+gangrunBin+" run'\n"+line)
-				cmd.Env = env
+				cmd.Env = append(env, "NODE_RANK_ARG="+strconv.Itoa(i))
 				b, err := cmd.CombinedOutput()
 				outs[i] = string(b)
 				if err != nil {
@@ -340,6 +345,15 @@ func TestTorchrunDocExamples(t *testing.T) {
     --rdzv-backend=c10d
     --rdzv-endpoint=$HOST_NODE_ADDR
     $YOUR_TRAINING_SCRIPT --steps 20`, 2, []string{"finished at step 20"}},
+		// Not in the docstring's Usage, but its note on rendezvous: the static backend,
+		// torch.distributed.launch's legacy form, each node given its rank.
+		{"static", `torchrun
+    --nnodes=2
+    --node-rank=$NODE_RANK_ARG
+    --master-addr=127.0.0.1
+    --master-port=$MASTER_PORT_ARG
+    --nproc-per-node=$NUM_TRAINERS
+    $YOUR_TRAINING_SCRIPT --steps 20`, 2, []string{"world size 4", "finished at step 20"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			// The docstring's lines, joined as a shell reads them.
@@ -351,7 +365,7 @@ func TestTorchrunDocExamples(t *testing.T) {
 					t.Errorf("the output lacks %q:\n%s", w, all)
 				}
 			}
-			if c.nodes == 2 && !strings.Contains(outs[0]+outs[1], "serving the c10d rendezvous endpoint") {
+			if c.nodes == 2 && c.name != "static" && !strings.Contains(outs[0]+outs[1], "serving the c10d rendezvous endpoint") {
 				t.Errorf("no node served the endpoint:\n%s\n%s", outs[0], outs[1])
 			}
 		})
