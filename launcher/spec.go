@@ -104,8 +104,9 @@ type Spec struct {
 	WarmDelay time.Duration
 	// NoRestart is Config.NoRestart.
 	NoRestart func() string
-	// Streams is Config.Streams (nil: LogDir and Tee decide).
-	Streams *Streams
+	// Streams is Config.Streams (nil: LogDir and Tee decide); LogDirPerRun is Config's.
+	Streams      *Streams
+	LogDirPerRun bool
 	// Role, SignalsToHandle and VirtualLocalRank are EnvConfig's: torchrun's --role,
 	// --signals-to-handle and --virtual-local-rank.
 	Role, SignalsToHandle string
@@ -375,7 +376,7 @@ func resolve(ctx context.Context, spec Spec, o *rendezvous.Opened, inv *topology
 		Env: EnvConfig{Base: environ, Extra: spec.Env, NCCL: nccl, CUDAVisibleDevices: visible,
 			Ranks: ranks, PerRankDevice: perRank, SocketIfname: socketIfname(spec),
 			Role: spec.Role, SignalsToHandle: spec.SignalsToHandle, VirtualLocalRank: spec.VirtualLocalRank},
-		Streams: spec.Streams,
+		Streams: spec.Streams, LogDirPerRun: spec.LogDirPerRun,
 		Stdout:  spec.Stdout, Stderr: spec.Stderr, Log: spec.Log, Report: spec.Report,
 		GuardianArgv: spec.GuardianArgv, Subreaper: spec.Subreaper, Signals: spec.Signals, Events: spec.Events,
 		User: spec.User,

@@ -164,6 +164,11 @@ type Config struct {
 	// not a failed attempt. For a node alone in its LogDir (one node, the embedded
 	// coordinator); the nodes of a job that share one leave it false.
 	FreshLogDir bool
+	// LogDirPerRun makes the run write its logs under a directory of its own in LogDir,
+	// created when it starts: LogDir/<job id>_<random>, as torchrun's --log-dir does
+	// (torch/distributed/elastic/multiprocessing/api.py, DefaultLogsSpecs: mkdtemp with
+	// the run id as prefix), so a LogDir reused run after run is never refused.
+	LogDirPerRun bool
 	// Tee keeps worker output on the console when LogDir is set (without LogDir the
 	// console always gets it).
 	Tee bool
@@ -437,7 +442,7 @@ func New(cfg Config, rdzv rendezvous.Rendezvous) (*Supervisor, error) {
 		}
 	}
 	if cfg.LogDir != "" {
-		if err := checkLogDir(cfg.LogDir, cfg.FreshLogDir); err != nil {
+		if err := checkLogDir(cfg.LogDir, cfg.FreshLogDir && !cfg.LogDirPerRun); err != nil {
 			return nil, err
 		}
 	}
@@ -596,6 +601,17 @@ func (s *Supervisor) Run(ctx context.Context) Result {
 		return Result{ExitCode: 1, Err: err}
 	}
 	defer s.unconfine() // after the standbys and workers are gone, before the guardian
+	if s.cfg.LogDir != "" && s.cfg.LogDirPerRun {
+		if err := os.MkdirAll(s.cfg.LogDir, logDirMode); err != nil {
+			return Result{ExitCode: 1, Err: fmt.Errorf("--log-dir %s: %w", s.cfg.LogDir, err)}
+		}
+		dir, err := os.MkdirTemp(s.cfg.LogDir, safeName(s.cfg.JobID)+"_")
+		if err != nil {
+			return Result{ExitCode: 1, Err: fmt.Errorf("--log-dir %s: %w", s.cfg.LogDir, err)}
+		}
+		s.cfg.LogDir = dir
+		s.log.Info("worker logs in this run's directory", zap.String("dir", dir))
+	}
 	if s.cfg.LogDir == "" {
 		dir, err := os.MkdirTemp("", "gangrun-"+safeName(s.cfg.JobID)+"-")
 		if err != nil {

@@ -134,7 +134,7 @@ func runRun(ctx context.Context, e *env, args []string) int {
 	defer log.Sync() //nolint:errcheck // stderr cannot be synced on some systems
 	spec := g.spec(e, l.command, log)
 	spec.Streams, spec.Role, spec.SignalsToHandle, spec.VirtualLocalRank = l.streams, l.role, l.signals, l.virtualLocalRank
-	spec.AutoIsCPUs = l.autoIsCPUs
+	spec.AutoIsCPUs, spec.LogDirPerRun = l.autoIsCPUs, l.torchrunForm
 	spec.MaxRestarts, spec.Backoff, spec.NoRestartExitCode = t.maxRestarts, t.backoff, t.noRestartCode
 	spec.CheckpointDir, spec.ResumeArg, spec.LogDir, spec.Tee = t.checkpointDir, t.resumeArg, t.logDir, t.tee
 	spec.HangTimeout, spec.LocalRankArg = t.hangTimeout, t.localRankArg

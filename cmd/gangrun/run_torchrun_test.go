@@ -154,6 +154,12 @@ func TestTorchrunFormOptions(t *testing.T) {
 		if res.code != 0 {
 			t.Fatalf("exit %d:\n%s", res.code, res.stderr)
 		}
+		// As torchrun's, the run's logs are in a directory of their own, named by its
+		// run id (a UUID on one node).
+		runs, _ := filepath.Glob(filepath.Join(logs, "*_*"))
+		if len(runs) != 1 || !uuidRE.MatchString(strings.SplitN(filepath.Base(runs[0]), "_", 2)[0]) {
+			t.Fatalf("log directory holds %v, want one <run id>_* directory", runs)
+		}
 		console := res.stdout + res.stderr
 		if !strings.Contains(console, "trainer0|err0") || strings.Contains(console, "out0") || strings.Contains(console, "out1") || strings.Contains(console, "err1") {
 			t.Errorf("console: want local rank 0's stderr alone, prefixed trainer0|:\n%s", console)
@@ -165,13 +171,18 @@ func TestTorchrunFormOptions(t *testing.T) {
 			{"attempt_0/rank_0/stdout.log", "out0\n"}, {"attempt_0/rank_0/stderr.log", ""},
 			{"attempt_0/rank_1/stdout.log", ""}, {"attempt_0/rank_1/stderr.log", "err1\n"},
 		} {
-			data, err := os.ReadFile(filepath.Join(logs, f.path))
+			data, err := os.ReadFile(filepath.Join(runs[0], f.path))
 			if f.want == "" && err == nil {
 				t.Errorf("%s exists (%q): no stream goes there", f.path, data)
 			}
 			if f.want != "" && string(data) != f.want {
 				t.Errorf("%s = %q, %v; want %q", f.path, data, err, f.want)
 			}
+		}
+		// The same log directory again: a second run beside the first, as torchrun's.
+		res = runGangrun(t, []string{testMark(t)}, "run", "--python", py, "--tee", "3", "--log-dir", logs, streams)
+		if runs, _ := filepath.Glob(filepath.Join(logs, "*_*")); res.code != 0 || len(runs) != 2 {
+			t.Errorf("a second run into the log directory: exit %d, %d run directories:\n%s", res.code, len(runs), res.stderr)
 		}
 	})
 	t.Run("launch forms", func(t *testing.T) {
