@@ -377,7 +377,7 @@ func resolve(ctx context.Context, spec Spec, o *rendezvous.Opened, inv *topology
 			Ranks: ranks, PerRankDevice: perRank, SocketIfname: socketIfname(spec),
 			Role: spec.Role, SignalsToHandle: spec.SignalsToHandle, VirtualLocalRank: spec.VirtualLocalRank},
 		Streams: spec.Streams, LogDirPerRun: spec.LogDirPerRun,
-		Stdout:  spec.Stdout, Stderr: spec.Stderr, Log: spec.Log, Report: spec.Report,
+		Stdout: spec.Stdout, Stderr: spec.Stderr, Log: spec.Log, Report: spec.Report,
 		GuardianArgv: spec.GuardianArgv, Subreaper: spec.Subreaper, Signals: spec.Signals, Events: spec.Events,
 		User: spec.User,
 	}
