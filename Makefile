@@ -72,6 +72,9 @@ fuzz:
 	$(GO) test ./topology -run '^$$' -fuzz FuzzParseCPUList -fuzztime 30s
 	$(GO) test ./topology -run '^$$' -fuzz FuzzDecode -fuzztime 30s
 	$(GO) test ./internal/tcpstore -run '^$$' -fuzz FuzzServe -fuzztime 30s
+	$(GO) test ./cmd/gangrun -run '^$$' -fuzz FuzzExpandArgs -fuzztime 30s
+	$(GO) test ./launcher -run '^$$' -fuzz FuzzParseStd -fuzztime 30s
+	$(GO) test ./rendezvous -run '^$$' -fuzz FuzzParseC10dURL -fuzztime 30s
 
 clean:
 	rm -rf bin demo-run

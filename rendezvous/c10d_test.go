@@ -174,3 +174,15 @@ func TestC10dRefusals(t *testing.T) {
 		t.Errorf("an endpoint that is not gangrun's: %v", err)
 	}
 }
+
+func FuzzParseC10dURL(f *testing.F) {
+	for _, s := range []string{"c10d://h:1", "c10d://[::1]:0?is_host=1", "c10d://h?join_timeout=1e308", "c10d://:1", "c10d://h:1?a=b&a=c"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		e, err := ParseC10dURL(s)
+		if err == nil && (e.Host == "" || e.Port < 0 || e.Port > 65535 || e.JoinTimeout <= 0 || e.ReadTimeout <= 0) {
+			t.Fatalf("%q: accepted %+v", s, e)
+		}
+	})
+}

@@ -119,6 +119,7 @@ func expandArgs(fs *pflag.FlagSet, args []string) ([]string, error) {
 			}
 			f := fs.Lookup(full)
 			switch {
+			case f == nil: // --help, pflag's own
 			case hasValue:
 			case full == "tee" && i+1 < len(args) && teeValue.MatchString(args[i+1]):
 				a += "=" + args[i+1]
@@ -136,7 +137,10 @@ func expandArgs(fs *pflag.FlagSet, args []string) ([]string, error) {
 			out = append(out, "--tee="+strings.TrimPrefix(a[2:], "="))
 		default:
 			out = append(out, a)
-			if f := fs.ShorthandLookup(a[1:]); len(a) == 2 && f != nil && f.NoOptDefVal == "" && i+1 < len(args) {
+			if len(a) != 2 {
+				continue // -abc: pflag's to read
+			}
+			if f := fs.ShorthandLookup(a[1:]); f != nil && f.NoOptDefVal == "" && i+1 < len(args) {
 				out = append(out, args[i+1])
 				i++
 			}

@@ -119,6 +119,9 @@ func TestExpandArgs(t *testing.T) {
 		{[]string{"-r", "3", "-m", "pkg.train", "-x"}, []string{"-r", "3", "-m", "pkg.train", "-x"}},
 		{[]string{"--standalone", "--rdzv_id", "j", "train.py"}, []string{"--standalone", "--rdzv-id", "j", "train.py"}},
 		{[]string{"--unknown-flag", "x"}, []string{"--unknown-flag", "x"}},
+		{[]string{"--help"}, []string{"--help"}},
+		{[]string{"--he"}, []string{"--he"}},
+		{[]string{"-h"}, []string{"-h"}},
 	} {
 		got, err := expandArgs(fs, c.in)
 		if err != nil || !slices.Equal(got, c.want) {
@@ -212,6 +215,38 @@ func TestTorchrunFormOptions(t *testing.T) {
 				if !strings.Contains(res.stdout, w) {
 					t.Errorf("%s: stdout lacks %q:\n%s", c.name, w, res.stdout)
 				}
+			}
+		}
+	})
+}
+
+// FuzzExpandArgs: any words given to run are rewritten without a panic, into no more
+// words than given, and from a -- on the words are copied as they are.
+func FuzzExpandArgs(f *testing.F) {
+	for _, seed := range []string{"--nproc\x002\x00t.py", "--tee\x003", "-t", "-t3\x00x", "--help", "--\x00--tee", "-r", "--no", "--tee=\x00-m"} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		fs := pflag.NewFlagSet("run", pflag.ContinueOnError)
+		fs.SetNormalizeFunc(normalizeFlag)
+		var g gangFlags
+		var tr trainFlags
+		var tf torchrunFlags
+		g.register(fs)
+		tr.register(fs)
+		tf.register(fs)
+		args := strings.Split(s, "\x00")
+		out, err := expandArgs(fs, args)
+		if err != nil {
+			return
+		}
+		if len(out) > len(args) {
+			t.Fatalf("%q → %q: more words", args, out)
+		}
+		if j := slices.Index(out, "--"); j >= 0 {
+			tail := out[j:]
+			if !slices.Equal(args[len(args)-len(tail):], tail) {
+				t.Fatalf("%q → %q: the words from -- on were changed", args, out)
 			}
 		}
 	})
