@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -302,7 +303,7 @@ func TestTorchrunDocExamples(t *testing.T) {
 				ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 				defer cancel()
 				cmd := exec.CommandContext(ctx, "bash", "-c", "shopt -s expand_aliases\nalias torchrun='"+gangrunBin+" run'\n"+line)
-				cmd.Env = append(env, "NODE_RANK_ARG="+strconv.Itoa(i))
+				cmd.Env = append(slices.Clip(env), "NODE_RANK_ARG="+strconv.Itoa(i)) // a copy per node
 				b, err := cmd.CombinedOutput()
 				outs[i] = string(b)
 				if err != nil {
