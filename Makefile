@@ -12,6 +12,11 @@ export CGO_ENABLED := 1
 # Tests find their real dependencies through these.
 export GANGRUN_CONSUL := $(CONSUL)
 export GANGRUN_PYTHON := $(PYTHON)
+# torch 2.x from PyPI (requirements/torch2.txt) in a virtual environment cached outside
+# the clone (scripts/install-torch2.sh): the PyTorch tests whose outcome can differ
+# between versions run on both interpreters, and the torchrun comparisons use its torchrun.
+PYTHON2   ?= $(shell scripts/install-torch2.sh --path)
+export GANGRUN_PYTHON2 := $(PYTHON2)
 
 VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -X main.version=$(VERSION)
@@ -37,11 +42,11 @@ SLURM_LINKS :=
 DEB_VERSION ?= 0~$(subst -,.,$(VERSION))
 
 # What each target installs (scripts/install-deps.sh components). The demo runs on one
-# machine with the embedded coordinator: torch only, no Consul build. The tests start
-# Consul dev agents and real PyTorch, and use ip, a real Prometheus server (and
+# machine with the embedded coordinator: Debian's torch only, no Consul build. The tests start
+# Consul dev agents and real PyTorch (Debian's 1.13 and PyPI's 2.x), and use ip, a real Prometheus server (and
 # promtool), headless Chromium and useradd; the benchmarks Consul and PyTorch.
 DEMO_DEPS  := torch
-TEST_DEPS  := torch consul iproute2 prometheus chromium passwd munge
+TEST_DEPS  := torch torch2 consul iproute2 prometheus chromium passwd munge
 BENCH_DEPS := torch consul
 
 .PHONY: all build install uninstall deb deps demo test test-short bench fuzz lint clean
@@ -123,6 +128,10 @@ fuzz:
 	$(GO) test ./job -run '^$$' -fuzz FuzzParseTime -fuzztime 30s
 	$(GO) test ./job -run '^$$' -fuzz FuzzScriptOptions -fuzztime 30s
 	$(GO) test ./cmd/gangrun -run '^$$' -fuzz FuzzFlags -fuzztime 30s
+	$(GO) test ./internal/tcpstore -run '^$$' -fuzz FuzzServe -fuzztime 30s
+	$(GO) test ./cmd/gangrun -run '^$$' -fuzz FuzzExpandArgs -fuzztime 30s
+	$(GO) test ./launcher -run '^$$' -fuzz FuzzParseStd -fuzztime 30s
+	$(GO) test ./rendezvous -run '^$$' -fuzz FuzzParseC10dURL -fuzztime 30s
 
 clean:
 	rm -rf bin demo-run dist

@@ -71,6 +71,11 @@ type DynamicConfig struct {
 	// LastCall is how long to wait for more nodes once MinNodes have joined;
 	// DefaultLastCall when zero.
 	LastCall time.Duration
+	// GiveUpAfter, when positive, ends a Join that has waited this long for an
+	// unavailable coordinator, with the error that made it wait (ErrUnavailable): a
+	// coordinator that is one process on one host (the c10d endpoint's) is not coming
+	// back. Zero waits for ever, as for Consul, which outlives any one host.
+	GiveUpAfter time.Duration
 	// Host identifies this machine (its hostname): a loopback MASTER_ADDR is allowed only
 	// when every node of a round runs on the same host.
 	Host string
@@ -420,6 +425,9 @@ func (c *Dynamic) Join(ctx context.Context, req JoinRequest) (Round, error) {
 			return nil, err
 		}
 		now := time.Now()
+		if c.cfg.GiveUpAfter > 0 && !downSince.IsZero() && now.Sub(downSince) >= c.cfg.GiveUpAfter {
+			return nil, fmt.Errorf("the coordinator has been unreachable for %s: %w", now.Sub(downSince).Round(time.Second), err)
+		}
 		switch {
 		case downSince.IsZero():
 			downSince, reported = now, now
