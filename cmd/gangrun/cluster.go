@@ -23,6 +23,7 @@ import (
 	"github.com/gangrun/gangrun/acl"
 	"github.com/gangrun/gangrun/allocator"
 	"github.com/gangrun/gangrun/audit"
+	"github.com/gangrun/gangrun/identity"
 	"github.com/gangrun/gangrun/internal/flagfile"
 	"github.com/gangrun/gangrun/internal/proc"
 	"github.com/gangrun/gangrun/internal/store"
@@ -851,6 +852,9 @@ func cancelAs(ctx context.Context, e *env, s store.Store, as job.Asker, ids []st
 			default:
 				fmt.Fprintf(e.stdout, "cancelled %s\n", id)
 			}
+		case errors.Is(err, identity.ErrNoDaemon) || errors.Is(err, identity.ErrNoMunge):
+			sealerErr(e, "cancel", err)
+			failed = true
 		case err != nil:
 			failErr(e, "cancel", err)
 			failed = true
