@@ -174,6 +174,23 @@ func (e *TxnError) Is(target error) bool {
 	return false
 }
 
+// NotHolding reports whether err is a transaction rejected because a CheckSession or
+// Unlock of key failed: the session named there does not hold key (or no longer
+// exists). A fence on one key (a leader's) is told apart this way from other keys'
+// checks failing in the same kind of transaction.
+func NotHolding(err error, key string) bool {
+	var te *TxnError
+	if !errors.As(err, &te) {
+		return false
+	}
+	for _, oe := range te.Errors {
+		if oe.Key == key && (oe.Reason == ErrNotLockHolder || oe.Reason == ErrSessionGone) {
+			return true
+		}
+	}
+	return false
+}
+
 // LockDelayed returns the keys whose Lock failed because of a lock-delay.
 func (e *TxnError) LockDelayed() []string {
 	var keys []string
