@@ -969,15 +969,27 @@ func (r *dynamicRound) watch(ctx context.Context) {
 	}()
 	w := store.NewWatcher(c.s, c.key("ctl")+"/")
 	lw := store.NewWatcher(c.s, c.key())
+	retryLead := false
 	for {
 		var entries []store.Entry
 		var err error
 		r.mu.Lock()
 		leading := r.leader
 		r.mu.Unlock()
-		if leading {
+		switch {
+		case leading:
 			entries, err = lw.Next(ctx)
-		} else {
+		case retryLead:
+			// The last try to lead failed with nobody holding the key (its last holder's
+			// lock-delay, a store error): no change may come to wake the watch, so look
+			// again after a pause.
+			retryLead = false
+			if store.Sleep(ctx, leadRetry) {
+				entries, _, err = c.s.List(ctx, c.key("ctl")+"/")
+			} else {
+				err = ctx.Err()
+			}
+		default:
 			entries, err = w.Next(ctx)
 		}
 		select {
@@ -1000,6 +1012,8 @@ func (r *dynamicRound) watch(ctx context.Context) {
 		if leader == "" {
 			if _, err := c.s.Txn(ctx, []store.Op{{Verb: store.Lock, Key: c.key("ctl", "leader"), Value: []byte(r.node), Session: r.sess}}); err == nil {
 				leader = r.sess
+			} else {
+				retryLead = true
 			}
 		}
 		if leader == r.sess && !leading {
