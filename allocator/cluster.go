@@ -80,6 +80,21 @@ type Cluster struct {
 	Unknown map[string]string
 	// Index is the store index of the snapshot.
 	Index uint64
+	// gpuIndex is each GPU key's ModifyIndex in the snapshot: a key deleted on the
+	// snapshot's word is deleted only at that index, never after it was deleted and
+	// locked again for another grant (a view a little old would otherwise take a GPU
+	// from the job now holding it).
+	gpuIndex map[string]uint64
+}
+
+// gpuDelete returns the operation that deletes GPU key k as c shows it: at its
+// ModifyIndex in c, or unconditionally when c does not know it (a Cluster not read
+// from the store).
+func (c *Cluster) gpuDelete(k string) store.Op {
+	if i := c.gpuIndex[k]; i != 0 {
+		return store.Op{Verb: store.DeleteCAS, Key: k, Index: i}
+	}
+	return store.Op{Verb: store.Delete, Key: k}
 }
 
 // decodeCache keeps decoded records by key and ModifyIndex, so a scheduler pass decodes
@@ -154,7 +169,8 @@ func parseCluster(entries []store.Entry, index uint64) *Cluster {
 // parseClusterWith is parseCluster with decode(e, &record) doing the decoding.
 func parseClusterWith(entries []store.Entry, index uint64, decode func(e store.Entry, v any) bool) *Cluster {
 	c := &Cluster{Nodes: map[string]*NodeState{}, Requests: map[string]PendingRequest{},
-		Grants: map[string]Grant{}, Orphans: map[string]string{}, Unknown: map[string]string{}, Index: index}
+		Grants: map[string]Grant{}, Orphans: map[string]string{}, Unknown: map[string]string{}, Index: index,
+		gpuIndex: map[string]uint64{}}
 	node := func(name string) *NodeState {
 		n, ok := c.Nodes[name]
 		if !ok {
@@ -163,7 +179,10 @@ func parseClusterWith(entries []store.Entry, index uint64, decode func(e store.E
 		}
 		return n
 	}
-	type held struct{ node, dev, grant, session string }
+	type held struct {
+		node, dev, grant, session string
+		index                     uint64
+	}
 	var gpus []held
 	for _, e := range entries {
 		switch {
@@ -194,7 +213,7 @@ func parseClusterWith(entries []store.Entry, index uint64, decode func(e store.E
 			}
 		case strings.HasPrefix(e.Key, gpusPrefix):
 			if n, d, ok := parseGPUKey(e.Key); ok && e.Session != "" {
-				gpus = append(gpus, held{n, d, string(e.Value), e.Session})
+				gpus = append(gpus, held{n, d, string(e.Value), e.Session, e.ModifyIndex})
 			}
 		}
 	}
@@ -206,6 +225,7 @@ func parseClusterWith(entries []store.Entry, index uint64, decode func(e store.E
 	}
 	for _, h := range gpus {
 		key := gpuKey(h.node, h.dev)
+		c.gpuIndex[key] = h.index
 		if _, ok := c.Grants[h.grant]; !ok {
 			c.Orphans[key] = h.session
 		}

@@ -398,14 +398,19 @@ func (sc *Scheduler) cleanup(ctx context.Context, c *Cluster) (expired []string,
 			dels = append(dels, store.Op{Verb: store.Delete, Key: grantsPrefix + id})
 			for _, gn := range g.Nodes {
 				for _, d := range gn.Devices {
-					dels = append(dels, store.Op{Verb: store.Delete, Key: gpuKey(gn.Name, d)})
+					// Only the keys the view shows this grant holding, each at the index
+					// seen: a GPU freed since and granted again is the new grant's.
+					if n, ok := c.Nodes[gn.Name]; ok && !n.holds(d, id) {
+						continue
+					}
+					dels = append(dels, c.gpuDelete(gpuKey(gn.Name, d)))
 				}
 			}
 			delete(c.Grants, id)
 		}
 	}
 	for key := range c.Orphans {
-		dels = append(dels, store.Op{Verb: store.Delete, Key: key})
+		dels = append(dels, c.gpuDelete(key))
 		if n, d, ok := parseGPUKey(key); ok {
 			if ns, ok := c.Nodes[n]; ok {
 				delete(ns.Held, d)

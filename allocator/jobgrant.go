@@ -149,9 +149,10 @@ func ReleaseJob(ctx context.Context, s store.Store, id string) error {
 
 // ReleaseJobIn is ReleaseJob with the GPU keys and sessions taken from c, a snapshot the
 // caller read (a watch's, possibly a little old). That is safe: each GPU key is deleted
-// only while its agent's session still holds it (else nothing is removed and the error
-// says so, to be tried again), the grant only at the index read now, and a key c did not
-// show is left without a grant, which the scheduler's clean-up removes.
+// only while its agent's session still holds it and at the index c shows (else nothing
+// is removed and the error says so, to be tried again: a key freed and granted to
+// another job since is that job's), the grant only at the index read now, and a key c
+// did not show is left without a grant, which the scheduler's clean-up removes.
 func ReleaseJobIn(ctx context.Context, s store.Store, c *Cluster, id string) error {
 	var ops []store.Op
 	if e, err := s.Get(ctx, grantsPrefix+id); err != nil {
@@ -172,8 +173,10 @@ func ReleaseJobIn(ctx context.Context, s store.Store, c *Cluster, id string) err
 				if gn.Session != agent {
 					return fmt.Errorf("grant %s: node %s's step still holds its GPUs: %w", id, gn.Name, ErrNotHolder)
 				}
+				// The agent holds every job's keys on its node: the session check alone
+				// would pass on a key freed since and locked again for another job.
 				ops = append(ops, store.Op{Verb: store.CheckSession, Key: gpuKey(gn.Name, d), Session: agent},
-					store.Op{Verb: store.Delete, Key: gpuKey(gn.Name, d)})
+					c.gpuDelete(gpuKey(gn.Name, d)))
 			}
 		}
 	}
