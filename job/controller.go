@@ -706,14 +706,23 @@ func healthy(cl *allocator.Cluster, n string) bool {
 // lock-delay (twice allocator.GrantLockDelay).
 const StepStartTimeout = 30 * time.Second
 
-// lostWhy says why node n of running job j is lost ("" when it is not), at now: down,
-// drained for a failed GPU, its step gone after it had taken the node's GPUs over, or
-// no step StepStartTimeout after the node joined the job.
+// lostWhy says why node n of running job j is lost ("" when it is not), at now: down
+// with no step of the job running there, drained for a failed GPU, its step gone after
+// it had taken the node's GPUs over, or no step StepStartTimeout after the node joined
+// the job.
+//
+// A node whose agent is down while the job's step there runs is not lost: the agent is
+// restarting (an upgrade, a crash its unit restarts), and the step outlives it as
+// slurmstepd outlives slurmd. A node that died takes its step's session with it
+// (Consul's serfHealth check, else the session's TTL), and then it is lost.
 func lostWhy(cl *allocator.Cluster, g allocator.Grant, j Job, n string, steps map[string]StepRecord, now time.Time) string {
 	ns, ok := cl.Nodes[n]
+	_, running := steps[n]
 	switch {
-	case !ok || !ns.Up:
+	case (!ok || !ns.Up) && !running:
 		return "node " + n + " is down (its agent's session ended)"
+	case !ok || !ns.Up:
+		return ""
 	case ns.Drain != nil:
 		return "node " + n + " was drained: " + ns.Drain.Reason
 	}
@@ -721,7 +730,6 @@ func lostWhy(cl *allocator.Cluster, g allocator.Grant, j Job, n string, steps ma
 	if !ok {
 		return "node " + n + " left the job's grant"
 	}
-	_, running := steps[n]
 	switch {
 	case running || slices.Contains(j.State.StepsEnded, n):
 	case handedOver(gn, ns):
