@@ -2,7 +2,6 @@ package job
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"maps"
 	"slices"
@@ -16,6 +15,7 @@ import (
 	"github.com/gangrun/gangrun/allocator"
 	"github.com/gangrun/gangrun/event"
 	"github.com/gangrun/gangrun/identity"
+	"github.com/gangrun/gangrun/internal/schema"
 	"github.com/gangrun/gangrun/internal/store"
 	"github.com/gangrun/gangrun/rendezvous"
 )
@@ -361,9 +361,8 @@ func (jc *jobCache) parse(entries []store.Entry) ([]Job, map[string]map[string]S
 			sig.WriteByte(' ')
 			sig.WriteString(strconv.FormatUint(e.ModifyIndex, 10))
 			sig.WriteByte(' ')
-			if node, ok := strings.CutPrefix(e.Key, stepsPrefix(id)); ok && e.Session != "" {
-				var r StepRecord
-				if json.Unmarshal(e.Value, &r) == nil {
+			if node, ok := strings.CutPrefix(e.Key, stepsPrefix(id)); ok {
+				if r, ok := stepOf(e, node); ok {
 					if steps[id] == nil {
 						steps[id] = map[string]StepRecord{}
 					}
@@ -457,8 +456,8 @@ func (c *Controller) job(ctx context.Context, v view, j Job) error {
 			return err
 		}
 		var fg allocator.Grant
-		if err := json.Unmarshal(e.Value, &fg); err != nil || fg.State != allocator.GrantGranted {
-			return nil
+		if err := schema.Unmarshal(schema.Grant, e.Value, &fg); err != nil || fg.State != allocator.GrantGranted {
+			return nil // a newer gangrun's grant: left to one that reads it
 		}
 		return c.start(ctx, j, fg)
 	case st.Status == Completing:
