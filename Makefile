@@ -13,8 +13,11 @@ export CGO_ENABLED := 1
 export GANGRUN_CONSUL := $(CONSUL)
 export GANGRUN_PYTHON := $(PYTHON)
 
-VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
-LDFLAGS   := -X main.version=$(VERSION)
+# The release version is the VERSION file's (the root package embeds it); the commit is
+# given to the binary here, since Go records none where GOFLAGS has -buildvcs=false.
+VERSION   := $(shell cat VERSION)
+COMMIT    ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null)$(shell git diff --quiet HEAD -- 2>/dev/null || echo -dirty)
+LDFLAGS   := -X github.com/gangrun/gangrun.commit=$(COMMIT)
 
 # What each target installs (scripts/install-deps.sh components). The demo runs on one
 # machine with the embedded coordinator: torch only, no Consul build. The tests start
@@ -24,12 +27,21 @@ DEMO_DEPS  := torch
 TEST_DEPS  := torch consul iproute2 prometheus chromium passwd munge
 BENCH_DEPS := torch consul
 
-.PHONY: all build deps demo test test-short bench fuzz lint clean
+.PHONY: all build tag deps demo test test-short bench fuzz lint clean
 
 all: build
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/gangrun
+	@$(BIN) version
+
+# Tags the commit checked out as release v$(VERSION) (an annotated tag; push it
+# yourself): refused on a tree with changes, or when the tag exists. Raise VERSION in a
+# commit of its own first; docs/operations.md ("Upgrades") says what a release promises.
+tag:
+	@git diff --quiet HEAD -- || { echo "make tag: the tree has uncommitted changes"; exit 1; }
+	@! git rev-parse -q --verify "refs/tags/v$(VERSION)" >/dev/null || { echo "make tag: v$(VERSION) exists: raise VERSION first"; exit 1; }
+	git tag -a "v$(VERSION)" -m "gangrun $(VERSION)"
 
 # Everything any target needs.
 deps:
@@ -71,6 +83,7 @@ fuzz:
 	$(GO) test ./policy -run '^$$' -fuzz FuzzParse -fuzztime 30s
 	$(GO) test ./internal/jsonfile -run '^$$' -fuzz FuzzDecode -fuzztime 30s
 	$(GO) test ./internal/quote -run '^$$' -fuzz FuzzQ -fuzztime 30s
+	$(GO) test ./internal/schema -run '^$$' -fuzz FuzzOf -fuzztime 30s
 	$(GO) test ./job -run '^$$' -fuzz FuzzParseTime -fuzztime 30s
 	$(GO) test ./job -run '^$$' -fuzz FuzzScriptOptions -fuzztime 30s
 	$(GO) test ./cmd/gangrun -run '^$$' -fuzz FuzzFlags -fuzztime 30s
