@@ -37,6 +37,9 @@ type jobCluster struct {
 	dir    string
 	// flags, when set, gives each agent's extra flags (--metrics-addr, --http-addr).
 	flags func(node string) []string
+	// bins, when it names one, is the gangrun binary node's agent runs (gangrunBin
+	// otherwise): each node's own installed one in the rolling-upgrade test.
+	bins map[string]string
 }
 
 func startJobCluster(t *testing.T, nodes ...string) *jobCluster {
@@ -78,7 +81,11 @@ func (c *jobCluster) startAgent(node string) {
 	if c.flags != nil {
 		args = append(args, c.flags(node)...)
 	}
-	cmd := exec.Command(gangrunBin, args...)
+	bin := gangrunBin
+	if c.bins[node] != "" {
+		bin = c.bins[node]
+	}
+	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), c.mark)
 	log := &syncBuffer{}
 	cmd.Stdout, cmd.Stderr = log, log
