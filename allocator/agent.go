@@ -28,7 +28,13 @@ import (
 const (
 	registerRetryMin = 100 * time.Millisecond
 	registerRetryMax = 5 * time.Second
-	deregisterWait   = 5 * time.Second
+	// leaderTaskRetry is how long the elected agent waits before it starts again a
+	// leader's task that stopped while the agent still leads.
+	leaderTaskRetry = time.Second
+	// electRetry is how soon an agent tries again for the scheduler's key when it found
+	// the key free but in its last holder's lock-delay.
+	electRetry     = 250 * time.Millisecond
+	deregisterWait = 5 * time.Second
 )
 
 // AgentConfig configures a node's agent.
@@ -58,8 +64,9 @@ type AgentConfig struct {
 	// agent republishes its inventory with each (a failed GPU is no longer allocatable).
 	Health HealthSource
 	// Leader lists what else runs while this agent is the elected scheduler (the job
-	// controller), each until ctx ends or it returns; session is the leader's, for a
-	// LeaderFence on its writes.
+	// controller), each until ctx ends; one that returns while the agent still leads is
+	// started again after leaderTaskRetry. session is the leader's, for a LeaderFence on
+	// its writes (LostLeadership tells its failing from other refusals).
 	Leader []func(ctx context.Context, s store.Store, session string) error
 }
 
@@ -68,6 +75,14 @@ type AgentConfig struct {
 // longer leads: a deposed leader changes nothing.
 func LeaderFence(session string) store.Op {
 	return store.Op{Verb: store.CheckSession, Key: schedulerKey, Session: session}
+}
+
+// LostLeadership reports whether err is a transaction refused because its LeaderFence
+// failed: the session no longer holds the scheduler's key, so another agent leads (or
+// none yet). Any other refusal, a GPU's or a step's key not held by the session a
+// transaction expects among them, is not: the leader carries on.
+func LostLeadership(err error) bool {
+	return store.NotHolding(err, schedulerKey)
 }
 
 // HealthSource reports changes of a node's GPU health, as they happen, until ctx ends
@@ -355,8 +370,17 @@ func (a *Agent) elect(ctx context.Context, sess string) error {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					if err := f(lctx, a.s, sess); err != nil && lctx.Err() == nil {
-						a.log.Warn("a leader's task stopped", zap.Error(err))
+					// A task that stops while this agent still leads is started again:
+					// a leader without its job controller would grant and never launch.
+					for {
+						err := f(lctx, a.s, sess)
+						if lctx.Err() != nil {
+							return
+						}
+						a.log.Warn("a leader's task stopped; starting it again", zap.Error(err), zap.Duration("in", leaderTaskRetry))
+						if !store.Sleep(lctx, leaderTaskRetry) {
+							return
+						}
 					}
 				}()
 			}
@@ -373,6 +397,13 @@ func (a *Agent) elect(ctx context.Context, sess string) error {
 			return nil
 		case errors.Is(err, store.ErrSessionGone):
 			return fmt.Errorf("elect: %w", store.ErrSessionGone)
+		case errors.Is(err, store.ErrLockDelay):
+			// The key is free but in its last holder's lock-delay: nothing will change it
+			// for the watch to see, so try again shortly.
+			if !store.Sleep(ctx, electRetry) {
+				return nil
+			}
+			continue
 		}
 		// Held by another agent (or Consul unreachable): wait for a change of the key.
 		for {

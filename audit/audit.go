@@ -271,7 +271,7 @@ func Keep(log *zap.Logger, retention, interval time.Duration) func(ctx context.C
 			switch {
 			case ctx.Err() != nil:
 				return nil
-			case errors.Is(err, store.ErrNotLockHolder):
+			case allocator.LostLeadership(err):
 				return err // no longer the leader
 			case err != nil:
 				log.Warn("audit: purge the days past the retention", zap.Error(err))

@@ -8,6 +8,8 @@ import (
 	"sort"
 	"strings"
 	"testing"
+
+	"github.com/gangrun/gangrun/internal/torchtest"
 )
 
 // plainOf renders a value readPickle returned in a fixed notation, to compare with
@@ -216,7 +218,7 @@ print(json.dumps(loads))
 // takes a torch.save file as whole exactly when torch.load loads it (whole, cut in half,
 // cut 10 bytes and 1 byte short).
 func TestTorchWrittenDeepSpeedStates(t *testing.T) {
-	py := torchPython(t)
+	py := torchtest.Debian(t).Path
 	root := t.TempDir()
 	var loads map[string]bool
 	runPython(t, py, deepspeedTorchScript, &loads, root)

@@ -9,28 +9,13 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gangrun/gangrun/internal/torchtest"
 )
 
-// These tests judge files written by real torch (Debian's torch 1.13 on this project's
-// machines, through /usr/bin/python3 or $GANGRUN_PYTHON), and check each verdict
-// against torch's own: a checkpoint is complete exactly when torch loads it.
-
-// torchPython returns the interpreter with torch. Without torch the test fails: `make
-// test` installs Debian's python3-torch first.
-func torchPython(t *testing.T) string {
-	t.Helper()
-	py := os.Getenv("GANGRUN_PYTHON")
-	if py == "" {
-		py = "/usr/bin/python3"
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	if out, err := exec.CommandContext(ctx, py, "-c", "import torch").CombinedOutput(); err != nil {
-		msg := "torch is not importable by " + py + " (scripts/install-deps.sh torch installs Debian's python3-torch): " + strings.TrimSpace(string(out))
-		t.Fatal(msg)
-	}
-	return py
-}
+// These tests judge files written by real torch (Debian's torch 1.13 and PyPI's torch
+// 2.x, internal/torchtest), and check each verdict against torch's own: a checkpoint is
+// complete exactly when torch loads it.
 
 // runPython runs script with args and decodes its last stdout line as JSON into v.
 func runPython(t *testing.T, py, script string, v any, args ...string) {
@@ -83,35 +68,37 @@ print(json.dumps(loads))
 `
 
 func TestTorchWrittenLightning(t *testing.T) {
-	py := torchPython(t)
-	root := t.TempDir()
-	var loads map[string]bool
-	runPython(t, py, lightningScript, &loads, root)
-	if len(loads) != 5 || !loads["epoch=1-step=200.ckpt"] || loads["last.ckpt"] {
-		t.Fatalf("torch's own verdicts are not the fixture's: %v", loads)
-	}
-	cps, err := List(root, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(cps) != len(loads) {
-		t.Fatalf("List found %v; torch wrote %v", names(cps), loads)
-	}
-	for _, c := range cps {
-		if want := loads[filepath.Base(c.Path)]; c.Complete != want {
-			t.Errorf("%s: complete=%v (%s); torch.load succeeds=%v", filepath.Base(c.Path), c.Complete, c.Reason, want)
+	torchtest.Each(t, func(t *testing.T, tp torchtest.Python) {
+		py := tp.Path
+		root := t.TempDir()
+		var loads map[string]bool
+		runPython(t, py, lightningScript, &loads, root)
+		if len(loads) != 5 || !loads["epoch=1-step=200.ckpt"] || loads["last.ckpt"] {
+			t.Fatalf("torch's own verdicts are not the fixture's: %v", loads)
 		}
-		if c.Format != FormatLightning {
-			t.Errorf("%s: format %s", c.Path, c.Format)
+		cps, err := List(root, Options{})
+		if err != nil {
+			t.Fatal(err)
 		}
-	}
-	got, err := Latest(root, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if filepath.Base(got.Path) != "epoch=1-step=200.ckpt" || got.Step != 200 {
-		t.Fatalf("Latest = %s step %d; want epoch=1-step=200.ckpt", got.Path, got.Step)
-	}
+		if len(cps) != len(loads) {
+			t.Fatalf("List found %v; torch wrote %v", names(cps), loads)
+		}
+		for _, c := range cps {
+			if want := loads[filepath.Base(c.Path)]; c.Complete != want {
+				t.Errorf("%s: complete=%v (%s); torch.load succeeds=%v", filepath.Base(c.Path), c.Complete, c.Reason, want)
+			}
+			if c.Format != FormatLightning {
+				t.Errorf("%s: format %s", c.Path, c.Format)
+			}
+		}
+		got, err := Latest(root, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if filepath.Base(got.Path) != "epoch=1-step=200.ckpt" || got.Step != 200 {
+			t.Fatalf("Latest = %s step %d; want epoch=1-step=200.ckpt", got.Path, got.Step)
+		}
+	})
 }
 
 // dcpScript saves with torch.distributed.checkpoint (torch ≥ 2.0) or, on torch 1.13,
@@ -175,35 +162,37 @@ print(json.dumps(loads))
 `
 
 func TestTorchWrittenDCP(t *testing.T) {
-	py := torchPython(t)
-	root := t.TempDir()
-	var loads map[string]bool
-	runPython(t, py, dcpScript, &loads, root)
-	if !loads["step-10"] || loads["step-20"] || loads["step-30"] {
-		t.Fatalf("torch's own verdicts are not the fixture's: %v", loads)
-	}
-	if _, err := os.Stat(filepath.Join(root, "step-20", ".metadata.tmp")); err != nil {
-		t.Fatalf("the simulated crash did not leave .metadata.tmp: %v", err)
-	}
-	for _, format := range []Format{FormatAuto, FormatDCP} {
-		cps, err := List(root, Options{Format: format})
-		if err != nil {
-			t.Fatal(err)
+	torchtest.Each(t, func(t *testing.T, tp torchtest.Python) {
+		py := tp.Path
+		root := t.TempDir()
+		var loads map[string]bool
+		runPython(t, py, dcpScript, &loads, root)
+		if !loads["step-10"] || loads["step-20"] || loads["step-30"] {
+			t.Fatalf("torch's own verdicts are not the fixture's: %v", loads)
 		}
-		if len(cps) != 3 {
-			t.Fatalf("%q: List found %v", format, names(cps))
+		if _, err := os.Stat(filepath.Join(root, "step-20", ".metadata.tmp")); err != nil {
+			t.Fatalf("the simulated crash did not leave .metadata.tmp: %v", err)
 		}
-		for _, c := range cps {
-			if want := loads[filepath.Base(c.Path)]; c.Complete != want || c.Format != FormatDCP && c.Complete {
-				t.Errorf("%q: %s complete=%v format %s (%s); torch loads it: %v", format, filepath.Base(c.Path), c.Complete, c.Format, c.Reason, want)
+		for _, format := range []Format{FormatAuto, FormatDCP} {
+			cps, err := List(root, Options{Format: format})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(cps) != 3 {
+				t.Fatalf("%q: List found %v", format, names(cps))
+			}
+			for _, c := range cps {
+				if want := loads[filepath.Base(c.Path)]; c.Complete != want || c.Format != FormatDCP && c.Complete {
+					t.Errorf("%q: %s complete=%v format %s (%s); torch loads it: %v", format, filepath.Base(c.Path), c.Complete, c.Format, c.Reason, want)
+				}
+			}
+			got, err := Latest(root, Options{Format: format})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if filepath.Base(got.Path) != "step-10" || got.Format != FormatDCP {
+				t.Fatalf("%q: Latest = %s (%s); want step-10 (dcp)", format, got.Path, got.Format)
 			}
 		}
-		got, err := Latest(root, Options{Format: format})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if filepath.Base(got.Path) != "step-10" || got.Format != FormatDCP {
-			t.Fatalf("%q: Latest = %s (%s); want step-10 (dcp)", format, got.Path, got.Format)
-		}
-	}
+	})
 }

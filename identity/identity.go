@@ -21,6 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"strings"
 	"time"
 )
 
@@ -29,7 +30,7 @@ var (
 	// ErrNoMunge: libmunge is not installed here.
 	ErrNoMunge = errors.New("munge is not installed")
 	// ErrNoDaemon: munged does not answer at the socket.
-	ErrNoDaemon = errors.New("munged is not running")
+	ErrNoDaemon = errors.New("munged does not answer")
 	// ErrMissing: a record or request that must carry a credential carries none.
 	ErrMissing = errors.New("no credential")
 	// ErrInvalid: not a credential of this cluster (another MUNGE key), or damaged.
@@ -57,8 +58,11 @@ type Error struct {
 }
 
 func (e *Error) Error() string {
-	if e.Detail == "" {
+	switch {
+	case e.Detail == "":
 		return e.Kind.Error()
+	case strings.HasPrefix(e.Detail, e.Kind.Error()):
+		return e.Detail // the detail says the kind itself
 	}
 	return e.Kind.Error() + ": " + e.Detail
 }

@@ -322,7 +322,7 @@ func (m *Munge) failure(code int, msg *C.char) error {
 	switch code {
 	case codeSocket:
 		kind = ErrNoDaemon
-		text = fmt.Sprintf("munged does not answer at %s (is munged running? systemctl start munge; %s overrides the socket): %s", m.socket, SocketEnv, text)
+		text = fmt.Sprintf("munged does not answer at %s (start it: systemctl start munge; %s names another socket): %s", m.socket, SocketEnv, text)
 	case codeBadCred, codeBadVersion, codeBadCipher, codeBadMAC, codeBadZip, codeBadRealm, codeCredInvalid:
 		// Not a credential munged can read: the credential's fault, never the
 		// checker's (a damaged one would otherwise be tried again for ever).

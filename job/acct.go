@@ -533,7 +533,7 @@ func KeepAccounts(log *zap.Logger, retention, interval time.Duration) func(ctx c
 			switch {
 			case ctx.Err() != nil:
 				return nil
-			case errors.Is(err, store.ErrNotLockHolder):
+			case allocator.LostLeadership(err):
 				return err // no longer the leader
 			case err != nil:
 				log.Warn("accounting: fold records past the retention", zap.Error(err))

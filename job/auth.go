@@ -186,7 +186,7 @@ func (c *Controller) acceptJob(ctx context.Context, j Job) error {
 		return nil
 	case errors.As(err, &te) && len(te.Errors) == 1 && te.Errors[0].Key == seenPrefix+identity.Digest(a.Credential):
 		return c.refuse(ctx, j, "replayed: its credential was accepted before, for another record")
-	case errors.Is(err, store.ErrTxnRejected) && !errors.Is(err, store.ErrNotLockHolder):
+	case errors.Is(err, store.ErrTxnRejected) && !allocator.LostLeadership(err):
 		return nil // the record changed meanwhile: the next pass sees it
 	}
 	return err
@@ -385,7 +385,7 @@ func (c *Controller) purgeSeen(ctx context.Context, now time.Time) error {
 		}
 		_, err := c.s.Txn(ctx, ops)
 		ops = ops[:1]
-		if errors.Is(err, store.ErrTxnRejected) && !errors.Is(err, store.ErrNotLockHolder) {
+		if errors.Is(err, store.ErrTxnRejected) && !allocator.LostLeadership(err) {
 			return nil // changed meanwhile: the next purge
 		}
 		return err

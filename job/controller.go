@@ -2,7 +2,6 @@ package job
 
 import (
 	"context"
-	"errors"
 	"maps"
 	"slices"
 	"strconv"
@@ -145,7 +144,7 @@ func (c *Controller) Run(ctx context.Context) error {
 			if ctx.Err() != nil {
 				return nil
 			}
-			if errors.Is(err, store.ErrNotLockHolder) {
+			if allocator.LostLeadership(err) {
 				return err // no longer the leader
 			}
 			c.log.Warn("job controller pass", zap.Error(err))
@@ -207,7 +206,7 @@ func (c *Controller) pass(ctx context.Context, v view) error {
 		}
 		mu.Lock()
 		defer mu.Unlock()
-		if firstErr == nil || errors.Is(err, store.ErrNotLockHolder) && !errors.Is(firstErr, store.ErrNotLockHolder) {
+		if firstErr == nil || allocator.LostLeadership(err) && !allocator.LostLeadership(firstErr) {
 			firstErr = err
 		}
 	}

@@ -419,7 +419,7 @@ func ServeRequests(log *zap.Logger, prover Prover) func(ctx context.Context, s s
 				switch {
 				case ctx.Err() != nil:
 					return nil
-				case errors.Is(err, store.ErrNotLockHolder):
+				case allocator.LostLeadership(err):
 					return err // no longer the leader
 				case err != nil:
 					log.Warn("users' requests", zap.String("key", e.Key), zap.Error(err))
@@ -466,7 +466,7 @@ func (sv *server) serve(ctx context.Context, e store.Entry) error {
 	if box.Answer != nil {
 		if time.Since(box.Answer.At) > requestKeep {
 			_, err := s.Txn(ctx, []store.Op{fence, {Verb: store.DeleteCAS, Key: e.Key, Index: e.ModifyIndex}})
-			if errors.Is(err, store.ErrTxnRejected) && !errors.Is(err, store.ErrNotLockHolder) {
+			if errors.Is(err, store.ErrTxnRejected) && !allocator.LostLeadership(err) {
 				return nil
 			}
 			return err
@@ -501,7 +501,7 @@ func (sv *server) serve(ctx context.Context, e store.Entry) error {
 		ops = append(ops, seenOps(who.cred, e.Key, who.expires)...)
 	}
 	_, err = s.Txn(ctx, ops)
-	if errors.Is(err, store.ErrTxnRejected) && !errors.Is(err, store.ErrNotLockHolder) {
+	if errors.Is(err, store.ErrTxnRejected) && !allocator.LostLeadership(err) {
 		return nil
 	}
 	return err
@@ -667,7 +667,7 @@ func (sv *server) do(ctx context.Context, who asker, r Request, answer func(Answ
 			return nil, nil, nil // answered in the submit's transaction
 		case errors.Is(err, ErrInvalid):
 			ans = Answer{Error: err.Error(), Invalid: true}
-		case errors.Is(err, store.ErrTxnRejected) && !errors.Is(err, store.ErrNotLockHolder):
+		case errors.Is(err, store.ErrTxnRejected) && !allocator.LostLeadership(err):
 			return nil, nil, nil // the request changed meanwhile: its next version is served
 		default:
 			return nil, nil, err

@@ -1,6 +1,7 @@
 package launcher
 
 import (
+	"cmp"
 	"fmt"
 	"sort"
 	"strconv"
@@ -10,9 +11,22 @@ import (
 	"github.com/gangrun/gangrun/topology"
 )
 
-// RoleName is the worker role gangrun reports (ROLE_NAME). torchrun's default role is
-// "default" (torch/distributed/run.py, --role).
+// RoleName is the worker role gangrun reports (ROLE_NAME) unless the torchrun form's
+// --role names another: torchrun's default role, "default" (torch/distributed/run.py,
+// --role).
 const RoleName = "default"
+
+// DefaultSignalsToHandle is TORCHELASTIC_SIGNALS_TO_HANDLE: the signals on which the
+// launcher stops the workers, which torchrun 2.x puts in its own environment and so in
+// every worker's (torch/distributed/launcher/api.py; its --signals-to-handle default).
+// gangrun stops the gang on the same four (SIGUSR1 and SIGUSR2 it forwards only).
+const DefaultSignalsToHandle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+
+// DisableAgentStoreEnv, set to 1 in the workers' environment, makes node rank 0's
+// worker of rank 0 host the gang's store instead of gangrun (TORCHELASTIC_USE_AGENT_STORE
+// False): torch's own opt-out of torchrun's agent store
+// (torch/distributed/elastic/rendezvous/dynamic_rendezvous.py, use_agent_store).
+const DisableAgentStoreEnv = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 
 // EnvConfig is the node-wide input of the worker environment.
 type EnvConfig struct {
@@ -44,6 +58,27 @@ type EnvConfig struct {
 	NodeName string
 	// CheckpointDir is --checkpoint-dir (GANGRUN_CHECKPOINT_DIR); "" when not given.
 	CheckpointDir string
+	// AgentStore is TORCHELASTIC_USE_AGENT_STORE: node rank 0's gangrun serves the gang's
+	// TCPStore at MASTER_ADDR:MASTER_PORT, as torchrun 2.x's agent does, and every
+	// worker is its client. The supervisor sets it (UsesAgentStore).
+	AgentStore bool
+	// Role is ROLE_NAME; "" is RoleName.
+	Role string
+	// SignalsToHandle is TORCHELASTIC_SIGNALS_TO_HANDLE; "" is DefaultSignalsToHandle.
+	SignalsToHandle string
+	// VirtualLocalRank is torchrun's --virtual-local-rank: every worker gets LOCAL_RANK 0
+	// and CUDA_VISIBLE_DEVICES naming its own device only, the local-rank-th of the
+	// devices the node's workers see, else the local rank itself
+	// (torch/distributed/elastic/agent/server/local_elastic_agent.py,
+	// _set_local_rank_env).
+	VirtualLocalRank bool
+}
+
+// UsesAgentStore reports whether gangrun serves the workers' store
+// (TORCHELASTIC_USE_AGENT_STORE True): unless the workers' environment sets
+// DisableAgentStoreEnv to 1, as torch's dynamic rendezvous reads it.
+func (c EnvConfig) UsesAgentStore() bool {
+	return newEnvMap(c.Base, c.Extra)[DisableAgentStoreEnv] != "1"
 }
 
 // reservedVar reports whether name is set by gangrun for every worker, so --env may not
@@ -55,7 +90,7 @@ func reservedVar(name string) bool {
 		"WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE",
 		"MASTER_ADDR", "MASTER_PORT",
 		"TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
-		"TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE":
+		"TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_SIGNALS_TO_HANDLE":
 		return true
 	}
 	return strings.HasPrefix(name, "GANGRUN_")
@@ -194,6 +229,15 @@ func nodeEnv(c EnvConfig, a rendezvous.Assignment, nccl []string) envMap {
 	return m
 }
 
+// pythonBool writes b as Python's str(bool) does, which torch compares against
+// (torch/distributed/rendezvous.py: == str(True)).
+func pythonBool(b bool) string {
+	if b {
+		return "True"
+	}
+	return "False"
+}
+
 // WorkerEnv returns the complete environment of the worker at localRank on this node,
 // as sorted "KEY=VALUE" entries: torchrun's worker contract exactly (the variables and
 // values of torch/distributed/elastic/agent/server/local_elastic_agent.py and
@@ -203,6 +247,9 @@ func nodeEnv(c EnvConfig, a rendezvous.Assignment, nccl []string) envMap {
 // CONSUL_HTTP_TOKEN_FILE, CONSUL_HTTP_AUTH, CONSUL_CLIENT_CERT, CONSUL_CLIENT_KEY) unless
 // --env gives them.
 //
+//   - TORCHELASTIC_USE_AGENT_STORE is "True" when gangrun serves the store (AgentStore),
+//     as torchrun 2.x's agent does, else "False"; TORCHELASTIC_SIGNALS_TO_HANDLE is
+//     torchrun 2.x's list (SignalsToHandle), ROLE_NAME its role (Role);
 //   - TORCH_NCCL_ASYNC_ERROR_HANDLING and torch 1.x's NCCL_ASYNC_ERROR_HANDLING keep an
 //     inherited value of either, else "1";
 //   - OMP_NUM_THREADS, when unset, is the size of the worker's CPU share when it is
@@ -243,18 +290,29 @@ func WorkerEnv(c EnvConfig, a rendezvous.Assignment, localRank int, errorFile st
 	m["LOCAL_RANK"] = strconv.Itoa(localRank)
 	m["GROUP_RANK"] = strconv.Itoa(a.NodeRank)
 	m["ROLE_RANK"] = strconv.Itoa(rank)
-	m["ROLE_NAME"] = RoleName
+	m["ROLE_NAME"] = cmp.Or(c.Role, RoleName)
 	m["LOCAL_WORLD_SIZE"] = strconv.Itoa(lws)
 	m["WORLD_SIZE"] = strconv.Itoa(world)
 	m["GROUP_WORLD_SIZE"] = strconv.Itoa(a.NNodes)
 	m["ROLE_WORLD_SIZE"] = strconv.Itoa(world)
+	if c.VirtualLocalRank {
+		m["LOCAL_RANK"] = "0"
+		device := strconv.Itoa(localRank)
+		if list, ok := m["CUDA_VISIBLE_DEVICES"]; ok {
+			if ids := strings.Split(list, ","); localRank < len(ids) {
+				device = strings.TrimSpace(ids[localRank])
+			}
+		}
+		m["CUDA_VISIBLE_DEVICES"] = device
+	}
 	m["MASTER_ADDR"] = a.MasterAddr
 	m["MASTER_PORT"] = strconv.Itoa(a.MasterPort)
 	m["TORCHELASTIC_RESTART_COUNT"] = strconv.Itoa(a.RestartCount)
 	m["TORCHELASTIC_MAX_RESTARTS"] = strconv.Itoa(c.MaxRestarts)
 	m["TORCHELASTIC_RUN_ID"] = a.JobID
-	m["TORCHELASTIC_USE_AGENT_STORE"] = "False"
+	m["TORCHELASTIC_USE_AGENT_STORE"] = pythonBool(c.AgentStore)
 	m["TORCHELASTIC_ERROR_FILE"] = errorFile
+	m["TORCHELASTIC_SIGNALS_TO_HANDLE"] = cmp.Or(c.SignalsToHandle, DefaultSignalsToHandle)
 	if lws > 1 {
 		m.setDefault("OMP_NUM_THREADS", "1")
 	}
@@ -272,7 +330,8 @@ func TorchrunEnv(c EnvConfig, a rendezvous.Assignment, errorFile string) []strin
 	for _, k := range []string{"RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME",
 		"WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE",
 		"MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
-		"TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE"} {
+		"TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE",
+		"TORCHELASTIC_SIGNALS_TO_HANDLE"} {
 		delete(m, k)
 	}
 	m["TORCHELASTIC_ERROR_FILE"] = errorFile

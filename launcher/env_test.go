@@ -35,7 +35,7 @@ func TestWorkerEnvOneWorker(t *testing.T) {
 		NNodes: 1, LocalWorldSize: 1, WorldSize: 1, RankOffset: 0,
 		MasterAddr: "127.0.0.1", MasterPort: 29500,
 	}
-	c := EnvConfig{Base: []string{"PATH=/usr/bin", "HOME=/root"}, MaxRestarts: 3, NodeName: "n0"}
+	c := EnvConfig{Base: []string{"PATH=/usr/bin", "HOME=/root"}, MaxRestarts: 3, NodeName: "n0", AgentStore: true}
 	got := envOf(t, WorkerEnv(c, a, 0, "/tmp/e/error.json"))
 	want := map[string]string{
 		"PATH": "/usr/bin", "HOME": "/root",
@@ -43,8 +43,9 @@ func TestWorkerEnvOneWorker(t *testing.T) {
 		"WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "GROUP_WORLD_SIZE": "1", "ROLE_WORLD_SIZE": "1",
 		"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
 		"TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "3",
-		"TORCHELASTIC_RUN_ID": "job-1", "TORCHELASTIC_USE_AGENT_STORE": "False",
+		"TORCHELASTIC_RUN_ID": "job-1", "TORCHELASTIC_USE_AGENT_STORE": "True",
 		"TORCHELASTIC_ERROR_FILE":         "/tmp/e/error.json",
+		"TORCHELASTIC_SIGNALS_TO_HANDLE":  "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
 		"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
 		"NCCL_ASYNC_ERROR_HANDLING":       "1", // torch 1.x's name
 		"GANGRUN_JOB_ID":                  "job-1", "GANGRUN_NODE_NAME": "n0", "GANGRUN_ATTEMPT": "0",
@@ -70,6 +71,7 @@ func TestWorkerEnvFourWorkersSecondNode(t *testing.T) {
 		NCCL:               []string{"NCCL_IB_HCA==mlx5_0:1,mlx5_1:1", "NCCL_SOCKET_IFNAME=^lo,docker", "NCCL_DEBUG=INFO"},
 		CUDAVisibleDevices: []string{"4", "5", "6", "7"},
 		MaxRestarts:        5, NodeName: "b", CheckpointDir: "/ckpt",
+		Role: "trainer", SignalsToHandle: "SIGTERM", // the torchrun form's --role and --signals-to-handle
 	}
 	for lr := 0; lr < 4; lr++ {
 		got := envOf(t, WorkerEnv(c, a, lr, "/logs/err.json"))
@@ -77,12 +79,13 @@ func TestWorkerEnvFourWorkersSecondNode(t *testing.T) {
 		want := map[string]string{
 			"PATH": "/bin", "FOO": "bar",
 			"RANK": strconv.Itoa(rank), "LOCAL_RANK": strconv.Itoa(lr), "GROUP_RANK": "1", "ROLE_RANK": strconv.Itoa(rank),
-			"ROLE_NAME": "default", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4",
+			"ROLE_NAME": "trainer", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4",
 			"GROUP_WORLD_SIZE": "2", "ROLE_WORLD_SIZE": "8",
 			"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "41000",
 			"TORCHELASTIC_RESTART_COUNT": "2", "TORCHELASTIC_MAX_RESTARTS": "5",
 			"TORCHELASTIC_RUN_ID": "llm", "TORCHELASTIC_USE_AGENT_STORE": "False",
 			"TORCHELASTIC_ERROR_FILE":         "/logs/err.json",
+			"TORCHELASTIC_SIGNALS_TO_HANDLE":  "SIGTERM",
 			"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3", // kept
 			"NCCL_ASYNC_ERROR_HANDLING":       "3", // torch 1.x's name follows it
 			"OMP_NUM_THREADS":                 "1",

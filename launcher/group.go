@@ -25,16 +25,19 @@ type workerSpec struct {
 	rank      int
 	argv      []string
 	env       []string
-	prefix    string         // console prefix, "[rank3]: "
-	base      string         // the log directory (or scratch directory) the attempt's tree is under
-	rel       []string       // dir below base: attempt_K, rank_N (or node_N)
-	dir       string         // base/rel...: the per-attempt, per-rank directory, error file and logs
-	errorFile string         // TORCHELASTIC_ERROR_FILE, already in env
-	logFiles  bool           // write stdout.log / stderr.log into dir
-	cpus      []int          // CPUs to bind the worker to (proc.StartBound); nil: unbound
-	mem       proc.MemPolicy // its NUMA memory policy; no nodes: the default
-	place     proc.Placement // the step's cgroup to start it in; nil: none
-	user      *proc.User     // who it runs as (Config.User); nil: gangrun's user
+	prefix    string   // console prefix, "[rank3]: "
+	base      string   // the log directory (or scratch directory) the attempt's tree is under
+	rel       []string // dir below base: attempt_K, rank_N (or node_N)
+	dir       string   // base/rel...: the per-attempt, per-rank directory, error file and logs
+	errorFile string   // TORCHELASTIC_ERROR_FILE, already in env
+	logFiles  bool     // write stdout.log / stderr.log into dir
+	// noFile and noConsole leave stream i (0 stdout, 1 stderr) out of its log file
+	// (when logFiles) and off the console (Config.Streams).
+	noFile, noConsole [2]bool
+	cpus              []int          // CPUs to bind the worker to (proc.StartBound); nil: unbound
+	mem               proc.MemPolicy // its NUMA memory policy; no nodes: the default
+	place             proc.Placement // the step's cgroup to start it in; nil: none
+	user              *proc.User     // who it runs as (Config.User); nil: gangrun's user
 }
 
 // worker is one started process of a group.
@@ -143,11 +146,17 @@ func startWorker(s workerSpec, console, consoleErr *lineWriter, act *activity, w
 	var childEnds []*os.File
 	closeAll := func() {
 		for _, f := range append(append(childEnds, w.readers...), w.files...) {
-			f.Close()
+			if f != nil {
+				f.Close()
+			}
 		}
 	}
 	if s.logFiles {
-		for _, name := range []string{"stdout", "stderr"} {
+		for i, name := range []string{"stdout", "stderr"} {
+			if s.noFile[i] {
+				w.files = append(w.files, nil)
+				continue
+			}
 			f, err := createLogFile(dir, name+".log")
 			if err != nil {
 				closeAll()
@@ -215,14 +224,18 @@ func startWorker(s workerSpec, console, consoleErr *lineWriter, act *activity, w
 	sinks := []*lineWriter{console, consoleErr}
 	for i, r := range w.readers {
 		var file io.Writer
-		if s.logFiles {
+		if s.logFiles && w.files[i] != nil {
 			file = w.files[i]
+		}
+		sink := sinks[i]
+		if s.noConsole[i] {
+			sink = nil
 		}
 		w.pumps.Add(1)
 		go func(r io.Reader, sink *lineWriter, file io.Writer) {
 			defer w.pumps.Done()
 			pump(r, s.prefix, sink, file, act)
-		}(r, sinks[i], file)
+		}(r, sink, file)
 	}
 	return w, nil
 }
@@ -295,7 +308,7 @@ func (g *group) live() []*worker {
 	return out
 }
 
-// signal sends sig to every live worker: a terminating one (SIGTERM, SIGINT, SIGHUP) to
+// signal sends sig to every live worker: a terminating one (SIGTERM, SIGINT, SIGHUP, SIGQUIT) to
 // its whole process group, any other (SIGUSR1, SIGUSR2) to the worker process alone,
 // as torchrun forwards it, so a child without a handler (a DataLoader worker) lives.
 func (g *group) signal(sig syscall.Signal) {

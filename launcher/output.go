@@ -58,6 +58,14 @@ type pumpTarget struct {
 	prefix string
 	file   io.Writer
 	act    *activity
+	muted  bool // the lines stay off the console
+}
+
+// mute keeps the lines off the console from the next one on (or lets them back).
+func (t *pumpTarget) mute(m bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.muted = m
 }
 
 // set points the pump at prefix, file and act from the next line on.
@@ -67,10 +75,10 @@ func (t *pumpTarget) set(prefix string, file io.Writer, act *activity) {
 	t.prefix, t.file, t.act = prefix, file, act
 }
 
-func (t *pumpTarget) get() (string, io.Writer, *activity) {
+func (t *pumpTarget) get() (string, io.Writer, *activity, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.prefix, t.file, t.act
+	return t.prefix, t.file, t.act, t.muted
 }
 
 // pump copies r to console (each line prefixed, when console is non-nil) and to file
@@ -85,11 +93,13 @@ func pumpTo(r io.Reader, console *lineWriter, t *pumpTarget) {
 	br := bufio.NewReaderSize(r, 64<<10)
 	var pending []byte
 	emit := func(line []byte) {
-		prefix, file, act := t.get()
+		prefix, file, act, muted := t.get()
 		if act != nil {
 			act.touch()
 		}
-		console.writeLine(prefix, line)
+		if !muted {
+			console.writeLine(prefix, line)
+		}
 		if file != nil {
 			_, _ = file.Write(line)
 		}

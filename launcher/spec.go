@@ -41,6 +41,10 @@ type Spec struct {
 	// torchrun's own --nproc_per_node counts otherwise).
 	NProcPerNode string
 	NProcGiven   bool
+	// AutoIsCPUs makes NProcPerNode "auto" count the CPUs on a node without GPUs, as
+	// torchrun 2.x's auto does (torch/distributed/run.py, determine_local_world_size),
+	// instead of 1: the torchrun form of `gangrun run`.
+	AutoIsCPUs bool
 	// NNodes is --nnodes, "N" or "MIN:MAX"; "" is "1". NNodesGiven says the user gave it.
 	NNodes      string
 	NNodesGiven bool
@@ -101,6 +105,13 @@ type Spec struct {
 	WarmDelay time.Duration
 	// NoRestart is Config.NoRestart.
 	NoRestart func() string
+	// Streams is Config.Streams (nil: LogDir and Tee decide); LogDirPerRun is Config's.
+	Streams      *Streams
+	LogDirPerRun bool
+	// Role, SignalsToHandle and VirtualLocalRank are EnvConfig's: torchrun's --role,
+	// --signals-to-handle and --virtual-local-rank.
+	Role, SignalsToHandle string
+	VirtualLocalRank      bool
 	// User is Config.User.
 	User *proc.User
 	// RendezvousStore, when set, wraps the store a Consul rendezvous runs on
@@ -296,6 +307,9 @@ func resolve(ctx context.Context, spec Spec, o *rendezvous.Opened, inv *topology
 	if nprocFlag == "" {
 		nprocFlag = "auto"
 	}
+	if nprocFlag == "auto" && spec.AutoIsCPUs && gpusSeen == 0 {
+		nprocFlag = "cpu"
+	}
 	nproc, err := ResolveNProcPerNode(nprocFlag, gpusSeen, runtime.NumCPU())
 	if err != nil {
 		return nil, err
@@ -332,6 +346,18 @@ func resolve(ctx context.Context, spec Spec, o *rendezvous.Opened, inv *topology
 	if environ == nil {
 		environ = os.Environ()
 	}
+	if spec.VirtualLocalRank {
+		// torch refuses a local rank beyond the devices its workers see.
+		list := visible
+		if list == nil {
+			if v := newEnvMap(environ, spec.Env)["CUDA_VISIBLE_DEVICES"]; v != "" {
+				list = strings.Split(v, ",")
+			}
+		}
+		if list != nil && nproc > len(list) {
+			return nil, fmt.Errorf("--virtual-local-rank with %d workers: CUDA_VISIBLE_DEVICES names %d devices, one for each local rank is needed", nproc, len(list))
+		}
+	}
 	ranks, perRank, notes, err := planRanks(spec, o, inv, devices, nproc, torch != nil, visible != nil)
 	if err != nil {
 		return nil, err
@@ -367,7 +393,9 @@ func resolve(ctx context.Context, spec Spec, o *rendezvous.Opened, inv *topology
 		Notes:       notes,
 		Confine:     confine,
 		Env: EnvConfig{Base: environ, Extra: spec.Env, NCCL: nccl, CUDAVisibleDevices: visible,
-			Ranks: ranks, PerRankDevice: perRank, SocketIfname: socketIfname(spec)},
+			Ranks: ranks, PerRankDevice: perRank, SocketIfname: socketIfname(spec),
+			Role: spec.Role, SignalsToHandle: spec.SignalsToHandle, VirtualLocalRank: spec.VirtualLocalRank},
+		Streams: spec.Streams, LogDirPerRun: spec.LogDirPerRun,
 		Stdout: spec.Stdout, Stderr: spec.Stderr, Log: spec.Log, Report: spec.Report,
 		GuardianArgv: spec.GuardianArgv, Subreaper: spec.Subreaper, Signals: spec.Signals, Events: spec.Events,
 		User: spec.User,

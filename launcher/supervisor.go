@@ -12,6 +12,7 @@
 package launcher
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -19,6 +20,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -34,6 +36,7 @@ import (
 	"github.com/gangrun/gangrun/event"
 	"github.com/gangrun/gangrun/internal/cgroup"
 	"github.com/gangrun/gangrun/internal/proc"
+	"github.com/gangrun/gangrun/internal/tcpstore"
 	"github.com/gangrun/gangrun/internal/userfile"
 	"github.com/gangrun/gangrun/rendezvous"
 	"github.com/gangrun/gangrun/topology"
@@ -161,9 +164,18 @@ type Config struct {
 	// not a failed attempt. For a node alone in its LogDir (one node, the embedded
 	// coordinator); the nodes of a job that share one leave it false.
 	FreshLogDir bool
+	// LogDirPerRun makes the run write its logs under a directory of its own in LogDir,
+	// created when it starts: LogDir/<job id>_<random>, as torchrun's --log-dir does
+	// (torch/distributed/elastic/multiprocessing/api.py, DefaultLogsSpecs: mkdtemp with
+	// the run id as prefix), so a LogDir reused run after run is never refused.
+	LogDirPerRun bool
 	// Tee keeps worker output on the console when LogDir is set (without LogDir the
 	// console always gets it).
 	Tee bool
+	// Streams, when set, decides instead of LogDir and Tee where each local rank's
+	// stdout and stderr go (torchrun's --redirects, --tee, --local-ranks-filter and
+	// --log-line-prefix-template); a stream it sends to a file needs LogDir.
+	Streams *Streams
 	// TermTimeout is the SIGTERM → SIGKILL grace when stopping workers.
 	TermTimeout time.Duration
 	// HangTimeout: no output from any rank for this long counts as a failure; 0 is off.
@@ -201,7 +213,7 @@ type Config struct {
 	// for a process with no other children that something waits for (so never in tests
 	// that run the supervisor inside a test binary with children of its own).
 	Subreaper bool
-	// Signals delivers the signals sent to gangrun: SIGINT, SIGTERM and SIGHUP are
+	// Signals delivers the signals sent to gangrun: SIGINT, SIGTERM, SIGHUP and SIGQUIT are
 	// forwarded to every worker and stop the run; SIGUSR1 and SIGUSR2 are forwarded only, to each worker process (not its children).
 	Signals <-chan os.Signal
 	// WarmRestarts (--warm-restarts) has every attempt after the first start its ranks
@@ -300,6 +312,10 @@ type Supervisor struct {
 	nextSpecs []workerSpec
 	// memRefusedTold: the log said once that a worker's memory policy was refused.
 	memRefusedTold bool
+
+	// store is the workers' TCPStore this node serves for the current attempt as node
+	// rank 0 (Env.AgentStore); nil when none.
+	store *tcpstore.Server
 
 	cg      *cgroup.Step // the step's cgroup; nil when unconfined
 	oomBase uint64       // the cgroup's OOM kills when the current attempt started
@@ -426,7 +442,7 @@ func New(cfg Config, rdzv rendezvous.Rendezvous) (*Supervisor, error) {
 		}
 	}
 	if cfg.LogDir != "" {
-		if err := checkLogDir(cfg.LogDir, cfg.FreshLogDir); err != nil {
+		if err := checkLogDir(cfg.LogDir, cfg.FreshLogDir && !cfg.LogDirPerRun); err != nil {
 			return nil, err
 		}
 	}
@@ -457,7 +473,12 @@ func New(cfg Config, rdzv rendezvous.Rendezvous) (*Supervisor, error) {
 			return nil, err
 		}
 	}
-	if cfg.LogDir == "" || cfg.Tee {
+	// A wrapped torchrun serves its workers' store itself.
+	s.cfg.Env.AgentStore = !isTorchrun && s.cfg.Env.UsesAgentStore()
+	if cfg.Streams.NeedsFiles() && cfg.LogDir == "" {
+		return nil, errors.New("--redirects and --tee write log files: they need --log-dir")
+	}
+	if cfg.LogDir == "" || cfg.Tee || cfg.Streams != nil {
 		s.console = &lineWriter{w: cfg.Stdout}
 		s.consoleErr = &lineWriter{w: cfg.Stderr}
 	}
@@ -585,6 +606,17 @@ func (s *Supervisor) Run(ctx context.Context) Result {
 		return Result{ExitCode: 1, Err: err}
 	}
 	defer s.unconfine() // after the standbys and workers are gone, before the guardian
+	if s.cfg.LogDir != "" && s.cfg.LogDirPerRun {
+		if err := os.MkdirAll(s.cfg.LogDir, logDirMode); err != nil {
+			return Result{ExitCode: 1, Err: fmt.Errorf("--log-dir %s: %w", s.cfg.LogDir, err)}
+		}
+		dir, err := os.MkdirTemp(s.cfg.LogDir, safeName(s.cfg.JobID)+"_")
+		if err != nil {
+			return Result{ExitCode: 1, Err: fmt.Errorf("--log-dir %s: %w", s.cfg.LogDir, err)}
+		}
+		s.cfg.LogDir = dir
+		s.log.Info("worker logs in this run's directory", zap.String("dir", dir))
+	}
 	if s.cfg.LogDir == "" {
 		dir, err := os.MkdirTemp("", "gangrun-"+safeName(s.cfg.JobID)+"-")
 		if err != nil {
@@ -605,6 +637,7 @@ func (s *Supervisor) Run(ctx context.Context) Result {
 		}
 	}
 	defer s.pin("")
+	defer s.closeStore()
 	defer s.setupWarm()()
 	if env := newEnvMap(s.cfg.Env.Base, s.cfg.Env.Extra); env[FileTimerEnableEnv] == "1" && s.torch == nil {
 		path := env[FileTimerFileEnv]
@@ -763,6 +796,11 @@ func (s *Supervisor) begin(ctx context.Context, at *attempt, res *Result) (Group
 	if a.ResumeFrom != "" {
 		fields = append(fields, zap.String("resume_from", a.ResumeFrom))
 	}
+	if err := s.serveStore(a); err != nil {
+		_ = round.Fail(ctx, rendezvous.Failure{Node: s.cfg.NodeName, Rank: -1, LocalRank: -1, ExitCode: 1, Reason: err.Error()})
+		res.ExitCode, res.Err = 1, err
+		return "", true
+	}
 	s.log.Info("starting workers", fields...)
 	at.started = time.Now()
 	s.started = at.started
@@ -784,6 +822,7 @@ func (s *Supervisor) begin(ctx context.Context, at *attempt, res *Result) (Group
 	s.nextSpecs = nil
 	g, err := startGroup(specs, s.console, s.consoleErr, &s.act, s.guard, warm)
 	if err != nil {
+		s.closeStore()
 		_ = round.Fail(ctx, rendezvous.Failure{Node: s.cfg.NodeName, Rank: -1, LocalRank: -1, ExitCode: 1, Reason: err.Error()})
 		res.ExitCode, res.Err = 1, err
 		if errors.Is(err, ErrCommandNotFound) {
@@ -1201,6 +1240,7 @@ func (s *Supervisor) stop(g *group, sig syscall.Signal, killBy time.Time) {
 		}
 	}
 	g.kill(s.guard)
+	s.closeStore() // the attempt's workers are gone: the next attempt's find a new one
 	if s.cfg.Subreaper {
 		keep := s.standbyPids(map[int]bool{s.guard.Pid(): true})
 		for pid := range s.inherited {
@@ -1213,6 +1253,31 @@ func (s *Supervisor) stop(g *group, sig syscall.Signal, killBy time.Time) {
 		if n := proc.KillOrphans(keep, g.pids(), ours); n > 0 {
 			s.log.Info("killed processes the workers left outside their process groups", zap.Int("processes", n))
 		}
+	}
+}
+
+// serveStore starts the workers' TCPStore for attempt a on MASTER_PORT, on every
+// interface as torch's own server binds, when this node serves it: node rank 0 with
+// Env.AgentStore. The previous attempt's is closed first. An error (the port is taken)
+// names the port.
+func (s *Supervisor) serveStore(a rendezvous.Assignment) error {
+	s.closeStore()
+	if !s.cfg.Env.AgentStore || a.NodeRank != 0 {
+		return nil
+	}
+	st, err := tcpstore.Listen(net.JoinHostPort("", strconv.Itoa(a.MasterPort)))
+	if err != nil {
+		return fmt.Errorf("MASTER_PORT %d: gangrun serves the workers' store there (TORCHELASTIC_USE_AGENT_STORE=True) and cannot: %w", a.MasterPort, err)
+	}
+	s.store = st
+	return nil
+}
+
+// closeStore closes the attempt's TCPStore, if this node serves one.
+func (s *Supervisor) closeStore() {
+	if s.store != nil {
+		_ = s.store.Close()
+		s.store = nil
 	}
 }
 
@@ -1295,12 +1360,23 @@ func (s *Supervisor) specs(a rendezvous.Assignment) ([]workerSpec, error) {
 			rp := s.cfg.Env.Ranks[lr]
 			cpus, mem = rp.CPUs, proc.MemPolicy{Nodes: rp.Mems, Strict: rp.MemBind == topology.MemBindStrict}
 		}
-		specs = append(specs, workerSpec{
+		spec := workerSpec{
 			localRank: lr, rank: rank, argv: argv, cpus: cpus, mem: mem, place: s.placement(), user: s.cfg.User,
 			env:    env,
 			prefix: rankPrefix(rank), base: base, rel: []string{attempt, rankDir},
 			dir: dir, errorFile: errFile, logFiles: s.cfg.LogDir != "",
-		})
+		}
+		if st := s.cfg.Streams; st != nil {
+			file, console := st.route(lr)
+			spec.logFiles = s.cfg.LogDir != "" && (file[0] || file[1])
+			for i := range 2 {
+				spec.noFile[i], spec.noConsole[i] = !file[i], !console[i]
+			}
+			if p := st.prefix(cmp.Or(s.cfg.Env.Role, RoleName), lr, rank); p != "" {
+				spec.prefix = p
+			}
+		}
+		specs = append(specs, spec)
 	}
 	return specs, nil
 }

@@ -308,10 +308,11 @@ func (sb *standby) activate(spec workerSpec, pc pythonCommand, cwd string, files
 	w.spec, w.files = spec, files
 	for i, t := range w.targets {
 		var file io.Writer
-		if i < len(files) {
+		if i < len(files) && files[i] != nil {
 			file = files[i]
 		}
 		t.set(spec.prefix, file, act)
+		t.mute(spec.noConsole[i])
 	}
 	go func(ctrl *os.File) {
 		// A standby that died is seen by awaitAck.

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/gangrun/gangrun/event"
+	"github.com/gangrun/gangrun/internal/torchtest"
 )
 
 // testPython is the interpreter with torch: $GANGRUN_PYTHON, else /usr/bin/python3.
@@ -106,65 +107,67 @@ func writeWarmScript(t *testing.T) (dir string) {
 // TestWarmRestartRunsLikeCold: attempt 0 starts cold, attempt 1 from the standbys; each
 // rank's output, exit code and error file are the same on both.
 func TestWarmRestartRunsLikeCold(t *testing.T) {
-	py := testPython(t)
-	dir := writeWarmScript(t)
-	t.Chdir(dir)
-	r := newTestRun(t, 2, "")
-	rec := &event.Recorder{}
-	r.cfg.Events = rec
-	r.cfg.Command = []string{py, "-u", "sub/train.py", "--flag", "a b"}
-	r.cfg.MaxRestarts = 1
-	r.cfg.WarmRestarts = true
-	r.cfg.LogDir = filepath.Join(dir, "logs")
-	r.cfg.Tee = true
-	r.cfg.Env.Base = append(r.cfg.Env.Base, "WARM_TEST_VAR=from-env", "WARM_TEST_DIR="+dir)
-	res := r.run(t)
-	if res.ExitCode != 1 || res.Attempts != 2 {
-		t.Fatalf("exit %d after %d attempts, want 1 after 2; stderr:\n%s", res.ExitCode, res.Attempts, r.stderr)
-	}
-	if !strings.Contains(r.stderr.String(), `workers started	{"attempt": 0, "warm": 0, "cold": 2}`) ||
-		!strings.Contains(r.stderr.String(), `workers started	{"attempt": 1, "warm": 2, "cold": 0}`) {
-		t.Fatalf("want attempt 0 cold and attempt 1 warm; stderr:\n%s", r.stderr)
-	}
-	fails := rec.Of(event.WorkerFailed)
-	if len(fails) != 2 || fails[0].ExitCode != 1 || fails[1].ExitCode != 1 || fails[0].Rank != 0 || fails[1].Rank != 0 {
-		t.Fatalf("failures %+v: want rank 0, exit code 1, on both attempts", fails)
-	}
-	read := func(attempt, rank, name string) string {
-		data, err := os.ReadFile(filepath.Join(dir, "logs", "attempt_"+attempt, "rank_"+rank, name))
-		if err != nil {
-			t.Fatal(err)
+	torchtest.Each(t, func(t *testing.T, tp torchtest.Python) {
+		py := tp.Path
+		dir := writeWarmScript(t)
+		t.Chdir(dir)
+		r := newTestRun(t, 2, "")
+		rec := &event.Recorder{}
+		r.cfg.Events = rec
+		r.cfg.Command = []string{py, "-u", "sub/train.py", "--flag", "a b"}
+		r.cfg.MaxRestarts = 1
+		r.cfg.WarmRestarts = true
+		r.cfg.LogDir = filepath.Join(dir, "logs")
+		r.cfg.Tee = true
+		r.cfg.Env.Base = append(r.cfg.Env.Base, "WARM_TEST_VAR=from-env", "WARM_TEST_DIR="+dir)
+		res := r.run(t)
+		if res.ExitCode != 1 || res.Attempts != 2 {
+			t.Fatalf("exit %d after %d attempts, want 1 after 2; stderr:\n%s", res.ExitCode, res.Attempts, r.stderr)
 		}
-		return string(data)
-	}
-	for _, rank := range []string{"0", "1"} {
-		for _, name := range []string{"stdout.log", "stderr.log"} {
-			cold, warm := read("0", rank, name), read("1", rank, name)
-			if cold != warm {
-				t.Errorf("rank %s %s differs:\ncold:\n%s\nwarm:\n%s", rank, name, cold, warm)
+		if !strings.Contains(r.stderr.String(), `workers started	{"attempt": 0, "warm": 0, "cold": 2}`) ||
+			!strings.Contains(r.stderr.String(), `workers started	{"attempt": 1, "warm": 2, "cold": 0}`) {
+			t.Fatalf("want attempt 0 cold and attempt 1 warm; stderr:\n%s", r.stderr)
+		}
+		fails := rec.Of(event.WorkerFailed)
+		if len(fails) != 2 || fails[0].ExitCode != 1 || fails[1].ExitCode != 1 || fails[0].Rank != 0 || fails[1].Rank != 0 {
+			t.Fatalf("failures %+v: want rank 0, exit code 1, on both attempts", fails)
+		}
+		read := func(attempt, rank, name string) string {
+			data, err := os.ReadFile(filepath.Join(dir, "logs", "attempt_"+attempt, "rank_"+rank, name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return string(data)
+		}
+		for _, rank := range []string{"0", "1"} {
+			for _, name := range []string{"stdout.log", "stderr.log"} {
+				cold, warm := read("0", rank, name), read("1", rank, name)
+				if cold != warm {
+					t.Errorf("rank %s %s differs:\ncold:\n%s\nwarm:\n%s", rank, name, cold, warm)
+				}
+			}
+			out := read("1", rank, "stdout.log")
+			for _, want := range []string{
+				`"argv": ["sub/train.py", "--flag", "a b"]`, `"name": "__main__"`,
+				`"path0": "` + filepath.Join(dir, "sub") + `"`, `"file": "` + filepath.Join(dir, "sub", "train.py") + `"`,
+				`"var": "from-env"`, `"rank_at_import": "` + rank + `"`, `"spec": null`,
+			} {
+				if !strings.Contains(out, want) {
+					t.Errorf("rank %s's warm output lacks %s:\n%s", rank, want, out)
+				}
+			}
+			if !strings.Contains(r.stdout.String(), "[rank"+rank+`]: {"argv"`) {
+				t.Errorf("console lacks rank %s's prefixed line:\n%s", rank, r.stdout)
 			}
 		}
-		out := read("1", rank, "stdout.log")
-		for _, want := range []string{
-			`"argv": ["sub/train.py", "--flag", "a b"]`, `"name": "__main__"`,
-			`"path0": "` + filepath.Join(dir, "sub") + `"`, `"file": "` + filepath.Join(dir, "sub", "train.py") + `"`,
-			`"var": "from-env"`, `"rank_at_import": "` + rank + `"`, `"spec": null`,
-		} {
-			if !strings.Contains(out, want) {
-				t.Errorf("rank %s's warm output lacks %s:\n%s", rank, want, out)
-			}
+		if !strings.Contains(read("1", "0", "stderr.log"), "ValueError: boom") {
+			t.Errorf("no traceback in the warm attempt's stderr")
 		}
-		if !strings.Contains(r.stdout.String(), "[rank"+rank+`]: {"argv"`) {
-			t.Errorf("console lacks rank %s's prefixed line:\n%s", rank, r.stdout)
+		rep, ok := ReadErrorFile(filepath.Join(dir, "logs", "attempt_1", "rank_0", errorFileName))
+		if !ok || !strings.Contains(rep.Message, "boom") {
+			t.Errorf("warm attempt's error file: %+v, %v", rep, ok)
 		}
-	}
-	if !strings.Contains(read("1", "0", "stderr.log"), "ValueError: boom") {
-		t.Errorf("no traceback in the warm attempt's stderr")
-	}
-	rep, ok := ReadErrorFile(filepath.Join(dir, "logs", "attempt_1", "rank_0", errorFileName))
-	if !ok || !strings.Contains(rep.Message, "boom") {
-		t.Errorf("warm attempt's error file: %+v, %v", rep, ok)
-	}
+	})
 }
 
 // TestWarmRestartModule: python -m runs from a standby as from a fresh interpreter, and

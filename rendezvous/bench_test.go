@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"sort"
 	"sync"
 	"testing"
@@ -38,13 +39,46 @@ func BenchmarkRendezvous(b *testing.B) {
 	}
 }
 
+// BenchmarkRendezvousC10d is BenchmarkRendezvous on the c10d endpoint gangrun serves
+// without Consul (c10d://HOST:PORT): the job's store served over loopback HTTP
+// (store.ServeRemote of a Memory), every simulated node a client of it through its
+// own store.Remote, as the nodes of a job other than the serving one are.
+//
+//	go test ./rendezvous -run '^$' -bench BenchmarkRendezvousC10d -benchtime 5x
+func BenchmarkRendezvousC10d(b *testing.B) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := store.ServeRemote(ln, store.NewMemory())
+	defer srv.Close()
+	for _, n := range []int{8, 16, 256} {
+		b.Run(fmt.Sprintf("nodes=%d", n), func(b *testing.B) {
+			var times []time.Duration
+			for i := 0; i < b.N; i++ {
+				times = append(times, oneRoundOn(b, func() store.Store { return store.NewRemote(ln.Addr().String()) },
+					store.NewRemote(ln.Addr().String()), fmt.Sprintf("bench-%d-%d-%d", n, b.N, i), n))
+			}
+			sort.Slice(times, func(i, j int) bool { return times[i] < times[j] })
+			b.ReportMetric(float64(times[len(times)/2].Microseconds())/1000, "ms/round")
+			b.ReportMetric(0, "ns/op")
+		})
+	}
+}
+
 func oneRound(b *testing.B, s store.Store, job string, n int) time.Duration {
+	return oneRoundOn(b, func() store.Store { return s }, s, job, n)
+}
+
+// oneRoundOn is oneRound with each node's store from storeOf (one per node) and the
+// watcher's from s.
+func oneRoundOn(b *testing.B, storeOf func() store.Store, s store.Store, job string, n int) time.Duration {
 	b.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	nodes := make([]*Dynamic, n)
 	for i := range nodes {
-		c, err := NewDynamic(s, DynamicConfig{JobID: job, MinNodes: n, MaxNodes: n, MaxRestarts: 0, Host: "bench"})
+		c, err := NewDynamic(storeOf(), DynamicConfig{JobID: job, MinNodes: n, MaxNodes: n, MaxRestarts: 0, Host: "bench"})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -71,6 +71,11 @@ type DynamicConfig struct {
 	// LastCall is how long to wait for more nodes once MinNodes have joined;
 	// DefaultLastCall when zero.
 	LastCall time.Duration
+	// GiveUpAfter, when positive, ends a Join that has waited this long for an
+	// unavailable coordinator, with the error that made it wait (ErrUnavailable): a
+	// coordinator that is one process on one host (the c10d endpoint's) is not coming
+	// back. Zero waits for ever, as for Consul, which outlives any one host.
+	GiveUpAfter time.Duration
 	// Host identifies this machine (its hostname): a loopback MASTER_ADDR is allowed only
 	// when every node of a round runs on the same host.
 	Host string
@@ -426,6 +431,9 @@ func (c *Dynamic) Join(ctx context.Context, req JoinRequest) (Round, error) {
 			return nil, err
 		}
 		now := time.Now()
+		if c.cfg.GiveUpAfter > 0 && !downSince.IsZero() && now.Sub(downSince) >= c.cfg.GiveUpAfter {
+			return nil, fmt.Errorf("the coordinator has been unreachable for %s: %w", now.Sub(downSince).Round(time.Second), err)
+		}
 		switch {
 		case downSince.IsZero():
 			downSince, reported = now, now
@@ -976,15 +984,27 @@ func (r *dynamicRound) watch(ctx context.Context) {
 	}()
 	w := store.NewWatcher(c.s, c.key("ctl")+"/")
 	lw := store.NewWatcher(c.s, c.key())
+	retryLead := false
 	for {
 		var entries []store.Entry
 		var err error
 		r.mu.Lock()
 		leading := r.leader
 		r.mu.Unlock()
-		if leading {
+		switch {
+		case leading:
 			entries, err = lw.Next(ctx)
-		} else {
+		case retryLead:
+			// The last try to lead failed with nobody holding the key (its last holder's
+			// lock-delay, a store error): no change may come to wake the watch, so look
+			// again after a pause.
+			retryLead = false
+			if store.Sleep(ctx, leadRetry) {
+				entries, _, err = c.s.List(ctx, c.key("ctl")+"/")
+			} else {
+				err = ctx.Err()
+			}
+		default:
 			entries, err = w.Next(ctx)
 		}
 		select {
@@ -1007,6 +1027,8 @@ func (r *dynamicRound) watch(ctx context.Context) {
 		if leader == "" {
 			if _, err := c.s.Txn(ctx, []store.Op{{Verb: store.Lock, Key: c.key("ctl", "leader"), Value: []byte(r.node), Session: r.sess}}); err == nil {
 				leader = r.sess
+			} else {
+				retryLead = true
 			}
 		}
 		if leader == r.sess && !leading {

@@ -608,3 +608,65 @@ func TestEvictRemovesALostNodesKeys(t *testing.T) {
 		}
 	})
 }
+
+// lockDelayed is a Store that refuses every Lock of one key as Consul does within its
+// last holder's lock-delay, until armed's time has passed.
+type lockDelayed struct {
+	store.Store
+	key   string
+	mu    sync.Mutex
+	until time.Time
+	tries int
+}
+
+func (l *lockDelayed) Txn(ctx context.Context, ops []store.Op) (store.TxnResult, error) {
+	l.mu.Lock()
+	delayed := len(ops) == 1 && ops[0].Verb == store.Lock && ops[0].Key == l.key && time.Now().Before(l.until)
+	if delayed {
+		l.tries++
+	}
+	l.mu.Unlock()
+	if delayed {
+		return store.TxnResult{}, &store.TxnError{Errors: []store.OpError{{Op: 0, Key: l.key, Reason: store.ErrLockDelay,
+			What: fmt.Sprintf("failed to lock key %q due to lock delay", l.key)}}}
+	}
+	return l.Store.Txn(ctx, ops)
+}
+
+// TestConsulRendezvousLeaderTakenAfterALockDelay: the leader's key of a running round
+// goes (its holder's session ended) and is in its lock-delay when the other nodes try
+// for it; they try again once the delay is over instead of waiting on a watch nothing
+// will wake (a frozen leader's gang never re-formed: TestNoSplitBrain in CI).
+func TestConsulRendezvousLeaderTakenAfterALockDelay(t *testing.T) {
+	ctx := context.Background()
+	s := &lockDelayed{Store: store.NewMemory(), key: "gangrun/jobs/delayed/ctl/leader"}
+	nodes := newNodes(t, s, "delayed", 2, 2, 2, nil)
+	joinAll(t, nodes, "")
+	if e, _ := s.Get(ctx, s.key); e == nil || e.Session == "" {
+		t.Fatalf("no leader after the round formed: %+v", e)
+	}
+	s.mu.Lock()
+	s.until = time.Now().Add(1500 * time.Millisecond)
+	s.mu.Unlock()
+	if _, err := s.Store.Txn(ctx, []store.Op{{Verb: store.Delete, Key: s.key}}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if e, _ := s.Get(ctx, s.key); e != nil && e.Session != "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			s.mu.Lock()
+			tries := s.tries
+			s.mu.Unlock()
+			t.Fatalf("nobody took the leader's key within 10 s of its going (%d tries refused in the lock-delay)", tries)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.tries == 0 {
+		t.Fatal("no try met the lock-delay: the test tested nothing")
+	}
+}

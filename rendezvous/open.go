@@ -97,16 +97,21 @@ type backend interface {
 }
 
 // backends lists the coordinators Open knows, in the order they are tried.
-func backends() []backend { return []backend{embedded{}, slurm{}, consul{}} }
+func backends() []backend { return []backend{embedded{}, slurm{}, consul{}, c10d{}, torchrunStatic{}} }
 
 // Coordinators returns the accepted --coordinator forms, for help and errors:
-// "embedded, slurm or consul://HOST:PORT".
-func Coordinators() string { return "embedded, slurm or consul://HOST:PORT" }
+// "embedded, slurm, consul://HOST:PORT, c10d://HOST:PORT or static://HOST:PORT?node_rank=N".
+func Coordinators() string {
+	return "embedded, slurm, consul://HOST:PORT, c10d://HOST:PORT or static://HOST:PORT?node_rank=N"
+}
 
 // Open opens this node's rendezvous on the coordinator a --coordinator value names:
 // "embedded" (one node, in-process), "slurm" (a static rendezvous from SLURM_*
 // variables), "consul://HOST:PORT" (nodes meet through Consul; "consul://" takes the
-// address from CONSUL_HTTP_ADDR), or "" for the default: slurm inside a Slurm job step,
+// address from CONSUL_HTTP_ADDR), "c10d://HOST:PORT" (torchrun's c10d endpoint: the
+// node at HOST serves the others, ParseC10dURL), "static://HOST:PORT?node_rank=N"
+// (torchrun's static rendezvous: the layout fixed by the command lines), or "" for the
+// default: slurm inside a Slurm job step,
 // else embedded. Errors the user must fix are *UsageError; nothing is held when Open
 // returns an error.
 func Open(ctx context.Context, coordinator string, cfg Config) (*Opened, error) {

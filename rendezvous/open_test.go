@@ -28,10 +28,16 @@ func TestOpenChoosesTheBackend(t *testing.T) {
 			backend: "slurm", job: "mine", node: "n2", nodes: 2, shared: true, gpus: 4},
 		{name: "consul", coordinator: "consul://127.0.0.1:8500", cfg: Config{JobID: "j", NodeName: "a", MinNodes: 1, MaxNodes: 3},
 			backend: "consul", job: "j", node: "a", nodes: 3, shared: true, gpus: -1},
+		{name: "c10d on this machine", coordinator: "c10d://127.0.0.1:0", cfg: Config{NodeName: "a"},
+			backend: "c10d", job: "none", node: "a", nodes: 1, gpus: -1},
+		{name: "c10d with a job id", coordinator: "c10d://localhost:0", cfg: Config{JobID: "j7", NodeName: "a"},
+			backend: "c10d", job: "j7", node: "a", nodes: 1, gpus: -1},
+		{name: "c10d, a key torchrun's has and gangrun cannot honour", coordinator: "c10d://127.0.0.1:0?keep_alive_max_attempt=3",
+			wantErr: "keep_alive_max_attempt: cannot be honoured"},
 		{name: "embedded with two nodes", coordinator: "embedded", cfg: Config{MinNodes: 2, MaxNodes: 2}, wantErr: "--nnodes 2 needs a coordinator shared by the nodes"},
 		{name: "consul without a job id", coordinator: "consul://127.0.0.1:8500", wantErr: "needs --job-id"},
 		{name: "consul without a port", coordinator: "consul://127.0.0.1", cfg: Config{JobID: "j"}, wantErr: "want consul://HOST:PORT"},
-		{name: "unknown coordinator", coordinator: "etcd://x:1", wantErr: `--coordinator "etcd://x:1": want embedded, slurm or consul://HOST:PORT`},
+		{name: "unknown coordinator", coordinator: "etcd://x:1", wantErr: `--coordinator "etcd://x:1": want embedded, slurm, consul://HOST:PORT, c10d://HOST:PORT or static://HOST:PORT?node_rank=N`},
 		{name: "bad job id", cfg: Config{JobID: "a/b"}, wantErr: `--job-id "a/b"`},
 		{name: "bad node name", cfg: Config{NodeName: "my node"}, wantErr: `--node-name "my node"`},
 		{name: "slurm with --nnodes in conflict", coordinator: "slurm", cfg: Config{MinNodes: 3, MaxNodes: 3, NNodesGiven: true}, env: slurmEnv,
@@ -60,7 +66,7 @@ func TestOpenChoosesTheBackend(t *testing.T) {
 			if tc.job == "" && !strings.HasPrefix(o.JobID, "gr-") {
 				t.Errorf("generated job id %q, want gr-…", o.JobID)
 			}
-			if (o.Store != nil) != (tc.backend == "consul") {
+			if (o.Store != nil) != (tc.backend == "consul" || tc.backend == "c10d") {
 				t.Errorf("store %v for backend %s", o.Store, tc.backend)
 			}
 			if o.SetsDevices != (tc.backend == "slurm") {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"hash/fnv"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -222,4 +223,85 @@ func (slurm) open(_ context.Context, _ string, cfg Config) (*Opened, error) {
 	}
 	return &Opened{Rendezvous: NewStatic(env, job, cfg.MaxRestarts), JobID: job, NodeName: node, MinNodes: n, MaxNodes: n,
 		Addr: cfg.AdvertiseAddr, Shared: true, GPUsOnNode: env.GPUsOnNode, SetsDevices: true}, nil
+}
+
+// TorchrunStaticPort is MASTER_PORT of torchrun's static rendezvous when --master-port
+// is not given (torch/distributed/run.py: 29500).
+const TorchrunStaticPort = 29500
+
+// torchrunStatic is torchrun's static rendezvous (its default backend, with --nnodes N,
+// --node-rank R, --master-addr and --master-port): "static://MASTER_ADDR:PORT?node_rank=R"
+// with --nnodes N. The layout is fixed by the command lines, as under Slurm (Static):
+// node rank R, MASTER_ADDR:PORT where node rank 0 (which must be that machine) serves
+// the workers' store, no shared service, each node restarting on its own.
+type torchrunStatic struct{}
+
+func (torchrunStatic) name() string { return "static" }
+
+func (torchrunStatic) claims(c string) bool { return strings.HasPrefix(c, "static://") }
+
+func (torchrunStatic) open(_ context.Context, coordinator string, cfg Config) (*Opened, error) {
+	u, err := url.Parse(coordinator)
+	if err != nil || u.Hostname() == "" || u.Path != "" && u.Path != "/" || u.User != nil {
+		return nil, usage("coordinator %q: want static://MASTER_ADDR:PORT?node_rank=N", coordinator)
+	}
+	port := TorchrunStaticPort
+	if p := u.Port(); p != "" {
+		if port, err = strconv.Atoi(p); err != nil || port < 1 || port > 65535 {
+			return nil, usage("coordinator %q: port %q: want 1..65535", coordinator, p)
+		}
+	}
+	if cfg.MinNodes != cfg.MaxNodes {
+		return nil, usage("--nnodes %s: torchrun's static rendezvous has a fixed number of nodes", nnodesString(cfg.MinNodes, cfg.MaxNodes))
+	}
+	rank, err := strconv.Atoi(u.Query().Get("node_rank"))
+	if err != nil || rank < 0 || rank >= cfg.MaxNodes {
+		return nil, usage("--node-rank %s: want 0..%d (--nnodes %d)", u.Query().Get("node_rank"), cfg.MaxNodes-1, cfg.MaxNodes)
+	}
+	master := u.Hostname()
+	if rank == 0 && !IsLocalHost(master) {
+		return nil, usage("--master-addr %s with --node-rank 0: node rank 0 serves the workers' store at the master address, and %s is not this machine", master, master)
+	}
+	job := cfg.JobID
+	if job == "" {
+		job = C10dJobID // torchrun's run id of the static rendezvous: "none"
+	}
+	node, err := nodeName(cfg.NodeName)
+	if err != nil {
+		return nil, err
+	}
+	nodes := make([]string, cfg.MaxNodes)
+	for i := range nodes {
+		nodes[i] = "node" + strconv.Itoa(i)
+	}
+	nodes[0], nodes[rank] = master, node
+	if rank == 0 {
+		nodes[0] = master
+	}
+	env := SlurmEnv{JobID: job, Nodes: nodes, NodeID: rank, GPUsOnNode: -1}
+	return &Opened{Rendezvous: &masterAt{s: NewStatic(env, job, cfg.MaxRestarts), addr: master, port: port}, JobID: job, NodeName: node,
+		MinNodes: cfg.MaxNodes, MaxNodes: cfg.MaxNodes, Addr: cfg.AdvertiseAddr, Shared: true, GPUsOnNode: -1}, nil
+}
+
+// masterAt is a Static whose master is a given address and port (torchrun's
+// --master-addr and --master-port) rather than the first node's name and a port of
+// the job id.
+type masterAt struct {
+	s    *Static
+	addr string
+	port int
+}
+
+// Join implements Rendezvous.
+func (m *masterAt) Join(ctx context.Context, req JoinRequest) (Round, error) {
+	if req.MasterPort == 0 {
+		req.MasterPort = m.port
+	}
+	r, err := m.s.Join(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	sr := r.(*soloRound)
+	sr.a.MasterAddr = m.addr
+	return sr, nil
 }

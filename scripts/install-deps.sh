@@ -3,6 +3,11 @@
 # skipping what is already there. Components:
 #   torch     Debian's python3-torch and python3-numpy (torch 1.13, CPU, gloo; used through
 #             /usr/bin/python3): the demo, the end-to-end tests, the benchmarks
+#   torch2    torch 2.x from PyPI (requirements/torch2.txt, every package pinned) in a
+#             virtual environment of Debian's python3 cached outside the clone under
+#             ~/.cache/gangrun (scripts/install-torch2.sh; about 4 GB and 2 minutes once):
+#             the tests run their PyTorch end-to-end tests on it too, and compare gangrun
+#             with the real torchrun 2.x
 #   consul    a Consul v1.14.11 server built from the Go module proxy into .tools/bin
 #             (scripts/install-consul.sh; about 4 minutes once, then cached): the tests
 #             and benchmarks start Consul dev agents; the demo does not need it
@@ -17,12 +22,12 @@
 #             their own munged daemons, as every node of a cluster runs one; the
 #             package's own service is left stopped if nothing had started it
 #
-# Usage: scripts/install-deps.sh [torch] [consul] [iproute2] [prometheus] [chromium] [passwd] [munge]
+# Usage: scripts/install-deps.sh [torch] [torch2] [consul] [iproute2] [prometheus] [chromium] [passwd] [munge]
 # (no arguments: all of them). The Makefile asks for what each target needs: `make demo`
 # torch only, `make test` all of them, `make bench` torch and consul.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-want=("$@"); [ ${#want[@]} -eq 0 ] && want=(torch consul iproute2 prometheus chromium passwd munge)
+want=("$@"); [ ${#want[@]} -eq 0 ] && want=(torch torch2 consul iproute2 prometheus chromium passwd munge)
 
 apt_install() {
   local sudo=""
@@ -41,6 +46,9 @@ for w in "${want[@]}"; do
         echo "installing Debian's python3-torch (CPU) ..." >&2
         apt_install python3-torch python3-numpy
       fi
+      ;;
+    torch2)
+      "$root/scripts/install-torch2.sh" >/dev/null
       ;;
     consul)
       "$root/scripts/install-consul.sh" >/dev/null
@@ -76,6 +84,6 @@ for w in "${want[@]}"; do
         apt_install munge
       fi
       ;;
-    *) echo "install-deps.sh: unknown component $w (want torch, consul, iproute2, prometheus, chromium, passwd or munge)" >&2; exit 2 ;;
+    *) echo "install-deps.sh: unknown component $w (want torch, torch2, consul, iproute2, prometheus, chromium, passwd or munge)" >&2; exit 2 ;;
   esac
 done

@@ -52,7 +52,7 @@ type Sweep struct {
 //
 // From cfg.HandOver on, RunPairwise reads the signals of cfg.Spec.Signals itself
 // (proc.WatchSignals): it passes every one on to the running pair's supervisor, and
-// the first SIGINT, SIGTERM or SIGHUP stops the sweep.
+// the first SIGINT, SIGTERM, SIGHUP or SIGQUIT stops the sweep.
 //
 // Errors (errors.go): *UsageError for a bad configuration, a gang that cannot be
 // prepared, nccl without GPUs, an interpreter that cannot import torch, or no Consul

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -23,6 +24,8 @@ import (
 	"github.com/gangrun/gangrun/acl"
 	"github.com/gangrun/gangrun/allocator"
 	"github.com/gangrun/gangrun/audit"
+	"github.com/gangrun/gangrun/identity"
+	"github.com/gangrun/gangrun/internal/flagfile"
 	"github.com/gangrun/gangrun/internal/proc"
 	"github.com/gangrun/gangrun/internal/store"
 	"github.com/gangrun/gangrun/job"
@@ -78,74 +81,138 @@ func parseLabels(values []string) (map[string]string, error) {
 	return out, nil
 }
 
-func runAgent(ctx context.Context, e *env, args []string) int {
-	fs := newFlagSet(e, "agent", "[FLAGS]")
-	consul := consulFlag(fs)
-	node := fs.String("node-name", "", "this node's name (default: hostname)")
-	addr := fs.String("advertise-addr", "", "address the other nodes use for this one")
-	topoFile := fs.String("topology-file", "", "use a recorded inventory instead of probing: gangrun topo --json, or nvidia-smi topo -m and/or -q -x output")
-	labels := fs.StringArray("labels", nil, "node labels KEY=VALUE[,...]: partition, switch, spine, anything (repeatable)")
-	noSched := fs.Bool("no-scheduler", false, "never act as the cluster's scheduler")
-	healthEvents := fs.String("health-events", "", "replay GPU health changes appended to FILE (JSON lines) instead of watching NVML: drills and tests")
-	logFormat := fs.String("log-format", "text", "log lines: text or json")
-	stateDir := fs.String("state-dir", "", "where the node keeps what must outlive Consul's data (its steps' outcomes, docs/operations.md); default: TMPDIR/gangrun-state-NODE; /var/lib/gangrun as packaged")
-	authMode := fs.String("auth", "", "how users are told apart: munge (MUNGE credentials, checked before any job runs) or none (nothing checked: anyone may run jobs as anyone); default: munge where munged answers, else Consul's ACLs when on, else the agent refuses to start")
-	metricsAddr := fs.String("metrics-addr", "", fmt.Sprintf("serve Prometheus metrics on HOST:PORT/metrics (off unless given; suggested port %d)", metrics.DefaultPort))
-	httpAddr := fs.String("http-addr", "", "serve the cluster's status page on HOST:PORT/ (and /metrics; off unless given)")
-	jobMapDir := fs.String("dcgm-job-mapping-dir", "", "write dcgm-exporter's HPC job-mapping files (one per GPU index, the job ids holding it) into DIR, for its --hpc-job-mapping-dir (off unless given)")
-	wasteThreshold := fs.Float64("waste-threshold", metrics.DefaultWasteThreshold, "GPU waste: a running job whose GPUs on this node all stay under this utilisation (in %)...")
-	var wasteAfter time.Duration
-	durationVar(fs, &wasteAfter, "waste-after", metrics.DefaultWasteAfter, durationFlag{min: time.Second, max: maxWait},
+// agentFlags are gangrun agent's flags: the command line's, and the keys of the file
+// --config names (flagfile; docs/operations.md).
+type agentFlags struct {
+	consul, node, addr, topoFile        *string
+	labels                              *[]string
+	noSched                             *bool
+	healthEvents, logFormat, authMode   *string
+	stateDir                            *string
+	metricsAddr, httpAddr, jobMapDir    *string
+	wasteThreshold                      *float64
+	wasteAfter, acctRetention, acctFold time.Duration
+	auditRetention, minJobAge           time.Duration
+	config                              *string
+}
+
+// configFlag is the agent's flag naming its settings file: the one key that file may
+// not hold.
+const configFlag = "config"
+
+// newAgentFlags registers gangrun agent's flags on a new flag set for command name
+// (agent, or doctor, which checks a node as the agent with those flags would run).
+func newAgentFlags(e *env, name, synopsis string) (*pflag.FlagSet, *agentFlags) {
+	fs := newFlagSet(e, name, synopsis)
+	f := &agentFlags{}
+	f.config = fs.String(configFlag, "", "read flags from FILE, one KEY = VALUE a line, KEY a flag's name without its dashes (docs/operations.md); flags given here win over it")
+	f.consul = consulFlag(fs)
+	f.node = fs.String("node-name", "", "this node's name (default: hostname)")
+	f.addr = fs.String("advertise-addr", "", "address the other nodes use for this one")
+	f.topoFile = fs.String("topology-file", "", "use a recorded inventory instead of probing: gangrun topo --json, or nvidia-smi topo -m and/or -q -x output")
+	f.labels = fs.StringArray("labels", nil, "node labels KEY=VALUE[,...]: partition, switch, spine, anything (repeatable)")
+	f.noSched = fs.Bool("no-scheduler", false, "never act as the cluster's scheduler")
+	f.healthEvents = fs.String("health-events", "", "replay GPU health changes appended to FILE (JSON lines) instead of watching NVML: drills and tests")
+	f.logFormat = fs.String("log-format", "text", "log lines: text or json")
+	f.stateDir = fs.String("state-dir", "", "where the node keeps what must outlive Consul's data (its steps' outcomes, docs/operations.md); default: $STATE_DIRECTORY (systemd's: /var/lib/gangrun under the packaged unit), else TMPDIR/gangrun-state-NODE")
+	f.authMode = fs.String("auth", "", "how users are told apart: munge (MUNGE credentials, checked before any job runs) or none (nothing checked: anyone may run jobs as anyone); default: munge where munged answers, else Consul's ACLs when on, else the agent refuses to start")
+	f.metricsAddr = fs.String("metrics-addr", "", fmt.Sprintf("serve Prometheus metrics on HOST:PORT/metrics (off unless given; suggested port %d)", metrics.DefaultPort))
+	f.httpAddr = fs.String("http-addr", "", "serve the cluster's status page on HOST:PORT/ (and /metrics; off unless given)")
+	f.jobMapDir = fs.String("dcgm-job-mapping-dir", "", "write dcgm-exporter's HPC job-mapping files (one per GPU index, the job ids holding it) into DIR, for its --hpc-job-mapping-dir (off unless given)")
+	f.wasteThreshold = fs.Float64("waste-threshold", metrics.DefaultWasteThreshold, "GPU waste: a running job whose GPUs on this node all stay under this utilisation (in %)...")
+	durationVar(fs, &f.wasteAfter, "waste-after", metrics.DefaultWasteAfter, durationFlag{min: time.Second, max: maxWait},
 		"...for this long is flagged idle (queue, show, metrics; needs NVML)")
-	var acctRetention, acctFold time.Duration
-	durationVar(fs, &acctRetention, "acct-retention", job.DefaultAcctRetention, durationFlag{min: time.Second, max: job.RollupRetention},
+	durationVar(fs, &f.acctRetention, "acct-retention", job.DefaultAcctRetention, durationFlag{min: time.Second, max: job.RollupRetention},
 		"accounting: while elected, fold job records older than this into the daily rollups and delete them (at most the rollups' 400 days)")
-	durationVar(fs, &acctFold, "acct-fold-interval", job.DefaultAcctFoldInterval, durationFlag{min: time.Second, max: maxWait},
+	durationVar(fs, &f.acctFold, "acct-fold-interval", job.DefaultAcctFoldInterval, durationFlag{min: time.Second, max: maxWait},
 		"accounting: how often the elected agent looks for records past --acct-retention")
-	var auditRetention time.Duration
-	durationVar(fs, &auditRetention, "audit-retention", audit.DefaultRetention, durationFlag{min: time.Hour, max: 10 * audit.DefaultRetention},
+	durationVar(fs, &f.auditRetention, "audit-retention", audit.DefaultRetention, durationFlag{min: time.Hour, max: 10 * audit.DefaultRetention},
 		"audit log: while elected, delete the days of entries older than this (hourly)")
-	var minJobAge time.Duration
-	durationVar(fs, &minJobAge, "min-job-age", job.DefaultMinJobAge, durationFlag{max: job.RollupRetention, zeroOK: true},
+	durationVar(fs, &f.minJobAge, "min-job-age", job.DefaultMinJobAge, durationFlag{max: job.RollupRetention, zeroOK: true},
 		"while elected, remove an ended job's records this long after its end, as Slurm's MinJobAge (0: never; its accounting record stays for --acct-retention)")
+	return fs, f
+}
+
+// check checks the agent's flags that need more than their own parsing, as the agent
+// does before it starts (and doctor, which must refuse what the agent would): the
+// listen addresses, --waste-threshold, --labels, --log-format, the node's name (the
+// hostname when --node-name is not given) and --advertise-addr. It returns the labels
+// and the node's name; an error is the usage error to print.
+func (f *agentFlags) check() (map[string]string, string, error) {
+	if err := checkListenAddr("--metrics-addr", *f.metricsAddr); err != nil {
+		return nil, "", err
+	}
+	if err := checkListenAddr("--http-addr", *f.httpAddr); err != nil {
+		return nil, "", err
+	}
+	if t := *f.wasteThreshold; t <= 0 || t > 100 || t != t {
+		return nil, "", fmt.Errorf("--waste-threshold %v: want a utilisation in %% above 0 and at most 100", t)
+	}
+	lbl, err := parseLabels(*f.labels)
+	if err != nil {
+		return nil, "", err
+	}
+	if _, err := newLogger(*f.logFormat, io.Discard); err != nil {
+		return nil, "", err
+	}
+	name := *f.node
+	if name == "" {
+		if name, err = os.Hostname(); err != nil {
+			return nil, "", fmt.Errorf("--node-name not given and the hostname is unknown: %w", err)
+		}
+	}
+	// The node name is a key segment in Consul and a name the other nodes see.
+	if err := store.CheckNodeName("--node-name", name); err != nil {
+		return nil, "", err
+	}
+	if *f.addr != "" && net.ParseIP(*f.addr) == nil {
+		return nil, "", fmt.Errorf("--advertise-addr %q: want an IP address (the other nodes connect to it)", *f.addr)
+	}
+	return lbl, name, nil
+}
+
+// parseAgentFlags parses args and then the file --config names (the command line
+// wins). It returns done=true with the exit code when the command must stop: --help,
+// or a usage error (one line, exit 2) in either.
+func parseAgentFlags(e *env, cmd string, fs *pflag.FlagSet, f *agentFlags, args []string) (done bool, code int) {
 	if done, code := parseFlags(e, fs, args); done {
+		return done, code
+	}
+	if *f.config == "" {
+		return false, exitOK
+	}
+	settings, err := flagfile.Read(*f.config)
+	if err == nil {
+		err = flagfile.Apply(fs, *f.config, settings, configFlag)
+	}
+	if err != nil {
+		return true, usageErr(e, cmd, "--config %v", err)
+	}
+	return false, exitOK
+}
+
+func runAgent(ctx context.Context, e *env, args []string) int {
+	fs, f := newAgentFlags(e, "agent", "[--config FILE] [FLAGS]")
+	consul, addr, topoFile := f.consul, f.addr, f.topoFile
+	noSched, healthEvents, logFormat, authMode, stateDir := f.noSched, f.healthEvents, f.logFormat, f.authMode, f.stateDir
+	metricsAddr, httpAddr, jobMapDir, wasteThreshold := f.metricsAddr, f.httpAddr, f.jobMapDir, f.wasteThreshold
+	if done, code := parseAgentFlags(e, "agent", fs, f, args); done {
 		return code
 	}
+	wasteAfter, acctRetention, acctFold, auditRetention, minJobAge := f.wasteAfter, f.acctRetention, f.acctFold, f.auditRetention, f.minJobAge
 	if fs.NArg() > 0 {
 		return usageErr(e, "agent", "unexpected argument %q", fs.Arg(0))
 	}
-	if err := checkListenAddr("--metrics-addr", *metricsAddr); err != nil {
-		return usageErr(e, "agent", "%v", err)
-	}
-	if err := checkListenAddr("--http-addr", *httpAddr); err != nil {
+	lbl, name, err := f.check()
+	if err != nil {
 		return usageErr(e, "agent", "%v", err)
 	}
 	if *httpAddr != "" && *httpAddr == *metricsAddr {
 		*metricsAddr = "" // the status page's server serves /metrics too
 	}
-	if *wasteThreshold <= 0 || *wasteThreshold > 100 || *wasteThreshold != *wasteThreshold {
-		return usageErr(e, "agent", "--waste-threshold %v: want a utilisation in %% above 0 and at most 100", *wasteThreshold)
-	}
-	lbl, err := parseLabels(*labels)
-	if err != nil {
-		return usageErr(e, "agent", "%v", err)
-	}
 	log, err := newLogger(*logFormat, e.stderr)
 	if err != nil {
 		return usageErr(e, "agent", "%v", err)
-	}
-	name := *node
-	if name == "" {
-		if name, err = os.Hostname(); err != nil {
-			return usageErr(e, "agent", "--node-name not given and the hostname is unknown: %v", err)
-		}
-	}
-	// The node name is a key segment in Consul and a name the other nodes see.
-	if err := store.CheckNodeName("--node-name", name); err != nil {
-		return usageErr(e, "agent", "%v", err)
-	}
-	if *addr != "" && net.ParseIP(*addr) == nil {
-		return usageErr(e, "agent", "--advertise-addr %q: want an IP address (the other nodes connect to it)", *addr)
 	}
 	inv, err := topology.ForNode(ctx, *topoFile, name)
 	if err != nil {
@@ -263,7 +330,11 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 	// own messages before the job's output opens in stepLogs, removed when the agent
 	// stops unless a step it started still runs (and may still write there).
 	if *stateDir == "" {
-		*stateDir = filepath.Join(os.TempDir(), "gangrun-state-"+name)
+		// systemd's StateDirectory= (the packaged unit's: /var/lib/gangrun), else one
+		// of this node's under TMPDIR.
+		if *stateDir = e.getenv("STATE_DIRECTORY"); *stateDir == "" {
+			*stateDir = filepath.Join(os.TempDir(), "gangrun-state-"+name)
+		}
 	}
 	if err := os.MkdirAll(*stateDir, 0o700); err != nil {
 		return failErr(e, "agent", fmt.Errorf("--state-dir: %w", err))
@@ -783,6 +854,9 @@ func cancelAs(ctx context.Context, e *env, s store.Store, as job.Asker, ids []st
 			default:
 				fmt.Fprintf(e.stdout, "cancelled %s\n", id)
 			}
+		case errors.Is(err, identity.ErrNoDaemon) || errors.Is(err, identity.ErrNoMunge):
+			sealerErr(e, "cancel", err)
+			failed = true
 		case err != nil:
 			failErr(e, "cancel", err)
 			failed = true

@@ -27,13 +27,34 @@ func inProcess(args ...string) (int, string, string) {
 	return code, stdout.String(), stderr.String()
 }
 
-// startAgent starts `gangrun agent` as a process; it is stopped with SIGTERM at cleanup.
+// startAgent starts `gangrun agent` as a process for node with the recorded inventory
+// (topology/testdata/inventories/INVENTORY.json) and labels; it is stopped with SIGTERM
+// at cleanup.
 func startAgent(t *testing.T, consul, node, inventory string, labels string) *exec.Cmd {
 	t.Helper()
-	cmd := exec.Command(gangrunBin, "agent", "--consul", consul, "--node-name", node, "--advertise-addr", "127.0.0.1",
-		"--topology-file", filepath.Join(repoRoot(t), "topology", "testdata", "inventories", inventory+".json"), "--labels", labels)
-	var log bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &log, &log
+	cmd, _ := startAgentProc(t, consul, node, inventory, nil, "--labels", labels)
+	return cmd
+}
+
+// startAgentWith is startAgent on the DGX H100 inventory with extra environment and
+// flags; it returns the agent's output.
+func startAgentWith(t *testing.T, consul, node string, env []string, flags ...string) *syncBuffer {
+	t.Helper()
+	_, log := startAgentProc(t, consul, node, "dgx-h100", env, flags...)
+	return log
+}
+
+// startAgentProc starts `gangrun agent` for node with the recorded inventory, extra
+// environment and flags; it is stopped with SIGTERM at cleanup, its output logged if
+// the test failed.
+func startAgentProc(t *testing.T, consul, node, inventory string, env []string, flags ...string) (*exec.Cmd, *syncBuffer) {
+	t.Helper()
+	args := append([]string{"agent", "--consul", consul, "--node-name", node, "--advertise-addr", "127.0.0.1",
+		"--topology-file", filepath.Join(repoRoot(t), "topology", "testdata", "inventories", inventory+".json")}, flags...)
+	cmd := exec.Command(gangrunBin, args...)
+	cmd.Env = append(os.Environ(), env...)
+	log := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +65,7 @@ func startAgent(t *testing.T, consul, node, inventory string, labels string) *ex
 			t.Logf("agent %s log:\n%s", node, log.String())
 		}
 	})
-	return cmd
+	return cmd, log
 }
 
 func nodesJSON(t *testing.T, consul string) []allocator.NodeStatus {

@@ -97,6 +97,7 @@ func commands() []command {
 		{"ckpt", "find, list, verify and prune checkpoints", runCkpt, false},
 		{"bench", "benchmark collectives across the gang (nccl-tests figures)", runBench, true},
 		{"hostlist", "expand or compress Slurm hostlists", runHostlist, false},
+		{"doctor", "check what this node needs to run the agent: Consul, munge, cgroups, GPUs, NICs, clock, version", runDoctor, false},
 		{"version", "print gangrun's version", runVersion, false},
 	}
 }
@@ -110,7 +111,7 @@ func main() {
 	// mid-teardown, and a write to it then fails with an error the command reports.
 	catches := catchesSignals(args)
 	if catches {
-		signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGUSR1, syscall.SIGUSR2)
+		signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2)
 	}
 	signal.Ignore(syscall.SIGPIPE)
 	e := &env{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv, signals: sigs}

@@ -1,8 +1,6 @@
 package main
 
 import (
-	"github.com/gangrun/gangrun/internal/mungetest"
-
 	"context"
 	"errors"
 	"flag"
@@ -17,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gangrun/gangrun/internal/mungetest"
 )
 
 // update rewrites the golden files under testdata/ instead of comparing with them:

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/gangrun/gangrun/internal/consultest"
+	"github.com/gangrun/gangrun/internal/torchtest"
 )
 
 // gangrunNode is one `gangrun run` process standing in for a node.
@@ -102,60 +103,68 @@ func workerPID(mark, node string, localRank int) int {
 	return 0
 }
 
+// trainer is the example trainer's command line on Debian's torch.
 func trainer(t *testing.T, args ...string) []string {
-	return append([]string{python(t), filepath.Join(repoRoot(t), "scripts", "examples", "train_ddp.py")}, args...)
+	return trainerOn(t, python(t), args...)
+}
+
+// trainerOn is the example trainer's command line on interpreter py.
+func trainerOn(t *testing.T, py string, args ...string) []string {
+	return append([]string{py, filepath.Join(repoRoot(t), "scripts", "examples", "train_ddp.py")}, args...)
 }
 
 func TestTwoNodesRestartFromTheSameCheckpoint(t *testing.T) {
-	consul := consultest.Start(t).Addr
-	mark := testMark(t)
-	ckpt := filepath.Join(t.TempDir(), "ckpt")
-	nodes := map[string]*gangrunNode{}
-	for _, name := range []string{"node-a", "node-b"} {
-		args := append([]string{"run", "--coordinator", "consul://" + consul, "--job-id", "two-nodes", "--nnodes", "2",
-			"--node-name", name, "--advertise-addr", "127.0.0.1", "--nproc-per-node", "2", "--restart-backoff", "0s",
-			"--checkpoint-dir", ckpt, "--"}, trainer(t, "--steps", "80", "--ckpt-every", "10", "--step-time", "0.05")...)
-		nodes[name] = startNode(t, name, []string{mark}, args...)
-	}
-	// Once step-20 is complete, SIGKILL a worker of node B.
-	waitUntilFor(t, 90*time.Second, func() bool {
-		_, err := os.Stat(filepath.Join(ckpt, "step-20", ".complete"))
-		return err == nil
-	}, "checkpoint step-20")
-	pid := workerPID(mark, "node-b", 1)
-	if pid == 0 {
-		t.Fatal("no worker of node-b found")
-	}
-	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	for name, n := range nodes {
-		if code := n.wait(t, 2*time.Minute); code != 0 {
-			t.Fatalf("%s exited %d\n%s", name, code, n.output())
+	torchtest.Each(t, func(t *testing.T, tp torchtest.Python) {
+		consul := consultest.Start(t).Addr
+		mark := testMark(t)
+		ckpt := filepath.Join(t.TempDir(), "ckpt")
+		nodes := map[string]*gangrunNode{}
+		for _, name := range []string{"node-a", "node-b"} {
+			args := append([]string{"run", "--coordinator", "consul://" + consul, "--job-id", "two-nodes", "--nnodes", "2",
+				"--node-name", name, "--advertise-addr", "127.0.0.1", "--nproc-per-node", "2", "--restart-backoff", "0s",
+				"--checkpoint-dir", ckpt, "--"}, trainerOn(t, tp.Path, "--steps", "80", "--ckpt-every", "10", "--step-time", "0.05")...)
+			nodes[name] = startNode(t, name, []string{mark}, args...)
 		}
-	}
-	// Every rank of the second attempt resumed from one and the same checkpoint.
-	resumed := map[int]int{}
-	for _, n := range nodes {
-		for r, s := range resumedSteps(n.stdout.String()) {
-			resumed[r] = s
+		// Once step-20 is complete, SIGKILL a worker of node B.
+		waitUntilFor(t, 90*time.Second, func() bool {
+			_, err := os.Stat(filepath.Join(ckpt, "step-20", ".complete"))
+			return err == nil
+		}, "checkpoint step-20")
+		pid := workerPID(mark, "node-b", 1)
+		if pid == 0 {
+			t.Fatal("no worker of node-b found")
 		}
-	}
-	if len(resumed) != 4 {
-		t.Fatalf("resumed steps by rank = %v, want all 4 ranks", resumed)
-	}
-	for r, s := range resumed {
-		if s != resumed[0] || s < 20 {
-			t.Errorf("rank %d resumed from step %d, rank 0 from %d (want one step >= 20)", r, s, resumed[0])
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
 		}
-	}
-	if !strings.Contains(nodes["node-a"].stderr.String()+nodes["node-b"].stderr.String(), "signal SIGKILL (9)") {
-		t.Errorf("no node reported the SIGKILLed worker as the root cause")
-	}
-	all := nodes["node-a"].stdout.String() + nodes["node-b"].stdout.String()
-	if !strings.Contains(all, "finished at step 80") {
-		t.Errorf("the gang did not finish at step 80")
-	}
+		for name, n := range nodes {
+			if code := n.wait(t, 2*time.Minute); code != 0 {
+				t.Fatalf("%s exited %d\n%s", name, code, n.output())
+			}
+		}
+		// Every rank of the second attempt resumed from one and the same checkpoint.
+		resumed := map[int]int{}
+		for _, n := range nodes {
+			for r, s := range resumedSteps(n.stdout.String()) {
+				resumed[r] = s
+			}
+		}
+		if len(resumed) != 4 {
+			t.Fatalf("resumed steps by rank = %v, want all 4 ranks", resumed)
+		}
+		for r, s := range resumed {
+			if s != resumed[0] || s < 20 {
+				t.Errorf("rank %d resumed from step %d, rank 0 from %d (want one step >= 20)", r, s, resumed[0])
+			}
+		}
+		if !strings.Contains(nodes["node-a"].stderr.String()+nodes["node-b"].stderr.String(), "signal SIGKILL (9)") {
+			t.Errorf("no node reported the SIGKILLed worker as the root cause")
+		}
+		all := nodes["node-a"].stdout.String() + nodes["node-b"].stdout.String()
+		if !strings.Contains(all, "finished at step 80") {
+			t.Errorf("the gang did not finish at step 80")
+		}
+	})
 }
 
 func TestElasticSurvivorCarriesOnAlone(t *testing.T) {
@@ -197,28 +206,30 @@ func TestElasticSurvivorCarriesOnAlone(t *testing.T) {
 }
 
 func TestSlurmWithoutConsul(t *testing.T) {
-	mark := testMark(t)
-	jobID := strconv.Itoa(100000 + rand.IntN(800000))
-	nodes := make([]*gangrunNode, 2)
-	for i := range nodes {
-		env := []string{mark, "SLURM_JOB_ID=" + jobID, "SLURM_STEP_ID=0", "SLURM_JOB_NODELIST=127.0.0.[1-2]",
-			"SLURM_NNODES=2", "SLURM_NODEID=" + strconv.Itoa(i), "SLURM_TASKS_PER_NODE=1(x2)"}
-		args := append([]string{"run", "--nproc-per-node", "2", "--"}, trainer(t, "--steps", "30")...)
-		nodes[i] = startNode(t, fmt.Sprint("slurm", i), env, args...)
-	}
-	for _, n := range nodes {
-		if code := n.wait(t, 2*time.Minute); code != 0 {
-			t.Fatalf("%s exited %d\n%s", n.name, code, n.output())
+	torchtest.Each(t, func(t *testing.T, tp torchtest.Python) {
+		mark := testMark(t)
+		jobID := strconv.Itoa(100000 + rand.IntN(800000))
+		nodes := make([]*gangrunNode, 2)
+		for i := range nodes {
+			env := []string{mark, "SLURM_JOB_ID=" + jobID, "SLURM_STEP_ID=0", "SLURM_JOB_NODELIST=127.0.0.[1-2]",
+				"SLURM_NNODES=2", "SLURM_NODEID=" + strconv.Itoa(i), "SLURM_TASKS_PER_NODE=1(x2)"}
+			args := append([]string{"run", "--nproc-per-node", "2", "--"}, trainerOn(t, tp.Path, "--steps", "30")...)
+			nodes[i] = startNode(t, fmt.Sprint("slurm", i), env, args...)
 		}
-	}
-	if !strings.Contains(nodes[0].stdout.String(), "training: world size 4") || !strings.Contains(nodes[0].stdout.String(), "finished at step 30") {
-		t.Errorf("slurm node 0 output:\n%s", nodes[0].output())
-	}
-	for _, want := range []string{`"node_rank": 1`, `"world_size": 4`, `"master": "127.0.0.1:` + strconv.Itoa(20000+mustAtoi(jobID)%10000) + `"`} {
-		if !strings.Contains(nodes[1].stderr.String(), want) {
-			t.Errorf("slurm node 1 lacks %s:\n%s", want, nodes[1].output())
+		for _, n := range nodes {
+			if code := n.wait(t, 2*time.Minute); code != 0 {
+				t.Fatalf("%s exited %d\n%s", n.name, code, n.output())
+			}
 		}
-	}
+		if !strings.Contains(nodes[0].stdout.String(), "training: world size 4") || !strings.Contains(nodes[0].stdout.String(), "finished at step 30") {
+			t.Errorf("slurm node 0 output:\n%s", nodes[0].output())
+		}
+		for _, want := range []string{`"node_rank": 1`, `"world_size": 4`, `"master": "127.0.0.1:` + strconv.Itoa(20000+mustAtoi(jobID)%10000) + `"`} {
+			if !strings.Contains(nodes[1].stderr.String(), want) {
+				t.Errorf("slurm node 1 lacks %s:\n%s", want, nodes[1].output())
+			}
+		}
+	})
 	// Bad Slurm input is a usage error naming the variable.
 	code, _, errOut := inProcessEnv(map[string]string{"SLURM_JOB_ID": "1", "SLURM_STEP_ID": "0", "SLURM_JOB_NODELIST": "n[1-2",
 		"SLURM_NODEID": "0"}, "run", "--", "/bin/true")

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -72,6 +73,7 @@ type trainFlags struct {
 	resumeArg     string
 	logDir        string
 	tee           bool
+	teeStd        string // torchrun's --tee value (0-3, LOCAL_RANK:N,...); "" for gangrun's true/false
 	hangTimeout   time.Duration
 	localRankArg  bool
 	warmRestarts  bool
@@ -86,7 +88,9 @@ func (t *trainFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&t.checkpointDir, "checkpoint-dir", "", "where the trainer writes checkpoints; the newest complete one is resumed from")
 	fs.StringVar(&t.resumeArg, "resume-arg", "", "on resume, append FLAG PATH to the command")
 	fs.StringVar(&t.logDir, "log-dir", "", "write DIR/attempt_K/rank_N/{stdout,stderr}.log")
-	fs.BoolVar(&t.tee, "tee", true, "with --log-dir, also show worker output on the console (--tee=false: files only)")
+	t.tee = true
+	fs.VarP(&teeFlag{on: &t.tee, std: &t.teeStd}, "tee", "t", "with --log-dir, also show worker output on the console (--tee=false: files only); torchrun's 0-3 or LOCAL_RANK:N,... (streams to a log file and the console)")
+	fs.Lookup("tee").NoOptDefVal = "true"
 	durationVar(fs, &t.hangTimeout, "hang-timeout", 0, durationFlag{min: minHangTimeout, max: maxWait, zeroOK: true,
 		minWhy: "it is checked every 100ms to 5s, so a shorter one cannot be honoured"},
 		"no output from any rank for this long is a failure; 0 is off (else 1s to 10000h)")
@@ -98,17 +102,28 @@ func (t *trainFlags) register(fs *pflag.FlagSet) {
 }
 
 func runRun(ctx context.Context, e *env, args []string) int {
-	fs := newFlagSet(e, "run", "[FLAGS] -- COMMAND [ARGS...]")
+	fs := newFlagSet(e, "run", "[FLAGS] -- COMMAND [ARGS...]  |  [FLAGS] SCRIPT [ARGS...] (torchrun's form)")
 	fs.SetInterspersed(false) // the command's own flags belong to the command
+	fs.SetNormalizeFunc(normalizeFlag)
 	var g gangFlags
 	var t trainFlags
+	var tf torchrunFlags
 	g.register(fs)
 	t.register(fs)
+	tf.register(fs)
 	grant := fs.String("grant", "", "run on this node's GPUs of grant ID (gangrun alloc); under alloc, $GANGRUN_GRANT is used")
+	args, err := expandArgs(fs, args)
+	if err != nil {
+		return usageErr(e, "run", "%v", err)
+	}
 	if done, code := parseFlags(e, fs, args); done {
 		return code
 	}
-	g.nprocGiven, g.nnodesGiven = fs.Changed("nproc-per-node"), fs.Changed("nnodes")
+	l, err := tf.apply(e, fs, &g, &t, fs.Args(), fs.ArgsLenAtDash() == 0)
+	if err != nil {
+		return usageErr(e, "run", "%v", err)
+	}
+	g.nprocGiven, g.nnodesGiven = fs.Changed("nproc-per-node") || l.torchrunForm, fs.Changed("nnodes")
 	if fs.Changed("pids-limit") && g.cgroup == string(cgroup.Off) {
 		return usageErr(e, "run", "--pids-limit %d needs the step's cgroup, and --cgroup is off", g.pidsLimit)
 	}
@@ -117,7 +132,9 @@ func runRun(ctx context.Context, e *env, args []string) int {
 		return usageErr(e, "run", "%v", err)
 	}
 	defer log.Sync() //nolint:errcheck // stderr cannot be synced on some systems
-	spec := g.spec(e, fs.Args(), log)
+	spec := g.spec(e, l.command, log)
+	spec.Streams, spec.Role, spec.SignalsToHandle, spec.VirtualLocalRank = l.streams, l.role, l.signals, l.virtualLocalRank
+	spec.AutoIsCPUs, spec.LogDirPerRun = l.autoIsCPUs, l.torchrunForm
 	spec.MaxRestarts, spec.Backoff, spec.NoRestartExitCode = t.maxRestarts, t.backoff, t.noRestartCode
 	spec.CheckpointDir, spec.ResumeArg, spec.LogDir, spec.Tee = t.checkpointDir, t.resumeArg, t.logDir, t.tee
 	spec.HangTimeout, spec.LocalRankArg = t.hangTimeout, t.localRankArg
@@ -261,3 +278,42 @@ func commandExitCode(err error) int {
 
 // newLogger returns gangrun's own logger (launcher.NewLogger).
 func newLogger(format string, w io.Writer) (*zap.Logger, error) { return launcher.NewLogger(format, w) }
+
+// teeFlag is --tee: gangrun's boolean (with --log-dir, the console too; --tee alone is
+// true), or torchrun's value, the streams to copy to a log file and the console (0 to
+// 3, or LOCAL_RANK:N pairs: launcher.ParseStd).
+type teeFlag struct {
+	on  *bool
+	std *string
+}
+
+// Set takes true or false (gangrun's), or torchrun's value.
+func (f *teeFlag) Set(s string) error {
+	switch strings.ToLower(s) {
+	case "true":
+		*f.on, *f.std = true, ""
+		return nil
+	case "false":
+		*f.on, *f.std = false, ""
+		return nil
+	}
+	if _, err := launcher.ParseStd(s); err != nil {
+		return errors.New("want true or false, or torchrun's 0 (none), 1 (stdout), 2 (stderr), 3 (both) or LOCAL_RANK:N pairs such as 0:1,1:2")
+	}
+	*f.std = s
+	return nil
+}
+
+// String returns the value as given.
+func (f *teeFlag) String() string {
+	if f.std != nil && *f.std != "" {
+		return *f.std
+	}
+	if f.on != nil {
+		return strconv.FormatBool(*f.on)
+	}
+	return "true"
+}
+
+// Type names the value in --help.
+func (f *teeFlag) Type() string { return "tee" }

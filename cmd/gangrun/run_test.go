@@ -14,10 +14,11 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gangrun/gangrun/internal/torchtest"
 )
 
 // repoRoot is the repository root, two levels above this package.
@@ -30,27 +31,23 @@ func repoRoot(t *testing.T) string {
 	return abs
 }
 
-var torchOnce sync.Once
-var torchErr error
-
-// python returns the interpreter with PyTorch: $GANGRUN_PYTHON, else Debian's
-// /usr/bin/python3. A missing torch fails the test: `make test` installs it.
+// python returns Debian's interpreter with torch 1.13 (torchtest.Debian): the tests
+// whose outcome cannot differ between torch versions run on it alone; the others run
+// on every installation through torchtest.Each.
 func python(t *testing.T) string {
 	t.Helper()
-	py := os.Getenv("GANGRUN_PYTHON")
-	if py == "" {
-		py = "/usr/bin/python3"
+	return torchtest.Debian(t).Path
+}
+
+// torchrunOf returns the torchrun of installation py: torch 2.x's own console script,
+// or, for Debian's torch 1.13, the shim that lets its torchrun start on Python 3.11
+// (testdata/bin/torchrun).
+func torchrunOf(t *testing.T, py torchtest.Python) string {
+	t.Helper()
+	if py.Major() == 1 {
+		return filepath.Join(repoRoot(t), "cmd", "gangrun", "testdata", "bin", "torchrun")
 	}
-	torchOnce.Do(func() {
-		out, err := exec.Command(py, "-c", "import torch, torch.distributed").CombinedOutput()
-		if err != nil {
-			torchErr = errors.New(strings.TrimSpace(string(out)))
-		}
-	})
-	if torchErr != nil {
-		t.Fatalf("PyTorch is needed (run `make test`, which installs Debian's python3-torch): %s: %v", py, torchErr)
-	}
-	return py
+	return filepath.Join(py.Bin, "torchrun")
 }
 
 // gangrunResult is one finished gangrun process.
@@ -233,7 +230,7 @@ func TestRunSIGKILLLeavesNoWorker(t *testing.T) {
 }
 
 func TestRunSignalsReachEveryWorker(t *testing.T) {
-	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP} {
+	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT} {
 		t.Run(sig.String(), func(t *testing.T) {
 			mark := testMark(t)
 			dir := t.TempDir()
@@ -289,6 +286,8 @@ func sigName(s syscall.Signal) string {
 		return "TERM"
 	case syscall.SIGHUP:
 		return "HUP"
+	case syscall.SIGQUIT:
+		return "QUIT"
 	case syscall.SIGUSR1:
 		return "USR1"
 	case syscall.SIGUSR2:
@@ -348,39 +347,41 @@ func resumedSteps(out string) map[int]int {
 }
 
 func TestRunPyTorchRestartsFromCheckpoint(t *testing.T) {
-	py := python(t)
-	mark := testMark(t)
-	dir := t.TempDir()
-	res := runGangrun(t, []string{mark}, "run", "--nproc-per-node", "2", "--restart-backoff", "0s", "--warm-delay", "0s",
-		"--checkpoint-dir", filepath.Join(dir, "ckpt"), "--log-dir", filepath.Join(dir, "logs"), "--",
-		py, filepath.Join(repoRoot(t), "scripts", "examples", "train_ddp.py"),
-		"--steps", "60", "--ckpt-every", "10", "--fail-at-step", "35")
-	if res.code != 0 {
-		t.Fatalf("exit %d; stderr:\n%s", res.code, res.stderr)
-	}
-	// The failure at step 35 on the first attempt; the restart resumes every rank from
-	// step 30, the last checkpoint at or before the failure, and runs to step 60.
-	if got := resumedSteps(res.stdout); len(got) != 2 || got[0] != 30 || got[1] != 30 {
-		t.Errorf("resumed steps by rank = %v, want both ranks at 30\nstdout:\n%s", got, res.stdout)
-	}
-	if !strings.Contains(res.stdout, "[rank0]: finished at step 60") {
-		t.Errorf("no finish at step 60:\n%s", res.stdout)
-	}
-	for _, want := range []string{"rank 1 (local rank 1)", "injected failure at step 35", "restarting the gang"} {
-		if !strings.Contains(res.stderr, want) {
-			t.Errorf("stderr lacks %q:\n%s", want, res.stderr)
+	torchtest.Each(t, func(t *testing.T, tp torchtest.Python) {
+		py := tp.Path
+		mark := testMark(t)
+		dir := t.TempDir()
+		res := runGangrun(t, []string{mark}, "run", "--nproc-per-node", "2", "--restart-backoff", "0s", "--warm-delay", "0s",
+			"--checkpoint-dir", filepath.Join(dir, "ckpt"), "--log-dir", filepath.Join(dir, "logs"), "--",
+			py, filepath.Join(repoRoot(t), "scripts", "examples", "train_ddp.py"),
+			"--steps", "60", "--ckpt-every", "10", "--fail-at-step", "35")
+		if res.code != 0 {
+			t.Fatalf("exit %d; stderr:\n%s", res.code, res.stderr)
 		}
-	}
-	// The restart ran the trainer from standby interpreters (warm restarts are the
-	// default for a Python script).
-	if !strings.Contains(res.stderr, `"attempt": 1, "warm": 2, "cold": 0`) {
-		t.Errorf("attempt 1 did not start warm:\n%s", res.stderr)
-	}
-	// The second attempt's logs hold the resume line, without the console prefix.
-	log, err := os.ReadFile(filepath.Join(dir, "logs", "attempt_1", "rank_1", "stdout.log"))
-	if err != nil || !strings.Contains(string(log), "resumed from step 30\n") || strings.Contains(string(log), "[rank") {
-		t.Errorf("attempt_1/rank_1/stdout.log = %q, %v", log, err)
-	}
+		// The failure at step 35 on the first attempt; the restart resumes every rank from
+		// step 30, the last checkpoint at or before the failure, and runs to step 60.
+		if got := resumedSteps(res.stdout); len(got) != 2 || got[0] != 30 || got[1] != 30 {
+			t.Errorf("resumed steps by rank = %v, want both ranks at 30\nstdout:\n%s", got, res.stdout)
+		}
+		if !strings.Contains(res.stdout, "[rank0]: finished at step 60") {
+			t.Errorf("no finish at step 60:\n%s", res.stdout)
+		}
+		for _, want := range []string{"rank 1 (local rank 1)", "injected failure at step 35", "restarting the gang"} {
+			if !strings.Contains(res.stderr, want) {
+				t.Errorf("stderr lacks %q:\n%s", want, res.stderr)
+			}
+		}
+		// The restart ran the trainer from standby interpreters (warm restarts are the
+		// default for a Python script).
+		if !strings.Contains(res.stderr, `"attempt": 1, "warm": 2, "cold": 0`) {
+			t.Errorf("attempt 1 did not start warm:\n%s", res.stderr)
+		}
+		// The second attempt's logs hold the resume line, without the console prefix.
+		log, err := os.ReadFile(filepath.Join(dir, "logs", "attempt_1", "rank_1", "stdout.log"))
+		if err != nil || !strings.Contains(string(log), "resumed from step 30\n") || strings.Contains(string(log), "[rank") {
+			t.Errorf("attempt_1/rank_1/stdout.log = %q, %v", log, err)
+		}
+	})
 }
 
 // TestRunWarmRestartsFlag: a Python script's restart is warm when its standby was
@@ -493,39 +494,45 @@ sys.exit(3 if a < 3 else 0)
 // generator anew, so each warm attempt's worker, forked from the same standby, must
 // too (before the fix, attempts 1-3 all drew the same torch.rand).
 func TestRunWarmForksSeedTorchAnew(t *testing.T) {
-	py := python(t)
-	script := filepath.Join(t.TempDir(), "t.py")
-	if err := os.WriteFile(script, []byte(`import os, sys, torch
+	torchtest.Each(t, func(t *testing.T, tp torchtest.Python) {
+		py := tp.Path
+		script := filepath.Join(t.TempDir(), "t.py")
+		if err := os.WriteFile(script, []byte(`import os, sys, torch
 a = int(os.environ["GANGRUN_ATTEMPT"])
 print("attempt", a, "seed", torch.initial_seed(), flush=True)
 sys.exit(3 if a < 3 else 0)
 `), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	res := runGangrun(t, []string{testMark(t)}, "run", "--nproc-per-node", "1", "--max-restarts", "3",
-		"--restart-backoff", "0s", "--warm-delay", "0s", "--", py, script)
-	if res.code != 0 {
-		t.Fatalf("exit %d; stdout:\n%s\nstderr:\n%s", res.code, res.stdout, res.stderr)
-	}
-	for a := 2; a <= 3; a++ {
-		if !strings.Contains(res.stderr, fmt.Sprintf(`"attempt": %d, "warm": 1, "cold": 0`, a)) {
-			t.Fatalf("attempt %d not warm; stderr:\n%s", a, res.stderr)
+			t.Fatal(err)
 		}
-	}
-	ms := regexp.MustCompile(`(?m)^\[rank0\]: attempt \d seed (\d+)$`).FindAllStringSubmatch(res.stdout, -1)
-	seeds := map[string]bool{}
-	for _, m := range ms {
-		seeds[m[1]] = true
-	}
-	if len(ms) != 4 || len(seeds) != 4 {
-		t.Errorf("want 4 attempts with 4 different torch seeds:\n%s", res.stdout)
-	}
+		res := runGangrun(t, []string{testMark(t)}, "run", "--nproc-per-node", "1", "--max-restarts", "3",
+			"--restart-backoff", "0s", "--warm-delay", "0s", "--", py, script)
+		if res.code != 0 {
+			t.Fatalf("exit %d; stdout:\n%s\nstderr:\n%s", res.code, res.stdout, res.stderr)
+		}
+		for a := 2; a <= 3; a++ {
+			if !strings.Contains(res.stderr, fmt.Sprintf(`"attempt": %d, "warm": 1, "cold": 0`, a)) {
+				t.Fatalf("attempt %d not warm; stderr:\n%s", a, res.stderr)
+			}
+		}
+		ms := regexp.MustCompile(`(?m)^\[rank0\]: attempt \d seed (\d+)$`).FindAllStringSubmatch(res.stdout, -1)
+		seeds := map[string]bool{}
+		for _, m := range ms {
+			seeds[m[1]] = true
+		}
+		if len(ms) != 4 || len(seeds) != 4 {
+			t.Errorf("want 4 attempts with 4 different torch seeds:\n%s", res.stdout)
+		}
+	})
 }
 
-// TestRunWarmRanksAwaitTheMaster: a warm rank other than 0 starts once rank 0 listens
-// on MASTER_ADDR:MASTER_PORT (torch's store client retries a refused connection only a
-// second later), here after rank 0's 200 ms pause; where rank 0 never listens there,
-// the ranks wait once in vain, the log says so, and later attempts do not wait.
+// TestRunWarmRanksAwaitTheMaster: by default gangrun serves the workers' store on
+// MASTER_ADDR:MASTER_PORT before any rank starts (TORCHELASTIC_USE_AGENT_STORE=True),
+// so every attempt's rank 1 finds it listening and nothing waits in vain. With torch's
+// opt-out (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1) rank 0 hosts the store: a warm rank
+// other than 0 starts once rank 0 listens there (torch's store client retries a
+// refused connection only a second later), here after rank 0's 200 ms pause; where
+// rank 0 never listens there, the ranks wait once in vain, the log says so, and later
+// attempts do not wait.
 func TestRunWarmRanksAwaitTheMaster(t *testing.T) {
 	py := python(t)
 	script := filepath.Join(t.TempDir(), "t.py")
@@ -539,79 +546,88 @@ if os.environ.get("LISTEN") and rank == 0:
 elif rank == 1:
     try:
         socket.create_connection(addr, timeout=1).close()
-        print("attempt", a, "master up", flush=True)
+        print("attempt", a, "master up", os.environ["TORCHELASTIC_USE_AGENT_STORE"], flush=True)
     except OSError:
-        print("attempt", a, "master down", flush=True)
+        print("attempt", a, "master down", os.environ["TORCHELASTIC_USE_AGENT_STORE"], flush=True)
     time.sleep(0.3)
 sys.exit(3 if a < 2 else 0)
 `), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	for _, listen := range []bool{true, false} {
-		env := []string{testMark(t)}
-		if listen {
-			env = append(env, "LISTEN=1")
-		}
-		res := runGangrun(t, env, "run", "--nproc-per-node", "2", "--max-restarts", "2", "--restart-backoff", "0s",
+	for _, c := range []struct {
+		name       string
+		env        []string
+		up         []string // attempts whose rank 1 found the store up
+		down       []string // ... down
+		told       int
+		agentStore string
+	}{
+		{"agent store", nil, []string{"1", "2"}, nil, 0, "True"},
+		{"rank 0 listens", []string{"TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1", "LISTEN=1"}, []string{"1", "2"}, nil, 0, "False"},
+		{"nothing listens", []string{"TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"}, nil, []string{"2"}, 1, "False"},
+	} {
+		res := runGangrun(t, append([]string{testMark(t)}, c.env...), "run", "--nproc-per-node", "2", "--max-restarts", "2", "--restart-backoff", "0s",
 			"--warm-delay", "0s", "--", py, script)
 		if res.code != 0 {
-			t.Fatalf("listen %v: exit %d; stdout:\n%s\nstderr:\n%s", listen, res.code, res.stdout, res.stderr)
+			t.Fatalf("%s: exit %d; stdout:\n%s\nstderr:\n%s", c.name, res.code, res.stdout, res.stderr)
 		}
-		told := strings.Count(res.stderr, "warm ranks no longer wait for rank 0's store")
-		if listen {
-			for _, a := range []string{"1", "2"} {
-				if !strings.Contains(res.stdout, "[rank1]: attempt "+a+" master up") {
-					t.Errorf("warm attempt %s's rank 1 started before rank 0 listened:\n%s", a, res.stdout)
-				}
+		for _, a := range c.up {
+			if !strings.Contains(res.stdout, "[rank1]: attempt "+a+" master up "+c.agentStore) {
+				t.Errorf("%s: attempt %s's rank 1 did not find the store up (TORCHELASTIC_USE_AGENT_STORE=%s):\n%s", c.name, a, c.agentStore, res.stdout)
 			}
-			if told != 0 {
-				t.Errorf("told %d times that the ranks do not wait:\n%s", told, res.stderr)
+		}
+		for _, a := range c.down {
+			if !strings.Contains(res.stdout, "[rank1]: attempt "+a+" master down "+c.agentStore) {
+				t.Errorf("%s: attempt %s's rank 1 found a store up (TORCHELASTIC_USE_AGENT_STORE=%s):\n%s", c.name, a, c.agentStore, res.stdout)
 			}
-		} else if told != 1 || !strings.Contains(res.stdout, "[rank1]: attempt 2 master down") {
-			t.Errorf("told %d times (want once) that the ranks no longer wait; stdout:\n%s\nstderr:\n%s", told, res.stdout, res.stderr)
+		}
+		if told := strings.Count(res.stderr, "warm ranks no longer wait for rank 0's store"); told != c.told {
+			t.Errorf("%s: told %d times (want %d) that the ranks no longer wait; stderr:\n%s", c.name, told, c.told, res.stderr)
 		}
 	}
 }
 
 func TestRunPyTorchNoRestartsReturnsWorkerCode(t *testing.T) {
-	py := python(t)
-	mark := testMark(t)
-	res := runGangrun(t, []string{mark}, "run", "--nproc-per-node", "2", "--max-restarts", "0", "--",
-		py, filepath.Join(repoRoot(t), "scripts", "examples", "train_ddp.py"),
-		"--steps", "20", "--fail-at-step", "5", "--fail-exit-code", "13")
-	if res.code != 13 {
-		t.Fatalf("exit %d, want the worker's 13; stderr:\n%s", res.code, res.stderr)
-	}
-	if !strings.Contains(res.stderr, "no restarts left") {
-		t.Errorf("stderr lacks 'no restarts left':\n%s", res.stderr)
-	}
+	torchtest.Each(t, func(t *testing.T, tp torchtest.Python) {
+		py := tp.Path
+		mark := testMark(t)
+		res := runGangrun(t, []string{mark}, "run", "--nproc-per-node", "2", "--max-restarts", "0", "--",
+			py, filepath.Join(repoRoot(t), "scripts", "examples", "train_ddp.py"),
+			"--steps", "20", "--fail-at-step", "5", "--fail-exit-code", "13")
+		if res.code != 13 {
+			t.Fatalf("exit %d, want the worker's 13; stderr:\n%s", res.code, res.stderr)
+		}
+		if !strings.Contains(res.stderr, "no restarts left") {
+			t.Errorf("stderr lacks 'no restarts left':\n%s", res.stderr)
+		}
+	})
 }
 
 func TestRunWrapsTorchrun(t *testing.T) {
-	python(t) // the shim's interpreter, /usr/bin/python3, needs torch
-	mark := testMark(t)
-	dir := t.TempDir()
-	shim := filepath.Join(repoRoot(t), "cmd", "gangrun", "testdata", "bin", "torchrun")
-	// Real torchrun (through the Python 3.11 shim) runs 2 workers; gangrun owns the
-	// restart: the first attempt fails at step 25, the second resumes from 20.
-	res := runGangrun(t, []string{mark}, "run", "--restart-backoff", "0s", "--checkpoint-dir", filepath.Join(dir, "ckpt"), "--",
-		shim, "--nproc_per_node", "2", filepath.Join(repoRoot(t), "scripts", "examples", "train_ddp.py"),
-		"--steps", "40", "--ckpt-every", "10", "--fail-at-step", "25")
-	if res.code != 0 {
-		t.Fatalf("exit %d; stdout:\n%s\nstderr:\n%s", res.code, res.stdout, res.stderr)
-	}
-	resumed := regexp.MustCompile(`(?m)^\[node0\]: resumed from step (\d+)$`).FindAllStringSubmatch(res.stdout, -1)
-	if len(resumed) != 2 || resumed[0][1] != "20" || resumed[1][1] != "20" {
-		t.Errorf("want both torchrun workers resumed from step 20, got %v\nstdout:\n%s", resumed, res.stdout)
-	}
-	if !strings.Contains(res.stdout, "finished at step 40") {
-		t.Errorf("no finish at step 40:\n%s", res.stdout)
-	}
-	// torchrun's @record main copied its root-cause worker's error into the error file
-	// gangrun gave it.
-	if !strings.Contains(res.stderr, "injected failure at step 25") {
-		t.Errorf("the root cause's message did not reach gangrun's report:\n%s", res.stderr)
-	}
+	torchtest.Each(t, func(t *testing.T, tp torchtest.Python) {
+		mark := testMark(t)
+		dir := t.TempDir()
+		// Real torchrun (torch 1.13's through the Python 3.11 shim) runs 2 workers; gangrun
+		// owns the restart: the first attempt fails at step 25, the second resumes from 20.
+		res := runGangrun(t, []string{mark, "PATH=" + tp.Bin + ":" + os.Getenv("PATH")}, "run", "--restart-backoff", "0s", "--checkpoint-dir", filepath.Join(dir, "ckpt"), "--",
+			torchrunOf(t, tp), "--nproc_per_node", "2", filepath.Join(repoRoot(t), "scripts", "examples", "train_ddp.py"),
+			"--steps", "40", "--ckpt-every", "10", "--fail-at-step", "25")
+		if res.code != 0 {
+			t.Fatalf("exit %d; stdout:\n%s\nstderr:\n%s", res.code, res.stdout, res.stderr)
+		}
+		resumed := regexp.MustCompile(`(?m)^\[node0\]: resumed from step (\d+)$`).FindAllStringSubmatch(res.stdout, -1)
+		if len(resumed) != 2 || resumed[0][1] != "20" || resumed[1][1] != "20" {
+			t.Errorf("want both torchrun workers resumed from step 20, got %v\nstdout:\n%s", resumed, res.stdout)
+		}
+		if !strings.Contains(res.stdout, "finished at step 40") {
+			t.Errorf("no finish at step 40:\n%s", res.stdout)
+		}
+		// torchrun's @record main copied its root-cause worker's error into the error file
+		// gangrun gave it.
+		if !strings.Contains(res.stderr, "injected failure at step 25") {
+			t.Errorf("the root cause's message did not reach gangrun's report:\n%s", res.stderr)
+		}
+	})
 }
 
 func TestRunJSONLogFormat(t *testing.T) {

@@ -23,7 +23,7 @@ const startupStopGrace = time.Second
 // nccl) in the two phases of its life:
 //
 //   - while it starts (parsing, probing, reading files, its first Consul calls), a
-//     terminating signal (SIGINT, SIGTERM, SIGHUP) stops it at once: its context is
+//     terminating signal (SIGINT, SIGTERM, SIGHUP, SIGQUIT) stops it at once: its context is
 //     cancelled, what it prints from then on is dropped, and gangrun exits 128+N with
 //     one line, as soon as the command has returned (having released what it created)
 //     or after startupStopGrace, whichever comes first;

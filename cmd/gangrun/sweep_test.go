@@ -345,9 +345,14 @@ func sweepCases(t *testing.T, fx *sweepFixtures, consul string) []sweepCase {
 			{"policy set", []string{"policy", "set", s.path}, up},
 			{"submit SCRIPT", []string{"submit", s.path}, up},
 			{"CONSUL_HTTP_TOKEN_FILE", []string{"queue"}, append([]string{"CONSUL_HTTP_TOKEN_FILE=" + s.path}, up...)},
+			{"agent --config", []string{"agent", "--consul", closed, "--node-name", "n1", "--config", s.path}, nil},
+			{"doctor --config", []string{"doctor", "--consul", closed, "--node-name", "n1", "--config", s.path}, nil},
 		} {
 			if s.path == "" && pos.where == "CONSUL_HTTP_TOKEN_FILE" {
 				continue // an empty variable is an unset one
+			}
+			if s.name == "empty" && strings.HasSuffix(pos.where, "--config") {
+				continue // an empty settings file sets nothing: valid
 			}
 			add(sweepCase{group: "file", name: pos.where + " " + s.name, args: pos.args, env: pos.env, needle: s.needle})
 		}
@@ -690,6 +695,31 @@ func sweepCases(t *testing.T, fx *sweepFixtures, consul string) []sweepCase {
 	add(sweepCase{group: "consul", name: "run --coordinator consul:// closed", args: run("--coordinator", "consul://"+closed, "--job-id", "j"), needle: "Consul at " + closed})
 	add(sweepCase{group: "consul", name: "run --coordinator consul:// unknown host", args: run("--coordinator", "consul://nosuchhost.invalid:8500", "--job-id", "j"), needle: "nosuchhost.invalid"})
 	add(sweepCase{group: "consul", name: "agent with Consul closed, a bad --labels", args: []string{"agent", "--consul", closed, "--node-name", "n", "--labels", "x"}, needle: `"x"`})
+
+	// Documents: the agent's settings file (agent --config, and doctor --config which
+	// reads the same file).
+	for _, d := range []struct{ name, doc, needle string }{
+		{"an unknown key", "consull = 127.0.0.1:8500\n", `unknown key "consull" (did you mean consul?)`},
+		{"a key with its dashes", "--consul = 127.0.0.1:8500\n", "without its dashes"},
+		{"config itself", "config = /etc/gangrun/agent.conf\n", `unknown key "config"`},
+		{"a line without =", "consul 127.0.0.1:8500\n", "want KEY = VALUE"},
+		{"an empty value", "node-name =\n", "node-name has no value"},
+		{"a key given twice", "node-name = a\nnode-name = b\n", "node-name given twice"},
+		{"a bad duration", "min-job-age = forever\n", `min-job-age "forever"`},
+		{"a bad bool", "no-scheduler = maybe\n", `no-scheduler "maybe": want true or false`},
+		{"DOS line breaks", "node-name = a\r\n", "DOS line break"},
+		{"a NUL byte", "node-name = a\x00\n", "NUL byte"},
+		{"invalid UTF-8", "node-name = \xff\n", "not valid UTF-8"},
+		{"a 10 KB value", "labels = k=" + long[:10000] + "\n", "--labels"},
+		{"a 100 KB value (the file too large)", "labels = k=" + long + "\n", "longer than 65536 bytes"},
+		{"a bad waste-threshold (checked past parsing)", "waste-threshold = 200\n", "--waste-threshold 200"},
+	} {
+		file := filepath.Join(fx.dir, "settings-"+strings.ReplaceAll(d.name, " ", "-")+".conf")
+		mustWriteFile(t, file, d.doc)
+		for _, cmd := range []string{"agent", "doctor"} {
+			add(sweepCase{group: "document", name: cmd + " --config " + d.name, args: []string{cmd, "--consul", closed, "--config", file}, needle: d.needle})
+		}
+	}
 
 	// 5. Documents: policies.
 	for _, d := range []struct{ name, doc, needle string }{

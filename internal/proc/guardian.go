@@ -170,7 +170,7 @@ func (g *Guardian) Close() error {
 // RunGuardian is the guardian process's main loop: it reads the protocol described on
 // Guardian from r until "q" (returns nil, kills nothing) or end of input (SIGKILLs every
 // group still registered, returns nil), and kills every registered group when a kill
-// time passes (reporting it on log). SIGINT, SIGTERM and SIGHUP are ignored so that a
+// time passes (reporting it on log). SIGINT, SIGTERM, SIGHUP and SIGQUIT are ignored so that a
 // signal meant for the supervisor's terminal or job cannot end the guardian first.
 func RunGuardian(r io.Reader, log io.Writer) error {
 	return RunGuardianWith(r, log, GuardianHooks{})
@@ -186,7 +186,7 @@ type GuardianHooks struct {
 // RunGuardianWith is RunGuardian with hooks: on end of input without "q" it also
 // removes the cgroup directories registered with "c" lines, after killing the groups.
 func RunGuardianWith(r io.Reader, log io.Writer, hooks GuardianHooks) error {
-	signal.Ignore(syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	signal.Ignore(syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
 	lines := make(chan string)
 	go func() {
 		defer close(lines)

@@ -12,11 +12,12 @@ import (
 // a full channel.
 const ForwardBuffer = 16
 
-// Terminating reports whether sig ends a long-running command: SIGINT, SIGTERM or
-// SIGHUP. SIGUSR1, SIGUSR2 and anything that is not a syscall.Signal do not.
+// Terminating reports whether sig ends a long-running command: SIGINT, SIGTERM, SIGHUP
+// or SIGQUIT (torchrun 2.x's --signals-to-handle default, on which it stops its
+// workers). SIGUSR1, SIGUSR2 and anything that is not a syscall.Signal do not.
 func Terminating(sig os.Signal) bool {
 	ss, ok := sig.(syscall.Signal)
-	return ok && (ss == syscall.SIGINT || ss == syscall.SIGTERM || ss == syscall.SIGHUP)
+	return ok && (ss == syscall.SIGINT || ss == syscall.SIGTERM || ss == syscall.SIGHUP || ss == syscall.SIGQUIT)
 }
 
 // SignalWatch reads the signals sent to gangrun on behalf of a command that must act on

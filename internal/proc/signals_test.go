@@ -13,7 +13,7 @@ func TestTerminating(t *testing.T) {
 	for _, c := range []struct {
 		sig  os.Signal
 		want bool
-	}{{syscall.SIGINT, true}, {syscall.SIGTERM, true}, {syscall.SIGHUP, true},
+	}{{syscall.SIGINT, true}, {syscall.SIGTERM, true}, {syscall.SIGHUP, true}, {syscall.SIGQUIT, true},
 		{syscall.SIGUSR1, false}, {syscall.SIGUSR2, false}, {os.Interrupt, true}} {
 		if got := Terminating(c.sig); got != c.want {
 			t.Errorf("Terminating(%v) = %v, want %v", c.sig, got, c.want)

@@ -24,6 +24,15 @@ type Consul struct {
 	c         *api.Client
 	transport *http.Transport
 	origin    origin
+	// direct is what a request outside consul/api needs (Clock): the HTTP client
+	// (TLS, a unix socket) and the scheme and host consul/api dials.
+	direct direct
+}
+
+// direct is the client consul/api made, for requests it has no call for.
+type direct struct {
+	client       *http.Client
+	scheme, host string
 }
 
 // origin is the Consul address a client dials and where it came from, for the error
@@ -131,7 +140,13 @@ func newConsul(addr, from, token string) (*Consul, error) {
 	if err != nil {
 		return nil, fmt.Errorf("consul client for %s: %w", cfg.Address, err)
 	}
-	return &Consul{c: c, transport: cfg.Transport, origin: origin{addr: shown, from: from}}, nil
+	// NewClient filled in cfg: its HTTP client, the address without a scheme.
+	host := cfg.Address
+	if strings.HasPrefix(host, "/") {
+		host = "localhost" // a unix socket: the client dials it whatever the host
+	}
+	return &Consul{c: c, transport: cfg.Transport, origin: origin{addr: shown, from: from},
+		direct: direct{client: cfg.HttpClient, scheme: cfg.Scheme, host: host}}, nil
 }
 
 // Consul's default HTTP API port, and the port its documentation suggests for HTTPS

@@ -374,6 +374,13 @@ func (m *Memory) invalidate(id string) {
 	}
 }
 
+// Sessions returns how many sessions are alive.
+func (m *Memory) Sessions() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.sessions)
+}
+
 // SessionExists implements Store.
 func (m *Memory) SessionExists(_ context.Context, id string) (bool, error) {
 	m.mu.Lock()

@@ -174,6 +174,23 @@ func (e *TxnError) Is(target error) bool {
 	return false
 }
 
+// NotHolding reports whether err is a transaction rejected because a CheckSession or
+// Unlock of key failed: the session named there does not hold key (or no longer
+// exists). A fence on one key (a leader's) is told apart this way from other keys'
+// checks failing in the same kind of transaction.
+func NotHolding(err error, key string) bool {
+	var te *TxnError
+	if !errors.As(err, &te) {
+		return false
+	}
+	for _, oe := range te.Errors {
+		if oe.Key == key && (oe.Reason == ErrNotLockHolder || oe.Reason == ErrSessionGone) {
+			return true
+		}
+	}
+	return false
+}
+
 // LockDelayed returns the keys whose Lock failed because of a lock-delay.
 func (e *TxnError) LockDelayed() []string {
 	var keys []string
@@ -260,6 +277,15 @@ func (e *UnavailableError) Error() string {
 // Unreachable reports whether the error is a connection that could not be made (Addr
 // set): the message a command prints alone, without the operations that wrap it.
 func (e *UnavailableError) Unreachable() bool { return e.Addr != "" }
+
+// Cause is the system's reason a connection could not be made ("connection refused",
+// "no such host \"h\""), for a message that gives its own advice; Err's text otherwise.
+func (e *UnavailableError) Cause() string {
+	if e.Addr == "" {
+		return e.Err.Error()
+	}
+	return dialCause(e.Err)
+}
 
 // dialCause returns the system's reason a dial failed ("connection refused", "no such
 // host", "i/o timeout"), without the URL and the addresses net/http puts around it.

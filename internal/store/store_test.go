@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -25,8 +26,32 @@ func session(t *testing.T, s store.Store, o store.SessionOptions) string {
 	return id
 }
 
+// eachStore runs fn on the memory and Consul stores (consultest.EachStore) and on a
+// memory store served to another process's Remote (remoteStore).
+func eachStore(t *testing.T, fn func(t *testing.T, s store.Store)) {
+	consultest.EachStore(t, fn)
+	t.Run("remote", func(t *testing.T) { fn(t, remoteStore(t, store.NewMemory())) })
+}
+
+// remoteStore serves s on a loopback port and returns its Remote; the test's cleanup
+// stops both.
+func remoteStore(t *testing.T, s store.Store) *store.Remote {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := store.ServeRemote(ln, s)
+	r := store.NewRemote(ln.Addr().String())
+	t.Cleanup(func() {
+		r.Close()
+		_ = srv.Close()
+	})
+	return r
+}
+
 func TestStoreSemantics(t *testing.T) {
-	consultest.EachStore(t, func(t *testing.T, s store.Store) {
+	eachStore(t, func(t *testing.T, s store.Store) {
 		ctx := context.Background()
 		t.Run("txn is all or nothing", func(t *testing.T) {
 			a := session(t, s, store.SessionOptions{Name: "a"})
@@ -220,7 +245,7 @@ func TestWatcherIndexRules(t *testing.T) {
 // TestTxnErrorReasons: every kind of rejected operation carries the same typed reason on
 // both stores, so callers test errors.Is and never the store's wording.
 func TestTxnErrorReasons(t *testing.T) {
-	consultest.EachStore(t, func(t *testing.T, s store.Store) {
+	eachStore(t, func(t *testing.T, s store.Store) {
 		ctx := context.Background()
 		a := session(t, s, store.SessionOptions{LockDelay: 5 * time.Second})
 		b := session(t, s, store.SessionOptions{})
@@ -324,7 +349,7 @@ func TestSplitTxn(t *testing.T) {
 // transaction hand the key over (a job's GPUs go from the node's agent to its step); a
 // check after a write sees the write.
 func TestTxnHandsALockOver(t *testing.T) {
-	consultest.EachStore(t, func(t *testing.T, s store.Store) {
+	eachStore(t, func(t *testing.T, s store.Store) {
 		ctx := context.Background()
 		agent := session(t, s, store.SessionOptions{Name: "agent"})
 		step := session(t, s, store.SessionOptions{Name: "step"})
@@ -362,7 +387,7 @@ func TestTxnHandsALockOver(t *testing.T) {
 // anywhere; once anchored, the prefix's index moves only with changes under it. On
 // both stores the anchor is written once and left alone after.
 func TestAnchorSteadiesAnEmptyPrefix(t *testing.T) {
-	consultest.EachStore(t, func(t *testing.T, s store.Store) {
+	eachStore(t, func(t *testing.T, s store.Store) {
 		ctx := context.Background()
 		index := func(prefix string) uint64 {
 			t.Helper()
@@ -413,7 +438,7 @@ func TestAnchorSteadiesAnEmptyPrefix(t *testing.T) {
 // TestKeysTellWhatChanged: Keys names the keys List returns, with List's index, so the
 // same names and index mean nothing under the prefix was written or deleted since.
 func TestKeysTellWhatChanged(t *testing.T) {
-	consultest.EachStore(t, func(t *testing.T, s store.Store) {
+	eachStore(t, func(t *testing.T, s store.Store) {
 		ctx := context.Background()
 		n := 0
 		set := func(key string) {

@@ -1,0 +1,154 @@
+// Package torchtest names the PyTorch installations the end-to-end tests run on, so a
+// test whose outcome can differ between torch versions runs once on each (a matrix,
+// not a copy of the test):
+//
+//   - Debian bookworm's torch 1.13 (CPU, gloo) through $GANGRUN_PYTHON, else
+//     /usr/bin/python3;
+//   - torch 2.x from PyPI (requirements/torch2.txt) through $GANGRUN_PYTHON2, else the
+//     interpreter scripts/install-torch2.sh installs, found the way it finds it: the
+//     virtual environment ${XDG_CACHE_HOME:-~/.cache}/gangrun/torch2-<first 12 hex
+//     digits of the requirements file's sha256>.
+//
+// `make test` installs both and exports both variables. A missing installation fails
+// the test that asks for it, naming what to run; it never skips.
+package torchtest
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// Python is one interpreter with torch.
+type Python struct {
+	// Path is the interpreter's path.
+	Path string
+	// Version is torch.__version__ as it prints it ("1.13.0a0", "2.15.0+cu130").
+	Version string
+	// Bin is the directory holding the interpreter and the console scripts of its
+	// environment (torchrun for torch 2.x; Debian's torchrun is /usr/bin/torchrun).
+	Bin string
+}
+
+// Name is the subtest name of the installation: "torch" and its major.minor version,
+// "torch1.13", "torch2.15".
+func (p Python) Name() string {
+	v := p.Version
+	if i := strings.IndexAny(v, "+a"); i >= 0 {
+		v = v[:i]
+	}
+	parts := strings.SplitN(v, ".", 3)
+	if len(parts) >= 2 {
+		v = parts[0] + "." + parts[1]
+	}
+	return "torch" + v
+}
+
+// Major is torch's major version (1 or 2).
+func (p Python) Major() int {
+	if strings.HasPrefix(p.Version, "1.") {
+		return 1
+	}
+	return 2
+}
+
+// probes caches each interpreter's torch version (or the error importing it) for the
+// test binary's life: importing torch takes seconds.
+var probes sync.Map // path → *probe
+
+type probe struct {
+	once    sync.Once
+	version string
+	err     string
+}
+
+// Debian returns Debian's torch 1.13: $GANGRUN_PYTHON, else /usr/bin/python3.
+func Debian(t testing.TB) Python {
+	t.Helper()
+	py := os.Getenv("GANGRUN_PYTHON")
+	if py == "" {
+		py = "/usr/bin/python3"
+	}
+	return load(t, py, "`make test` installs Debian's python3-torch (scripts/install-deps.sh torch)")
+}
+
+// PyPI returns torch 2.x from PyPI: $GANGRUN_PYTHON2, else scripts/install-torch2.sh's
+// interpreter for this checkout's requirements/torch2.txt.
+func PyPI(t testing.TB) Python {
+	t.Helper()
+	py := os.Getenv("GANGRUN_PYTHON2")
+	if py == "" {
+		py = defaultPyPI(t)
+	}
+	return load(t, py, "`make test` installs it (scripts/install-torch2.sh)")
+}
+
+// All returns every installation, Debian's first.
+func All(t testing.TB) []Python {
+	t.Helper()
+	return []Python{Debian(t), PyPI(t)}
+}
+
+// Each runs fn as a subtest for every installation ("torch1.13", "torch2.15"), one after
+// the other (they would compete for this machine's CPUs).
+func Each(t *testing.T, fn func(t *testing.T, py Python)) {
+	t.Helper()
+	for _, py := range All(t) {
+		t.Run(py.Name(), func(t *testing.T) { fn(t, py) })
+	}
+}
+
+// defaultPyPI is where scripts/install-torch2.sh installs the interpreter.
+func defaultPyPI(t testing.TB) string {
+	t.Helper()
+	_, file, _, _ := runtime.Caller(0)
+	req := filepath.Join(filepath.Dir(file), "..", "..", "requirements", "torch2.txt")
+	data, err := os.ReadFile(req)
+	if err != nil {
+		t.Fatalf("torch 2.x: %v (GANGRUN_PYTHON2 names the interpreter otherwise)", err)
+	}
+	sum := sha256.Sum256(data)
+	cache := os.Getenv("XDG_CACHE_HOME")
+	if cache == "" {
+		home, _ := os.UserHomeDir()
+		cache = filepath.Join(home, ".cache")
+	}
+	return filepath.Join(cache, "gangrun", "torch2-"+hex.EncodeToString(sum[:])[:12], "bin", "python")
+}
+
+// load returns py's installation, importing torch once per test binary.
+func load(t testing.TB, py, install string) Python {
+	t.Helper()
+	v, _ := probes.LoadOrStore(py, &probe{})
+	p := v.(*probe)
+	p.once.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		out, err := exec.CommandContext(ctx, py, "-c", "import torch, torch.distributed; print(torch.__version__)").Output()
+		if err != nil {
+			msg := err.Error()
+			var ee *exec.ExitError
+			if errors.As(err, &ee) && len(ee.Stderr) > 0 {
+				lines := strings.Split(strings.TrimSpace(string(ee.Stderr)), "\n")
+				msg = lines[len(lines)-1]
+			}
+			p.err = msg
+			return
+		}
+		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+		p.version = lines[len(lines)-1]
+	})
+	if p.err != "" {
+		t.Fatalf("torch is needed: %s cannot import it (%s); %s", py, p.err, install)
+	}
+	return Python{Path: py, Version: p.version, Bin: filepath.Dir(py)}
+}
