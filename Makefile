@@ -18,8 +18,11 @@ export GANGRUN_PYTHON := $(PYTHON)
 PYTHON2   ?= $(shell scripts/install-torch2.sh --path)
 export GANGRUN_PYTHON2 := $(PYTHON2)
 
-VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
-LDFLAGS   := -X main.version=$(VERSION)
+# The release version is the VERSION file's (the root package embeds it); the commit is
+# given to the binary here, since Go records none where GOFLAGS has -buildvcs=false.
+VERSION   := $(shell cat VERSION)
+COMMIT    ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null)$(shell git diff --quiet HEAD -- 2>/dev/null || echo -dirty)
+LDFLAGS   := -X github.com/gangrun/gangrun.commit=$(COMMIT)
 
 # Where `make install` puts gangrun (docs/operations.md, "Install"): DESTDIR stages it
 # in a tree (packages, tests), PREFIX the rest. The agent's settings always go under
@@ -35,11 +38,10 @@ DOCDIR     ?= $(PREFIX)/share/doc/gangrun
 # gangrun, which answers to them by argv[0]: none until gangrun does (the Slurm
 # job-script issue); install and uninstall already make and remove these links.
 SLURM_LINKS :=
-# The Debian package's version (scripts/package-deb.sh). Until gangrun has release
-# versions (issue 27, part 2) it is 0~ and VERSION, the commit `make build` stamps into
-# main.version, with '-' made '.': it sorts before any release. Set it from the
-# release version when there is one.
-DEB_VERSION ?= 0~$(subst -,.,$(VERSION))
+# The Debian package's version (scripts/package-deb.sh): unset, the script takes the
+# release version (VERSION) on the commit tagged vVERSION with a clean tree, else
+# VERSION+git.COMMIT (a build after that release, sorting after it).
+DEB_VERSION ?=
 
 # What each target installs (scripts/install-deps.sh components). The demo runs on one
 # machine with the embedded coordinator: Debian's torch only, no Consul build. The tests start
@@ -49,12 +51,21 @@ DEMO_DEPS  := torch
 TEST_DEPS  := torch torch2 consul iproute2 prometheus chromium passwd munge
 BENCH_DEPS := torch consul
 
-.PHONY: all build install uninstall deb deps demo test test-short bench fuzz lint clean
+.PHONY: all build tag install uninstall deb deps demo test test-short bench fuzz lint clean
 
 all: build
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/gangrun
+	@$(BIN) version
+
+# Tags the commit checked out as release v$(VERSION) (an annotated tag; push it
+# yourself): refused on a tree with changes, or when the tag exists. Raise VERSION in a
+# commit of its own first; docs/operations.md ("Upgrades") says what a release promises.
+tag:
+	@git diff --quiet HEAD -- || { echo "make tag: the tree has uncommitted changes"; exit 1; }
+	@! git rev-parse -q --verify "refs/tags/v$(VERSION)" >/dev/null || { echo "make tag: v$(VERSION) exists: raise VERSION first"; exit 1; }
+	git tag -a "v$(VERSION)" -m "gangrun $(VERSION)"
 
 # The binary, the agent's systemd unit, its settings files (never over an operator's:
 # an existing agent.conf or agent.env is kept) and the operations guide with the
@@ -124,6 +135,7 @@ fuzz:
 	$(GO) test ./policy -run '^$$' -fuzz FuzzParse -fuzztime 30s
 	$(GO) test ./internal/jsonfile -run '^$$' -fuzz FuzzDecode -fuzztime 30s
 	$(GO) test ./internal/quote -run '^$$' -fuzz FuzzQ -fuzztime 30s
+	$(GO) test ./internal/schema -run '^$$' -fuzz FuzzOf -fuzztime 30s
 	$(GO) test ./internal/flagfile -run '^$$' -fuzz FuzzParse -fuzztime 30s
 	$(GO) test ./job -run '^$$' -fuzz FuzzParseTime -fuzztime 30s
 	$(GO) test ./job -run '^$$' -fuzz FuzzScriptOptions -fuzztime 30s

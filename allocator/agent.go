@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/gangrun/gangrun/event"
+	"github.com/gangrun/gangrun/internal/schema"
 	"github.com/gangrun/gangrun/internal/store"
 	"github.com/gangrun/gangrun/internal/userfile"
 	"github.com/gangrun/gangrun/topology"
@@ -47,6 +48,9 @@ type AgentConfig struct {
 	// Auth is how the agent knows who submits jobs (NodeRecord.Auth), shown by `gangrun
 	// nodes` and the status page.
 	Auth string
+	// Release is the agent's gangrun release (NodeRecord.Release), shown by `gangrun
+	// nodes` while a rolling upgrade has two releases in the cluster.
+	Release string
 	// Inventory is the node's topology.
 	Inventory *topology.Inventory
 	// NoScheduler keeps this agent out of the scheduler election.
@@ -214,7 +218,7 @@ func (a *Agent) record() (NodeRecord, []byte, error) {
 		return NodeRecord{}, nil, err
 	}
 	sum := sha256.Sum256(data)
-	r := NodeRecord{Name: a.cfg.Node, Addr: a.cfg.Addr, Labels: a.cfg.Labels, Auth: a.cfg.Auth, GPUs: len(inv.GPUs),
+	r := NodeRecord{Name: a.cfg.Node, Addr: a.cfg.Addr, Labels: a.cfg.Labels, Auth: a.cfg.Auth, Release: a.cfg.Release, GPUs: len(inv.GPUs),
 		InventoryHash: hex.EncodeToString(sum[:8]), Registered: time.Now().UTC(), Devices: inv.Allocatable()}
 	return r, data, nil
 }
@@ -235,7 +239,7 @@ func (a *Agent) register(ctx context.Context) (string, time.Time, error) {
 	}
 	_, err = a.s.Txn(ctx, []store.Op{
 		{Verb: store.Set, Key: inventoryPrefix + a.cfg.Node, Value: inv},
-		{Verb: store.Set, Key: nodesPrefix + a.cfg.Node, Value: mustJSON(rec)},
+		{Verb: store.Set, Key: nodesPrefix + a.cfg.Node, Value: mustRecord(schema.Node, rec)},
 		{Verb: store.Lock, Key: alivePrefix + a.cfg.Node, Value: []byte(a.cfg.Addr), Session: sess},
 	})
 	if err != nil {
@@ -342,7 +346,7 @@ func (a *Agent) publish(ctx context.Context, sess string) error {
 		_, err = a.s.Txn(ctx, []store.Op{
 			{Verb: store.CheckSession, Key: alivePrefix + a.cfg.Node, Session: sess},
 			{Verb: store.Set, Key: inventoryPrefix + a.cfg.Node, Value: inv},
-			{Verb: store.Set, Key: nodesPrefix + a.cfg.Node, Value: mustJSON(rec)},
+			{Verb: store.Set, Key: nodesPrefix + a.cfg.Node, Value: mustRecord(schema.Node, rec)},
 		})
 		if err != nil && ctx.Err() == nil {
 			return fmt.Errorf("publish inventory: %w", err)

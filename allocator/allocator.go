@@ -36,7 +36,6 @@
 package allocator
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"regexp"
@@ -48,6 +47,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/gangrun/gangrun/internal/quote"
+	"github.com/gangrun/gangrun/internal/schema"
 	"github.com/gangrun/gangrun/internal/store"
 	"github.com/gangrun/gangrun/topology"
 )
@@ -112,6 +112,10 @@ type NodeRecord struct {
 	// (MUNGE credentials), "acl" (Consul's ACL tokens only) or "none" (nothing
 	// checked: every local user may act as any other).
 	Auth string `json:"auth,omitempty"`
+	// Release is the gangrun release of the node's agent ("0.1.0", as `gangrun
+	// version` prints it; Slurm's slurmd version in `scontrol show node`); "" for an
+	// agent older than the field.
+	Release string `json:"release,omitempty"`
 }
 
 // Drain is an administrator's note that a node takes no new grants.
@@ -476,8 +480,9 @@ func parseGPUKey(key string) (node, dev string, ok bool) {
 	return node, dev, ok && node != "" && dev != ""
 }
 
-func mustJSON(v any) []byte {
-	b, err := json.Marshal(v)
+// mustRecord is v as a record of kind k (schema.Marshal: its schema version first).
+func mustRecord(k schema.Kind, v any) []byte {
+	b, err := schema.Marshal(k, v)
 	if err != nil {
 		panic(fmt.Sprintf("allocator: marshal %T: %v", v, err)) // only plain structs are marshalled
 	}

@@ -4,13 +4,13 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/gangrun/gangrun/internal/schema"
 	"github.com/gangrun/gangrun/internal/store"
 )
 
@@ -74,7 +74,7 @@ func Submit(ctx context.Context, s store.Store, r Request) (*Ticket, error) {
 	r.Submitted = time.Now().UTC()
 	if _, err := s.Txn(ctx, []store.Op{
 		{Verb: store.CheckNotExists, Key: requestsPrefix + r.ID},
-		{Verb: store.Lock, Key: requestsPrefix + r.ID, Value: mustJSON(r), Session: sess},
+		{Verb: store.Lock, Key: requestsPrefix + r.ID, Value: mustRecord(schema.Request, r), Session: sess},
 	}); err != nil {
 		_ = s.DestroySession(context.WithoutCancel(ctx), sess)
 		return nil, fmt.Errorf("submit request %s: %w", r.ID, err)
@@ -160,7 +160,9 @@ func (t *Ticket) Wait(ctx context.Context, progress func(reason string)) (Grant,
 					continue
 				}
 				var g Grant
-				if json.Unmarshal(e.Value, &g) != nil {
+				if err := schema.Unmarshal(schema.Grant, e.Value, &g); errors.Is(err, schema.ErrNewer) {
+					return Grant{}, fmt.Errorf("request %s: %w", t.req.ID, err)
+				} else if err != nil {
 					continue
 				}
 				switch g.State {
@@ -262,6 +264,9 @@ func Cancel(ctx context.Context, s store.Store, id string) error {
 	if err != nil {
 		return err
 	}
+	if err := c.newer(id); err != nil {
+		return err
+	}
 	session := ""
 	if r, ok := c.Requests[id]; ok && r.Durable() {
 		return fmt.Errorf("%s: %w", id, ErrJobRequest)
@@ -275,13 +280,28 @@ func Cancel(ctx context.Context, s store.Store, id string) error {
 	return release(ctx, s, id, session)
 }
 
-// Show returns the request and its grant (nil when not granted yet).
+// newer returns why request id or its grant cannot be read (written by a newer
+// gangrun: schema.ErrNewer), nil when both can.
+func (c *Cluster) newer(id string) error {
+	for _, k := range []string{requestsPrefix + id, grantsPrefix + id} {
+		if err := c.Newer[k]; err != nil {
+			return fmt.Errorf("%s: %w", id, err)
+		}
+	}
+	return nil
+}
+
+// Show returns the request and its grant (nil when not granted yet). An error wrapping
+// schema.ErrNewer when either was written by a newer gangrun.
 func Show(ctx context.Context, s store.Store, id string) (*PendingRequest, *Grant, error) {
 	if err := store.CheckSegment("id", id); err != nil {
 		return nil, nil, err
 	}
 	c, err := Snapshot(ctx, s)
 	if err != nil {
+		return nil, nil, err
+	}
+	if err := c.newer(id); err != nil {
 		return nil, nil, err
 	}
 	r, hasReq := c.Requests[id]
@@ -313,7 +333,9 @@ func SetDrain(ctx context.Context, s store.Store, node, reason string, also ...s
 }
 
 // DrainOps are the operations that drain node (reason required) or, with reason "",
-// return it to service. ErrNotFound for a node that never registered.
+// return it to service. ErrNotFound for a node that never registered. A drain a newer
+// gangrun wrote is neither replaced nor removed (an error wrapping schema.ErrNewer);
+// the operations apply only while the drain is as read.
 func DrainOps(ctx context.Context, s store.Store, node, reason string) ([]store.Op, error) {
 	if err := store.CheckSegment("node", node); err != nil {
 		return nil, err
@@ -325,9 +347,18 @@ func DrainOps(ctx context.Context, s store.Store, node, reason string) ([]store.
 	if e == nil {
 		return nil, fmt.Errorf("node %q: %w (registered nodes: gangrun nodes)", node, ErrNotFound)
 	}
+	guard := store.Op{Verb: store.CheckNotExists, Key: drainPrefix + node}
+	if d, err := s.Get(ctx, drainPrefix+node); err != nil {
+		return nil, err
+	} else if d != nil {
+		if err := schema.Check(schema.Drain, d.Value); errors.Is(err, schema.ErrNewer) {
+			return nil, fmt.Errorf("node %s: %w: drain and resume it with that gangrun", node, err)
+		}
+		guard = store.Op{Verb: store.CheckIndex, Key: drainPrefix + node, Index: d.ModifyIndex}
+	}
 	if reason == "" {
-		return []store.Op{{Verb: store.Delete, Key: drainPrefix + node}}, nil
+		return []store.Op{guard, {Verb: store.Delete, Key: drainPrefix + node}}, nil
 	}
 	d := Drain{Reason: strings.TrimSpace(reason), Since: time.Now().UTC()}
-	return []store.Op{{Verb: store.Set, Key: drainPrefix + node, Value: mustJSON(d)}}, nil
+	return []store.Op{guard, {Verb: store.Set, Key: drainPrefix + node, Value: mustRecord(schema.Drain, d)}}, nil
 }

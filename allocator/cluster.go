@@ -2,13 +2,14 @@ package allocator
 
 import (
 	"context"
-	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"sort"
 	"strings"
 	"sync"
 
+	"github.com/gangrun/gangrun/internal/schema"
 	"github.com/gangrun/gangrun/internal/store"
 	"github.com/gangrun/gangrun/topology"
 )
@@ -18,6 +19,11 @@ const (
 	NodeUp      = "up"
 	NodeDown    = "down"    // the agent's session is gone
 	NodeDrained = "drained" // an administrator drained it
+	// NodeInval: the node's record was written by a newer gangrun than this one
+	// (schema.NewerError): nothing is known of its devices, and nothing is placed on it
+	// by this scheduler. Slurm's sinfo shows "inval" for a node that registered with a
+	// configuration slurmctld cannot take.
+	NodeInval = "inval"
 )
 
 // NodeState is one node in a Cluster snapshot.
@@ -31,11 +37,17 @@ type NodeState struct {
 	Drain *Drain
 	// Held maps each held device ID to the grant holding it.
 	Held map[string]string
+	// Newer is why the node's record could not be read: written by a newer gangrun
+	// (a *schema.NewerError); nil otherwise. Record then holds the node's name only.
+	Newer error
 }
 
-// State returns NodeUp, NodeDown or NodeDrained (drained wins over up and down).
+// State returns NodeInval, NodeUp, NodeDown or NodeDrained (inval wins over all, drained
+// over up and down).
 func (n *NodeState) State() string {
 	switch {
+	case n.Newer != nil:
+		return NodeInval
 	case n.Drain != nil:
 		return NodeDrained
 	case n.Up:
@@ -78,6 +90,11 @@ type Cluster struct {
 	Orphans map[string]string
 	// Unknown are GPU keys on nodes that are not registered: key → grant id.
 	Unknown map[string]string
+	// Newer are the records under gangrun/cluster/ a newer gangrun wrote, which this one
+	// cannot read: key → why (a *schema.NewerError). They are left alone: a request is
+	// not placed, a grant not released nor its GPU keys taken for orphans, a node not
+	// placed on (NodeState.Newer), a drain taken as draining the node.
+	Newer map[string]error
 	// Index is the store index of the snapshot.
 	Index uint64
 	// gpuIndex is each GPU key's ModifyIndex in the snapshot: a key deleted on the
@@ -106,7 +123,7 @@ type decodeCache struct {
 type cachedRecord struct {
 	modify uint64
 	value  any
-	ok     bool
+	err    error
 }
 
 func newDecodeCache() *decodeCache { return &decodeCache{m: map[string]cachedRecord{}} }
@@ -114,17 +131,17 @@ func newDecodeCache() *decodeCache { return &decodeCache{m: map[string]cachedRec
 // parse is parseCluster with the cache; records no longer present are forgotten.
 func (d *decodeCache) parse(entries []store.Entry, index uint64) *Cluster {
 	seen := make(map[string]cachedRecord, len(d.m))
-	c := parseClusterWith(entries, index, func(e store.Entry, v any) bool {
+	c := parseClusterWith(entries, index, func(e store.Entry, k schema.Kind, v any) error {
 		if r, ok := d.m[e.Key]; ok && r.modify == e.ModifyIndex {
 			seen[e.Key] = r
-			if r.ok {
+			if r.err == nil {
 				loadCached(v, r.value)
 			}
-			return r.ok
+			return r.err
 		}
-		ok := json.Unmarshal(e.Value, v) == nil
-		seen[e.Key] = cachedRecord{modify: e.ModifyIndex, value: storeCached(v), ok: ok}
-		return ok
+		err := schema.Unmarshal(k, e.Value, v)
+		seen[e.Key] = cachedRecord{modify: e.ModifyIndex, value: storeCached(v), err: err}
+		return err
 	})
 	d.m = seen
 	return c
@@ -161,16 +178,25 @@ func loadCached(v, cached any) {
 }
 
 // parseCluster builds a Cluster from every key under gangrun/cluster/. Keys that do not
-// parse are ignored: a snapshot never fails on one bad record.
+// parse are ignored: a snapshot never fails on one bad record. Records a newer gangrun
+// wrote are kept in Cluster.Newer.
 func parseCluster(entries []store.Entry, index uint64) *Cluster {
-	return parseClusterWith(entries, index, func(e store.Entry, v any) bool { return json.Unmarshal(e.Value, v) == nil })
+	return parseClusterWith(entries, index, func(e store.Entry, k schema.Kind, v any) error { return schema.Unmarshal(k, e.Value, v) })
 }
 
-// parseClusterWith is parseCluster with decode(e, &record) doing the decoding.
-func parseClusterWith(entries []store.Entry, index uint64, decode func(e store.Entry, v any) bool) *Cluster {
+// parseClusterWith is parseCluster with decode(e, kind, &record) doing the decoding.
+func parseClusterWith(entries []store.Entry, index uint64, decode func(e store.Entry, k schema.Kind, v any) error) *Cluster {
 	c := &Cluster{Nodes: map[string]*NodeState{}, Requests: map[string]PendingRequest{},
-		Grants: map[string]Grant{}, Orphans: map[string]string{}, Unknown: map[string]string{}, Index: index,
+		Grants: map[string]Grant{}, Orphans: map[string]string{}, Unknown: map[string]string{}, Newer: map[string]error{}, Index: index,
 		gpuIndex: map[string]uint64{}}
+	// newer notes a record a newer gangrun wrote, and reports whether err says so.
+	newer := func(e store.Entry, err error) bool {
+		if errors.Is(err, schema.ErrNewer) {
+			c.Newer[e.Key] = err
+			return true
+		}
+		return false
+	}
 	node := func(name string) *NodeState {
 		n, ok := c.Nodes[name]
 		if !ok {
@@ -188,7 +214,12 @@ func parseClusterWith(entries []store.Entry, index uint64, decode func(e store.E
 		switch {
 		case strings.HasPrefix(e.Key, nodesPrefix):
 			var r NodeRecord
-			if decode(e, &r) && r.Name == strings.TrimPrefix(e.Key, nodesPrefix) {
+			name := strings.TrimPrefix(e.Key, nodesPrefix)
+			switch err := decode(e, schema.Node, &r); {
+			case newer(e, err):
+				n := node(name)
+				n.Record, n.Newer = NodeRecord{Name: name}, err
+			case err == nil && r.Name == name:
 				node(r.Name).Record = r
 			}
 		case strings.HasPrefix(e.Key, alivePrefix):
@@ -198,18 +229,28 @@ func parseClusterWith(entries []store.Entry, index uint64, decode func(e store.E
 			}
 		case strings.HasPrefix(e.Key, drainPrefix):
 			var d Drain
-			if decode(e, &d) {
+			switch err := decode(e, schema.Drain, &d); {
+			case newer(e, err):
+				// Drained for all this gangrun knows: placing work there could go
+				// against what the drain says.
+				d = Drain{Reason: err.Error()}
+				node(strings.TrimPrefix(e.Key, drainPrefix)).Drain = &d
+			case err == nil:
 				node(strings.TrimPrefix(e.Key, drainPrefix)).Drain = &d
 			}
 		case strings.HasPrefix(e.Key, requestsPrefix):
 			var r Request
-			if decode(e, &r) {
+			if err := decode(e, schema.Request, &r); err == nil {
 				c.Requests[r.ID] = PendingRequest{Request: r, Arrival: e.CreateIndex, Alive: requestHeld(e, r), Index: e.ModifyIndex}
+			} else {
+				newer(e, err)
 			}
 		case strings.HasPrefix(e.Key, grantsPrefix):
 			var g Grant
-			if decode(e, &g) {
+			if err := decode(e, schema.Grant, &g); err == nil {
 				c.Grants[g.ID] = g
+			} else {
+				newer(e, err)
 			}
 		case strings.HasPrefix(e.Key, gpusPrefix):
 			if n, d, ok := parseGPUKey(e.Key); ok && e.Session != "" {
@@ -226,7 +267,7 @@ func parseClusterWith(entries []store.Entry, index uint64, decode func(e store.E
 	for _, h := range gpus {
 		key := gpuKey(h.node, h.dev)
 		c.gpuIndex[key] = h.index
-		if _, ok := c.Grants[h.grant]; !ok {
+		if _, ok := c.Grants[h.grant]; !ok && c.Newer[grantsPrefix+h.grant] == nil {
 			c.Orphans[key] = h.session
 		}
 		if n, ok := c.Nodes[h.node]; ok {
@@ -270,9 +311,15 @@ type NodeStatus struct {
 	Labels   map[string]string `json:"labels"`
 	Addr     string            `json:"addr,omitempty"`
 	Model    string            `json:"gpu_model,omitempty"`
-	Reason   string            `json:"reason,omitempty"` // the drain reason
+	// Reason is the drain reason, or for a node in state inval why its record could
+	// not be read ("node record written by a newer gangrun (schema 2; this one reads up
+	// to 1)").
+	Reason string `json:"reason,omitempty"`
 	// Auth is how the node's agent knows who submits jobs (NodeRecord.Auth).
 	Auth string `json:"auth,omitempty"`
+	// Version is the gangrun release of the node's agent (NodeRecord.Release); "" for an
+	// agent that does not say (older than 0.1.0, or a record this gangrun cannot read).
+	Version string `json:"version,omitempty"`
 }
 
 // NodeList lists the registered nodes, sorted by name. GPUsTotal counts allocatable
@@ -282,7 +329,7 @@ func (c *Cluster) NodeList() []NodeStatus {
 	out := make([]NodeStatus, 0, len(c.Nodes))
 	for _, n := range c.Nodes {
 		st := NodeStatus{Name: n.Record.Name, State: n.State(), GPUsTotal: len(n.Record.Devices),
-			Labels: n.Record.Labels, Addr: n.Record.Addr, Auth: n.Record.Auth}
+			Labels: n.Record.Labels, Addr: n.Record.Addr, Auth: n.Record.Auth, Version: n.Record.Release}
 		if st.Labels == nil {
 			st.Labels = map[string]string{}
 		}
@@ -304,6 +351,17 @@ func (c *Cluster) NodeList() []NodeStatus {
 		}
 		if n.Drain != nil {
 			st.Reason = n.Drain.Reason
+		}
+		if n.Newer != nil {
+			// Its devices are unknown: what grants hold there is all that can be told.
+			st.Reason = n.Newer.Error()
+			for _, id := range n.Held {
+				st.GPUsUsed++
+				if !slices.Contains(st.Grants, id) {
+					st.Grants = append(st.Grants, id)
+				}
+			}
+			slices.Sort(st.Grants)
 		}
 		out = append(out, st)
 	}
@@ -359,8 +417,8 @@ func ReadStatus(ctx context.Context, s store.Store) (SchedulerStatus, error) {
 	if err != nil || e == nil {
 		return st, err
 	}
-	if err := json.Unmarshal(e.Value, &st); err != nil {
-		return st, fmt.Errorf("scheduler status: %w", err)
+	if err := schema.Unmarshal(schema.Status, e.Value, &st); err != nil {
+		return SchedulerStatus{}, fmt.Errorf("%s: %w", statusKey, err)
 	}
 	return st, nil
 }
@@ -453,8 +511,8 @@ func nodeRecord(ctx context.Context, s store.Store, node string) (*NodeRecord, e
 		return nil, err
 	}
 	var r NodeRecord
-	if err := json.Unmarshal(e.Value, &r); err != nil {
-		return nil, fmt.Errorf("node record %s: %w", node, err)
+	if err := schema.Unmarshal(schema.Node, e.Value, &r); err != nil {
+		return nil, fmt.Errorf("node %s: %w", node, err)
 	}
 	return &r, nil
 }

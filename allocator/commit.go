@@ -2,7 +2,6 @@ package allocator
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -10,6 +9,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/gangrun/gangrun/internal/schema"
 	"github.com/gangrun/gangrun/internal/store"
 )
 
@@ -128,12 +128,14 @@ func newGrantWrite(r PendingRequest, nodes []GrantNode) grantWrite {
 	// none), unchanged since it was read.
 	w.held = store.Op{Verb: store.CheckSession, Key: requestsPrefix + r.ID, Session: r.Session}
 	w.write = func(g Grant) store.Op {
-		return store.Op{Verb: store.Lock, Key: w.key, Value: mustJSON(g), Session: r.Session}
+		return store.Op{Verb: store.Lock, Key: w.key, Value: mustRecord(schema.Grant, g), Session: r.Session}
 	}
 	w.stillPending = store.Op{Verb: store.CheckSession, Key: w.key, Session: r.Session}
 	if r.Durable() {
 		w.held = store.Op{Verb: store.CheckIndex, Key: requestsPrefix + r.ID, Index: r.Index}
-		w.write = func(g Grant) store.Op { return store.Op{Verb: store.Set, Key: w.key, Value: mustJSON(g)} }
+		w.write = func(g Grant) store.Op {
+			return store.Op{Verb: store.Set, Key: w.key, Value: mustRecord(schema.Grant, g)}
+		}
 		w.stillPending = store.Op{Verb: store.Get, Key: w.key}
 	}
 	return w
@@ -291,7 +293,7 @@ func (sc *Scheduler) flush(ctx context.Context, b *grantBatch) ([]batchResult, e
 		return nil, err
 	}
 	var cur Grant
-	if json.Unmarshal(e.Value, &cur) == nil && cur.State == GrantGranted && e.Session == first.r.Session {
+	if schema.Unmarshal(schema.Grant, e.Value, &cur) == nil && cur.State == GrantGranted && e.Session == first.r.Session {
 		sc.log.Info("grants applied although their commit got no answer", zap.Int("grants", len(items)), zap.Error(err))
 		return out, nil
 	}
@@ -310,7 +312,7 @@ func (sc *Scheduler) settle(ctx context.Context, r PendingRequest, grantKey stri
 		return err
 	}
 	var cur Grant
-	if json.Unmarshal(e.Value, &cur) == nil && cur.State == GrantGranted && e.Session == r.Session {
+	if schema.Unmarshal(schema.Grant, e.Value, &cur) == nil && cur.State == GrantGranted && e.Session == r.Session {
 		sc.log.Info("grant applied although its commit got no answer", zap.String("grant", r.ID), zap.Error(err))
 		return nil
 	}
@@ -327,8 +329,8 @@ func (sc *Scheduler) requestStands(ctx context.Context, id string) bool {
 		return false
 	}
 	var r Request
-	if json.Unmarshal(e.Value, &r) != nil {
-		return false
+	if err := schema.Unmarshal(schema.Request, e.Value, &r); err != nil {
+		return errors.Is(err, schema.ErrNewer) // a newer gangrun's request: left alone
 	}
 	alive := requestHeld(*e, r)
 	if alive {
@@ -367,7 +369,7 @@ func (sc *Scheduler) refuse(ctx context.Context, r PendingRequest, reason string
 	g := Grant{ID: r.ID, State: GrantRefused, Reason: reason, Session: r.Session}
 	err := sc.txn(ctx, []store.Op{
 		{Verb: store.CheckSession, Key: requestsPrefix + r.ID, Session: r.Session},
-		{Verb: store.Lock, Key: grantsPrefix + r.ID, Value: mustJSON(g), Session: r.Session},
+		{Verb: store.Lock, Key: grantsPrefix + r.ID, Value: mustRecord(schema.Grant, g), Session: r.Session},
 	})
 	if errors.Is(err, store.ErrTxnRejected) {
 		return nil // the requester left meanwhile
@@ -381,10 +383,15 @@ func (sc *Scheduler) refuse(ctx context.Context, r PendingRequest, reason string
 // cleanup rolls back what a dead scheduler or an interrupted release left, and removes
 // it from c: pending grants (no commit is in progress outside Pass), grants and GPU keys
 // of requests that are gone, and GPU keys without a grant. It returns the ids of the
-// granted grants it removed (their request is gone or no longer held).
+// granted grants it removed (their request is gone or no longer held). What a newer
+// gangrun wrote (c.Newer) is not gone: a grant of a newer request, and the GPU keys of
+// a newer grant, stay.
 func (sc *Scheduler) cleanup(ctx context.Context, c *Cluster) (expired []string, err error) {
 	var dels []store.Op
 	for id, g := range c.Grants {
+		if c.Newer[requestsPrefix+id] != nil {
+			continue
+		}
 		r, ok := c.Requests[id]
 		if g.State == GrantGranted && (!ok || !r.Alive) && sc.requestStands(ctx, id) {
 			// The watches' views of requests and grants can be of different moments: a

@@ -22,6 +22,7 @@ type Checker func(r Request, n *NodeState) (reason string)
 // ("Resources: ...; 2 down; 1 drained"), quoted by docs/placement.md and the tests.
 const (
 	reasonDown      = "down"
+	reasonInval     = "inval (a newer gangrun's record)"
 	reasonDrained   = "drained"
 	reasonPartition = "other partition"
 	reasonLabels    = "labels"
@@ -30,10 +31,14 @@ const (
 	reasonExcluded  = "excluded"
 )
 
-// checkUp rules out a node whose agent is gone (its alive key is not held).
+// checkUp rules out a node whose agent is gone (its alive key is not held), and one
+// whose record a newer gangrun wrote (NodeInval): what it has is unknown here.
 func checkUp(_ Request, n *NodeState) string {
-	if n.State() == NodeDown {
+	switch n.State() {
+	case NodeDown:
 		return reasonDown
+	case NodeInval:
+		return reasonInval
 	}
 	return ""
 }

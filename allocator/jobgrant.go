@@ -2,12 +2,12 @@ package allocator
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
 	"time"
 
+	"github.com/gangrun/gangrun/internal/schema"
 	"github.com/gangrun/gangrun/internal/store"
 )
 
@@ -40,7 +40,7 @@ func ReadGrant(ctx context.Context, s store.Store, id string) (*Grant, uint64, e
 		return nil, 0, err
 	}
 	var g Grant
-	if err := json.Unmarshal(e.Value, &g); err != nil {
+	if err := schema.Unmarshal(schema.Grant, e.Value, &g); err != nil {
 		return nil, 0, fmt.Errorf("grant %s: %w", id, err)
 	}
 	return &g, e.ModifyIndex, nil
@@ -81,7 +81,7 @@ func HandOver(ctx context.Context, s store.Store, id, node, session string) (Gra
 				store.Op{Verb: store.Lock, Key: k, Value: []byte(id), Session: session})
 		}
 		g.Nodes[i].Session = session
-		ops = append(ops, store.Op{Verb: store.Set, Key: grantsPrefix + id, Value: mustJSON(g)})
+		ops = append(ops, store.Op{Verb: store.Set, Key: grantsPrefix + id, Value: mustRecord(schema.Grant, g)})
 		_, err = s.Txn(ctx, ops)
 		switch {
 		case err == nil:
@@ -122,7 +122,7 @@ func ReleaseNode(ctx context.Context, s store.Store, id, node, session string) e
 			}
 		}
 		g.Nodes = slices.Delete(g.Nodes, i, i+1)
-		ops = append(ops, store.Op{Verb: store.Set, Key: grantsPrefix + id, Value: mustJSON(g)})
+		ops = append(ops, store.Op{Verb: store.Set, Key: grantsPrefix + id, Value: mustRecord(schema.Grant, g)})
 		_, err = s.Txn(ctx, ops)
 		switch {
 		case err == nil:
@@ -154,6 +154,11 @@ func ReleaseJob(ctx context.Context, s store.Store, id string) error {
 // another job since is that job's), the grant only at the index read now, and a key c
 // did not show is left without a grant, which the scheduler's clean-up removes.
 func ReleaseJobIn(ctx context.Context, s store.Store, c *Cluster, id string) error {
+	for _, k := range []string{grantsPrefix + id, requestsPrefix + id} {
+		if err := c.Newer[k]; err != nil {
+			return fmt.Errorf("release job grant %s: %s: %w", id, k, err) // left to a gangrun that reads it
+		}
+	}
 	var ops []store.Op
 	if e, err := s.Get(ctx, grantsPrefix+id); err != nil {
 		return err
@@ -218,6 +223,6 @@ func JobRequestOps(r Request) ([]store.Op, error) {
 	}
 	return []store.Op{
 		{Verb: store.CheckNotExists, Key: requestsPrefix + r.ID},
-		{Verb: store.Set, Key: requestsPrefix + r.ID, Value: mustJSON(r)},
+		{Verb: store.Set, Key: requestsPrefix + r.ID, Value: mustRecord(schema.Request, r)},
 	}, nil
 }

@@ -2,13 +2,13 @@ package allocator
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"sort"
 	"time"
 
 	"go.uber.org/zap"
 
+	"github.com/gangrun/gangrun/internal/schema"
 	"github.com/gangrun/gangrun/internal/store"
 	"github.com/gangrun/gangrun/policy"
 )
@@ -125,11 +125,15 @@ func heldBy(c *Cluster) *policy.Held {
 // held them since the last pass (from its grant time when later), and writes the record
 // every UsageFlushInterval, fenced like every write of the scheduler. A grant released
 // between two passes loses the time since the last pass: passes come at least every
-// PolicyRecalc while a policy is set.
+// PolicyRecalc while a policy is set. A stored usage a newer gangrun wrote is left as
+// it is: the passes count from nothing, and write nothing.
 func (sc *Scheduler) account(ctx context.Context, now time.Time, c *Cluster) error {
 	if sc.usage == nil {
 		u, err := policy.LoadUsage(ctx, sc.s)
-		if err != nil {
+		if errors.Is(err, schema.ErrNewer) {
+			sc.log.Warn("fair-share counts from now, and the usage is not written: "+err.Error(), zap.String("key", policy.UsageKey))
+			u, sc.usageNewer = policy.NewUsage(), err
+		} else if err != nil {
 			return err
 		}
 		sc.usage, sc.usageSaved = u, now
@@ -155,10 +159,10 @@ func (sc *Scheduler) account(ctx context.Context, now time.Time, c *Cluster) err
 			}
 		}
 	}
-	if now.Sub(sc.usageSaved) < UsageFlushInterval {
+	if now.Sub(sc.usageSaved) < UsageFlushInterval || sc.usageNewer != nil {
 		return nil
 	}
-	b, err := json.Marshal(sc.usage)
+	b, err := schema.Marshal(schema.Usage, sc.usage)
 	if err != nil {
 		return err
 	}

@@ -2,7 +2,6 @@ package allocator
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -13,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/gangrun/gangrun/event"
+	"github.com/gangrun/gangrun/internal/schema"
 	"github.com/gangrun/gangrun/internal/store"
 	"github.com/gangrun/gangrun/policy"
 	"github.com/gangrun/gangrun/topology"
@@ -73,6 +73,9 @@ type Scheduler struct {
 	pol        *policy.Policy
 	usage      *policy.Usage
 	usageSaved time.Time
+	// usageNewer is why the stored usage could not be read (a newer gangrun wrote it):
+	// the passes then rank with the usage of this leadership only, and never write it.
+	usageNewer error
 }
 
 // NewScheduler returns a scheduler acting under cfg.Session, which must hold the leader
@@ -479,7 +482,7 @@ func (sc *Scheduler) publish(ctx context.Context, st SchedulerStatus) error {
 		return nil
 	}
 	st.Updated = sc.now().UTC()
-	b, err := json.Marshal(st)
+	b, err := schema.Marshal(schema.Status, st)
 	if err != nil {
 		return err
 	}

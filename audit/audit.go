@@ -26,6 +26,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/gangrun/gangrun/allocator"
+	"github.com/gangrun/gangrun/internal/schema"
 	"github.com/gangrun/gangrun/internal/store"
 )
 
@@ -175,7 +176,7 @@ func Op(e Entry) store.Op {
 	if e.Host == "" {
 		e.Host, _ = os.Hostname()
 	}
-	b, _ := json.Marshal(e)
+	b, _ := schema.Marshal(schema.AuditEntry, e)
 	return store.Op{Verb: store.Set, Key: key(e), Value: b}
 }
 
@@ -188,21 +189,33 @@ func Write(ctx context.Context, s store.Store, e Entry) error {
 }
 
 // List returns the entries at or after since, oldest first, of user (the Unix user or
-// the token's user; "" for everyone). Entries that do not decode are skipped.
+// the token's user; "" for everyone). Entries that do not decode are skipped, and so
+// are those a newer gangrun wrote (ListAll counts them).
 func List(ctx context.Context, s store.Store, since time.Time, user string) ([]Entry, error) {
+	out, _, err := ListAll(ctx, s, since, user)
+	return out, err
+}
+
+// ListAll is List, and why each entry of the days from since's on that a newer gangrun
+// wrote was left out (errors wrapping schema.ErrNewer: who wrote them cannot be told).
+func ListAll(ctx context.Context, s store.Store, since time.Time, user string) ([]Entry, []error, error) {
 	entries, _, err := s.List(ctx, Prefix)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	sinceDay := since.UTC().Format(dayLayout)
 	var out []Entry
+	var newer []error
 	for _, kv := range entries {
 		day, _, _ := strings.Cut(strings.TrimPrefix(kv.Key, Prefix), "/")
 		if !since.IsZero() && day < sinceDay {
 			continue
 		}
 		var e Entry
-		if json.Unmarshal(kv.Value, &e) != nil || e.At.Before(since) {
+		if err := schema.Unmarshal(schema.AuditEntry, kv.Value, &e); errors.Is(err, schema.ErrNewer) {
+			newer = append(newer, fmt.Errorf("%s: %w", kv.Key, err))
+			continue
+		} else if err != nil || e.At.Before(since) {
 			continue
 		}
 		if user != "" && e.User != user && e.Token != "user:"+user {
@@ -210,7 +223,7 @@ func List(ctx context.Context, s store.Store, since time.Time, user string) ([]E
 		}
 		out = append(out, e)
 	}
-	return out, nil
+	return out, newer, nil
 }
 
 // Purge deletes the days of entries before before's day and returns how many days it

@@ -2,7 +2,6 @@ package bench
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -10,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gangrun/gangrun/internal/schema"
 	"github.com/gangrun/gangrun/internal/store"
 )
 
@@ -263,7 +263,7 @@ func (n *NodeSweep) meet(ctx context.Context) ([]Node, error) {
 		return nil, fmt.Errorf("pairwise sweep %s: %s: %w", n.JobID, what, err)
 	}
 	if n.NodeRank == 0 {
-		b, _ := json.Marshal(sweepRecord{Status: sweepGathering, NNodes: n.NNodes})
+		b, _ := schema.Marshal(schema.BenchSweep, sweepRecord{Status: sweepGathering, NNodes: n.NNodes})
 		if _, err := n.Store.Txn(ctx, []store.Op{
 			{Verb: store.DeleteTree, Key: k.dir()},
 			{Verb: store.Set, Key: k.sweep(), Value: b},
@@ -281,7 +281,7 @@ func (n *NodeSweep) meet(ctx context.Context) ([]Node, error) {
 	if rec.NNodes != n.NNodes {
 		return nil, fmt.Errorf("pairwise sweep %s: node rank 0 opened a sweep of %d nodes, this node was told %d", n.JobID, rec.NNodes, n.NNodes)
 	}
-	b, _ := json.Marshal(checkIn{Node: n.Self, NodeRank: n.NodeRank})
+	b, _ := schema.Marshal(schema.BenchNode, checkIn{Node: n.Self, NodeRank: n.NodeRank})
 	if _, err := n.Store.Txn(ctx, []store.Op{{Verb: store.Set, Key: k.node(n.NodeRank), Value: b}}); err != nil {
 		return fail("check in", err)
 	}
@@ -293,7 +293,7 @@ func (n *NodeSweep) meet(ctx context.Context) ([]Node, error) {
 		if err != nil {
 			return fail("gather the nodes", err)
 		}
-		b, _ := json.Marshal(sweepRecord{Status: sweepReady, NNodes: n.NNodes, Nodes: nodes})
+		b, _ := schema.Marshal(schema.BenchSweep, sweepRecord{Status: sweepReady, NNodes: n.NNodes, Nodes: nodes})
 		if _, err := n.Store.Txn(ctx, []store.Op{{Verb: store.Set, Key: k.sweep(), Value: b}}); err != nil {
 			return fail("publish the node list", err)
 		}
@@ -324,7 +324,7 @@ func (n *NodeSweep) awaitSweep(ctx context.Context, w *store.Watcher, status str
 				continue
 			}
 			var rec sweepRecord
-			if err := json.Unmarshal(e.Value, &rec); err != nil {
+			if err := schema.Unmarshal(schema.BenchSweep, e.Value, &rec); err != nil {
 				return sweepRecord{}, fmt.Errorf("sweep key %s: %w", key, err)
 			}
 			if rec.Status == status || rec.Status == sweepReady {
@@ -346,7 +346,7 @@ func (n *NodeSweep) gather(ctx context.Context) ([]Node, error) {
 		}
 		for _, e := range entries {
 			var c checkIn
-			if err := json.Unmarshal(e.Value, &c); err != nil {
+			if err := schema.Unmarshal(schema.BenchNode, e.Value, &c); err != nil {
 				return nil, fmt.Errorf("check-in %s: %w", e.Key, err)
 			}
 			if c.NodeRank < 0 || c.NodeRank >= n.NNodes || e.Key != n.keys().node(c.NodeRank) {
@@ -488,7 +488,7 @@ func (n *NodeSweep) post(ctx context.Context, r int, p Pair, nodes []Node, res *
 	if o.Error != "" {
 		mark = markFailed
 	}
-	val, err := json.Marshal(o)
+	val, err := schema.Marshal(schema.BenchPair, o)
 	if err != nil {
 		return false, fmt.Errorf("pair %s–%s: encode the outcome: %w", a, b, err)
 	}
@@ -572,7 +572,7 @@ func (n *NodeSweep) read(ctx context.Context, p Pair, nodes []Node) (PairResult,
 		return PairResult{}, fmt.Errorf("pair %s–%s: marked done, but its outcome %s is missing", a, b, n.keys().pair(a, b))
 	}
 	var o outcome
-	if err := json.Unmarshal(e.Value, &o); err != nil {
+	if err := schema.Unmarshal(schema.BenchPair, e.Value, &o); err != nil {
 		return PairResult{}, fmt.Errorf("pair %s–%s: outcome %s: %w", a, b, e.Key, err)
 	}
 	pr := PairResult{Pair: p}

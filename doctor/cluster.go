@@ -2,7 +2,7 @@ package doctor
 
 import (
 	"context"
-	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gangrun/gangrun/allocator"
+	"github.com/gangrun/gangrun/internal/schema"
 	"github.com/gangrun/gangrun/internal/store"
 )
 
@@ -196,18 +197,13 @@ func isThisHost(host string) bool {
 	return false
 }
 
-// versionKey is the field of a node record that carries its agent's gangrun version.
-//
-// TODO(issue 27, part 2): the versions work adds the release version to the node
-// records; this reads a "version" string field, and says so when no record has one.
-// Match the field name and the compatibility rule (which versions may share a
-// cluster) to what it builds.
-const versionKey = "version"
-
-// version compares this binary's version with the versions the registered agents'
-// node records carry: this node's own agent running another version, or agents of
-// several versions, warn (an upgrade under way, or one left half done); records with
-// no version are said so.
+// version compares this binary's release (gangrun.Version) with the releases the
+// registered agents' node records carry (allocator.NodeRecord.Release, read through
+// internal/schema as every reader of the records does): this node's own agent running
+// another release, or agents of several releases, warn (an upgrade under way, or one
+// left half done: docs/operations.md, "Upgrades"); records with no release (agents of
+// before 0.1.0) are said so, and a record of a newer schema than this binary reads
+// counts as a newer release's.
 func (r *run) version(ctx context.Context) Result {
 	if r.cfg.Consul == nil || !r.consulUp {
 		return Result{Status: Skip, Detail: fmt.Sprintf("this binary is %s; the cluster's versions not read: Consul does not answer", r.cfg.Version)}
@@ -224,9 +220,16 @@ func (r *run) version(ctx context.Context) Result {
 		if strings.Contains(node, "/") {
 			continue
 		}
-		var rec map[string]json.RawMessage
-		var v string
-		if json.Unmarshal(e.Value, &rec) != nil || json.Unmarshal(rec[versionKey], &v) != nil || v == "" {
+		var rec allocator.NodeRecord
+		v := ""
+		var newer *schema.NewerError
+		switch err := schema.Unmarshal(schema.Node, e.Value, &rec); {
+		case errors.As(err, &newer):
+			v = fmt.Sprintf("a newer release (node record schema %d)", newer.Got)
+		case err == nil:
+			v = rec.Release
+		}
+		if v == "" {
 			unversioned = append(unversioned, node)
 			continue
 		}
@@ -243,7 +246,7 @@ func (r *run) version(ctx context.Context) Result {
 		if len(unversioned) == 1 {
 			records = "the registered agent's record carries"
 		}
-		return Result{Status: Skip, Detail: fmt.Sprintf("this binary is %s; %s no version (agents from before release versions)", r.cfg.Version, records)}
+		return Result{Status: Skip, Detail: fmt.Sprintf("this binary is %s; %s no version (agents of before 0.1.0, the first release)", r.cfg.Version, records)}
 	}
 	var parts []string
 	var versions []string

@@ -86,7 +86,8 @@ type Config struct {
 	AdvertiseAddr string
 	// TopologyFile is the agent's --topology-file; "" when it probes.
 	TopologyFile string
-	// Version is this binary's version (main.version).
+	// Version is this binary's release (gangrun.Version: "0.1.0"), compared with the
+	// releases the agents' node records carry (allocator.NodeRecord.Release).
 	Version string
 	// SysfsRoot and NVML are where the node is probed: "" and nil for this machine;
 	// tests pass sysfs fixture trees and go-nvml's mock servers

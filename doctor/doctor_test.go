@@ -17,8 +17,10 @@ import (
 	"github.com/hashicorp/consul/api"
 
 	"github.com/gangrun/gangrun/acl"
+	"github.com/gangrun/gangrun/allocator"
 	"github.com/gangrun/gangrun/internal/consultest"
 	"github.com/gangrun/gangrun/internal/mungetest"
+	"github.com/gangrun/gangrun/internal/schema"
 	"github.com/gangrun/gangrun/internal/store"
 	"github.com/gangrun/gangrun/topology"
 )
@@ -356,9 +358,11 @@ func TestClockOutcome(t *testing.T) {
 	}
 }
 
-// TestDoctorVersions: the versions the registered agents' node records carry, against
-// this binary's: none carrying one is said so; agents of this version are fine; one of
-// another version, or this node's own agent on another, warns.
+// TestDoctorVersions: the releases the registered agents' node records carry
+// (allocator.NodeRecord.Release, as an agent registers it), against this binary's: none
+// carrying one (agents of before 0.1.0) is said so; agents of this release are fine;
+// one of another release, one whose record is of a newer schema than this binary reads,
+// or this node's own agent on another release, warns.
 func TestDoctorVersions(t *testing.T) {
 	agent := consultest.Start(t)
 	s := consultest.ConsulStore(t, agent)
@@ -370,23 +374,36 @@ func TestDoctorVersions(t *testing.T) {
 		}
 	}
 	check := func() Result {
-		r := &run{cfg: Config{Consul: s, Node: "n1", Version: "v2"}, consulUp: true}
+		r := &run{cfg: Config{Consul: s, Node: "n1", Version: "0.2.0"}, consulUp: true}
 		res := r.version(context.Background())
 		res.Check = "version"
 		return res
 	}
-	want(t, check(), OK, "this binary is v2; no agent has registered yet")
+	want(t, check(), OK, "this binary is 0.2.0; no agent has registered yet")
 	put("n1", `{"name": "n1"}`)
 	put("n2", `{"name": "n2"}`)
-	want(t, check(), Skip, "the 2 registered agents' records carry no version")
-	put("n1", `{"name": "n1", "version": "v2"}`)
-	put("n2", `{"name": "n2", "version": "v2"}`)
-	want(t, check(), OK, "the registered agents: v2 on 2 (n1, n2)")
-	put("n2", `{"name": "n2", "version": "v1"}`)
-	want(t, check(), Warn, "v1 on 1 (n2), v2 on 1 (n1)")
-	put("n1", `{"name": "n1", "version": "v1"}`)
+	want(t, check(), Skip, "the 2 registered agents' records carry no version (agents of before 0.1.0")
+	// As an agent registers: the schema first, the release in "release".
+	reg := func(node, release string) {
+		t.Helper()
+		b, err := schema.Marshal(schema.Node, allocator.NodeRecord{Name: node, Release: release})
+		if err != nil {
+			t.Fatal(err)
+		}
+		put(node, string(b))
+	}
+	reg("n1", "0.2.0")
+	reg("n2", "0.2.0")
+	want(t, check(), OK, "the registered agents: 0.2.0 on 2 (n1, n2)")
+	reg("n2", "0.1.0")
+	want(t, check(), Warn, "0.1.0 on 1 (n2), 0.2.0 on 1 (n1)")
+	put("n2", `{"schema": 99, "name": "n2", "release": "9.0.0"}`)
+	want(t, check(), Warn, "0.2.0 on 1 (n1), a newer release (node record schema 99) on 1 (n2)")
+	put("n2", `{"name": "n2"}`)
+	want(t, check(), Warn, "0.2.0 on 1 (n1), no version on 1 (n2)")
+	reg("n1", "0.1.0")
 	res := check()
-	want(t, res, Warn, "the agent registered as n1 runs v1")
+	want(t, res, Warn, "the agent registered as n1 runs 0.1.0")
 	if !strings.Contains(res.Fix, "systemctl restart gangrun-agent") {
 		t.Errorf("fix %q", res.Fix)
 	}

@@ -2,7 +2,6 @@ package job
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -15,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/gangrun/gangrun/allocator"
+	"github.com/gangrun/gangrun/internal/schema"
 	"github.com/gangrun/gangrun/internal/store"
 )
 
@@ -175,7 +175,7 @@ func RecordOf(j Job) Record {
 // its state final.
 func recordOp(j Job) store.Op {
 	r := RecordOf(j)
-	b, _ := json.Marshal(r)
+	b, _ := schema.Marshal(schema.AcctRecord, r)
 	return store.Op{Verb: store.Set, Key: acctJobKey(dayOf(r.Ended), r.ID), Value: b}
 }
 
@@ -257,8 +257,8 @@ func prefixRecords(ctx context.Context, s store.Store, prefix string) ([]storedR
 	out := make([]storedRecord, 0, len(entries))
 	for _, e := range entries {
 		var r Record
-		if json.Unmarshal(e.Value, &r) == nil {
-			out = append(out, storedRecord{r, e.Key})
+		if schema.Unmarshal(schema.AcctRecord, e.Value, &r) == nil {
+			out = append(out, storedRecord{r, e.Key}) // a newer gangrun's is left out, and stays
 		}
 	}
 	return out, idx, nil
@@ -273,7 +273,7 @@ func WriteRecord(ctx context.Context, s store.Store, r Record) error {
 	if r.Ended.IsZero() {
 		return errors.New("accounting record of job " + r.ID + ": no end time")
 	}
-	b, _ := json.Marshal(r)
+	b, _ := schema.Marshal(schema.AcctRecord, r)
 	_, err := s.Txn(ctx, []store.Op{{Verb: store.Set, Key: acctJobKey(dayOf(r.Ended), r.ID), Value: b}})
 	return err
 }
@@ -336,17 +336,31 @@ func (ro *Rollup) Add(r Record) {
 // rollups and deletes the rollups of days before now − RollupRetention. Each
 // transaction adds a batch of records to their day's rollup (check-and-set) and deletes
 // them, behind fence (the leader's check): a record is counted once, whoever folds,
-// and never lost. It returns how many records it folded.
-func Fold(ctx context.Context, s store.Store, fence []store.Op, cutoff, now time.Time) (int, error) {
-	folded := 0
+// and never lost. It returns how many records it folded. A day whose rollup a newer
+// gangrun wrote is skipped: nothing is folded into it (it goes past RollupRetention, by
+// its day, as every rollup), and an error wrapping schema.ErrNewer says so once every
+// other day is done.
+func Fold(ctx context.Context, s store.Store, fence []store.Op, cutoff, now time.Time) (folded int, err error) {
 	oldest := dayStart(now.Add(-RollupRetention))
+	var newer error // a day whose rollup a newer gangrun wrote: skipped, and said at the end
 	for d := oldest; !d.After(cutoff); d = d.AddDate(0, 0, 1) {
 		n, err := foldDay(ctx, s, fence, dayOf(d), cutoff)
 		folded += n
+		if errors.Is(err, schema.ErrNewer) {
+			if newer == nil {
+				newer = err
+			}
+			continue
+		}
 		if err != nil {
 			return folded, err
 		}
 	}
+	defer func() {
+		if err == nil {
+			err = newer
+		}
+	}()
 	entries, _, err := s.List(ctx, acctDailyPrefix)
 	if err != nil {
 		return folded, err
@@ -393,7 +407,9 @@ func foldDay(ctx context.Context, s store.Store, fence []store.Op, day string, c
 		}
 		ro, idx := Rollup{Day: day}, uint64(0)
 		if e != nil {
-			if err := json.Unmarshal(e.Value, &ro); err != nil {
+			if err := schema.Unmarshal(schema.AcctRollup, e.Value, &ro); err != nil {
+				// A newer gangrun's rollup is not overwritten: its day's records wait
+				// for a gangrun that reads it.
 				return folded, fmt.Errorf("rollup %s: %w", day, err)
 			}
 			idx = e.ModifyIndex
@@ -401,7 +417,7 @@ func foldDay(ctx context.Context, s store.Store, fence []store.Op, day string, c
 		for _, r := range batch {
 			ro.Add(r.Record)
 		}
-		b, _ := json.Marshal(ro)
+		b, _ := schema.Marshal(schema.AcctRollup, ro)
 		ops := append(slices.Clone(fence), store.Op{Verb: store.CAS, Key: acctDailyKey(day), Value: b, Index: idx})
 		for _, r := range batch {
 			ops = append(ops, store.Op{Verb: store.Delete, Key: r.key})
@@ -431,7 +447,7 @@ func Rollups(ctx context.Context, s store.Store, since, until time.Time) ([]Roll
 			continue
 		}
 		var ro Rollup
-		if json.Unmarshal(e.Value, &ro) == nil {
+		if schema.Unmarshal(schema.AcctRollup, e.Value, &ro) == nil {
 			out = append(out, ro)
 		}
 	}

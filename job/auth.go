@@ -15,6 +15,7 @@ import (
 	"github.com/gangrun/gangrun/audit"
 	"github.com/gangrun/gangrun/identity"
 	"github.com/gangrun/gangrun/internal/proc"
+	"github.com/gangrun/gangrun/internal/schema"
 	"github.com/gangrun/gangrun/internal/store"
 	"github.com/gangrun/gangrun/rendezvous"
 )
@@ -128,7 +129,7 @@ func authOps(ctx context.Context, auth authFor, spec Spec) ([]store.Op, error) {
 	if err != nil {
 		return nil, err
 	}
-	b, _ := json.Marshal(a)
+	b, _ := schema.Marshal(schema.JobAuth, a)
 	return []store.Op{{Verb: store.Set, Key: authKey(spec.ID), Value: b}}, nil
 }
 
@@ -170,8 +171,8 @@ func (c *Controller) acceptJob(ctx context.Context, j Job) error {
 	}
 	acc := *a
 	acc.UID, acc.GID, acc.Attestation, acc.Accepted = uid, gid, att, now
-	b, _ := json.Marshal(acc)
-	seen, _ := json.Marshal(seenMark{Job: j.Spec.ID, Expires: expires})
+	b, _ := schema.Marshal(schema.JobAuth, acc)
+	seen, _ := schema.Marshal(schema.CredentialSeen, seenMark{Job: j.Spec.ID, Expires: expires})
 	ops := []store.Op{allocator.LeaderFence(c.session), {Verb: store.CAS, Key: authKey(j.Spec.ID), Value: b, Index: j.AuthIndex},
 		{Verb: store.CheckNotExists, Key: seenPrefix + identity.Digest(a.Credential)},
 		{Verb: store.Set, Key: seenPrefix + identity.Digest(a.Credential), Value: seen}}
@@ -391,8 +392,8 @@ func (c *Controller) purgeSeen(ctx context.Context, now time.Time) error {
 	}
 	for _, e := range entries {
 		var m seenMark
-		if json.Unmarshal(e.Value, &m) == nil && now.Before(m.Expires) {
-			continue
+		if err := schema.Unmarshal(schema.CredentialSeen, e.Value, &m); err == nil && now.Before(m.Expires) || errors.Is(err, schema.ErrNewer) {
+			continue // in use; or a newer gangrun's, which says when it may go
 		}
 		ops = append(ops, store.Op{Verb: store.DeleteCAS, Key: e.Key, Index: e.ModifyIndex})
 		if len(ops) == store.MaxTxnOps {

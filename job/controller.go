@@ -2,7 +2,6 @@ package job
 
 import (
 	"context"
-	"encoding/json"
 	"maps"
 	"slices"
 	"strconv"
@@ -15,6 +14,7 @@ import (
 	"github.com/gangrun/gangrun/allocator"
 	"github.com/gangrun/gangrun/event"
 	"github.com/gangrun/gangrun/identity"
+	"github.com/gangrun/gangrun/internal/schema"
 	"github.com/gangrun/gangrun/internal/store"
 	"github.com/gangrun/gangrun/rendezvous"
 )
@@ -360,9 +360,8 @@ func (jc *jobCache) parse(entries []store.Entry) ([]Job, map[string]map[string]S
 			sig.WriteByte(' ')
 			sig.WriteString(strconv.FormatUint(e.ModifyIndex, 10))
 			sig.WriteByte(' ')
-			if node, ok := strings.CutPrefix(e.Key, stepsPrefix(id)); ok && e.Session != "" {
-				var r StepRecord
-				if json.Unmarshal(e.Value, &r) == nil {
+			if node, ok := strings.CutPrefix(e.Key, stepsPrefix(id)); ok {
+				if r, ok := stepOf(e, node); ok {
 					if steps[id] == nil {
 						steps[id] = map[string]StepRecord{}
 					}
@@ -456,8 +455,8 @@ func (c *Controller) job(ctx context.Context, v view, j Job) error {
 			return err
 		}
 		var fg allocator.Grant
-		if err := json.Unmarshal(e.Value, &fg); err != nil || fg.State != allocator.GrantGranted {
-			return nil
+		if err := schema.Unmarshal(schema.Grant, e.Value, &fg); err != nil || fg.State != allocator.GrantGranted {
+			return nil // a newer gangrun's grant: left to one that reads it
 		}
 		return c.start(ctx, j, fg)
 	case st.Status == Completing:
@@ -705,14 +704,23 @@ func healthy(cl *allocator.Cluster, n string) bool {
 // lock-delay (twice allocator.GrantLockDelay).
 const StepStartTimeout = 30 * time.Second
 
-// lostWhy says why node n of running job j is lost ("" when it is not), at now: down,
-// drained for a failed GPU, its step gone after it had taken the node's GPUs over, or
-// no step StepStartTimeout after the node joined the job.
+// lostWhy says why node n of running job j is lost ("" when it is not), at now: down
+// with no step of the job running there, drained for a failed GPU, its step gone after
+// it had taken the node's GPUs over, or no step StepStartTimeout after the node joined
+// the job.
+//
+// A node whose agent is down while the job's step there runs is not lost: the agent is
+// restarting (an upgrade, a crash its unit restarts), and the step outlives it as
+// slurmstepd outlives slurmd. A node that died takes its step's session with it
+// (Consul's serfHealth check, else the session's TTL), and then it is lost.
 func lostWhy(cl *allocator.Cluster, g allocator.Grant, j Job, n string, steps map[string]StepRecord, now time.Time) string {
 	ns, ok := cl.Nodes[n]
+	_, running := steps[n]
 	switch {
-	case !ok || !ns.Up:
+	case (!ok || !ns.Up) && !running:
 		return "node " + n + " is down (its agent's session ended)"
+	case !ok || !ns.Up:
+		return ""
 	case ns.Drain != nil:
 		return "node " + n + " was drained: " + ns.Drain.Reason
 	}
@@ -720,7 +728,6 @@ func lostWhy(cl *allocator.Cluster, g allocator.Grant, j Job, n string, steps ma
 	if !ok {
 		return "node " + n + " left the job's grant"
 	}
-	_, running := steps[n]
 	switch {
 	case running || slices.Contains(j.State.StepsEnded, n):
 	case handedOver(gn, ns):

@@ -2,10 +2,10 @@ package job
 
 import (
 	"context"
-	"encoding/json"
 	"strings"
 	"time"
 
+	"github.com/gangrun/gangrun/internal/schema"
 	"github.com/gangrun/gangrun/internal/store"
 )
 
@@ -34,7 +34,7 @@ func MarkIdle(ctx context.Context, s store.Store, session, id string, m IdleMark
 	if err := checkID(id); err != nil {
 		return err
 	}
-	b, err := json.Marshal(m)
+	b, err := schema.Marshal(schema.IdleMark, m)
 	if err != nil {
 		return err
 	}

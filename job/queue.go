@@ -2,9 +2,14 @@ package job
 
 import (
 	"context"
+	"errors"
+	"maps"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/gangrun/gangrun/allocator"
+	"github.com/gangrun/gangrun/internal/schema"
 	"github.com/gangrun/gangrun/internal/store"
 )
 
@@ -41,21 +46,56 @@ type Entry struct {
 
 // Queue lists the jobs not yet ended (or, with all, every job) in submission order,
 // then the allocations of `gangrun alloc`, for `gangrun queue`. A pending job's reason is
-// the scheduler's (allocator.ReadStatus) when it has one.
+// the scheduler's (allocator.ReadStatus) when it has one. Jobs and allocations a newer
+// gangrun wrote are listed too (NewerEntries), with why this one leaves them alone as
+// their reason.
 func Queue(ctx context.Context, s store.Store, all bool) ([]Entry, error) {
-	jobs, err := List(ctx, s)
+	jobs, newer, err := ListAll(ctx, s)
 	if err != nil {
 		return nil, err
 	}
 	st, err := allocator.ReadStatus(ctx, s)
-	if err != nil {
+	if errors.Is(err, schema.ErrNewer) {
+		st = allocator.SchedulerStatus{} // a newer scheduler's: its pending reasons are not shown
+	} else if err != nil {
 		return nil, err
 	}
 	c, err := allocator.Snapshot(ctx, s)
 	if err != nil {
 		return nil, err
 	}
-	return QueueOf(jobs, st, c, all, time.Now()), nil
+	return append(QueueOf(jobs, st, c, all, time.Now()), NewerEntries(jobs, newer, c, all, time.Now())...), nil
+}
+
+// NewerEntries are the queue entries of the jobs a newer gangrun wrote (newer, from
+// ListAll), and of the requests under gangrun/cluster/ a newer one wrote that are no
+// job's (of jobs or newer): what
+// could be read of each, its reason why this gangrun leaves it alone, its state Unknown
+// when the state itself could not be read. With all false, jobs known to have ended are
+// left out, as QueueOf does.
+func NewerEntries(jobs []Job, newer []Newer, c *allocator.Cluster, all bool, now time.Time) []Entry {
+	out := []Entry{}
+	listed := map[string]bool{}
+	for _, j := range jobs {
+		listed[j.Spec.ID] = true
+	}
+	for _, n := range newer {
+		listed[n.Spec.ID] = true
+		if !all && n.State.Status.Final() {
+			continue
+		}
+		e := EntryOf(n.Job, "", now)
+		e.Reason = n.Err.Error()
+		out = append(out, e)
+	}
+	for _, key := range slices.Sorted(maps.Keys(c.Newer)) {
+		id, ok := strings.CutPrefix(key, allocator.RequestKey(""))
+		if !ok || listed[id] {
+			continue
+		}
+		out = append(out, Entry{ID: id, Kind: "alloc", Name: "(alloc)", State: Unknown, Reason: c.Newer[key].Error(), Nodes: []string{}})
+	}
+	return out
 }
 
 // QueueOf is Queue from what the caller read: the jobs (List), the scheduler's status

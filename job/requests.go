@@ -17,6 +17,7 @@ import (
 	"github.com/gangrun/gangrun/audit"
 	"github.com/gangrun/gangrun/identity"
 	"github.com/gangrun/gangrun/internal/proc"
+	"github.com/gangrun/gangrun/internal/schema"
 	"github.com/gangrun/gangrun/internal/store"
 	"github.com/gangrun/gangrun/policy"
 )
@@ -181,7 +182,7 @@ func ask(ctx context.Context, s store.Store, as Asker, r Request) (*Answer, erro
 			return nil, fmt.Errorf("the request's MUNGE credential: %w", err)
 		}
 	}
-	b, _ := json.Marshal(box)
+	b, _ := schema.Marshal(schema.RequestBox, box)
 	res, err := s.Txn(ctx, []store.Op{{Verb: store.CheckNotExists, Key: key}, {Verb: store.Set, Key: key, Value: b}})
 	if err != nil {
 		return nil, fmt.Errorf("write request %s: %w", key, err)
@@ -237,7 +238,7 @@ var ErrForgedAnswer = errors.New("the answer is not the cluster's")
 // request is taken; any other is ErrForgedAnswer.
 func take(ctx context.Context, s store.Store, as Asker, key string, text []byte, e store.Entry) (*Answer, bool, error) {
 	var got boxed
-	if json.Unmarshal(e.Value, &got) != nil || got.Answer == nil {
+	if schema.Unmarshal(schema.RequestBox, e.Value, &got) != nil || got.Answer == nil {
 		return nil, false, nil
 	}
 	_, _ = s.Txn(ctx, []store.Op{{Verb: store.Delete, Key: key}})
@@ -457,9 +458,11 @@ func (sv *server) serve(ctx context.Context, e store.Entry) error {
 	var box boxed
 	var r Request
 	if !boxName(user, sv.prover != nil) || name == "" || strings.Contains(name, "/") ||
-		json.Unmarshal(e.Value, &box) != nil || json.Unmarshal(box.Request, &r) != nil {
-		return nil // not a request: left alone
+		schema.Unmarshal(schema.RequestBox, e.Value, &box) != nil || json.Unmarshal(box.Request, &r) != nil {
+		return nil // not a request, or a newer gangrun's (its asker waits for an agent that reads it): left alone
 	}
+	// The answer goes into the box at the box's own schema, which its asker reads.
+	version, _ := schema.Of(e.Value)
 	if box.Answer != nil {
 		if time.Since(box.Answer.At) > requestKeep {
 			_, err := s.Txn(ctx, []store.Op{fence, {Verb: store.DeleteCAS, Key: e.Key, Index: e.ModifyIndex}})
@@ -475,7 +478,7 @@ func (sv *server) serve(ctx context.Context, e store.Entry) error {
 		a.At = time.Now().UTC()
 		box.Answer = &a
 		box.Seal = sv.sealAnswer(ctx, e.Key, user, reader, box.Request, &a)
-		b, _ := json.Marshal(box)
+		b, _ := schema.MarshalVersion(schema.RequestBox, version, box)
 		return store.Op{Verb: store.CAS, Key: e.Key, Value: b, Index: e.ModifyIndex}
 	}
 	who, ans, err := sv.who(ctx, e.Key, user, r, box)
@@ -537,7 +540,7 @@ func boxName(user string, proven bool) bool {
 // seenOps mark credential cred used (by the request at key), once only.
 func seenOps(cred, key string, expires time.Time) []store.Op {
 	k := seenPrefix + identity.Digest(cred)
-	b, _ := json.Marshal(seenMark{Job: key, Expires: expires})
+	b, _ := schema.Marshal(schema.CredentialSeen, seenMark{Job: key, Expires: expires})
 	return []store.Op{{Verb: store.CheckNotExists, Key: k}, {Verb: store.Set, Key: k, Value: b}}
 }
 
@@ -722,6 +725,9 @@ func (sv *server) operate(ctx context.Context, who asker, r Request) (*Answer, [
 		if errors.Is(err, allocator.ErrNotFound) {
 			return &Answer{Error: err.Error(), Invalid: true}, nil, nil
 		}
+		if errors.Is(err, schema.ErrNewer) {
+			return &Answer{Error: err.Error()}, nil, nil
+		}
 		if err != nil {
 			return nil, nil, err
 		}
@@ -735,6 +741,14 @@ func (sv *server) operate(ctx context.Context, who asker, r Request) (*Answer, [
 		if err != nil {
 			return &Answer{Error: err.Error(), Invalid: true}, nil, nil
 		}
+		guard, err := policy.Guard(ctx, sv.s)
+		if errors.Is(err, schema.ErrNewer) {
+			return &Answer{Error: err.Error()}, nil, nil
+		}
+		if err != nil {
+			return nil, nil, err
+		}
+		ops = append(guard, ops...)
 		return &Answer{Detail: detail}, append(ops, entry(audit.ActionPolicySet, "policy", detail)), nil
 	}
 }
@@ -770,6 +784,9 @@ func cancelFor(ctx context.Context, s store.Store, p Prover, who asker, id strin
 	j, err := Read(ctx, s, id)
 	if errors.Is(err, ErrNotFound) {
 		return Answer{Error: fmt.Sprintf("no job %q", id), Invalid: true}, nil, nil
+	}
+	if errors.Is(err, schema.ErrNewer) {
+		return Answer{Error: err.Error() + ": cancel it with that gangrun"}, nil, nil
 	}
 	if err != nil {
 		return Answer{}, nil, err

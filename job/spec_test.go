@@ -133,9 +133,10 @@ python train.py
 	}
 }
 
-// TestLostWhy: a running job's node is lost when it is down, drained, its step gone
-// after taking the GPUs over, or no step StepStartTimeout after it joined the job; a
-// node whose step runs, or has not had the time to start, is not.
+// TestLostWhy: a running job's node is lost when it is down with no step running there,
+// drained, its step gone after taking the GPUs over, or no step StepStartTimeout after
+// it joined the job; a node whose step runs (its agent restarting or not), or has not
+// had the time to start, is not.
 func TestLostWhy(t *testing.T) {
 	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 	cl := &allocator.Cluster{Nodes: map[string]*allocator.NodeState{
@@ -161,6 +162,9 @@ func TestLostWhy(t *testing.T) {
 		{"step never started", g, old, "up", nil, "did not start on node up within 30s"},
 		{"step gone after it took the GPUs", stepped, recent, "up", nil, "step on node up ended"},
 		{"node down", g, recent, "down", nil, "node down is down"},
+		// Its agent restarting (an upgrade): the step runs on, the node is not lost.
+		{"agent down, step running", g, old, "down", map[string]StepRecord{"down": {Node: "down"}}, ""},
+		{"unregistered, step running", g, old, "gone", map[string]StepRecord{"gone": {Node: "gone"}}, ""},
 		{"node drained", g, recent, "drained", nil, "was drained: GPU 0 failed: Xid 79"},
 		{"node outside the grant", allocator.Grant{ID: "7"}, recent, "up", nil, "left the job's grant"},
 		{"step ended and said so", g, Job{State: State{NodesSince: old.State.NodesSince, StepsEnded: []string{"up"}}}, "up", nil, ""},

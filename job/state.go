@@ -2,7 +2,6 @@ package job
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -10,6 +9,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/gangrun/gangrun/internal/schema"
 	"github.com/gangrun/gangrun/internal/store"
 )
 
@@ -90,6 +90,10 @@ const (
 	NodeFail   Status = "NODE_FAIL"
 	Preempted  Status = "PREEMPTED"
 	Requeued   Status = "REQUEUED"
+	// Unknown is how `gangrun queue` and `show` list a job whose state record a newer
+	// gangrun wrote (schema.NewerError): this one cannot tell how it stands, and leaves
+	// it alone. No job is ever in it; it is not one of Slurm's states.
+	Unknown Status = "UNKNOWN"
 )
 
 // Final reports whether s is an end state: the job will not run again.
@@ -263,7 +267,10 @@ type Job struct {
 	AuthIndex uint64
 }
 
-// Read returns job id; ErrNotFound when there is none.
+// Read returns job id; ErrNotFound when there is none. A job whose spec, state or
+// auth a newer gangrun wrote is an error wrapping schema.ErrNewer ("job 7: job spec
+// written by a newer gangrun (schema 2; this one reads up to 1)"): this gangrun neither
+// runs it nor changes it.
 func Read(ctx context.Context, s store.Store, id string) (*Job, error) {
 	if err := checkID(id); err != nil {
 		return nil, err
@@ -277,34 +284,71 @@ func Read(ctx context.Context, s store.Store, id string) (*Job, error) {
 
 // decode builds a Job from its keys.
 func decode(id string, entries []store.Entry) (*Job, error) {
+	j, err := decodeAll(id, entries)
+	if err != nil {
+		return nil, err
+	}
+	return j, nil
+}
+
+// decodeAll is decode that also returns, with an error wrapping schema.ErrNewer, the
+// parts of the job it could read (its id always): what `gangrun queue` shows of a job
+// a newer gangrun wrote. A newer spec, state or auth refuses the job; a newer step
+// record counts as a running step (steps are told by their key's holder), a newer idle
+// mark is left out.
+func decodeAll(id string, entries []store.Entry) (*Job, error) {
 	var j Job
+	j.Spec.ID = id
 	var haveSpec, haveState bool
+	var newer error
+	refuse := func(err error) error {
+		if errors.Is(err, schema.ErrNewer) {
+			if newer == nil {
+				newer = fmt.Errorf("job %s: %w", id, err)
+			}
+			return nil
+		}
+		return err
+	}
 	for _, e := range entries {
 		switch e.Key {
 		case specKey(id):
-			if err := json.Unmarshal(e.Value, &j.Spec); err != nil {
-				return nil, fmt.Errorf("job %s: spec: %w", id, err)
+			var sp Spec
+			if err := schema.Unmarshal(schema.JobSpec, e.Value, &sp); err != nil {
+				if err := refuse(err); err != nil {
+					return nil, fmt.Errorf("job %s: spec: %w", id, err)
+				}
+			} else {
+				j.Spec = sp
 			}
 			haveSpec = true
 		case stateKey(id):
-			if err := json.Unmarshal(e.Value, &j.State); err != nil {
-				return nil, fmt.Errorf("job %s: state: %w", id, err)
+			if err := schema.Unmarshal(schema.JobState, e.Value, &j.State); err != nil {
+				if err := refuse(err); err != nil {
+					return nil, fmt.Errorf("job %s: state: %w", id, err)
+				}
+				j.State.Status = Unknown
 			}
 			j.Index, haveState = e.ModifyIndex, true
 		case authKey(id):
 			var a Auth
-			if json.Unmarshal(e.Value, &a) == nil {
+			if err := schema.Unmarshal(schema.JobAuth, e.Value, &a); err == nil {
 				j.Auth, j.AuthIndex = &a, e.ModifyIndex
+			} else {
+				_ = refuse(err) // an auth that does not parse is none, as before
 			}
 		default:
 			var m IdleMark
-			if isIdleKey(id, e.Key) && e.Session != "" && json.Unmarshal(e.Value, &m) == nil {
+			if isIdleKey(id, e.Key) && e.Session != "" && schema.Unmarshal(schema.IdleMark, e.Value, &m) == nil {
 				j.Idle = append(j.Idle, m)
 			}
 		}
 	}
 	if !haveSpec || !haveState {
 		return nil, fmt.Errorf("job %s: %w", id, ErrNotFound)
+	}
+	if newer != nil {
+		return &j, newer
 	}
 	return &j, nil
 }
@@ -326,7 +370,7 @@ func update(ctx context.Context, s store.Store, id string, change func(j *Job) b
 		if n := len(j.State.Attempts); n > maxAttemptsKept {
 			j.State.Attempts = j.State.Attempts[n-maxAttemptsKept:]
 		}
-		b, _ := json.Marshal(j.State)
+		b, _ := schema.Marshal(schema.JobState, j.State)
 		ops := append([]store.Op{{Verb: store.CAS, Key: stateKey(id), Value: b, Index: j.Index}}, extra...)
 		ops = append(ops, placedDiff(id, before, placedOf(j.State))...)
 		if !wasFinal && j.State.Status.Final() {

@@ -2,7 +2,6 @@ package job
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -24,6 +23,7 @@ import (
 	"github.com/gangrun/gangrun/hostlist"
 	"github.com/gangrun/gangrun/internal/cgroup"
 	"github.com/gangrun/gangrun/internal/proc"
+	"github.com/gangrun/gangrun/internal/schema"
 	"github.com/gangrun/gangrun/internal/store"
 	"github.com/gangrun/gangrun/launcher"
 	"github.com/gangrun/gangrun/topology"
@@ -133,7 +133,7 @@ func (st *step) run(ctx context.Context) int {
 		_ = s.DestroySession(dctx, sess)
 		cancel()
 	}()
-	rec, _ := json.Marshal(StepRecord{Node: node, Host: hostname(), PID: os.Getpid(), Started: time.Now().UTC(), Placement: j.State.Placement})
+	rec, _ := schema.Marshal(schema.JobStep, StepRecord{Node: node, Host: hostname(), PID: os.Getpid(), Started: time.Now().UTC(), Placement: j.State.Placement})
 	if err := st.lockStepKey(ctx, sess, rec); err != nil {
 		st.log.Error("another step of the job runs on this node", zap.Error(err))
 		return 1
@@ -464,7 +464,7 @@ func (st *step) watch(ctx context.Context) {
 			if err != nil {
 				return
 			}
-			j, err := decode(spec.ID, append(entries, store.Entry{Key: specKey(spec.ID), Value: mustJSON(spec)}))
+			j, err := decode(spec.ID, append(entries, store.Entry{Key: specKey(spec.ID), Value: mustRecord(schema.JobSpec, spec)}))
 			if err != nil {
 				continue
 			}
@@ -699,7 +699,8 @@ func hostname() string {
 	return h
 }
 
-func mustJSON(v any) []byte {
-	b, _ := json.Marshal(v)
+// mustRecord is v as a record of kind k (schema.Marshal).
+func mustRecord(k schema.Kind, v any) []byte {
+	b, _ := schema.Marshal(k, v)
 	return b
 }

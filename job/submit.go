@@ -2,7 +2,6 @@ package job
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
@@ -11,6 +10,7 @@ import (
 	"time"
 
 	"github.com/gangrun/gangrun/allocator"
+	"github.com/gangrun/gangrun/internal/schema"
 	"github.com/gangrun/gangrun/internal/store"
 	"github.com/gangrun/gangrun/policy"
 )
@@ -247,8 +247,8 @@ func prepareSubmit(ctx context.Context, s store.Store, cc *clientCache, spec Spe
 
 // jobOps are the operations that write a new job: its spec (where none is) and state.
 func jobOps(spec Spec, st State) []store.Op {
-	specJSON, _ := json.Marshal(spec)
-	stJSON, _ := json.Marshal(st)
+	specJSON, _ := schema.Marshal(schema.JobSpec, spec)
+	stJSON, _ := schema.Marshal(schema.JobState, st)
 	return []store.Op{
 		{Verb: store.CheckNotExists, Key: specKey(spec.ID)},
 		{Verb: store.Set, Key: specKey(spec.ID), Value: specJSON},
@@ -404,7 +404,7 @@ func Cancel(ctx context.Context, s store.Store, id string, also ...store.Op) (bo
 		default:
 			st.Status, st.End, st.Reason = Completing, Cancelled, "cancelled"
 		}
-		b, _ := json.Marshal(st)
+		b, _ := schema.Marshal(schema.JobState, st)
 		_, err = s.Txn(ctx, append(append([]store.Op{{Verb: store.CAS, Key: stateKey(id), Value: b, Index: j.Index}}, extra...), also...))
 		if err == nil {
 			return true, nil
@@ -428,11 +428,27 @@ func Cancel(ctx context.Context, s store.Store, id string, also ...store.Op) (bo
 	}
 }
 
-// List returns every job, oldest first.
+// List returns every job, oldest first; jobs a newer gangrun wrote are left out
+// (ListAll has them).
 func List(ctx context.Context, s store.Store) ([]Job, error) {
+	jobs, _, err := ListAll(ctx, s)
+	return jobs, err
+}
+
+// Newer is a job a newer gangrun wrote: what this one could read of it (its id at
+// least; State.Status Unknown when its state is unreadable too), and why it cannot read
+// the rest (an error wrapping schema.ErrNewer).
+type Newer struct {
+	Job
+	Err error
+}
+
+// ListAll returns every job this gangrun reads, oldest first, and the jobs a newer
+// gangrun wrote, which it leaves alone.
+func ListAll(ctx context.Context, s store.Store) ([]Job, []Newer, error) {
 	entries, _, err := s.List(ctx, jobsPrefix)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	byID := map[string][]store.Entry{}
 	for _, e := range entries {
@@ -445,15 +461,19 @@ func List(ctx context.Context, s store.Store) ([]Job, error) {
 		}
 	}
 	var out []Job
+	var newer []Newer
 	for id, es := range byID {
-		j, err := decode(id, es)
-		if err != nil {
-			continue // a job being written or removed
-		}
-		out = append(out, *j)
+		j, err := decodeAll(id, es)
+		switch {
+		case errors.Is(err, schema.ErrNewer):
+			newer = append(newer, Newer{Job: *j, Err: err})
+		case err == nil:
+			out = append(out, *j)
+		} // else a job being written or removed
 	}
 	sortJobs(out)
-	return out, nil
+	sort.Slice(newer, func(a, b int) bool { return jobLess(newer[a].Spec.ID, newer[b].Spec.ID) })
+	return out, newer, nil
 }
 
 // sortJobs sorts jobs oldest first (by their numeric ids, an array's tasks by index).
@@ -506,12 +526,29 @@ func Steps(ctx context.Context, s store.Store, id string) (map[string]StepRecord
 	}
 	out := map[string]StepRecord{}
 	for _, e := range entries {
-		var r StepRecord
-		if e.Session != "" && json.Unmarshal(e.Value, &r) == nil {
-			out[e.Key[len(stepsPrefix(id)):]] = r
+		node := e.Key[len(stepsPrefix(id)):]
+		if r, ok := stepOf(e, node); ok {
+			out[node] = r
 		}
 	}
 	return out, nil
+}
+
+// stepOf reads the step key e of node: a running step's record when a session holds
+// it. A record a newer gangrun wrote is a running step all the same (the key's holder
+// says so), of which only the node is known.
+func stepOf(e store.Entry, node string) (StepRecord, bool) {
+	if e.Session == "" {
+		return StepRecord{}, false
+	}
+	var r StepRecord
+	switch err := schema.Unmarshal(schema.JobStep, e.Value, &r); {
+	case err == nil:
+		return r, true
+	case errors.Is(err, schema.ErrNewer):
+		return StepRecord{Node: node}, true
+	}
+	return StepRecord{}, false
 }
 
 // StepRecord is a step's key: who runs it.

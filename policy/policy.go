@@ -31,6 +31,7 @@ import (
 
 	"github.com/gangrun/gangrun/internal/jsonfile"
 	"github.com/gangrun/gangrun/internal/quote"
+	"github.com/gangrun/gangrun/internal/schema"
 	"github.com/gangrun/gangrun/internal/store"
 )
 
@@ -198,7 +199,9 @@ type User struct {
 }
 
 // Parse reads a policy document and checks it (Validate). An unknown field is an
-// error, so a misspelt limit is not silently ignored.
+// error, so a misspelt limit is not silently ignored. The document may carry its schema
+// version, "schema" (as the stored policy does: schema.Policy); one newer than this
+// gangrun reads is refused (schema.ErrNewer) before its fields are looked at.
 func Parse(data []byte) (*Policy, error) {
 	switch t := bytes.TrimSpace(bytes.TrimPrefix(data, []byte("\xEF\xBB\xBF"))); {
 	case len(t) == 0:
@@ -208,10 +211,20 @@ func Parse(data []byte) (*Policy, error) {
 	}
 	// A byte-order mark, a key given twice, a misspelt field, a value of the wrong type:
 	// each named with its line, column and field as the file spells it.
-	var p Policy
-	if err := jsonfile.Decode(data, &p); err != nil {
+	if err := schema.Check(schema.Policy, data); errors.Is(err, schema.ErrNewer) {
 		return nil, err
 	}
+	var doc struct {
+		Schema *int `json:"schema,omitempty"` // newer: refused above; not a number: named by Decode
+		Policy
+	}
+	if err := jsonfile.Decode(data, &doc); err != nil {
+		return nil, err
+	}
+	if doc.Schema != nil && *doc.Schema < 1 {
+		return nil, fmt.Errorf("schema %d: want a whole number of at least 1", *doc.Schema)
+	}
+	p := doc.Policy
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
@@ -430,16 +443,38 @@ func Load(ctx context.Context, s store.Store) (*Policy, error) {
 }
 
 // Save writes p (after Validate) as the policy; the scheduler applies it on its next
-// pass. also's operations (an audit entry) are applied in the same transaction.
+// pass. also's operations (an audit entry) are applied in the same transaction. A
+// stored policy a newer gangrun wrote is not replaced (Guard).
 func Save(ctx context.Context, s store.Store, p *Policy, also ...store.Op) error {
+	guard, err := Guard(ctx, s)
+	if err != nil {
+		return err
+	}
 	ops, _, err := SaveOps(p)
 	if err != nil {
 		return err
 	}
-	if _, err := s.Txn(ctx, append(ops, also...)); err != nil {
+	if _, err := s.Txn(ctx, append(append(guard, ops...), also...)); err != nil {
 		return fmt.Errorf("write %s: %w", Key, err)
 	}
 	return nil
+}
+
+// Guard returns the check to put before SaveOps' operations so that they replace the
+// stored policy only as it is now; an error wrapping schema.ErrNewer when a newer
+// gangrun wrote it, which this one must not overwrite.
+func Guard(ctx context.Context, s store.Store) ([]store.Op, error) {
+	e, err := s.Get(ctx, Key)
+	if err != nil {
+		return nil, err
+	}
+	if e == nil {
+		return []store.Op{{Verb: store.CheckNotExists, Key: Key}}, nil
+	}
+	if err := schema.Check(schema.Policy, e.Value); errors.Is(err, schema.ErrNewer) {
+		return nil, fmt.Errorf("the policy in %s: %w: set it with that gangrun", Key, err)
+	}
+	return []store.Op{{Verb: store.CheckIndex, Key: Key, Index: e.ModifyIndex}}, nil
 }
 
 // SaveOps are the operations that write p (after Validate) as the policy, and p's
@@ -448,11 +483,13 @@ func SaveOps(p *Policy) ([]store.Op, string, error) {
 	if err := p.Validate(); err != nil {
 		return nil, "", err
 	}
-	b, err := json.MarshalIndent(p, "", "  ")
+	b, err := schema.Marshal(schema.Policy, p)
 	if err != nil {
 		return nil, "", err
 	}
-	return []store.Op{{Verb: store.Set, Key: Key, Value: b}}, Summary(p), nil
+	var out bytes.Buffer
+	_ = json.Indent(&out, b, "", "  ") // consul kv get shows it as written: indented
+	return []store.Op{{Verb: store.Set, Key: Key, Value: out.Bytes()}}, Summary(p), nil
 }
 
 // Summary is p's size as the audit log records a policy change: "N partitions, M

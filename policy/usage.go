@@ -2,11 +2,11 @@ package policy
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"math"
 	"time"
 
+	"github.com/gangrun/gangrun/internal/schema"
 	"github.com/gangrun/gangrun/internal/store"
 )
 
@@ -67,7 +67,7 @@ func LoadUsage(ctx context.Context, s store.Store) (*Usage, error) {
 	if err != nil || e == nil {
 		return u, err
 	}
-	if err := json.Unmarshal(e.Value, u); err != nil {
+	if err := schema.Unmarshal(schema.Usage, e.Value, u); err != nil {
 		return nil, fmt.Errorf("usage %s: %w", UsageKey, err)
 	}
 	if u.Accounts == nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -18,6 +17,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/gangrun/gangrun/event"
+	"github.com/gangrun/gangrun/internal/schema"
 	"github.com/gangrun/gangrun/internal/store"
 )
 
@@ -112,6 +112,9 @@ type jobState struct {
 	// Previous is how the previous round ended, kept when the next round opens so a node
 	// that sees the state only after that still learns why its round ended.
 	Previous *jobState `json:"previous,omitempty"`
+	// newer is set (and nothing else) when a newer gangrun wrote the state: this node
+	// cannot take part in the run, and writes nothing over it (no run is this one's).
+	newer error
 }
 
 // budget is the run's restart budget: the one it records (which a job may have raised,
@@ -293,8 +296,11 @@ func (c *Dynamic) readCtl(entries []store.Entry) (*jobState, uint64, string) {
 		switch e.Key {
 		case c.key("ctl", "state"):
 			var s jobState
-			if json.Unmarshal(e.Value, &s) == nil {
+			switch err := schema.Unmarshal(schema.RdzvState, e.Value, &s); {
+			case err == nil:
 				st, idx = &s, e.ModifyIndex
+			case errors.Is(err, schema.ErrNewer):
+				st, idx = &jobState{newer: fmt.Errorf("job %s: %w", c.cfg.JobID, err)}, e.ModifyIndex
 			}
 		case c.key("ctl", "leader"):
 			leader = e.Session
@@ -305,7 +311,7 @@ func (c *Dynamic) readCtl(entries []store.Entry) (*jobState, uint64, string) {
 
 // casState replaces the state at index idx (0: create). It reports whether it won.
 func (c *Dynamic) casState(ctx context.Context, idx uint64, st jobState, extra ...store.Op) (bool, error) {
-	b, _ := json.Marshal(st)
+	b, _ := schema.Marshal(schema.RdzvState, st)
 	ops := append([]store.Op{{Verb: store.CAS, Key: c.key("ctl", "state"), Value: b, Index: idx}}, extra...)
 	_, err := c.s.Txn(ctx, ops)
 	if errors.Is(err, store.ErrTxnRejected) {
@@ -481,6 +487,9 @@ func (c *Dynamic) joinWith(ctx context.Context, req JoinRequest, lease *store.Le
 		return nil, err
 	}
 	if st, _, _ := c.readCtl(first); st != nil {
+		if st.newer != nil {
+			return nil, st.newer
+		}
 		if err := c.checkConfig(st); err != nil {
 			return nil, err
 		}
@@ -540,10 +549,12 @@ func (c *Dynamic) joinWith(ctx context.Context, req JoinRequest, lease *store.Le
 			}
 		}
 		var cfgErr error
-		if st != nil {
+		if st != nil && st.newer == nil {
 			cfgErr = c.checkConfig(st)
 		}
 		switch {
+		case st != nil && st.newer != nil:
+			return nil, st.newer
 		case st == nil:
 			if _, err := c.casState(ctx, 0, c.freshRun(nil)); err != nil {
 				return nil, err
@@ -624,7 +635,7 @@ func (c *Dynamic) joinWith(ctx context.Context, req JoinRequest, lease *store.Le
 // putMember writes this node's membership key, locked by its session. A name held by
 // another live session is an error.
 func (c *Dynamic) putMember(ctx context.Context, sess string, m memberRecord) error {
-	b, _ := json.Marshal(m)
+	b, _ := schema.Marshal(schema.RdzvMember, m)
 	_, err := c.s.Txn(ctx, []store.Op{{Verb: store.Lock, Key: c.key("members", m.Node), Value: b, Session: sess}})
 	if errors.Is(err, store.ErrTxnRejected) {
 		return fmt.Errorf("node name %s is already in job %s (another gangrun with the same --node-name): %w", m.Node, c.cfg.JobID, err)
@@ -671,7 +682,9 @@ func (c *Dynamic) myRound(ctx context.Context, st *jobState, node string) (Assig
 		return Assignment{}, false, err
 	}
 	var r roundRecord
-	if err := json.Unmarshal(e.Value, &r); err != nil || r.Run != st.Run {
+	if err := schema.Unmarshal(schema.RdzvRound, e.Value, &r); errors.Is(err, schema.ErrNewer) {
+		return Assignment{}, false, fmt.Errorf("job %s, node %s: %w", c.cfg.JobID, node, err)
+	} else if err != nil || r.Run != st.Run {
 		return Assignment{}, false, nil
 	}
 	return r.Assignment, true, nil
@@ -686,8 +699,8 @@ func (c *Dynamic) members(entries []store.Entry) map[string]memberRecord {
 			continue
 		}
 		var m memberRecord
-		if json.Unmarshal(e.Value, &m) == nil {
-			out[m.Node] = m
+		if schema.Unmarshal(schema.RdzvMember, e.Value, &m) == nil {
+			out[m.Node] = m // a newer gangrun's member is not one of this round's
 		}
 	}
 	return out
@@ -832,7 +845,7 @@ func (c *Dynamic) close(ctx context.Context, req JoinRequest, st *jobState, idx 
 		if len(members) <= 64 {
 			a.Nodes = members
 		}
-		b, _ := json.Marshal(roundRecord{Run: st.Run, Assignment: a})
+		b, _ := schema.Marshal(schema.RdzvRound, roundRecord{Run: st.Run, Assignment: a})
 		ops = append(ops, store.Op{Verb: store.Set, Key: c.key("rounds", strconv.Itoa(st.Round), m.Node), Value: b})
 	}
 	fence := []store.Op{
@@ -941,6 +954,8 @@ func endOf(st *jobState) End {
 	switch {
 	case st == nil:
 		return End{Kind: MembershipChanged, Detail: "the job's state disappeared", Lost: true}
+	case st.newer != nil:
+		return End{Kind: MembershipChanged, Detail: st.newer.Error()} // the next join says so too
 	case st.End == endFailed:
 		return End{Kind: Failed, Failure: st.Failure, OutOfRestarts: st.Status == statusFinished}
 	case st.End == endSucceeded:
@@ -1041,7 +1056,7 @@ func (c *Dynamic) oversee(ctx context.Context, entries []store.Entry, st *jobSta
 		if n, ok := strings.CutPrefix(e.Key, prefix); ok {
 			// A record left by an earlier run of the same job id is not this round's.
 			var r roundRecord
-			if json.Unmarshal(e.Value, &r) == nil && r.Run == st.Run {
+			if schema.Unmarshal(schema.RdzvRound, e.Value, &r) == nil && r.Run == st.Run {
 				assigned[n] = true
 			}
 		}
@@ -1291,7 +1306,7 @@ func ReadRun(ctx context.Context, s store.Store, jobID string) (info RunInfo, ok
 		return RunInfo{}, false, err
 	}
 	var st jobState
-	if err := json.Unmarshal(e.Value, &st); err != nil {
+	if err := schema.Unmarshal(schema.RdzvState, e.Value, &st); err != nil {
 		return RunInfo{}, false, fmt.Errorf("job %s's rendezvous state: %w", jobID, err)
 	}
 	info = RunInfo{Run: st.Run, Round: st.Round, Failures: st.Failures, MaxRestarts: st.budget(-1), Finished: st.Status == statusFinished}
@@ -1317,7 +1332,7 @@ func AddRestarts(ctx context.Context, s store.Store, jobID string, n int) (bool,
 			return false, err
 		}
 		var st jobState
-		if err := json.Unmarshal(e.Value, &st); err != nil {
+		if err := schema.Unmarshal(schema.RdzvState, e.Value, &st); err != nil {
 			return false, fmt.Errorf("job %s's rendezvous state: %w", jobID, err)
 		}
 		if st.Status == statusFinished {
@@ -1325,7 +1340,7 @@ func AddRestarts(ctx context.Context, s store.Store, jobID string, n int) (bool,
 		}
 		b := st.budget(0) + n
 		st.MaxRestarts = &b
-		data, _ := json.Marshal(st)
+		data, _ := schema.Marshal(schema.RdzvState, st)
 		_, err = s.Txn(ctx, []store.Op{{Verb: store.CAS, Key: key, Value: data, Index: e.ModifyIndex}})
 		if err == nil {
 			return true, nil

@@ -6,8 +6,10 @@
 #
 # Usage: scripts/package-deb.sh [OUTDIR]     (default dist/; `make deb` runs it)
 # Environment:
-#   DEB_VERSION     the package version (make deb passes its DEB_VERSION); default
-#                   0~ and `git describe --always --dirty` with '-' made '.'
+#   DEB_VERSION     the package version (make deb passes its DEB_VERSION); default the
+#                   release version (the VERSION file) on the commit tagged vVERSION with
+#                   a clean tree, else VERSION+git.COMMIT (COMMIT: 12 hex digits, .dirty
+#                   for a tree with changes), which sorts after that release
 #   BIN             a gangrun binary to package instead of building bin/gangrun
 #   DEB_MAINTAINER  the Maintainer field
 #   DEB_COMPRESS    dpkg-deb's compressor: xz (the default), gzip (faster: the tests), none
@@ -21,8 +23,15 @@ out=$(cd "$out" && pwd)
 
 version=${DEB_VERSION:-}
 if [ -z "$version" ]; then
-  v=$(git -C "$root" describe --always --dirty 2>/dev/null || echo dev)
-  version="0~${v//-/.}"
+  version=$(tr -d '[:space:]' <"$root/VERSION")
+  c=$(git -C "$root" rev-parse --short=12 HEAD 2>/dev/null || true)
+  if [ -n "$c" ]; then
+    dirty=$(git -C "$root" diff --quiet HEAD -- 2>/dev/null || echo .dirty)
+    tagged=$(git -C "$root" tag --points-at HEAD --list "v$version" 2>/dev/null || true)
+    if [ -z "$tagged" ] || [ -n "$dirty" ]; then
+      version="$version+git.$c$dirty"
+    fi
+  fi
 fi
 # Debian policy 5.6.12: an upstream version starts with a digit and holds only
 # alphanumerics and . + ~ (and - only with a Debian revision, which this has none of).

@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/gangrun/gangrun/internal/jsonfile"
+	"github.com/gangrun/gangrun/internal/schema"
 	"github.com/gangrun/gangrun/internal/userfile"
 )
 
@@ -438,8 +439,12 @@ func Decode(data []byte) (*Inventory, error) {
 	if probe.SchemaVersion == nil {
 		return nil, fmt.Errorf("no schema_version: not a gangrun topology inventory")
 	}
-	if *probe.SchemaVersion != SchemaVersion {
-		return nil, fmt.Errorf("schema_version %d is not supported (this gangrun reads %d)", *probe.SchemaVersion, SchemaVersion)
+	switch v := *probe.SchemaVersion; {
+	case v > SchemaVersion:
+		// The reason every record's reader gives (internal/schema).
+		return nil, &schema.NewerError{Kind: schema.Inventory, Got: v, Reads: SchemaVersion}
+	case v != SchemaVersion:
+		return nil, fmt.Errorf("schema_version %d is not supported (this gangrun reads %d)", v, SchemaVersion)
 	}
 	inv := &Inventory{}
 	if err := json.Unmarshal(data, inv); err != nil {

@@ -20,6 +20,7 @@ import (
 	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 
+	"github.com/gangrun/gangrun"
 	"github.com/gangrun/gangrun/acl"
 	"github.com/gangrun/gangrun/allocator"
 	"github.com/gangrun/gangrun/audit"
@@ -272,7 +273,7 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 	if health != nil {
 		health = tapHealth(health, gpus.NoteHealth)
 	}
-	a, err = allocator.NewAgent(s, allocator.AgentConfig{Node: name, Addr: *addr, Labels: lbl, Inventory: inv, Auth: auth,
+	a, err = allocator.NewAgent(s, allocator.AgentConfig{Node: name, Addr: *addr, Labels: lbl, Inventory: inv, Auth: auth, Release: gangrun.Version(),
 		NoScheduler: *noSched, Log: log, Health: health, Events: sched,
 		Leader: []func(context.Context, store.Store, string) error{job.Control(log.Named("jobs"), sched, minJobAge, prover), sched.Lead,
 			job.KeepAccounts(log.Named("acct"), acctRetention, acctFold), job.ServeRequests(log.Named("requests"), prover),
@@ -301,6 +302,7 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 	for _, n := range inv.Notes {
 		log.Info("topology", zap.String("note", n))
 	}
+	log.Info("gangrun", zap.String("version", gangrun.Version()), zap.String("commit", gangrun.Commit()))
 	switch auth {
 	case authMunge:
 		log.Info("who submits jobs: MUNGE credentials, checked before any job runs", zap.String("munge_socket", munge.Socket()))
@@ -414,10 +416,10 @@ func runNodes(ctx context.Context, e *env, args []string) int {
 		return printJSON(e, nodes)
 	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tSTATE\tGPUS\tUSED\tFREE\tMODEL\tLABELS\tJOBS\tAUTH\tREASON")
+	fmt.Fprintln(tw, "NODE\tSTATE\tGPUS\tUSED\tFREE\tMODEL\tLABELS\tJOBS\tAUTH\tVERSION\tREASON")
 	for _, n := range nodes {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\n", n.Name, n.State, n.GPUsTotal, n.GPUsUsed, n.GPUsFree, orDash(n.Model),
-			orDash(labelString(n.Labels)), orDash(strings.Join(n.Grants, ",")), orDash(n.Auth), orDash(n.Reason))
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", n.Name, n.State, n.GPUsTotal, n.GPUsUsed, n.GPUsFree, orDash(n.Model),
+			orDash(labelString(n.Labels)), orDash(strings.Join(n.Grants, ",")), orDash(n.Auth), orDash(n.Version), orDash(n.Reason))
 	}
 	tw.Flush()
 	return exitOK

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/gangrun/gangrun"
 	"github.com/gangrun/gangrun/doctor"
 	"github.com/gangrun/gangrun/identity"
 )
@@ -34,7 +35,7 @@ func runDoctor(ctx context.Context, e *env, args []string) int {
 	}
 	defer s.Close()
 	results := doctor.Run(ctx, doctor.Config{Consul: s, MungeSocket: identity.SocketFrom(e.getenv), Auth: *f.authMode,
-		Node: name, AdvertiseAddr: *f.addr, TopologyFile: *f.topoFile, Version: version})
+		Node: name, AdvertiseAddr: *f.addr, TopologyFile: *f.topoFile, Version: gangrun.Version()})
 	for i := range results { // values from the node (a NIC's name, a file's text) reach no terminal raw
 		results[i].Detail, results[i].Fix = oneLine(results[i].Detail), oneLine(results[i].Fix)
 	}
@@ -45,7 +46,7 @@ func runDoctor(ctx context.Context, e *env, args []string) int {
 			Version string          `json:"version"`
 			OK      bool            `json:"ok"`
 			Checks  []doctor.Result `json:"checks"`
-		}{name, version, !failed, results})
+		}{name, gangrun.Version(), !failed, results})
 	} else {
 		for _, r := range results {
 			fmt.Fprintln(e.stdout, r.Line())

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gangrun/gangrun"
 	"github.com/gangrun/gangrun/doctor"
 	"github.com/gangrun/gangrun/internal/consultest"
 )
@@ -51,8 +52,9 @@ func doctorLines(t *testing.T, out string) map[string]string {
 }
 
 // TestDoctorCommand: gangrun doctor on this machine with the tests' Consul and munged:
-// one line per check, nothing failing, exit 0; the same as JSON; with an agent of the
-// cluster registered, the version line says its record carries no version. Consul
+// one line per check, nothing failing, exit 0; the same as JSON (its version this
+// binary's release); with an agent of the cluster registered, the version line names
+// the release its node record carries (this one's, as the agent is this binary). Consul
 // closed: the consul line fails, exit 1. The agent's settings file with a topology file
 // that does not read: the topology line fails, exit 1; one with a bad key: exit 2, one
 // line, no check run.
@@ -81,14 +83,14 @@ func TestDoctorCommand(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &doc); err != nil || code != exitOK {
 		t.Fatalf("--json: exit %d, %v\n%s", code, err, out)
 	}
-	if doc.Node != "n1" || !doc.OK || len(doc.Checks) != len(doctor.Checks) || doc.Checks[0].Check != "consul" || doc.Checks[0].Status != doctor.Warn {
+	if doc.Node != "n1" || doc.Version != gangrun.Version() || !doc.OK || len(doc.Checks) != len(doctor.Checks) || doc.Checks[0].Check != "consul" || doc.Checks[0].Status != doctor.Warn {
 		t.Errorf("--json: %+v", doc)
 	}
 
 	startAgentWith(t, consul.Addr, "gpu-1", nil)
 	waitUntilFor(t, 60*time.Second, func() bool { return len(nodesJSON(t, consul.Addr)) == 1 }, "the agent registered")
 	_, out, _ = doctorRun(t, "--consul", consul.Addr, "--node-name", "gpu-1")
-	if !strings.Contains(out, "skip  version   this binary is dev; the registered agent's record carries no version") {
+	if want := "ok    version   this binary is " + gangrun.Version() + "; the registered agents: " + gangrun.Version() + " on 1 (gpu-1)"; !strings.Contains(out, want) {
 		t.Errorf("version line:\n%s", out)
 	}
 

@@ -37,6 +37,9 @@ type jobCluster struct {
 	dir    string
 	// flags, when set, gives each agent's extra flags (--metrics-addr, --http-addr).
 	flags func(node string) []string
+	// bins, when it names one, is the gangrun binary node's agent runs (gangrunBin
+	// otherwise): each node's own installed one in the rolling-upgrade test.
+	bins map[string]string
 }
 
 func startJobCluster(t *testing.T, nodes ...string) *jobCluster {
@@ -78,7 +81,11 @@ func (c *jobCluster) startAgent(node string) {
 	if c.flags != nil {
 		args = append(args, c.flags(node)...)
 	}
-	cmd := exec.Command(gangrunBin, args...)
+	bin := gangrunBin
+	if c.bins[node] != "" {
+		bin = c.bins[node]
+	}
+	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), c.mark)
 	log := &syncBuffer{}
 	cmd.Stdout, cmd.Stderr = log, log
@@ -396,6 +403,66 @@ func TestJobSurvivesItsAgentsRestart(t *testing.T) {
 	}
 	if _, err := os.Stat(second); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("the stopped agent's step-log directory %s: %v, want it removed", second, err)
+	}
+}
+
+// TestJobSurvivesAnotherNodesAgentRestart: on a 2-node cluster, the agent of the node
+// that is not the elected one is stopped (SIGTERM) and started again while a 2-node job
+// runs there, as a rolling upgrade does: its node shows down meanwhile, but the job's
+// step on it runs on, the elected agent does not take the node for lost, and the job
+// completes with no node failure and no restart, its steps the same processes.
+func TestJobSurvivesAnotherNodesAgentRestart(t *testing.T) {
+	c := startJobCluster(t, "gpu-a", "gpu-b")
+	dir := t.TempDir()
+	t.Chdir(dir)
+	gate := filepath.Join(dir, "go")
+	id := c.submit("--nodes", "2", "--gpus-per-node", "2", "--", "/bin/sh", "-c", `while [ ! -e `+gate+` ]; do sleep 0.1; done; echo done`)
+	c.waitState(id, job.Running, 60*time.Second)
+	waitUntilFor(t, 30*time.Second, func() bool { return countWorkers(c.mark) == 4 }, "4 workers")
+	s, err := store.NewConsul(c.consul)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	e, err := s.Get(context.Background(), "gangrun/scheduler/leader")
+	if err != nil || e == nil {
+		t.Fatalf("the elected agent: %v %v", e, err)
+	}
+	other := "gpu-a"
+	if string(e.Value) == other {
+		other = "gpu-b"
+	}
+	steps := map[string]int{"gpu-a": stepPID(c.mark, id, "gpu-a"), "gpu-b": stepPID(c.mark, id, "gpu-b")}
+	a := c.agents[other]
+	_ = a.Process.Signal(syscall.SIGTERM)
+	if err := a.Wait(); err != nil {
+		t.Fatalf("agent %s stopped with %v", other, err)
+	}
+	waitUntilFor(t, 30*time.Second, func() bool {
+		for _, n := range nodesJSON(t, c.consul) {
+			if n.Name == other {
+				return n.State == "down"
+			}
+		}
+		return false
+	}, other+" down")
+	time.Sleep(3 * time.Second) // passes of the elected agent's controller, with the node down
+	c.startAgent(other)
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m := c.waitState(id, job.Completed, 60*time.Second)
+	if m["node_failures"] != float64(0) || m["restarts"] != float64(0) || len(m["attempts"].([]any)) != 1 {
+		t.Errorf("job %s: %v node failures, %v restarts, %d attempts; want none lost, one attempt", id, m["node_failures"], m["restarts"], len(m["attempts"].([]any)))
+	}
+	for n, pid := range steps {
+		if pid == 0 {
+			t.Errorf("no step on %s", n)
+		}
+	}
+	out, _ := os.ReadFile(filepath.Join(dir, "gangrun-"+id+".out"))
+	if got := strings.Count(string(out), "done"); got != 4 {
+		t.Errorf("%d workers said done, want the 4 that ran throughout:\n%s", got, out)
 	}
 }
 

@@ -17,19 +17,19 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"text/tabwriter"
 	"unicode"
 	"unicode/utf8"
 
 	"github.com/spf13/pflag"
 
+	"github.com/gangrun/gangrun"
 	"github.com/gangrun/gangrun/internal/cgroup"
 	"github.com/gangrun/gangrun/internal/proc"
 	"github.com/gangrun/gangrun/internal/quote"
+	"github.com/gangrun/gangrun/internal/schema"
 	"github.com/gangrun/gangrun/internal/store"
 )
-
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "dev"
 
 // Exit codes shared by every subcommand (docs/run.md, "Failures, restarts, exit codes").
 const (
@@ -216,16 +216,37 @@ func usage(w io.Writer) {
 	fmt.Fprintln(w, "Run 'gangrun COMMAND --help' for a command's flags.")
 }
 
-// runVersion prints gangrun's version; it takes no arguments and no flags but --help.
+// runVersion prints gangrun's release version, the commit it was built from, and the
+// schema version of each record it keeps in Consul (it writes each at that version, and
+// reads that one and every older one: docs/operations.md, "Upgrades"); --json prints
+// them as {"version", "commit", "schemas": {kind: version}}. It takes no arguments.
 func runVersion(_ context.Context, e *env, args []string) int {
-	fs := newFlagSet(e, "version", "")
+	fs := newFlagSet(e, "version", "[--json]")
+	asJSON := fs.Bool("json", false, "print JSON")
 	if done, code := parseFlags(e, fs, args); done {
 		return code
 	}
 	if fs.NArg() > 0 {
 		return usageErr(e, "version", "unexpected argument %q: version takes none", fs.Arg(0))
 	}
-	fmt.Fprintf(e.stdout, "gangrun %s\n", version)
+	schemas := map[string]int{}
+	for _, k := range schema.Kinds() {
+		schemas[string(k)] = k.Version()
+	}
+	if *asJSON {
+		return printJSON(e, struct {
+			Version string         `json:"version"`
+			Commit  string         `json:"commit"`
+			Schemas map[string]int `json:"schemas"`
+		}{gangrun.Version(), gangrun.Commit(), schemas})
+	}
+	fmt.Fprintf(e.stdout, "gangrun %s (commit %s)\n", gangrun.Version(), gangrun.Commit())
+	fmt.Fprintln(e.stdout, "record schemas (each written at this version; it and older ones read):")
+	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	for _, k := range schema.Kinds() {
+		fmt.Fprintf(tw, "  %s\t%d\n", k, k.Version())
+	}
+	tw.Flush()
 	return exitOK
 }
 
