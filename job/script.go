@@ -23,13 +23,16 @@ const MaxScriptBytes = 1 << 20
 //
 // Before that, the script as a whole is checked (CheckScript), and two directive lines
 // giving one --env variable are refused (the command line may override one, as
-// sbatch's does).
+// sbatch's does). #SBATCH lines are not read: a script with some and no Directive line
+// is refused (its options would be lost), one with both is a script for both
+// schedulers and its #SBATCH lines are left to Slurm.
 func ScriptOptions(script string) ([]string, error) {
 	if err := CheckScript(script); err != nil {
 		return nil, err
 	}
 	var args []string
 	envLine := map[string]int{}
+	ours, sbatch := false, 0 // a Directive line seen; the first #SBATCH line's number
 	sc := bufio.NewScanner(strings.NewReader(script))
 	sc.Buffer(make([]byte, 64<<10), MaxScriptBytes)
 	for n := 1; sc.Scan(); n++ {
@@ -43,6 +46,9 @@ func ScriptOptions(script string) ([]string, error) {
 		if !strings.HasPrefix(line, "#") {
 			break // the first command: no directive after it counts
 		}
+		if r, ok := strings.CutPrefix(line, "#SBATCH"); ok && (r == "" || r[0] == ' ' || r[0] == '\t') && sbatch == 0 {
+			sbatch = n
+		}
 		rest, ok := strings.CutPrefix(line, Directive)
 		if ok && strings.HasPrefix(rest, "-") {
 			return nil, fmt.Errorf("script line %d %s: a %s line needs a space before its options", n, quote.Q(line), Directive)
@@ -50,6 +56,7 @@ func ScriptOptions(script string) ([]string, error) {
 		if !ok || rest != "" && rest[0] != ' ' && rest[0] != '\t' {
 			continue // another comment (#GANGRUNX is not ours either)
 		}
+		ours = true
 		words, err := splitWords(rest)
 		if err != nil {
 			return nil, fmt.Errorf("script line %d %s: %w", n, quote.Q(line), err)
@@ -74,6 +81,12 @@ func ScriptOptions(script string) ([]string, error) {
 	}
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("script: %w", err)
+	}
+	if sbatch > 0 && !ours {
+		// A Slurm script's options, which gangrun does not read: running it without them
+		// would run it on other resources than it asks for. A script for both keeps its
+		// #SBATCH lines for Slurm beside #GANGRUN lines for gangrun.
+		return nil, fmt.Errorf("script line %d: gangrun submit does not read #SBATCH lines: give the options on %s lines (a script for both Slurm and gangrun keeps both kinds)", sbatch, Directive)
 	}
 	return args, nil
 }

@@ -119,6 +119,15 @@ python train.py
 	if err != nil || !slices.Equal(got, want) {
 		t.Errorf("ScriptOptions = %q, %v; want %q", got, err, want)
 	}
+	// A Slurm script alone is refused, naming its first #SBATCH line: its options would
+	// be lost; with #GANGRUN lines beside them, the #SBATCH lines are Slurm's.
+	if _, err := ScriptOptions("#!/bin/sh\n# x\n#SBATCH --gpus-per-node=2\n#SBATCH --time=10\nhostname\n"); err == nil ||
+		!strings.Contains(err.Error(), "script line 3") || !strings.Contains(err.Error(), "#SBATCH") {
+		t.Errorf("a script of #SBATCH lines only: error %v, want one naming line 3", err)
+	}
+	if got, err := ScriptOptions("#!/bin/sh\n#SBATCH --nodes=2\nhostname\n#GANGRUN --nodes 9\n"); err == nil {
+		t.Errorf("#SBATCH lines and a #GANGRUN line after the first command: %q, want refused (the #GANGRUN line does not count)", got)
+	}
 	if _, err := ScriptOptions("#GANGRUN --name \"unclosed\n"); err == nil || !strings.Contains(err.Error(), "script line 1") {
 		t.Errorf("an unclosed quote: error %v, want one naming line 1", err)
 	}
