@@ -88,6 +88,11 @@ func TestBadInputs(t *testing.T) {
 		{"env given twice", run("--env", "A=1", "--env", "A=2"), nil, 2, `gangrun run: --env A given twice ("A=1" and "A=2"): give each variable once`},
 		{"hostlist expand empty", []string{"hostlist", "expand", ""}, nil, 2, `gangrun hostlist expand: argument 1 "" is empty: want a hostlist expression such as node[01-04]`},
 		{"version flag", []string{"version", "--bogus"}, nil, 2, "gangrun version: unknown flag: --bogus"},
+		// sbatch's names for submit's and alloc's options get gangrun's (a Slurm user's habit).
+		{"submit --job-name", []string{"submit", "--job-name", "x", "--", "true"}, nil, 2, "gangrun submit: unknown flag: --job-name; sbatch's option; gangrun's is --name"},
+		{"submit -N", []string{"submit", "-N", "2", "--", "true"}, nil, 2, "gangrun submit: unknown shorthand flag: 'N' in -N; sbatch's option; gangrun's is --nodes"},
+		{"alloc --gres", []string{"alloc", "--gres=gpu:1"}, nil, 2, "gangrun alloc: unknown flag: --gres; sbatch's option; gangrun's is --gpus-per-node [TYPE:]COUNT"},
+		{"submit unknown flag", []string{"submit", "--bogus", "--", "true"}, nil, 2, "gangrun submit: unknown flag: --bogus"},
 		{"version argument", []string{"version", "now"}, nil, 2, `gangrun version: unexpected argument "now": version takes none`},
 		{"nodes argument", []string{"nodes", "gpu-a"}, nil, 2, `gangrun nodes: unexpected argument "gpu-a": nodes takes flags only`},
 		{"queue argument", []string{"queue", "abc"}, nil, 2, `gangrun queue: unexpected argument "abc": queue takes flags only (gangrun show ID shows one)`},

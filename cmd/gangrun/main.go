@@ -277,6 +277,9 @@ func parseFlags(e *env, fs *pflag.FlagSet, args []string) (done bool, code int) 
 		if !ok {
 			msg = err.Error()
 		}
+		if hint := slurmHint(fs, err); hint != "" {
+			msg += "; " + hint
+		}
 		fmt.Fprintf(e.stderr, "%s: %s\n", fs.Name(), oneLine(msg))
 		return true, exitUsage
 	}
@@ -285,6 +288,38 @@ func parseFlags(e *env, fs *pflag.FlagSet, args []string) (done bool, code int) 
 		return true, exitUsage
 	}
 	return false, exitOK
+}
+
+// slurmOptions maps sbatch's and salloc's option names (long, and short without its
+// dash) that gangrun names otherwise to what to write instead (Slurm's sbatch(1)).
+var slurmOptions = map[string]string{
+	"job-name": "--name", "J": "--name",
+	"N": "--nodes", "t": "--time", "p": "--partition", "A": "--account", "o": "--output",
+	"d": "--dependency", "a": "--array", "export": "--env KEY=VALUE (repeatable)",
+	"gres": "--gpus-per-node [TYPE:]COUNT", "gpus": "--gpus-per-node [TYPE:]COUNT (per node)", "G": "--gpus-per-node [TYPE:]COUNT (per node)",
+	"ntasks-per-node": "--gpus-per-node (one worker per GPU; gangrun run's --nproc-per-node otherwise)",
+	"error":           "--output (one file holds both streams)", "e": "--output (one file holds both streams)",
+}
+
+// slurmHint says what gangrun calls an sbatch option that submit's or alloc's fs does
+// not know, so a Slurm user's habit gets an answer rather than a bare refusal; "" for
+// other errors and commands.
+func slurmHint(fs *pflag.FlagSet, err error) string {
+	if fs.Name() != "gangrun submit" && fs.Name() != "gangrun alloc" {
+		return ""
+	}
+	msg := err.Error()
+	var name string
+	switch {
+	case strings.HasPrefix(msg, "unknown flag: --"):
+		name, _, _ = strings.Cut(strings.TrimPrefix(msg, "unknown flag: --"), "=")
+	case strings.HasPrefix(msg, "unknown shorthand flag: '"):
+		name, _, _ = strings.Cut(strings.TrimPrefix(msg, "unknown shorthand flag: '"), "'")
+	}
+	if to, ok := slurmOptions[name]; ok {
+		return "sbatch's option; gangrun's is " + to
+	}
+	return ""
 }
 
 // usageErr prints a one-line usage error for cmd and returns exit code 2.
