@@ -840,7 +840,7 @@ func (c *Controller) syncRestarts(ctx context.Context, j Job) {
 	if err != nil || !ok {
 		return
 	}
-	own := max(info.Failures-j.State.NodeFailures-j.State.PreemptFailures, 0)
+	own := ownRestarts(info, j.State)
 	if own == j.State.Restarts {
 		return
 	}
@@ -856,8 +856,20 @@ func (c *Controller) syncRestarts(ctx context.Context, j Job) {
 // countRestarts sets j's own restarts from its run, as it ends.
 func (c *Controller) countRestarts(ctx context.Context, j *Job) {
 	if info, ok, err := rendezvous.ReadRun(ctx, c.rdzv, j.Spec.ID); err == nil && ok {
-		j.State.Restarts = max(info.Failures-j.State.NodeFailures-j.State.PreemptFailures, 0)
+		j.State.Restarts = ownRestarts(info, j.State)
 	}
+}
+
+// ownRestarts is the restarts the run made for the job's own failures: its failed
+// rounds less those its lost nodes and pre-emptions caused. A failure past the run's
+// budget (info.MaxRestarts, when recorded) ended the run and restarted nothing, so it
+// is not one (a job of --max-restarts 3 that failed four times showed Restarts=4).
+func ownRestarts(info rendezvous.RunInfo, st State) int {
+	failures := info.Failures
+	if info.MaxRestarts >= 0 {
+		failures = min(failures, info.MaxRestarts)
+	}
+	return max(failures-st.NodeFailures-st.PreemptFailures, 0)
 }
 
 // update is the package's update, fenced by the controller's leadership.

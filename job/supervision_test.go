@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/gangrun/gangrun/event"
+	"github.com/gangrun/gangrun/rendezvous"
 )
 
 // TestRestartCauses: each cause the supervisor and the controller write is counted under
@@ -84,5 +85,25 @@ func TestETTRAndRecovery(t *testing.T) {
 	}
 	if _, ok := fresh.Recovery(); ok {
 		t.Errorf("recovery without a restart")
+	}
+}
+
+// TestOwnRestarts: a job's own restarts are its run's failed rounds less those lost
+// nodes and pre-emptions caused, and never count the failure that ended the run past its
+// budget (a --max-restarts 3 job that failed four times restarted three times).
+func TestOwnRestarts(t *testing.T) {
+	for _, tc := range []struct {
+		failures, budget, node, preempt, want int
+	}{
+		{failures: 4, budget: 3, want: 3},                      // out of restarts: the last failure restarted nothing
+		{failures: 1, budget: 3, want: 1},                      // running again after one failure
+		{failures: 2, budget: -1, want: 2},                     // a state without its budget: as counted
+		{failures: 5, budget: 4, node: 1, want: 3},             // one lost node's restart given back
+		{failures: 2, budget: 3, node: 1, preempt: 1, want: 0}, // neither is the job's own
+	} {
+		got := ownRestarts(rendezvous.RunInfo{Failures: tc.failures, MaxRestarts: tc.budget}, State{NodeFailures: tc.node, PreemptFailures: tc.preempt})
+		if got != tc.want {
+			t.Errorf("%+v: own restarts %d, want %d", tc, got, tc.want)
+		}
 	}
 }
