@@ -442,7 +442,7 @@ func Decode(data []byte) (*Inventory, error) {
 	switch v := *probe.SchemaVersion; {
 	case v > SchemaVersion:
 		// The reason every record's reader gives (internal/schema).
-		return nil, &schema.NewerError{Kind: schema.Inventory, Got: v, Reads: SchemaVersion}
+		return nil, &schema.NewerError{Kind: schema.Inventory, Got: v, Reads: SchemaVersion, Field: "schema_version"}
 	case v != SchemaVersion:
 		return nil, fmt.Errorf("schema_version %d is not supported (this gangrun reads %d)", v, SchemaVersion)
 	}

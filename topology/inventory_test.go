@@ -42,7 +42,7 @@ func TestLoadFileErrors(t *testing.T) {
 		{"bad json", write("bad.json", "{\n  \"schema_version\": 1,\n  \"node\": x\n}"), "invalid JSON at line 3, column 11"},
 		{"wrong type", write("type.json", `{"schema_version": 1, "gpus": [{"index": "zero"}]}`), `field "gpus[0].index": want an integer from -9223372036854775808 to 9223372036854775807, got a string`},
 		{"no version", write("nover.json", `{"node": "a"}`), "no schema_version"},
-		{"new version", write("v2.json", `{"schema_version": 2}`), "inventory written by a newer gangrun (schema 2; this one reads up to 1)"},
+		{"new version", write("v2.json", `{"schema_version": 2}`), "inventory written by a newer gangrun (schema_version 2; this one reads up to 1)"},
 		{"version 0", write("v0.json", `{"schema_version": 0}`), "schema_version 0 is not supported (this gangrun reads 1)"},
 		{"duplicate gpu", write("dup.json", `{"schema_version": 1, "gpus": [{"index": 0, "health": {"state": "healthy"}}, {"index": 0, "health": {"state": "healthy"}}]}`), "gpu index 0 appears twice"},
 		{"bad link", write("link.json", `{"schema_version": 1, "gpus": [{"index": 0, "health": {"state": "healthy"}}], "gpu_links": [{"a": 0, "b": 3, "nvlinks": 1, "level": "PIX"}]}`), "gpu link 0-3 names an unknown gpu"},

@@ -98,12 +98,19 @@ type NewerError struct {
 	Kind  Kind
 	Got   int
 	Reads int
+	// Field names the record's version member where it is not "schema" (an inventory
+	// file's "schema_version"), so the message names what is in the file.
+	Field string
 }
 
 // Error says "job spec written by a newer gangrun (schema 3; this one reads up to 2)":
 // the reason `gangrun queue`, `show` and `nodes` show for the record.
 func (e *NewerError) Error() string {
-	return fmt.Sprintf("%s written by a newer gangrun (schema %d; this one reads up to %d)", e.Kind, e.Got, e.Reads)
+	field := e.Field
+	if field == "" {
+		field = "schema"
+	}
+	return fmt.Sprintf("%s written by a newer gangrun (%s %d; this one reads up to %d)", e.Kind, field, e.Got, e.Reads)
 }
 
 // Is makes errors.Is(err, ErrNewer) true.
