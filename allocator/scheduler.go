@@ -183,6 +183,13 @@ func (sc *Scheduler) Run(ctx context.Context) error {
 				timer = time.After(storeErrorRetry)
 				continue
 			}
+			for p, w := range sc.written {
+				if idx < w {
+					// Older than a write of ours: the store went back in time (restored
+					// from a snapshot); its index counts from there now.
+					delete(sc.written, p)
+				}
+			}
 			snap = cache.parse(entries, idx)
 		default:
 			snap = cache.parse(all, index)

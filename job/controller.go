@@ -132,8 +132,18 @@ func (c *Controller) Run(ctx context.Context) error {
 				continue
 			}
 			fresh, idx, err := c.s.List(ctx, jobsPrefix)
-			if err != nil || idx < written {
+			if err != nil {
 				continue
+			}
+			if idx < written {
+				// A read of the leader's own data, older than this controller's last
+				// write: the store went back in time (Consul restored from a snapshot).
+				// What it holds now is what there is; waiting for the old index would
+				// wait until as many writes came again (a restored job never ended).
+				c.log.Info("the jobs' index went back (Consul restored?): taking the store as it is now", zap.Uint64("index", idx), zap.Uint64("last_write", written))
+				c.mu.Lock()
+				c.written = idx
+				c.mu.Unlock()
 			}
 			jobEntries = fresh
 		}

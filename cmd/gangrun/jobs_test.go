@@ -249,9 +249,10 @@ func TestCancelStopsARunningJob(t *testing.T) {
 		t.Fatalf("cancel: %d %s %s", code, out, errOut)
 	}
 	c.waitState(id, job.Cancelled, 60*time.Second)
-	if m := c.show(pending); m["state"] != string(job.Cancelled) {
-		t.Errorf("the pending job is %v, want CANCELLED", m["state"])
-	}
+	// The pending job may have been granted the GPUs the first gave back before its own
+	// cancel was served (the cancel serves its ids in turn): then it is stopping, and
+	// ends CANCELLED too.
+	c.waitState(pending, job.Cancelled, 60*time.Second)
 	if n := countWorkers(c.mark); n != 0 {
 		t.Errorf("%d workers left after the cancel", n)
 	}

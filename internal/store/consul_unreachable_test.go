@@ -32,8 +32,8 @@ func TestConsulUnreachableSaysWhereAndWhy(t *testing.T) {
 	}{
 		{"given", closed, "--consul", "", "cannot reach Consul at " + closed + " (from --consul): connection refused; start a Consul agent there"},
 		{"from the environment", "", "--consul", closed, "cannot reach Consul at " + closed + " (from CONSUL_HTTP_ADDR): connection refused"},
-		{"no port: Consul's, not 80", "", "--consul", "127.0.0.1", "cannot reach Consul at 127.0.0.1:8500 (from CONSUL_HTTP_ADDR, with Consul's default port added)"},
-		{"https without a port", "", "--coordinator", "https://127.0.0.1", "cannot reach Consul at https://127.0.0.1:8501 (from CONSUL_HTTP_ADDR, with Consul's default port added)"},
+		{"no port: Consul's, not 80", "", "--consul", "127.0.0.77", "cannot reach Consul at 127.0.0.77:8500 (from CONSUL_HTTP_ADDR, with Consul's default port added)"},
+		{"https without a port", "", "--coordinator", "https://127.0.0.77", "cannot reach Consul at https://127.0.0.77:8501 (from CONSUL_HTTP_ADDR, with Consul's default port added)"},
 		{"no such host", "nosuchhost.invalid:8500", "--consul", "", `cannot reach Consul at nosuchhost.invalid:8500 (from --consul): no such host "nosuchhost.invalid"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
