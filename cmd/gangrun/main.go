@@ -305,18 +305,11 @@ var slurmOptions = map[string]string{
 // not know, so a Slurm user's habit gets an answer rather than a bare refusal; "" for
 // other errors and commands.
 func slurmHint(fs *pflag.FlagSet, err error) string {
-	if fs.Name() != "gangrun submit" && fs.Name() != "gangrun alloc" {
+	var ne *pflag.NotExistError
+	if fs.Name() != "gangrun submit" && fs.Name() != "gangrun alloc" || !errors.As(err, &ne) {
 		return ""
 	}
-	msg := err.Error()
-	var name string
-	switch {
-	case strings.HasPrefix(msg, "unknown flag: --"):
-		name, _, _ = strings.Cut(strings.TrimPrefix(msg, "unknown flag: --"), "=")
-	case strings.HasPrefix(msg, "unknown shorthand flag: '"):
-		name, _, _ = strings.Cut(strings.TrimPrefix(msg, "unknown shorthand flag: '"), "'")
-	}
-	if to, ok := slurmOptions[name]; ok {
+	if to, ok := slurmOptions[ne.GetSpecifiedName()]; ok {
 		return "sbatch's option; gangrun's is " + to
 	}
 	return ""
