@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gangrun/gangrun/internal/store"
+	"github.com/gangrun/gangrun/internal/testport"
 )
 
 func TestParseC10dURL(t *testing.T) {
@@ -58,14 +59,11 @@ func TestParseC10dURL(t *testing.T) {
 	}
 }
 
-// freeLoopbackPort returns a port free on every interface.
+// freeLoopbackPort returns a port free on every interface, claimed for this test
+// process (testport).
 func freeLoopbackPort(t *testing.T) int {
 	t.Helper()
-	p, err := FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return p
+	return testport.Get(t)
 }
 
 // TestC10dTwoNodesAndTheHostsLoss: two nodes of one machine open the same c10d

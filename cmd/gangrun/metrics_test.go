@@ -3,7 +3,6 @@ package main
 import (
 	"encoding/json"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -19,20 +18,17 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 
 	"github.com/gangrun/gangrun/internal/promtest"
+	"github.com/gangrun/gangrun/internal/testport"
 	"github.com/gangrun/gangrun/job"
 	"github.com/gangrun/gangrun/metrics"
 	"github.com/gangrun/gangrun/topology"
 )
 
-// freePort returns a loopback port nothing listens on now.
+// freePort returns a loopback port nothing listens on now, claimed for this test
+// process (testport).
 func freePort(t *testing.T) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	return testport.Get(t)
 }
 
 // mockGPUEndpoint serves, in this process, a node's GPU metrics read from go-nvml's

@@ -250,13 +250,7 @@ func TestWorkerEnvMatchesTorchrun(t *testing.T) {
 	})
 	t.Run("two nodes", func(t *testing.T) {
 		env := append(append([]string{}, parent...), testMark(t))
-		port := func() string {
-			p, err := rendezvous.FreePort()
-			if err != nil {
-				t.Fatal(err)
-			}
-			return strconv.Itoa(p)
-		}
+		port := func() string { return strconv.Itoa(freePort(t)) }
 		node := func(p string) []string {
 			return []string{"--nnodes", "2", "--nproc-per-node", "2", "--max-restarts", "1", "--rdzv-backend", "c10d",
 				"--rdzv-endpoint", "127.0.0.1:" + p, "--rdzv-id", "cmp2", script}
@@ -281,14 +275,7 @@ func TestWorkerEnvMatchesTorchrun(t *testing.T) {
 func TestTorchrunDocExamples(t *testing.T) {
 	py := torchtest.PyPI(t)
 	script := filepath.Join(repoRoot(t), "scripts", "examples", "train_ddp.py")
-	port, err := rendezvous.FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	port2, err := rendezvous.FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
+	port, port2 := freePort(t), freePort(t)
 	vars := []string{"PATH=" + py.Bin + ":" + os.Getenv("PATH"), "NUM_TRAINERS=2", "JOB_ID=doc-example",
 		"HOST_NODE_ADDR=127.0.0.1:" + strconv.Itoa(port), "YOUR_TRAINING_SCRIPT=" + script, "MASTER_PORT_ARG=" + strconv.Itoa(port2)}
 	bash := func(t *testing.T, line string, nodes int) []string {

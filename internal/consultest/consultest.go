@@ -13,7 +13,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -23,6 +22,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gangrun/gangrun/internal/testport"
 )
 
 // startTimeout bounds how long an agent may take to elect itself leader.
@@ -132,25 +133,9 @@ func repoRoot() (string, error) {
 	}
 }
 
-// freePorts returns n distinct free TCP ports on 127.0.0.1.
-func freePorts(n int) ([]int, error) {
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	ports := make([]int, 0, n)
-	for i := 0; i < n; i++ {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
-}
+// freePorts returns n distinct ports on 127.0.0.1 claimed for this test process
+// (testport: below the ephemeral range, where no client socket takes them meanwhile).
+func freePorts(n int) ([]int, error) { return testport.Take(n) }
 
 // Start starts `consul agent -dev` on free loopback ports and stops it when the test
 // ends. Its state lives in memory: a restart loses it.

@@ -6,7 +6,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -18,6 +17,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gangrun/gangrun/internal/testport"
 )
 
 // ScrapeInterval is how often the server scrapes each target.
@@ -167,15 +168,11 @@ func (s *Server) get(path string, v any) {
 	}
 }
 
-// freePort returns a loopback port nothing listens on now.
+// freePort returns a loopback port nothing listens on now, claimed for this test
+// process (testport).
 func freePort(t testing.TB) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	return testport.Get(t)
 }
 
 // lockedBuffer is a bytes.Buffer the server's output goroutines and the test share.
