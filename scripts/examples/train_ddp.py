@@ -188,13 +188,26 @@ def main():
             if rank == 0:
                 say("stopping at step %d on SIGTERM" % step)
             dist.destroy_process_group()
-            sys.exit(128 + signal.SIGTERM)
+            leave(128 + signal.SIGTERM)
         if stop_sig == signal.SIGUSR1:
             _STOP["signal"] = 0
     if rank == 0:
         say("finished at step %d loss %.4f" % (step, loss.item()))
     dist.barrier()
     dist.destroy_process_group()
+    leave(0)
+
+
+def leave(code):
+    """Exit with code without the interpreter's shutdown. torch 2.x's gloo can still
+    have threads running after destroy_process_group(); tearing the interpreter down
+    under them aborts now and then ("terminate called without an active exception",
+    SIGABRT) after the work is done, and the launcher rightly counts that as a failure
+    (seen once in 2026-12 CI on torch 2.15: pytorch/pytorch#179291 is the same crash
+    without destroy_process_group)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
