@@ -104,7 +104,16 @@ func (st *step) run(ctx context.Context) int {
 		}
 	}()
 	s, id, node := st.cfg.Store, st.cfg.Job, st.cfg.Node
-	j, err := Read(ctx, s, id)
+	patience := time.Now().Add(stepStartPatience)
+	var j *Job
+	err := st.waitConsul(ctx, "read the job", patience, func() (err error) {
+		// A job Consul does not have: a Consul that lost its data and is being
+		// restored (the agent saw the job a moment ago); a deleted job waits in vain.
+		if j, err = Read(ctx, s, id); errors.Is(err, ErrNotFound) {
+			err = &store.UnavailableError{Op: "read job " + id, Err: err}
+		}
+		return err
+	})
 	if err != nil {
 		st.log.Error("read the job", zap.Error(err))
 		return 1
@@ -116,8 +125,12 @@ func (st *step) run(ctx context.Context) int {
 		return 0
 	}
 	since := time.Now()
-	sess, err := s.CreateSession(ctx, store.SessionOptions{Name: "gangrun step " + id + " " + node, TTL: stepSessionTTL,
-		LockDelay: allocator.GrantLockDelay, Behavior: store.DeleteKeys, NodeHealth: true})
+	var sess string
+	err = st.waitConsul(ctx, "create the step's session", patience, func() (err error) {
+		sess, err = s.CreateSession(ctx, store.SessionOptions{Name: "gangrun step " + id + " " + node, TTL: stepSessionTTL,
+			LockDelay: allocator.GrantLockDelay, Behavior: store.DeleteKeys, NodeHealth: true})
+		return err
+	})
 	if err != nil {
 		st.log.Error("create the step's session", zap.Error(err))
 		return 1
@@ -245,6 +258,32 @@ func (st *step) run(ctx context.Context) int {
 		st.log.Error("the job's step ends without an outcome for the job", zap.Int("exit_code", res.ExitCode), zap.Error(res.Err))
 	}
 	return res.ExitCode
+}
+
+// stepStartPatience bounds how long a starting step waits for Consul to answer before
+// it holds a lease of its own (Consul restarting, or restored from a snapshot, just as
+// the agent started the step): half of StepStartTimeout, after which the job's
+// controller handles the node as lost anyway.
+const stepStartPatience = StepStartTimeout / 2
+
+// waitConsul runs f until it succeeds, fails with anything but an unavailable Consul
+// (store.ErrUnavailable), or until, saying once that the step waits for Consul.
+func (st *step) waitConsul(ctx context.Context, what string, until time.Time, f func() error) error {
+	backoff := 100 * time.Millisecond
+	for said := false; ; said = true {
+		err := f()
+		if err == nil || !errors.Is(err, store.ErrUnavailable) || !time.Now().Before(until) {
+			return err
+		}
+		if !said {
+			st.log.Warn("Consul does not answer: the step waits for it", zap.String("to", what), zap.Error(err),
+				zap.Duration("at_most", time.Until(until).Round(time.Second)))
+		}
+		if !store.Sleep(ctx, backoff) {
+			return ctx.Err()
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
 }
 
 // lockStepKey takes the job's step key on this node for session sess. A step that

@@ -399,7 +399,8 @@ const (
 // Once this process has been in a round of the job, an unavailable coordinator (Consul
 // unreachable, no leader) or a lease that ended does not end the join: the node waits
 // it out, with a new session, and joins the next round it can. Before that, such errors
-// are returned (a coordinator that cannot be reached at start is a usage problem).
+// are returned (a coordinator that cannot be reached at start is a usage problem),
+// except for a cluster job's step (FollowRun), which waits from its first join.
 // Errors that no wait can fix (another --nnodes than the job's, a name held by another
 // node, the job finished meanwhile) are returned at once.
 func (c *Dynamic) Join(ctx context.Context, req JoinRequest) (Round, error) {
@@ -427,7 +428,12 @@ func (c *Dynamic) Join(ctx context.Context, req JoinRequest) (Round, error) {
 		joined := c.joined
 		c.mu.Unlock()
 		retry := errors.Is(err, store.ErrUnavailable) || errors.Is(err, store.ErrLeaseExpired) || errors.Is(err, store.ErrSessionGone)
-		if ctx.Err() != nil || !joined || !retry {
+		// A first join fails at once: `gangrun run` pointed at a Consul that is not
+		// there is a mistake to say now. A cluster job's step (FollowRun) was started
+		// because Consul showed its job running here: Consul gone a moment later (an
+		// outage, a restore) is waited for like any later one, for as long as the
+		// step's own lease lets it (its end cancels ctx).
+		if ctx.Err() != nil || (!joined && !c.cfg.FollowRun) || !retry {
 			return nil, err
 		}
 		now := time.Now()

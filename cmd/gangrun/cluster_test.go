@@ -6,9 +6,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -59,6 +61,10 @@ func startAgentProc(t *testing.T, consul, node, inventory string, env []string, 
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
+		if t.Failed() {
+			// The steps' own messages, read before the agent stops and removes them.
+			t.Logf("agent %s's steps' messages:\n%s", node, stepMessages(log.String()))
+		}
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		_ = cmd.Wait()
 		if t.Failed() {
@@ -66,6 +72,25 @@ func startAgentProc(t *testing.T, consul, node, inventory string, env []string, 
 		}
 	})
 	return cmd, log
+}
+
+// stepMessages returns the files in the directory an agent's log names as "the steps'
+// own messages", each under its name.
+func stepMessages(agentLog string) string {
+	m := regexp.MustCompile(`the steps' own messages\t\{"dir": "([^"]+)"\}`).FindStringSubmatch(agentLog)
+	if m == nil {
+		return "(the agent's log names no directory)"
+	}
+	files, _ := filepath.Glob(filepath.Join(m[1], "*"))
+	var b strings.Builder
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		fmt.Fprintf(&b, "--- %s\n%s\n", filepath.Base(f), data)
+	}
+	return b.String()
 }
 
 func nodesJSON(t *testing.T, consul string) []allocator.NodeStatus {

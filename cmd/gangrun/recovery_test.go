@@ -31,6 +31,21 @@ func startRecovery(t *testing.T) *recovery {
 	startAgentWith(t, r.consul.Addr, "rc-a", []string{r.mark}, "--state-dir", filepath.Join(r.dir, "state"))
 	waitUntilFor(t, 60*time.Second, func() bool { n := nodesJSON(t, r.consul.Addr); return len(n) == 1 && n[0].State == "up" }, "the agent up")
 	t.Chdir(r.dir)
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		// The jobs' output, the steps' messages among it, and what Consul holds.
+		outs, _ := filepath.Glob(filepath.Join(r.dir, "*.out"))
+		for _, f := range outs {
+			b, _ := os.ReadFile(f)
+			t.Logf("%s:\n%s", filepath.Base(f), b)
+		}
+		if bin, err := consultest.Binary(); err == nil {
+			out, _ := exec.Command(bin, "kv", "get", "-http-addr="+r.consul.Addr, "-recurse", "gangrun/").CombinedOutput()
+			t.Logf("Consul's gangrun/ keys:\n%s", out)
+		}
+	})
 	return r
 }
 
@@ -178,6 +193,10 @@ func TestRecoveryAfterConsulOutages(t *testing.T) {
 			t.Errorf("the restore kept job %s: %s", id, j.State.Status)
 		}
 		waitUntilFor(t, 90*time.Second, func() bool { return len(markedProcs(t, r.mark, "sleep")) == 0 }, "the lost job's workers gone")
+		// Its step ends too: at once, or, while the restored Consul's index is still
+		// below what the step saw (nothing written since the restore), once its lease
+		// is over.
+		waitUntilFor(t, 90*time.Second, func() bool { return len(markedProcs(t, r.mark, stepCommand)) == 0 }, "the lost job's step gone")
 	})
 	t.Run("never back", func(t *testing.T) {
 		r := startRecovery(t)

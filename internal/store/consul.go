@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/consul/api"
@@ -27,6 +28,20 @@ type Consul struct {
 	// direct is what a request outside consul/api needs (Clock): the HTTP client
 	// (TLS, a unix socket) and the scheme and host consul/api dials.
 	direct direct
+	// seen is the highest index of any answer about the KV store so far (List, Keys,
+	// WatchList, Get): a KV index below it later means Consul's data went back in time
+	// (RenewSession).
+	seen atomic.Uint64
+}
+
+// saw records idx, an answer's index about the KV store.
+func (s *Consul) saw(idx uint64) {
+	for {
+		cur := s.seen.Load()
+		if idx <= cur || s.seen.CompareAndSwap(cur, idx) {
+			return
+		}
+	}
 }
 
 // direct is the client consul/api made, for requests it has no call for.
@@ -478,6 +493,7 @@ func (s *Consul) List(ctx context.Context, prefix string) ([]Entry, uint64, erro
 		if err != nil {
 			return listed{}, err
 		}
+		s.saw(meta.LastIndex)
 		return listed{pairs, meta.LastIndex}, nil
 	})
 	if err != nil {
@@ -497,6 +513,7 @@ func (s *Consul) Keys(ctx context.Context, prefix string) ([]string, uint64, err
 		if err != nil {
 			return listed{}, err
 		}
+		s.saw(meta.LastIndex)
 		return listed{keys, meta.LastIndex}, nil
 	})
 	if err != nil {
@@ -519,6 +536,7 @@ func (s *Consul) WatchList(ctx context.Context, prefix string, index uint64, wai
 	if err != nil {
 		return nil, 0, failed(parent, s.origin, "consul watch "+prefix, err)
 	}
+	s.saw(meta.LastIndex)
 	return entries(pairs), meta.LastIndex, nil
 }
 
@@ -648,9 +666,46 @@ func (s *Consul) RenewSession(ctx context.Context, id string) error {
 		return err
 	}
 	if se == nil {
+		if err := s.wentBack(ctx, "renew session "+id); err != nil {
+			return err
+		}
 		return fmt.Errorf("renew session %s: %w", id, ErrSessionGone)
 	}
 	return nil
+}
+
+// indexProbeKey is a key gangrun never writes: reading it answers with the KV store's
+// index as a whole (Consul returns the table's index for a key it does not have).
+const indexProbeKey = "gangrun/.index-probe"
+
+// wentBack tells a session that Consul no longer knows apart from one it lost. Consul
+// that lost its data (its only server replaced by an empty one, which an operator then
+// restores from a snapshot: docs/operations.md, "Recovery") answers "no such session"
+// until the restore brings the session back; ending the session's lease on that answer
+// would stop a step whose job the restore shows running. wentBack reads the KV store's
+// index: below the highest this client has seen, the data went back in time, and it
+// returns an UnavailableError (ErrUnavailable: ask again; a lease still ends once
+// nothing was renewed for LeaseStop). nil when the index did not go back: the session
+// is gone.
+func (s *Consul) wentBack(ctx context.Context, op string) error {
+	seen := s.seen.Load()
+	if seen == 0 {
+		return nil
+	}
+	idx, err := attempt(ctx, s.origin, "consul get "+indexProbeKey, func(ctx context.Context) (uint64, error) {
+		_, meta, err := s.c.KV().Get(indexProbeKey, qopts(ctx))
+		if err != nil {
+			return 0, err
+		}
+		return meta.LastIndex, nil
+	})
+	if err != nil {
+		return err
+	}
+	if idx >= seen {
+		return nil
+	}
+	return &UnavailableError{Op: op, Err: fmt.Errorf("Consul's data went back in time (its index is %d, %d was seen): restarted without its data, or being restored from a snapshot; the session may come back", idx, seen)}
 }
 
 // DestroySession implements Store.

@@ -3,6 +3,11 @@ package store_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -195,5 +200,66 @@ func waitLog(t *testing.T, logs *observer.ObservedLogs, msg string, within time.
 			t.Fatalf("no %q logged within %s; logged: %v", msg, within, logs.All())
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestLeaseOutlivesConsulReplacedAndRestored: Consul's only server is replaced by an
+// empty one, which answers "no such session" until the operator restores the snapshot
+// (docs/operations.md, "Recovery"). The lease takes that answer from a store whose data
+// went back in time for an outage, not for its session's end: it holds, and renews
+// again once the restore brings the session back. A session destroyed afterwards, on
+// the restored Consul, still ends the lease at once.
+func TestLeaseOutlivesConsulReplacedAndRestored(t *testing.T) {
+	agent := consultest.Start(t)
+	s := consultest.ConsulStore(t, agent)
+	ctx := context.Background()
+	for i := range 40 {
+		if _, err := s.Txn(ctx, []store.Op{{Verb: store.Set, Key: "lease-test/k" + strconv.Itoa(i), Value: []byte("v")}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, _, err := s.List(ctx, "lease-test/"); err != nil {
+		t.Fatal(err)
+	}
+	id := session(t, s, store.SessionOptions{TTL: store.MinSessionTTL})
+	bin, err := consultest.Binary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap := filepath.Join(t.TempDir(), "consul.snap")
+	if out, err := exec.Command(bin, "snapshot", "save", "-http-addr="+agent.Addr, snap).CombinedOutput(); err != nil {
+		t.Fatalf("snapshot save: %v\n%s", err, out)
+	}
+	core, logs := observer.New(zapcore.InfoLevel)
+	l := store.Keep(s, id, store.MinSessionTTL, time.Now(), zap.New(core))
+	defer l.Close()
+	agent.Kill()
+	agent.Launch() // empty: it knows neither the keys nor the session
+	// Renewals on the empty Consul: the lease says the coordinator is unavailable and
+	// holds.
+	waitLog(t, logs, "coordinator unreachable: cannot renew the session, retrying", store.MinSessionTTL)
+	if !l.Valid() {
+		t.Fatalf("the lease ended on the empty Consul: %v", l.Err())
+	}
+	if got := logs.FilterMessage("coordinator unreachable: cannot renew the session, retrying").All()[0].ContextMap()["error"]; !strings.Contains(fmt.Sprint(got), "went back in time") {
+		t.Errorf("renewal error %q does not say Consul's data went back", got)
+	}
+	if out, err := exec.Command(bin, "snapshot", "restore", "-http-addr="+agent.Addr, snap).CombinedOutput(); err != nil {
+		t.Fatalf("snapshot restore: %v\n%s", err, out)
+	}
+	waitLog(t, logs, "coordinator reachable again: session renewed", store.MinSessionTTL)
+	if !l.Valid() {
+		t.Fatalf("the lease ended: %v", l.Err())
+	}
+	if err := s.DestroySession(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-l.Done():
+	case <-time.After(store.MinSessionTTL / 2):
+		t.Fatal("the lease of a session destroyed on the restored Consul did not end")
+	}
+	if !errors.Is(l.Err(), store.ErrSessionGone) {
+		t.Errorf("Err() = %v, want ErrSessionGone", l.Err())
 	}
 }
