@@ -21,7 +21,13 @@ trainer finds its newest checkpoint itself.
 Usage: make build && /usr/bin/python3 benchmarks/goodput.py [DURATION] [EVERY] [SEED]
 (defaults 120, 20, 1); KEEP_WORK=1 keeps the work directory (logs, progress files);
 GANGRUN_BIN, GANGRUN_CONSUL and GOODPUT_MODES (a comma list of
-warm, warm0 — warm restarts with --warm-delay 0s —, cold, torchrun) override;
+warm, warm0 — warm restarts with --warm-delay 0s —, cold, torchrun, torchrun2, ft_launcher)
+override; GOODPUT_PYTHON is the trainer's interpreter for every mode (default Debian's
+torch 1.13; scripts/install-torch2.sh prints torch 2.x's). torchrun2: that interpreter's
+own torchrun (`python -m torch.distributed.run`, the hyphen spellings, otherwise as
+torchrun above); ft_launcher: NVIDIA's (nvidia-resiliency-ext 0.4.1, scripts/install-nvrx.sh)
+with the same options and its defaults, plus --ignore-missing-fault-tol-cfg (the trainer
+does not call its heartbeat API: failures are seen as worker exits, as torchrun sees them);
 GOODPUT_FLAGS adds flags to every gangrun run (for experiments); GOODPUT_JITTER=1 moves
 each kill to a seeded uniformly random time within EVERY/2 of its place (the same times
 for every mode). A kill due while no trainer runs falls on the next to start.
@@ -45,15 +51,34 @@ import time
 import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PY = "/usr/bin/python3"
+# The trainer's interpreter: Debian's torch 1.13, or GOODPUT_PYTHON (torch 2.x:
+# scripts/install-torch2.sh prints its path), the same for every mode of a run.
+PY = os.environ.get("GOODPUT_PYTHON", "/usr/bin/python3")
+
+
+_TAKEN = set()
 
 
 def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+    """A port free now, below the kernel's ephemeral range (32768 up), where no client
+    socket takes it meanwhile (a port the kernel picks for bind(0) comes from that
+    range, and the Consul agent once failed on one: "address already in use")."""
+    rng = random.Random()
+    while True:
+        port = rng.randrange(10000, 20000)
+        if port in _TAKEN:
+            continue
+        try:
+            for host in ("127.0.0.1", "0.0.0.0"):
+                s = socket.socket()
+                try:
+                    s.bind((host, port))
+                finally:
+                    s.close()
+        except OSError:
+            continue
+        _TAKEN.add(port)
+        return port
 
 
 def marked(mark):
@@ -100,12 +125,28 @@ def run_mode(mode, consul_addr, work, duration, every, seed):
     env[mark.split("=")[0]] = mark.split("=", 1)[1]
     env.pop("PYTHONPATH", None)
     procs = []
-    if mode == "torchrun":
+    if mode in ("torchrun", "torchrun2", "ft_launcher"):
         port = free_port()
+        if mode == "torchrun":
+            # Debian's torch 1.13 through the test shim, which takes the underscore spellings.
+            launcher = [os.path.join(ROOT, "cmd", "gangrun", "testdata", "bin", "torchrun")]
+            opts = ["--nnodes", "2", "--nproc_per_node", "2", "--rdzv_backend", "c10d", "--rdzv_endpoint",
+                    "127.0.0.1:%d" % port, "--rdzv_id", "goodput", "--max_restarts", "1000", "--monitor_interval", "0.1"]
+        else:
+            if mode == "torchrun2":
+                # torch 2.x's own torchrun, beside the trainer's interpreter.
+                launcher = [PY, "-m", "torch.distributed.run"]
+            else:
+                # NVIDIA's ft_launcher (scripts/install-nvrx.sh), its documented defaults.
+                launcher = subprocess.check_output([os.path.join(ROOT, "scripts", "install-nvrx.sh")], text=True).split()
+            opts = ["--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                    "127.0.0.1:%d" % port, "--rdzv-id", "goodput", "--max-restarts", "1000", "--monitor-interval", "0.1"]
+            if mode == "ft_launcher":
+                # The trainer does not call the rank monitor's heartbeat API: failures
+                # are noticed by the workers' exit, as torchrun's are.
+                opts.append("--ignore-missing-fault-tol-cfg")
         for node in ("a", "b"):
-            cmd = [os.path.join(ROOT, "cmd", "gangrun", "testdata", "bin", "torchrun"), "--nnodes", "2",
-                   "--nproc_per_node", "2", "--rdzv_backend", "c10d", "--rdzv_endpoint", "127.0.0.1:%d" % port,
-                   "--rdzv_id", "goodput", "--max_restarts", "1000", "--monitor_interval", "0.1"] + trainer[1:]
+            cmd = launcher + opts + trainer[1:]
             procs.append(subprocess.Popen(cmd, env=env, stdout=open(os.path.join(work, "node-%s.log" % node), "w"),
                                           stderr=subprocess.STDOUT, start_new_session=True))
     else:
@@ -202,15 +243,21 @@ def main():
                            "-hcl", "ports { grpc_tls = -1 }", "-log-level", "warn"],
                           stdout=open(os.path.join(base, "consul.log"), "w"), stderr=subprocess.STDOUT)
     try:
-        for _ in range(100):
+        for _ in range(300):
             try:
                 if b"127.0.0.1" in urllib.request.urlopen("http://127.0.0.1:%d/v1/status/leader" % http, timeout=1).read():
                     break
             except OSError:
                 pass
+            if cp.poll() is not None:
+                break
             time.sleep(0.1)
-        print("machine: %d cores; %gs per mode, a worker SIGKILLed every %gs%s (seed %d); 2 nodes x 2 workers, ~50 ms steps, checkpoint every 100"
-              % (os.cpu_count(), duration, every, " +- %gs (jitter)" % (every / 2) if os.environ.get("GOODPUT_JITTER") else "", seed))
+        else:
+            cp.kill()
+        if cp.poll() is not None:
+            sys.exit("goodput: the Consul agent did not start; its log: %s" % os.path.join(base, "consul.log"))
+        print("python: %s; machine: %d cores; %gs per mode, a worker SIGKILLed every %gs%s (seed %d); 2 nodes x 2 workers, ~50 ms steps, checkpoint every 100"
+              % (PY, os.cpu_count(), duration, every, " +- %gs (jitter)" % (every / 2) if os.environ.get("GOODPUT_JITTER") else "", seed))
         results = []
         for mode in modes:
             work = os.path.join(base, mode)
@@ -225,10 +272,11 @@ def main():
                   % (mode, 100 * r["ettr"], r["newest"], 1000 * r["step_time"], r["kills"], r["lost_per_failure"],
                      "%.2f" % statistics.median(tf) if tf else "-", " ".join("%.2f" % t for t in tf)))
         byname = {r["mode"]: r for r in results if "error" not in r}
-        if "torchrun" in byname:
-            for m in ("warm", "warm0", "cold"):
-                if m in byname:
-                    print("gangrun %s / torchrun ETTR: %.2fx" % (m, byname[m]["ettr"] / byname["torchrun"]["ettr"]))
+        for peer in ("torchrun", "torchrun2", "ft_launcher"):
+            if peer in byname:
+                for m in ("warm", "warm0", "cold"):
+                    if m in byname:
+                        print("gangrun %s / %s ETTR: %.2fx" % (m, peer, byname[m]["ettr"] / byname[peer]["ettr"]))
     finally:
         cp.terminate()
         cp.wait()
