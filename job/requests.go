@@ -414,6 +414,7 @@ func ServeRequests(log *zap.Logger, prover Prover) func(ctx context.Context, s s
 			if !ok {
 				continue
 			}
+			sv.forget(answers[0].Entries)
 			for _, e := range answers[0].Entries {
 				err := sv.serve(ctx, e)
 				switch {
@@ -435,6 +436,28 @@ type server struct {
 	fence  store.Op
 	prover Prover
 	log    *zap.Logger
+	// served holds the requests this server answered: key → the request's index as it
+	// read it then. A watch's view may still show one unanswered (it lags the server's
+	// own writes); serving it again would refuse its credential as a replay, and write a
+	// refusal into the audit log for a request that was carried out.
+	served map[string]uint64
+}
+
+// forget drops from served the requests no longer in the boxes (entries: the boxes'
+// whole listing).
+func (sv *server) forget(entries []store.Entry) {
+	if len(sv.served) == 0 {
+		return
+	}
+	there := make(map[string]bool, len(entries))
+	for _, e := range entries {
+		there[e.Key] = true
+	}
+	for k := range sv.served {
+		if !there[k] {
+			delete(sv.served, k)
+		}
+	}
 }
 
 // asker is who a request comes from, as the agent knows it.
@@ -473,6 +496,9 @@ func (sv *server) serve(ctx context.Context, e store.Entry) error {
 		}
 		return nil
 	}
+	if idx, ok := sv.served[e.Key]; ok && idx == e.ModifyIndex {
+		return nil // answered by this server already: the view is older than the answer
+	}
 	var reader *uint32 // who may decode the answer's seal: the asker's uid, once known
 	answer := func(a Answer) store.Op {
 		a.At = time.Now().UTC()
@@ -501,6 +527,12 @@ func (sv *server) serve(ctx context.Context, e store.Entry) error {
 		ops = append(ops, seenOps(who.cred, e.Key, who.expires)...)
 	}
 	_, err = s.Txn(ctx, ops)
+	if err == nil {
+		if sv.served == nil {
+			sv.served = map[string]uint64{}
+		}
+		sv.served[e.Key] = e.ModifyIndex
+	}
 	if errors.Is(err, store.ErrTxnRejected) && !allocator.LostLeadership(err) {
 		return nil
 	}

@@ -13,6 +13,10 @@ import (
 
 	"github.com/gangrun/gangrun/acl"
 	"github.com/gangrun/gangrun/allocator"
+	"github.com/gangrun/gangrun/audit"
+	"github.com/gangrun/gangrun/identity"
+	"github.com/gangrun/gangrun/internal/mungetest"
+	"github.com/gangrun/gangrun/internal/schema"
 	"github.com/gangrun/gangrun/internal/store"
 	"github.com/gangrun/gangrun/topology"
 )
@@ -180,5 +184,67 @@ func TestStoppedRequestIsWithdrawn(t *testing.T) {
 	}
 	if left, _, _ := s.List(context.Background(), acl.UsersPrefix); len(left) != 0 {
 		t.Errorf("requests left in the box: %v", left)
+	}
+}
+
+// TestRequestServedOnceFromAStaleView: the elected agent's watch of the boxes lags its
+// own writes, so a pass may read again, unanswered, a request it has just carried out.
+// It is not served again: before, the second read refused the request's credential as
+// a replay and wrote that refusal into the audit log, for a cancel that had been done
+// (TestACLCluster beside two CPU hogs).
+func TestRequestServedOnceFromAStaleView(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	munged := mungetest.Start(t)
+	prover, err := identity.Open(munged.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := store.NewMemory()
+	key := requestKey("root", requestCancel)
+	text, _ := json.Marshal(Request{Kind: requestCancel, Job: "42"})
+	cred, err := prover.Seal(ctx, requestContent(key, text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := schema.Marshal(schema.RequestBox, boxed{Request: text, Credential: cred})
+	if _, err := s.Txn(ctx, []store.Op{{Verb: store.Set, Key: key, Value: b}}); err != nil {
+		t.Fatal(err)
+	}
+	stale, err := s.Get(ctx, key)
+	if err != nil || stale == nil {
+		t.Fatalf("the request: %v", err)
+	}
+	pass := store.Op{Verb: store.CheckNotExists, Key: "gangrun/test/no-such-key"} // a fence that holds
+	sv := &server{s: s, fence: pass, prover: prover, log: zap.NewNop()}
+	for i := range 2 {
+		if err := sv.serve(ctx, *stale); err != nil {
+			t.Fatalf("serve %d: %v", i, err)
+		}
+	}
+	e, err := s.Get(ctx, key)
+	if err != nil || e == nil {
+		t.Fatalf("the request after serving: %v", err)
+	}
+	var got boxed
+	if err := schema.Unmarshal(schema.RequestBox, e.Value, &got); err != nil || got.Answer == nil {
+		t.Fatalf("the request was not answered: %v %+v", err, got)
+	}
+	entries, err := audit.List(ctx, s, time.Time{}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range entries {
+		if a.Action == audit.ActionRefuse {
+			t.Errorf("a refusal in the audit log for a request carried out: %+v", a)
+		}
+	}
+	// Another server (the next elected agent) reading the request unanswered still
+	// refuses its credential: the replay check is the store's, not this memory.
+	if err := (&server{s: s, fence: pass, prover: prover, log: zap.NewNop()}).serve(ctx, *stale); err != nil {
+		t.Fatal(err)
+	}
+	if entries, _ := audit.List(ctx, s, time.Time{}, ""); len(entries) != 1 || entries[0].Action != audit.ActionRefuse {
+		t.Errorf("audit after another server's replay: %+v, want one refusal", entries)
 	}
 }

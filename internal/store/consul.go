@@ -685,8 +685,8 @@ const indexProbeKey = "gangrun/.index-probe"
 // would stop a step whose job the restore shows running. wentBack reads the KV store's
 // index: below the highest this client has seen, the data went back in time, and it
 // returns an UnavailableError (ErrUnavailable: ask again; a lease still ends once
-// nothing was renewed for LeaseStop). nil when the index did not go back: the session
-// is gone.
+// nothing was renewed for LeaseStop). nil when the index did not go back, or the read
+// was refused: the session is gone. The read's own unavailability is returned.
 func (s *Consul) wentBack(ctx context.Context, op string) error {
 	seen := s.seen.Load()
 	if seen == 0 {
@@ -700,7 +700,10 @@ func (s *Consul) wentBack(ctx context.Context, op string) error {
 		return meta.LastIndex, nil
 	})
 	if err != nil {
-		return err
+		if errors.Is(err, ErrUnavailable) {
+			return err // no answer: an outage all the same
+		}
+		return nil // refused (a token that may not read gangrun/): the answer stands
 	}
 	if idx >= seen {
 		return nil
