@@ -166,13 +166,20 @@ func runThenSIGKILL(t *testing.T, worker string, env ...string) string {
 	dir := t.TempDir()
 	var out syncBuffer
 	cmd := exec.Command(gangrunBin, "run", "--nproc-per-node", "2", "--", "/bin/sh", "-c",
-		worker+`setsid sleep 300 & sleep 300 & touch `+dir+`/ready-$RANK; wait`)
+		worker+`setsid sleep 300 & sleep 300 & echo "started-$RANK"; touch `+dir+`/ready-$RANK; wait`)
 	cmd.Env = append(append(os.Environ(), mark), env...)
 	cmd.Stdout, cmd.Stderr = &out, io.Discard
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	waitForFiles(t, dir, "ready-0", "ready-1")
+	// gangrun copies each rank's lines in order: once it has copied the last, it has
+	// copied what the worker printed before (a SIGKILL sooner loses lines still in the
+	// pipe: seen once in a clean-clone run).
+	waitUntilFor(t, 30*time.Second, func() bool {
+		o := out.String()
+		return strings.Contains(o, "started-0") && strings.Contains(o, "started-1")
+	}, "both ranks' last line copied")
 	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
