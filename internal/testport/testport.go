@@ -28,7 +28,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Ranges are the half-open port ranges [lo, hi) ports are drawn from; the top of the
+// ranges are the half-open port ranges [lo, hi) ports are drawn from; the top of the
 // last is lowered to the ephemeral range's start when that starts lower.
 var ranges = [][2]int{{10000, 20000}, {30000, 32768}}
 
