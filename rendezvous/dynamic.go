@@ -991,8 +991,10 @@ func (r *dynamicRound) watch(ctx context.Context) {
 	w := store.NewWatcher(c.s, c.key("ctl")+"/")
 	lw := store.NewWatcher(c.s, c.key())
 	retryLead := false
+	var seen uint64 // the highest index an answer came at
 	for {
 		var entries []store.Entry
+		var at uint64 // this answer's index; 0 when the watch found the index gone back
 		var err error
 		r.mu.Lock()
 		leading := r.leader
@@ -1000,18 +1002,20 @@ func (r *dynamicRound) watch(ctx context.Context) {
 		switch {
 		case leading:
 			entries, err = lw.Next(ctx)
+			at = lw.Index()
 		case retryLead:
 			// The last try to lead failed with nobody holding the key (its last holder's
 			// lock-delay, a store error): no change may come to wake the watch, so look
 			// again after a pause.
 			retryLead = false
 			if store.Sleep(ctx, leadRetry) {
-				entries, _, err = c.s.List(ctx, c.key("ctl")+"/")
+				entries, at, err = c.s.List(ctx, c.key("ctl")+"/")
 			} else {
 				err = ctx.Err()
 			}
 		default:
 			entries, err = w.Next(ctx)
+			at = w.Index()
 		}
 		select {
 		case <-lost:
@@ -1022,7 +1026,17 @@ func (r *dynamicRound) watch(ctx context.Context) {
 		if err != nil {
 			return
 		}
+		wentBack := at == 0 || at < seen
+		seen = max(seen, at)
 		st, idx, leader := c.readCtl(entries)
+		if st == nil && wentBack {
+			// The job's state is gone from a store whose data went back in time: a
+			// Consul that lost its data and answers empty until the operator restores
+			// its snapshot (docs/operations.md, "Recovery"). That is no end of the
+			// round: the restore brings the state back, and should it never, the
+			// lease ends the round (its renewals meet the same store).
+			continue
+		}
 		if st == nil || st.Run != r.run || st.Round != r.a.Round || st.Status != statusRunning {
 			if st != nil && st.Previous != nil && st.Previous.Run == r.run && st.Previous.Round == r.a.Round {
 				st = st.Previous // the next round opened already: this round's end is kept there

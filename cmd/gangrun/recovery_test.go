@@ -97,9 +97,14 @@ func (r *recovery) waitFor(id, what string, within time.Duration, ok func(j *job
 }
 
 // outage snapshots Consul's data, kills Consul, waits down, then starts an empty Consul
-// on the same address and restores the snapshot into it; before, when not nil, runs
-// between the snapshot and the kill.
+// on the same address and, restoreGap later (an operator at work: the empty Consul
+// answers meanwhile), restores the snapshot into it; before, when not nil, runs between
+// the snapshot and the kill.
 func (r *recovery) outage(down time.Duration, before func()) {
+	r.outageGap(down, 0, before)
+}
+
+func (r *recovery) outageGap(down, restoreGap time.Duration, before func()) {
 	r.t.Helper()
 	snap := filepath.Join(r.dir, "consul.snap")
 	r.consulCmd("snapshot", "save", snap)
@@ -109,6 +114,7 @@ func (r *recovery) outage(down time.Duration, before func()) {
 	r.consul.Kill()
 	time.Sleep(down)
 	r.consul.Launch()
+	time.Sleep(restoreGap)
 	r.consulCmd("snapshot", "restore", snap)
 }
 
@@ -122,8 +128,9 @@ func (r *recovery) lines(file, s string) int {
 // by itself, nothing run twice at once, nothing left RUNNING, no job stuck PENDING on
 // a node that is up:
 //
-//   - short (5 s, Consul's data lost and restored from a snapshot): the running job's
-//     step carries on; it and the job waiting on it complete, each run once;
+//   - short (5 s, Consul's data lost, an empty Consul answering for 4 s, then the
+//     snapshot restored): the running job's step carries on; it and the job waiting on
+//     it complete, each run once;
 //   - long (30 s, past the steps' lease): the step stops its workers and ends; once
 //     Consul is back the job is requeued as a node failure (not its own restart), its
 //     node not excluded, and runs again to completion;
@@ -137,7 +144,9 @@ func TestRecoveryAfterConsulOutages(t *testing.T) {
 		first := r.submit(`echo run >> short-1.log; sleep 12`)
 		second := r.submit(`echo run >> short-2.log`, "--dependency", "afterok:"+first)
 		r.waitFor(first, "RUNNING", 60*time.Second, func(j *job.Job) bool { return j.State.Status == job.Running })
-		r.outage(5*time.Second, nil)
+		// Restored 4 s after the empty Consul came up: every watch and renewal of the
+		// step meets the empty Consul first.
+		r.outageGap(5*time.Second, 4*time.Second, nil)
 		for _, id := range []string{first, second} {
 			if j := r.waitFor(id, "ended", 120*time.Second, func(j *job.Job) bool { return j.State.Status.Final() }); j.State.Status != job.Completed {
 				t.Errorf("job %s: %s %q, want COMPLETED", id, j.State.Status, j.State.Reason)
