@@ -1,6 +1,7 @@
 package hostlist
 
 import (
+	"errors"
 	"slices"
 	"strings"
 	"testing"
@@ -126,3 +127,35 @@ func TestCompressLongList(t *testing.T) {
 }
 
 func itoa(n int) string { return string(appendPadded(nil, uint64(n), 0)) }
+
+// TestCompressExpr: an expression's own ranges keep their prefix and padding, as
+// `scontrol show hostlist` writes them (the expected strings are scontrol 22.05's).
+func TestCompressExpr(t *testing.T) {
+	for _, tc := range []struct {
+		exprs []string
+		want  string
+	}{
+		{[]string{"n0[1-3]"}, "n0[1-3]"},
+		{[]string{"n0[1-3],n04"}, "n0[1-3],n04"},
+		{[]string{"n01,n02,n03"}, "n[01-03]"},
+		{[]string{"n[8-010]"}, "n[8-10]"},
+		{[]string{"n[3,1-2],n3"}, "n[3,1-3]"},
+		{[]string{"rack[1-2]-node[01-02]"}, "rack1-node[01-02],rack2-node[01-02]"},
+		{[]string{"a[1-2]b[3-4]c[5-6]"}, "a1b3c[5-6],a2b3c[5-6],a1b4c[5-6],a2b4c[5-6]"},
+		{[]string{"n[1-3]", "n4", "n[5-6]"}, "n[1-6]"},
+		{[]string{"n9,n10", "n009,n10"}, "n[9-10,009,10]"},
+		{[]string{"gpu[1-2]-ib"}, "gpu1-ib,gpu2-ib"},
+		{[]string{""}, ""},
+	} {
+		got, err := CompressExpr(tc.exprs...)
+		if err != nil || got != tc.want {
+			t.Errorf("CompressExpr(%q) = %q, %v; want %q", tc.exprs, got, err, tc.want)
+		}
+	}
+	if _, err := CompressExpr("n[1-2"); err == nil {
+		t.Error("CompressExpr(\"n[1-2\") accepted a malformed expression")
+	}
+	if _, err := CompressExpr("n[0-99999999999]"); !errors.Is(err, ErrTooLarge) {
+		t.Errorf("CompressExpr of 10^11 hosts: %v, want ErrTooLarge", err)
+	}
+}

@@ -61,6 +61,13 @@ func FuzzExpand(f *testing.F) {
 		if err != nil || !slices.Equal(back, hosts) {
 			t.Fatalf("Expand(Compress(Expand(%q))) = Expand(%q) = %q, %v; want %q", expr, c, back, err, hosts)
 		}
+		ce, err := CompressExpr(expr)
+		if err != nil {
+			t.Fatalf("CompressExpr(%q): %v, but Expand accepts it", expr, err)
+		}
+		if back, err = Expand(ce); err != nil || !slices.Equal(back, hosts) {
+			t.Fatalf("Expand(CompressExpr(%q)) = Expand(%q) = %q, %v; want %q", expr, ce, back, err, hosts)
+		}
 	})
 }
 

@@ -21,13 +21,16 @@
 #   munge     Debian's munge (munged, munge, mungekey and libmunge.so.2): the tests run
 #             their own munged daemons, as every node of a cluster runs one; the
 #             package's own service is left stopped if nothing had started it
+#   slurm     Debian's Slurm 22.05 (slurmctld, slurmd, slurm-client): the Slurm front end's
+#             tests start a real Slurm of their own (internal/slurmtest) and compare;
+#             the packages' own services are left stopped
 #
-# Usage: scripts/install-deps.sh [torch] [torch2] [consul] [iproute2] [prometheus] [chromium] [passwd] [munge]
+# Usage: scripts/install-deps.sh [torch] [torch2] [consul] [iproute2] [prometheus] [chromium] [passwd] [munge] [slurm]
 # (no arguments: all of them). The Makefile asks for what each target needs: `make demo`
 # torch only, `make test` all of them, `make bench` torch and consul.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-want=("$@"); [ ${#want[@]} -eq 0 ] && want=(torch torch2 consul iproute2 prometheus chromium passwd munge)
+want=("$@"); [ ${#want[@]} -eq 0 ] && want=(torch torch2 consul iproute2 prometheus chromium passwd munge slurm)
 
 apt_install() {
   local sudo=""
@@ -84,6 +87,17 @@ for w in "${want[@]}"; do
         apt_install munge
       fi
       ;;
-    *) echo "install-deps.sh: unknown component $w (want torch, torch2, consul, iproute2, prometheus, chromium, passwd or munge)" >&2; exit 2 ;;
+    slurm)
+      if ! command -v slurmctld >/dev/null 2>&1 || ! command -v slurmd >/dev/null 2>&1 || ! command -v sbatch >/dev/null 2>&1; then
+        echo "installing Debian's Slurm (slurmctld, slurmd, slurm-client) ..." >&2
+        apt_install slurmctld slurmd slurm-client
+        # Debian starts the packaged daemons where it may; the tests run their own.
+        if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
+          sudo_=""; [ "$(id -u)" -ne 0 ] && sudo_="sudo"
+          $sudo_ systemctl disable --now slurmctld slurmd >/dev/null 2>&1 || true
+        fi
+      fi
+      ;;
+    *) echo "install-deps.sh: unknown component $w (want torch, torch2, consul, iproute2, prometheus, chromium, passwd, munge or slurm)" >&2; exit 2 ;;
   esac
 done

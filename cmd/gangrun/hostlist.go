@@ -121,8 +121,8 @@ func hostlistCompress(e *env, stdin io.Reader, args []string) int {
 		return code
 	}
 	// Each argument or line may itself be a list or an expression, as with
-	// scontrol show hostlist.
-	var hosts []string
+	// scontrol show hostlist, whose ranges (prefix and padding) are kept.
+	var exprs []string
 	add := func(where, text string) int {
 		h, err := hostlist.Expand(text)
 		if err == nil {
@@ -131,7 +131,7 @@ func hostlistCompress(e *env, stdin io.Reader, args []string) int {
 		if err != nil {
 			return usageErr(e, cmd, "%s: %v", where, err)
 		}
-		hosts = append(hosts, h...)
+		exprs = append(exprs, text)
 		return exitOK
 	}
 	if fs.NArg() > 0 {
@@ -157,9 +157,17 @@ func hostlistCompress(e *env, stdin io.Reader, args []string) int {
 			return failErr(e, cmd, fmt.Errorf("reading stdin: %w", err))
 		}
 	}
-	out := hostlist.Compress(hosts)
+	var out string
+	var err error
 	if *sorted {
+		var hosts []string
+		for _, x := range exprs {
+			h, _ := hostlist.Expand(x) // checked above
+			hosts = append(hosts, h...)
+		}
 		out = hostlist.CompressSorted(hosts)
+	} else if out, err = hostlist.CompressExpr(exprs...); err != nil {
+		return usageErr(e, cmd, "%v", err)
 	}
 	w := bufio.NewWriter(e.stdout)
 	w.WriteString(out)
