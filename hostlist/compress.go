@@ -190,3 +190,24 @@ func digitRun(s string) string {
 	}
 	return s[:i]
 }
+
+// SortHosts returns hosts sorted as CompressSorted orders them: by prefix in natural
+// order (digit runs compared as numbers: rack2 before rack10), then by number, then
+// by padding. hosts is not modified.
+func SortHosts(hosts []string) []string {
+	out := slices.Clone(hosts)
+	slices.SortStableFunc(out, func(a, b string) int {
+		ra, rb := splitHost(a), splitHost(b)
+		if c := naturalCompare(ra.prefix, rb.prefix); c != 0 {
+			return c
+		}
+		if ra.numeric != rb.numeric {
+			if !ra.numeric {
+				return -1
+			}
+			return 1
+		}
+		return cmp.Or(cmp.Compare(ra.lo, rb.lo), cmp.Compare(ra.width, rb.width), strings.Compare(a, b))
+	})
+	return out
+}

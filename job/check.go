@@ -37,6 +37,18 @@ func (s Spec) CheckHere() error {
 			return err
 		}
 	}
+	if s.Batch != nil {
+		out, errPath := s.BatchFiles("node")
+		if err := checkOutputHere(s.Output, out); err != nil {
+			return err
+		}
+		if errPath != "" {
+			if err := checkOutputHere(s.Batch.Error, errPath); err != nil {
+				return errors.New(strings.Replace(err.Error(), "--output", "--error", 1))
+			}
+		}
+		return nil
+	}
 	pat := s.Output
 	if pat == "" {
 		pat = DefaultOutput

@@ -802,6 +802,20 @@ func (c *Controller) watchNodes(ctx context.Context, v view, j Job, g allocator.
 			recorded = append(recorded, n)
 			st.Nodes = slices.DeleteFunc(st.Nodes, func(x string) bool { return x == n })
 			switch {
+			case jj.Spec.Batch != nil && jj.Spec.Batch.NoRequeue:
+				// A Slurm batch job with --no-requeue ends NODE_FAIL with its node.
+				c.log.Warn("batch job lost a node: it ends (--no-requeue)", zap.String("job", jj.Spec.ID), zap.String("lost", n), zap.String("why", lost[n]))
+				st.Status, st.End, st.Reason = Completing, NodeFail, "node "+n+" lost: "+lost[n]
+				st.closeAttempts(now, st.Reason)
+				return true
+			case jj.Spec.Batch != nil:
+				// A Slurm batch job's script ran on the nodes it had: it is requeued whole
+				// (Slurm's --requeue), a spare among its next nodes when it has one.
+				c.log.Warn("batch job lost a node: requeued", zap.String("job", jj.Spec.ID), zap.String("lost", n), zap.String("why", lost[n]))
+				st.Status, st.Reason, st.Requeue = Pending, "requeued: "+lost[n], true
+				st.Nodes, st.Spares, st.StepsEnded = nil, nil, nil
+				st.closeAttempts(now, st.Reason)
+				return true
 			case len(st.Spares) > 0:
 				st.Nodes = append(st.Nodes, st.Spares[0])
 				st.NodesSince = now

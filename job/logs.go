@@ -21,6 +21,21 @@ const logsPoll = 200 * time.Millisecond
 // or, when --output names the node (%n), one per node it ran on, in the order it first
 // ran there.
 func OutputFiles(j *Job) []string {
+	if j.Spec.Batch != nil {
+		// A batch job's script writes on its batch host only; srun's steps write
+		// through srun, into the same files.
+		host := ""
+		if nodes := SlurmNodes(j.State.Nodes); len(nodes) > 0 {
+			host = nodes[0]
+		} else if n := len(j.State.Attempts); n > 0 && len(j.State.Attempts[n-1].Nodes) > 0 {
+			host = j.State.Attempts[n-1].Nodes[0]
+		}
+		out, errPath := j.Spec.BatchFiles(host)
+		if errPath != "" {
+			return []string{out, errPath}
+		}
+		return []string{out}
+	}
 	if !j.Spec.PerNode() {
 		return []string{j.Spec.OutputPath("")}
 	}

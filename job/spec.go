@@ -131,6 +131,9 @@ type Spec struct {
 	Dependency []Dependency `json:"dependency,omitempty"`
 	// Array is the job's place in its job array (--array); nil for a job in none.
 	Array *ArrayTask `json:"array,omitempty"`
+	// Batch makes the job a Slurm batch job (batch.go): its script runs once on the
+	// first node and srun starts its steps; nil for gangrun's own jobs.
+	Batch *Batch `json:"batch,omitempty"`
 }
 
 // Hidden is what another user's job's private fields read as through gangrun's
@@ -155,7 +158,7 @@ func (s Spec) Redacted() Spec {
 // nodes with enough GPUs) are Submit's. Errors name the flag and the bad value.
 func (s Spec) Validate() error {
 	switch {
-	case len(s.Command) == 0 && s.Script == "":
+	case len(s.Command) == 0 && s.Script == "" && (s.Batch == nil || !s.Batch.Allocation):
 		return errors.New("no command: give one after --, or a script")
 	case s.MinNodes < 1:
 		return fmt.Errorf("--nodes %d: must be at least 1", s.MinNodes)
@@ -212,6 +215,9 @@ func (s Spec) Validate() error {
 		if len(w) > maxArgBytes {
 			return fmt.Errorf("command word %d %s: longer than %d bytes (Linux's MAX_ARG_STRLEN)", i+1, quote.Q(w), maxArgBytes)
 		}
+	}
+	if s.Batch != nil {
+		return s.Batch.validate(s) // its patterns are Slurm's (ExpandSlurm)
 	}
 	if s.Output != "" {
 		if _, err := Expand(s.Output, Names{ID: "1", Name: "x", Node: "n", User: "u"}); err != nil {

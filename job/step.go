@@ -195,6 +195,9 @@ func (st *step) run(ctx context.Context) int {
 		_ = st.recordEnd(ctx, Failed, 1, err.Error())
 		return 1
 	}
+	if j.Spec.Batch != nil {
+		return st.runBatch(ctx, gn) // a Slurm batch job: batchstep.go
+	}
 	out, err := st.output()
 	if err != nil {
 		st.log.Error("open the job's output", zap.Error(err))
@@ -564,6 +567,10 @@ func (st *step) watch(ctx context.Context) {
 			st.stopWorkers(Timeout)
 		case j := <-changes:
 			switch {
+			case spec.Batch != nil && j.State.Status == Completing:
+				// A batch job ends with its batch script (on the batch host) or is
+				// stopped: every node stops its tasks at once (no rendezvous tells them).
+				st.stopWorkers(j.State.End)
 			case j.State.Status == Completing && j.State.End != Completed && j.State.End != Failed:
 				st.log.Warn("stopping the job", zap.String("reason", j.State.Reason))
 				st.stopWorkers(j.State.End)

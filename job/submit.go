@@ -197,7 +197,7 @@ func idTaken(err error, id string) bool {
 // cluster's (allocator.CheckFeasible, against the node records as they are now, kept in
 // cc while they do not change) and that its dependencies name jobs that exist.
 func prepareSubmit(ctx context.Context, s store.Store, cc *clientCache, spec Spec) (Spec, error) {
-	if spec.Output == "" {
+	if spec.Output == "" && spec.Batch == nil { // a batch job's is sbatch's (BatchFiles)
 		spec.Output = DefaultOutput
 	}
 	if err := spec.Validate(); err != nil {

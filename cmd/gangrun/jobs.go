@@ -29,6 +29,7 @@ import (
 	"github.com/gangrun/gangrun/internal/userfile"
 	"github.com/gangrun/gangrun/job"
 	"github.com/gangrun/gangrun/launcher"
+	"github.com/gangrun/gangrun/slurm"
 	"github.com/gangrun/gangrun/topology"
 )
 
@@ -98,6 +99,17 @@ func runSubmit(ctx context.Context, e *env, args []string) int {
 		if !job.HasCommand(script) {
 			return usageErr(e, "submit", "script %s has no command, only comments: nothing to run", rest[0])
 		}
+		if slurm.HasDirectives(script) {
+			// A Slurm batch script: its #SBATCH lines are sbatch's options, its #GANGRUN
+			// lines and this command line's gangrun's; it runs once, as Slurm's batch
+			// step (docs/slurm.md).
+			se := &slurm.Env{Environ: os.Environ, Getenv: e.getenv}
+			req, err := slurm.ParseBatch(se, script, rest[0], rest[1:], args[:len(args)-len(rest)], nil)
+			if err != nil {
+				return usageErr(e, "submit", "%s: %s", rest[0], strings.TrimPrefix(err.Error(), "error: "))
+			}
+			return submitSpec(ctx, e, &f, req.Spec, req.Array)
+		}
 		directives, err := job.ScriptOptions(script)
 		if err != nil {
 			return usageErr(e, "submit", "%s: %v", rest[0], err)
@@ -129,6 +141,17 @@ func runSubmit(ctx context.Context, e *env, args []string) int {
 		}
 		array = &a
 	}
+	return submitSpec(ctx, e, &f, spec, array)
+}
+
+// submitSpec queues spec (array's tasks, when array is set) as submit's flags f say
+// (--consul, --uid, --json) and prints its id.
+func submitSpec(ctx context.Context, e *env, f *submitFlags, spec job.Spec, array *job.Array) int {
+	if spec.Batch != nil {
+		if code := checkSubmit(e, spec, ""); code != exitOK {
+			return code
+		}
+	}
 	s, code := openStore(e, "submit", *f.consul)
 	if code != exitOK {
 		return code
@@ -148,6 +171,9 @@ func runSubmit(ctx context.Context, e *env, args []string) int {
 	var prover job.Prover
 	if munge != nil { // a nil *identity.Munge is no nil interface
 		sealer, prover = munge, munge
+	}
+	if spec.Batch != nil {
+		spec.Batch.ClusterName = slurm.ClusterName(ctx, s)
 	}
 	var id string
 	var tasks []string

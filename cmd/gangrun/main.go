@@ -14,6 +14,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -29,6 +30,7 @@ import (
 	"github.com/gangrun/gangrun/internal/quote"
 	"github.com/gangrun/gangrun/internal/schema"
 	"github.com/gangrun/gangrun/internal/store"
+	"github.com/gangrun/gangrun/slurm"
 )
 
 // Exit codes shared by every subcommand (docs/run.md, "Failures, restarts, exit codes").
@@ -97,6 +99,7 @@ func commands() []command {
 		{"ckpt", "find, list, verify and prune checkpoints", runCkpt, false},
 		{"bench", "benchmark collectives across the gang (nccl-tests figures)", runBench, true},
 		{"hostlist", "expand or compress Slurm hostlists", runHostlist, false},
+		{"slurm-links", "make links named sbatch, srun, squeue, ... to gangrun in a directory (Slurm's commands)", runSlurmLinks, false},
 		{"doctor", "check what this node needs to run the agent: Consul, munge, cgroups, GPUs, NICs, clock, version", runDoctor, false},
 		{"version", "print gangrun's version", runVersion, false},
 	}
@@ -104,6 +107,10 @@ func commands() []command {
 
 func main() {
 	args := os.Args[1:]
+	if slurm.Is(os.Args[0]) {
+		// Called as sbatch, srun, squeue...: Slurm's command of that name.
+		args = append([]string{filepath.Base(os.Args[0])}, args...)
+	}
 	sigs := make(chan os.Signal, 16)
 	// The signals gangrun forwards to its workers (docs/run.md, "Processes and signals"), caught only
 	// for the commands that act on them (and the guardian, which must outlive them).
@@ -149,6 +156,10 @@ func catchesSignals(args []string) bool {
 	if args[0] == guardianCommand || args[0] == stepCommand {
 		return true
 	}
+	switch args[0] {
+	case "srun", "salloc", "sbatch": // pass signals to the tasks; sbatch -W waits
+		return true
+	}
 	if args[0] == "bench" { // bench nccl runs a gang; bench parse reads a file
 		return len(args) > 1 && args[1] == "nccl"
 	}
@@ -189,6 +200,9 @@ func dispatch(ctx context.Context, e *env, args []string) int {
 	}
 	if args[0] == stepCommand {
 		return runStep(ctx, e, args[1:])
+	}
+	if slurm.Is(args[0]) {
+		return runSlurm(ctx, e, args[0], args[1:])
 	}
 	if args[0] == guardianCommand {
 		if err := proc.RunGuardianWith(os.Stdin, e.stderr, proc.GuardianHooks{RemoveCgroup: cgroup.RemoveDir}); err != nil {

@@ -1,0 +1,148 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/gangrun/gangrun/acl"
+	"github.com/gangrun/gangrun/identity"
+	"github.com/gangrun/gangrun/internal/store"
+	"github.com/gangrun/gangrun/job"
+	"github.com/gangrun/gangrun/slurm"
+)
+
+// slurmCluster gives the Slurm front end gangrun's cluster as `gangrun submit` and
+// `gangrun cancel` use it: Consul from the CONSUL_* variables, the caller's MUNGE
+// credential where the agents check them, a user's token's request box.
+type slurmCluster struct{ e *env }
+
+// Open implements slurm.Cluster.
+func (c slurmCluster) Open(ctx context.Context) (slurm.Store, error) {
+	s, err := store.NewConsulFrom("", "--consul")
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Munge implements slurm.Cluster.
+func (c slurmCluster) Munge(ctx context.Context, s slurm.Store) (*identity.Munge, error) {
+	return clusterSealer(ctx, c.e, s)
+}
+
+// Submit implements slurm.Cluster: as `gangrun submit` queues a job.
+func (c slurmCluster) Submit(ctx context.Context, s slurm.Store, spec job.Spec, a *job.Array) (string, []string, error) {
+	cs, ok := s.(*store.Consul)
+	if !ok {
+		return "", nil, errors.New("not a Consul store")
+	}
+	who, err := acl.Whoami(ctx, cs)
+	if err != nil && !errors.Is(err, acl.ErrForeignToken) {
+		return "", nil, err
+	}
+	munge, err := clusterSealer(ctx, c.e, s)
+	if err != nil {
+		return "", nil, err
+	}
+	var sealer job.Sealer
+	var prover job.Prover
+	if munge != nil {
+		sealer, prover = munge, munge
+	}
+	switch {
+	case who.Role == acl.RoleUser:
+		return job.Asker{User: who.User, Prover: prover, Wait: job.DefaultRequestWait}.Submit(ctx, s, spec, a)
+	case a != nil:
+		return job.SubmitArraySealed(ctx, s, spec, *a, sealer)
+	}
+	id, err := job.SubmitSealed(ctx, s, spec, sealer)
+	return id, nil, err
+}
+
+// Cancel implements slurm.Cluster: as `gangrun cancel` cancels a job.
+func (c slurmCluster) Cancel(ctx context.Context, s slurm.Store, id string) (int, error) {
+	cs, ok := s.(*store.Consul)
+	if !ok {
+		return 0, errors.New("not a Consul store")
+	}
+	who, err := acl.Whoami(ctx, cs)
+	if err != nil && !errors.Is(err, acl.ErrForeignToken) {
+		return 0, err
+	}
+	munge, err := clusterSealer(ctx, c.e, s)
+	if err != nil {
+		return 0, err
+	}
+	if who.Role == acl.RoleUser || munge != nil {
+		as := asker(munge)
+		if who.Role == acl.RoleUser {
+			as.User = who.User
+		}
+		n, _, err := as.Cancel(ctx, s, id)
+		return n, err
+	}
+	if n, err := job.CancelArray(ctx, s, id); !errors.Is(err, job.ErrNotFound) {
+		return n, err
+	}
+	changed, err := job.Cancel(ctx, s, id)
+	if changed {
+		return 1, err
+	}
+	return 0, err
+}
+
+// runSlurm runs the Slurm command name (gangrun called under that name).
+func runSlurm(ctx context.Context, e *env, name string, args []string) int {
+	se := &slurm.Env{Stdin: e.stdin, Stdout: rawWriter(e.stdout), Stderr: e.stderr, Getenv: e.getenv, Environ: os.Environ,
+		Signals: e.signals, Cluster: slurmCluster{e}, Self: e.self}
+	if se.Stdin == nil {
+		se.Stdin = os.Stdin
+	}
+	if e.startup != nil && !e.startup.handOver() {
+		return exitFailure
+	}
+	return slurm.Main(ctx, name, se, args)
+}
+
+// runSlurmLinks is `gangrun slurm-links DIR`: links named sbatch, srun, squeue, ... in
+// DIR to this binary, which answers to those names (as make install makes them).
+func runSlurmLinks(_ context.Context, e *env, args []string) int {
+	fs := newFlagSet(e, "slurm-links", "DIR")
+	force := fs.Bool("force", false, "replace an existing file of one of the names")
+	if done, code := parseFlags(e, fs, args); done {
+		return code
+	}
+	if fs.NArg() != 1 {
+		return usageErr(e, "slurm-links", "want DIR, the directory to make the links in")
+	}
+	dir := fs.Arg(0)
+	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+		return usageErr(e, "slurm-links", "%s: not a directory", dir)
+	}
+	self := e.self
+	if self == "" {
+		return failErr(e, "slurm-links", errors.New("cannot tell where this gangrun binary is"))
+	}
+	for _, n := range slurm.Names() {
+		p := filepath.Join(dir, n)
+		if fi, err := os.Lstat(p); err == nil {
+			if dest, lerr := os.Readlink(p); lerr == nil && dest == self {
+				continue
+			}
+			if !*force {
+				return usageErr(e, "slurm-links", "%s exists (%s): pass --force to replace it", p, fi.Mode().Type())
+			}
+			if err := os.Remove(p); err != nil {
+				return failErr(e, "slurm-links", err)
+			}
+		}
+		if err := os.Symlink(self, p); err != nil {
+			return failErr(e, "slurm-links", err)
+		}
+		fmt.Fprintln(e.stdout, p)
+	}
+	return exitOK
+}

@@ -1,0 +1,875 @@
+package job
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	"github.com/gangrun/gangrun/allocator"
+	"github.com/gangrun/gangrun/checkpoint"
+	"github.com/gangrun/gangrun/hostlist"
+	"github.com/gangrun/gangrun/identity"
+	"github.com/gangrun/gangrun/internal/cgroup"
+	"github.com/gangrun/gangrun/internal/proc"
+	"github.com/gangrun/gangrun/internal/store"
+	"github.com/gangrun/gangrun/topology"
+)
+
+// Timing of a batch job's step.
+const (
+	// batchKillWait is the SIGTERM to SIGKILL grace of a batch job's processes when it
+	// is stopped and gave no --term-timeout: Slurm's KillWait default, 30 s.
+	batchKillWait = 30 * time.Second
+	// srunDialTimeout bounds a node's connection to srun's listener.
+	srunDialTimeout = 10 * time.Second
+	// batchRestartDelay is the pause before a supervised batch script starts again.
+	batchRestartDelay = time.Second
+)
+
+// batchStep is a batch job's step on one node: the batch script on the batch host,
+// and on every node the srun steps' tasks. Everything it starts runs as the job's user
+// in one cgroup of the job's on the node, watched by the guardian.
+type batchStep struct {
+	st    *step
+	gn    allocator.GrantNode
+	nodes []string // the job's nodes, Slurm's order
+	log   *zap.Logger
+	place proc.Placement
+	cg    *cgroup.Step
+	guard *proc.Guardian
+	grace time.Duration
+
+	mu      sync.Mutex
+	batch   *proc.Process          // the batch script, while it runs
+	tasks   map[*proc.Process]bool // srun tasks running on this node
+	stopped bool                   // stop began: nothing new starts
+	steps   sync.WaitGroup         // srun steps being served
+	seen    map[int]bool           // srun steps handled (or refused) here
+}
+
+// runBatch runs job st.job's batch step on this node (RunStep, once the node's GPUs and
+// the job's user are the step's) and returns the step's exit code.
+func (st *step) runBatch(ctx context.Context, gn allocator.GrantNode) int {
+	j := st.job
+	bs := &batchStep{st: st, gn: gn, nodes: SlurmNodes(j.State.Nodes), log: st.log,
+		tasks: map[*proc.Process]bool{}, seen: map[int]bool{}, grace: j.Spec.TermTimeout}
+	if bs.grace <= 0 {
+		bs.grace = batchKillWait
+	}
+	if len(bs.nodes) == 0 {
+		return 1
+	}
+	if len(st.cfg.GuardianArgv) > 0 {
+		g, err := proc.StartGuardian(st.cfg.GuardianArgv)
+		if err != nil {
+			st.log.Warn("no guardian: a step killed outright may leave its processes", zap.Error(err))
+		} else {
+			bs.guard = g
+			defer g.Close()
+		}
+	}
+	bs.confine()
+	defer bs.unconfine()
+	st.stop = make(chan os.Signal, 8)
+	wctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	st.stopSupervisor = func() {} // a fenced batch step stops its processes through st.stop
+	go st.watch(wctx)
+	sctx, stopServing := context.WithCancel(ctx)
+	go bs.serve(sctx)
+
+	batchHost := !j.Spec.Batch.Allocation && st.cfg.Node == bs.nodes[0]
+	var code int
+	var end Status
+	var why string
+	if batchHost {
+		code, end, why = bs.runScript(ctx)
+	} else {
+		bs.waitStop(ctx)
+	}
+	bs.stopAll()
+	stopServing()
+	bs.steps.Wait()
+	st.mu.Lock()
+	ending, fenced := st.ending, st.fenced
+	st.mu.Unlock()
+	if fenced {
+		st.log.Warn("the step's lease is over: its processes have stopped; the step ends without recording how")
+		return code
+	}
+	defer st.markEnded(ctx)
+	if batchHost && ending == "" {
+		_ = st.recordEnd(ctx, end, code, why)
+	}
+	return code
+}
+
+// confine makes the job's cgroup on this node (memory limit, the granted GPUs only);
+// unconfined where cgroups cannot be used, as `gangrun run --cgroup auto`.
+func (bs *batchStep) confine() {
+	spec := bs.st.job.Spec
+	inv := bs.st.cfg.Inventory
+	var lim cgroup.Limits
+	lim.MemoryBytes, lim.PidsLimit = spec.Mem, cgroup.DefaultPidsLimit
+	if inv != nil {
+		var devs []topology.Device
+		for _, d := range inv.Allocatable() {
+			if slices.Contains(bs.gn.Devices, d.ID) {
+				devs = append(devs, d)
+			}
+		}
+		lim.Devices = cgroup.GPUDeviceRules(inv, devs)
+	}
+	name := "gangrun-" + safeSegment(spec.ID) + "-" + strconv.Itoa(os.Getpid()) + "-" + randomSuffix()
+	cg, err := cgroup.New(name, lim)
+	if err != nil {
+		bs.log.Info("running the job's processes unconfined: " + err.Error())
+		return
+	}
+	bs.cg, bs.place = cg, cg
+	for _, d := range cg.Dirs() {
+		_ = bs.guard.RemoveCgroupOnDeath(d)
+	}
+}
+
+func (bs *batchStep) unconfine() {
+	if bs.cg != nil {
+		if err := bs.cg.Delete(); err != nil {
+			bs.log.Warn("remove the job's cgroup", zap.Error(err))
+		}
+	}
+}
+
+// start starts argv as the job's user in the job's cgroup, in dir with env, its
+// output to stdout and stderr, stdin /dev/null; the guardian watches its group.
+func (bs *batchStep) start(argv, env []string, dir string, stdout, stderr io.Writer) (*proc.Process, error) {
+	bs.mu.Lock()
+	stopped := bs.stopped
+	bs.mu.Unlock()
+	if stopped {
+		return nil, errors.New("the job is ending")
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Env, cmd.Dir, cmd.Stdout, cmd.Stderr = env, dir, stdout, stderr
+	if u := bs.st.user; u != nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: u.Credential()}
+	}
+	p, _, err := proc.StartPlaced(cmd, nil, bs.place)
+	if err != nil {
+		return nil, err
+	}
+	_ = bs.guard.Watch(p.Pid())
+	return p, nil
+}
+
+// release reaps p, forgetting its group in the guardian.
+func (bs *batchStep) release(p *proc.Process) proc.ExitStatus {
+	st, _ := p.Release()
+	_ = bs.guard.Forget(p.Pid())
+	return st
+}
+
+// taskPIDShim starts a command with SLURM_TASK_PID set to its own pid (slurmstepd sets
+// it to the task's): a shell that sets it and execs the command, the same process.
+var taskPIDShim = []string{"/bin/sh", "-c", `SLURM_TASK_PID=$$; export SLURM_TASK_PID; exec "$@"`, "slurm_script"}
+
+// runScript runs the batch script on the batch host, again after a failure while a
+// supervised job has restarts left, and returns its exit code and the job's end.
+func (bs *batchStep) runScript(ctx context.Context) (int, Status, string) {
+	st := bs.st
+	j := st.job
+	spec := j.Spec
+	path, cleanup, err := writeScript(spec, st.user)
+	if err != nil {
+		bs.failEarly(err)
+		return 1, Failed, err.Error()
+	}
+	st.cleanup = append(st.cleanup, cleanup)
+	restarts := 0
+	for attempt := 0; ; attempt++ {
+		out, errOut, err := bs.openFiles(attempt == 0)
+		if err != nil {
+			bs.log.Error("open the job's output", zap.Error(err))
+			return 1, Failed, err.Error()
+		}
+		resume := ""
+		if ckpt := spec.CheckpointPath(); ckpt != "" && spec.Batch.Supervised {
+			if c, err := checkpoint.Latest(ckpt, checkpoint.Options{}); err == nil {
+				resume = c.Path
+			}
+		}
+		env := bs.batchEnv(restarts, resume)
+		argv := append(append(append(slices.Clone(taskPIDShim), Interpreter(spec.Script)...), path), spec.Command...)
+		var stderr io.Writer = out
+		if errOut != nil {
+			stderr = errOut
+		}
+		if err := bs.userDir(spec.WorkDir); err != nil {
+			fmt.Fprintf(stderr, "slurmstepd: error: couldn't chdir to `%s': %v: going to /tmp instead\n", spec.WorkDir, err)
+		}
+		started := time.Now().UTC()
+		bs.noteAttempt(ctx, attempt, started, resume)
+		p, err := bs.start(argv, env, spec.WorkDir, out, stderr)
+		if err != nil {
+			fmt.Fprintf(stderr, "slurmstepd: error: execve(): %s: %v\n", Interpreter(spec.Script)[0], err)
+			closeFiles(out, errOut)
+			code := 2
+			if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
+				code = 127
+			}
+			return code, Failed, "batch script: " + err.Error()
+		}
+		bs.mu.Lock()
+		bs.batch = p
+		bs.mu.Unlock()
+		status := bs.wait(ctx, p)
+		bs.mu.Lock()
+		bs.batch = nil
+		bs.mu.Unlock()
+		closeFiles(out, errOut)
+		code := status.ShellCode()
+		cause := "batch script: " + status.String()
+		bs.endAttempt(ctx, attempt, cause)
+		st.mu.Lock()
+		ending := st.ending
+		st.mu.Unlock()
+		switch {
+		case ending != "":
+			return code, ending, cause
+		case status.Success():
+			return 0, Completed, ""
+		case spec.Batch.Supervised && restarts < spec.MaxRestarts:
+			restarts++
+			bs.log.Warn("the batch script failed: starting it again", zap.String("cause", status.String()),
+				zap.Int("restart", restarts), zap.Int("max_restarts", spec.MaxRestarts))
+			bs.stopTasks() // its srun steps go with it
+			if !bs.pause(batchRestartDelay) {
+				return code, Failed, cause
+			}
+			continue
+		}
+		return code, Failed, cause
+	}
+}
+
+// failEarly writes why the batch script could not start into the job's output.
+func (bs *batchStep) failEarly(err error) {
+	if out, errOut, oerr := bs.openFiles(true); oerr == nil {
+		w := io.Writer(out)
+		if errOut != nil {
+			w = errOut
+		}
+		fmt.Fprintf(w, "slurmstepd: error: %v\n", err)
+		closeFiles(out, errOut)
+	}
+}
+
+// pause waits d unless the step is told to stop meanwhile; false when it was.
+func (bs *batchStep) pause(d time.Duration) bool {
+	select {
+	case sig := <-bs.st.stop:
+		if sig == syscall.SIGTERM {
+			return false
+		}
+		return true
+	case <-time.After(d):
+		return true
+	}
+}
+
+// userDir checks the job's user can enter dir.
+func (bs *batchStep) userDir(dir string) error {
+	return proc.AsUser(bs.st.user, func() error {
+		fd, err := unix.Open(dir+"/.", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err == nil {
+			unix.Close(fd)
+		}
+		return err
+	})
+}
+
+// noteAttempt records the batch script's attempt in the job's state (show's attempts,
+// the restarts count).
+func (bs *batchStep) noteAttempt(ctx context.Context, attempt int, started time.Time, resume string) {
+	_, _, _ = update(context.WithoutCancel(ctx), bs.st.cfg.Store, bs.st.cfg.Job, func(j *Job) bool {
+		if j.State.Status != Running {
+			return false
+		}
+		j.State.Attempts = append(j.State.Attempts, Attempt{Number: len(j.State.Attempts), Nodes: bs.nodes,
+			Started: started, WorkersStarted: started, ResumeFrom: resume})
+		if attempt > 0 {
+			j.State.Restarts++
+		}
+		return true
+	})
+}
+
+// endAttempt closes the batch script's attempt with cause.
+func (bs *batchStep) endAttempt(ctx context.Context, attempt int, cause string) {
+	now := time.Now().UTC()
+	_, _, _ = update(context.WithoutCancel(ctx), bs.st.cfg.Store, bs.st.cfg.Job, func(j *Job) bool {
+		n := len(j.State.Attempts)
+		if n == 0 || !j.State.Attempts[n-1].Ended.IsZero() {
+			return false
+		}
+		if cause == "batch script: exit code 0" {
+			cause = "succeeded"
+		}
+		j.State.Attempts[n-1].Ended, j.State.Attempts[n-1].Cause = now, cause
+		j.State.countRestarts()
+		return true
+	})
+}
+
+// wait waits for the batch script to exit, acting meanwhile on the step's signals: a
+// SIGTERM stops the job (every process: SIGTERM, the grace, SIGKILL), --signal's
+// warning goes where Slurm sends it (the batch shell with B:, else the srun steps'
+// tasks), another signal goes to the batch shell's group and the tasks.
+func (bs *batchStep) wait(ctx context.Context, p *proc.Process) proc.ExitStatus {
+	spec := bs.st.job.Spec
+	for {
+		select {
+		case <-p.Exited():
+			return bs.release(p)
+		case sig := <-bs.st.stop:
+			s, _ := sig.(syscall.Signal)
+			switch {
+			case s == syscall.SIGTERM:
+				bs.stopAll()
+				return bs.release(p)
+			case s == spec.Signal && spec.Batch.SignalBatch:
+				_ = p.SignalLeader(s)
+			case s == spec.Signal:
+				bs.signalTasks(s)
+			default:
+				_ = p.Signal(s)
+				bs.signalTasks(s)
+			}
+		}
+	}
+}
+
+// waitStop waits, on a node other than the batch host, until the step is told to stop
+// (the job ended, was cancelled, or moved), passing other signals to the tasks.
+func (bs *batchStep) waitStop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case sig := <-bs.st.stop:
+			s, _ := sig.(syscall.Signal)
+			if s == syscall.SIGTERM {
+				return
+			}
+			if s == bs.st.job.Spec.Signal && bs.st.job.Spec.Batch.SignalBatch {
+				continue // the batch shell's alone
+			}
+			bs.signalTasks(s)
+		}
+	}
+}
+
+// stopAll stops everything the step started here: SIGCONT and SIGTERM to the batch
+// shell's group and every task, SIGKILL after the grace (Slurm's KillWait).
+func (bs *batchStep) stopAll() {
+	bs.mu.Lock()
+	bs.stopped = true
+	var ps []*proc.Process
+	if bs.batch != nil {
+		ps = append(ps, bs.batch)
+	}
+	for p := range bs.tasks {
+		ps = append(ps, p)
+	}
+	bs.mu.Unlock()
+	terminate(ps, bs.grace)
+}
+
+// stopTasks stops the srun steps' tasks (the batch script restarts without them).
+func (bs *batchStep) stopTasks() {
+	bs.mu.Lock()
+	var ps []*proc.Process
+	for p := range bs.tasks {
+		ps = append(ps, p)
+	}
+	bs.mu.Unlock()
+	terminate(ps, bs.grace)
+}
+
+// terminate sends SIGCONT and SIGTERM to each process group of ps, and SIGKILL to
+// those still there after grace; it returns once every leader has exited.
+func terminate(ps []*proc.Process, grace time.Duration) {
+	if len(ps) == 0 {
+		return
+	}
+	for _, p := range ps {
+		_ = p.Signal(syscall.SIGCONT)
+		_ = p.Signal(syscall.SIGTERM)
+	}
+	deadline := time.After(grace)
+	for _, p := range ps {
+		select {
+		case <-p.Exited():
+		case <-deadline:
+			for _, q := range ps {
+				_ = q.Signal(syscall.SIGKILL)
+			}
+			<-p.Exited()
+		}
+	}
+}
+
+// signalTasks sends sig to every srun task on this node.
+func (bs *batchStep) signalTasks(sig syscall.Signal) {
+	bs.mu.Lock()
+	defer bs.mu.Unlock()
+	for p := range bs.tasks {
+		_ = p.Signal(sig)
+	}
+}
+
+// openFiles opens the batch script's output (and error) file as the job's user:
+// truncated at a placement's start unless --open-mode=append, appended to otherwise.
+func (bs *batchStep) openFiles(first bool) (out, errOut *os.File, err error) {
+	spec := bs.st.job.Spec
+	outPath, errPath := spec.BatchFiles(bs.st.cfg.Node)
+	flags := os.O_WRONLY | os.O_CREATE | os.O_APPEND | syscall.O_CLOEXEC | syscall.O_NONBLOCK
+	if first && spec.Batch.OpenMode != "append" {
+		flags |= os.O_TRUNC
+	}
+	open := func(path string) (f *os.File, err error) {
+		err = proc.AsUser(bs.st.user, func() error {
+			f, err = os.OpenFile(path, flags, 0o644)
+			return err
+		})
+		if errors.Is(err, syscall.ENXIO) {
+			err = errors.New("a named pipe that no one reads: want a file")
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		if fi, err := f.Stat(); err != nil || !(fi.Mode().IsRegular() || fi.Mode()&os.ModeCharDevice != 0) {
+			f.Close()
+			return nil, fmt.Errorf("%s: is not a file: want a file (or /dev/null)", path)
+		}
+		return f, nil
+	}
+	if out, err = open(outPath); err != nil {
+		return nil, nil, err
+	}
+	if errPath != "" {
+		if errOut, err = open(errPath); err != nil {
+			out.Close()
+			return nil, nil, err
+		}
+	}
+	return out, errOut, nil
+}
+
+func closeFiles(fs ...*os.File) {
+	for _, f := range fs {
+		if f != nil {
+			f.Close()
+		}
+	}
+}
+
+// batchEnv is the batch script's environment on this node.
+func (bs *batchStep) batchEnv(restarts int, resume string) []string {
+	st := bs.st
+	uid, gid := uint32(os.Geteuid()), uint32(os.Getegid())
+	if st.user != nil {
+		uid, gid = st.user.UID, st.user.GID
+	}
+	addr, _ := allocator.NodeAddr(context.Background(), st.cfg.Store, st.cfg.Node)
+	return BatchEnv(BatchEnvConfig{Job: st.job, Nodes: bs.nodes, Node: st.cfg.Node, GPUs: gpuIndices(bs.gn),
+		UID: uid, GID: gid, Restarts: restarts, ResumeFrom: resume, ConsulAddr: st.cfg.ConsulAddr, LaunchAddr: addr})
+}
+
+// gpuIndices are the node's granted devices as CUDA_VISIBLE_DEVICES names them.
+func gpuIndices(gn allocator.GrantNode) []string { return slices.Clone(gn.Devices) }
+
+// serve runs the srun steps that name this node until ctx ends: it watches the job's
+// srun keys and starts each new step's tasks here.
+func (bs *batchStep) serve(ctx context.Context) {
+	id := bs.st.cfg.Job
+	w := store.NewWatcher(bs.st.cfg.Store, srunPrefix(id))
+	for {
+		entries, err := w.Next(ctx)
+		if err != nil {
+			return
+		}
+		for _, s := range stepsOf(id, entries) {
+			n := s.Request.Step
+			bs.mu.Lock()
+			handled := bs.seen[n]
+			bs.seen[n] = true
+			bs.mu.Unlock()
+			if handled || s.End != nil || !slices.Contains(s.Request.Nodes, bs.st.cfg.Node) {
+				continue
+			}
+			cred := ""
+			for _, e := range entries {
+				if e.Key == srunKey(id, n) {
+					var ss storedStep
+					if json.Unmarshal(e.Value, &ss) == nil {
+						cred = ss.Credential
+					}
+				}
+			}
+			bs.steps.Add(1)
+			go func() {
+				defer bs.steps.Done()
+				bs.runStep(ctx, s.Request, cred)
+			}()
+		}
+	}
+}
+
+// stepUID is the uid the job's processes run as.
+func (bs *batchStep) stepUID() uint32 {
+	if bs.st.user != nil {
+		return bs.st.user.UID
+	}
+	return uint32(os.Geteuid())
+}
+
+// runStep runs srun step r's tasks on this node: it checks srun's credential, connects
+// back to srun, starts the tasks and streams their output and ends.
+func (bs *batchStep) runStep(ctx context.Context, r StepRequest, cred string) {
+	node := bs.st.cfg.Node
+	log := bs.log.With(zap.String("srun_step", r.Job+"."+strconv.Itoa(r.Step)))
+	var refusal string
+	if p := bs.st.cfg.Prover; p != nil {
+		caller, err := p.Verify(ctx, cred, srunContent(r), identity.FreshOrReplayed)
+		switch {
+		case err != nil:
+			refusal = "srun's credential is refused: " + err.Error()
+		case caller.UID != bs.stepUID() && caller.UID != 0:
+			refusal = fmt.Sprintf("srun's credential is uid %d's, and the job is uid %d's", caller.UID, bs.stepUID())
+		case caller.UID != r.UID:
+			refusal = fmt.Sprintf("srun's credential is uid %d's, and its request says uid %d", caller.UID, r.UID)
+		}
+		if refusal != "" {
+			log.Warn("refusing an srun step", zap.String("why", refusal))
+		}
+	}
+	conn, err := net.DialTimeout("tcp", r.Addr, srunDialTimeout)
+	if err != nil {
+		log.Warn("cannot reach srun: the step's tasks do not start here", zap.String("addr", r.Addr), zap.Error(err))
+		_ = EndSrunStep(context.WithoutCancel(ctx), bs.st.cfg.Store, r.Job, r.Step, SrunState{State: Cancelled, ExitCode: 1,
+			Ended: time.Now().UTC(), Reason: "node " + node + " could not reach srun at " + r.Addr})
+		return
+	}
+	defer conn.Close()
+	c := &srunConn{enc: json.NewEncoder(conn)}
+	hello := &Hello{Node: node, Secret: r.Secret}
+	if p := bs.st.cfg.Prover; p != nil && refusal == "" {
+		if hello.Credential, err = p.SealFor(ctx, HelloContent(r.Job, r.Step, node, r.Addr), r.UID); err != nil {
+			refusal = "this node cannot make its MUNGE credential: " + err.Error()
+		}
+	}
+	c.send(Frame{Hello: hello})
+	if refusal != "" {
+		c.send(Frame{Error: refusal})
+		c.send(Frame{Done: true})
+		return
+	}
+	i := slices.Index(r.Nodes, node)
+	first, count := r.FirstTask(i), r.Tasks[i]
+	gpus := gpuIndices(bs.gn)
+	if r.GPUsPerTask > 0 && r.GPUsPerTask*count > len(gpus) {
+		c.send(Frame{Error: fmt.Sprintf("%d tasks with %d GPUs each need %d GPUs, and the job has %d on %s", count, r.GPUsPerTask, r.GPUsPerTask*count, len(gpus), node)})
+		c.send(Frame{Done: true})
+		return
+	}
+	// Signals from srun, and srun's end (its connection closes): tasks killed.
+	lost := make(chan struct{})
+	var procs []*proc.Process
+	var pmu sync.Mutex
+	go func() {
+		dec := json.NewDecoder(bufio.NewReader(conn))
+		for {
+			var f Frame
+			if err := dec.Decode(&f); err != nil {
+				close(lost)
+				return
+			}
+			if f.Signal > 0 {
+				pmu.Lock()
+				for _, p := range procs {
+					_ = p.Signal(syscall.Signal(f.Signal))
+				}
+				pmu.Unlock()
+			}
+		}
+	}()
+	var wg sync.WaitGroup
+	for k := 0; k < count; k++ {
+		rank := first + k
+		taskGPUs := gpus
+		if r.GPUsPerTask > 0 {
+			taskGPUs = gpus[k*r.GPUsPerTask : (k+1)*r.GPUsPerTask]
+		}
+		env := bs.taskEnv(r, i, rank, k, gpus, taskGPUs)
+		stdout, stderr := c.writer(rank, 1), c.writer(rank, 2)
+		err := findCommand(r.Command[0], env, r.WorkDir)
+		var p *proc.Process
+		if err == nil {
+			p, err = bs.start(append(slices.Clone(taskPIDShim), r.Command...), env, r.WorkDir, stdout, stderr)
+		}
+		if err != nil {
+			fmt.Fprintf(stderr, "slurmstepd-%s: error: execve(): %s: %s\n", node, r.Command[0], execError(err))
+			stderr.Flush()
+			c.send(Frame{Task: rank, Exit: &TaskExit{Code: 2}})
+			continue
+		}
+		bs.mu.Lock()
+		bs.tasks[p] = true
+		bs.mu.Unlock()
+		pmu.Lock()
+		procs = append(procs, p)
+		pmu.Unlock()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			select {
+			case <-p.Exited():
+			case <-lost:
+				// srun is gone (killed): the step goes with it, as Slurm's does.
+				terminate([]*proc.Process{p}, bs.grace)
+			}
+			status := bs.release(p)
+			bs.mu.Lock()
+			delete(bs.tasks, p)
+			bs.mu.Unlock()
+			stdout.Flush()
+			stderr.Flush()
+			exit := &TaskExit{Code: status.Code}
+			if status.Signal != 0 {
+				exit.Code, exit.Signal = 128+int(status.Signal), int(status.Signal)
+			}
+			c.send(Frame{Task: rank, Exit: exit})
+		}()
+	}
+	wg.Wait()
+	c.send(Frame{Done: true})
+	select {
+	case <-lost:
+		_ = EndSrunStep(context.WithoutCancel(ctx), bs.st.cfg.Store, r.Job, r.Step, SrunState{State: Cancelled, ExitCode: 1,
+			Ended: time.Now().UTC(), Reason: "srun ended before its tasks"})
+	default:
+	}
+}
+
+// taskEnv is the environment of task rank (local index k on node i of the step):
+// the request's, then Slurm's per-task variables as slurmstepd sets them.
+func (bs *batchStep) taskEnv(r StepRequest, i, rank, k int, nodeGPUs, taskGPUs []string) []string {
+	m := newEnv(r.Env)
+	set := m.set
+	node := r.Nodes[i]
+	var gtids []string
+	for t := r.FirstTask(i); t < r.FirstTask(i)+r.Tasks[i]; t++ {
+		gtids = append(gtids, strconv.Itoa(t))
+	}
+	stepList := hostlist.Compress(r.Nodes)
+	n := strconv.Itoa(r.NTasks())
+	set("SLURMD_NODENAME", node)
+	set("SLURM_TOPOLOGY_ADDR", node)
+	set("SLURM_PROCID", strconv.Itoa(rank))
+	set("SLURM_LOCALID", strconv.Itoa(k))
+	set("SLURM_NODEID", strconv.Itoa(i))
+	set("SLURM_GTIDS", strings.Join(gtids, ","))
+	set("SLURM_STEPID", strconv.Itoa(r.Step))
+	set("SLURM_STEP_ID", strconv.Itoa(r.Step))
+	set("SLURM_STEP_NODELIST", stepList)
+	set("SLURM_STEP_NUM_NODES", strconv.Itoa(len(r.Nodes)))
+	set("SLURM_STEP_NUM_TASKS", n)
+	set("SLURM_STEP_TASKS_PER_NODE", CompressCounts(r.Tasks))
+	set("SLURM_NNODES", strconv.Itoa(len(r.Nodes)))
+	set("SLURM_NTASKS", n)
+	set("SLURM_NPROCS", n)
+	set("SLURM_TASKS_PER_NODE", CompressCounts(r.Tasks))
+	set("SLURM_DISTRIBUTION", "block")
+	set("SLURM_STEP_GPUS", strings.Join(nodeGPUs, ","))
+	host, port, _ := net.SplitHostPort(r.Addr)
+	set("SLURM_SRUN_COMM_HOST", host)
+	set("SLURM_SRUN_COMM_PORT", port)
+	set("SLURM_STEP_LAUNCHER_PORT", port)
+	set("SLURM_LAUNCH_NODE_IPADDR", host)
+	set("SLURM_UMASK", "0022")
+	if r.Label {
+		set("SLURM_LABELIO", "1")
+	}
+	if v, ok := m.vals["SLURM_JOB_CPUS_PER_NODE"]; ok {
+		set("SLURM_JOB_CPUS_PER_NODE_PACK_GROUP_0", v)
+	}
+	set("SRUN_DEBUG", "3")
+	if r.GPUsPerTask > 0 {
+		set("SLURM_GPUS_PER_TASK", strconv.Itoa(r.GPUsPerTask))
+	}
+	gpus := strings.Join(taskGPUs, ",")
+	for _, key := range []string{"CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "ROCR_VISIBLE_DEVICES", "ZE_AFFINITY_MASK"} {
+		set(key, gpus)
+	}
+	return m.list()
+}
+
+// srunConn is a node's side of its connection to srun: frames sent one at a time.
+type srunConn struct {
+	mu  sync.Mutex
+	enc *json.Encoder
+	err error
+}
+
+// send writes f; after a write error nothing more is sent.
+func (c *srunConn) send(f Frame) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err == nil {
+		c.err = c.enc.Encode(f)
+	}
+}
+
+// writer returns task rank's output on fd as whole lines to srun.
+func (c *srunConn) writer(rank, fd int) *lineWriter {
+	return &lineWriter{send: func(b []byte) { c.send(Frame{Task: rank, FD: fd, Out: b}) }}
+}
+
+// maxLine bounds a line a task writes before it is sent without its end.
+const maxLine = 64 << 10
+
+// lineWriter sends what a task writes in whole lines (a line longer than maxLine in
+// pieces): several tasks' lines never interleave mid-line in srun's output.
+type lineWriter struct {
+	mu   sync.Mutex
+	buf  []byte
+	send func([]byte)
+}
+
+func (w *lineWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf = append(w.buf, p...)
+	if i := strings.LastIndexByte(string(w.buf), '\n'); i >= 0 {
+		w.send(slices.Clone(w.buf[:i+1]))
+		w.buf = w.buf[i+1:]
+	}
+	for len(w.buf) > maxLine {
+		w.send(slices.Clone(w.buf[:maxLine]))
+		w.buf = w.buf[maxLine:]
+	}
+	return len(p), nil
+}
+
+// Flush sends what is left without a newline.
+func (w *lineWriter) Flush() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.buf) > 0 {
+		w.send(slices.Clone(w.buf))
+		w.buf = nil
+	}
+}
+
+// safeSegment is s with what a cgroup name should not hold replaced, at most 64 bytes.
+func safeSegment(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.') {
+			b[i] = '_'
+		}
+	}
+	if len(b) > 64 {
+		b = b[:64]
+	}
+	return string(b)
+}
+
+// randomSuffix is 3 random bytes in hex.
+func randomSuffix() string {
+	b := make([]byte, 3)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// NewSecret returns a random secret for a StepRequest (clusters without MUNGE).
+func NewSecret() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// execError is how slurmstepd words a task that could not start: strerror's text
+// ("No such file or directory", "Permission denied").
+func execError(err error) string {
+	var errno syscall.Errno
+	switch {
+	case errors.Is(err, exec.ErrNotFound), errors.Is(err, os.ErrNotExist):
+		return "No such file or directory"
+	case errors.Is(err, os.ErrPermission):
+		return "Permission denied"
+	case errors.As(err, &errno):
+		s := errno.Error()
+		return strings.ToUpper(s[:1]) + s[1:]
+	}
+	return err.Error()
+}
+
+// findCommand finds cmd as execve through the task's PATH would (a name with a '/' as
+// it is, relative to dir): an error when there is no such executable file.
+func findCommand(cmd string, env []string, dir string) error {
+	check := func(p string) error {
+		if !strings.HasPrefix(p, "/") {
+			p = dir + "/" + p
+		}
+		fi, err := os.Stat(p)
+		switch {
+		case err != nil:
+			return err
+		case fi.IsDir():
+			return syscall.EACCES
+		case fi.Mode()&0o111 == 0:
+			return os.ErrPermission
+		}
+		return nil
+	}
+	if strings.Contains(cmd, "/") {
+		return check(cmd)
+	}
+	path := ""
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
+			path = v
+		}
+	}
+	err := error(os.ErrNotExist)
+	for _, d := range strings.Split(path, ":") {
+		if d == "" {
+			d = "."
+		}
+		if e := check(d + "/" + cmd); e == nil {
+			return nil
+		} else if errors.Is(e, os.ErrPermission) || errors.Is(e, syscall.EACCES) {
+			err = os.ErrPermission
+		}
+	}
+	return err
+}

@@ -1,0 +1,172 @@
+package slurm
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+)
+
+// argKind is whether an option takes an argument (getopt_long's has_arg).
+type argKind int
+
+const (
+	noArg argKind = iota
+	reqArg
+	optArg
+)
+
+// option is one option of a Slurm command: its long name, its short letter (0: none)
+// and its argument. Unsupported options are known to Slurm but not built by gangrun:
+// they are refused with why (docs/slurm.md lists them).
+type option struct {
+	long  string
+	short byte
+	arg   argKind
+	// unsupported, when set, says why gangrun refuses the option.
+	unsupported string
+}
+
+// parsed is one option as given: its long name and its argument.
+type parsed struct {
+	name, value string
+	hasValue    bool
+}
+
+// UsageError is a command line Slurm's command would refuse, in its words: Msg is the
+// message (lines without the command's name), Code the exit code Slurm's command
+// exits with.
+type UsageError struct {
+	Msg  string
+	Code int
+}
+
+func (e *UsageError) Error() string { return e.Msg }
+
+// getopt parses args as glibc's getopt_long does for a Slurm command named cmd:
+// "--name=value", "--name value", an unambiguous prefix of a long name, "-x value",
+// "-xvalue" and grouped short flags ("-vv"). With stopAtFirst (sbatch's, srun's and
+// salloc's "+" mode) the first argument that is no option and everything after it
+// are returned as rest; otherwise non-options are collected wherever they are. "--"
+// ends the options. Errors carry glibc's wording ("unrecognized option '--foo'",
+// "option requires an argument -- 'p'") and code, the command's exit code for them.
+func getopt(cmd string, table []option, args []string, stopAtFirst bool, code int) ([]parsed, []string, error) {
+	try := fmt.Sprintf("\nTry \"%s --help\" for more information", cmd)
+	if cmd == "sacct" {
+		try = ""
+	}
+	bad := func(format string, a ...any) error {
+		return &UsageError{Msg: fmt.Sprintf(format, a...) + try, Code: code}
+	}
+	var out []parsed
+	var rest []string
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		switch {
+		case a == "--":
+			return out, append(rest, args[i+1:]...), nil
+		case strings.HasPrefix(a, "--"):
+			name, value, hasValue := strings.Cut(a[2:], "=")
+			o, err := lookupLong(table, name)
+			if err == errAmbiguous {
+				var poss []string
+				for _, x := range table {
+					if strings.HasPrefix(x.long, name) {
+						poss = append(poss, "'--"+x.long+"'")
+					}
+				}
+				return nil, nil, bad("option '--%s' is ambiguous; possibilities: %s", name, strings.Join(poss, " "))
+			}
+			if err != nil {
+				return nil, nil, bad("unrecognized option '%s'", a)
+			}
+			switch o.arg {
+			case noArg:
+				if hasValue {
+					return nil, nil, bad("option '--%s' doesn't allow an argument", o.long)
+				}
+			case reqArg:
+				if !hasValue {
+					if i+1 >= len(args) {
+						return nil, nil, bad("option '--%s' requires an argument", o.long)
+					}
+					i++
+					value, hasValue = args[i], true
+				}
+			}
+			out = append(out, parsed{name: o.long, value: value, hasValue: hasValue})
+		case strings.HasPrefix(a, "-") && a != "-":
+			for k := 1; k < len(a); k++ {
+				o, ok := lookupShort(table, a[k])
+				if !ok {
+					return nil, nil, bad("invalid option -- '%c'", a[k])
+				}
+				switch o.arg {
+				case noArg:
+					out = append(out, parsed{name: o.long})
+					continue
+				case optArg:
+					if k+1 < len(a) {
+						out = append(out, parsed{name: o.long, value: a[k+1:], hasValue: true})
+					} else {
+						out = append(out, parsed{name: o.long})
+					}
+					k = len(a) // the rest of the word was the argument
+				case reqArg:
+					switch {
+					case k+1 < len(a):
+						out = append(out, parsed{name: o.long, value: a[k+1:], hasValue: true})
+					case i+1 < len(args):
+						i++
+						out = append(out, parsed{name: o.long, value: args[i], hasValue: true})
+					default:
+						return nil, nil, bad("option requires an argument -- '%c'", a[k])
+					}
+					k = len(a)
+				}
+			}
+		default:
+			if stopAtFirst {
+				return out, append(rest, args[i:]...), nil
+			}
+			rest = append(rest, a)
+		}
+	}
+	return out, rest, nil
+}
+
+var (
+	errAmbiguous = fmt.Errorf("ambiguous")
+	errUnknown   = fmt.Errorf("unknown")
+)
+
+// lookupLong finds the long option name: exactly, else the only one it is a prefix of
+// (getopt_long's abbreviations).
+func lookupLong(table []option, name string) (option, error) {
+	var found []option
+	for _, o := range table {
+		if o.long == name {
+			return o, nil
+		}
+		if name != "" && strings.HasPrefix(o.long, name) {
+			found = append(found, o)
+		}
+	}
+	switch len(found) {
+	case 0:
+		return option{}, errUnknown
+	case 1:
+		return found[0], nil
+	}
+	// Options that are the same one under several names (aliases) are no ambiguity.
+	sort.Slice(found, func(i, j int) bool { return found[i].long < found[j].long })
+	return option{}, errAmbiguous
+}
+
+func lookupShort(table []option, c byte) (option, bool) {
+	for _, o := range table {
+		if o.short == c && c != 0 {
+			return o, true
+		}
+	}
+	return option{}, false
+}

@@ -1,0 +1,798 @@
+package slurm
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+
+	"github.com/gangrun/gangrun/allocator"
+	"github.com/gangrun/gangrun/internal/cgroup"
+	"github.com/gangrun/gangrun/internal/proc"
+	"github.com/gangrun/gangrun/internal/store"
+	"github.com/gangrun/gangrun/internal/userfile"
+	"github.com/gangrun/gangrun/job"
+)
+
+// notBuilt is the reason of an option Slurm has and gangrun does not build yet.
+const notBuilt = "not supported by gangrun (docs/slurm.md lists what is)"
+
+// sbatchOptions are sbatch 22.05's options (sbatch --help), those gangrun builds and,
+// refused, the rest; then gangrun's own supervision options (--gangrun-*).
+var sbatchOptions = []option{
+	{long: "account", short: 'A', arg: reqArg},
+	{long: "array", short: 'a', arg: reqArg},
+	{long: "chdir", short: 'D', arg: reqArg},
+	{long: "cpus-per-task", short: 'c', arg: reqArg},
+	{long: "dependency", short: 'd', arg: reqArg},
+	{long: "error", short: 'e', arg: reqArg},
+	{long: "export", arg: optArg},
+	{long: "gres", arg: reqArg},
+	{long: "gpus", short: 'G', arg: reqArg},
+	{long: "gpus-per-node", arg: reqArg},
+	{long: "gpus-per-task", arg: reqArg},
+	{long: "help", short: 'h', arg: noArg},
+	{long: "job-name", short: 'J', arg: reqArg},
+	{long: "mem", arg: reqArg},
+	{long: "nodes", short: 'N', arg: reqArg},
+	{long: "ntasks", short: 'n', arg: reqArg},
+	{long: "ntasks-per-node", arg: reqArg},
+	{long: "no-requeue", arg: noArg},
+	{long: "open-mode", arg: reqArg},
+	{long: "output", short: 'o', arg: reqArg},
+	{long: "parsable", arg: noArg},
+	{long: "partition", short: 'p', arg: reqArg},
+	{long: "priority", arg: reqArg},
+	{long: "quiet", short: 'Q', arg: noArg},
+	{long: "requeue", arg: noArg},
+	{long: "signal", arg: reqArg},
+	{long: "time", short: 't', arg: reqArg},
+	{long: "uid", arg: reqArg},
+	{long: "usage", arg: noArg},
+	{long: "verbose", short: 'v', arg: noArg},
+	{long: "version", short: 'V', arg: noArg},
+	{long: "wait", short: 'W', arg: noArg},
+	{long: "wrap", arg: reqArg},
+	// gangrun's supervision (docs/slurm.md, "Gang supervision"); as #GANGRUN lines
+	// they are --max-restarts, --spare-nodes, --checkpoint-dir, --term-timeout.
+	{long: "gangrun-max-restarts", arg: reqArg},
+	{long: "gangrun-spare-nodes", arg: reqArg},
+	{long: "gangrun-checkpoint-dir", arg: reqArg},
+	{long: "gangrun-term-timeout", arg: reqArg},
+	// The rest of sbatch's: refused.
+	{long: "acctg-freq", arg: reqArg, unsupported: notBuilt},
+	{long: "batch", arg: reqArg, unsupported: notBuilt},
+	{long: "bb", arg: reqArg, unsupported: notBuilt},
+	{long: "bbf", arg: reqArg, unsupported: notBuilt},
+	{long: "begin", short: 'b', arg: reqArg, unsupported: notBuilt},
+	{long: "cluster-constraint", arg: reqArg, unsupported: notBuilt},
+	{long: "clusters", short: 'M', arg: reqArg, unsupported: notBuilt},
+	{long: "comment", arg: reqArg, unsupported: notBuilt},
+	{long: "constraint", short: 'C', arg: reqArg, unsupported: notBuilt},
+	{long: "container", arg: reqArg, unsupported: notBuilt},
+	{long: "contiguous", arg: noArg, unsupported: notBuilt},
+	{long: "core-spec", short: 'S', arg: reqArg, unsupported: notBuilt},
+	{long: "cores-per-socket", arg: reqArg, unsupported: notBuilt},
+	{long: "cpu-bind", arg: reqArg, unsupported: notBuilt},
+	{long: "cpu-freq", arg: reqArg, unsupported: notBuilt},
+	{long: "cpus-per-gpu", arg: reqArg, unsupported: notBuilt},
+	{long: "deadline", arg: reqArg, unsupported: notBuilt},
+	{long: "delay-boot", arg: reqArg, unsupported: notBuilt},
+	{long: "distribution", short: 'm', arg: reqArg, unsupported: notBuilt},
+	{long: "exclude", short: 'x', arg: reqArg, unsupported: notBuilt},
+	{long: "exclusive", arg: optArg, unsupported: notBuilt},
+	{long: "export-file", arg: reqArg, unsupported: notBuilt},
+	{long: "extra-node-info", short: 'B', arg: reqArg, unsupported: notBuilt},
+	{long: "get-user-env", arg: optArg, unsupported: notBuilt},
+	{long: "gid", arg: reqArg, unsupported: notBuilt},
+	{long: "gpu-bind", arg: reqArg, unsupported: notBuilt},
+	{long: "gpu-freq", arg: reqArg, unsupported: notBuilt},
+	{long: "gpus-per-socket", arg: reqArg, unsupported: notBuilt},
+	{long: "gres-flags", arg: reqArg, unsupported: notBuilt},
+	{long: "hint", arg: reqArg, unsupported: notBuilt},
+	{long: "hold", short: 'H', arg: noArg, unsupported: notBuilt},
+	{long: "ignore-pbs", arg: noArg, unsupported: notBuilt},
+	{long: "input", short: 'i', arg: reqArg, unsupported: notBuilt},
+	{long: "kill-on-invalid-dep", arg: reqArg, unsupported: notBuilt},
+	{long: "licenses", short: 'L', arg: reqArg, unsupported: notBuilt},
+	{long: "mail-type", arg: reqArg, unsupported: notBuilt},
+	{long: "mail-user", arg: reqArg, unsupported: notBuilt},
+	{long: "mcs-label", arg: reqArg, unsupported: notBuilt},
+	{long: "mem-bind", arg: reqArg, unsupported: notBuilt},
+	{long: "mem-per-cpu", arg: reqArg, unsupported: notBuilt},
+	{long: "mem-per-gpu", arg: reqArg, unsupported: notBuilt},
+	{long: "mincpus", arg: reqArg, unsupported: notBuilt},
+	{long: "network", arg: reqArg, unsupported: notBuilt},
+	{long: "nice", arg: optArg, unsupported: notBuilt},
+	{long: "no-kill", short: 'k', arg: optArg, unsupported: notBuilt},
+	{long: "nodefile", short: 'F', arg: reqArg, unsupported: notBuilt},
+	{long: "nodelist", short: 'w', arg: reqArg, unsupported: notBuilt},
+	{long: "ntasks-per-core", arg: reqArg, unsupported: notBuilt},
+	{long: "ntasks-per-gpu", arg: reqArg, unsupported: notBuilt},
+	{long: "ntasks-per-socket", arg: reqArg, unsupported: notBuilt},
+	{long: "overcommit", short: 'O', arg: noArg, unsupported: notBuilt},
+	{long: "oversubscribe", short: 's', arg: noArg, unsupported: notBuilt},
+	{long: "power", arg: reqArg, unsupported: notBuilt},
+	{long: "profile", arg: reqArg, unsupported: notBuilt},
+	{long: "propagate", arg: optArg, unsupported: notBuilt},
+	{long: "qos", short: 'q', arg: reqArg, unsupported: notBuilt},
+	{long: "reboot", arg: noArg, unsupported: notBuilt},
+	{long: "reservation", arg: reqArg, unsupported: notBuilt},
+	{long: "sockets-per-node", arg: reqArg, unsupported: notBuilt},
+	{long: "spread-job", arg: noArg, unsupported: notBuilt},
+	{long: "switches", arg: reqArg, unsupported: notBuilt},
+	{long: "test-only", arg: noArg, unsupported: notBuilt},
+	{long: "thread-spec", arg: reqArg, unsupported: notBuilt},
+	{long: "threads-per-core", arg: reqArg, unsupported: notBuilt},
+	{long: "time-min", arg: reqArg, unsupported: notBuilt},
+	{long: "tmp", arg: reqArg, unsupported: notBuilt},
+	{long: "use-min-nodes", arg: noArg, unsupported: notBuilt},
+	{long: "wckey", arg: reqArg, unsupported: notBuilt},
+}
+
+// gangrunAliases are `gangrun submit`'s option names as a script's #GANGRUN lines (and
+// gangrun submit's command line) give them for a batch script, with sbatch's option
+// each stands for.
+var gangrunAliases = map[string]string{
+	"nodes": "nodes", "gpus-per-node": "gpus-per-node", "name": "job-name", "partition": "partition",
+	"account": "account", "uid": "uid", "priority": "priority", "time": "time", "signal": "signal",
+	"dependency": "dependency", "array": "array", "output": "output", "mem": "mem",
+	"max-restarts": "gangrun-max-restarts", "spare-nodes": "gangrun-spare-nodes",
+	"checkpoint-dir": "gangrun-checkpoint-dir", "term-timeout": "gangrun-term-timeout",
+}
+
+// gangrunOptions is the option table of #GANGRUN lines in a batch script.
+func gangrunOptions() []option {
+	var out []option
+	for name := range gangrunAliases {
+		out = append(out, option{long: name, arg: reqArg})
+	}
+	// submit's own, which its caller acts on: the Consul address and JSON output.
+	out = append(out, option{long: "env", arg: reqArg}, option{long: "json", arg: noArg}, option{long: "consul", arg: reqArg})
+	return out
+}
+
+// BatchRequest is a batch job as its submitter asked for it: the job's spec, its
+// array, and how sbatch reports it.
+type BatchRequest struct {
+	Spec  job.Spec
+	Array *job.Array
+	// Parsable is --parsable (the id alone), Wait -W (wait for the job's end, exit
+	// with its code), Quiet -Q.
+	Parsable, Wait, Quiet bool
+}
+
+// batchOpts are sbatch's options as given (the script's lines, then the command line).
+type batchOpts struct {
+	v     map[string]string // the last value of each option given
+	given map[string]bool
+	order map[string]int // when each option was last given
+	env   []string       // --env of #GANGRUN lines
+	json  bool
+}
+
+func (o *batchOpts) set(p parsed) {
+	if o.v == nil {
+		o.v, o.given, o.order = map[string]string{}, map[string]bool{}, map[string]int{}
+	}
+	o.v[p.name], o.given[p.name], o.order[p.name] = p.value, true, len(o.order)+1
+}
+
+// apply adds parsed options, refusing the unsupported ones (Slurm's exit code for an
+// option's error, 255).
+func (o *batchOpts) apply(cmd string, table []option, ps []parsed) error {
+	for _, p := range ps {
+		for _, t := range table {
+			if t.long == p.name && t.unsupported != "" {
+				return &UsageError{Msg: fmt.Sprintf("error: --%s is %s", p.name, t.unsupported), Code: 255}
+			}
+		}
+		o.set(p)
+	}
+	return nil
+}
+
+// ScriptDirectives returns the words of a script's lines that begin with prefix
+// ("#SBATCH", "#GANGRUN"): read as sbatch reads its #SBATCH lines, from the top until
+// the first line that is neither blank nor a comment, each split into words as a
+// shell would (quotes and backslashes, no expansion), a word starting with '#' and
+// everything after it being a comment. Errors name the line.
+func ScriptDirectives(script, prefix string) ([]string, error) {
+	var out []string
+	sc := bufio.NewScanner(strings.NewReader(script))
+	sc.Buffer(make([]byte, 64<<10), job.MaxScriptBytes)
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || n == 1 && strings.HasPrefix(line, "#!") {
+			continue
+		}
+		if !strings.HasPrefix(line, "#") {
+			break
+		}
+		rest, ok := strings.CutPrefix(line, prefix)
+		if !ok || rest != "" && rest[0] != ' ' && rest[0] != '\t' {
+			continue
+		}
+		words, err := job.SplitWords(rest)
+		if err != nil {
+			return nil, fmt.Errorf("script line %d: %w", n, err)
+		}
+		for _, w := range words {
+			if strings.HasPrefix(w, "#") {
+				break
+			}
+			out = append(out, w)
+		}
+	}
+	return out, sc.Err()
+}
+
+// HasDirectives reports whether script has any #SBATCH line: a Slurm batch script.
+func HasDirectives(script string) bool {
+	w, err := ScriptDirectives(script, "#SBATCH")
+	return err != nil || len(w) > 0
+}
+
+// ParseBatch reads a batch job's request as sbatch does: the script's #SBATCH lines,
+// then its #GANGRUN lines (gangrun submit's names, for a script also run by Slurm),
+// then gangrunArgs (gangrun submit's options, when it is gangrun submit that reads the
+// script), then sbatchArgs (sbatch's command line), each later one winning. script is
+// the script's text ("" with --wrap), name its path as given (the job's default
+// name), scriptArgs its arguments. Errors are *UsageError in sbatch's words and exit
+// codes.
+func ParseBatch(e *Env, script, name string, scriptArgs, gangrunArgs, sbatchArgs []string) (*BatchRequest, error) {
+	var o batchOpts
+	if script != "" {
+		if err := checkScript(script); err != nil {
+			return nil, err
+		}
+		words, err := ScriptDirectives(script, "#SBATCH")
+		if err != nil {
+			return nil, &UsageError{Msg: "error: " + err.Error(), Code: 255}
+		}
+		ps, _, err := getopt("sbatch", sbatchOptions, words, false, 255)
+		if err != nil {
+			return nil, err
+		}
+		if err := o.apply("sbatch", sbatchOptions, ps); err != nil {
+			return nil, err
+		}
+		gw, err := ScriptDirectives(script, job.Directive)
+		if err != nil {
+			return nil, &UsageError{Msg: "error: " + err.Error(), Code: 255}
+		}
+		gangrunArgs = append(gw, gangrunArgs...)
+	}
+	if len(gangrunArgs) > 0 {
+		ps, rest, err := getopt("sbatch", gangrunOptions(), gangrunArgs, false, 255)
+		if err != nil {
+			return nil, err
+		}
+		if len(rest) > 0 {
+			return nil, &UsageError{Msg: fmt.Sprintf("error: a %s line holds %q, which is no option", job.Directive, rest[0]), Code: 255}
+		}
+		for _, p := range ps {
+			switch p.name {
+			case "env":
+				o.env = append(o.env, p.value)
+			case "json":
+				o.json = true
+			case "consul":
+			default:
+				o.set(parsed{name: gangrunAliases[p.name], value: p.value, hasValue: true})
+			}
+		}
+	}
+	ps, _, err := getopt("sbatch", sbatchOptions, sbatchArgs, false, 255)
+	if err != nil {
+		return nil, err
+	}
+	if err := o.apply("sbatch", sbatchOptions, ps); err != nil {
+		return nil, err
+	}
+	return o.request(e, script, name, scriptArgs)
+}
+
+// checkScript refuses what sbatch refuses of a script's text.
+func checkScript(script string) error {
+	switch {
+	case strings.TrimSpace(script) == "":
+		return &UsageError{Msg: "error: Batch script is empty!", Code: 1}
+	case strings.Contains(script, "\r\n"):
+		return &UsageError{Msg: "error: Batch script contains DOS line breaks (\\r\\n)\nsbatch: error: instead of expected UNIX line breaks (\\n).", Code: 1}
+	case !strings.HasPrefix(script, "#!"):
+		return &UsageError{Msg: "error: This does not look like a batch script.  The first\nsbatch: error: line must start with #! followed by the path to an interpreter.\nsbatch: error: For instance: #!/bin/sh", Code: 1}
+	}
+	if err := job.CheckScript(script); err != nil {
+		return &UsageError{Msg: "error: " + err.Error(), Code: 1}
+	}
+	return nil
+}
+
+// bad is an option's value sbatch refuses: "Invalid --NAME specification", exit 255.
+func bad(name string) error {
+	return &UsageError{Msg: fmt.Sprintf("error: Invalid --%s specification", name), Code: 255}
+}
+
+// badf is an option's value refused with gangrun's reason, exit 255.
+func badf(format string, a ...any) error {
+	return &UsageError{Msg: "error: " + fmt.Sprintf(format, a...), Code: 255}
+}
+
+// count parses a whole number option of at least min: sbatch's "Invalid numeric
+// value" otherwise.
+func count(name, v string, min int) (int, error) {
+	n, err := strconv.Atoi(v)
+	if err != nil || n < min || n > 1<<24 {
+		return 0, &UsageError{Msg: fmt.Sprintf("error: Invalid numeric value \"%s\" for --%s.", v, name), Code: 1}
+	}
+	return n, nil
+}
+
+// request builds the job.
+func (o *batchOpts) request(e *Env, script, name string, scriptArgs []string) (*BatchRequest, error) {
+	v, given := o.v, o.given
+	if v == nil {
+		v, given = map[string]string{}, map[string]bool{}
+	}
+	r := &BatchRequest{Parsable: given["parsable"], Wait: given["wait"], Quiet: given["quiet"]}
+	b := &job.Batch{Export: "ALL"}
+	spec := job.Spec{Batch: b, MaxRestarts: 0}
+	if given["wrap"] {
+		if script != "" {
+			return nil, badf("--wrap and a script: give one")
+		}
+		script = "#!/bin/sh\n# This script was created by sbatch --wrap.\n\n" + v["wrap"] + "\n"
+		name = "wrap"
+	}
+	spec.Script, spec.Command = script, scriptArgs
+	spec.Name = filepath.Base(name)
+	if given["job-name"] {
+		spec.Name = v["job-name"]
+	}
+	spec.Account, spec.Partition = v["account"], v["partition"]
+	var err error
+	if given["ntasks"] {
+		if b.NTasks, err = count("ntasks", v["ntasks"], 1); err != nil {
+			return nil, err
+		}
+	}
+	if given["ntasks-per-node"] {
+		if b.NTasksPerNode, err = count("ntasks-per-node", v["ntasks-per-node"], 1); err != nil {
+			return nil, err
+		}
+	}
+	if given["cpus-per-task"] {
+		if b.CPUsPerTask, err = count("cpus-per-task", v["cpus-per-task"], 1); err != nil {
+			return nil, err
+		}
+	}
+	// Nodes: --nodes, else as many as --ntasks needs at --ntasks-per-node, else one.
+	spec.MinNodes, spec.MaxNodes = 1, 1
+	if given["nodes"] {
+		lo, hi, err := job.ParseNodes(strings.Replace(v["nodes"], ":", "-", 1))
+		if err != nil {
+			return nil, &UsageError{Msg: fmt.Sprintf("error: \"%s\" is not a valid node count", v["nodes"]), Code: 255}
+		}
+		spec.MinNodes, spec.MaxNodes = lo, hi
+	} else if b.NTasks > 0 && b.NTasksPerNode > 0 {
+		n := (b.NTasks + b.NTasksPerNode - 1) / b.NTasksPerNode
+		spec.MinNodes, spec.MaxNodes = n, n
+	}
+	if b.NTasks > 0 && b.NTasksPerNode > 0 && b.NTasks > spec.MaxNodes*b.NTasksPerNode {
+		return nil, &UsageError{Msg: "error: Batch job submission failed: Requested node configuration is not available", Code: 1}
+	}
+	if err := o.gpus(&spec); err != nil {
+		return nil, err
+	}
+	if given["time"] {
+		if spec.TimeLimit, err = job.ParseTime(v["time"]); err != nil {
+			return nil, bad("time")
+		}
+	}
+	if given["signal"] {
+		sig := v["signal"]
+		flags, rest, ok := strings.Cut(sig, ":")
+		if ok {
+			if strings.Contains(flags, "R") {
+				return nil, badf("--signal=%s: R: (signal at a reservation's end) is %s", sig, notBuilt)
+			}
+			if strings.Trim(flags, "B") != "" {
+				return nil, bad("signal")
+			}
+			b.SignalBatch, sig = true, rest
+		}
+		if spec.Signal, spec.SignalBefore, err = job.ParseSignal(sig); err != nil {
+			return nil, bad("signal")
+		}
+	}
+	if given["dependency"] {
+		if spec.Dependency, err = job.ParseDependency(v["dependency"]); err != nil {
+			return nil, badf("%v", err)
+		}
+	}
+	if given["array"] {
+		a, err := job.ParseArray(v["array"])
+		if err != nil {
+			return nil, &UsageError{Msg: "error: Invalid job array specification", Code: 255}
+		}
+		r.Array = &a
+	}
+	if given["mem"] {
+		if spec.Mem, err = cgroup.ParseMem(v["mem"]); err != nil {
+			return nil, bad("mem")
+		}
+	}
+	if given["priority"] {
+		if spec.Priority, err = strconv.Atoi(v["priority"]); err != nil {
+			return nil, bad("priority")
+		}
+	}
+	if given["open-mode"] {
+		switch m := strings.ToLower(v["open-mode"]); {
+		case strings.HasPrefix("append", m) && m != "":
+			b.OpenMode = "append"
+		case strings.HasPrefix("truncate", m) && m != "":
+			b.OpenMode = "truncate"
+		default:
+			return nil, bad("open-mode")
+		}
+	}
+	b.NoRequeue = given["no-requeue"] && o.order["no-requeue"] > o.order["requeue"]
+	spec.Output, b.Error = v["output"], v["error"]
+	// gangrun's supervision.
+	if given["gangrun-max-restarts"] {
+		if spec.MaxRestarts, err = count("gangrun-max-restarts", v["gangrun-max-restarts"], 0); err != nil {
+			return nil, err
+		}
+		b.Supervised = true
+	}
+	if given["gangrun-spare-nodes"] {
+		if spec.SpareNodes, err = count("gangrun-spare-nodes", v["gangrun-spare-nodes"], 0); err != nil {
+			return nil, err
+		}
+		b.Supervised = true
+	}
+	if given["gangrun-checkpoint-dir"] {
+		spec.CheckpointDir, b.Supervised = v["gangrun-checkpoint-dir"], true
+		if spec.MaxRestarts == 0 && !given["gangrun-max-restarts"] {
+			spec.MaxRestarts = job.DefaultMaxRestarts
+		}
+	}
+	if given["gangrun-term-timeout"] {
+		if spec.TermTimeout, err = time.ParseDuration(v["gangrun-term-timeout"]); err != nil || spec.TermTimeout < 0 {
+			return nil, bad("gangrun-term-timeout")
+		}
+	}
+	// Who, where, and what environment.
+	wd, err := os.Getwd()
+	if err != nil {
+		return nil, &UsageError{Msg: "error: getcwd failed: " + err.Error(), Code: 1}
+	}
+	if given["chdir"] {
+		d := v["chdir"]
+		if !filepath.IsAbs(d) {
+			d = filepath.Join(wd, d)
+		}
+		wd = d
+	}
+	spec.WorkDir = wd
+	spec.User = currentUser()
+	if given["uid"] {
+		if os.Geteuid() != 0 {
+			return nil, &UsageError{Msg: "error: --uid only permitted by root user", Code: 1}
+		}
+		u, err := proc.LookupUser(v["uid"])
+		if err != nil {
+			return nil, &UsageError{Msg: fmt.Sprintf("error: Invalid user id: %s", v["uid"]), Code: 255}
+		}
+		spec.User = u.Name
+	}
+	environ := e.Environ()
+	if given["export"] {
+		b.Export = v["export"]
+		if b.Export == "" {
+			b.Export = "ALL"
+		}
+		if up := strings.ToUpper(b.Export); up == "ALL" || up == "NONE" {
+			b.Export = up
+		}
+	}
+	if b.Environ, err = job.ExportEnv(b.Export, environ, loginEnv(spec.User)); err != nil {
+		return nil, badf("%v", err)
+	}
+	for _, kv := range o.env { // #GANGRUN --env: variables of the batch step
+		k, val, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil, badf("--env %q: want KEY=VALUE", kv)
+		}
+		b.Environ = append(b.Environ, k+"="+val)
+	}
+	if h, err := os.Hostname(); err == nil {
+		b.SubmitHost = h
+	}
+	return r.with(spec), nil
+}
+
+// with sets r's spec.
+func (r *BatchRequest) with(s job.Spec) *BatchRequest { r.Spec = s; return r }
+
+// gpus sets spec's GPUs per node from --gres=gpu[:type]:N, --gpus-per-node,
+// --gpus (the job's total, split over its nodes) or --gpus-per-task (times the tasks
+// per node).
+func (o *batchOpts) gpus(spec *job.Spec) error {
+	v, given := o.v, o.given
+	b := spec.Batch
+	set := func(perNode int, typ string) error {
+		gpus, profile, model, err := allocator.ParseGPUs(gpuSpec(typ, perNode))
+		if err != nil {
+			return badf("%v", err)
+		}
+		spec.GPUsPerNode, spec.MIGProfile, spec.GPUModel = gpus, profile, model
+		return nil
+	}
+	n := 0
+	if given["gres"] {
+		n++
+		var found bool
+		for _, g := range strings.Split(v["gres"], ",") {
+			parts := strings.Split(g, ":")
+			if g == "none" || g == "" {
+				continue
+			}
+			if parts[0] != "gpu" {
+				return badf("--gres=%s: generic resource %q is %s (gangrun schedules GPUs)", v["gres"], parts[0], notBuilt)
+			}
+			typ, cnt := "", "1"
+			switch len(parts) {
+			case 1:
+			case 2:
+				cnt = parts[1]
+			case 3:
+				typ, cnt = parts[1], parts[2]
+			default:
+				return bad("gres")
+			}
+			c, err := strconv.Atoi(cnt)
+			if err != nil || c < 1 {
+				return bad("gres")
+			}
+			if err := set(c, typ); err != nil {
+				return err
+			}
+			b.TresPerNode, found = "gres:"+g, true
+			if len(parts) == 2 || len(parts) == 1 {
+				b.TresPerNode = "gres:gpu:" + strconv.Itoa(c)
+			}
+		}
+		if !found {
+			n--
+		}
+	}
+	typed := func(name string) (string, int, error) {
+		s := v[name]
+		typ, cnt, ok := strings.Cut(s, ":")
+		if !ok {
+			typ, cnt = "", s
+		}
+		c, err := strconv.Atoi(cnt)
+		if err != nil || c < 1 {
+			return "", 0, bad(name)
+		}
+		return typ, c, nil
+	}
+	if given["gpus-per-node"] {
+		n++
+		typ, c, err := typed("gpus-per-node")
+		if err != nil {
+			return err
+		}
+		if err := set(c, typ); err != nil {
+			return err
+		}
+		b.TresPerNode = "gres:gpu:" + strings.TrimPrefix(v["gpus-per-node"], "gpu:")
+	}
+	if given["gpus-per-task"] {
+		typ, c, err := typed("gpus-per-task")
+		if err != nil {
+			return err
+		}
+		b.GPUsPerTask = c
+		if n == 0 {
+			n++
+			tasks := b.TasksPerNode(spec.MinNodes)
+			if spec.MinNodes != spec.MaxNodes || (b.NTasksPerNode == 0 && b.NTasks%spec.MinNodes != 0) {
+				return badf("--gpus-per-task=%s: gangrun gives every node the same GPUs: give --ntasks-per-node (or --ntasks a multiple of --nodes)", v["gpus-per-task"])
+			}
+			if err := set(c*tasks[0], typ); err != nil {
+				return err
+			}
+		}
+	}
+	if given["gpus"] {
+		n++
+		typ, c, err := typed("gpus")
+		if err != nil {
+			return err
+		}
+		if spec.MinNodes != spec.MaxNodes || c%spec.MinNodes != 0 {
+			return badf("--gpus=%s: gangrun gives every node the same GPUs: give a number of GPUs that --nodes divides (or --gpus-per-node)", v["gpus"])
+		}
+		if err := set(c/spec.MinNodes, typ); err != nil {
+			return err
+		}
+	}
+	switch {
+	case n > 1:
+		return badf("give the GPUs one way: --gres=gpu:N, --gpus-per-node, --gpus or --gpus-per-task")
+	case n == 0:
+		return &UsageError{Msg: "error: Batch job submission failed: gangrun places GPU jobs: ask for GPUs with --gres=gpu:N, --gpus-per-node=N, --gpus=N or --gpus-per-task=N (CPU-only jobs are " + notBuilt + ")", Code: 1}
+	}
+	return nil
+}
+
+// gpuSpec is [TYPE:]COUNT for allocator.ParseGPUs.
+func gpuSpec(typ string, n int) string {
+	if typ == "" {
+		return strconv.Itoa(n)
+	}
+	return typ + ":" + strconv.Itoa(n)
+}
+
+// currentUser is this process's user's name (its uid when it has none).
+func currentUser() string {
+	if u, err := user.Current(); err == nil && u.Username != "" {
+		return u.Username
+	}
+	return strconv.Itoa(os.Getuid())
+}
+
+// loginEnv is what a login gives name (--export=NONE's variables).
+func loginEnv(name string) []string {
+	home, sh := "/", ""
+	if u, err := proc.LookupUser(name); err == nil && u.Home != "" {
+		home = u.Home
+	}
+	if data, err := os.ReadFile("/etc/passwd"); err == nil {
+		for _, l := range strings.Split(string(data), "\n") {
+			f := strings.Split(l, ":")
+			if len(f) == 7 && f[0] == name {
+				sh = f[6]
+			}
+		}
+	}
+	return job.LoginEnv(name, home, sh)
+}
+
+// Sbatch is sbatch: it queues a batch script (a file, stdin, or --wrap's command) with
+// the options of its #SBATCH lines and command line, and prints "Submitted batch job
+// ID" (--parsable: the id alone). Exit codes as sbatch's: 0, 1 when the job is
+// refused, 255 for a bad option.
+func Sbatch(ctx context.Context, e *Env, args []string) int {
+	ps, rest, err := getopt("sbatch", sbatchOptions, args, true, 255)
+	if err != nil {
+		return usage(e, "sbatch", err.(*UsageError))
+	}
+	var wrap bool
+	for _, p := range ps {
+		switch p.name {
+		case "help":
+			fmt.Fprint(e.Stdout, sbatchHelp)
+			return 0
+		case "usage":
+			fmt.Fprintln(e.Stdout, "Usage: sbatch [OPTIONS...] executable [args...]")
+			return 0
+		case "version":
+			fmt.Fprintln(e.Stdout, Version)
+			return 0
+		case "wrap":
+			wrap = true
+		}
+	}
+	var script, name string
+	var scriptArgs []string
+	switch {
+	case wrap:
+		if len(rest) > 0 {
+			return errorf(e, "sbatch", 1, "Script arguments not permitted with --wrap option")
+		}
+	case len(rest) == 0:
+		data, err := io.ReadAll(io.LimitReader(e.Stdin, job.MaxScriptBytes+1))
+		if err != nil || len(data) > job.MaxScriptBytes {
+			return errorf(e, "sbatch", 1, "Unable to read the batch script from standard input")
+		}
+		script, name = string(data), "sbatch"
+	default:
+		data, err := userfile.ReadFile(rest[0], job.MaxScriptBytes)
+		if err != nil {
+			return errorf(e, "sbatch", 1, "Unable to open file %s", rest[0])
+		}
+		script, name, scriptArgs = string(data), rest[0], rest[1:]
+	}
+	req, err := ParseBatch(e, script, name, scriptArgs, nil, args[:len(args)-len(rest)])
+	var ue *UsageError
+	if errors.As(err, &ue) {
+		return usage(e, "sbatch", ue)
+	}
+	id, code := submitBatch(ctx, e, "sbatch", req)
+	if code != 0 {
+		return code
+	}
+	if req.Parsable {
+		fmt.Fprintln(e.Stdout, id)
+	} else {
+		fmt.Fprintf(e.Stdout, "Submitted batch job %s\n", id)
+	}
+	if req.Wait {
+		return waitJob(ctx, e, "sbatch", id)
+	}
+	return 0
+}
+
+// submitBatch checks and queues req, and returns its id; a refusal is printed as
+// sbatch's "Batch job submission failed" (exit 1).
+func submitBatch(ctx context.Context, e *Env, cmd string, req *BatchRequest) (string, int) {
+	if err := req.Spec.CheckHere(); err != nil {
+		return "", errorf(e, cmd, 1, "Batch job submission failed: %v", err)
+	}
+	s, err := e.Cluster.Open(ctx)
+	if err != nil {
+		return "", errorf(e, cmd, 1, "Batch job submission failed: %v", err)
+	}
+	defer s.Close()
+	req.Spec.Batch.ClusterName = ClusterName(ctx, s)
+	id, _, err := e.Cluster.Submit(ctx, s, req.Spec, req.Array)
+	if err != nil {
+		return "", errorf(e, cmd, 1, "Batch job submission failed: %v", err)
+	}
+	return id, 0
+}
+
+// waitJob waits for job id to end (sbatch -W) and returns its exit code.
+func waitJob(ctx context.Context, e *Env, cmd, id string) int {
+	s, err := e.Cluster.Open(ctx)
+	if err != nil {
+		return errorf(e, cmd, 1, "%v", err)
+	}
+	defer s.Close()
+	for {
+		j, err := job.Read(ctx, s, id)
+		if err == nil && j.State.Status.Final() {
+			code := j.State.ExitCode
+			if j.State.Status != job.Completed && code == 0 {
+				code = 1
+			}
+			return code
+		}
+		select {
+		case <-ctx.Done():
+			return 1
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+// ClusterName is the cluster's name as Slurm's variables give it: the Consul
+// datacenter the cluster runs in.
+func ClusterName(ctx context.Context, s store.Store) string {
+	if c, ok := s.(interface{ Client() *api.Client }); ok {
+		if self, err := c.Client().Agent().Self(); err == nil {
+			if dc, ok := self["Config"]["Datacenter"].(string); ok && dc != "" {
+				return dc
+			}
+		}
+	}
+	return "gangrun"
+}
+
+// Version is what the commands print for --version: Slurm's form, naming gangrun.
+const Version = "slurm 22.05.8 (gangrun)"

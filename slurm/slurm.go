@@ -1,0 +1,117 @@
+// Package slurm is gangrun's Slurm front end: the gangrun binary acts as sbatch, srun,
+// salloc, squeue, scancel, scontrol, sacct and sinfo when run under those names
+// (argv[0]; `make install` and `gangrun slurm-links DIR` make the links), with Slurm's
+// options, output formats, state codes, messages and exit codes, over gangrun's
+// cluster: a job sbatch queues is a gangrun job (package job) with a Batch, its script
+// run once as Slurm's batch step on its first node, srun's steps across its nodes.
+//
+// What each command and option does, and what gangrun deliberately does differently,
+// is docs/slurm.md. An option of Slurm's that gangrun does not build is refused in
+// Slurm's words and with its exit code (255 for sbatch's, srun's and salloc's option
+// errors, 1 for the others'), never ignored.
+package slurm
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"github.com/gangrun/gangrun/identity"
+	"github.com/gangrun/gangrun/internal/store"
+	"github.com/gangrun/gangrun/job"
+)
+
+// Names are the commands the front end answers to, as argv[0]'s base name.
+func Names() []string {
+	return []string{"sbatch", "srun", "salloc", "squeue", "scancel", "scontrol", "sacct", "sinfo"}
+}
+
+// Is reports whether argv0's base name is one of Names.
+func Is(argv0 string) bool {
+	base := filepath.Base(argv0)
+	for _, n := range Names() {
+		if n == base {
+			return true
+		}
+	}
+	return false
+}
+
+// Cluster is what the front end needs of gangrun's cluster; cmd/gangrun gives it, as
+// `gangrun submit` and `gangrun cancel` do the same.
+type Cluster interface {
+	// Open connects to the cluster's Consul (CONSUL_HTTP_ADDR and the other CONSUL_*
+	// variables); the caller closes it.
+	Open(ctx context.Context) (Store, error)
+	// Munge is this host's munged where the cluster's agents check MUNGE credentials,
+	// nil where they check none.
+	Munge(ctx context.Context, s Store) (*identity.Munge, error)
+	// Submit queues spec (the tasks of array a, when a is not nil) as this process's
+	// user and returns its id (and the tasks' ids).
+	Submit(ctx context.Context, s Store, spec job.Spec, a *job.Array) (string, []string, error)
+	// Cancel cancels job or array id as this process's user, and returns how many jobs
+	// it stopped (0: it had ended). Errors wrap job.ErrNotFound, job.ErrNotYours.
+	Cancel(ctx context.Context, s Store, id string) (int, error)
+}
+
+// Store is the cluster's Consul as the front end uses it: gangrun's store, closed when
+// done.
+type Store interface {
+	store.Store
+	Close()
+}
+
+// Env is what a command may touch of the outside world.
+type Env struct {
+	Stdin          io.Reader
+	Stdout, Stderr io.Writer
+	// Getenv reads, and Environ lists, the command's environment.
+	Getenv  func(string) string
+	Environ func() []string
+	// Signals delivers the signals srun and salloc pass to their tasks; nil for none.
+	Signals <-chan os.Signal
+	// Cluster is gangrun's cluster.
+	Cluster Cluster
+	// Self is the gangrun binary (salloc's shell and srun find it on PATH as srun).
+	Self string
+}
+
+// Main runs the Slurm command name (one of Names) with args (without argv[0]) and
+// returns its exit code.
+func Main(ctx context.Context, name string, e *Env, args []string) int {
+	switch name {
+	case "sbatch":
+		return Sbatch(ctx, e, args)
+	case "srun":
+		return Srun(ctx, e, args)
+	case "salloc":
+		return Salloc(ctx, e, args)
+	case "squeue":
+		return Squeue(ctx, e, args)
+	case "scancel":
+		return Scancel(ctx, e, args)
+	case "scontrol":
+		return Scontrol(ctx, e, args)
+	case "sacct":
+		return Sacct(ctx, e, args)
+	case "sinfo":
+		return Sinfo(ctx, e, args)
+	}
+	fmt.Fprintf(e.Stderr, "gangrun: %s is no Slurm command gangrun answers to\n", name)
+	return 2
+}
+
+// errorf prints "CMD: error: MSG" as Slurm's commands print their errors, and
+// returns code.
+func errorf(e *Env, cmd string, code int, format string, a ...any) int {
+	fmt.Fprintf(e.Stderr, "%s: error: %s\n", cmd, fmt.Sprintf(format, a...))
+	return code
+}
+
+// usage prints a UsageError's message with the command's name and returns its code.
+func usage(e *Env, cmd string, err *UsageError) int {
+	fmt.Fprintf(e.Stderr, "%s: %s\n", cmd, err.Msg)
+	return err.Code
+}
