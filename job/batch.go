@@ -393,9 +393,6 @@ func BatchEnv(c BatchEnvConfig) []string {
 	if _, ok := m.vals["TMPDIR"]; !ok {
 		set("TMPDIR", "/tmp") // slurmstepd's, from TmpFS
 	}
-	// sbatch does not pass on the submitting shell's level: the batch shell is a
-	// first one (SHLVL=1 once it starts).
-	m.unset("SHLVL")
 	for _, k := range []string{"CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "ROCR_VISIBLE_DEVICES", "ZE_AFFINITY_MASK"} {
 		set(k, gpus)
 	}
