@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/gangrun/gangrun/hostlist"
 	"github.com/gangrun/gangrun/internal/quote"
@@ -52,6 +53,9 @@ type Batch struct {
 	// NoRequeue is --no-requeue: a node lost ends the job NODE_FAIL instead of
 	// requeuing it.
 	NoRequeue bool `json:"no_requeue,omitempty"`
+	// ScriptPath is the script's path as sbatch was given it, made absolute (scontrol's
+	// Command); "" for --wrap and a script read from stdin.
+	ScriptPath string `json:"script_path,omitempty"`
 	// SubmitHost is the host sbatch ran on (SLURM_SUBMIT_HOST).
 	SubmitHost string `json:"submit_host,omitempty"`
 	// Supervised says gangrun's own supervision was asked for (--max-restarts,
@@ -526,3 +530,7 @@ func LoginEnv(user, home, sh string) []string {
 // expanding anything (single and double quotes, backslash escapes); an unterminated
 // quote is an error.
 func SplitWords(s string) ([]string, error) { return splitWords(s) }
+
+// PlacedSince is when the job's current (or last) placement started running: what
+// squeue's TIME counts from.
+func (s *State) PlacedSince() time.Time { return s.placedAt() }

@@ -59,6 +59,7 @@ type batchStep struct {
 	mu      sync.Mutex
 	batch   *proc.Process          // the batch script, while it runs
 	tasks   map[*proc.Process]bool // srun tasks running on this node
+	byStep  map[int][]*proc.Process // the same, by srun step
 	stopped bool                   // stop began: nothing new starts
 	steps   sync.WaitGroup         // srun steps being served
 	seen    map[int]bool           // srun steps handled (or refused) here
@@ -69,7 +70,7 @@ type batchStep struct {
 func (st *step) runBatch(ctx context.Context, gn allocator.GrantNode) int {
 	j := st.job
 	bs := &batchStep{st: st, gn: gn, nodes: SlurmNodes(j.State.Nodes), log: st.log,
-		tasks: map[*proc.Process]bool{}, seen: map[int]bool{}, grace: j.Spec.TermTimeout}
+		tasks: map[*proc.Process]bool{}, byStep: map[int][]*proc.Process{}, seen: map[int]bool{}, grace: j.Spec.TermTimeout}
 	if bs.grace <= 0 {
 		bs.grace = batchKillWait
 	}
@@ -95,13 +96,16 @@ func (st *step) runBatch(ctx context.Context, gn allocator.GrantNode) int {
 	sctx, stopServing := context.WithCancel(ctx)
 	go bs.serve(sctx)
 
-	batchHost := !j.Spec.Batch.Allocation && st.cfg.Node == bs.nodes[0]
+	batchHost := st.cfg.Node == bs.nodes[0] // an allocation's: where its release is recorded
 	var code int
 	var end Status
 	var why string
-	if batchHost {
+	switch {
+	case batchHost && j.Spec.Batch.Allocation:
+		code, end, why = bs.waitRelease(ctx)
+	case batchHost:
 		code, end, why = bs.runScript(ctx)
-	} else {
+	default:
 		bs.waitStop(ctx)
 	}
 	bs.stopAll()
@@ -366,6 +370,34 @@ func (bs *batchStep) wait(ctx context.Context, p *proc.Process) proc.ExitStatus 
 	}
 }
 
+// waitRelease waits, on an allocation's first node, for salloc to release it (or the
+// step to be stopped), and returns the job's end: COMPLETED when salloc's command
+// exited 0, else FAILED with its code.
+func (bs *batchStep) waitRelease(ctx context.Context) (int, Status, string) {
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	released := make(chan int, 1)
+	go func() {
+		if code, ok := bs.watchRelease(rctx); ok {
+			released <- code
+		}
+	}()
+	stopped := make(chan struct{})
+	go func() {
+		bs.waitStop(rctx)
+		close(stopped)
+	}()
+	select {
+	case code := <-released:
+		if code == 0 {
+			return 0, Completed, ""
+		}
+		return code, Failed, "NonZeroExitCode: salloc's command exited " + strconv.Itoa(code)
+	case <-stopped:
+		return 0, Cancelled, ""
+	}
+}
+
 // waitStop waits, on a node other than the batch host, until the step is told to stop
 // (the job ended, was cancelled, or moved), passing other signals to the tasks.
 func (bs *batchStep) waitStop(ctx context.Context) {
@@ -521,7 +553,15 @@ func (bs *batchStep) serve(ctx context.Context) {
 			bs.mu.Lock()
 			handled := bs.seen[n]
 			bs.seen[n] = true
+			var cancelled []*proc.Process
+			if s.End != nil && s.End.State == Cancelled {
+				cancelled = bs.byStep[n] // scancel JOB.STEP: its tasks here stop
+				delete(bs.byStep, n)
+			}
 			bs.mu.Unlock()
+			if len(cancelled) > 0 {
+				go terminate(cancelled, bs.grace)
+			}
 			if handled || s.End != nil || !slices.Contains(s.Request.Nodes, bs.st.cfg.Node) {
 				continue
 			}
@@ -643,6 +683,7 @@ func (bs *batchStep) runStep(ctx context.Context, r StepRequest, cred string) {
 		}
 		bs.mu.Lock()
 		bs.tasks[p] = true
+		bs.byStep[r.Step] = append(bs.byStep[r.Step], p)
 		bs.mu.Unlock()
 		pmu.Lock()
 		procs = append(procs, p)
@@ -659,6 +700,7 @@ func (bs *batchStep) runStep(ctx context.Context, r StepRequest, cred string) {
 			status := bs.release(p)
 			bs.mu.Lock()
 			delete(bs.tasks, p)
+			bs.byStep[r.Step] = slices.DeleteFunc(bs.byStep[r.Step], func(q *proc.Process) bool { return q == p })
 			bs.mu.Unlock()
 			stdout.Flush()
 			stderr.Flush()

@@ -459,7 +459,11 @@ func writeScriptIn(tmp string, spec Spec, u *proc.User) (path string, cleanup fu
 	if err != nil {
 		return "", nil, fmt.Errorf("write the job's script: %w", err)
 	}
-	path = filepath.Join(dir, "script")
+	name := "script"
+	if spec.Batch != nil {
+		name = "slurm_script" // as slurmd names the batch script it runs ($0)
+	}
+	path = filepath.Join(dir, name)
 	err = os.WriteFile(path, []byte(spec.Script), 0o755)
 	if err == nil && u != nil {
 		if err = os.Chown(path, int(u.UID), int(u.GID)); err == nil {

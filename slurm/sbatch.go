@@ -21,6 +21,7 @@ import (
 	"github.com/gangrun/gangrun/internal/store"
 	"github.com/gangrun/gangrun/internal/userfile"
 	"github.com/gangrun/gangrun/job"
+	"github.com/gangrun/gangrun/policy"
 )
 
 // notBuilt is the reason of an option Slurm has and gangrun does not build yet.
@@ -520,6 +521,13 @@ func (o *batchOpts) request(e *Env, script, name string, scriptArgs []string) (*
 	if h, err := os.Hostname(); err == nil {
 		b.SubmitHost = h
 	}
+	if name != "" && name != "sbatch" && !given["wrap"] {
+		b.ScriptPath = name
+		if !filepath.IsAbs(name) {
+			cwd, _ := os.Getwd()
+			b.ScriptPath = filepath.Join(cwd, name)
+		}
+	}
 	return r.with(spec), nil
 }
 
@@ -711,6 +719,9 @@ func Sbatch(ctx context.Context, e *Env, args []string) int {
 			return errorf(e, "sbatch", 1, "Unable to read the batch script from standard input")
 		}
 		script, name = string(data), "sbatch"
+		if strings.TrimSpace(script) == "" {
+			return errorf(e, "sbatch", 1, "Batch script is empty!")
+		}
 	default:
 		data, err := userfile.ReadFile(rest[0], job.MaxScriptBytes)
 		if err != nil {
@@ -750,6 +761,9 @@ func submitBatch(ctx context.Context, e *Env, cmd string, req *BatchRequest) (st
 	}
 	defer s.Close()
 	req.Spec.Batch.ClusterName = ClusterName(ctx, s)
+	if req.Spec.Partition == "" {
+		req.Spec.Partition = DefaultPartition(ctx, s)
+	}
 	id, _, err := e.Cluster.Submit(ctx, s, req.Spec, req.Array)
 	if err != nil {
 		return "", errorf(e, cmd, 1, "Batch job submission failed: %v", err)
@@ -796,3 +810,25 @@ func ClusterName(ctx context.Context, s store.Store) string {
 
 // Version is what the commands print for --version: Slurm's form, naming gangrun.
 const Version = "slurm 22.05.8 (gangrun)"
+
+// DefaultPartition is the partition a job that names none goes to, as Slurm's default
+// partition: the policy's default, else the first (in name order) of the nodes'
+// partition labels; "" on a cluster whose nodes carry none (the job may run on any).
+func DefaultPartition(ctx context.Context, s store.Store) string {
+	if p, err := policy.Load(ctx, s); err == nil && p != nil {
+		if d := p.DefaultPartition(); d != "" {
+			return d
+		}
+	}
+	c, err := allocator.Snapshot(ctx, s)
+	if err != nil {
+		return ""
+	}
+	best := ""
+	for _, n := range c.NodeList() {
+		if p := n.Labels["partition"]; p != "" && (best == "" || p < best) {
+			best = p
+		}
+	}
+	return best
+}

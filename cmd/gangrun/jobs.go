@@ -174,6 +174,9 @@ func submitSpec(ctx context.Context, e *env, f *submitFlags, spec job.Spec, arra
 	}
 	if spec.Batch != nil {
 		spec.Batch.ClusterName = slurm.ClusterName(ctx, s)
+		if spec.Partition == "" {
+			spec.Partition = slurm.DefaultPartition(ctx, s)
+		}
 	}
 	var id string
 	var tasks []string

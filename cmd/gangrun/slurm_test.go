@@ -304,3 +304,217 @@ func TestSbatchTutorialAgainstSlurm(t *testing.T) {
 
 // idPattern matches a job id in a message.
 var idPattern = regexp.MustCompile(`\b\d+\b`)
+
+// TestSbatchRefusalsAgainstSlurm: bad sbatch command lines and scripts go to a real
+// Slurm's sbatch and to gangrun's: both refuse each with the same message and exit
+// code (255 for an option's error, 1 for a script or a job refused). Options Slurm has
+// and gangrun does not build are refused by gangrun alone, in sbatch's words.
+func TestSbatchRefusalsAgainstSlurm(t *testing.T) {
+	p := startSlurmPair(t, "gpu-a")
+	dir := sharedDir(t)
+	files := map[string]string{
+		"job.sh":       "#!/bin/sh\n#SBATCH --gres=gpu:1\ntrue\n",
+		"dos.sh":       "#!/bin/sh\r\n#SBATCH --gres=gpu:1\r\ntrue\r\n",
+		"noshebang.sh": "#SBATCH --gres=gpu:1\ntrue\n",
+		"badline.sh":   "#!/bin/sh\n#SBATCH --gres=gpu:1 --bogus\ntrue\n",
+	}
+	for name, text := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cases := []struct {
+		name  string
+		args  []string
+		stdin string
+	}{
+		{"unknown option", []string{"--foo", "job.sh"}, ""},
+		{"unknown short option", []string{"-X", "job.sh"}, ""},
+		{"missing argument", []string{"-p"}, ""},
+		{"an option after the script is the script's", []string{"job.sh", "-p"}, "accepted"},
+		{"missing long argument", []string{"--partition"}, ""},
+		{"argument not allowed", []string{"--parsable=3", "job.sh"}, ""},
+		{"bad node count", []string{"--nodes=abc", "job.sh"}, ""},
+		{"bad time", []string{"--time=xx", "job.sh"}, ""},
+		{"bad signal", []string{"--signal=B:FOO@10", "job.sh"}, ""},
+		{"bad open mode", []string{"--open-mode=bad", "job.sh"}, ""},
+		{"negative tasks", []string{"--ntasks=-1", "job.sh"}, ""},
+		{"DOS line breaks", []string{"dos.sh"}, ""},
+		{"no interpreter line", []string{"noshebang.sh"}, ""},
+		{"missing script", []string{"missing.sh"}, ""},
+		{"empty stdin", nil, ""},
+		{"bad #SBATCH line", []string{"badline.sh"}, ""},
+		{"wrap with arguments", []string{"--wrap", "true", "x"}, ""},
+	}
+	agree := 0
+	for _, tc := range cases {
+		stdin := tc.stdin
+		if stdin == "accepted" {
+			stdin = ""
+		}
+		rout, rerr, rcode := p.run(realSlurm, dir, stdin, nil, "sbatch", tc.args...)
+		gout, gerr, gcode := p.run(gangrun, dir, stdin, nil, "sbatch", tc.args...)
+		if tc.stdin == "accepted" {
+			if rcode != 0 || gcode != 0 {
+				t.Errorf("%s: sbatch %q: slurm exit %d %q, gangrun exit %d %q: want both to accept it", tc.name, tc.args, rcode, rerr, gcode, gerr)
+			} else {
+				agree++
+			}
+			continue
+		}
+		if rcode == 0 {
+			t.Errorf("%s: Slurm's sbatch accepted it: %s", tc.name, rout)
+			continue
+		}
+		if rcode != gcode || rerr != gerr || gout != "" {
+			t.Errorf("%s: sbatch %q:\nslurm   exit %d: %q\ngangrun exit %d: %q %q", tc.name, tc.args, rcode, rerr, gcode, gerr, gout)
+			continue
+		}
+		agree++
+	}
+	t.Logf("%d of %d refusals agree in message and exit code", agree, len(cases))
+	for _, opt := range []string{"--exclusive", "--qos=high", "--begin=now", "-w", "gpu-a"} {
+		args := []string{opt, "job.sh"}
+		if opt == "-w" {
+			args = []string{"-w", "gpu-a", "job.sh"}
+		} else if opt == "gpu-a" {
+			continue
+		}
+		_, gerr, gcode := p.run(gangrun, dir, "", nil, "sbatch", args...)
+		name := strings.TrimLeft(strings.SplitN(opt, "=", 2)[0], "-")
+		if name == "w" {
+			name = "nodelist"
+		}
+		if gcode != 255 || !strings.HasPrefix(gerr, "sbatch: error: --"+name+" is not supported by gangrun") || strings.Count(gerr, "\n") != 1 {
+			t.Errorf("gangrun sbatch %s: exit %d %q, want 255 and one line refusing --%s", opt, gcode, gerr, name)
+		}
+	}
+}
+
+// readFile reads dir/name, "" when it does not exist.
+func readFile(dir, name string) string {
+	b, _ := os.ReadFile(filepath.Join(dir, name))
+	return string(b)
+}
+
+// TestSbatchOptionsAgainstSlurm: each of sbatch's options that shape the batch step,
+// on a real Slurm and on gangrun: a failing script runs once and ends FAILED (no
+// restart), --export=NONE and a list, --chdir, --output and --error patterns,
+// --open-mode, --wrap; the files and contents a user finds agree.
+func TestSbatchOptionsAgainstSlurm(t *testing.T) {
+	p := startSlurmPair(t, "gpu-a", "gpu-b")
+	type result struct {
+		dir, id, state string
+	}
+	both := func(script string, extra []string, args ...string) (r, g result) {
+		t.Helper()
+		r.dir, r.id, r.state = p.submit(realSlurm, script, extra, args...)
+		g.dir, g.id, g.state = p.submit(gangrun, script, extra, args...)
+		return r, g
+	}
+	t.Run("a failing script runs once", func(t *testing.T) {
+		p.t = t
+		r, g := both("#!/bin/sh\n#SBATCH --nodes=2 --gres=gpu:1\necho run >> runs.txt\nexit 3\n", nil)
+		if r.state != "FAILED" || g.state != "FAILED" {
+			t.Errorf("states: slurm %s, gangrun %s; want FAILED", r.state, g.state)
+		}
+		if a, b := readFile(r.dir, "runs.txt"), readFile(g.dir, "runs.txt"); a != "run\n" || b != a {
+			t.Errorf("runs.txt: slurm %q, gangrun %q; want one run", a, b)
+		}
+		m := p.gr.show(g.id)
+		if m["exit_code"] != float64(3) || m["restarts"] != float64(0) {
+			t.Errorf("gangrun job: exit_code %v, restarts %v; want 3, 0", m["exit_code"], m["restarts"])
+		}
+	})
+	t.Run("export", func(t *testing.T) {
+		p.t = t
+		script := "#!/bin/sh\n#SBATCH --gres=gpu:1\necho \"FOO=${FOO-unset} BAR=${BAR-unset} OTHER=${OTHER-unset} HOME=${HOME-unset}\" > vars.txt\n"
+		extra := []string{"FOO=1", "OTHER=x"}
+		for _, export := range []string{"--export=NONE", "--export=FOO,BAR=2", "--export=ALL,BAR=3", "--export=ALL"} {
+			r, g := both(script, extra, export)
+			if a, b := readFile(r.dir, "vars.txt"), readFile(g.dir, "vars.txt"); a == "" || a != b {
+				t.Errorf("%s: slurm %q, gangrun %q", export, a, b)
+			}
+		}
+	})
+	t.Run("chdir and patterns", func(t *testing.T) {
+		p.t = t
+		script := "#!/bin/sh\n#SBATCH --gres=gpu:1 --job-name=pat\npwd | sed 's|.*/||' \necho to-stderr >&2\n"
+		var names [2][]string
+		var outs [2]string
+		var ids [2]string
+		for i, s := range []side{realSlurm, gangrun} {
+			dir := sharedDir(t)
+			if err := os.Mkdir(filepath.Join(dir, "sub"), 0o777); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(dir, "job.sh"), []byte(script), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			out, errOut, code := p.run(s, dir, "", nil, "sbatch", "--parsable", "--chdir=sub", "--output=%x-%j-%N-%n-%t-%4t.out", "--error=err-%j-%u.txt", "job.sh")
+			if code != 0 {
+				t.Fatalf("%s sbatch: %d %s", s, code, errOut)
+			}
+			ids[i] = strings.TrimSpace(out)
+			p.waitEnd(s, ids[i], time.Minute)
+			entries, _ := os.ReadDir(filepath.Join(dir, "sub"))
+			for _, e := range entries {
+				names[i] = append(names[i], strings.ReplaceAll(e.Name(), ids[i], "ID"))
+				outs[i] += e.Name() + ": " + readFile(filepath.Join(dir, "sub"), e.Name())
+			}
+			outs[i] = strings.ReplaceAll(outs[i], ids[i], "ID")
+		}
+		// %N is the host's short name under Slurm, the node's name under gangrun (the
+		// same on a cluster whose nodes are named after their hosts; docs/slurm.md).
+		host, _ := os.Hostname()
+		host, _, _ = strings.Cut(host, ".")
+		for k := range names[0] {
+			names[0][k] = strings.Replace(names[0][k], "-"+host+"-", "-gpu-a-", 1)
+		}
+		outs[0] = strings.ReplaceAll(outs[0], "-"+host+"-", "-gpu-a-")
+		if !slices.Equal(names[0], names[1]) || outs[0] != outs[1] {
+			t.Errorf("files in --chdir:\nslurm   %q %q\ngangrun %q %q", names[0], outs[0], names[1], outs[1])
+		}
+	})
+	t.Run("open mode", func(t *testing.T) {
+		p.t = t
+		for _, mode := range []string{"--open-mode=append", "--open-mode=truncate"} {
+			var got [2]string
+			for i, s := range []side{realSlurm, gangrun} {
+				dir := sharedDir(t)
+				if err := os.WriteFile(filepath.Join(dir, "fixed.out"), []byte("old\n"), 0o666); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(filepath.Join(dir, "job.sh"), []byte("#!/bin/sh\n#SBATCH --gres=gpu:1\necho new\n"), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				out, errOut, code := p.run(s, dir, "", nil, "sbatch", "--parsable", "--output=fixed.out", mode, "job.sh")
+				if code != 0 {
+					t.Fatalf("%s sbatch: %d %s", s, code, errOut)
+				}
+				p.waitEnd(s, strings.TrimSpace(out), time.Minute)
+				got[i] = readFile(dir, "fixed.out")
+			}
+			if got[0] != got[1] {
+				t.Errorf("%s: slurm %q, gangrun %q", mode, got[0], got[1])
+			}
+		}
+	})
+	t.Run("wrap", func(t *testing.T) {
+		p.t = t
+		var got [2]string
+		for i, s := range []side{realSlurm, gangrun} {
+			dir := sharedDir(t)
+			out, errOut, code := p.run(s, dir, "", nil, "sbatch", "--parsable", "--gpus-per-node=2", "--wrap", "echo $SLURM_JOB_NAME $SLURM_GPUS_ON_NODE; echo $0 | sed 's|.*/||'")
+			if code != 0 {
+				t.Fatalf("%s sbatch: %d %s", s, code, errOut)
+			}
+			id := strings.TrimSpace(out)
+			p.waitEnd(s, id, time.Minute)
+			got[i] = readFile(dir, "slurm-"+id+".out")
+		}
+		if got[0] != got[1] || got[0] == "" {
+			t.Errorf("--wrap: slurm %q, gangrun %q", got[0], got[1])
+		}
+	})
+}

@@ -1,0 +1,250 @@
+package slurm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/gangrun/gangrun/hostlist"
+	"github.com/gangrun/gangrun/job"
+)
+
+// sallocOptions are salloc's options gangrun builds (sbatch's that make sense for an
+// allocation), and the rest of sbatch's refused.
+var sallocOptions = func() []option {
+	var out []option
+	for _, o := range sbatchOptions {
+		switch o.long {
+		case "array", "error", "output", "open-mode", "parsable", "wrap", "wait", "requeue", "no-requeue", "export",
+			"signal", "gangrun-max-restarts", "gangrun-spare-nodes", "gangrun-checkpoint-dir", "chdir":
+			o.unsupported = notBuilt
+		}
+		out = append(out, o)
+	}
+	return out
+}()
+
+// sallocPoll is how often salloc looks at its pending job.
+const sallocPoll = 250 * time.Millisecond
+
+// Salloc is salloc: it queues an allocation (sbatch's node, task and GPU options),
+// waits for it ("salloc: Granted job allocation N"), runs the command given (default:
+// the user's shell) here with the allocation's variables, where srun starts steps on
+// the allocated nodes, then releases the allocation ("Relinquishing job allocation
+// N") and exits with the command's exit code; the job ends COMPLETED, or FAILED with
+// that code.
+func Salloc(ctx context.Context, e *Env, args []string) int {
+	ps, rest, err := getopt("salloc", sallocOptions, args, true, 255)
+	if err != nil {
+		return usage(e, "salloc", err.(*UsageError))
+	}
+	var o batchOpts
+	for _, p := range ps {
+		switch p.name {
+		case "help":
+			fmt.Fprintln(e.Stdout, "Usage: salloc [OPTIONS...] [command [args...]]")
+			return 0
+		case "usage":
+			fmt.Fprintln(e.Stdout, "Usage: salloc [OPTIONS...] [command [args...]]")
+			return 0
+		case "version":
+			fmt.Fprintln(e.Stdout, Version)
+			return 0
+		}
+	}
+	if err := o.apply("salloc", sallocOptions, ps); err != nil {
+		var ue *UsageError
+		errors.As(err, &ue)
+		return usage(e, "salloc", ue)
+	}
+	req, err := o.request(e, "", "interactive", nil)
+	if err != nil {
+		return usage(e, "salloc", err.(*UsageError))
+	}
+	spec := req.Spec
+	spec.Batch.Allocation, spec.Batch.Export, spec.Batch.Environ = true, "ALL", nil
+	if !o.given["job-name"] {
+		spec.Name = "interactive"
+	}
+	command := rest
+	if len(command) == 0 {
+		sh := e.Getenv("SHELL")
+		if sh == "" {
+			sh = "/bin/sh"
+		}
+		command = []string{sh}
+	}
+	if err := spec.CheckHere(); err != nil {
+		return errorf(e, "salloc", 1, "Job submit/allocate failed: %v", err)
+	}
+	s, err := e.Cluster.Open(ctx)
+	if err != nil {
+		return errorf(e, "salloc", 1, "Job submit/allocate failed: %v", err)
+	}
+	defer s.Close()
+	spec.Batch.ClusterName = ClusterName(ctx, s)
+	if spec.Partition == "" {
+		spec.Partition = DefaultPartition(ctx, s)
+	}
+	id, _, err := e.Cluster.Submit(ctx, s, spec, nil)
+	if err != nil {
+		return errorf(e, "salloc", 1, "Job submit/allocate failed: %v", err)
+	}
+	m, err := e.Cluster.Munge(ctx, s)
+	if err != nil {
+		return errorf(e, "salloc", 1, "%v", err)
+	}
+	release := func(code int) {
+		var sealer job.Sealer
+		if m != nil {
+			sealer = m
+		}
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		if err := job.ReleaseAllocation(rctx, s, sealer, id, uint32(os.Getuid()), code); err != nil {
+			errorf(e, "salloc", 0, "release job allocation %s: %v", id, err)
+		}
+	}
+	fmt.Fprintf(e.Stderr, "salloc: Pending job allocation %s\n", id)
+	var j *job.Job
+	told := false
+	asked := time.Now()
+	for {
+		j, err = job.Read(ctx, s, id)
+		if err == nil && j.State.Status == job.Running && len(j.State.Nodes) > 0 {
+			break
+		}
+		if err == nil && j.State.Status.Final() {
+			return errorf(e, "salloc", 1, "Job allocation %s has been revoked.", id)
+		}
+		if !told && err == nil && j.State.Status == job.Pending && time.Since(asked) > time.Second {
+			fmt.Fprintf(e.Stderr, "salloc: job %s queued and waiting for resources\n", id)
+			told = true
+		}
+		select {
+		case <-ctx.Done():
+			_, _ = e.Cluster.Cancel(context.WithoutCancel(ctx), s, id)
+			fmt.Fprintf(e.Stderr, "salloc: Job allocation %s has been revoked.\n", id)
+			return 1
+		case sig := <-e.Signals:
+			if s2, ok := sig.(syscall.Signal); ok && (s2 == syscall.SIGINT || s2 == syscall.SIGTERM) {
+				_, _ = e.Cluster.Cancel(context.WithoutCancel(ctx), s, id)
+				fmt.Fprintf(e.Stderr, "salloc: Job allocation %s has been revoked.\n", id)
+				return 1
+			}
+		case <-time.After(sallocPoll):
+		}
+	}
+	if told {
+		fmt.Fprintf(e.Stderr, "salloc: job %s has been allocated resources\n", id)
+	}
+	fmt.Fprintf(e.Stderr, "salloc: Granted job allocation %s\n", id)
+	code := runAllocated(ctx, e, s, j, command)
+	fmt.Fprintf(e.Stderr, "salloc: Relinquishing job allocation %s\n", id)
+	release(code)
+	return code
+}
+
+// runAllocated runs command here with allocation j's variables (salloc's), passing it
+// the signals salloc gets, and returns its exit code.
+func runAllocated(ctx context.Context, e *Env, s Store, j *job.Job, command []string) int {
+	nodes := job.SlurmNodes(j.State.Nodes)
+	nodelist := hostlist.Compress(nodes)
+	b := j.Spec.Batch
+	tasks := b.TasksPerNode(len(nodes))
+	cpus := make([]int, len(tasks))
+	for i, t := range tasks {
+		cpus[i] = t * max(b.CPUsPerTask, 1)
+	}
+	env := e.Environ()
+	add := func(k, v string) { env = append(env, k+"="+v) }
+	add("SLURM_CLUSTER_NAME", b.ClusterName)
+	add("SLURM_JOBID", j.Spec.ID)
+	add("SLURM_JOB_ID", j.Spec.ID)
+	add("SLURM_JOB_CPUS_PER_NODE", job.CompressCounts(cpus))
+	add("SLURM_JOB_NAME", j.Spec.Name)
+	add("SLURM_JOB_NODELIST", nodelist)
+	add("SLURM_JOB_NUM_NODES", fmt.Sprint(len(nodes)))
+	add("SLURM_JOB_PARTITION", j.Spec.Partition)
+	add("SLURM_JOB_ACCOUNT", j.Spec.Account)
+	add("SLURM_NNODES", fmt.Sprint(len(nodes)))
+	add("SLURM_NODELIST", nodelist)
+	add("SLURM_NODE_ALIASES", "(null)")
+	add("SLURM_SUBMIT_DIR", j.Spec.WorkDir)
+	add("SLURM_SUBMIT_HOST", b.SubmitHost)
+	add("SLURM_TASKS_PER_NODE", job.CompressCounts(tasks))
+	if b.NTasks > 0 || b.NTasksPerNode > 0 {
+		n := 0
+		for _, t := range tasks {
+			n += t
+		}
+		add("SLURM_NTASKS", fmt.Sprint(n))
+		add("SLURM_NPROCS", fmt.Sprint(n))
+	}
+	if b.NTasksPerNode > 0 {
+		add("SLURM_NTASKS_PER_NODE", fmt.Sprint(b.NTasksPerNode))
+	}
+	if b.CPUsPerTask > 0 {
+		add("SLURM_CPUS_PER_TASK", fmt.Sprint(b.CPUsPerTask))
+	}
+	if addr := localAddrToward(s); addr != "" {
+		add("GANGRUN_NODE_ADDR", addr)
+	}
+	cmd := exec.Command(command[0], command[1:]...)
+	cmd.Env, cmd.Stdin, cmd.Stdout, cmd.Stderr = env, e.Stdin, e.Stdout, e.Stderr
+	if err := cmd.Start(); err != nil {
+		errorf(e, "salloc", 0, "%s: %v", command[0], err)
+		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
+			return 127
+		}
+		return 126
+	}
+	done := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-done:
+				return
+			case sig := <-e.Signals:
+				_ = cmd.Process.Signal(sig)
+			}
+		}
+	}()
+	err := cmd.Wait()
+	close(done)
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return 128 + int(ws.Signal())
+		}
+		return ee.ExitCode()
+	}
+	return 0
+}
+
+// localAddrToward is this host's address on its route to the cluster's Consul, where
+// the allocated nodes reach srun ("" when it cannot be told).
+func localAddrToward(s Store) string {
+	c, ok := s.(interface{ Addr() (string, string) })
+	if !ok {
+		return ""
+	}
+	addr, _ := c.Addr()
+	addr = strings.TrimPrefix(strings.TrimPrefix(addr, "http://"), "https://")
+	if addr == "" {
+		return ""
+	}
+	conn, err := net.Dial("udp", addr)
+	if err != nil {
+		return ""
+	}
+	defer conn.Close()
+	host, _, _ := net.SplitHostPort(conn.LocalAddr().String())
+	return host
+}

@@ -1,0 +1,178 @@
+package slurm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gangrun/gangrun/job"
+)
+
+var scancelOptions = []option{
+	{long: "account", short: 'A', arg: reqArg},
+	{long: "help", arg: noArg},
+	{long: "jobname", short: 'n', arg: reqArg},
+	{long: "name", arg: reqArg},
+	{long: "me", arg: noArg},
+	{long: "partition", short: 'p', arg: reqArg},
+	{long: "quiet", short: 'Q', arg: noArg},
+	{long: "signal", short: 's', arg: reqArg},
+	{long: "state", short: 't', arg: reqArg},
+	{long: "usage", arg: noArg},
+	{long: "user", short: 'u', arg: reqArg},
+	{long: "verbose", short: 'v', arg: noArg},
+	{long: "version", short: 'V', arg: noArg},
+	{long: "full", short: 'f', arg: noArg},
+	{long: "batch", short: 'b', arg: noArg},
+	{long: "clusters", short: 'M', arg: reqArg, unsupported: notBuilt},
+	{long: "ctld", arg: noArg, unsupported: notBuilt},
+	{long: "hurry", short: 'H', arg: noArg, unsupported: notBuilt},
+	{long: "interactive", short: 'i', arg: noArg, unsupported: notBuilt},
+	{long: "nodelist", short: 'w', arg: reqArg, unsupported: notBuilt},
+	{long: "qos", short: 'q', arg: reqArg, unsupported: notBuilt},
+	{long: "reservation", short: 'R', arg: reqArg, unsupported: notBuilt},
+	{long: "sibling", arg: reqArg, unsupported: notBuilt},
+	{long: "wckey", arg: reqArg, unsupported: notBuilt},
+}
+
+// scancelID is a job id scancel takes: JOB, JOB_TASK (an array's task) or
+// JOB.STEP (JOB.batch for the batch step).
+var scancelID = regexp.MustCompile(`^(\d+)(_\d+)?(\.(\d+|batch))?$`)
+
+// Scancel is scancel: it cancels the jobs, array tasks and srun steps named (and those
+// -u, -n, -p, -t, -A, --me select) as their user. Signals other than the cancel's are
+// refused: gangrun stops a job as scancel's default does (SIGCONT and SIGTERM, then
+// SIGKILL after the grace).
+func Scancel(ctx context.Context, e *Env, args []string) int {
+	v, given, ids, done, code := parseOpts(e, "scancel", scancelOptions, args, 1, "Usage: scancel [OPTIONS] [job_id[_array_id][.step_id]]\n")
+	if done {
+		return code
+	}
+	if given["signal"] {
+		sig := strings.TrimPrefix(strings.ToUpper(v["signal"]), "SIG")
+		if sig != "KILL" && sig != "TERM" && sig != "9" && sig != "15" {
+			return errorf(e, "scancel", 1, "--signal=%s: signalling a job without cancelling it is %s", v["signal"], notBuilt)
+		}
+	}
+	if given["batch"] || given["full"] {
+		if !given["signal"] {
+			return errorf(e, "scancel", 1, "--%s without --signal: cancelling the batch shell alone is %s", map[bool]string{true: "batch", false: "full"}[given["batch"]], notBuilt)
+		}
+	}
+	if given["jobname"] {
+		v["name"], given["name"] = v["jobname"], true
+	}
+	if given["state"] {
+		v["states"], given["states"] = v["state"], true
+	}
+	for _, id := range ids {
+		if !scancelID.MatchString(id) {
+			return errorf(e, "scancel", 1, "Invalid job id %s", id)
+		}
+	}
+	filtered := given["user"] || given["name"] || given["partition"] || given["states"] || given["account"] || given["me"]
+	if len(ids) == 0 && !filtered {
+		return errorf(e, "scancel", 1, "No job identification provided")
+	}
+	f, err := newJobFilter(v, given)
+	if err != nil {
+		return usage(e, "scancel", err.(*UsageError))
+	}
+	s, err := e.Cluster.Open(ctx)
+	if err != nil {
+		return errorf(e, "scancel", 1, "Unable to contact slurm controller (connect failure): %v", err)
+	}
+	defer s.Close()
+	failed := false
+	cancel := func(id string) {
+		n, err := e.Cluster.Cancel(ctx, s, id)
+		switch {
+		case errors.Is(err, job.ErrNotFound):
+			// scancel 22.05 says nothing of an id it does not know.
+		case errors.Is(err, job.ErrNotYours):
+			errorf(e, "scancel", 0, "Kill job error on job id %s: Access/permission denied", id)
+			failed = true
+		case err != nil:
+			errorf(e, "scancel", 0, "Kill job error on job id %s: %v", id, err)
+			failed = true
+		case n == 0 && given["verbose"]:
+			fmt.Fprintf(e.Stderr, "scancel: Job %s is already complete\n", id)
+		}
+	}
+	if filtered {
+		jobs, err := job.List(ctx, s)
+		if err != nil {
+			return errorf(e, "scancel", 1, "%v", err)
+		}
+		for _, j := range jobs {
+			if (len(ids) == 0 || containsID(ids, j)) && f.match(j, false) {
+				cancel(j.Spec.ID)
+			}
+		}
+	} else {
+		for _, id := range ids {
+			m := scancelID.FindStringSubmatch(id)
+			jid, step := m[1]+m[2], m[4]
+			switch {
+			case step == "batch":
+				errorf(e, "scancel", 0, "Kill job error on job step id %s: cancelling the batch step alone is %s", id, notBuilt)
+				failed = true
+			case step != "":
+				if msg := cancelStep(ctx, s, jid, step); msg != "" {
+					errorf(e, "scancel", 0, "Kill job error on job step id %s: %s", id, msg)
+					failed = true
+				}
+			default:
+				cancel(jid)
+			}
+		}
+	}
+	if failed {
+		return 1
+	}
+	return 0
+}
+
+// containsID reports whether ids names j (or its array).
+func containsID(ids []string, j job.Job) bool {
+	for _, id := range ids {
+		if id == j.Spec.ID || j.Spec.Array != nil && id == j.Spec.Array.JobID {
+			return true
+		}
+	}
+	return false
+}
+
+// cancelStep cancels srun step n of job id, and says why not ("": done).
+func cancelStep(ctx context.Context, s Store, id, n string) string {
+	j, err := job.Read(ctx, s, id)
+	if err != nil || j.State.Status != job.Running {
+		return "Invalid job id specified"
+	}
+	ss, err := job.SrunSteps(ctx, s, id)
+	if err != nil {
+		return err.Error()
+	}
+	for _, st := range ss {
+		if strconv.Itoa(st.Request.Step) != n {
+			continue
+		}
+		if uid := uint32(os.Getuid()); uid != 0 && uid != st.Request.UID {
+			return "Access/permission denied"
+		}
+		if st.End != nil {
+			return "Job/step already completing or completed"
+		}
+		if err := job.EndSrunStep(ctx, s, id, st.Request.Step, job.SrunState{State: job.Cancelled, ExitCode: 0, Signal: 15,
+			Ended: time.Now().UTC(), Reason: "cancelled by scancel"}); err != nil {
+			return err.Error()
+		}
+		return ""
+	}
+	return "Invalid job id specified"
+}

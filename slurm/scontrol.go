@@ -1,0 +1,464 @@
+package slurm
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/user"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gangrun/gangrun/allocator"
+	"github.com/gangrun/gangrun/hostlist"
+	"github.com/gangrun/gangrun/job"
+)
+
+var scontrolOptions = []option{
+	{long: "details", short: 'd', arg: noArg},
+	{long: "help", short: 'h', arg: noArg},
+	{long: "oneliner", short: 'o', arg: noArg},
+	{long: "quiet", short: 'Q', arg: noArg},
+	{long: "usage", arg: noArg},
+	{long: "verbose", short: 'v', arg: noArg},
+	{long: "version", short: 'V', arg: noArg},
+	{long: "all", short: 'a', arg: noArg},
+	{long: "clusters", short: 'M', arg: reqArg, unsupported: notBuilt},
+	{long: "json", arg: noArg, unsupported: notBuilt},
+	{long: "yaml", arg: noArg, unsupported: notBuilt},
+}
+
+// Scontrol is scontrol's show job, step, node, partition, hostnames, hostlist and
+// hostlistsorted (-o: one line per record), in Slurm's KEY=VALUE layout. Its
+// administrative verbs (update, hold, requeue, ...) are refused.
+func Scontrol(ctx context.Context, e *Env, args []string) int {
+	ps, rest, err := getopt("scontrol", scontrolOptions, args, true, 1)
+	if err != nil {
+		return usage(e, "scontrol", err.(*UsageError))
+	}
+	oneLine := false
+	for _, p := range ps {
+		for _, t := range scontrolOptions {
+			if t.long == p.name && t.unsupported != "" {
+				return errorf(e, "scontrol", 1, "--%s is %s", p.name, t.unsupported)
+			}
+		}
+		switch p.name {
+		case "help", "usage":
+			fmt.Fprintln(e.Stdout, "Usage: scontrol [<OPTION>] [<COMMAND>]")
+			return 0
+		case "version":
+			fmt.Fprintln(e.Stdout, Version)
+			return 0
+		case "oneliner":
+			oneLine = true
+		}
+	}
+	if len(rest) == 0 {
+		return errorf(e, "scontrol", 1, "gangrun's scontrol runs one command given on its command line (its interactive mode is %s)", notBuilt)
+	}
+	switch strings.ToLower(rest[0]) {
+	case "show":
+	case "update", "hold", "release", "requeue", "requeuehold", "suspend", "resume", "reconfigure", "shutdown",
+		"create", "delete", "notify", "uhold", "top", "reboot", "takeover", "setdebug", "listpids", "wait_job":
+		return errorf(e, "scontrol", 1, "scontrol %s is %s", rest[0], notBuilt)
+	default:
+		fmt.Fprintf(e.Stderr, "invalid keyword: %s\n", rest[0])
+		return 1
+	}
+	if len(rest) < 2 {
+		fmt.Fprintln(e.Stderr, "too few arguments for keyword:show")
+		return 1
+	}
+	what, arg := strings.ToLower(rest[1]), ""
+	if len(rest) > 2 {
+		arg = rest[2]
+	}
+	if len(rest) > 3 {
+		fmt.Fprintf(e.Stderr, "too many arguments for keyword:show\n")
+		return 1
+	}
+	switch {
+	case what == "hostnames":
+		if arg == "" {
+			arg = e.Getenv("SLURM_NODELIST") // 22.05 reads this one alone
+		}
+		if arg == "" {
+			return errorf(e, "scontrol", 1, "host list is empty")
+		}
+		hosts, err := hostlist.Expand(arg)
+		if err != nil {
+			fmt.Fprintf(e.Stdout, "Invalid hostlist: %s\n", arg)
+			return 1
+		}
+		for _, h := range hosts {
+			fmt.Fprintln(e.Stdout, h)
+		}
+		return 0
+	case what == "hostlist" || what == "hostlistsorted":
+		if arg == "" {
+			return errorf(e, "scontrol", 1, "host list is empty")
+		}
+		out, err := hostlist.CompressExpr(arg)
+		if what == "hostlistsorted" {
+			var hosts []string
+			if hosts, err = hostlist.Expand(arg); err == nil {
+				out = hostlist.CompressSorted(hosts)
+			}
+		}
+		if err != nil {
+			fmt.Fprintf(e.Stdout, "Invalid hostlist: %s\n", arg)
+			return 1
+		}
+		fmt.Fprintln(e.Stdout, out)
+		return 0
+	}
+	s, err := e.Cluster.Open(ctx)
+	if err != nil {
+		return errorf(e, "scontrol", 1, "Unable to contact slurm controller (connect failure): %v", err)
+	}
+	defer s.Close()
+	var records []string
+	switch {
+	case strings.HasPrefix("jobs", what) && what != "":
+		jobs, err := job.List(ctx, s)
+		if err != nil {
+			return errorf(e, "scontrol", 1, "slurm_load_jobs error: %v", err)
+		}
+		for _, j := range jobs {
+			if arg == "" || j.Spec.ID == arg || j.Spec.Array != nil && j.Spec.Array.JobID == arg {
+				records = append(records, showJob(ctx, s, j))
+			}
+		}
+		if len(records) == 0 {
+			if arg == "" {
+				fmt.Fprintln(e.Stdout, "No jobs in the system")
+				return 0
+			}
+			fmt.Fprintln(e.Stderr, "slurm_load_jobs error: Invalid job id specified")
+			return 1
+		}
+	case strings.HasPrefix("steps", what) && what != "":
+		id, n, isStep := strings.Cut(arg, ".")
+		jobs, err := job.List(ctx, s)
+		if err != nil {
+			return errorf(e, "scontrol", 1, "slurm_get_job_steps error: %v", err)
+		}
+		for _, j := range jobs {
+			if arg != "" && j.Spec.ID != id || j.State.Status != job.Running || j.Spec.Batch == nil {
+				continue
+			}
+			ss, _ := job.SrunSteps(ctx, s, j.Spec.ID)
+			for i := range ss {
+				if ss[i].End == nil && (!isStep || strconv.Itoa(ss[i].Request.Step) == n) {
+					records = append(records, showStep(j, ss[i]))
+				}
+			}
+		}
+		if len(records) == 0 {
+			if arg == "" {
+				fmt.Fprintln(e.Stdout, "No job steps in the system")
+				return 0
+			}
+			fmt.Fprintf(e.Stdout, "Job step %s not found\n", arg)
+			return 1
+		}
+	case strings.HasPrefix("nodes", what) && what != "":
+		c, err := allocator.Snapshot(ctx, s)
+		if err != nil {
+			return errorf(e, "scontrol", 1, "slurm_load_node error: %v", err)
+		}
+		for _, n := range c.NodeList() {
+			if arg == "" || n.Name == arg {
+				records = append(records, showNode(n))
+			}
+		}
+		if len(records) == 0 {
+			fmt.Fprintf(e.Stdout, "Node %s not found\n", arg)
+			return 1
+		}
+	case strings.HasPrefix("partitions", what) && what != "":
+		c, err := allocator.Snapshot(ctx, s)
+		if err != nil {
+			return errorf(e, "scontrol", 1, "slurm_load_partitions error: %v", err)
+		}
+		for _, p := range partitions(c.NodeList()) {
+			if arg == "" || p.name == arg {
+				records = append(records, showPartition(p))
+			}
+		}
+		if len(records) == 0 {
+			fmt.Fprintf(e.Stdout, "Partition %s not found\n", arg)
+			return 1
+		}
+	default:
+		fmt.Fprintf(e.Stderr, "invalid entity:%s for keyword:show \n", rest[1])
+		return 1
+	}
+	for i, r := range records {
+		if oneLine {
+			fmt.Fprintln(e.Stdout, strings.Join(strings.Fields(r), " "))
+			continue
+		}
+		fmt.Fprint(e.Stdout, r)
+		fmt.Fprintln(e.Stdout)
+		_ = i
+	}
+	return 0
+}
+
+// userID writes a user as scontrol does: name(uid).
+func userID(name string) (string, string) {
+	u, err := user.Lookup(name)
+	if err != nil {
+		return name + "(" + name + ")", name + "(" + name + ")"
+	}
+	group := u.Gid
+	if g, err := user.LookupGroupId(u.Gid); err == nil {
+		group = g.Name
+	}
+	return fmt.Sprintf("%s(%s)", name, u.Uid), fmt.Sprintf("%s(%s)", group, u.Gid)
+}
+
+// orNull is v, or "(null)" for "".
+func orNull(v string) string {
+	if v == "" {
+		return "(null)"
+	}
+	return v
+}
+
+// showJob writes job j as `scontrol show job` does.
+func showJob(ctx context.Context, s Store, j job.Job) string {
+	spec, st := j.Spec, j.State
+	uid, gid := userID(spec.User)
+	nodes := job.SlurmNodes(st.Nodes)
+	row := jobRow{j: j, now: time.Now()}
+	var b strings.Builder
+	w := func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }
+	w("JobId=%s JobName=%s\n", spec.ID, spec.Name)
+	if spec.Array != nil {
+		w("   ArrayJobId=%s ArrayTaskId=%d\n", spec.Array.JobID, spec.Array.TaskID)
+	}
+	w("   UserId=%s GroupId=%s MCS_label=N/A\n", uid, gid)
+	w("   Priority=%d Nice=0 Account=%s QOS=(null)\n", spec.Priority, orNull(spec.Account))
+	reason := "None"
+	switch st.Status {
+	case job.Pending:
+		reason = reasonOf(row)
+	case job.Failed:
+		reason = "NonZeroExitCode"
+		if strings.Contains(st.Reason, "signal") {
+			reason = "RaisedSignal:" + strings.TrimPrefix(exitCode(st.ExitCode, st.Reason), "0:")
+		}
+	case job.Timeout:
+		reason = "TimeLimit"
+	case job.NodeFail:
+		reason = "NodeDown"
+	}
+	w("   JobState=%s Reason=%s Dependency=%s\n", st.Status, reason, orNull(job.FormatDependencies(spec.Dependency)))
+	requeue, batchFlag := 1, 0
+	if spec.Batch != nil {
+		if spec.Batch.NoRequeue {
+			requeue = 0
+		}
+		if !spec.Batch.Allocation {
+			batchFlag = 1
+		}
+	}
+	w("   Requeue=%d Restarts=%d BatchFlag=%d Reboot=0 ExitCode=%s\n", requeue, st.Restarts+st.NodeFailures, batchFlag, exitCode(st.ExitCode, st.Reason))
+	runTime := time.Duration(0)
+	if !st.Started.IsZero() {
+		end := time.Now()
+		if !st.Ended.IsZero() {
+			end = st.Ended
+		}
+		runTime = end.Sub(st.PlacedSince())
+	}
+	limit := "UNLIMITED"
+	if spec.TimeLimit > 0 {
+		limit = job.FormatSlurmTime(spec.TimeLimit)
+	}
+	w("   RunTime=%s TimeLimit=%s TimeMin=N/A\n", job.FormatSlurmTime(runTime), limit)
+	w("   SubmitTime=%s EligibleTime=%s\n", slurmTime(spec.Submitted), slurmTime(spec.Submitted))
+	w("   AccrueTime=%s\n", slurmTime(spec.Submitted))
+	start, end := "Unknown", "Unknown"
+	if !st.Started.IsZero() {
+		start = slurmTime(st.PlacedSince())
+		switch {
+		case !st.Ended.IsZero():
+			end = slurmTime(st.Ended)
+		case spec.TimeLimit > 0:
+			end = slurmTime(st.PlacedSince().Add(spec.TimeLimit))
+		}
+	}
+	w("   StartTime=%s EndTime=%s Deadline=N/A\n", start, end)
+	w("   SuspendTime=None SecsPreSuspend=0 LastSchedEval=%s Scheduler=Main\n", slurmTime(spec.Submitted))
+	host := "n/a"
+	if spec.Batch != nil && spec.Batch.SubmitHost != "" {
+		host = spec.Batch.SubmitHost
+	}
+	w("   Partition=%s AllocNode:Sid=%s:0\n", spec.Partition, host)
+	w("   ReqNodeList=(null) ExcNodeList=(null)\n")
+	w("   NodeList=%s\n", hostlist.Compress(nodes))
+	if len(nodes) > 0 && batchFlag == 1 {
+		w("   BatchHost=%s\n", nodes[0])
+	}
+	nn := len(nodes)
+	numNodes := strconv.Itoa(nn)
+	if nn == 0 {
+		numNodes = fmt.Sprintf("%d-%d", spec.MinNodes, spec.MaxNodes)
+		nn = spec.MinNodes
+	}
+	tasks, cpt, perNode := nn, 1, 0
+	if b := spec.Batch; b != nil {
+		tasks = 0
+		for _, t := range b.TasksPerNode(nn) {
+			tasks += t
+		}
+		cpt = max(b.CPUsPerTask, 1)
+		perNode = b.NTasksPerNode
+	}
+	w("   NumNodes=%s NumCPUs=%d NumTasks=%d CPUs/Task=%d ReqB:S:C:T=0:0:*:*\n", numNodes, tasks*cpt, tasks, cpt)
+	tres := fmt.Sprintf("cpu=%d,node=%d,billing=%d", tasks*cpt, nn, tasks*cpt)
+	if spec.Mem > 0 {
+		tres = fmt.Sprintf("cpu=%d,mem=%dM,node=%d,billing=%d", tasks*cpt, spec.Mem>>20*int64(nn), nn, tasks*cpt)
+	}
+	w("   TRES=%s\n", tres)
+	w("   Socks/Node=* NtasksPerN:B:S:C=%d:0:*:* CoreSpec=*\n", perNode)
+	w("   MinCPUsNode=%d MinMemoryNode=%d MinTmpDiskNode=0\n", max(perNode, 1)*cpt, spec.Mem>>20)
+	w("   Features=(null) DelayBoot=00:00:00\n")
+	w("   OverSubscribe=OK Contiguous=0 Licenses=(null) Network=(null)\n")
+	if spec.Batch != nil {
+		w("   Command=%s\n", orNull(spec.Batch.ScriptPath))
+	} else {
+		w("   Command=%s\n", orNull(strings.Join(spec.Command, " ")))
+	}
+	w("   WorkDir=%s\n", spec.WorkDir)
+	if spec.Batch != nil {
+		host := ""
+		if len(nodes) > 0 {
+			host = nodes[0]
+		}
+		out, errPath := spec.BatchFiles(host)
+		if errPath == "" {
+			errPath = out
+		}
+		w("   StdErr=%s\n   StdIn=/dev/null\n   StdOut=%s\n", errPath, out)
+	}
+	w("   Power=\n")
+	w("   TresPerNode=%s\n", tresPerNode(spec))
+	w("   \n")
+	return b.String()
+}
+
+// showStep writes an srun step as `scontrol show step` does.
+func showStep(j job.Job, s job.SrunStep) string {
+	r := s.Request
+	host := r.Host
+	tasks := r.NTasks()
+	return fmt.Sprintf(`StepId=%s UserId=%d StartTime=%s TimeLimit=UNLIMITED
+   State=RUNNING Partition=%s NodeList=%s
+   Nodes=%d CPUs=%d Tasks=%d Name=%s Network=(null)
+   TRES=cpu=%d,mem=0,node=%d
+   ResvPorts=(null)
+   CPUFreqReq=Default Dist=Block
+   SrunHost:Pid=%s:0
+   TresPerNode=%s
+`, s.ID(), r.UID, slurmTime(r.Created), j.Spec.Partition, hostlist.Compress(r.Nodes), len(r.Nodes), tasks, tasks,
+		r.Name, tasks, len(r.Nodes), host, tresPerNode(j.Spec))
+}
+
+// nodeState is a node's state as sinfo and scontrol write it (long form): IDLE,
+// MIXED, ALLOCATED, DRAINED, DRAINING, DOWN.
+func nodeState(n allocator.NodeStatus) string {
+	switch n.State {
+	case allocator.NodeDown:
+		return "DOWN"
+	case allocator.NodeDrained:
+		if n.GPUsUsed > 0 {
+			return "DRAINING"
+		}
+		return "DRAINED"
+	}
+	switch {
+	case n.GPUsUsed == 0:
+		return "IDLE"
+	case n.GPUsUsed < n.GPUsTotal:
+		return "MIXED"
+	}
+	return "ALLOCATED"
+}
+
+// showNode writes node n as `scontrol show node` does.
+func showNode(n allocator.NodeStatus) string {
+	st := nodeState(n)
+	reason := ""
+	if n.Reason != "" {
+		reason = "   Reason=" + n.Reason + "\n"
+	}
+	h, _ := os.Hostname()
+	return fmt.Sprintf(`NodeName=%s Arch=x86_64 CoresPerSocket=1 
+   Gres=gpu:%d
+   NodeAddr=%s NodeHostName=%s Version=22.05.8
+   State=%s Partitions=%s 
+   AllocTRES=gres/gpu=%d
+   CfgTRES=gres/gpu=%d
+%s`, n.Name, n.GPUsTotal, orNull(n.Addr), orHost(n.Name, h), st, partitionOf(n), n.GPUsUsed, n.GPUsTotal, reason)
+}
+
+func orHost(name, h string) string {
+	if name != "" {
+		return name
+	}
+	return h
+}
+
+// partitionOf is the partition a node is in: its partition label, else "gangrun" (the
+// one partition of a cluster whose nodes carry none).
+func partitionOf(n allocator.NodeStatus) string {
+	if p := n.Labels["partition"]; p != "" {
+		return p
+	}
+	return "gangrun"
+}
+
+// partition is one partition as sinfo and scontrol see it: its nodes.
+type partition struct {
+	name  string
+	nodes []allocator.NodeStatus
+}
+
+// partitions groups nodes by partition, in name order.
+func partitions(nodes []allocator.NodeStatus) []partition {
+	by := map[string][]allocator.NodeStatus{}
+	for _, n := range nodes {
+		by[partitionOf(n)] = append(by[partitionOf(n)], n)
+	}
+	var out []partition
+	for name, ns := range by {
+		out = append(out, partition{name: name, nodes: ns})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].name < out[j].name })
+	return out
+}
+
+// showPartition writes partition p as `scontrol show partition` does.
+func showPartition(p partition) string {
+	var names []string
+	gpus := 0
+	for _, n := range p.nodes {
+		names = append(names, n.Name)
+		gpus += n.GPUsTotal
+	}
+	return fmt.Sprintf(`PartitionName=%s
+   AllowGroups=ALL AllowAccounts=ALL AllowQos=ALL
+   AllocNodes=ALL Default=NO QoS=N/A
+   DefaultTime=NONE DisableRootJobs=NO ExclusiveUser=NO GraceTime=0 Hidden=NO
+   MaxNodes=UNLIMITED MaxTime=UNLIMITED MinNodes=0 LLN=NO MaxCPUsPerNode=UNLIMITED
+   Nodes=%s
+   State=UP TotalNodes=%d
+   TRES=node=%d,gres/gpu=%d
+`, p.name, hostlist.Compress(job.SlurmNodes(names)), len(p.nodes), len(p.nodes), gpus)
+}

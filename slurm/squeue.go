@@ -1,0 +1,484 @@
+package slurm
+
+import (
+	"context"
+	"fmt"
+	"os/user"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gangrun/gangrun/allocator"
+	"github.com/gangrun/gangrun/hostlist"
+	"github.com/gangrun/gangrun/job"
+)
+
+// squeue's formats (squeue(1)): the default, --long's, and --steps'.
+const (
+	squeueDefault = "%.18i %.9P %.8j %.8u %.2t %.10M %.6D %R"
+	squeueLong    = "%.18i %.9P %.8j %.8u %.8T %.10M %.9l %.6D %R"
+	squeueSteps   = "%.15i %.8j %.9P %.8u %.9M %N"
+)
+
+// squeueLetters are the %-letters squeue takes, with their headers (squeue(1)).
+var squeueLetters = map[string]string{
+	"i": "JOBID", "j": "NAME", "P": "PARTITION", "u": "USER", "t": "ST", "T": "STATE", "M": "TIME",
+	"l": "TIME_LIMIT", "L": "TIME_LEFT", "D": "NODES", "R": "NODELIST(REASON)", "N": "NODELIST",
+	"r": "REASON", "a": "ACCOUNT", "C": "CPUS", "b": "TRES_PER_NODE", "Q": "PRIORITY", "V": "SUBMIT_TIME",
+	"S": "START_TIME", "e": "END_TIME", "Z": "WORK_DIR", "o": "COMMAND", "A": "JOBID", "F": "ARRAY_JOB_ID",
+	"K": "ARRAY_TASK_ID", "U": "UID", "g": "GROUP", "B": "EXEC_HOST", "y": "NICE", "x": "EXC_NODES",
+}
+
+// squeueFields are the -O/--Format fields squeue takes (lower case), with their
+// headers.
+var squeueFields = map[string]string{
+	"jobid": "JOBID", "name": "NAME", "partition": "PARTITION", "username": "USER", "statecompact": "ST",
+	"state": "STATE", "timeused": "TIME", "timelimit": "TIME_LIMIT", "timeleft": "TIME_LEFT",
+	"numnodes": "NODES", "reasonlist": "NODELIST(REASON)", "nodelist": "NODELIST", "reason": "REASON",
+	"account": "ACCOUNT", "numcpus": "CPUS", "tres-per-node": "TRES_PER_NODE", "priority": "PRIORITY",
+	"submittime": "SUBMIT_TIME", "starttime": "START_TIME", "endtime": "END_TIME", "workdir": "WORK_DIR",
+	"command": "COMMAND", "arrayjobid": "ARRAY_JOB_ID", "arraytaskid": "ARRAY_TASK_ID", "userid": "UID",
+	"batchhost": "EXEC_HOST", "stepid": "STEPID", "stepname": "STEPNAME",
+}
+
+// fieldLetter maps -O names onto the % letters they mean.
+var fieldLetter = map[string]string{
+	"jobid": "i", "name": "j", "partition": "P", "username": "u", "statecompact": "t", "state": "T",
+	"timeused": "M", "timelimit": "l", "timeleft": "L", "numnodes": "D", "reasonlist": "R", "nodelist": "N",
+	"reason": "r", "account": "a", "numcpus": "C", "tres-per-node": "b", "priority": "Q", "submittime": "V",
+	"starttime": "S", "endtime": "e", "workdir": "Z", "command": "o", "arrayjobid": "F", "arraytaskid": "K",
+	"userid": "U", "batchhost": "B", "stepid": "i", "stepname": "j",
+}
+
+var squeueOptions = []option{
+	{long: "all", short: 'a', arg: noArg},
+	{long: "array", short: 'r', arg: noArg},
+	{long: "format", short: 'o', arg: reqArg},
+	{long: "Format", short: 'O', arg: reqArg},
+	{long: "help", arg: noArg},
+	{long: "jobs", short: 'j', arg: optArg},
+	{long: "long", short: 'l', arg: noArg},
+	{long: "me", arg: noArg},
+	{long: "name", short: 'n', arg: reqArg},
+	{long: "noheader", short: 'h', arg: noArg},
+	{long: "partition", short: 'p', arg: reqArg},
+	{long: "steps", short: 's', arg: optArg},
+	{long: "states", short: 't', arg: reqArg},
+	{long: "user", short: 'u', arg: reqArg},
+	{long: "usage", arg: noArg},
+	{long: "version", short: 'V', arg: noArg},
+	{long: "account", short: 'A', arg: reqArg},
+	{long: "verbose", short: 'v', arg: noArg},
+	{long: "clusters", short: 'M', arg: reqArg, unsupported: notBuilt},
+	{long: "federation", arg: noArg, unsupported: notBuilt},
+	{long: "hide", arg: noArg, unsupported: notBuilt},
+	{long: "iterate", short: 'i', arg: reqArg, unsupported: notBuilt},
+	{long: "json", arg: noArg, unsupported: notBuilt},
+	{long: "licenses", short: 'L', arg: reqArg, unsupported: notBuilt},
+	{long: "local", arg: noArg, unsupported: notBuilt},
+	{long: "nodelist", short: 'w', arg: reqArg, unsupported: notBuilt},
+	{long: "only-job-state", arg: noArg, unsupported: notBuilt},
+	{long: "qos", short: 'q', arg: reqArg, unsupported: notBuilt},
+	{long: "reservation", short: 'R', arg: reqArg, unsupported: notBuilt},
+	{long: "sibling", arg: noArg, unsupported: notBuilt},
+	{long: "sort", short: 'S', arg: reqArg, unsupported: notBuilt},
+	{long: "start", arg: noArg, unsupported: notBuilt},
+	{long: "yaml", arg: noArg, unsupported: notBuilt},
+}
+
+// parseOpts parses a command's options into values and given flags, refusing the
+// unsupported ones with code; help, usage and version are answered (done).
+func parseOpts(e *Env, cmd string, table []option, args []string, code int, help string) (v map[string]string, given map[string]bool, rest []string, done bool, exit int) {
+	ps, rest, err := getopt(cmd, table, args, false, code)
+	if err != nil {
+		return nil, nil, nil, true, usage(e, cmd, err.(*UsageError))
+	}
+	v, given = map[string]string{}, map[string]bool{}
+	for _, p := range ps {
+		for _, t := range table {
+			if t.long == p.name && t.unsupported != "" {
+				return nil, nil, nil, true, errorf(e, cmd, code, "--%s is %s", p.name, t.unsupported)
+			}
+		}
+		switch p.name {
+		case "help":
+			fmt.Fprint(e.Stdout, help)
+			return nil, nil, nil, true, 0
+		case "usage":
+			fmt.Fprintf(e.Stdout, "Usage: %s [OPTIONS]\n", cmd)
+			return nil, nil, nil, true, 0
+		case "version":
+			fmt.Fprintln(e.Stdout, Version)
+			return nil, nil, nil, true, 0
+		}
+		if prev, ok := v[p.name]; ok && p.hasValue && (p.name == "jobs" || p.name == "user" || p.name == "states" || p.name == "partition" || p.name == "name") {
+			v[p.name] = prev + "," + p.value
+		} else {
+			v[p.name] = p.value
+		}
+		given[p.name] = true
+	}
+	return v, given, rest, false, 0
+}
+
+// jobRow is what a job's line shows: the job and, for a step, the step.
+type jobRow struct {
+	j      job.Job
+	reason string
+	step   *job.SrunStep // nil: the job; with batch, the batch step
+	batch  bool
+	now    time.Time
+}
+
+// value is the text of squeue letter key for r.
+func (r jobRow) value(key string) string {
+	j, st := r.j, r.j.State
+	nodes := job.SlurmNodes(st.Nodes)
+	switch key {
+	case "i", "A":
+		switch {
+		case r.batch:
+			return j.Spec.ID + ".batch"
+		case r.step != nil:
+			return r.step.ID()
+		}
+		return j.Spec.ID
+	case "j":
+		switch {
+		case r.batch:
+			return "batch"
+		case r.step != nil:
+			return r.step.Request.Name
+		}
+		return j.Spec.Name
+	case "P":
+		return j.Spec.Partition
+	case "u":
+		return j.Spec.User
+	case "U":
+		if u, err := user.Lookup(j.Spec.User); err == nil {
+			return u.Uid
+		}
+		return j.Spec.User
+	case "g":
+		if u, err := user.Lookup(j.Spec.User); err == nil {
+			if g, err := user.LookupGroupId(u.Gid); err == nil {
+				return g.Name
+			}
+		}
+		return j.Spec.User
+	case "t":
+		return stateCode(st.Status)
+	case "T":
+		return string(st.Status)
+	case "M":
+		if r.step != nil && !r.batch {
+			return slurmDuration(r.now.Sub(r.step.Request.Created))
+		}
+		if st.Started.IsZero() || st.Status == job.Pending {
+			return "0:00"
+		}
+		end := r.now
+		if !st.Ended.IsZero() {
+			end = st.Ended
+		}
+		return slurmDuration(end.Sub(st.PlacedSince()))
+	case "l":
+		if j.Spec.TimeLimit == 0 {
+			return "UNLIMITED"
+		}
+		return slurmDuration(j.Spec.TimeLimit)
+	case "L":
+		if j.Spec.TimeLimit == 0 {
+			return "UNLIMITED"
+		}
+		if st.Status != job.Running {
+			return slurmDuration(j.Spec.TimeLimit)
+		}
+		return slurmDuration(j.Spec.TimeLimit - r.now.Sub(st.PlacedSince()))
+	case "D":
+		if r.step != nil && !r.batch {
+			return strconv.Itoa(len(r.step.Request.Nodes))
+		}
+		if r.batch {
+			return "1"
+		}
+		if len(nodes) > 0 {
+			return strconv.Itoa(len(nodes))
+		}
+		return strconv.Itoa(j.Spec.MinNodes)
+	case "N", "B":
+		switch {
+		case r.batch || key == "B":
+			if len(nodes) > 0 {
+				return nodes[0]
+			}
+			return "n/a"
+		case r.step != nil:
+			return hostlist.Compress(r.step.Request.Nodes)
+		}
+		return hostlist.Compress(nodes)
+	case "R":
+		if st.Status == job.Pending || len(nodes) == 0 {
+			return "(" + reasonOf(r) + ")"
+		}
+		return hostlist.Compress(nodes)
+	case "r":
+		return reasonOf(r)
+	case "a":
+		return j.Spec.Account
+	case "C":
+		return strconv.Itoa(cpusOf(j.Spec, len(nodes)))
+	case "b":
+		return tresPerNode(j.Spec)
+	case "Q":
+		return strconv.Itoa(j.Spec.Priority)
+	case "V":
+		return slurmTime(j.Spec.Submitted)
+	case "S":
+		if st.Started.IsZero() {
+			return "N/A"
+		}
+		return slurmTime(st.PlacedSince())
+	case "e":
+		switch {
+		case !st.Ended.IsZero():
+			return slurmTime(st.Ended)
+		case j.Spec.TimeLimit > 0 && !st.Started.IsZero():
+			return slurmTime(st.PlacedSince().Add(j.Spec.TimeLimit))
+		}
+		return "N/A"
+	case "Z":
+		return j.Spec.WorkDir
+	case "o":
+		if j.Spec.Script != "" {
+			return j.Spec.WorkDir
+		}
+		return strings.Join(j.Spec.Command, " ")
+	case "F":
+		if j.Spec.Array != nil {
+			return j.Spec.Array.JobID
+		}
+		return j.Spec.ID
+	case "K":
+		if j.Spec.Array != nil {
+			return strconv.Itoa(j.Spec.Array.TaskID)
+		}
+		return "N/A"
+	case "y":
+		return "0"
+	case "x":
+		return ""
+	}
+	return ""
+}
+
+// reasonOf is a job's reason as squeue shows it: the scheduler's pending reason
+// (Priority, Resources, Dependency ...), "None" for a running job.
+func reasonOf(r jobRow) string {
+	st := r.j.State
+	if st.Status == job.Running || st.Status == job.Completing {
+		return "None"
+	}
+	reason := r.reason
+	if reason == "" {
+		reason = st.Reason
+	}
+	if reason == "" {
+		return "None"
+	}
+	if st.Requeue || strings.HasPrefix(reason, "requeued") {
+		return "BeginTime"
+	}
+	// gangrun's reasons say more after the code ("Resources: needs 2 nodes ..."):
+	// squeue shows the code, as Slurm's.
+	code, _, _ := strings.Cut(reason, ":")
+	return strings.TrimSpace(code)
+}
+
+// cpusOf is the job's CPUs as Slurm counts them: its tasks times --cpus-per-task
+// (one task per node for gangrun's own jobs).
+func cpusOf(s job.Spec, nodes int) int {
+	if nodes == 0 {
+		nodes = s.MinNodes
+	}
+	if s.Batch == nil {
+		return nodes
+	}
+	n := 0
+	for _, t := range s.Batch.TasksPerNode(nodes) {
+		n += t
+	}
+	return n * max(s.Batch.CPUsPerTask, 1)
+}
+
+// tresPerNode is TRES_PER_NODE: the GPUs asked per node, as Slurm writes a gres.
+func tresPerNode(s job.Spec) string {
+	if s.Batch != nil && s.Batch.TresPerNode != "" {
+		return s.Batch.TresPerNode
+	}
+	typ := s.MIGProfile + s.GPUModel
+	if typ != "" {
+		return fmt.Sprintf("gres:gpu:%s:%d", typ, s.GPUsPerNode)
+	}
+	return fmt.Sprintf("gres:gpu:%d", s.GPUsPerNode)
+}
+
+// Squeue is squeue: the jobs (or with -s their steps) in Slurm's columns, formats
+// (-o, -O, -l), filters (-j, -u, -t, -p, -n, -A, --me) and header (-h).
+func Squeue(ctx context.Context, e *Env, args []string) int {
+	v, given, rest, done, code := parseOpts(e, "squeue", squeueOptions, args, 1, "Usage: squeue [OPTIONS]\n")
+	if done {
+		return code
+	}
+	if len(rest) > 0 {
+		return errorf(e, "squeue", 1, "Unrecognized option: %s", rest[0])
+	}
+	steps := given["steps"]
+	format := squeueDefault
+	switch {
+	case steps:
+		format = squeueSteps
+	case given["long"]:
+		format = squeueLong
+	}
+	if given["format"] {
+		format = v["format"]
+	}
+	var fields []field
+	var err error
+	if given["Format"] {
+		fields, err = parseFields("squeue", v["Format"], squeueFields)
+		for i := range fields {
+			fields[i].key = fieldLetter[fields[i].key]
+		}
+	} else {
+		fields, err = parseFormat("squeue", format, squeueLetters)
+	}
+	if err != nil {
+		return usage(e, "squeue", err.(*UsageError))
+	}
+	f, err := newJobFilter(v, given)
+	if err != nil {
+		return usage(e, "squeue", err.(*UsageError))
+	}
+	s, err := e.Cluster.Open(ctx)
+	if err != nil {
+		return errorf(e, "squeue", 1, "slurm_load_jobs error: Unable to contact slurm controller (connect failure): %v", err)
+	}
+	defer s.Close()
+	jobs, err := job.List(ctx, s)
+	if err != nil {
+		return errorf(e, "squeue", 1, "slurm_load_jobs error: %v", err)
+	}
+	sched, _ := allocator.ReadStatus(ctx, s)
+	now := time.Now()
+	var rows []jobRow
+	for _, j := range jobs {
+		if !f.match(j, steps) {
+			continue
+		}
+		row := jobRow{j: j, reason: sched.Pending[j.Spec.ID], now: now}
+		if !steps {
+			rows = append(rows, row)
+			continue
+		}
+		if j.State.Status != job.Running || j.Spec.Batch == nil {
+			continue
+		}
+		ss, _ := job.SrunSteps(ctx, s, j.Spec.ID)
+		for i := range ss {
+			if ss[i].End == nil {
+				rows = append(rows, jobRow{j: j, step: &ss[i], now: now})
+			}
+		}
+		if !j.Spec.Batch.Allocation {
+			rows = append(rows, jobRow{j: j, batch: true, now: now})
+		}
+	}
+	if !steps {
+		// Slurm's default order: pending first, then by priority and id.
+		sort.SliceStable(rows, func(a, b int) bool {
+			pa, pb := rows[a].j.State.Status == job.Pending, rows[b].j.State.Status == job.Pending
+			if pa != pb {
+				return pa
+			}
+			return rows[a].j.Spec.Priority > rows[b].j.Spec.Priority
+		})
+	}
+	if !given["noheader"] {
+		headers := squeueLetters
+		if steps {
+			headers = map[string]string{}
+			for k, h := range squeueLetters {
+				headers[k] = h
+			}
+			headers["i"], headers["j"] = "STEPID", "NAME"
+		}
+		fmt.Fprintln(e.Stdout, render(fields, func(k string) string { return headers[k] }))
+	}
+	for _, r := range rows {
+		fmt.Fprintln(e.Stdout, render(fields, r.value))
+	}
+	return 0
+}
+
+// jobFilter is squeue's, scancel's and sacct's selection of jobs.
+type jobFilter struct {
+	ids, users, parts, names, accounts []string
+	states                             []job.Status
+	me                                 string
+}
+
+// newJobFilter reads -j, -u, -p, -n, -A, -t and --me.
+func newJobFilter(v map[string]string, given map[string]bool) (jobFilter, error) {
+	f := jobFilter{ids: splitList(v["jobs"]), users: splitList(v["user"]), parts: splitList(v["partition"]),
+		names: splitList(v["name"]), accounts: splitList(v["account"])}
+	if given["me"] {
+		f.me = currentUser()
+	}
+	for _, st := range splitList(v["states"]) {
+		if strings.EqualFold(st, "all") {
+			f.states = nil
+			f.states = append(f.states, job.Pending, job.Running, job.Completing, job.Completed, job.Failed,
+				job.Cancelled, job.Timeout, job.NodeFail, job.Preempted)
+			continue
+		}
+		s, ok := parseState(st)
+		if !ok {
+			return f, &UsageError{Msg: fmt.Sprintf("error: Invalid job state specified: %s", st), Code: 1}
+		}
+		f.states = append(f.states, s)
+	}
+	return f, nil
+}
+
+// match reports whether j passes the filter; without -t (and -j) squeue shows the
+// jobs that have not ended.
+func (f jobFilter) match(j job.Job, steps bool) bool {
+	id := j.Spec.ID
+	if len(f.ids) > 0 && !slices.Contains(f.ids, id) && !(j.Spec.Array != nil && slices.Contains(f.ids, j.Spec.Array.JobID)) {
+		return false
+	}
+	if len(f.users) > 0 && !slices.Contains(f.users, j.Spec.User) {
+		return false
+	}
+	if f.me != "" && j.Spec.User != f.me {
+		return false
+	}
+	if len(f.parts) > 0 && !slices.Contains(f.parts, j.Spec.Partition) {
+		return false
+	}
+	if len(f.names) > 0 && !slices.Contains(f.names, j.Spec.Name) {
+		return false
+	}
+	if len(f.accounts) > 0 && !slices.Contains(f.accounts, j.Spec.Account) {
+		return false
+	}
+	if len(f.states) > 0 {
+		return slices.Contains(f.states, j.State.Status)
+	}
+	return !j.State.Status.Final()
+}
