@@ -161,6 +161,14 @@ func layout(jobNodes []string, v map[string]string, given map[string]bool, geten
 		return stepLayout{}, &UsageError{Msg: "error: Unable to create step for job: Requested node configuration is not available", Code: 1}
 	}
 	var warn string
+	if haveN && havePer && ntasks != nn*perNode {
+		// srun drops --ntasks-per-node that does not fit the tasks and nodes: with a
+		// warning when it was an option, silently when it came from the job's variables.
+		if given["ntasks-per-node"] {
+			warn = fmt.Sprintf("srun: Warning: can't honor --ntasks-per-node set to %d which doesn't match the requested tasks %d with the number of requested nodes %d. Ignoring --ntasks-per-node.", perNode, ntasks, nn)
+		}
+		havePer = false
+	}
 	if haveN && ntasks < nn {
 		if haveNN {
 			warn = fmt.Sprintf("srun: Warning: can't run %d processes on %d nodes, setting nnodes to %d", ntasks, nn, ntasks)

@@ -518,3 +518,259 @@ func TestSbatchOptionsAgainstSlurm(t *testing.T) {
 		}
 	})
 }
+
+// srunScript runs srun the ways a job script does: labels, -n and -N layouts, tasks
+// that fail, are killed or do not exist, --gpus-per-task, -K; after each, srun's exit
+// code.
+const srunScript = `#!/bin/bash
+#SBATCH --nodes=2 --ntasks-per-node=4 --gres=gpu:4
+srun -l bash -c 'echo hi'
+srun -n 2 bash -c 'kill -9 $$'; echo "rc=$?"
+srun -n 2 bash -c 'kill -TERM $$'; echo "rc=$?"
+srun -n 3 bash -c 'exit 3'; echo "rc=$?"
+srun -n1 nosuchcmd; echo "rc=$?"
+srun -N1 -n2 bash -c 'echo small $SLURM_PROCID $SLURM_NNODES $SLURM_NTASKS $SLURM_STEP_NUM_TASKS $SLURM_NODELIST $SLURM_STEP_NODELIST $SLURM_TASKS_PER_NODE'
+srun --ntasks-per-node=1 bash -c 'echo one-per-node $SLURM_PROCID $SLURM_NODEID $SLURM_STEP_TASKS_PER_NODE'
+srun -n 8 --gpus-per-task=1 bash -c 'echo gpt $SLURM_PROCID $CUDA_VISIBLE_DEVICES'
+srun -K -n 4 bash -c 'if [ $SLURM_PROCID = 1 ]; then exit 5; fi; sleep 5; echo late'; echo "rc=$?"
+echo done
+`
+
+// TestSrunAgainstSlurm: srunScript's output on a real Slurm and on gangrun: every
+// line of output, srun's messages (task reports, warnings) and exit codes the same, in
+// any order, but for the lines docs/slurm.md lists as differing (Slurm's -K message
+// from its node's slurmstepd, GPU indices given to tasks).
+func TestSrunAgainstSlurm(t *testing.T) {
+	p := startSlurmPair(t, "gpu-a", "gpu-b")
+	rdir, rid, rstate := p.submit(realSlurm, srunScript, nil)
+	gdir, gid, gstate := p.submit(gangrun, srunScript, nil)
+	if rstate != gstate {
+		t.Errorf("states: slurm %s, gangrun %s", rstate, gstate)
+	}
+	norm := func(dir, id string) []string {
+		data := readFile(dir, "slurm-"+id+".out")
+		var out []string
+		for _, l := range strings.Split(strings.TrimSpace(data), "\n") {
+			l = strings.ReplaceAll(l, "StepId="+id+".", "StepId=ID.")
+			switch {
+			case strings.Contains(l, "*** STEP") && strings.Contains(l, "CANCELLED AT"):
+				continue // slurmstepd's note of a -K cancel: gangrun's nodes do not write it
+			case strings.HasPrefix(l, "gpt "):
+				// Which GPU a task gets: Slurm binds by its own order; count them instead.
+				f := strings.Fields(l)
+				l = fmt.Sprintf("gpt %s %d", f[1], len(strings.Split(f[len(f)-1], ",")))
+			}
+			out = append(out, l)
+		}
+		sort.Strings(out)
+		return out
+	}
+	r, g := norm(rdir, rid), norm(gdir, gid)
+	same := 0
+	for _, l := range r {
+		if slices.Contains(g, l) {
+			same++
+		}
+	}
+	t.Logf("srun: %d of %d lines of Slurm's output are gangrun's", same, len(r))
+	if !slices.Equal(r, g) {
+		t.Errorf("output differs:\nslurm:\n%s\n\ngangrun:\n%s", strings.Join(r, "\n"), strings.Join(g, "\n"))
+	}
+}
+
+// timePattern matches squeue's and scontrol's times and durations.
+var timePattern = regexp.MustCompile(`\b(\d+-)?\d{1,2}(:\d\d){1,2}\b|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d`)
+
+// waitFor polls cond every 200 ms until it holds or within passes.
+func waitFor(t *testing.T, within time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		ok, last := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %s (last: %q)", what, within, last)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// scontrolFields reads scontrol's KEY=VALUE record into a map.
+func scontrolFields(out string) map[string]string {
+	m := map[string]string{}
+	for _, w := range strings.Fields(out) {
+		if k, v, ok := strings.Cut(w, "="); ok {
+			m[k] = v
+		}
+	}
+	return m
+}
+
+// TestSlurmCommandsAgainstSlurm: with the same jobs on a real Slurm and on gangrun (one
+// running an srun step, one pending for resources, one that failed, one cancelled),
+// squeue, sinfo, scontrol and scancel print the same (job ids, times and directories
+// aside): default and -o/-O/-l formats, -h, -j, -u, -t, -p, -s steps; scontrol's
+// job, step, node and partition fields (ExitCode=3:0); and their errors and exit codes.
+// sacct is compared with Slurm's documented format only: this Slurm has no
+// accounting database.
+func TestSlurmCommandsAgainstSlurm(t *testing.T) {
+	p := startSlurmPair(t, "gpu-a", "gpu-b")
+	running := "#!/bin/bash\n#SBATCH --job-name=cmds --nodes=2 --gres=gpu:4 --ntasks-per-node=2 --time=10:00 --partition=gpu\nsrun sleep 120\n"
+	type jobs struct{ dir, run, pend, fail string }
+	var js [2]jobs
+	sides := []side{realSlurm, gangrun}
+	for i, s := range sides {
+		dir := sharedDir(t)
+		js[i].dir = dir
+		for name, text := range map[string]string{"run.sh": running,
+			"fail.sh": "#!/bin/sh\n#SBATCH --job-name=fails --gres=gpu:1\nexit 3\n"} {
+			if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+		sub := func(args ...string) string {
+			out, errOut, code := p.run(s, dir, "", nil, "sbatch", append([]string{"--parsable"}, args...)...)
+			if code != 0 {
+				t.Fatalf("%s sbatch %v: %d %s", s, args, code, errOut)
+			}
+			return strings.TrimSpace(out)
+		}
+		js[i].fail = sub("fail.sh")
+		p.waitEnd(s, js[i].fail, time.Minute)
+		js[i].run = sub("run.sh")
+		waitFor(t, time.Minute, string(s)+" job running with its step", func() (bool, string) {
+			out, errOut, _ := p.run(s, dir, "", nil, "squeue", "-h", "-s", "-o", "%i")
+			return strings.Contains(out, js[i].run+".0"), out + errOut
+		})
+		js[i].pend = sub("--nodes=2", "--gres=gpu:8", "--job-name=waits", "--wrap", "sleep 1")
+		waitFor(t, time.Minute, string(s)+" job pending for resources", func() (bool, string) {
+			out, errOut, _ := p.run(s, dir, "", nil, "squeue", "-h", "-j", js[i].pend, "-o", "%r")
+			return strings.TrimSpace(out) == "Resources", out + errOut
+		})
+	}
+	norm := func(i int, out string) string {
+		out = strings.ReplaceAll(out, js[i].dir, "DIR")
+		for id, name := range map[string]string{js[i].run: "RUN", js[i].pend: "PEND", js[i].fail: "FAIL"} {
+			out = regexp.MustCompile(`\b`+id+`\b`).ReplaceAllString(out, name)
+		}
+		return timePattern.ReplaceAllString(out, "TIME")
+	}
+	agree, total := 0, 0
+	compare := func(name string, args ...string) {
+		t.Helper()
+		var outs [2]string
+		var codes [2]int
+		for i, s := range sides {
+			out, errOut, code := p.run(s, js[i].dir, "", nil, name, args...)
+			outs[i], codes[i] = norm(i, out+errOut), code
+		}
+		total++
+		if outs[0] != outs[1] || codes[0] != codes[1] {
+			t.Errorf("%s %q:\nslurm (exit %d):\n%s\ngangrun (exit %d):\n%s", name, args, codes[0], outs[0], codes[1], outs[1])
+			return
+		}
+		agree++
+	}
+	ids := func(i int, f string) string {
+		return strings.NewReplacer("RUN", js[i].run, "PEND", js[i].pend).Replace(f)
+	}
+	_ = ids
+	compare("squeue")
+	compare("squeue", "-h", "-t", "R", "-o", "%i")
+	compare("squeue", "-s")
+	compare("squeue", "-o", "%i %j %T %t %l %D %R %u %P %C %b")
+	compare("squeue", "-O", "JobID,Name,State,NumNodes,ReasonList")
+	compare("squeue", "-u", "root", "-p", "gpu", "-t", "PD")
+	compare("squeue", "-l", "-h")
+	compare("squeue", "--states=all", "-h", "-o", "%j %T")
+	compare("squeue", "-t", "XX")
+	compare("squeue", "-O", "foo")
+	compare("squeue", "--foo")
+	compare("sinfo")
+	compare("sinfo", "-N")
+	compare("sinfo", "-h", "-o", "%P %a %D %t %N %G")
+	compare("sinfo", "-t", "idle")
+	compare("sinfo", "--foo")
+	compare("scontrol", "show", "hostnames", "gpu-[a-b]")
+	compare("scontrol", "show", "job", "99999")
+	compare("scontrol", "show", "foo")
+	compare("scontrol", "bogus")
+	compare("scancel", "99999.0")
+	compare("scancel", "abc")
+	// scontrol's records: the fields a user and a tool read.
+	fieldsOf := func(i int, args ...string) map[string]string {
+		out, _, code := p.run(sides[i], js[i].dir, "", nil, "scontrol", args...)
+		if code != 0 {
+			t.Fatalf("%s scontrol %v: exit %d", sides[i], args, code)
+		}
+		return scontrolFields(norm(i, out))
+	}
+	check := func(what string, keys []string, a, b map[string]string) {
+		t.Helper()
+		for _, k := range keys {
+			total++
+			if a[k] != b[k] {
+				t.Errorf("%s %s: slurm %q, gangrun %q", what, k, a[k], b[k])
+				continue
+			}
+			agree++
+		}
+	}
+	jobKeys := []string{"JobId", "JobName", "UserId", "JobState", "Reason", "Dependency", "Requeue", "Restarts", "BatchFlag",
+		"ExitCode", "TimeLimit", "Partition", "NodeList", "BatchHost", "NumNodes", "NumCPUs", "NumTasks", "CPUs/Task",
+		"NtasksPerN:B:S:C", "WorkDir", "StdErr", "StdIn", "StdOut", "TresPerNode", "Command", "RunTime", "StartTime", "EndTime"}
+	for _, which := range []string{"run", "pend", "fail"} {
+		id := func(i int) string {
+			return map[string]string{"run": js[i].run, "pend": js[i].pend, "fail": js[i].fail}[which]
+		}
+		check("scontrol show job ("+which+")", jobKeys, fieldsOf(0, "show", "job", id(0)), fieldsOf(1, "show", "job", id(1)))
+	}
+	check("scontrol show step", []string{"StepId", "UserId", "State", "Partition", "NodeList", "Nodes", "CPUs", "Tasks", "Name", "TimeLimit", "Dist", "TresPerNode"},
+		fieldsOf(0, "show", "step", js[0].run+".0"), fieldsOf(1, "show", "step", js[1].run+".0"))
+	check("scontrol show node", []string{"NodeName", "Gres", "State", "Partitions"},
+		fieldsOf(0, "show", "node", "gpu-a"), fieldsOf(1, "show", "node", "gpu-a"))
+	check("scontrol show partition", []string{"PartitionName", "Nodes", "State", "TotalNodes", "MaxTime", "MaxNodes"},
+		fieldsOf(0, "show", "partition", "gpu"), fieldsOf(1, "show", "partition", "gpu"))
+	// scancel: the step, then the job.
+	for i, s := range sides {
+		if _, errOut, code := p.run(s, js[i].dir, "", nil, "scancel", js[i].run+".0"); code != 0 {
+			t.Errorf("%s scancel STEP: exit %d %s", s, code, errOut)
+		}
+	}
+	for i, s := range sides {
+		p.waitEnd(s, js[i].run, time.Minute)
+	}
+	for i, s := range sides {
+		if _, errOut, code := p.run(s, js[i].dir, "", nil, "scancel", js[i].pend); code != 0 {
+			t.Errorf("%s scancel: exit %d %s", s, code, errOut)
+		}
+		p.waitEnd(s, js[i].pend, time.Minute)
+	}
+	check("scontrol show job (after scancel of its step)", []string{"JobState", "ExitCode", "Reason"},
+		fieldsOf(0, "show", "job", js[0].run), fieldsOf(1, "show", "job", js[1].run))
+	check("scontrol show job (cancelled pending)", []string{"JobState", "ExitCode", "Reason"},
+		fieldsOf(0, "show", "job", js[0].pend), fieldsOf(1, "show", "job", js[1].pend))
+	compare("squeue")
+	t.Logf("squeue, sinfo, scontrol, scancel: %d of %d outputs and fields agree", agree, total)
+	// sacct, gangrun's alone: Slurm's default fields and widths, a line per step.
+	out, errOut, code := p.run(gangrun, js[1].dir, "", nil, "sacct", "-j", js[1].run+","+js[1].fail)
+	want := []string{
+		"JobID           JobName  Partition    Account  AllocCPUS      State ExitCode ",
+		"------------ ---------- ---------- ---------- ---------- ---------- -------- ",
+	}
+	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
+	if code != 0 || len(lines) < 6 || lines[0] != want[0] || lines[1] != want[1] {
+		t.Errorf("sacct: exit %d %s\n%s", code, errOut, out)
+	}
+	for _, w := range []string{js[1].fail + "             fails", js[1].fail + ".batch", "     FAILED      3:0", js[1].run + ".0"} {
+		if !strings.Contains(out, w) {
+			t.Errorf("sacct lacks %q:\n%s", w, out)
+		}
+	}
+	out, _, _ = p.run(gangrun, js[1].dir, "", nil, "sacct", "-P", "-n", "-X", "-j", js[1].fail, "-o", "JobID,JobName,State,ExitCode,NNodes")
+	if out != js[1].fail+"|fails|FAILED|3:0|1\n" {
+		t.Errorf("sacct -P -n -X: %q", out)
+	}
+}
