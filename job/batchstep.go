@@ -57,12 +57,12 @@ type batchStep struct {
 	grace time.Duration
 
 	mu      sync.Mutex
-	batch   *proc.Process          // the batch script, while it runs
-	tasks   map[*proc.Process]bool // srun tasks running on this node
+	batch   *proc.Process           // the batch script, while it runs
+	tasks   map[*proc.Process]bool  // srun tasks running on this node
 	byStep  map[int][]*proc.Process // the same, by srun step
-	stopped bool                   // stop began: nothing new starts
-	steps   sync.WaitGroup         // srun steps being served
-	seen    map[int]bool           // srun steps handled (or refused) here
+	stopped bool                    // stop began: nothing new starts
+	steps   sync.WaitGroup          // srun steps being served
+	seen    map[int]bool            // srun steps handled (or refused) here
 }
 
 // runBatch runs job st.job's batch step on this node (RunStep, once the node's GPUs and
@@ -446,9 +446,19 @@ func (bs *batchStep) stopTasks() {
 }
 
 // terminate sends SIGCONT and SIGTERM to each process group of ps, and SIGKILL to
-// those still there after grace; it returns once every leader has exited.
+// those still there after grace (at once, with no SIGTERM, for grace 0); it returns
+// once every leader has exited.
 func terminate(ps []*proc.Process, grace time.Duration) {
 	if len(ps) == 0 {
+		return
+	}
+	if grace <= 0 {
+		for _, p := range ps {
+			_ = p.Signal(syscall.SIGKILL)
+		}
+		for _, p := range ps {
+			<-p.Exited()
+		}
 		return
 	}
 	for _, p := range ps {
@@ -560,7 +570,11 @@ func (bs *batchStep) serve(ctx context.Context) {
 			}
 			bs.mu.Unlock()
 			if len(cancelled) > 0 {
-				go terminate(cancelled, bs.grace)
+				grace := bs.grace
+				if s.End.Signal == int(syscall.SIGKILL) {
+					grace = 0 // scancel JOB.STEP: SIGKILL at once, as slurmstepd does
+				}
+				go terminate(cancelled, grace)
 			}
 			if handled || s.End != nil || !slices.Contains(s.Request.Nodes, bs.st.cfg.Node) {
 				continue

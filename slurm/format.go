@@ -68,33 +68,42 @@ func parseFormat(cmd, format string, known map[string]string) ([]field, error) {
 	return out, nil
 }
 
-// parseFields reads a -O/--Format list ("JobID,Name:30,State"): each field a name
-// (any case) with an optional :[.]WIDTH, default width 20, left-justified, a space
-// after each. known maps lower-case names to their header.
+// parseFields reads a -O/--Format list ("JobID,Name:30,State:.10|"): each field a name
+// (any case) with an optional :[.][WIDTH][SUFFIX], default width 20, left-justified,
+// nothing between columns but a SUFFIX given (squeue(1) and sinfo(1), --Format). known
+// maps lower-case names to their header; an unknown name is an error.
 func parseFields(cmd, list string, known map[string]string) ([]field, error) {
-	var out []field
+	fields, bad := parseFieldsLenient(list, known)
+	if len(bad) > 0 {
+		return nil, &UsageError{Msg: fmt.Sprintf("error: Invalid format specification: %s", bad[0]), Code: 1}
+	}
+	return fields, nil
+}
+
+// parseFieldsLenient is parseFields that leaves out the unknown names and returns them,
+// as squeue does (it names each, prints the rest and exits 0).
+func parseFieldsLenient(list string, known map[string]string) (out []field, bad []string) {
 	for _, item := range strings.Split(list, ",") {
-		name, w, hasW := strings.Cut(item, ":")
-		f := field{key: strings.ToLower(name), width: 20, suffix: " "}
+		name, w, _ := strings.Cut(item, ":")
+		f := field{key: strings.ToLower(name), width: 20}
 		if _, ok := known[f.key]; !ok {
-			return nil, &UsageError{Msg: fmt.Sprintf("error: Invalid format specification: %s", name), Code: 1}
+			bad = append(bad, name)
+			continue
 		}
-		if hasW {
-			if strings.HasPrefix(w, ".") {
-				f.right, w = true, w[1:]
-			}
-			if strings.HasSuffix(w, "|") || strings.HasSuffix(w, " ") {
-				w = w[:len(w)-1]
-			}
-			n, err := strconv.Atoi(w)
-			if err != nil || n < 0 {
-				return nil, &UsageError{Msg: fmt.Sprintf("error: Invalid format specification: %s", item), Code: 1}
-			}
-			f.width = n
+		if strings.HasPrefix(w, ".") {
+			f.right, w = true, w[1:]
 		}
+		digits := 0
+		for digits < len(w) && w[digits] >= '0' && w[digits] <= '9' {
+			digits++
+		}
+		if digits > 0 {
+			f.width, _ = strconv.Atoi(w[:digits])
+		}
+		f.suffix = w[digits:]
 		out = append(out, f)
 	}
-	return out, nil
+	return out, bad
 }
 
 // render writes one line of fields, values giving each field's text.

@@ -148,7 +148,9 @@ func containsID(ids []string, j job.Job) bool {
 	return false
 }
 
-// cancelStep cancels srun step n of job id, and says why not ("": done).
+// cancelStep cancels srun step n of job id, and says why not ("": done). Its tasks are
+// killed with SIGKILL, with no grace, as Slurm 22.05 kills a cancelled step's tasks
+// (its srun then exits 137; checked in TestSlurmCommandsAgainstSlurm).
 func cancelStep(ctx context.Context, s Store, id, n string) string {
 	j, err := job.Read(ctx, s, id)
 	if err != nil || j.State.Status != job.Running {
@@ -168,7 +170,7 @@ func cancelStep(ctx context.Context, s Store, id, n string) string {
 		if st.End != nil {
 			return "Job/step already completing or completed"
 		}
-		if err := job.EndSrunStep(ctx, s, id, st.Request.Step, job.SrunState{State: job.Cancelled, ExitCode: 0, Signal: 15,
+		if err := job.EndSrunStep(ctx, s, id, st.Request.Step, job.SrunState{State: job.Cancelled, ExitCode: 0, Signal: 9,
 			Ended: time.Now().UTC(), Reason: "cancelled by scancel"}); err != nil {
 			return err.Error()
 		}

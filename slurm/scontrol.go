@@ -89,8 +89,10 @@ func Scontrol(ctx context.Context, e *Env, args []string) int {
 		}
 		hosts, err := hostlist.Expand(arg)
 		if err != nil {
-			fmt.Fprintf(e.Stdout, "Invalid hostlist: %s\n", arg)
-			return 1
+			// scontrol says so on stderr and exits 0 (22.05, checked in
+			// TestSlurmCommandsAgainstSlurm).
+			fmt.Fprintf(e.Stderr, "Invalid hostlist: %s\n", arg)
+			return 0
 		}
 		for _, h := range hosts {
 			fmt.Fprintln(e.Stdout, h)
@@ -108,8 +110,10 @@ func Scontrol(ctx context.Context, e *Env, args []string) int {
 			}
 		}
 		if err != nil {
-			fmt.Fprintf(e.Stdout, "Invalid hostlist: %s\n", arg)
-			return 1
+			// scontrol says so on stderr and exits 0 (22.05, checked in
+			// TestSlurmCommandsAgainstSlurm).
+			fmt.Fprintf(e.Stderr, "Invalid hostlist: %s\n", arg)
+			return 0
 		}
 		fmt.Fprintln(e.Stdout, out)
 		return 0
@@ -126,9 +130,10 @@ func Scontrol(ctx context.Context, e *Env, args []string) int {
 		if err != nil {
 			return errorf(e, "scontrol", 1, "slurm_load_jobs error: %v", err)
 		}
+		sched, _ := allocator.ReadStatus(ctx, s)
 		for _, j := range jobs {
 			if arg == "" || j.Spec.ID == arg || j.Spec.Array != nil && j.Spec.Array.JobID == arg {
-				records = append(records, showJob(ctx, s, j))
+				records = append(records, showJob(ctx, s, j, sched.Pending[j.Spec.ID]))
 			}
 		}
 		if len(records) == 0 {
@@ -229,12 +234,13 @@ func orNull(v string) string {
 	return v
 }
 
-// showJob writes job j as `scontrol show job` does.
-func showJob(ctx context.Context, s Store, j job.Job) string {
+// showJob writes job j as `scontrol show job` does; pending is the scheduler's reason
+// for it, if it waits.
+func showJob(ctx context.Context, s Store, j job.Job, pending string) string {
 	spec, st := j.Spec, j.State
 	uid, gid := userID(spec.User)
 	nodes := job.SlurmNodes(st.Nodes)
-	row := jobRow{j: j, now: time.Now()}
+	row := jobRow{j: j, now: time.Now(), reason: pending}
 	var b strings.Builder
 	w := func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }
 	w("JobId=%s JobName=%s\n", spec.ID, spec.Name)

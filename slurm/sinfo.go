@@ -16,7 +16,7 @@ import (
 // (one per node) and -l's.
 const (
 	sinfoDefault = "%9P %.5a %.10l %.6D %.6t %N"
-	sinfoNodes   = "%10N %.5D %9P %6t"
+	sinfoNodes   = "%10N %.5D %.9P %6t"
 	sinfoLong    = "%9P %.5a %.10l %.10s %.4r %.8h %.10g %.6D %.11T %N"
 )
 
@@ -79,6 +79,8 @@ func nodeCode(long string) string {
 		return "drain"
 	case "DRAINING":
 		return "drng"
+	case "n/a":
+		return "n/a"
 	}
 	return "down"
 }
@@ -256,6 +258,11 @@ func Sinfo(ctx context.Context, e *Env, args []string) int {
 		}
 		for _, st := range order {
 			rows = append(rows, sinfoRow{part: p.name, def: i == 0, state: st, nodes: byState[st]})
+		}
+		if len(order) == 0 && !given["Node"] {
+			// A partition none of whose nodes is in the states asked for is still a
+			// line, of 0 nodes in state n/a (as sinfo -t prints it).
+			rows = append(rows, sinfoRow{part: p.name, def: i == 0, state: "n/a"})
 		}
 	}
 	if !given["noheader"] {

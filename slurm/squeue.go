@@ -326,6 +326,21 @@ func tresPerNode(s job.Spec) string {
 	return fmt.Sprintf("gres:gpu:%d", s.GPUsPerNode)
 }
 
+// squeueUsage is what squeue prints on stdout for a word it does not take (Slurm
+// 22.05's squeue/opts.c, _usage).
+const squeueUsage = `Usage: squeue [-A account] [--clusters names] [-i seconds] [--job jobid]
+              [-n name] [-o format] [-p partitions] [--qos qos]
+              [--reservation reservation] [--sort fields] [--start]
+              [--step step_id] [-t states] [-u user_name] [--usage]
+              [-L licenses] [-w nodes] [--federation] [--local] [--sibling]
+	      [-ahjlrsv]
+`
+
+// slurmJobStates is the list of job states squeue names after an unknown one (Slurm
+// 22.05's job_state_string order, then its extra flags), whether gangrun has each or
+// not.
+const slurmJobStates = "PENDING,RUNNING,SUSPENDED,COMPLETED,CANCELLED,FAILED,TIMEOUT,NODE_FAIL,PREEMPTED,BOOT_FAIL,DEADLINE,OUT_OF_MEMORY,COMPLETING,CONFIGURING,RESIZING,RESV_DEL_HOLD,REQUEUED,REQUEUE_FED,REQUEUE_HOLD,REVOKED,SIGNALING,SPECIAL_EXIT,STAGE_OUT,STOPPED"
+
 // Squeue is squeue: the jobs (or with -s their steps) in Slurm's columns, formats
 // (-o, -O, -l), filters (-j, -u, -t, -p, -n, -A, --me) and header (-h).
 func Squeue(ctx context.Context, e *Env, args []string) int {
@@ -333,10 +348,20 @@ func Squeue(ctx context.Context, e *Env, args []string) int {
 	if done {
 		return code
 	}
+	// -j and -s take their list as an optional argument, or as the next word
+	// (squeue's opts.c: "squeue -j 3" lists job 3, as "squeue -j3" does).
+	if len(rest) > 0 && given["jobs"] {
+		v["jobs"], rest = rest[0], rest[1:]
+	}
+	if len(rest) > 0 && given["steps"] {
+		v["steps"], rest = rest[0], rest[1:]
+	}
 	if len(rest) > 0 {
+		fmt.Fprint(e.Stdout, squeueUsage)
 		return errorf(e, "squeue", 1, "Unrecognized option: %s", rest[0])
 	}
 	steps := given["steps"]
+	stepIDs := splitList(v["steps"])
 	format := squeueDefault
 	switch {
 	case steps:
@@ -350,7 +375,11 @@ func Squeue(ctx context.Context, e *Env, args []string) int {
 	var fields []field
 	var err error
 	if given["Format"] {
-		fields, err = parseFields("squeue", v["Format"], squeueFields)
+		var bad []string
+		fields, bad = parseFieldsLenient(v["Format"], squeueFields)
+		for _, b := range bad {
+			fmt.Fprintf(e.Stderr, "squeue: error: Invalid job format specification: %s\n", b)
+		}
 		for i := range fields {
 			fields[i].key = fieldLetter[fields[i].key]
 		}
@@ -362,7 +391,11 @@ func Squeue(ctx context.Context, e *Env, args []string) int {
 	}
 	f, err := newJobFilter(v, given)
 	if err != nil {
-		return usage(e, "squeue", err.(*UsageError))
+		code := usage(e, "squeue", err.(*UsageError))
+		if strings.Contains(err.Error(), "Invalid job state") {
+			fmt.Fprintf(e.Stderr, "squeue: error: Valid job states include: %s\n\n", slurmJobStates)
+		}
+		return code
 	}
 	s, err := e.Cluster.Open(ctx)
 	if err != nil {
@@ -390,20 +423,24 @@ func Squeue(ctx context.Context, e *Env, args []string) int {
 		}
 		ss, _ := job.SrunSteps(ctx, s, j.Spec.ID)
 		for i := range ss {
-			if ss[i].End == nil {
+			if ss[i].End == nil && (len(stepIDs) == 0 || slices.Contains(stepIDs, ss[i].ID())) {
 				rows = append(rows, jobRow{j: j, step: &ss[i], now: now})
 			}
 		}
-		if !j.Spec.Batch.Allocation {
+		if !j.Spec.Batch.Allocation && (len(stepIDs) == 0 || slices.Contains(stepIDs, j.Spec.ID+".batch")) {
 			rows = append(rows, jobRow{j: j, batch: true, now: now})
 		}
 	}
 	if !steps {
-		// Slurm's default order: pending first, then by priority and id.
+		// Slurm's default order for jobs, "P,t,-p" (squeue(1), --sort): partition
+		// name, then the compact state as text (so F before PD before R), then
+		// priority, highest first.
 		sort.SliceStable(rows, func(a, b int) bool {
-			pa, pb := rows[a].j.State.Status == job.Pending, rows[b].j.State.Status == job.Pending
-			if pa != pb {
-				return pa
+			if pa, pb := rows[a].value("P"), rows[b].value("P"); pa != pb {
+				return pa < pb
+			}
+			if ta, tb := rows[a].value("t"), rows[b].value("t"); ta != tb {
+				return ta < tb
 			}
 			return rows[a].j.Spec.Priority > rows[b].j.Spec.Priority
 		})
