@@ -46,10 +46,10 @@ DEB_VERSION ?=
 # What each target installs (scripts/install-deps.sh components). The demo runs on one
 # machine with the embedded coordinator: Debian's torch only, no Consul build. The tests start
 # Consul dev agents and real PyTorch (Debian's 1.13 and PyPI's 2.x), and use ip, a real Prometheus server (and
-# promtool), headless Chromium, useradd, munged and a real Slurm (the Slurm front end's
-# comparisons); the benchmarks Consul and PyTorch.
+# promtool), headless Chromium, useradd, munged, a real Slurm (the Slurm front end's
+# comparisons) and Environment Modules; the benchmarks Consul and PyTorch.
 DEMO_DEPS  := torch
-TEST_DEPS  := torch torch2 consul iproute2 prometheus chromium passwd munge slurm
+TEST_DEPS  := torch torch2 consul iproute2 prometheus chromium passwd munge slurm modules
 BENCH_DEPS := torch consul
 
 .PHONY: all build tag install uninstall deb deps demo test test-short bench fuzz lint clean

@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -190,9 +191,24 @@ func (bs *batchStep) release(p *proc.Process) proc.ExitStatus {
 	return st
 }
 
-// taskPIDShim starts a command with SLURM_TASK_PID set to its own pid (slurmstepd sets
-// it to the task's): a shell that sets it and execs the command, the same process.
-var taskPIDShim = []string{"/bin/sh", "-c", `SLURM_TASK_PID=$$; export SLURM_TASK_PID; exec "$@"`, "slurm_script"}
+// TaskPIDCommand is the hidden gangrun command `gangrun __taskpid -- COMMAND [ARG...]`
+// that execs COMMAND (found on the PATH of its own environment) with SLURM_TASK_PID
+// set to its own pid, the same process, and the rest of its environment exactly as
+// given (slurmstepd sets SLURM_TASK_PID to the task's pid). cmd/gangrun serves it
+// before anything else runs.
+const TaskPIDCommand = "__taskpid"
+
+// taskPIDShim is the argv prefix that starts a command through TaskPIDCommand of
+// the running gangrun binary. A shell would do it in one line, but /bin/sh (dash)
+// drops the variables whose names are no shell names, bash's exported functions
+// among them (BASH_FUNC_module%%, which a job script's `module load` needs).
+func taskPIDShim() []string {
+	exe, err := os.Executable()
+	if err != nil {
+		return []string{"/bin/sh", "-c", `SLURM_TASK_PID=$$; export SLURM_TASK_PID; exec "$@"`, "slurm_script"}
+	}
+	return []string{exe, TaskPIDCommand, "--"}
+}
 
 // runScript runs the batch script on the batch host, again after a failure while a
 // supervised job has restarts left, and returns its exit code and the job's end.
@@ -220,7 +236,7 @@ func (bs *batchStep) runScript(ctx context.Context) (int, Status, string) {
 			}
 		}
 		env := bs.batchEnv(restarts, resume)
-		argv := append(append(append(slices.Clone(taskPIDShim), Interpreter(spec.Script)...), path), spec.Command...)
+		argv := append(append(append(taskPIDShim(), Interpreter(spec.Script)...), path), spec.Command...)
 		var stderr io.Writer = out
 		if errOut != nil {
 			stderr = errOut
@@ -656,6 +672,7 @@ func (bs *batchStep) runStep(ctx context.Context, r StepRequest, cred string) {
 	}
 	// Signals from srun, and srun's end (its connection closes): tasks killed.
 	lost := make(chan struct{})
+	var srunGone atomic.Bool // a task here was stopped because srun was lost
 	var procs []*proc.Process
 	var pmu sync.Mutex
 	go func() {
@@ -687,7 +704,7 @@ func (bs *batchStep) runStep(ctx context.Context, r StepRequest, cred string) {
 		err := findCommand(r.Command[0], env, r.WorkDir)
 		var p *proc.Process
 		if err == nil {
-			p, err = bs.start(append(slices.Clone(taskPIDShim), r.Command...), env, r.WorkDir, stdout, stderr)
+			p, err = bs.start(append(taskPIDShim(), r.Command...), env, r.WorkDir, stdout, stderr)
 		}
 		if err != nil {
 			fmt.Fprintf(stderr, "slurmstepd-%s: error: execve(): %s: %s\n", node, r.Command[0], execError(err))
@@ -709,6 +726,7 @@ func (bs *batchStep) runStep(ctx context.Context, r StepRequest, cred string) {
 			case <-p.Exited():
 			case <-lost:
 				// srun is gone (killed): the step goes with it, as Slurm's does.
+				srunGone.Store(true)
 				terminate([]*proc.Process{p}, bs.grace)
 			}
 			status := bs.release(p)
@@ -727,11 +745,13 @@ func (bs *batchStep) runStep(ctx context.Context, r StepRequest, cred string) {
 	}
 	wg.Wait()
 	c.send(Frame{Done: true})
-	select {
-	case <-lost:
+	// Only a loss that ended tasks here ends the step for every node: srun closes this
+	// node's connection as soon as it has read Done, and taking that for a loss
+	// recorded the step cancelled while other nodes' tasks still ran, and they were
+	// stopped (TestSrunAgainstSlurm, a task "Terminated" now and then).
+	if srunGone.Load() {
 		_ = EndSrunStep(context.WithoutCancel(ctx), bs.st.cfg.Store, r.Job, r.Step, SrunState{State: Cancelled, ExitCode: 1,
 			Ended: time.Now().UTC(), Reason: "srun ended before its tasks"})
-	default:
 	}
 }
 

@@ -24,13 +24,15 @@
 #   slurm     Debian's Slurm 22.05 (slurmctld, slurmd, slurm-client): the Slurm front end's
 #             tests start a real Slurm of their own (internal/slurmtest) and compare;
 #             the packages' own services are left stopped
+#   modules   Debian's environment-modules (the `module` command a job script's
+#             `module load` runs, on the nodes as under Slurm)
 #
-# Usage: scripts/install-deps.sh [torch] [torch2] [consul] [iproute2] [prometheus] [chromium] [passwd] [munge] [slurm]
+# Usage: scripts/install-deps.sh [torch] [torch2] [consul] [iproute2] [prometheus] [chromium] [passwd] [munge] [slurm] [modules]
 # (no arguments: all of them). The Makefile asks for what each target needs: `make demo`
 # torch only, `make test` all of them, `make bench` torch and consul.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-want=("$@"); [ ${#want[@]} -eq 0 ] && want=(torch torch2 consul iproute2 prometheus chromium passwd munge slurm)
+want=("$@"); [ ${#want[@]} -eq 0 ] && want=(torch torch2 consul iproute2 prometheus chromium passwd munge slurm modules)
 
 apt_install() {
   local sudo=""
@@ -98,6 +100,12 @@ for w in "${want[@]}"; do
         fi
       fi
       ;;
-    *) echo "install-deps.sh: unknown component $w (want torch, torch2, consul, iproute2, prometheus, chromium, passwd, munge or slurm)" >&2; exit 2 ;;
+    modules)
+      if [ ! -e /etc/profile.d/modules.sh ]; then
+        echo "installing Debian's environment-modules ..." >&2
+        apt_install environment-modules
+      fi
+      ;;
+    *) echo "install-deps.sh: unknown component $w (want torch, torch2, consul, iproute2, prometheus, chromium, passwd, munge, slurm or modules)" >&2; exit 2 ;;
   esac
 done

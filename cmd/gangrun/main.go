@@ -30,6 +30,7 @@ import (
 	"github.com/gangrun/gangrun/internal/quote"
 	"github.com/gangrun/gangrun/internal/schema"
 	"github.com/gangrun/gangrun/internal/store"
+	"github.com/gangrun/gangrun/job"
 	"github.com/gangrun/gangrun/slurm"
 )
 
@@ -106,6 +107,11 @@ func commands() []command {
 }
 
 func main() {
+	if len(os.Args) > 2 && os.Args[1] == job.TaskPIDCommand && os.Args[2] == "--" {
+		// Before anything else: the command must start with gangrun's signal
+		// dispositions untouched (SIGPIPE is ignored below, and that would be inherited).
+		os.Exit(execWithTaskPID(os.Args[3:]))
+	}
 	args := os.Args[1:]
 	if slurm.Is(os.Args[0]) {
 		// Called as sbatch, srun, squeue...: Slurm's command of that name.

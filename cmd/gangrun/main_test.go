@@ -38,6 +38,12 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	gangrunBin = filepath.Join(dir, "gangrun")
+	// Every user runs it: a Slurm job's tasks, as their user, start through it
+	// (job.TaskPIDCommand), as they would from /usr/local/bin.
+	if err := os.Chmod(dir, 0o755); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
 	goTool := filepath.Join(runtime.GOROOT(), "bin", "go")
 	if _, err := os.Stat(goTool); err != nil {
 		goTool = "go"

@@ -5,7 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
 
 	"github.com/gangrun/gangrun/acl"
 	"github.com/gangrun/gangrun/identity"
@@ -145,4 +149,30 @@ func runSlurmLinks(_ context.Context, e *env, args []string) int {
 		fmt.Fprintln(e.stdout, p)
 	}
 	return exitOK
+}
+
+// execWithTaskPID is job.TaskPIDCommand: it replaces this process with argv[0] (looked
+// up on this process's PATH, as a shell's exec would) with SLURM_TASK_PID set to this
+// pid and every other variable as it came. It returns only on failure: 127 when the
+// command is not found, 126 when it cannot be run, as a shell's exec.
+func execWithTaskPID(argv []string) int {
+	if len(argv) == 0 {
+		fmt.Fprintln(os.Stderr, "gangrun "+job.TaskPIDCommand+": no command")
+		return 2
+	}
+	path, err := exec.LookPath(argv[0])
+	if err != nil && !errors.Is(err, exec.ErrDot) {
+		fmt.Fprintf(os.Stderr, "slurm_script: %s: not found\n", argv[0])
+		return 127
+	}
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "SLURM_TASK_PID=") {
+			env = append(env, kv)
+		}
+	}
+	env = append(env, "SLURM_TASK_PID="+strconv.Itoa(os.Getpid()))
+	err = syscall.Exec(path, argv, env)
+	fmt.Fprintf(os.Stderr, "slurm_script: %s: %v\n", argv[0], err)
+	return 126
 }
