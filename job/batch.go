@@ -58,6 +58,9 @@ type Batch struct {
 	ScriptPath string `json:"script_path,omitempty"`
 	// SubmitHost is the host sbatch ran on (SLURM_SUBMIT_HOST).
 	SubmitHost string `json:"submit_host,omitempty"`
+	// SubmitDir is the directory sbatch ran in (SLURM_SUBMIT_DIR), which --chdir
+	// does not change; "" for the job's working directory.
+	SubmitDir string `json:"submit_dir,omitempty"`
 	// Supervised says gangrun's own supervision was asked for (--max-restarts,
 	// --spare-nodes or --checkpoint-dir, as options or #GANGRUN lines): the batch
 	// script is restarted up to MaxRestarts times.
@@ -380,7 +383,11 @@ func BatchEnv(c BatchEnvConfig) []string {
 	}
 	set("SLURM_PRIO_PROCESS", "0")
 	set("SLURM_PROCID", "0")
-	set("SLURM_SUBMIT_DIR", spec.WorkDir)
+	submitDir := b.SubmitDir
+	if submitDir == "" {
+		submitDir = spec.WorkDir
+	}
+	set("SLURM_SUBMIT_DIR", submitDir)
 	set("SLURM_SUBMIT_HOST", b.SubmitHost)
 	set("SLURM_TASKS_PER_NODE", CompressCounts(tasks))
 	set("SLURM_TOPOLOGY_ADDR", c.Node)

@@ -241,12 +241,14 @@ func (bs *batchStep) runScript(ctx context.Context) (int, Status, string) {
 		if errOut != nil {
 			stderr = errOut
 		}
-		if err := bs.userDir(spec.WorkDir); err != nil {
+		dir := spec.WorkDir
+		if err := bs.userDir(dir); err != nil {
 			fmt.Fprintf(stderr, "slurmstepd: error: couldn't chdir to `%s': %v: going to /tmp instead\n", spec.WorkDir, err)
+			dir = "/tmp"
 		}
 		started := time.Now().UTC()
 		bs.noteAttempt(ctx, attempt, started, resume)
-		p, err := bs.start(argv, env, spec.WorkDir, out, stderr)
+		p, err := bs.start(argv, env, dir, out, stderr)
 		if err != nil {
 			fmt.Fprintf(stderr, "slurmstepd: error: execve(): %s: %v\n", Interpreter(spec.Script)[0], err)
 			closeFiles(out, errOut)

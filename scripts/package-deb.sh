@@ -54,7 +54,9 @@ esac
 stage=$(mktemp -d "${TMPDIR:-/tmp}/gangrun-deb.XXXXXX")
 trap 'rm -rf "$stage"' EXIT
 chmod 0755 "$stage" # mktemp made it 0700: the package's / must not be
-make -s -C "$root" install DESTDIR="$stage" PREFIX=/usr SYSCONFDIR=/etc ${BIN:+BIN="$BIN"} >/dev/null
+# No Slurm command links in the package: /usr/bin/sbatch and the rest are Debian's
+# slurm-client's files; `gangrun slurm-links DIR` makes them where wanted (docs/slurm.md).
+make -s -C "$root" install DESTDIR="$stage" PREFIX=/usr SYSCONFDIR=/etc SLURM_LINKS= ${BIN:+BIN="$BIN"} >/dev/null
 bin="$stage/usr/bin/gangrun"
 
 # libc's version from the binary's symbol versions (cgo links libc alone: libmunge and

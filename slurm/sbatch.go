@@ -36,7 +36,7 @@ var sbatchOptions = []option{
 	{long: "cpus-per-task", short: 'c', arg: reqArg},
 	{long: "dependency", short: 'd', arg: reqArg},
 	{long: "error", short: 'e', arg: reqArg},
-	{long: "export", arg: optArg},
+	{long: "export", arg: reqArg},
 	{long: "gres", arg: reqArg},
 	{long: "gpus", short: 'G', arg: reqArg},
 	{long: "gpus-per-node", arg: reqArg},
@@ -260,9 +260,13 @@ func ParseBatch(e *Env, script, name string, scriptArgs, gangrunArgs, sbatchArgs
 		if err != nil {
 			return nil, &UsageError{Msg: "error: " + err.Error(), Code: 255}
 		}
-		ps, _, err := getopt("sbatch", sbatchOptions, words, false, 255)
+		ps, rest, err := getopt("sbatch", sbatchOptions, words, false, 255)
 		if err != nil {
 			return nil, err
+		}
+		if len(rest) > 0 {
+			// sbatch refuses a word of an #SBATCH line that is no option (opt.c).
+			return nil, &UsageError{Msg: "error: Invalid directive found in batch script: " + rest[0], Code: 255}
 		}
 		if err := o.apply("sbatch", sbatchOptions, ps); err != nil {
 			return nil, err
@@ -521,6 +525,9 @@ func (o *batchOpts) request(e *Env, script, name string, scriptArgs []string) (*
 	if h, err := os.Hostname(); err == nil {
 		b.SubmitHost = h
 	}
+	if wd, err := os.Getwd(); err == nil {
+		b.SubmitDir = wd
+	}
 	if name != "" && name != "sbatch" && !given["wrap"] {
 		b.ScriptPath = name
 		if !filepath.IsAbs(name) {
@@ -738,9 +745,11 @@ func Sbatch(ctx context.Context, e *Env, args []string) int {
 	if code != 0 {
 		return code
 	}
-	if req.Parsable {
+	switch {
+	case req.Quiet: // -Q: sbatch prints neither the id nor the sentence
+	case req.Parsable:
 		fmt.Fprintln(e.Stdout, id)
-	} else {
+	default:
 		fmt.Fprintf(e.Stdout, "Submitted batch job %s\n", id)
 	}
 	if req.Wait {

@@ -21,6 +21,7 @@ import (
 	"github.com/gangrun/gangrun/internal/consultest"
 	"github.com/gangrun/gangrun/internal/flagfile"
 	"github.com/gangrun/gangrun/job"
+	"github.com/gangrun/gangrun/slurm"
 )
 
 // makeIn runs make in the repository with args, building the binary into the test's
@@ -62,9 +63,9 @@ func tree(t *testing.T, root string) map[string]fs.FileMode {
 }
 
 // installedFiles are the files make install puts on a node for a PREFIX, and their
-// modes.
-func installedFiles(prefix string) map[string]fs.FileMode {
-	return map[string]fs.FileMode{
+// modes; with slurmLinks, the links of Slurm's command names to gangrun too.
+func installedFiles(prefix string, slurmLinks bool) map[string]fs.FileMode {
+	files := map[string]fs.FileMode{
 		prefix + "/bin/gangrun":                              0o755,
 		prefix + "/lib/systemd/system/gangrun-agent.service": 0o644,
 		"/etc/gangrun/agent.conf":                            0o644,
@@ -73,6 +74,12 @@ func installedFiles(prefix string) map[string]fs.FileMode {
 		prefix + "/share/doc/gangrun/examples/agent.conf":    0o644,
 		prefix + "/share/doc/gangrun/examples/agent.env":     0o644,
 	}
+	if slurmLinks {
+		for _, n := range slurm.Names() {
+			files[prefix+"/bin/"+n] = fs.ModeSymlink | 0o777
+		}
+	}
+	return files
 }
 
 // TestMakeInstall: make install DESTDIR=... puts the binary, the unit (its paths filled
@@ -85,7 +92,7 @@ func TestMakeInstall(t *testing.T) {
 		t.Run(prefix, func(t *testing.T) {
 			dest := t.TempDir()
 			makeIn(t, bin, "install", "DESTDIR="+dest, "PREFIX="+prefix)
-			if got, want := tree(t, dest), installedFiles(prefix); !reflect.DeepEqual(got, want) {
+			if got, want := tree(t, dest), installedFiles(prefix, true); !reflect.DeepEqual(got, want) {
 				t.Errorf("installed %v\nwant      %v", got, want)
 			}
 			unit, err := os.ReadFile(filepath.Join(dest, prefix, "lib/systemd/system/gangrun-agent.service"))
@@ -457,7 +464,8 @@ func TestDebPackage(t *testing.T) {
 		t.Errorf("conffiles %q", got)
 	}
 	// The files: make install's for PREFIX=/usr, root's, with their modes.
-	want := installedFiles("/usr")
+	// The package has no Slurm links: they would be Debian's slurm-client's files.
+	want := installedFiles("/usr", false)
 	var files []string
 	for _, line := range strings.Split(strings.TrimSpace(dpkgDeb(t, "--contents", deb)), "\n") {
 		f := strings.Fields(line) // -rw-r--r-- root/root 2134 2025-01-01 00:00 ./etc/gangrun/agent.conf

@@ -329,6 +329,7 @@ func TestSbatchRefusalsAgainstSlurm(t *testing.T) {
 		"dos.sh":       "#!/bin/sh\r\n#SBATCH --gres=gpu:1\r\ntrue\r\n",
 		"noshebang.sh": "#SBATCH --gres=gpu:1\ntrue\n",
 		"badline.sh":   "#!/bin/sh\n#SBATCH --gres=gpu:1 --bogus\ntrue\n",
+		"stray.sh":     "#!/bin/sh\n#SBATCH --gres=gpu:1 stray\ntrue\n",
 	}
 	for name, text := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o755); err != nil {
@@ -356,6 +357,8 @@ func TestSbatchRefusalsAgainstSlurm(t *testing.T) {
 		{"missing script", []string{"missing.sh"}, ""},
 		{"empty stdin", nil, ""},
 		{"bad #SBATCH line", []string{"badline.sh"}, ""},
+		{"a word that is no option on an #SBATCH line", []string{"stray.sh"}, ""},
+		{"--export with no value", []string{"--export"}, ""},
 		{"wrap with arguments", []string{"--wrap", "true", "x"}, ""},
 	}
 	agree := 0
