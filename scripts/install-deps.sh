@@ -8,6 +8,11 @@
 #             ~/.cache/gangrun (scripts/install-torch2.sh; about 4 GB and 2 minutes once):
 #             the tests run their PyTorch end-to-end tests on it too, and compare gangrun
 #             with the real torchrun 2.x
+#   trainers  transformers, accelerate, DeepSpeed and Lightning from PyPI
+#             (requirements/trainers.txt, every package pinned) in a directory cached under
+#             ~/.cache/gangrun that runs on torch2's python (scripts/install-trainers.sh;
+#             about 280 MB and 40 s once): the checkpoint tests cut these trainers' own
+#             saves short and check `gangrun ckpt latest` against their loaders
 #   consul    a Consul v1.14.11 server built from the Go module proxy into .tools/bin
 #             (scripts/install-consul.sh; about 4 minutes once, then cached): the tests
 #             and benchmarks start Consul dev agents; the demo does not need it
@@ -22,12 +27,12 @@
 #             their own munged daemons, as every node of a cluster runs one; the
 #             package's own service is left stopped if nothing had started it
 #
-# Usage: scripts/install-deps.sh [torch] [torch2] [consul] [iproute2] [prometheus] [chromium] [passwd] [munge]
+# Usage: scripts/install-deps.sh [torch] [torch2] [trainers] [consul] [iproute2] [prometheus] [chromium] [passwd] [munge]
 # (no arguments: all of them). The Makefile asks for what each target needs: `make demo`
 # torch only, `make test` all of them, `make bench` torch and consul.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-want=("$@"); [ ${#want[@]} -eq 0 ] && want=(torch torch2 consul iproute2 prometheus chromium passwd munge)
+want=("$@"); [ ${#want[@]} -eq 0 ] && want=(torch torch2 trainers consul iproute2 prometheus chromium passwd munge)
 
 apt_install() {
   local sudo=""
@@ -49,6 +54,9 @@ for w in "${want[@]}"; do
       ;;
     torch2)
       "$root/scripts/install-torch2.sh" >/dev/null
+      ;;
+    trainers)
+      "$root/scripts/install-trainers.sh" >/dev/null
       ;;
     consul)
       "$root/scripts/install-consul.sh" >/dev/null
@@ -84,6 +92,6 @@ for w in "${want[@]}"; do
         apt_install munge
       fi
       ;;
-    *) echo "install-deps.sh: unknown component $w (want torch, torch2, consul, iproute2, prometheus, chromium, passwd or munge)" >&2; exit 2 ;;
+    *) echo "install-deps.sh: unknown component $w (want torch, torch2, trainers, consul, iproute2, prometheus, chromium, passwd or munge)" >&2; exit 2 ;;
   esac
 done
