@@ -3,6 +3,7 @@ package checkpoint
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -104,15 +105,27 @@ type trainerRun struct {
 	// atomic: every file of the save is written elsewhere and renamed into place, so no
 	// cut leaves a half-written checkpoint (asserted).
 	atomic bool
+	// newer names the cuts ("cut-001") after which gangrun's documented order answers a
+	// newer complete checkpoint than the one the library's own resume takes, and why;
+	// there Latest is asserted to answer the newest checkpoint the loader restores, and
+	// the library's pick an older one it restores.
+	newer map[string]string
 }
 
 func trainerRuns() []trainerRun {
 	return []trainerRun{
 		{name: "transformers Trainer", script: "hf_trainer.py"},
+		// The rotation removes checkpoint-5 after checkpoint-10 is saved.
+		{name: "transformers Trainer (save_total_limit 1)", script: "hf_trainer.py", args: []string{"1"}},
 		{name: "accelerate save_state", script: "accelerate_state.py"},
+		// save_state removes checkpoint_0 before it writes checkpoint_1.
+		{name: "accelerate save_state (total_limit 1)", script: "accelerate_state.py", args: []string{"1"}},
 		{name: "DeepSpeed ZeRO-0", script: "deepspeed_ckpt.py", args: []string{"0"}},
 		{name: "DeepSpeed ZeRO-2", script: "deepspeed_ckpt.py", args: []string{"2"}},
 		{name: "Lightning ModelCheckpoint", script: "lightning_ckpt.py", atomic: true},
+		{name: "Lightning ModelCheckpoint (save_last link)", script: "lightning_ckpt.py", args: []string{"link"}, atomic: true,
+			newer: map[string]string{"cut-001": "epoch=0-step=8.ckpt is in place, last.ckpt still links to epoch=0-step=4.ckpt: " +
+				"a last.ckpt symlink takes its target's step (ckptfile.go, ckptCandidate), where Lightning's ckpt_path=\"last\" follows the link"}},
 		// fsspec's local transaction writes a temporary file in TMPDIR and moves it into
 		// place: a rename on one file system, a copy from another.
 		{name: "Lightning ModelCheckpoint (TMPDIR on another file system)", script: "lightning_ckpt.py", tmpdirOtherFS: true},
@@ -174,6 +187,13 @@ func otherFSTempDir(t *testing.T, dir string) string {
 	return shm
 }
 
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
 func tail(s string, n int) string {
 	if len(s) > n {
 		return "..." + s[len(s)-n:]
@@ -193,16 +213,17 @@ func TestTrainersWriteCutSaves(t *testing.T) {
 	for _, r := range trainerRuns() {
 		t.Run(r.name, func(t *testing.T) {
 			rep := runTrainer(t, py, trainers, r)
-			checkTrainerReport(t, rep, r.atomic, &summary)
+			checkTrainerReport(t, rep, r, &summary)
 		})
 	}
 	t.Logf("cut saves, as the libraries wrote and judged them:\n%s", strings.Join(summary, "\n"))
 }
 
 // checkTrainerReport checks the fixture is what it claims, then Latest on every tree.
-func checkTrainerReport(t *testing.T, rep trainerReport, atomic bool, summary *[]string) {
+func checkTrainerReport(t *testing.T, rep trainerReport, r trainerRun, summary *[]string) {
 	t.Helper()
-	var cuts, halfWritten int
+	var cuts, halfWritten, nothing, newerThanPick, noPick int
+	resolves := len(rep.Trees) > 0 && rep.Trees[0].Pick != nil // DCP has no resume choice
 	var brokenPick []string
 	for i, tr := range rep.Trees {
 		switch {
@@ -225,10 +246,21 @@ func checkTrainerReport(t *testing.T, rep trainerReport, atomic bool, summary *[
 		// else the newest checkpoint the loader restores.
 		best, want := tr.newestRestored()
 		if best < 0 {
-			t.Errorf("%s: the library restores no checkpoint (%v)", label, tr.Loads)
+			// Nothing left to resume from (a rotation removed the older checkpoint first).
+			nothing++
+			if got, err := Latest(root, Options{}); !errors.Is(err, ErrNoComplete) {
+				t.Errorf("%s: the library restores no checkpoint (%v); Latest = %v, %v", label, tr.Loads, got.Path, err)
+			}
 			continue
 		}
-		if tr.Pick != nil {
+		if why, ok := r.newer[tr.Name]; ok {
+			if tr.Pick == nil || tr.Loads[*tr.Pick] != "ok" || tr.step(*tr.Pick) >= best {
+				t.Errorf("%s (documented: %s): the library's own resume takes %v, restoring %q; update newer", label, why, tr.Pick, tr.Loads[deref(tr.Pick)])
+			}
+			newerThanPick++
+		} else if resolves && tr.Pick == nil {
+			noPick++
+		} else if tr.Pick != nil {
 			if pick := *tr.Pick; tr.Loads[pick] == "ok" {
 				best, want = tr.step(pick), []string{pick}
 			} else if tr.Name != "before" && tr.Name != "whole" {
@@ -253,9 +285,9 @@ func checkTrainerReport(t *testing.T, rep trainerReport, atomic bool, summary *[
 	switch {
 	case cuts == 0:
 		t.Fatalf("%s: no cut was made", rep.Library)
-	case atomic && halfWritten > 0:
+	case r.atomic && halfWritten > 0:
 		t.Errorf("%s: %d of %d cuts left a half-written %s; the save was atomic", rep.Library, halfWritten, cuts, rep.Newer)
-	case !atomic && halfWritten == 0:
+	case !r.atomic && halfWritten == 0:
 		t.Fatalf("%s: %d cuts, none leaving a half-written %s", rep.Library, cuts, rep.Newer)
 	}
 	if len(brokenPick) > 0 {
@@ -263,6 +295,15 @@ func checkTrainerReport(t *testing.T, rep trainerReport, atomic bool, summary *[
 			rep.Library,
 			len(brokenPick), cuts, strings.Join(brokenPick, "\n  "))
 	}
-	*summary = append(*summary, fmt.Sprintf("%-40s %3d cuts; its own resume takes a checkpoint it cannot restore after %d",
-		rep.Library, cuts, len(brokenPick)))
+	if newerThanPick != len(r.newer) {
+		t.Errorf("%s: the documented cuts %v are not all there (%d found)", rep.Library, r.newer, newerThanPick)
+	}
+	if noPick > 0 {
+		t.Logf("%s: its own resume finds no checkpoint after %d of %d cuts (Latest answers the newest it restores)", rep.Library, noPick, cuts)
+	}
+	if nothing > 0 {
+		t.Logf("%s: %d of %d cuts left no checkpoint the library restores (Latest: %s)", rep.Library, nothing, cuts, ErrNoComplete)
+	}
+	*summary = append(*summary, fmt.Sprintf("%s (%s): %d cuts; its own resume takes a checkpoint it cannot restore after %d, none after %d, an older one than Latest after %d; nothing left to restore after %d",
+		r.name, rep.Library, cuts, len(brokenPick), noPick, newerThanPick, nothing))
 }

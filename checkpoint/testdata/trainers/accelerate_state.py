@@ -6,13 +6,17 @@ scheduler.bin, random_states_0.pkl); its second save is cut at every write event
 picks with automatic naming, and, for every checkpoint_N, whether load_state(that
 directory) restores the model, optimizer, scheduler, step and RNG state saved there.
 
-Usage: python accelerate_state.py RESULTS
+With LIMIT, ProjectConfiguration(total_limit=LIMIT): save_state removes the oldest
+checkpoints (shutil.rmtree) before it writes the new one, and those removals are cut too.
+
+Usage: python accelerate_state.py RESULTS [LIMIT]
 """
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 results = os.path.abspath(sys.argv[1])
+limit = int(sys.argv[2]) if len(sys.argv) > 2 else None
 out = os.path.join(results, "out")
 os.makedirs(out)
 import cutsave  # noqa: E402
@@ -32,7 +36,8 @@ torch.set_num_threads(1)
 def make(project_dir, seed):
     torch.manual_seed(seed)
     acc = Accelerator(cpu=True, project_config=ProjectConfiguration(project_dir=project_dir,
-                                                                    automatic_checkpoint_naming=True))
+                                                                    automatic_checkpoint_naming=True,
+                                                                    total_limit=limit))
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)

@@ -16,7 +16,8 @@ The write events, counted only for paths inside the output directory:
   rename SRC DST     os.rename / os.replace / shutil.move done
   mkdir PATH         a directory made (os.makedirs makes each through os.mkdir)
   symlink PATH       a symbolic link made
-  remove PATH        a file or tree removed (rotation of old checkpoints)
+  remove PATH        a file, directory or tree removed (rotation of old checkpoints;
+                     shutil.rmtree's removals one by one)
 torch.save and safetensors' save_file to a path write from C++ and Rust, out of Python's
 sight; for them the events are "create", "half" (the first half of the bytes the call
 writes: torch.save's or safetensors' own serialisation, cut) and "close".
@@ -50,6 +51,7 @@ _real = {
     "symlink": os.symlink,
     "remove": os.remove,
     "unlink": os.unlink,
+    "rmdir": os.rmdir,
     "rmtree": shutil.rmtree,
     "torch_save": torch.save,
     "st_save_file": _st.save_file if _st else None,
@@ -145,8 +147,12 @@ def _after(name, kind):
     real = _real[name]
 
     def fn(path, *args, **kwargs):
-        inside = _inside(path) and "dir_fd" not in kwargs
-        rel = _rel(path) if inside else None
+        full = path
+        if kwargs.get("dir_fd") is not None and not isinstance(path, int):
+            # shutil.rmtree removes entry by entry relative to a directory descriptor.
+            full = os.path.join(os.readlink("/proc/self/fd/%d" % kwargs["dir_fd"]), os.fspath(path))
+        inside = _inside(full)
+        rel = _rel(full) if inside else None
         out = real(path, *args, **kwargs)
         if inside:
             _event("%s %s" % (kind, rel))
@@ -212,6 +218,7 @@ def install(root):
     os.symlink = _symlink
     os.remove = _after("remove", "remove")
     os.unlink = _after("unlink", "remove")
+    os.rmdir = _after("rmdir", "remove")
     shutil.rmtree = _after("rmtree", "remove")
     torch.save = _torch_save
     if _st is not None:

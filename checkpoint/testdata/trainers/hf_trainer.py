@@ -4,7 +4,10 @@ Each tree is then judged by transformers itself: get_last_checkpoint (what
 train(resume_from_checkpoint=True) resumes from) and, for every checkpoint-N, whether the
 Trainer's own load calls, in train()'s order, restore the state saved at step N.
 
-Usage: python hf_trainer.py RESULTS
+With LIMIT, save_total_limit=LIMIT: after the second save the Trainer's rotation removes
+checkpoint-5 (shutil.rmtree), and those removals are cut too.
+
+Usage: python hf_trainer.py RESULTS [LIMIT]
 """
 import os
 import sys
@@ -12,6 +15,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 results = os.path.abspath(sys.argv[1])
+limit = int(sys.argv[2]) if len(sys.argv) > 2 else None
 out = os.path.join(results, "out")
 os.makedirs(out)
 import cutsave  # noqa: E402  (before transformers: it binds safetensors' save_file at import)
@@ -35,7 +39,8 @@ data = [{"input_ids": torch.randint(0, 64, (8,)), "labels": torch.randint(0, 64,
 def args(output_dir):
     return TrainingArguments(output_dir=output_dir, max_steps=STEPS, save_strategy="steps", save_steps=EVERY,
                              per_device_train_batch_size=2, learning_rate=1e-2, logging_steps=EVERY,
-                             report_to=[], use_cpu=True, seed=1, disable_tqdm=True, dataloader_num_workers=0)
+                             report_to=[], use_cpu=True, seed=1, disable_tqdm=True, dataloader_num_workers=0,
+                             save_total_limit=limit)
 
 
 def state_fingerprint(trainer, step):

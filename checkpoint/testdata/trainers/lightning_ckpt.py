@@ -6,13 +6,17 @@ every write event (cutsave.py). Each tree is then judged by Lightning itself: wh
 fit(ckpt_path="last") resolves to, and, for every *.ckpt, whether the strategy's
 load_checkpoint reads back the model, optimizer and global step saved there.
 
-Usage: python lightning_ckpt.py RESULTS
+With LAST "link", save_last="link": last.ckpt is a symbolic link to the newest file,
+removed and made again at each save (ModelCheckpoint._link_checkpoint).
+
+Usage: python lightning_ckpt.py RESULTS [LAST]
 """
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 results = os.path.abspath(sys.argv[1])
+save_last = "link" if len(sys.argv) > 2 and sys.argv[2] == "link" else True
 out = os.path.join(results, "out")
 os.makedirs(out)
 import cutsave  # noqa: E402
@@ -45,7 +49,7 @@ class Tiny(LightningModule):
 
 
 def trainer(dirpath, max_steps):
-    cb = ModelCheckpoint(dirpath=dirpath, every_n_train_steps=4, save_top_k=-1, save_last=True)
+    cb = ModelCheckpoint(dirpath=dirpath, every_n_train_steps=4, save_top_k=-1, save_last=save_last)
     return Trainer(max_steps=max_steps, callbacks=[cb], accelerator="cpu", devices=1, logger=False,
                    enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
 
