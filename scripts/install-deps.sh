@@ -11,8 +11,9 @@
 #   trainers  transformers, accelerate, DeepSpeed and Lightning from PyPI
 #             (requirements/trainers.txt, every package pinned) in a directory cached under
 #             ~/.cache/gangrun that runs on torch2's python (scripts/install-trainers.sh;
-#             about 280 MB and 40 s once): the checkpoint tests cut these trainers' own
-#             saves short and check `gangrun ckpt latest` against their loaders
+#             about 280 MB and 40 s once), with g++ and python3-dev for the op DeepSpeed
+#             compiles on CPU: the checkpoint tests cut these trainers' own saves short
+#             and check `gangrun ckpt latest` against their loaders
 #   consul    a Consul v1.14.11 server built from the Go module proxy into .tools/bin
 #             (scripts/install-consul.sh; about 4 minutes once, then cached): the tests
 #             and benchmarks start Consul dev agents; the demo does not need it
@@ -56,6 +57,12 @@ for w in "${want[@]}"; do
       "$root/scripts/install-torch2.sh" >/dev/null
       ;;
     trainers)
+      # DeepSpeed on CPU compiles its shm_comm op at first use (torch's cpp_extension):
+      # it needs g++ and Python's headers.
+      if ! command -v g++ >/dev/null 2>&1 || ! [ -f "$(/usr/bin/python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')/Python.h" ]; then
+        echo "installing g++ and python3-dev (DeepSpeed's CPU op build) ..." >&2
+        apt_install g++ python3-dev
+      fi
       "$root/scripts/install-trainers.sh" >/dev/null
       ;;
     consul)
