@@ -10,7 +10,8 @@
 # About 60 MB to download and 280 MB installed, once torch 2.x is there: 37 s on the
 # 2-core development VM (2026-12-04). DeepSpeed comes as a source distribution, built
 # here without build isolation (its setup.py imports torch) and without compiling its
-# ops; on CPU it JIT-builds its shm_comm op into ~/.cache/torch_extensions at first use.
+# ops; on CPU it JIT-builds its shm_comm op into ~/.cache/torch_extensions at first use
+# (about 55 s once; g++ and python3-dev, which scripts/install-deps.sh trainers installs).
 # Concurrent runs wait for each other (flock); an install cut short is redone, never
 # used: the directory counts as installed only once its marker is written.
 #
