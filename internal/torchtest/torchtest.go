@@ -9,8 +9,11 @@
 //     virtual environment ${XDG_CACHE_HOME:-~/.cache}/gangrun/torch2-<first 12 hex
 //     digits of the requirements file's sha256>.
 //
-// `make test` installs both and exports both variables. A missing installation fails
-// the test that asks for it, naming what to run; it never skips.
+// Over torch 2.x, the trainers the checkpoint tests save with (requirements/trainers.txt)
+// through $GANGRUN_TRAINERS (Trainers).
+//
+// `make test` installs all three and exports their variables. A missing installation
+// fails the test that asks for it, naming what to run; it never skips.
 package torchtest
 
 import (
