@@ -17,6 +17,11 @@ export GANGRUN_PYTHON := $(PYTHON)
 # between versions run on both interpreters, and the torchrun comparisons use its torchrun.
 PYTHON2   ?= $(shell scripts/install-torch2.sh --path)
 export GANGRUN_PYTHON2 := $(PYTHON2)
+# The trainers whose own saves the checkpoint tests cut short (requirements/trainers.txt:
+# transformers, accelerate, DeepSpeed, Lightning), a directory of packages cached outside
+# the clone that runs on PYTHON2 through PYTHONPATH (scripts/install-trainers.sh).
+TRAINERS  ?= $(shell scripts/install-trainers.sh --path)
+export GANGRUN_TRAINERS := $(TRAINERS)
 
 # The release version is the VERSION file's (the root package embeds it); the commit is
 # given to the binary here, since Go records none where GOFLAGS has -buildvcs=false.
@@ -45,11 +50,11 @@ DEB_VERSION ?=
 
 # What each target installs (scripts/install-deps.sh components). The demo runs on one
 # machine with the embedded coordinator: Debian's torch only, no Consul build. The tests start
-# Consul dev agents and real PyTorch (Debian's 1.13 and PyPI's 2.x), and use ip, a real Prometheus server (and
-# promtool), headless Chromium, useradd, munged, a real Slurm (the Slurm front end's
+# Consul dev agents and real PyTorch (Debian's 1.13 and PyPI's 2.x, with the trainers over 2.x), and use ip, a real
+# Prometheus server (and promtool), headless Chromium, useradd, munged, a real Slurm (the Slurm front end's
 # comparisons) and Environment Modules; the benchmarks Consul and PyTorch.
 DEMO_DEPS  := torch
-TEST_DEPS  := torch torch2 consul iproute2 prometheus chromium passwd munge slurm modules
+TEST_DEPS  := torch torch2 trainers consul iproute2 prometheus chromium passwd munge slurm modules
 BENCH_DEPS := torch consul
 
 .PHONY: all build tag install uninstall deb deps demo test test-short bench fuzz lint clean

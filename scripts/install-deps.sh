@@ -8,6 +8,12 @@
 #             ~/.cache/gangrun (scripts/install-torch2.sh; about 4 GB and 2 minutes once):
 #             the tests run their PyTorch end-to-end tests on it too, and compare gangrun
 #             with the real torchrun 2.x
+#   trainers  transformers, accelerate, DeepSpeed and Lightning from PyPI
+#             (requirements/trainers.txt, every package pinned) in a directory cached under
+#             ~/.cache/gangrun that runs on torch2's python (scripts/install-trainers.sh;
+#             about 280 MB and 40 s once), with g++ and python3-dev for the op DeepSpeed
+#             compiles on CPU: the checkpoint tests cut these trainers' own saves short
+#             and check `gangrun ckpt latest` against their loaders
 #   consul    a Consul v1.14.11 server built from the Go module proxy into .tools/bin
 #             (scripts/install-consul.sh; about 4 minutes once, then cached): the tests
 #             and benchmarks start Consul dev agents; the demo does not need it
@@ -27,12 +33,12 @@
 #   modules   Debian's environment-modules (the `module` command a job script's
 #             `module load` runs, on the nodes as under Slurm)
 #
-# Usage: scripts/install-deps.sh [torch] [torch2] [consul] [iproute2] [prometheus] [chromium] [passwd] [munge] [slurm] [modules]
+# Usage: scripts/install-deps.sh [torch] [torch2] [trainers] [consul] [iproute2] [prometheus] [chromium] [passwd] [munge] [slurm] [modules]
 # (no arguments: all of them). The Makefile asks for what each target needs: `make demo`
 # torch only, `make test` all of them, `make bench` torch and consul.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-want=("$@"); [ ${#want[@]} -eq 0 ] && want=(torch torch2 consul iproute2 prometheus chromium passwd munge slurm modules)
+want=("$@"); [ ${#want[@]} -eq 0 ] && want=(torch torch2 trainers consul iproute2 prometheus chromium passwd munge slurm modules)
 
 apt_install() {
   local sudo=""
@@ -54,6 +60,15 @@ for w in "${want[@]}"; do
       ;;
     torch2)
       "$root/scripts/install-torch2.sh" >/dev/null
+      ;;
+    trainers)
+      # DeepSpeed on CPU compiles its shm_comm op at first use (torch's cpp_extension):
+      # it needs g++ and Python's headers.
+      if ! command -v g++ >/dev/null 2>&1 || ! [ -f "$(/usr/bin/python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')/Python.h" ]; then
+        echo "installing g++ and python3-dev (DeepSpeed's CPU op build) ..." >&2
+        apt_install g++ python3-dev
+      fi
+      "$root/scripts/install-trainers.sh" >/dev/null
       ;;
     consul)
       "$root/scripts/install-consul.sh" >/dev/null
@@ -106,6 +121,6 @@ for w in "${want[@]}"; do
         apt_install environment-modules
       fi
       ;;
-    *) echo "install-deps.sh: unknown component $w (want torch, torch2, consul, iproute2, prometheus, chromium, passwd, munge, slurm or modules)" >&2; exit 2 ;;
+    *) echo "install-deps.sh: unknown component $w (want torch, torch2, trainers, consul, iproute2, prometheus, chromium, passwd, munge, slurm or modules)" >&2; exit 2 ;;
   esac
 done

@@ -9,8 +9,11 @@
 //     virtual environment ${XDG_CACHE_HOME:-~/.cache}/gangrun/torch2-<first 12 hex
 //     digits of the requirements file's sha256>.
 //
-// `make test` installs both and exports both variables. A missing installation fails
-// the test that asks for it, naming what to run; it never skips.
+// Over torch 2.x, the trainers the checkpoint tests save with (requirements/trainers.txt)
+// through $GANGRUN_TRAINERS (Trainers).
+//
+// `make test` installs all three and exports their variables. A missing installation
+// fails the test that asks for it, naming what to run; it never skips.
 package torchtest
 
 import (
@@ -151,4 +154,37 @@ func load(t testing.TB, py, install string) Python {
 		t.Fatalf("torch is needed: %s cannot import it (%s); %s", py, p.err, install)
 	}
 	return Python{Path: py, Version: p.version, Bin: filepath.Dir(py)}
+}
+
+// Trainers returns the directory of the trainers the checkpoint tests save with
+// (requirements/trainers.txt: transformers, accelerate, DeepSpeed, Lightning), to put on
+// PYTHONPATH over torch 2.x from PyPI (PyPI(t)): $GANGRUN_TRAINERS, else where
+// scripts/install-trainers.sh installs it, ${XDG_CACHE_HOME:-~/.cache}/gangrun/trainers-<first
+// 12 hex digits of the sha256 of requirements/trainers.txt and requirements/torch2.txt>.
+// A missing installation fails the test, naming what to run; it never skips.
+func Trainers(t testing.TB) string {
+	t.Helper()
+	dir := os.Getenv("GANGRUN_TRAINERS")
+	if dir == "" {
+		_, file, _, _ := runtime.Caller(0)
+		reqs := filepath.Join(filepath.Dir(file), "..", "..", "requirements")
+		h := sha256.New()
+		for _, name := range []string{"trainers.txt", "torch2.txt"} {
+			data, err := os.ReadFile(filepath.Join(reqs, name))
+			if err != nil {
+				t.Fatalf("trainers: %v (GANGRUN_TRAINERS names the directory otherwise)", err)
+			}
+			h.Write(data)
+		}
+		cache := os.Getenv("XDG_CACHE_HOME")
+		if cache == "" {
+			home, _ := os.UserHomeDir()
+			cache = filepath.Join(home, ".cache")
+		}
+		dir = filepath.Join(cache, "gangrun", "trainers-"+hex.EncodeToString(h.Sum(nil))[:12])
+	}
+	if _, err := os.Stat(filepath.Join(dir, ".installed")); err != nil {
+		t.Fatalf("the trainers are needed: %s is not installed (%v); `make test` installs it (scripts/install-trainers.sh)", dir, err)
+	}
+	return dir
 }
