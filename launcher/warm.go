@@ -41,8 +41,14 @@ var standbyProgram []byte
 // apart on a real cluster, so the next attempt finds its standbys ready all the same.
 const DefaultWarmDelay = 5 * time.Second
 
-// DefaultWarmImports is what a standby imports when --warm-imports is not given.
-var DefaultWarmImports = []string{"torch"}
+// DefaultWarmImports is what a standby imports when --warm-imports is not given, each
+// import's error ignored. torch._dynamo is there because torch 2.x's
+// DistributedDataParallel imports it in its constructor (get_optimize_ddp_mode), some
+// 900 modules and over a second of every restarted rank's time on a small node, where
+// `import torch` does not; torch 1.13 has none, and its failed import costs nothing
+// (benchmarks/README.md, goodput on torch 2.15: kill → first step 2.84 s before, 0.36 s
+// with it).
+var DefaultWarmImports = []string{"torch", "torch._dynamo"}
 
 // lateVars are the worker variables whose values change from attempt to attempt: a
 // standby is started without them and gets them at activation. Every other variable

@@ -96,7 +96,7 @@ func (t *trainFlags) register(fs *pflag.FlagSet) {
 		"no output from any rank for this long is a failure; 0 is off (else 1s to 10000h)")
 	fs.BoolVar(&t.localRankArg, "local-rank-arg", false, "append --local_rank=N (legacy torch.distributed.launch scripts)")
 	fs.BoolVar(&t.warmRestarts, "warm-restarts", true, "restart Python workers from standby interpreters that imported --warm-imports already (false: always a fresh interpreter)")
-	fs.StringSliceVar(&t.warmImports, "warm-imports", nil, "modules a standby imports before it waits, MOD[,MOD...] (default torch)")
+	fs.StringSliceVar(&t.warmImports, "warm-imports", nil, "modules a standby imports before it waits, MOD[,MOD...] (default torch,torch._dynamo, each import's error ignored)")
 	durationVar(fs, &t.warmDelay, "warm-delay", launcher.DefaultWarmDelay, durationFlag{max: maxGrace, zeroOK: true},
 		"start the next attempt's standbys this long after cold workers start, so their imports do not slow the workers' start-up (0s: at once; warm workers fork theirs at once)")
 }
