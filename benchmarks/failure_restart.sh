@@ -31,12 +31,13 @@
 #
 # Usage: make build && benchmarks/failure_restart.sh [RUNS]     (default 5)
 #        FAILURE_MODES=gangrun-consul,torchrun2 ... chooses the modes (default all five);
-#        GANGRUN_CONSUL names the consul binary (default .tools/bin/consul); KEEP_WORK=1
+#        GANGRUN_BIN the gangrun binary (default bin/gangrun), GANGRUN_CONSUL the consul
+#        binary (default .tools/bin/consul); KEEP_WORK=1
 #        keeps the work directory (each run's launcher logs and worker start times).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 runs=${1:-5}
-gangrun="$root/bin/gangrun"
+gangrun=${GANGRUN_BIN:-$root/bin/gangrun}
 consul=${GANGRUN_CONSUL:-$root/.tools/bin/consul}
 modes=${FAILURE_MODES:-gangrun-consul,gangrun-c10d,torchrun2,torchrun1,torchrun1-0.1}
 IFS=, read -r -a modes <<<"$modes"
