@@ -32,8 +32,9 @@
 # Usage: make build && benchmarks/failure_restart.sh [RUNS]     (default 5)
 #        FAILURE_MODES=gangrun-consul,torchrun2 ... chooses the modes (default all five);
 #        GANGRUN_BIN the gangrun binary (default bin/gangrun), GANGRUN_CONSUL the consul
-#        binary (default .tools/bin/consul); KEEP_WORK=1
-#        keeps the work directory (each run's launcher logs and worker start times).
+#        binary (default .tools/bin/consul); KEEP_WORK=1 keeps the work directory (each
+#        run's launcher logs and worker start times). Installs torch 2.x into its cache
+#        the first time (scripts/install-torch2.sh).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 runs=${1:-5}
@@ -45,7 +46,7 @@ IFS=, read -r -a modes <<<"$modes"
 case ",${modes[*]}," in *gangrun-consul*) [ -x "$consul" ] || { echo "no consul: scripts/install-consul.sh" >&2; exit 2; } ;; esac
 torchrun1="$root/cmd/gangrun/testdata/bin/torchrun"
 case " ${modes[*]} " in *torchrun2*)
-  torchrun2="$(dirname "$("$root/scripts/install-torch2.sh" --path)")/torchrun"
+  torchrun2="$(dirname "$("$root/scripts/install-torch2.sh")")/torchrun"     # installs it the first time
   torch2=$("$(dirname "$torchrun2")/python" -c 'import torch; print(torch.__version__)') ;;
 esac
 
