@@ -34,3 +34,19 @@ stop_munged() {
   if [ -n "${munged_pid:-}" ]; then kill "$munged_pid" 2>/dev/null || true; fi
   if [ -n "${munged_dir:-}" ]; then rm -rf "$munged_dir"; fi
 }
+
+# low_port prints a port free now on loopback and on every interface, below the kernel's
+# ephemeral range (32768 up), where no client socket takes it meanwhile (as
+# benchmarks/goodput.py's free_port).
+low_port() {
+  python3 -c '
+import random, socket
+while True:
+    p = random.randrange(10000, 20000)
+    try:
+        for h in ("127.0.0.1", "0.0.0.0"):
+            s = socket.socket(); s.bind((h, p)); s.close()
+    except OSError:
+        continue
+    print(p); break'
+}

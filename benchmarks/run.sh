@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every benchmark behind the figures in benchmarks/README.md, one after the other
-# (they share two cores: never run them side by side). Takes about 30 minutes.
+# (they share two cores: never run them side by side). Takes about 35 minutes
+# (failure_restart.sh's torchrun modes about 4 of them).
 #
 # Usage: make bench      (builds gangrun and installs what is missing first)
 set -euo pipefail
@@ -8,7 +9,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 export CGO_CFLAGS=-Wno-deprecated-declarations
 echo "== launch overhead";        benchmarks/launch_overhead.sh 7
-echo "== failure to restart";     benchmarks/failure_restart.sh 5
+echo "== failure to restart";     benchmarks/failure_restart.sh 7
 echo "== warm restarts";          /usr/bin/python3 benchmarks/warm_restart.py bin/gangrun /usr/bin/python3 5
 echo "== gang grants";            go test ./allocator -run '^$' -bench BenchmarkGrant -benchtime 10x
 echo "== placement";              go test ./allocator -run '^$' -bench 'ChooseDevices|ChooseNodes' -benchmem
