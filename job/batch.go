@@ -312,6 +312,20 @@ type BatchEnvConfig struct {
 	ConsulAddr, LaunchAddr string
 }
 
+// NoPartition is the partition name Slurm's commands show for a job that names none
+// on a cluster whose nodes carry no partition label, and for the nodes without one
+// (sinfo's and scontrol's "gangrun"); asked for by name, it means any node.
+const NoPartition = "gangrun"
+
+// PartitionName is partition p as Slurm's commands and variables show it: NoPartition
+// for "".
+func PartitionName(p string) string {
+	if p == "" {
+		return NoPartition
+	}
+	return p
+}
+
 // BatchEnv returns the batch step's environment: the submitter's (Batch.Environ, as
 // --export gave it), then Slurm's variables for the batch step (as slurmstepd sets
 // them: SLURM_JOB_ID, SLURM_JOB_NAME, SLURM_JOB_NODELIST, SLURM_NNODES,
@@ -358,7 +372,7 @@ func BatchEnv(c BatchEnvConfig) []string {
 	set("SLURM_JOB_NAME", spec.Name)
 	set("SLURM_JOB_NODELIST", nodelist)
 	set("SLURM_JOB_NUM_NODES", strconv.Itoa(nn))
-	set("SLURM_JOB_PARTITION", spec.Partition)
+	set("SLURM_JOB_PARTITION", PartitionName(spec.Partition))
 	set("SLURM_JOB_ACCOUNT", spec.Account)
 	set("SLURM_LOCALID", "0")
 	set("SLURM_NNODES", strconv.Itoa(nn))

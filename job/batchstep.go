@@ -265,6 +265,12 @@ func (bs *batchStep) runScript(ctx context.Context) (int, Status, string) {
 		bs.mu.Lock()
 		bs.batch = nil
 		bs.mu.Unlock()
+		st.mu.Lock()
+		stoppedAs := st.ending
+		st.mu.Unlock()
+		if line := cancelledLine(spec.ID, st.cfg.Node, stoppedAs, time.Now()); line != "" {
+			fmt.Fprintln(stderr, line)
+		}
 		closeFiles(out, errOut)
 		code := status.ShellCode()
 		cause := "batch script: " + status.String()
@@ -289,6 +295,29 @@ func (bs *batchStep) runScript(ctx context.Context) (int, Status, string) {
 		}
 		return code, Failed, cause
 	}
+}
+
+// cancelledLine is the line slurmstepd writes into a batch job's error output when the
+// job is stopped (Slurm 22.05's "slurmstepd-NODE: error: *** JOB ID ON NODE CANCELLED
+// AT TIME ***", named as a slurmd started with -N NODE names itself, as the task
+// launch errors here are; with "DUE TO
+// TIME LIMIT", "DUE TO PREEMPTION" or "DUE TO NODE FAILURE" where that is why), which
+// users and tools look for; "" for an end that stopped nothing (why "").
+func cancelledLine(id, node string, why Status, at time.Time) string {
+	due := ""
+	switch why {
+	case "":
+		return ""
+	case Timeout:
+		due = " DUE TO TIME LIMIT"
+	case Preempted:
+		due = " DUE TO PREEMPTION"
+	case NodeFail:
+		due = " DUE TO NODE FAILURE"
+	case Completed:
+		return ""
+	}
+	return fmt.Sprintf("slurmstepd-%s: error: *** JOB %s ON %s CANCELLED AT %s%s ***", node, id, node, at.Format("2006-01-02T15:04:05"), due)
 }
 
 // failEarly writes why the batch script could not start into the job's output.
@@ -677,6 +706,7 @@ func (bs *batchStep) runStep(ctx context.Context, r StepRequest, cred string) {
 	var srunGone atomic.Bool // a task here was stopped because srun was lost
 	var procs []*proc.Process
 	var pmu sync.Mutex
+	var signalled []syscall.Signal // srun's signals so far, for the tasks not yet started
 	go func() {
 		dec := json.NewDecoder(bufio.NewReader(conn))
 		for {
@@ -687,6 +717,7 @@ func (bs *batchStep) runStep(ctx context.Context, r StepRequest, cred string) {
 			}
 			if f.Signal > 0 {
 				pmu.Lock()
+				signalled = append(signalled, syscall.Signal(f.Signal))
 				for _, p := range procs {
 					_ = p.Signal(syscall.Signal(f.Signal))
 				}
@@ -720,6 +751,11 @@ func (bs *batchStep) runStep(ctx context.Context, r StepRequest, cred string) {
 		bs.mu.Unlock()
 		pmu.Lock()
 		procs = append(procs, p)
+		// A signal that came before this task started (srun -K, a Ctrl-C, while the
+		// node was still starting its tasks) reaches it too.
+		for _, sig := range signalled {
+			_ = p.Signal(sig)
+		}
 		pmu.Unlock()
 		wg.Add(1)
 		go func() {
@@ -787,6 +823,17 @@ func (bs *batchStep) taskEnv(r StepRequest, i, rank, k int, nodeGPUs, taskGPUs [
 	set("SLURM_TASKS_PER_NODE", CompressCounts(r.Tasks))
 	set("SLURM_DISTRIBUTION", "block")
 	set("SLURM_STEP_GPUS", strings.Join(nodeGPUs, ","))
+	// This node's own share of the job, as slurmstepd sets it on each node (srun's
+	// environment carries the batch host's).
+	set("SLURM_JOB_GPUS", strings.Join(nodeGPUs, ","))
+	set("SLURM_GPUS_ON_NODE", strconv.Itoa(len(nodeGPUs)))
+	if b := bs.st.job.Spec.Batch; b != nil {
+		if j := slices.Index(bs.nodes, node); j >= 0 {
+			if per := b.TasksPerNode(len(bs.nodes)); j < len(per) {
+				set("SLURM_CPUS_ON_NODE", strconv.Itoa(per[j]*max(b.CPUsPerTask, 1)))
+			}
+		}
+	}
 	host, port, _ := net.SplitHostPort(r.Addr)
 	set("SLURM_SRUN_COMM_HOST", host)
 	set("SLURM_SRUN_COMM_PORT", port)

@@ -83,7 +83,7 @@ var sacctOptions = []option{
 // acctRow is one line of sacct: a job, its batch step, or an srun step.
 type acctRow struct {
 	id, name, part, account, user, state, exit, nodes, workdir string
-	cpus, nnodes, tasks                                        int
+	cpus, nnodes, tasks, gpus                                  int
 	submit, start, end                                         time.Time
 	limit                                                      time.Duration
 	reason                                                     string
@@ -142,6 +142,9 @@ func (r acctRow) value(key string) string {
 		}
 		return r.nodes
 	case "alloctres", "reqtres":
+		if r.gpus > 0 {
+			return fmt.Sprintf("cpu=%d,node=%d,gres/gpu=%d", r.cpus, r.nnodes, r.gpus)
+		}
 		return fmt.Sprintf("cpu=%d,node=%d", r.cpus, r.nnodes)
 	case "timelimit":
 		if r.limit == 0 {
@@ -278,9 +281,9 @@ func Sacct(ctx context.Context, e *Env, args []string) int {
 			if seen[r.ID] || !f.matchRecord(r) {
 				continue
 			}
-			rows = append(rows, acctRow{id: r.ID, name: r.Name, part: r.Partition, account: r.Account, user: r.User,
+			rows = append(rows, acctRow{id: r.ID, name: r.Name, part: job.PartitionName(r.Partition), account: r.Account, user: r.User,
 				state: acctState(r.State), exit: exitCode(r.ExitCode, r.Reason), nodes: hostlist.Compress(job.SlurmNodes(r.Nodes)),
-				cpus: r.NumNodes, nnodes: r.NumNodes, submit: r.Submitted, start: r.Started, end: r.Ended, reason: r.Reason,
+				cpus: r.NumNodes, nnodes: r.NumNodes, gpus: r.GPUs, submit: r.Submitted, start: r.Started, end: r.Ended, reason: r.Reason,
 				restarts: r.Restarts})
 		}
 	}
@@ -345,9 +348,9 @@ func jobRows(ctx context.Context, s Store, j job.Job, allocations bool) []acctRo
 	if nn == 0 {
 		nn = spec.MinNodes
 	}
-	base := acctRow{id: spec.ID, name: spec.Name, part: spec.Partition, account: spec.Account, user: spec.User,
+	base := acctRow{id: spec.ID, name: spec.Name, part: job.PartitionName(spec.Partition), account: spec.Account, user: spec.User,
 		state: acctState(st.Status), exit: exitCode(st.ExitCode, st.Reason), nodes: hostlist.Compress(nodes), workdir: spec.WorkDir,
-		cpus: cpusOf(spec, nn), nnodes: nn, submit: spec.Submitted, start: st.PlacedSince(), end: st.Ended,
+		cpus: cpusOf(spec, nn), nnodes: nn, gpus: nn * spec.GPUsPerNode, submit: spec.Submitted, start: st.PlacedSince(), end: st.Ended,
 		limit: spec.TimeLimit, reason: st.Reason, restarts: st.Restarts}
 	if st.Status == job.Pending {
 		base.start, base.nodes = time.Time{}, ""

@@ -89,9 +89,7 @@ func Salloc(ctx context.Context, e *Env, args []string) int {
 	}
 	defer s.Close()
 	spec.Batch.ClusterName = ClusterName(ctx, s)
-	if spec.Partition == "" {
-		spec.Partition = DefaultPartition(ctx, s)
-	}
+	spec.Partition = resolvePartition(ctx, s, spec.Partition)
 	id, _, err := e.Cluster.Submit(ctx, s, spec, nil)
 	if err != nil {
 		return errorf(e, "salloc", 1, "Job submit/allocate failed: %v", err)
@@ -171,7 +169,7 @@ func runAllocated(ctx context.Context, e *Env, s Store, j *job.Job, command []st
 	add("SLURM_JOB_NAME", j.Spec.Name)
 	add("SLURM_JOB_NODELIST", nodelist)
 	add("SLURM_JOB_NUM_NODES", fmt.Sprint(len(nodes)))
-	add("SLURM_JOB_PARTITION", j.Spec.Partition)
+	add("SLURM_JOB_PARTITION", job.PartitionName(j.Spec.Partition))
 	add("SLURM_JOB_ACCOUNT", j.Spec.Account)
 	add("SLURM_NNODES", fmt.Sprint(len(nodes)))
 	add("SLURM_NODELIST", nodelist)

@@ -770,9 +770,7 @@ func submitBatch(ctx context.Context, e *Env, cmd string, req *BatchRequest) (st
 	}
 	defer s.Close()
 	req.Spec.Batch.ClusterName = ClusterName(ctx, s)
-	if req.Spec.Partition == "" {
-		req.Spec.Partition = DefaultPartition(ctx, s)
-	}
+	req.Spec.Partition = resolvePartition(ctx, s, req.Spec.Partition)
 	id, _, err := e.Cluster.Submit(ctx, s, req.Spec, req.Array)
 	if err != nil {
 		return "", errorf(e, cmd, 1, "Batch job submission failed: %v", err)
@@ -819,6 +817,26 @@ func ClusterName(ctx context.Context, s store.Store) string {
 
 // Version is what the commands print for --version: Slurm's form, naming gangrun.
 const Version = "slurm 22.05.8 (gangrun)"
+
+// resolvePartition is the partition a job asking for p is placed in: DefaultPartition
+// for none, and none (any node) for job.NoPartition where no node carries it as its
+// label, as sinfo shows the nodes without a label in that partition.
+func resolvePartition(ctx context.Context, s store.Store, p string) string {
+	if p == "" {
+		return DefaultPartition(ctx, s)
+	}
+	if p != job.NoPartition {
+		return p
+	}
+	if c, err := allocator.Snapshot(ctx, s); err == nil {
+		for _, n := range c.NodeList() {
+			if n.Labels["partition"] == job.NoPartition {
+				return p
+			}
+		}
+	}
+	return ""
+}
 
 // DefaultPartition is the partition a job that names none goes to, as Slurm's default
 // partition: the policy's default, else the first (in name order) of the nodes'

@@ -188,7 +188,7 @@ func Scontrol(ctx context.Context, e *Env, args []string) int {
 		if err != nil {
 			return errorf(e, "scontrol", 1, "slurm_load_partitions error: %v", err)
 		}
-		for _, p := range partitions(c.NodeList()) {
+		for _, p := range partitions(c.NodeList(), DefaultPartition(ctx, s)) {
 			if arg == "" || p.name == arg {
 				records = append(records, showPartition(p))
 			}
@@ -305,7 +305,7 @@ func showJob(ctx context.Context, s Store, j job.Job, pending string) string {
 	if spec.Batch != nil && spec.Batch.SubmitHost != "" {
 		host = spec.Batch.SubmitHost
 	}
-	w("   Partition=%s AllocNode:Sid=%s:0\n", spec.Partition, host)
+	w("   Partition=%s AllocNode:Sid=%s:0\n", job.PartitionName(spec.Partition), host)
 	w("   ReqNodeList=(null) ExcNodeList=(null)\n")
 	w("   NodeList=%s\n", hostlist.Compress(nodes))
 	if len(nodes) > 0 && batchFlag == 1 {
@@ -330,6 +330,9 @@ func showJob(ctx context.Context, s Store, j job.Job, pending string) string {
 	tres := fmt.Sprintf("cpu=%d,node=%d,billing=%d", tasks*cpt, nn, tasks*cpt)
 	if spec.Mem > 0 {
 		tres = fmt.Sprintf("cpu=%d,mem=%dM,node=%d,billing=%d", tasks*cpt, spec.Mem>>20*int64(nn), nn, tasks*cpt)
+	}
+	if g := spec.GPUsPerNode * nn; g > 0 {
+		tres += fmt.Sprintf(",gres/gpu=%d", g) // Slurm's TRES order: gres last
 	}
 	w("   TRES=%s\n", tres)
 	w("   Socks/Node=* NtasksPerN:B:S:C=%d:0:*:* CoreSpec=*\n", perNode)
@@ -372,7 +375,7 @@ func showStep(j job.Job, s job.SrunStep) string {
    CPUFreqReq=Default Dist=Block
    SrunHost:Pid=%s:0
    TresPerNode=%s
-`, s.ID(), r.UID, slurmTime(r.Created), j.Spec.Partition, hostlist.Compress(r.Nodes), len(r.Nodes), tasks, tasks,
+`, s.ID(), r.UID, slurmTime(r.Created), job.PartitionName(j.Spec.Partition), hostlist.Compress(r.Nodes), len(r.Nodes), tasks, tasks,
 		r.Name, tasks, len(r.Nodes), host, tresPerNode(j.Spec))
 }
 
@@ -427,24 +430,26 @@ func partitionOf(n allocator.NodeStatus) string {
 	if p := n.Labels["partition"]; p != "" {
 		return p
 	}
-	return "gangrun"
+	return job.NoPartition
 }
 
 // partition is one partition as sinfo and scontrol see it: its nodes.
 type partition struct {
 	name  string
 	nodes []allocator.NodeStatus
+	def   bool // the default partition: sinfo's "*", scontrol's Default=YES
 }
 
-// partitions groups nodes by partition, in name order.
-func partitions(nodes []allocator.NodeStatus) []partition {
+// partitions groups nodes by partition, in name order; def names the default one
+// (as DefaultPartition gives it, "" for job.NoPartition).
+func partitions(nodes []allocator.NodeStatus, def string) []partition {
 	by := map[string][]allocator.NodeStatus{}
 	for _, n := range nodes {
 		by[partitionOf(n)] = append(by[partitionOf(n)], n)
 	}
 	var out []partition
 	for name, ns := range by {
-		out = append(out, partition{name: name, nodes: ns})
+		out = append(out, partition{name: name, nodes: ns, def: name == job.PartitionName(def)})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].name < out[j].name })
 	return out
@@ -460,11 +465,11 @@ func showPartition(p partition) string {
 	}
 	return fmt.Sprintf(`PartitionName=%s
    AllowGroups=ALL AllowAccounts=ALL AllowQos=ALL
-   AllocNodes=ALL Default=NO QoS=N/A
+   AllocNodes=ALL Default=%s QoS=N/A
    DefaultTime=NONE DisableRootJobs=NO ExclusiveUser=NO GraceTime=0 Hidden=NO
    MaxNodes=UNLIMITED MaxTime=UNLIMITED MinNodes=0 LLN=NO MaxCPUsPerNode=UNLIMITED
    Nodes=%s
    State=UP TotalNodes=%d
    TRES=node=%d,gres/gpu=%d
-`, p.name, hostlist.Compress(job.SlurmNodes(names)), len(p.nodes), len(p.nodes), gpus)
+`, p.name, map[bool]string{true: "YES", false: "NO"}[p.def], hostlist.Compress(job.SlurmNodes(names)), len(p.nodes), len(p.nodes), gpus)
 }

@@ -231,9 +231,9 @@ func Sinfo(ctx context.Context, e *Env, args []string) int {
 	if err != nil {
 		return errorf(e, "sinfo", 1, "slurm_load_node: %v", err)
 	}
-	parts := partitions(c.NodeList())
+	parts := partitions(c.NodeList(), DefaultPartition(ctx, s))
 	var rows []sinfoRow
-	for i, p := range parts {
+	for _, p := range parts {
 		if given["partition"] && !slices.Contains(splitList(v["partition"]), p.name) {
 			continue
 		}
@@ -248,7 +248,7 @@ func Sinfo(ctx context.Context, e *Env, args []string) int {
 				continue
 			}
 			if given["Node"] {
-				rows = append(rows, sinfoRow{part: p.name, def: i == 0, state: st, nodes: []allocator.NodeStatus{n}})
+				rows = append(rows, sinfoRow{part: p.name, def: p.def, state: st, nodes: []allocator.NodeStatus{n}})
 				continue
 			}
 			if _, ok := byState[st]; !ok {
@@ -257,12 +257,12 @@ func Sinfo(ctx context.Context, e *Env, args []string) int {
 			byState[st] = append(byState[st], n)
 		}
 		for _, st := range order {
-			rows = append(rows, sinfoRow{part: p.name, def: i == 0, state: st, nodes: byState[st]})
+			rows = append(rows, sinfoRow{part: p.name, def: p.def, state: st, nodes: byState[st]})
 		}
 		if len(order) == 0 && !given["Node"] {
 			// A partition none of whose nodes is in the states asked for is still a
 			// line, of 0 nodes in state n/a (as sinfo -t prints it).
-			rows = append(rows, sinfoRow{part: p.name, def: i == 0, state: "n/a"})
+			rows = append(rows, sinfoRow{part: p.name, def: p.def, state: "n/a"})
 		}
 	}
 	if !given["noheader"] {

@@ -154,7 +154,7 @@ func (r jobRow) value(key string) string {
 		}
 		return j.Spec.Name
 	case "P":
-		return j.Spec.Partition
+		return job.PartitionName(j.Spec.Partition)
 	case "u":
 		return j.Spec.User
 	case "U":
@@ -279,7 +279,7 @@ func (r jobRow) value(key string) string {
 // (Priority, Resources, Dependency ...), "None" for a running job.
 func reasonOf(r jobRow) string {
 	st := r.j.State
-	if st.Status == job.Running || st.Status == job.Completing {
+	if st.Status == job.Running || st.Status == job.Completing || st.Status.Final() {
 		return "None"
 	}
 	reason := r.reason
@@ -406,6 +406,14 @@ func Squeue(ctx context.Context, e *Env, args []string) int {
 	if err != nil {
 		return errorf(e, "squeue", 1, "slurm_load_jobs error: %v", err)
 	}
+	if len(f.ids) > 0 && !slices.ContainsFunc(jobs, func(j job.Job) bool {
+		return slices.Contains(f.ids, j.Spec.ID) || j.Spec.Array != nil && slices.Contains(f.ids, j.Spec.Array.JobID)
+	}) {
+		// None of the ids asked for is a job gangrun knows (squeue 22.05's answer to an
+		// unknown id, which a script's poll reads as "gone").
+		fmt.Fprintln(e.Stderr, "slurm_load_jobs error: Invalid job id specified")
+		return 1
+	}
 	sched, _ := allocator.ReadStatus(ctx, s)
 	now := time.Now()
 	var rows []jobRow
@@ -505,7 +513,7 @@ func (f jobFilter) match(j job.Job, steps bool) bool {
 	if f.me != "" && j.Spec.User != f.me {
 		return false
 	}
-	if len(f.parts) > 0 && !slices.Contains(f.parts, j.Spec.Partition) {
+	if len(f.parts) > 0 && !slices.Contains(f.parts, job.PartitionName(j.Spec.Partition)) {
 		return false
 	}
 	if len(f.names) > 0 && !slices.Contains(f.names, j.Spec.Name) {

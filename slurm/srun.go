@@ -438,7 +438,9 @@ func (r *srunRun) run(ctx context.Context, ln net.Listener) (int, job.SrunState)
 			killed := r.killed
 			r.mu.Unlock()
 			if killed {
-				r.send(h.conn, job.Frame{Signal: int(syscall.SIGKILL)})
+				// The step is being stopped (-K, a signal to srun) and this node
+				// connected late: its tasks get what the others got.
+				r.send(h.conn, job.Frame{Signal: int(syscall.SIGTERM)})
 			}
 			wg.Add(1)
 			go func() {

@@ -717,6 +717,8 @@ func TestSlurmCommandsAgainstSlurm(t *testing.T) {
 	compare("squeue", "-h", "-s", "RUN.0,RUN.7")
 	compare("squeue", "-h", "-s", "RUN.7")
 	compare("squeue", "-h", "-j", "PEND", "extra")
+	compare("squeue", "-j", "99999")
+	compare("squeue", "-h", "-j", "99999,PEND", "-o", "%i")
 	compare("squeue", "-t", "XX")
 	compare("squeue", "-O", "foo")
 	compare("squeue", "--foo")
@@ -763,7 +765,7 @@ func TestSlurmCommandsAgainstSlurm(t *testing.T) {
 		fieldsOf(0, "show", "step", js[0].run+".0"), fieldsOf(1, "show", "step", js[1].run+".0"))
 	check("scontrol show node", []string{"NodeName", "Gres", "State", "Partitions"},
 		fieldsOf(0, "show", "node", "gpu-a"), fieldsOf(1, "show", "node", "gpu-a"))
-	check("scontrol show partition", []string{"PartitionName", "Nodes", "State", "TotalNodes", "MaxTime", "MaxNodes"},
+	check("scontrol show partition", []string{"PartitionName", "Default", "Nodes", "State", "TotalNodes", "MaxTime", "MaxNodes"},
 		fieldsOf(0, "show", "partition", "gpu"), fieldsOf(1, "show", "partition", "gpu"))
 	// scancel: the step, then the job.
 	for i, s := range sides {
@@ -876,5 +878,94 @@ func TestModuleLoadAgainstSlurm(t *testing.T) {
 		if !slices.Equal(got[0], tc.want) || !slices.Equal(got[1], tc.want) {
 			t.Errorf("%s: slurm-ID.out\nslurm:   %q\ngangrun: %q\nwant:    %q", tc.name, got[0], got[1], tc.want)
 		}
+	}
+}
+
+// TestSlurmPartitionOfUnlabelledNodes: on a cluster whose nodes carry no partition
+// label, Slurm's commands show one partition, "gangrun", the default: a job that names
+// none is in it (scontrol, squeue, its SLURM_JOB_PARTITION), -p gangrun is taken, and
+// sinfo and scontrol agree that it is the default.
+func TestSlurmPartitionOfUnlabelledNodes(t *testing.T) {
+	links := t.TempDir()
+	for _, n := range slurm.Names() {
+		if err := os.Symlink(gangrunBin, filepath.Join(links, n)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := &slurmPair{t: t, gr: startJobCluster(t, "gpu-a"), links: links}
+	dir := sharedDir(t)
+	var ids []string
+	for _, args := range [][]string{{}, {"-p", "gangrun"}} {
+		out, errOut, code := p.run(gangrunSide, dir, "", nil, "sbatch", append(args, "--parsable", "--gres=gpu:1", "--wrap", "echo part=$SLURM_JOB_PARTITION")...)
+		if code != 0 {
+			t.Fatalf("sbatch %v: exit %d %s", args, code, errOut)
+		}
+		ids = append(ids, strings.TrimSpace(out))
+	}
+	for _, id := range ids {
+		if st := p.waitEnd(gangrunSide, id, time.Minute); st != "COMPLETED" {
+			t.Fatalf("job %s: %s", id, st)
+		}
+		if got := strings.TrimSpace(readFile(dir, "slurm-"+id+".out")); got != "part=gangrun" {
+			t.Errorf("job %s printed %q, want part=gangrun", id, got)
+		}
+		out, _, _ := p.run(gangrunSide, dir, "", nil, "scontrol", "show", "job", id)
+		if f := scontrolFields(out); f["Partition"] != "gangrun" {
+			t.Errorf("scontrol show job %s: Partition=%q", id, f["Partition"])
+		}
+	}
+	out, _, _ := p.run(gangrunSide, dir, "", nil, "squeue", "-h", "-t", "all", "-p", "gangrun", "-o", "%i %P")
+	if want := ids[0] + " gangrun\n" + ids[1] + " gangrun\n"; out != want && out != ids[1]+" gangrun\n"+ids[0]+" gangrun\n" {
+		t.Errorf("squeue -p gangrun: %q, want both jobs", out)
+	}
+	if out, _, _ := p.run(gangrunSide, dir, "", nil, "sinfo", "-h", "-o", "%P"); out != "gangrun*\n" {
+		t.Errorf("sinfo: %q, want gangrun*", out)
+	}
+	out, _, _ = p.run(gangrunSide, dir, "", nil, "scontrol", "show", "partition", "gangrun")
+	if f := scontrolFields(out); f["Default"] != "YES" {
+		t.Errorf("scontrol show partition gangrun: Default=%q\n%s", f["Default"], out)
+	}
+}
+
+// TestScancelNoteAgainstSlurm: a running batch job cancelled with scancel ends
+// CANCELLED with slurmstepd's note in its output file on a real Slurm and on gangrun,
+// the same line but for the id, node and time.
+func TestScancelNoteAgainstSlurm(t *testing.T) {
+	p := startSlurmPair(t, "gpu-a")
+	script := "#!/bin/bash\n#SBATCH --gres=gpu:1\necho started\nsleep 300\n"
+	var notes [2]string
+	for i, s := range []side{realSlurm, gangrunSide} {
+		dir := sharedDir(t)
+		if err := os.WriteFile(filepath.Join(dir, "job.sh"), []byte(script), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		out, errOut, code := p.run(s, dir, "", nil, "sbatch", "--parsable", "job.sh")
+		if code != 0 {
+			t.Fatalf("%s sbatch: exit %d %s", s, code, errOut)
+		}
+		id := strings.TrimSpace(out)
+		waitFor(t, time.Minute, string(s)+" job started", func() (bool, string) {
+			data := readFile(dir, "slurm-"+id+".out")
+			return strings.Contains(data, "started"), data
+		})
+		if _, errOut, code := p.run(s, dir, "", nil, "scancel", id); code != 0 {
+			t.Fatalf("%s scancel: exit %d %s", s, code, errOut)
+		}
+		if st := p.waitEnd(s, id, time.Minute); st != "CANCELLED" {
+			t.Errorf("%s: job %s ended %s, want CANCELLED", s, id, st)
+		}
+		waitFor(t, 30*time.Second, string(s)+" cancel note", func() (bool, string) {
+			data := readFile(dir, "slurm-"+id+".out")
+			for _, l := range strings.Split(data, "\n") {
+				if strings.Contains(l, "*** JOB") {
+					notes[i] = timePattern.ReplaceAllString(strings.ReplaceAll(l, id, "ID"), "TIME")
+					return true, l
+				}
+			}
+			return false, data
+		})
+	}
+	if notes[0] != notes[1] {
+		t.Errorf("cancel note: slurm %q, gangrun %q", notes[0], notes[1])
 	}
 }
