@@ -2,6 +2,7 @@ package job
 
 import (
 	"context"
+	"errors"
 	"maps"
 	"slices"
 	"strconv"
@@ -156,6 +157,12 @@ func (c *Controller) Run(ctx context.Context) error {
 			}
 			if allocator.LostLeadership(err) {
 				return err // no longer the leader
+			}
+			if errors.Is(err, allocator.ErrNotHolder) {
+				// A grant whose steps have not let go of its GPUs yet, at a job's end:
+				// the next pass releases it. Not an operator's concern.
+				c.log.Debug("job controller pass", zap.Error(err))
+				continue
 			}
 			c.log.Warn("job controller pass", zap.Error(err))
 		}
