@@ -126,8 +126,9 @@ type Drain struct {
 	// Kind is the failure that drained the node when gangrun drained it on its own
 	// (failure.GPUHealth: the agent's health watch saw a GPU fail); "" for an operator's
 	// drain, and in a record an older gangrun wrote.
-	Kind  failure.Kind `json:"kind,omitempty"`
-	Since time.Time    `json:"since"`
+	Kind failure.Kind `json:"kind,omitempty"`
+	// Since is when the node was drained.
+	Since time.Time `json:"since"`
 }
 
 // Request is a gang request: Nodes nodes with GPUsPerNode devices each.
