@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/gangrun/gangrun/event"
+	"github.com/gangrun/gangrun/failure"
 	"github.com/gangrun/gangrun/internal/schema"
 	"github.com/gangrun/gangrun/internal/store"
 	"github.com/gangrun/gangrun/internal/userfile"
@@ -443,7 +444,7 @@ func (a *Agent) watchHealth(ctx context.Context) {
 			// A failed GPU drains its node (Slurm drains a node whose health check fails):
 			// no new work lands there, and the jobs running there move off it.
 			reason := fmt.Sprintf("GPU %d failed: %s", ch.Index, strings.Join(ch.Health.Reasons, "; "))
-			if err := SetDrain(ctx, a.s, a.cfg.Node, reason); err != nil {
+			if err := SetFailureDrain(ctx, a.s, a.cfg.Node, failure.GPUHealth, reason); err != nil {
 				a.log.Warn("drain the node after a GPU failed", zap.Error(err))
 			} else {
 				a.log.Warn("node drained", zap.String("reason", reason))

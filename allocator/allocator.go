@@ -46,6 +46,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/gangrun/gangrun/failure"
 	"github.com/gangrun/gangrun/internal/quote"
 	"github.com/gangrun/gangrun/internal/schema"
 	"github.com/gangrun/gangrun/internal/store"
@@ -120,8 +121,14 @@ type NodeRecord struct {
 
 // Drain is an administrator's note that a node takes no new grants.
 type Drain struct {
-	Reason string    `json:"reason"`
-	Since  time.Time `json:"since"`
+	// Reason is why, in words (scontrol's Reason=).
+	Reason string `json:"reason"`
+	// Kind is the failure that drained the node when gangrun drained it on its own
+	// (failure.GPUHealth: the agent's health watch saw a GPU fail); "" for an operator's
+	// drain, and in a record an older gangrun wrote.
+	Kind failure.Kind `json:"kind,omitempty"`
+	// Since is when the node was drained.
+	Since time.Time `json:"since"`
 }
 
 // Request is a gang request: Nodes nodes with GPUsPerNode devices each.

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gangrun/gangrun/failure"
 	"github.com/gangrun/gangrun/internal/schema"
 	"github.com/gangrun/gangrun/internal/store"
 )
@@ -337,6 +338,26 @@ func SetDrain(ctx context.Context, s store.Store, node, reason string, also ...s
 // gangrun wrote is neither replaced nor removed (an error wrapping schema.ErrNewer);
 // the operations apply only while the drain is as read.
 func DrainOps(ctx context.Context, s store.Store, node, reason string) ([]store.Op, error) {
+	return drainOps(ctx, s, node, "", reason)
+}
+
+// SetFailureDrain drains node because of a failure of kind (failure.GPUHealth), which
+// the drain records beside reason (required) for what acts on the drain (the job
+// controller's lost node) to switch on.
+func SetFailureDrain(ctx context.Context, s store.Store, node string, kind failure.Kind, reason string) error {
+	if strings.TrimSpace(reason) == "" {
+		return fmt.Errorf("drain node %s for a %s failure: a reason is required", node, kind)
+	}
+	ops, err := drainOps(ctx, s, node, kind, reason)
+	if err != nil {
+		return err
+	}
+	_, err = s.Txn(ctx, ops)
+	return err
+}
+
+// drainOps are DrainOps, for a drain of kind ("" for an operator's).
+func drainOps(ctx context.Context, s store.Store, node string, kind failure.Kind, reason string) ([]store.Op, error) {
 	if err := store.CheckSegment("node", node); err != nil {
 		return nil, err
 	}
@@ -359,6 +380,6 @@ func DrainOps(ctx context.Context, s store.Store, node, reason string) ([]store.
 	if reason == "" {
 		return []store.Op{guard, {Verb: store.Delete, Key: drainPrefix + node}}, nil
 	}
-	d := Drain{Reason: strings.TrimSpace(reason), Since: time.Now().UTC()}
+	d := Drain{Reason: strings.TrimSpace(reason), Kind: kind, Since: time.Now().UTC()}
 	return []store.Op{guard, {Verb: store.Set, Key: drainPrefix + node, Value: mustRecord(schema.Drain, d)}}, nil
 }

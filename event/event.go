@@ -8,6 +8,8 @@ package event
 import (
 	"sync"
 	"time"
+
+	"github.com/gangrun/gangrun/failure"
 )
 
 // Kind names what happened.
@@ -19,17 +21,19 @@ const (
 	// "init", "healthy", "unhealthy", "failed", "succeeded", "stopped", torch's
 	// WorkerState names).
 	StateChanged Kind = "state_changed"
-	// WorkerFailed: a worker failed; Rank, ExitCode and Cause describe the root cause.
+	// WorkerFailed: a worker failed (or the gang hung); Failure is its kind, Rank,
+	// ExitCode and Cause describe the root cause.
 	WorkerFailed Kind = "worker_failed"
-	// Restarting: the gang starts attempt Attempt after a failure (Cause), after
-	// Detail's backoff.
+	// Restarting: the gang starts attempt Attempt after a failure (Failure its kind,
+	// Cause its reason), after Detail's backoff.
 	Restarting Kind = "restarting"
 	// CheckpointChosen: attempt Attempt resumes from Checkpoint ("" for a fresh start).
 	CheckpointChosen Kind = "checkpoint_chosen"
 	// RoundClosed: rendezvous round Attempt closed with Nodes.
 	RoundClosed Kind = "round_closed"
 	// RoundEnded: round Attempt ended for this node; Cause is the end's kind
-	// ("succeeded", "failed", "membership changed"), Detail why (a failure's root cause).
+	// ("succeeded", "failed", "membership changed"), Detail why (a failure's root cause,
+	// in words), Failure the failure's kind when it failed.
 	RoundEnded Kind = "round_ended"
 	// Granted: the scheduler granted request Job its Nodes (GPUs in all).
 	Granted Kind = "granted"
@@ -66,6 +70,10 @@ type Event struct {
 	Cause string
 	// Detail is a human-readable explanation.
 	Detail string
+	// Failure is the kind of the failure a WorkerFailed, a Restarting or a failed
+	// RoundEnded is about; "" for other events, and for a failure an older gangrun
+	// reported without one. Consumers switch on it, never on Cause or Detail.
+	Failure failure.Kind
 	// Rank and ExitCode describe a failed worker (Rank -1: not one worker's failure).
 	Rank     int
 	ExitCode int

@@ -25,6 +25,7 @@ import (
 
 	"github.com/gangrun/gangrun/allocator"
 	"github.com/gangrun/gangrun/checkpoint"
+	"github.com/gangrun/gangrun/failure"
 	"github.com/gangrun/gangrun/hostlist"
 	"github.com/gangrun/gangrun/identity"
 	"github.com/gangrun/gangrun/internal/cgroup"
@@ -274,7 +275,7 @@ func (bs *batchStep) runScript(ctx context.Context) (int, Status, string) {
 		closeFiles(out, errOut)
 		code := status.ShellCode()
 		cause := "batch script: " + status.String()
-		bs.endAttempt(ctx, attempt, cause)
+		bs.endAttempt(ctx, attempt, exitKind(status), cause)
 		st.mu.Lock()
 		ending := st.ending
 		st.mu.Unlock()
@@ -372,8 +373,9 @@ func (bs *batchStep) noteAttempt(ctx context.Context, attempt int, started time.
 	})
 }
 
-// endAttempt closes the batch script's attempt with cause.
-func (bs *batchStep) endAttempt(ctx context.Context, attempt int, cause string) {
+// endAttempt closes the batch script's attempt with a failure of kind ("" for a
+// success) described by cause.
+func (bs *batchStep) endAttempt(ctx context.Context, attempt int, kind failure.Kind, cause string) {
 	now := time.Now().UTC()
 	_, _, _ = update(context.WithoutCancel(ctx), bs.st.cfg.Store, bs.st.cfg.Job, func(j *Job) bool {
 		n := len(j.State.Attempts)
@@ -383,10 +385,22 @@ func (bs *batchStep) endAttempt(ctx context.Context, attempt int, cause string) 
 		if cause == "batch script: exit code 0" {
 			cause = "succeeded"
 		}
-		j.State.Attempts[n-1].Ended, j.State.Attempts[n-1].Cause = now, cause
+		j.State.Attempts[n-1].Ended, j.State.Attempts[n-1].Cause, j.State.Attempts[n-1].Failure = now, cause, kind
 		j.State.countRestarts()
 		return true
 	})
+}
+
+// exitKind is the kind of failure a batch script's exit status is: failure.Signal when
+// a signal killed it, failure.Exit for a non-zero code, "" for a success.
+func exitKind(st proc.ExitStatus) failure.Kind {
+	switch {
+	case st.Signal != 0:
+		return failure.Signal
+	case st.Success():
+		return ""
+	}
+	return failure.Exit
 }
 
 // wait waits for the batch script to exit, acting meanwhile on the step's signals: a

@@ -14,6 +14,7 @@ import (
 
 	"github.com/gangrun/gangrun/allocator"
 	"github.com/gangrun/gangrun/event"
+	"github.com/gangrun/gangrun/failure"
 	"github.com/gangrun/gangrun/identity"
 	"github.com/gangrun/gangrun/internal/schema"
 	"github.com/gangrun/gangrun/internal/store"
@@ -573,7 +574,7 @@ func (c *Controller) completing(ctx context.Context, v view, j Job) error {
 			return false
 		}
 		j.State.Status, j.State.Ended = j.State.End, c.now().UTC()
-		j.State.closeAttempts(j.State.Ended, strings.ToLower(string(j.State.End))) // cancelled, timeout: the supervisor said nothing
+		j.State.closeAttempts(j.State.Ended, "", strings.ToLower(string(j.State.End))) // cancelled, timeout: the supervisor said nothing
 		c.countRestarts(ctx, j)
 		return true
 	})
@@ -640,12 +641,12 @@ func (c *Controller) requeueSilent(ctx context.Context, cl *allocator.Cluster, i
 		now := c.now().UTC()
 		for _, n := range silent {
 			st.LostNodes = append(st.LostNodes, LostNode{Node: n, Why: "the job's step on node " + n + " ended without a word (the node died or was cut off)",
-				At: now, Exclude: stayedUp(cl, *st, n), AgentSession: agentSession(cl, n)})
+				Kind: failure.NodeLost, At: now, Exclude: stayedUp(cl, *st, n), AgentSession: agentSession(cl, n)})
 			st.NodeFailures++
 		}
 		st.Status, st.End, st.ExitCode, st.Requeue = Pending, "", 0, true
 		st.Reason = "requeued: lost " + strings.Join(silent, ", ")
-		st.closeAttempts(now, st.Reason)
+		st.closeAttempts(now, failure.NodeLost, st.Reason)
 		st.Nodes, st.Spares, st.StepsEnded = nil, nil, nil
 		return true
 	})
@@ -756,6 +757,16 @@ func lostWhy(cl *allocator.Cluster, g allocator.Grant, j Job, n string, steps ma
 	return ""
 }
 
+// lostKind is the kind of node n's loss once lostWhy found it lost: failure.GPUHealth
+// when it is up and drained because one of its GPUs failed (the drain's kind), else
+// failure.NodeLost.
+func lostKind(cl *allocator.Cluster, n string) failure.Kind {
+	if ns, ok := cl.Nodes[n]; ok && ns.Up && ns.Drain != nil && drainKind(*ns.Drain) == failure.GPUHealth {
+		return failure.GPUHealth
+	}
+	return failure.NodeLost
+}
+
 // watchNodes handles a running job's lost nodes.
 func (c *Controller) watchNodes(ctx context.Context, v view, j Job, g allocator.Grant) error {
 	cl, steps := v.cluster, v.steps[j.Spec.ID]
@@ -804,7 +815,8 @@ func (c *Controller) watchNodes(ctx context.Context, v view, j Job, g allocator.
 			if !slices.Contains(st.Nodes, n) {
 				continue
 			}
-			st.LostNodes = append(st.LostNodes, LostNode{Node: n, Why: lost[n], At: now, Exclude: stayedUp(cl, *st, n), AgentSession: agentSession(cl, n)})
+			kind := lostKind(cl, n)
+			st.LostNodes = append(st.LostNodes, LostNode{Node: n, Why: lost[n], Kind: kind, At: now, Exclude: stayedUp(cl, *st, n), AgentSession: agentSession(cl, n)})
 			st.NodeFailures++
 			recorded = append(recorded, n)
 			st.Nodes = slices.DeleteFunc(st.Nodes, func(x string) bool { return x == n })
@@ -813,7 +825,7 @@ func (c *Controller) watchNodes(ctx context.Context, v view, j Job, g allocator.
 				// A Slurm batch job with --no-requeue ends NODE_FAIL with its node.
 				c.log.Warn("batch job lost a node: it ends (--no-requeue)", zap.String("job", jj.Spec.ID), zap.String("lost", n), zap.String("why", lost[n]))
 				st.Status, st.End, st.Reason = Completing, NodeFail, "node "+n+" lost: "+lost[n]
-				st.closeAttempts(now, st.Reason)
+				st.closeAttempts(now, kind, st.Reason)
 				return true
 			case jj.Spec.Batch != nil:
 				// A Slurm batch job's script ran on the nodes it had: it is requeued whole
@@ -821,7 +833,7 @@ func (c *Controller) watchNodes(ctx context.Context, v view, j Job, g allocator.
 				c.log.Warn("batch job lost a node: requeued", zap.String("job", jj.Spec.ID), zap.String("lost", n), zap.String("why", lost[n]))
 				st.Status, st.Reason, st.Requeue = Pending, "requeued: "+lost[n], true
 				st.Nodes, st.Spares, st.StepsEnded = nil, nil, nil
-				st.closeAttempts(now, st.Reason)
+				st.closeAttempts(now, kind, st.Reason)
 				return true
 			case len(st.Spares) > 0:
 				st.Nodes = append(st.Nodes, st.Spares[0])
@@ -836,7 +848,7 @@ func (c *Controller) watchNodes(ctx context.Context, v view, j Job, g allocator.
 				c.log.Warn("job lost a node it cannot do without: requeued", zap.String("job", jj.Spec.ID), zap.String("lost", n), zap.String("why", lost[n]))
 				st.Status, st.Reason, st.Requeue = Pending, "requeued: "+lost[n], true
 				st.Nodes, st.Spares, st.StepsEnded = nil, nil, nil
-				st.closeAttempts(now, st.Reason)
+				st.closeAttempts(now, kind, st.Reason)
 				return true
 			}
 		}

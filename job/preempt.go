@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strings"
 	"syscall"
 	"time"
 
@@ -13,6 +12,7 @@ import (
 	"github.com/gangrun/gangrun/allocator"
 	"github.com/gangrun/gangrun/audit"
 	"github.com/gangrun/gangrun/event"
+	"github.com/gangrun/gangrun/failure"
 	"github.com/gangrun/gangrun/policy"
 	"github.com/gangrun/gangrun/rendezvous"
 )
@@ -206,7 +206,7 @@ func (c *Controller) requeuePreempted(ctx context.Context, v view, j Job) error 
 		now := c.now().UTC()
 		st.Status, st.Reason, st.PreemptedBy = Pending, ReasonBeginTime, last.By
 		st.Preemptions[len(st.Preemptions)-1].Requeued = now
-		st.closeAttempts(now, last.reason())
+		st.closeAttempts(now, failure.Preempted, last.reason())
 		st.PreemptFailures += extra
 		st.Nodes, st.Spares, st.StepsEnded = nil, nil, nil
 		return true
@@ -279,9 +279,6 @@ func (st *step) preempt(p Preemption) (graceEnd <-chan time.Time) {
 	st.stop <- sig
 	return time.After(p.Grace)
 }
-
-// preemptedCause reports whether an attempt's cause is a pre-emption's.
-func preemptedCause(cause string) bool { return strings.HasPrefix(cause, "preempted by job ") }
 
 // reason is the pre-emption as a pre-empted job's reason and its attempt's cause.
 func (p Preemption) reason() string {

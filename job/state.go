@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/gangrun/gangrun/failure"
 	"github.com/gangrun/gangrun/internal/schema"
 	"github.com/gangrun/gangrun/internal/store"
 )
@@ -118,9 +119,14 @@ type Attempt struct {
 	// Started and Ended bound it; Ended is zero while it runs.
 	Started time.Time `json:"started"`
 	Ended   time.Time `json:"ended,omitzero"`
-	// Cause is how it ended: "succeeded", "failed: rank 3 on node-b: exit code 1", "node
-	// node-b lost: its agent's session ended", ...
+	// Cause is how it ended, in words for people: "succeeded", "failed: rank 3 on
+	// node-b: exit code 1", "node node-b lost: its agent's session ended", ... Nothing
+	// parses it: Failure says what ended it.
 	Cause string `json:"cause"`
+	// Failure is the kind of failure that ended it (the supervisor's root cause, a lost
+	// node, a pre-emption); "" when it ended otherwise (a success, a membership change,
+	// a cancellation), and in a record an older gangrun wrote (legacykind.go).
+	Failure failure.Kind `json:"failure,omitempty"`
 	// ResumeFrom is the checkpoint it resumed from ("" for a fresh start), and
 	// ResumeFromTime that checkpoint's modification time (when it was completed).
 	ResumeFrom     string    `json:"resume_from"`
@@ -135,9 +141,13 @@ type Attempt struct {
 
 // LostNode is a node the job lost while it ran there.
 type LostNode struct {
-	Node string    `json:"node"`
-	Why  string    `json:"why"`
-	At   time.Time `json:"at"`
+	Node string `json:"node"`
+	// Why is the loss in words, for people; Kind its class (failure.NodeLost, or
+	// failure.GPUHealth for a node drained because a GPU failed), "" in a record an
+	// older gangrun wrote (legacykind.go).
+	Why  string       `json:"why"`
+	Kind failure.Kind `json:"kind,omitempty"`
+	At   time.Time    `json:"at"`
 	// Exclude keeps the job's later placements off the node: its step was lost while
 	// the node itself looked up and healthy. A node lost by going down or being drained
 	// is not excluded: the scheduler skips it while it is so, and takes it again once
@@ -149,12 +159,13 @@ type LostNode struct {
 	AgentSession string `json:"agent_session,omitempty"`
 }
 
-// closeAttempts ends the attempts still open at now with cause (the job stopped on
-// every node: a requeue).
-func (s *State) closeAttempts(now time.Time, cause string) {
+// closeAttempts ends the attempts still open at now with a failure of kind ("" for
+// none: a cancellation, a time limit) described by cause (the job stopped on every
+// node: a requeue).
+func (s *State) closeAttempts(now time.Time, kind failure.Kind, cause string) {
 	for i := range s.Attempts {
 		if s.Attempts[i].Ended.IsZero() {
-			s.Attempts[i].Ended, s.Attempts[i].Cause = now, cause
+			s.Attempts[i].Ended, s.Attempts[i].Cause, s.Attempts[i].Failure = now, cause, kind
 		}
 	}
 }

@@ -728,7 +728,7 @@ func record(st *State, e event.Event, ckptTime time.Time) bool {
 		}
 	case event.RoundEnded:
 		if a.Ended.IsZero() {
-			a.Ended, a.Cause, changed = e.Time.UTC(), e.Cause, true
+			a.Ended, a.Cause, a.Failure, changed = e.Time.UTC(), e.Cause, e.Failure, true
 			if e.Detail != "" {
 				a.Cause += ": " + e.Detail
 			}

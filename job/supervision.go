@@ -3,36 +3,39 @@ package job
 import (
 	"context"
 	"path/filepath"
-	"regexp"
 	"slices"
-	"strings"
 	"time"
 
+	"github.com/gangrun/gangrun/failure"
 	"github.com/gangrun/gangrun/internal/store"
 )
 
 // The causes a job's restarts are counted by (State.RestartsByCause, the metric
 // gangrun_job_restarts_total): a small fixed set, each the class of the failure that
-// ended the attempt before a restart.
+// ended the attempt before a restart. CauseOf says which failure.Kind counts under
+// which.
 const (
-	// CauseWorkerExit: a worker exited with a non-zero code ("exit code 1").
+	// CauseWorkerExit: a worker exited with a non-zero code (failure.Exit).
 	CauseWorkerExit = "worker_exit"
-	// CauseSignal: a worker was killed by a signal ("signal SIGKILL (9)").
+	// CauseSignal: a worker was killed by a signal (failure.Signal).
 	CauseSignal = "signal"
-	// CauseHang: the supervisor's hang detection stopped the gang (--hang-timeout: no
-	// output, no heartbeat; or torch's watchdog timer expired).
+	// CauseHang: the supervisor's hang detection stopped the gang (failure.Hang:
+	// --hang-timeout, no output, no heartbeat; failure.Watchdog: torch's watchdog timer
+	// expired).
 	CauseHang = "hang"
 	// CauseNodeLost: a node of the attempt was lost (down, cut off, its step gone,
-	// drained by an operator) between the attempt's start and the next one's.
+	// drained by an operator) between the attempt's start and the next one's
+	// (failure.NodeLost).
 	CauseNodeLost = "node_lost"
 	// CauseGPUHealth: a node of the attempt was drained because one of its GPUs failed
-	// (the agent's health watch: an Xid, ECC, NVML's verdict).
+	// (failure.GPUHealth: the agent's health watch, an Xid, ECC, NVML's verdict).
 	CauseGPUHealth = "gpu_health"
-	// CausePreempted: a job of a higher tier pre-empted it (preempt.go); like a lost
-	// node's, such a restart does not use up --max-restarts.
+	// CausePreempted: a job of a higher tier pre-empted it (preempt.go,
+	// failure.Preempted); like a lost node's, such a restart does not use up
+	// --max-restarts.
 	CausePreempted = "preempted"
-	// CauseOther: anything else that restarted the gang (a worker that could not
-	// start, a membership change without a lost node).
+	// CauseOther: anything else that restarted the gang (failure.StartError: a worker
+	// that could not start; no kind: a membership change without a lost node).
 	CauseOther = "other"
 )
 
@@ -41,42 +44,38 @@ func RestartCauses() []string {
 	return []string{CauseWorkerExit, CauseSignal, CauseHang, CauseNodeLost, CauseGPUHealth, CausePreempted, CauseOther}
 }
 
-// The attempt causes' patterns, as the supervisor and the controller write them
-// (launcher's hung and failureOf, proc.ExitStatus.String, allocator's drain on a failed
-// GPU).
-var (
-	hangCause   = regexp.MustCompile(`\(--hang-timeout [^)]*\)|watchdog timer .* expired`)
-	signalCause = regexp.MustCompile(`: signal SIG[A-Z0-9]+ \(\d+\)`)
-	exitCause   = regexp.MustCompile(`: exit code \d+`)
-	gpuDrain    = regexp.MustCompile(`was drained: GPU \d+ failed`)
-)
+// CauseOf returns the restart cause (one of RestartCauses) a failure of kind k counts
+// under; CauseOther for a start error and for no kind. A new failure.Kind gets its case
+// here (TestCauseOfEveryKind checks that none is forgotten).
+func CauseOf(k failure.Kind) string {
+	switch k {
+	case failure.Exit:
+		return CauseWorkerExit
+	case failure.Signal:
+		return CauseSignal
+	case failure.Hang, failure.Watchdog:
+		return CauseHang
+	case failure.NodeLost:
+		return CauseNodeLost
+	case failure.GPUHealth:
+		return CauseGPUHealth
+	case failure.Preempted:
+		return CausePreempted
+	}
+	return CauseOther
+}
 
 // classify returns the cause class of attempt a, which ended and was followed by next:
-// a node lost meanwhile first (its peers' failures follow from it), then the root cause
-// the supervisor recorded.
+// a node lost meanwhile first (its peers' failures follow from it), then the kind of
+// the failure that ended it.
 func classify(a, next Attempt, lost []LostNode) string {
 	for _, l := range lost {
 		if l.At.Before(a.Started) || l.At.After(next.Started) {
 			continue
 		}
-		if gpuDrain.MatchString(l.Why) {
-			return CauseGPUHealth
-		}
-		return CauseNodeLost
+		return CauseOf(l.kind())
 	}
-	switch {
-	case gpuDrain.MatchString(a.Cause):
-		return CauseGPUHealth
-	case hangCause.MatchString(a.Cause):
-		return CauseHang
-	case signalCause.MatchString(a.Cause):
-		return CauseSignal
-	case exitCause.MatchString(a.Cause):
-		return CauseWorkerExit
-	case strings.HasPrefix(a.Cause, "requeued"):
-		return CauseNodeLost
-	}
-	return CauseOther
+	return CauseOf(a.kind())
 }
 
 // countRestarts counts, once each, the attempts that ended and were followed by another
@@ -91,7 +90,7 @@ func (s *State) countRestarts() bool {
 			continue
 		}
 		a.RestartCause = classify(*a, s.Attempts[i+1], s.LostNodes)
-		if preemptedCause(a.Cause) || slices.ContainsFunc(s.Preemptions, func(p Preemption) bool {
+		if a.kind() == failure.Preempted || slices.ContainsFunc(s.Preemptions, func(p Preemption) bool {
 			return !p.At.Before(a.Started) && !p.At.After(s.Attempts[i+1].Started)
 		}) {
 			a.RestartCause = CausePreempted

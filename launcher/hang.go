@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"github.com/gangrun/gangrun/failure"
 	"github.com/gangrun/gangrun/internal/proc"
 	"github.com/gangrun/gangrun/rendezvous"
 )
@@ -273,11 +274,11 @@ func (s *Supervisor) collectStacks(g *group) {
 	}
 }
 
-// hung is the outcome of a hang of worker w (nil: the whole gang's), after the ranks'
-// stacks are collected.
-func (s *Supervisor) hung(g *group, w *worker, reason string) outcome {
+// hung is the outcome of a hang of worker w (nil: the whole gang's) of kind (Hang or
+// Watchdog), after the ranks' stacks are collected.
+func (s *Supervisor) hung(g *group, w *worker, kind failure.Kind, reason string) outcome {
 	s.collectStacks(g)
-	f := &rendezvous.Failure{Node: s.cfg.NodeName, Rank: -1, LocalRank: -1, ExitCode: 1, Reason: reason}
+	f := &rendezvous.Failure{Node: s.cfg.NodeName, Rank: -1, LocalRank: -1, ExitCode: 1, Kind: kind, Reason: reason}
 	if w != nil {
 		f.Rank, f.LocalRank = w.spec.rank, w.spec.localRank
 	}

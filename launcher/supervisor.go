@@ -34,6 +34,7 @@ import (
 
 	"github.com/gangrun/gangrun/checkpoint"
 	"github.com/gangrun/gangrun/event"
+	"github.com/gangrun/gangrun/failure"
 	"github.com/gangrun/gangrun/internal/cgroup"
 	"github.com/gangrun/gangrun/internal/proc"
 	"github.com/gangrun/gangrun/internal/tcpstore"
@@ -785,7 +786,7 @@ func (s *Supervisor) begin(ctx context.Context, at *attempt, res *Result) (Group
 		Attempt: a.Round, Checkpoint: a.ResumeFrom})
 	specs, err := s.specs(a)
 	if err != nil {
-		_ = round.Fail(ctx, rendezvous.Failure{Node: s.cfg.NodeName, Rank: -1, LocalRank: -1, ExitCode: 1, Reason: err.Error()})
+		_ = round.Fail(ctx, rendezvous.Failure{Node: s.cfg.NodeName, Rank: -1, LocalRank: -1, ExitCode: 1, Kind: failure.StartError, Reason: err.Error()})
 		res.ExitCode, res.Err = 1, err
 		return "", true
 	}
@@ -797,7 +798,7 @@ func (s *Supervisor) begin(ctx context.Context, at *attempt, res *Result) (Group
 		fields = append(fields, zap.String("resume_from", a.ResumeFrom))
 	}
 	if err := s.serveStore(a); err != nil {
-		_ = round.Fail(ctx, rendezvous.Failure{Node: s.cfg.NodeName, Rank: -1, LocalRank: -1, ExitCode: 1, Reason: err.Error()})
+		_ = round.Fail(ctx, rendezvous.Failure{Node: s.cfg.NodeName, Rank: -1, LocalRank: -1, ExitCode: 1, Kind: failure.StartError, Reason: err.Error()})
 		res.ExitCode, res.Err = 1, err
 		return "", true
 	}
@@ -823,7 +824,7 @@ func (s *Supervisor) begin(ctx context.Context, at *attempt, res *Result) (Group
 	g, err := startGroup(specs, s.console, s.consoleErr, &s.act, s.guard, warm)
 	if err != nil {
 		s.closeStore()
-		_ = round.Fail(ctx, rendezvous.Failure{Node: s.cfg.NodeName, Rank: -1, LocalRank: -1, ExitCode: 1, Reason: err.Error()})
+		_ = round.Fail(ctx, rendezvous.Failure{Node: s.cfg.NodeName, Rank: -1, LocalRank: -1, ExitCode: 1, Kind: failure.StartError, Reason: err.Error()})
 		res.ExitCode, res.Err = 1, err
 		if errors.Is(err, ErrCommandNotFound) {
 			res.ExitCode = 127
@@ -920,7 +921,8 @@ func (s *Supervisor) failed(ctx context.Context, at *attempt, res *Result) (Grou
 	}
 	s.report(at.a, out.failure)
 	s.events.Emit(event.Event{Time: time.Now(), Kind: event.WorkerFailed, Job: s.cfg.JobID, Node: s.cfg.NodeName,
-		Attempt: at.a.Round, Rank: out.failure.Rank, ExitCode: out.failure.ExitCode, Cause: out.failure.Reason, Detail: out.failure.Message})
+		Attempt: at.a.Round, Rank: out.failure.Rank, ExitCode: out.failure.ExitCode, Failure: out.failure.Kind,
+		Cause: out.failure.Reason, Detail: out.failure.Message})
 	s.stop(at.g, syscall.SIGTERM, at.round.End().KillBy)
 	return s.next(ctx, at, res)
 }
@@ -951,12 +953,12 @@ func (s *Supervisor) next(ctx context.Context, at *attempt, res *Result) (GroupS
 		res.ExitCode = 128 + int(s.stopSignal)
 		return "", true
 	}
-	detail := end.Detail
+	detail, kind := end.Detail, failure.Kind("")
 	if end.Failure != nil {
-		detail = end.Failure.String()
+		detail, kind = end.Failure.String(), end.Failure.Kind
 	}
 	s.events.Emit(event.Event{Time: time.Now(), Kind: event.RoundEnded, Job: s.cfg.JobID, Node: s.cfg.NodeName,
-		Attempt: a.Round, Cause: end.Kind.String(), Detail: detail})
+		Attempt: a.Round, Cause: end.Kind.String(), Detail: detail, Failure: kind})
 	switch end.Kind {
 	case rendezvous.Failed:
 		res.Failure = end.Failure
@@ -1010,7 +1012,7 @@ func (s *Supervisor) next(ctx context.Context, at *attempt, res *Result) (GroupS
 			cause = end.Failure.Reason
 		}
 		s.events.Emit(event.Event{Time: time.Now(), Kind: event.Restarting, Job: s.cfg.JobID, Node: s.cfg.NodeName,
-			Attempt: a.Round, Cause: cause, Detail: "backoff " + delay.String()})
+			Attempt: a.Round, Cause: cause, Failure: kind, Detail: "backoff " + delay.String()})
 		if sig := s.sleep(ctx, delay); sig != 0 {
 			s.setState(StateStopped, at)
 			res.ExitCode = 128 + int(sig)
@@ -1140,7 +1142,7 @@ func (s *Supervisor) monitor(ctx context.Context, g *group, round rendezvous.Rou
 		case <-watchdog:
 			if r, ok := s.timer.expired(time.Now()); ok {
 				if w := g.workerOf(r.PID); w != nil {
-					return s.hung(g, w, fmt.Sprintf("watchdog timer %q expired (torch.distributed.elastic.timer); every rank's stack is in its stderr", r.Scope))
+					return s.hung(g, w, failure.Watchdog, fmt.Sprintf("watchdog timer %q expired (torch.distributed.elastic.timer); every rank's stack is in its stderr", r.Scope))
 				}
 				s.timer.forget(r) // a pid of no worker of this attempt
 			}
@@ -1182,11 +1184,11 @@ func (s *Supervisor) monitor(ctx context.Context, g *group, round rendezvous.Rou
 			w, age, newest := g.heartbeats(s.started, s.cfg.HangTimeout)
 			s.act.touchAt(newest) // a heartbeat is activity, as a line of output is
 			if w != nil {
-				return s.hung(g, w, fmt.Sprintf("no heartbeat for %s, the longest of any rank (--hang-timeout %s); every rank's stack is in its stderr",
+				return s.hung(g, w, failure.Hang, fmt.Sprintf("no heartbeat for %s, the longest of any rank (--hang-timeout %s); every rank's stack is in its stderr",
 					age.Round(time.Second), s.cfg.HangTimeout))
 			}
 			if idle := time.Since(round.Activity(ctx, s.act.lastTime())); idle >= s.cfg.HangTimeout {
-				return s.hung(g, nil, fmt.Sprintf("no output from any rank for %s (--hang-timeout %s)", idle.Round(time.Second), s.cfg.HangTimeout))
+				return s.hung(g, nil, failure.Hang, fmt.Sprintf("no output from any rank for %s (--hang-timeout %s)", idle.Round(time.Second), s.cfg.HangTimeout))
 			}
 		case <-ctx.Done():
 			return outcome{kind: outStopped, sig: syscall.SIGTERM}
@@ -1396,7 +1398,10 @@ func (s *Supervisor) readErrorFile(path string) (r ErrorReport, ok bool) {
 func (s *Supervisor) failureOf(a rendezvous.Assignment, w *worker) *rendezvous.Failure {
 	f := &rendezvous.Failure{
 		Node: s.cfg.NodeName, Rank: w.spec.rank, LocalRank: w.spec.localRank,
-		ExitCode: w.status.ShellCode(), Reason: w.status.String(),
+		ExitCode: w.status.ShellCode(), Kind: failure.Exit, Reason: w.status.String(),
+	}
+	if w.status.Signal != 0 {
+		f.Kind = failure.Signal // the OOM killer's SIGKILL too: its Reason says so
 	}
 	if r, ok := s.readErrorFile(w.spec.errorFile); ok {
 		f.Message = r.FirstLine()

@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gangrun/gangrun/event"
+	"github.com/gangrun/gangrun/failure"
 	"github.com/gangrun/gangrun/rendezvous"
 )
 
@@ -170,8 +171,8 @@ echo "attempt $GANGRUN_ATTEMPT restarts $TORCHELASTIC_RESTART_COUNT"`)
 	if res.ExitCode != 0 || res.Attempts != 2 {
 		t.Fatalf("exit %d after %d attempts, want 0 after 2; stderr:\n%s", res.ExitCode, res.Attempts, r.stderr)
 	}
-	if res.Failure == nil || res.Failure.Rank != 1 || res.Failure.ExitCode != 7 {
-		t.Errorf("root cause = %+v, want rank 1 exit 7", res.Failure)
+	if res.Failure == nil || res.Failure.Rank != 1 || res.Failure.ExitCode != 7 || res.Failure.Kind != failure.Exit {
+		t.Errorf("root cause = %+v, want rank 1 exit 7 (kind %s)", res.Failure, failure.Exit)
 	}
 	if !strings.Contains(r.stdout.String(), "[rank0]: attempt 1 restarts 1") {
 		t.Errorf("second attempt not seen:\n%s", r.stdout)
@@ -190,10 +191,11 @@ func TestRunExitCodeWhenRestartsRunOut(t *testing.T) {
 		name   string
 		script string
 		want   int
+		kind   failure.Kind
 	}{
-		{"exit code", `[ "$RANK" = 1 ] && exit 3; sleep 30`, 3},
-		{"signal", `[ "$RANK" = 0 ] && kill -KILL $$; sleep 30`, 128 + 9},
-		{"abort", `[ "$RANK" = 0 ] && kill -ABRT $$; sleep 30`, 128 + 6},
+		{"exit code", `[ "$RANK" = 1 ] && exit 3; sleep 30`, 3, failure.Exit},
+		{"signal", `[ "$RANK" = 0 ] && kill -KILL $$; sleep 30`, 128 + 9, failure.Signal},
+		{"abort", `[ "$RANK" = 0 ] && kill -ABRT $$; sleep 30`, 128 + 6, failure.Signal},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newTestRun(t, 2, tc.script)
@@ -204,6 +206,9 @@ func TestRunExitCodeWhenRestartsRunOut(t *testing.T) {
 			}
 			if res.Attempts != 2 {
 				t.Errorf("%d attempts, want 2 (one restart)", res.Attempts)
+			}
+			if res.Failure == nil || res.Failure.Kind != tc.kind {
+				t.Errorf("root cause %+v, want kind %s", res.Failure, tc.kind)
 			}
 		})
 	}
@@ -286,7 +291,7 @@ func TestRunHangTimeout(t *testing.T) {
 	r := newTestRun(t, 2, `echo started; sleep 30`)
 	r.cfg.HangTimeout = 600 * time.Millisecond
 	res := r.run(t)
-	if res.ExitCode != 1 || res.Failure == nil || !strings.Contains(res.Failure.Reason, "hang-timeout") {
+	if res.ExitCode != 1 || res.Failure == nil || !strings.Contains(res.Failure.Reason, "hang-timeout") || res.Failure.Kind != failure.Hang {
 		t.Fatalf("exit %d failure %+v, want a hang failure", res.ExitCode, res.Failure)
 	}
 }
@@ -642,7 +647,7 @@ train()
 `}
 	r.cfg.HangTimeout = 2 * time.Second
 	res := r.run(t)
-	if res.ExitCode == 0 || res.Failure == nil || res.Failure.Rank != 1 || !strings.Contains(res.Failure.Reason, "no heartbeat") {
+	if res.ExitCode == 0 || res.Failure == nil || res.Failure.Rank != 1 || !strings.Contains(res.Failure.Reason, "no heartbeat") || res.Failure.Kind != failure.Hang {
 		t.Fatalf("exit %d, failure %+v: want rank 1's missing heartbeat; stderr:\n%s", res.ExitCode, res.Failure, r.stderr)
 	}
 	out := r.stdout.String() + r.stderr.String()
@@ -675,7 +680,7 @@ for step in range(100000):
 `}
 	r.cfg.Env.Base = append(r.cfg.Env.Base, FileTimerEnableEnv+"=1")
 	res := r.run(t)
-	if res.ExitCode == 0 || res.Failure == nil || res.Failure.Rank != 1 || !strings.Contains(res.Failure.Reason, `watchdog timer "train_step" expired`) {
+	if res.ExitCode == 0 || res.Failure == nil || res.Failure.Rank != 1 || !strings.Contains(res.Failure.Reason, `watchdog timer "train_step" expired`) || res.Failure.Kind != failure.Watchdog {
 		t.Fatalf("exit %d, failure %+v: want rank 1's train_step timer; stderr:\n%s", res.ExitCode, res.Failure, r.stderr)
 	}
 }

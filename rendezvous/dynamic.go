@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/gangrun/gangrun/event"
+	"github.com/gangrun/gangrun/failure"
 	"github.com/gangrun/gangrun/internal/schema"
 	"github.com/gangrun/gangrun/internal/store"
 )
@@ -967,7 +968,7 @@ func endOf(st *jobState) End {
 	case st.End == endSucceeded:
 		return End{Kind: Succeeded}
 	case st.Error != "":
-		return End{Kind: Failed, Failure: &Failure{Rank: -1, LocalRank: -1, ExitCode: 1, Reason: st.Error}, OutOfRestarts: true}
+		return End{Kind: Failed, Failure: &Failure{Rank: -1, LocalRank: -1, ExitCode: 1, Kind: failure.StartError, Reason: st.Error}, OutOfRestarts: true}
 	}
 	return End{Kind: MembershipChanged, Detail: st.Detail}
 }

@@ -23,6 +23,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/gangrun/gangrun/failure"
 )
 
 // Member is one node of a closed round.
@@ -173,8 +175,12 @@ type Failure struct {
 	LocalRank int `json:"local_rank"`
 	// ExitCode is the worker's exit status as a shell reports it (128+N for signal N).
 	ExitCode int `json:"exit_code"`
-	// Reason is a one-line description: "exit code 1", "signal SIGKILL (9)", "no
-	// output for 5m0s (hang timeout)".
+	// Kind is the failure's class, which everything downstream switches on (the job's
+	// restart causes); "" in a record an older gangrun wrote.
+	Kind failure.Kind `json:"kind,omitempty"`
+	// Reason is a one-line description for people and logs: "exit code 1", "signal
+	// SIGKILL (9)", "no output for 5m0s (hang timeout)". Nothing parses it: Kind says
+	// what it is.
 	Reason string `json:"reason"`
 	// Message is the first line of the worker's error file (torch's record format),
 	// when it wrote one.

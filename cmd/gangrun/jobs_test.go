@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/gangrun/gangrun/allocator"
+	"github.com/gangrun/gangrun/failure"
 	"github.com/gangrun/gangrun/internal/consultest"
 	"github.com/gangrun/gangrun/internal/store"
 	"github.com/gangrun/gangrun/job"
@@ -678,13 +679,15 @@ func TestJobMovesOffANodeWhoseGPUFails(t *testing.T) {
 	}
 	if a := m["attempts"].([]any); len(a) < 2 || !strings.Contains(a[0].(map[string]any)["cause"].(string), "requeued") {
 		t.Errorf("attempts %v: want the first ended by the requeue", m["attempts"])
+	} else if k := a[0].(map[string]any)["failure"]; k != string(failure.GPUHealth) {
+		t.Errorf("the first attempt's failure %v, want %s (the drain's kind)", k, failure.GPUHealth)
 	}
 	if by, _ := m["restarts_by_cause"].(map[string]any); by["gpu_health"] != float64(1) {
 		t.Errorf("restarts by cause %v, want the requeue counted as gpu_health", m["restarts_by_cause"])
 	}
 	lost, _ := m["lost_nodes"].([]any)
-	if len(lost) != 1 || !strings.Contains(lost[0].(map[string]any)["why"].(string), "Xid 79") {
-		t.Errorf("lost nodes %v, want %s drained for its Xid 79", m["lost_nodes"], first)
+	if len(lost) != 1 || !strings.Contains(lost[0].(map[string]any)["why"].(string), "Xid 79") || lost[0].(map[string]any)["kind"] != string(failure.GPUHealth) {
+		t.Errorf("lost nodes %v, want %s drained for its Xid 79 (kind %s)", m["lost_nodes"], first, failure.GPUHealth)
 	}
 	for _, n := range nodesJSON(t, c.consul) {
 		if n.Name == first && n.State != "drained" {
