@@ -351,7 +351,7 @@ func (o *batchOpts) request(e *Env, script, name string, scriptArgs []string) (*
 	}
 	r := &BatchRequest{Parsable: given["parsable"], Wait: given["wait"], Quiet: given["quiet"]}
 	b := &job.Batch{Export: "ALL"}
-	spec := job.Spec{Batch: b, MaxRestarts: 0}
+	spec := job.Spec{Batch: b} // MaxRestarts 0: a plain batch job runs once
 	if given["wrap"] {
 		if script != "" {
 			return nil, badf("--wrap and a script: give one")

@@ -279,7 +279,7 @@ func (f *submitFlags) spec(command []string, script, name string) (job.Spec, err
 	spec := job.Spec{Name: f.name, User: submitter, Account: f.account, Partition: f.partition,
 		MinNodes: lo, MaxNodes: hi, GPUsPerNode: gpus, GPUModel: model, MIGProfile: profile, Priority: f.priority, TimeLimit: limit,
 		Signal: sig, SignalBefore: before, SpareNodes: f.spares, CheckpointDir: f.checkpointDir,
-		MaxRestarts: f.maxRestarts, TermTimeout: f.termTimeout, Output: f.output, Env: env, Mem: f.mem,
+		Supervision: launcher.Supervision{MaxRestarts: f.maxRestarts}, TermTimeout: f.termTimeout, Output: f.output, Env: env, Mem: f.mem,
 		Command: command, Script: script, WorkDir: wd, Dependency: deps}
 	if spec.Name == "" {
 		spec.Name = name
