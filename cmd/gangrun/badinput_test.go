@@ -31,6 +31,10 @@ func TestBadInputs(t *testing.T) {
 	if err := os.WriteFile(hangScript, []byte("#!/bin/sh\n#GANGRUN --hang-timeout 1ns\ntouch "+marker+"\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
+	sbatchScript := filepath.Join(dir, "batch.sh")
+	if err := os.WriteFile(sbatchScript, []byte("#!/bin/sh\n#SBATCH --gpus-per-node 1\n#GANGRUN --hang-timeout 5m\ntouch "+marker+"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	fifo := filepath.Join(dir, "fifo")
 	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
 		t.Fatal(err)
@@ -59,6 +63,7 @@ func TestBadInputs(t *testing.T) {
 		{"submit no-restart exit code out of range", []string{"submit", "--no-restart-exit-code", "256", "--", "true"}, nil, 2, `gangrun submit: --no-restart-exit-code 256: want 1..255, or 0 for none`},
 		{"submit warm imports", []string{"submit", "--warm-imports", "no such;module", "--", "true"}, nil, 2, `gangrun submit: --warm-imports "no such;module": not a Python module name (dotted identifiers, as torch or torch.distributed)`},
 		{"submit warm delay over a day", []string{"submit", "--warm-delay", "25h", "--", "true"}, nil, 2, `gangrun submit: --warm-delay "25h": must be at most 24h`},
+		{"submit hang timeout in a Slurm batch script", []string{"submit", sbatchScript}, nil, 2, "gangrun submit: " + sbatchScript + `: --hang-timeout is a supervision option of gangrun's own jobs (gangrun submit without #SBATCH lines), which a Slurm batch script's batch step does not take (docs/slurm.md, "Gang supervision")`},
 		{"integer overflows", run("--master-port", "99999999999999999999"), nil, 2, `gangrun run: --master-port "99999999999999999999": must be an integer`},
 		// A topology file of the wrong shape, or not a file.
 		{"topology of the wrong shape", run("--topology-file", wrongShape), nil, 2,
