@@ -23,6 +23,7 @@ import (
 	"github.com/gangrun/gangrun/identity"
 	"github.com/gangrun/gangrun/internal/mungetest"
 	"github.com/gangrun/gangrun/internal/store"
+	"github.com/gangrun/gangrun/launcher"
 	"github.com/gangrun/gangrun/topology"
 )
 
@@ -113,7 +114,7 @@ func TestJobCredentials(t *testing.T) {
 	nobodyGID, _ := strconv.Atoi(nobody.Gid)
 	spec := func(id, who string) Spec {
 		return Spec{ID: id, Name: "t", User: who, MinNodes: 1, MaxNodes: 1, GPUsPerNode: 1, Command: []string{"true"},
-			WorkDir: "/tmp", Output: DefaultOutput, MaxRestarts: 1, Submitted: time.Now().UTC()}
+			WorkDir: "/tmp", Output: DefaultOutput, Supervision: launcher.Supervision{MaxRestarts: 1}, Submitted: time.Now().UTC()}
 	}
 	refused := func(id, want string) {
 		t.Helper()

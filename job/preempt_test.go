@@ -12,6 +12,7 @@ import (
 	"github.com/gangrun/gangrun/event"
 	"github.com/gangrun/gangrun/internal/consultest"
 	"github.com/gangrun/gangrun/internal/store"
+	"github.com/gangrun/gangrun/launcher"
 	"github.com/gangrun/gangrun/policy"
 	"github.com/gangrun/gangrun/topology"
 )
@@ -118,7 +119,7 @@ func TestControllerPreemptsOnlyWhatThePolicyAllows(t *testing.T) {
 	submit := func(partition string) string {
 		t.Helper()
 		id, err := Submit(ctx, s, Spec{Name: partition, User: me.Username, Partition: partition, MinNodes: 1, MaxNodes: 1, GPUsPerNode: 2,
-			Command: []string{"sleep", "300"}, WorkDir: dir, TermTimeout: 5 * time.Second, MaxRestarts: 0})
+			Command: []string{"sleep", "300"}, WorkDir: dir, TermTimeout: 5 * time.Second, Supervision: launcher.Supervision{MaxRestarts: 0}})
 		if err != nil {
 			t.Fatalf("submit to %s: %v", partition, err)
 		}

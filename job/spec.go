@@ -25,6 +25,7 @@ import (
 	"github.com/gangrun/gangrun/internal/cgroup"
 	"github.com/gangrun/gangrun/internal/quote"
 	"github.com/gangrun/gangrun/internal/store"
+	"github.com/gangrun/gangrun/launcher"
 )
 
 // Limits of a job's spec.
@@ -102,9 +103,13 @@ type Spec struct {
 	// SpareNodes are granted with the job and run nothing until a node of the job fails
 	// (--spare-nodes).
 	SpareNodes int `json:"spare_nodes,omitempty"`
-	// CheckpointDir and MaxRestarts are as `gangrun run`'s.
+	// CheckpointDir is as `gangrun run`'s.
 	CheckpointDir string `json:"checkpoint_dir,omitempty"`
-	MaxRestarts   int    `json:"max_restarts"`
+	// Supervision is `gangrun run`'s supervision flags as submitted (--max-restarts,
+	// --hang-timeout, --warm-restarts, ...), its members inline in the record: every
+	// node's step runs the job with it (Spec.StepSupervision). A record written before
+	// it was kept holds max_restarts alone.
+	launcher.Supervision
 	// TermTimeout is the SIGTERM → SIGKILL grace when the job is stopped.
 	TermTimeout time.Duration `json:"term_timeout,omitempty"`
 	// Output is --output, a pattern (Expand) relative to WorkDir.
@@ -134,6 +139,18 @@ type Spec struct {
 	// Batch makes the job a Slurm batch job (batch.go): its script runs once on the
 	// first node and srun starts its steps; nil for gangrun's own jobs.
 	Batch *Batch `json:"batch,omitempty"`
+}
+
+// StepSupervision is the supervision each node's step runs the job with: the spec's,
+// or, for a record without a backoff — written before the spec kept its supervision,
+// or a Slurm batch job's — what such jobs ran with: an exponential backoff,
+// launcher.DefaultNoRestartExitCode, no hang timeout, cold restarts.
+func (s Spec) StepSupervision() launcher.Supervision {
+	sup := s.Supervision
+	if sup.Backoff == "" {
+		sup.Backoff, sup.NoRestartExitCode = "exp", launcher.DefaultNoRestartExitCode
+	}
+	return sup
 }
 
 // Hidden is what another user's job's private fields read as through gangrun's
@@ -186,6 +203,9 @@ func (s Spec) Validate() error {
 		return fmt.Errorf("--spare-nodes %d: want at most %d", s.SpareNodes, MaxNodes)
 	case s.Priority > MaxPriority || s.Priority < -MaxPriority:
 		return fmt.Errorf("--priority %d: want %d to %d (Slurm's job priority is 32-bit)", s.Priority, -MaxPriority, MaxPriority)
+	}
+	if err := s.Supervision.Check(); err != nil {
+		return err
 	}
 	for _, f := range []struct{ flag, v string }{{"--name", s.Name}, {"--account", s.Account}, {"--partition", s.Partition}, {"--output", s.Output}} {
 		if strings.IndexFunc(f.v, func(r rune) bool { return unicode.IsControl(r) || unicode.Is(unicode.Cf, r) }) >= 0 {

@@ -404,13 +404,17 @@ func (st *step) prepare(ctx context.Context, gn allocator.GrantNode, out io.Writ
 		environ = append(environ, spec.Array.Environ()...)
 	}
 	st.stop = make(chan os.Signal, 4)
+	// Supervised as `gangrun run` is, with the job's settings, less the restarts the
+	// job has had already (State.Restarts).
+	sup := spec.StepSupervision()
+	sup.MaxRestarts = max(sup.MaxRestarts-state.Restarts, 0)
 	return launcher.Prepare(ctx, launcher.Spec{
 		Command: command, NProcPerNode: strconv.Itoa(len(gn.Devices)), NProcGiven: true,
 		NNodes: fmt.Sprintf("%d:%d", min(spec.MinNodes, len(state.Nodes)), len(state.Nodes)), NNodesGiven: true,
 		Coordinator: "consul://" + st.cfg.ConsulAddr, FollowRun: true, JobID: spec.ID, NodeName: st.cfg.Node, AdvertiseAddr: addr,
 		Inventory: st.cfg.Inventory, Devices: gn.Devices, Env: spec.Env, Environ: environ,
 		Cgroup: string(cgroup.Auto), Mem: spec.Mem, PidsLimit: cgroup.DefaultPidsLimit,
-		MaxRestarts: max(spec.MaxRestarts-state.Restarts, 0), Backoff: "exp", NoRestartExitCode: launcher.DefaultNoRestartExitCode, TermTimeout: spec.TermTimeout,
+		Supervision: sup, TermTimeout: spec.TermTimeout,
 		CheckpointDir: ckpt, Stdout: out, Stderr: out, Report: out, Log: st.log,
 		GuardianArgv: st.cfg.GuardianArgv, Signals: st.stop, Subreaper: st.cfg.Subreaper, User: st.user,
 		RendezvousStore: sealedRendezvous(st.cfg.Prover, spec.ID),

@@ -85,24 +85,15 @@ type Spec struct {
 	// the coordinator and the user's CUDA_VISIBLE_DEVICES (os.Getenv when nil).
 	Environ []string
 	Getenv  func(string) string
-	// MaxRestarts is --max-restarts, 0..MaxRestartsLimit; Backoff is --restart-backoff
-	// ("" is "exp").
-	MaxRestarts int
-	Backoff     string
-	// NoRestartExitCode is --no-restart-exit-code, 0..255 (0: none); see Config.
-	NoRestartExitCode int
-	// TermTimeout (0: DefaultTermTimeout) and HangTimeout (0: off), as the flags.
-	TermTimeout, HangTimeout time.Duration
+	// Supervision is how failures are handled: restarts, their backoff, the hang
+	// timeout, warm standbys (the same for `gangrun run` and a cluster job's step).
+	Supervision
+	// TermTimeout is --term-timeout (0: DefaultTermTimeout).
+	TermTimeout time.Duration
 	// CheckpointDir, ResumeArg, LogDir, Tee and LocalRankArg are the flags of the same
 	// names; see Config.
 	CheckpointDir, ResumeArg, LogDir string
 	Tee, LocalRankArg                bool
-	// WarmRestarts and WarmImports are --warm-restarts and --warm-imports; see Config.
-	WarmRestarts bool
-	WarmImports  []string
-	// WarmDelay is --warm-delay (Config.WarmDelay): 0 is DefaultWarmDelay, a negative
-	// one none (the standbys start with the workers).
-	WarmDelay time.Duration
 	// NoRestart is Config.NoRestart.
 	NoRestart func() string
 	// Streams is Config.Streams (nil: LogDir and Tee decide); LogDirPerRun is Config's.
@@ -157,7 +148,7 @@ func Prepare(ctx context.Context, spec Spec) (*Prepared, error) {
 	if len(spec.Command) == 0 {
 		return nil, errors.New("no command to run: give it after --, as in gangrun run -- python train.py")
 	}
-	if err := checkMaxRestarts(spec.MaxRestarts); err != nil {
+	if err := spec.Supervision.Check(); err != nil {
 		return nil, err
 	}
 	// Names first: a job id becomes a scratch directory's and a cgroup's name, so a bad
@@ -172,20 +163,11 @@ func Prepare(ctx context.Context, spec Spec) (*Prepared, error) {
 			return nil, err
 		}
 	}
-	if err := checkWarmImports(spec.WarmImports); err != nil {
-		return nil, err
-	}
-	if spec.HangTimeout < 0 {
-		return nil, fmt.Errorf("--hang-timeout %s: must not be negative", spec.HangTimeout)
-	}
 	if spec.TermTimeout < 0 {
 		return nil, fmt.Errorf("--term-timeout %s: must not be negative", spec.TermTimeout)
 	}
 	if spec.ResumeArg != "" && spec.CheckpointDir == "" {
 		return nil, fmt.Errorf("--resume-arg %s needs --checkpoint-dir (where gangrun finds the checkpoint to resume from)", spec.ResumeArg)
-	}
-	if spec.NoRestartExitCode < 0 || spec.NoRestartExitCode > 255 {
-		return nil, fmt.Errorf("--no-restart-exit-code %d: want 1..255, or 0 for none", spec.NoRestartExitCode)
 	}
 	backoff, err := ParseBackoff(spec.Backoff)
 	if err != nil {

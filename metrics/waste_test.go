@@ -11,6 +11,7 @@ import (
 	"github.com/gangrun/gangrun/internal/consultest"
 	"github.com/gangrun/gangrun/internal/store"
 	"github.com/gangrun/gangrun/job"
+	"github.com/gangrun/gangrun/launcher"
 	"github.com/gangrun/gangrun/topology"
 )
 
@@ -53,7 +54,7 @@ func TestGPUWasteMarksAnIdleJob(t *testing.T) {
 	waitFor(t, 20*time.Second, func() bool { return a.Session() != "" }, "the agent registered")
 
 	id, err := job.Submit(ctx, s, job.Spec{Name: "forgotten", User: "alice", MinNodes: 1, MaxNodes: 1, GPUsPerNode: 2,
-		Command: []string{"sleep", "600"}, WorkDir: "/", MaxRestarts: 1, Submitted: time.Now().UTC()})
+		Command: []string{"sleep", "600"}, WorkDir: "/", Supervision: launcher.Supervision{MaxRestarts: 1}, Submitted: time.Now().UTC()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/user"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -151,11 +152,28 @@ var gangrunAliases = map[string]string{
 	"checkpoint-dir": "gangrun-checkpoint-dir", "term-timeout": "gangrun-term-timeout",
 }
 
+// notBatchSupervised is why a batch script refuses the supervision options of `gangrun
+// run` that have no --gangrun-* option: its script runs as Slurm's batch step, which
+// restarts the script itself (job.Batch), not under `gangrun run`'s supervisor.
+const notBatchSupervised = "a supervision option of gangrun's own jobs (gangrun submit without #SBATCH lines), which a Slurm batch script's batch step does not take (docs/slurm.md, \"Gang supervision\")"
+
+// gangrunRefused are the rest of `gangrun submit`'s supervision options
+// (launcher.Supervision): known on #GANGRUN lines of a batch script so that they are
+// refused saying why, not taken for unknown ones.
+var gangrunRefused = []option{
+	{long: "restart-backoff", arg: reqArg}, {long: "no-restart-exit-code", arg: reqArg}, {long: "hang-timeout", arg: reqArg},
+	{long: "warm-restarts", arg: optArg}, {long: "warm-imports", arg: reqArg}, {long: "warm-delay", arg: reqArg},
+}
+
 // gangrunOptions is the option table of #GANGRUN lines in a batch script.
 func gangrunOptions() []option {
 	var out []option
 	for name := range gangrunAliases {
 		out = append(out, option{long: name, arg: reqArg})
+	}
+	for _, o := range gangrunRefused {
+		o.unsupported = notBatchSupervised
+		out = append(out, o)
 	}
 	// submit's own, which its caller acts on: the Consul address and JSON output.
 	out = append(out, option{long: "env", arg: reqArg}, option{long: "json", arg: noArg}, option{long: "consul", arg: reqArg})
@@ -286,6 +304,9 @@ func ParseBatch(e *Env, script, name string, scriptArgs, gangrunArgs, sbatchArgs
 			return nil, &UsageError{Msg: fmt.Sprintf("error: a %s line holds %q, which is no option", job.Directive, rest[0]), Code: 255}
 		}
 		for _, p := range ps {
+			if slices.ContainsFunc(gangrunRefused, func(o option) bool { return o.long == p.name }) {
+				return nil, &UsageError{Msg: fmt.Sprintf("error: --%s is %s", p.name, notBatchSupervised), Code: 255}
+			}
 			switch p.name {
 			case "env":
 				o.env = append(o.env, p.value)
@@ -351,7 +372,7 @@ func (o *batchOpts) request(e *Env, script, name string, scriptArgs []string) (*
 	}
 	r := &BatchRequest{Parsable: given["parsable"], Wait: given["wait"], Quiet: given["quiet"]}
 	b := &job.Batch{Export: "ALL"}
-	spec := job.Spec{Batch: b, MaxRestarts: 0}
+	spec := job.Spec{Batch: b} // MaxRestarts 0: a plain batch job runs once
 	if given["wrap"] {
 		if script != "" {
 			return nil, badf("--wrap and a script: give one")

@@ -41,13 +41,15 @@ const stepCommand = "__step"
 type submitFlags struct {
 	nodes, name, partition, account, timeLimit, signal, checkpointDir, output, uid string
 	dependency, array                                                              string
-	priority, spares, maxRestarts                                                  int
+	priority, spares                                                               int
 	gpus                                                                           string
 	termTimeout                                                                    time.Duration
 	mem                                                                            int64
 	env                                                                            []string
 	asJSON                                                                         bool
 	consul                                                                         *string
+	// supervision is `gangrun run`'s supervision flags, registered by the same function.
+	supervision supervisionFlags
 }
 
 func (f *submitFlags) register(fs *pflag.FlagSet) {
@@ -63,7 +65,7 @@ func (f *submitFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.signal, "signal", "", "SIG@DUR: send SIG to the workers DUR (seconds or a duration) before the time limit")
 	fs.IntVar(&f.spares, "spare-nodes", 0, "nodes granted with the job, idle until one of its nodes fails")
 	fs.StringVar(&f.checkpointDir, "checkpoint-dir", "", "where the trainer writes checkpoints; every attempt resumes from the newest complete one")
-	fs.IntVar(&f.maxRestarts, "max-restarts", job.DefaultMaxRestarts, "restarts after the job's own failures (a lost node's do not count)")
+	f.supervision.register(fs)
 	durationVar(fs, &f.termTimeout, "term-timeout", launcher.DefaultTermTimeout, durationFlag{max: maxGrace},
 		"SIGTERM to SIGKILL grace when the job is stopped (at most 24h)")
 	fs.StringVar(&f.output, "output", job.DefaultOutput, "output file pattern (%j job id, %x name, %n node, %u user), relative to the submit directory")
@@ -279,7 +281,7 @@ func (f *submitFlags) spec(command []string, script, name string) (job.Spec, err
 	spec := job.Spec{Name: f.name, User: submitter, Account: f.account, Partition: f.partition,
 		MinNodes: lo, MaxNodes: hi, GPUsPerNode: gpus, GPUModel: model, MIGProfile: profile, Priority: f.priority, TimeLimit: limit,
 		Signal: sig, SignalBefore: before, SpareNodes: f.spares, CheckpointDir: f.checkpointDir,
-		MaxRestarts: f.maxRestarts, TermTimeout: f.termTimeout, Output: f.output, Env: env, Mem: f.mem,
+		Supervision: f.supervision.supervision(), TermTimeout: f.termTimeout, Output: f.output, Env: env, Mem: f.mem,
 		Command: command, Script: script, WorkDir: wd, Dependency: deps}
 	if spec.Name == "" {
 		spec.Name = name

@@ -64,41 +64,27 @@ func (g *gangFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&g.logFormat, "log-format", "text", "gangrun's own log lines: text or json")
 }
 
-// trainFlags are `gangrun run`'s flags beyond gangFlags: restarts, checkpoints, logs.
+// trainFlags are `gangrun run`'s flags beyond gangFlags: supervision (as submit's),
+// checkpoints, logs.
 type trainFlags struct {
-	maxRestarts   int
-	noRestartCode int
-	backoff       string
+	supervision   supervisionFlags
 	checkpointDir string
 	resumeArg     string
 	logDir        string
 	tee           bool
 	teeStd        string // torchrun's --tee value (0-3, LOCAL_RANK:N,...); "" for gangrun's true/false
-	hangTimeout   time.Duration
 	localRankArg  bool
-	warmRestarts  bool
-	warmImports   []string
-	warmDelay     time.Duration
 }
 
 func (t *trainFlags) register(fs *pflag.FlagSet) {
-	fs.IntVar(&t.maxRestarts, "max-restarts", launcher.DefaultMaxRestarts, "restarts of the gang after failures")
-	fs.StringVar(&t.backoff, "restart-backoff", "exp", "wait before each restart without progress: exp (1s doubling to 30s) or a duration (0s: none)")
-	fs.IntVar(&t.noRestartCode, "no-restart-exit-code", launcher.DefaultNoRestartExitCode, "a worker exiting with this code ends the run at once, no restart (0: none)")
+	t.supervision.register(fs)
 	fs.StringVar(&t.checkpointDir, "checkpoint-dir", "", "where the trainer writes checkpoints; the newest complete one is resumed from")
 	fs.StringVar(&t.resumeArg, "resume-arg", "", "on resume, append FLAG PATH to the command")
 	fs.StringVar(&t.logDir, "log-dir", "", "write DIR/attempt_K/rank_N/{stdout,stderr}.log")
 	t.tee = true
 	fs.VarP(&teeFlag{on: &t.tee, std: &t.teeStd}, "tee", "t", "with --log-dir, also show worker output on the console (--tee=false: files only); torchrun's 0-3 or LOCAL_RANK:N,... (streams to a log file and the console)")
 	fs.Lookup("tee").NoOptDefVal = "true"
-	durationVar(fs, &t.hangTimeout, "hang-timeout", 0, durationFlag{min: minHangTimeout, max: maxWait, zeroOK: true,
-		minWhy: "it is checked every 100ms to 5s, so a shorter one cannot be honoured"},
-		"no output from any rank for this long is a failure; 0 is off (else 1s to 10000h)")
 	fs.BoolVar(&t.localRankArg, "local-rank-arg", false, "append --local_rank=N (legacy torch.distributed.launch scripts)")
-	fs.BoolVar(&t.warmRestarts, "warm-restarts", true, "restart Python workers from standby interpreters that imported --warm-imports already (false: always a fresh interpreter)")
-	fs.StringSliceVar(&t.warmImports, "warm-imports", nil, "modules a standby imports before it waits, MOD[,MOD...] (default torch,torch._dynamo, each import's error ignored)")
-	durationVar(fs, &t.warmDelay, "warm-delay", launcher.DefaultWarmDelay, durationFlag{max: maxGrace, zeroOK: true},
-		"start the next attempt's standbys this long after cold workers start, so their imports do not slow the workers' start-up (0s: at once; warm workers fork theirs at once)")
 }
 
 func runRun(ctx context.Context, e *env, args []string) int {
@@ -135,13 +121,9 @@ func runRun(ctx context.Context, e *env, args []string) int {
 	spec := g.spec(e, l.command, log)
 	spec.Streams, spec.Role, spec.SignalsToHandle, spec.VirtualLocalRank = l.streams, l.role, l.signals, l.virtualLocalRank
 	spec.AutoIsCPUs, spec.LogDirPerRun = l.autoIsCPUs, l.torchrunForm
-	spec.MaxRestarts, spec.Backoff, spec.NoRestartExitCode = t.maxRestarts, t.backoff, t.noRestartCode
+	spec.Supervision = t.supervision.supervision()
 	spec.CheckpointDir, spec.ResumeArg, spec.LogDir, spec.Tee = t.checkpointDir, t.resumeArg, t.logDir, t.tee
-	spec.HangTimeout, spec.LocalRankArg = t.hangTimeout, t.localRankArg
-	spec.WarmRestarts, spec.WarmImports, spec.WarmDelay = t.warmRestarts, t.warmImports, t.warmDelay
-	if t.warmDelay == 0 {
-		spec.WarmDelay = -1 // at once (Spec's 0 is the default)
-	}
+	spec.LocalRankArg = t.localRankArg
 	// The gangrun binary (not a test calling dispatch) has no other children than its
 	// guardian and workers: it can reap whatever the workers leave behind.
 	spec.Subreaper = e.self != ""

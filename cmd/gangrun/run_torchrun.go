@@ -205,10 +205,10 @@ func (f *torchrunFlags) apply(e *env, fs *pflag.FlagSet, g *gangFlags, t *trainF
 			g.nproc = "1"
 		}
 		if !changed("max-restarts") {
-			t.maxRestarts = 0
+			t.supervision.sup.MaxRestarts = 0
 		}
 		if !changed("restart-backoff") {
-			t.backoff = "0s" // torchrun restarts at once
+			t.supervision.sup.Backoff = "0s" // torchrun restarts at once
 		}
 		if !changed("cpu-bind") && f.numaBinding == "" {
 			g.cpuBind = "none" // torchrun binds nothing without --numa-binding

@@ -16,6 +16,7 @@ import (
 	"github.com/gangrun/gangrun/identity"
 	"github.com/gangrun/gangrun/internal/store"
 	"github.com/gangrun/gangrun/job"
+	"github.com/gangrun/gangrun/launcher"
 )
 
 // TestJobRunsAsItsUser: a job submitted as alice (root's --uid, as sbatch --uid) runs
@@ -169,7 +170,7 @@ func TestJobRunsAsItsUser(t *testing.T) {
 		t.Fatal(err)
 	}
 	unknown, err := job.SubmitSealed(context.Background(), s, job.Spec{Name: "x", User: "no-such-user-gr", MinNodes: 1, MaxNodes: 1, GPUsPerNode: 1,
-		Command: []string{"true"}, WorkDir: dir, MaxRestarts: 0}, munge)
+		Command: []string{"true"}, WorkDir: dir, Supervision: launcher.Supervision{MaxRestarts: 0}}, munge)
 	if err != nil {
 		t.Fatal(err)
 	}
