@@ -142,15 +142,11 @@ type Spec struct {
 }
 
 // StepSupervision is the supervision each node's step runs the job with: the spec's,
-// or, for a record without a backoff — written before the spec kept its supervision,
-// or a Slurm batch job's — what such jobs ran with: an exponential backoff,
-// launcher.DefaultNoRestartExitCode, no hang timeout, cold restarts.
+// each zero field its default (launcher.Supervision). A record written before the
+// spec kept its supervision reads as the defaults, so such a job now restarts warm
+// where it restarted cold.
 func (s Spec) StepSupervision() launcher.Supervision {
-	sup := s.Supervision
-	if sup.Backoff == "" {
-		sup.Backoff, sup.NoRestartExitCode = "exp", launcher.DefaultNoRestartExitCode
-	}
-	return sup
+	return s.Supervision
 }
 
 // Hidden is what another user's job's private fields read as through gangrun's

@@ -364,10 +364,10 @@ func resolve(ctx context.Context, spec Spec, o *rendezvous.Opened, inv *topology
 	}
 	cfg := Config{
 		Command: spec.Command, Torchrun: torch, NProcPerNode: nproc, NNodesMin: o.MinNodes, NNodesMax: o.MaxNodes,
-		MaxRestarts: spec.MaxRestarts, Backoff: backoff, NoRestartExitCode: spec.NoRestartExitCode, CheckpointDir: spec.CheckpointDir, ResumeArg: spec.ResumeArg,
+		MaxRestarts: spec.MaxRestarts, Backoff: backoff, NoRestartExitCode: spec.exitCode(), CheckpointDir: spec.CheckpointDir, ResumeArg: spec.ResumeArg,
 		LogDir: spec.LogDir, Tee: spec.Tee, TermTimeout: term, HangTimeout: spec.HangTimeout,
 		LocalRankArg: spec.LocalRankArg, MasterPort: spec.MasterPort, JobID: o.JobID,
-		WarmRestarts: spec.WarmRestarts, WarmImports: spec.WarmImports, WarmDelay: warmDelay, NoRestart: spec.NoRestart,
+		WarmRestarts: !spec.ColdRestarts, WarmImports: spec.WarmImports, WarmDelay: warmDelay, NoRestart: spec.NoRestart,
 		NodeName: o.NodeName, Addr: o.Addr,
 		// One node alone in its log directory: a rerun into it is refused before
 		// anything starts. The nodes of a job (Consul, Slurm) share one.

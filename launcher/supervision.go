@@ -13,36 +13,50 @@ import (
 // supervisor's Config — so a supervision setting added here (a field, its flag, its
 // check in Check and its place in Config) reaches both.
 //
-// The JSON names are the job record's (job.Spec embeds a Supervision): a field added
-// later must be omitempty with a zero value meaning what a job without it did before,
-// so that records written before it read the same (internal/schema's rule).
+// The JSON names are the job record's (job.Spec embeds a Supervision), and every
+// field's zero value is its default: a job submitted with the defaults is the record
+// an older release writes (max_restarts alone), which that release's agents accept
+// during a rolling upgrade (they check the record's MUNGE credential over the fields
+// they know: TestRollingUpgrade). A field added later must keep that rule.
 type Supervision struct {
 	// MaxRestarts is --max-restarts, 0..MaxRestartsLimit: failed attempts retried. (A
 	// cluster job's lost nodes do not count against it: the step is given what is left.)
 	MaxRestarts int `json:"max_restarts"`
 	// Backoff is --restart-backoff, as ParseBackoff takes it ("" is "exp").
 	Backoff string `json:"restart_backoff,omitempty"`
-	// NoRestartExitCode is --no-restart-exit-code, 0..255 (0: none); see Config. (A job
-	// record without Backoff was written before supervision was kept: its step runs
-	// with DefaultSupervision's backoff and code, as such jobs did.)
+	// NoRestartExitCode is --no-restart-exit-code: 1..255 that code, 0 the default
+	// (DefaultNoRestartExitCode), NoExitCode for none (the flag's 0); see Config.
 	NoRestartExitCode int `json:"no_restart_exit_code,omitempty"`
 	// HangTimeout is --hang-timeout: no output from any rank for this long is a
 	// failure; 0 is off.
 	HangTimeout time.Duration `json:"hang_timeout,omitempty"`
-	// WarmRestarts and WarmImports are --warm-restarts and --warm-imports; see Config.
-	// A job record without them restarts cold, as jobs did before they were kept.
-	WarmRestarts bool     `json:"warm_restarts,omitempty"`
+	// ColdRestarts is --warm-restarts=false; WarmImports is --warm-imports (nil:
+	// DefaultWarmImports); see Config's WarmRestarts and WarmImports.
+	ColdRestarts bool     `json:"cold_restarts,omitempty"`
 	WarmImports  []string `json:"warm_imports,omitempty"`
 	// WarmDelay is --warm-delay (Config.WarmDelay): 0 is DefaultWarmDelay, a negative
 	// one none (the standbys start with the workers; the flag's 0s).
 	WarmDelay time.Duration `json:"warm_delay,omitempty"`
 }
 
+// NoExitCode is Supervision.NoRestartExitCode's "no such code" (--no-restart-exit-code 0).
+const NoExitCode = -1
+
 // DefaultSupervision is the supervision of `gangrun run` and `gangrun submit` when no
-// flag says otherwise (docs/run.md, "Flags").
+// flag says otherwise (docs/run.md, "Flags"): every field zero but MaxRestarts.
 func DefaultSupervision() Supervision {
-	return Supervision{MaxRestarts: DefaultMaxRestarts, Backoff: "exp", NoRestartExitCode: DefaultNoRestartExitCode,
-		WarmRestarts: true, WarmDelay: DefaultWarmDelay}
+	return Supervision{MaxRestarts: DefaultMaxRestarts}
+}
+
+// exitCode is the code that ends the run without a restart, 0 for none.
+func (s Supervision) exitCode() int {
+	switch s.NoRestartExitCode {
+	case 0:
+		return DefaultNoRestartExitCode
+	case NoExitCode:
+		return 0
+	}
+	return s.NoRestartExitCode
 }
 
 // Check refuses a value the supervisor cannot honour, naming the flag and the value:
@@ -54,7 +68,7 @@ func (s Supervision) Check() error {
 	if _, err := ParseBackoff(s.Backoff); err != nil {
 		return err
 	}
-	if s.NoRestartExitCode < 0 || s.NoRestartExitCode > 255 {
+	if s.NoRestartExitCode < NoExitCode || s.NoRestartExitCode > 255 {
 		return fmt.Errorf("--no-restart-exit-code %d: want 1..255, or 0 for none", s.NoRestartExitCode)
 	}
 	if s.HangTimeout < 0 {
