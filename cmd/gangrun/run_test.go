@@ -571,10 +571,21 @@ sys.exit(3 if a < 2 else 0)
 		if res.code != 0 {
 			t.Fatalf("%s: exit %d; stdout:\n%s\nstderr:\n%s", c.name, res.code, res.stdout, res.stderr)
 		}
+		checked := 0
 		for _, a := range c.up {
-			if !strings.Contains(res.stdout, "[rank1]: attempt "+a+" master up "+c.agentStore) {
-				t.Errorf("%s: attempt %s's rank 1 did not find the store up (TORCHELASTIC_USE_AGENT_STORE=%s):\n%s", c.name, a, c.agentStore, res.stdout)
+			if c.agentStore == "False" && !strings.Contains(res.stderr, `"attempt": `+a+`, "warm": 2, "cold": 0`) {
+				// Only a warm rank 1 waits for rank 0's store: a standby not ready in
+				// time (best effort, as warm restarts are) starts the attempt cold.
+				t.Logf("%s: attempt %s did not start both ranks warm; its rank 1 is not checked", c.name, a)
+				continue
 			}
+			checked++
+			if !strings.Contains(res.stdout, "[rank1]: attempt "+a+" master up "+c.agentStore) {
+				t.Errorf("%s: attempt %s's rank 1 did not find the store up (TORCHELASTIC_USE_AGENT_STORE=%s):\n%s\nstderr:\n%s", c.name, a, c.agentStore, res.stdout, res.stderr)
+			}
+		}
+		if len(c.up) > 0 && checked == 0 {
+			t.Errorf("%s: no attempt of %v started warm: nothing was checked; stderr:\n%s", c.name, c.up, res.stderr)
 		}
 		for _, a := range c.down {
 			if !strings.Contains(res.stdout, "[rank1]: attempt "+a+" master down "+c.agentStore) {
