@@ -52,6 +52,9 @@ type sealedStore struct {
 	hidden map[string]uint64
 }
 
+// Unwrap returns the Store the values are sealed in (store.Wrapper).
+func (s *sealedStore) Unwrap() store.Store { return s.Store }
+
 // covered reports whether key's values are sealed.
 func (s *sealedStore) covered(key string) bool {
 	for _, p := range s.prefixes {

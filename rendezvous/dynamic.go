@@ -993,6 +993,7 @@ func (r *dynamicRound) watch(ctx context.Context) {
 	lw := store.NewWatcher(c.s, c.key())
 	retryLead := false
 	var seen uint64 // the highest index an answer came at
+	awaitingRestore := false
 	for {
 		var entries []store.Entry
 		var at uint64 // this answer's index; 0 when the watch found the index gone back
@@ -1030,14 +1031,22 @@ func (r *dynamicRound) watch(ctx context.Context) {
 		wentBack := at == 0 || at < seen
 		seen = max(seen, at)
 		st, idx, leader := c.readCtl(entries)
-		if st == nil && wentBack {
-			// The job's state is gone from a store whose data went back in time: a
-			// Consul that lost its data and answers empty until the operator restores
-			// its snapshot (docs/operations.md, "Recovery"). That is no end of the
-			// round: the restore brings the state back, and should it never, the
-			// lease ends the round (its renewals meet the same store).
+		if st == nil && (wentBack || store.DataLost(ctx, c.s)) {
+			// The job's state is gone from a store whose data is not the data it had
+			// (its index went back, or its cluster marker is gone or another: the
+			// agents' writes to it may have raised its index past what this node saw):
+			// a Consul that lost its data and answers until the operator restores its
+			// snapshot (docs/operations.md, "Recovery"). That is no end of the round:
+			// the restore brings the state back, and should it never, the lease ends
+			// the round (its renewals meet the same store). The restore wakes the
+			// watch: the job's keys change.
+			if !awaitingRestore {
+				awaitingRestore = true
+				c.log.Warn("the job's state is gone from a Consul that lost its data: waiting for its restore, or for the lease to end", zap.Int("round", r.a.Round))
+			}
 			continue
 		}
+		awaitingRestore = false
 		if st == nil || st.Run != r.run || st.Round != r.a.Round || st.Status != statusRunning {
 			if st != nil && st.Previous != nil && st.Previous.Run == r.run && st.Previous.Round == r.a.Round {
 				st = st.Previous // the next round opened already: this round's end is kept there

@@ -97,14 +97,15 @@ func (r *recovery) waitFor(id, what string, within time.Duration, ok func(j *job
 }
 
 // outage snapshots Consul's data, kills Consul, waits down, then starts an empty Consul
-// on the same address and, restoreGap later (an operator at work: the empty Consul
-// answers meanwhile), restores the snapshot into it; before, when not nil, runs between
-// the snapshot and the kill.
+// on the same address and restores the snapshot into it as soon as it answers; before,
+// when not nil, runs between the snapshot and the kill.
 func (r *recovery) outage(down time.Duration, before func()) {
-	r.outageGap(down, 0, before)
+	r.outageWith(down, before, nil)
 }
 
-func (r *recovery) outageGap(down, restoreGap time.Duration, before func()) {
+// outageWith is outage running meanwhile, when not nil, between the empty Consul's
+// start and the restore (an operator at work: the empty Consul answers meanwhile).
+func (r *recovery) outageWith(down time.Duration, before, meanwhile func()) {
 	r.t.Helper()
 	snap := filepath.Join(r.dir, "consul.snap")
 	r.consulCmd("snapshot", "save", snap)
@@ -114,8 +115,50 @@ func (r *recovery) outageGap(down, restoreGap time.Duration, before func()) {
 	r.consul.Kill()
 	time.Sleep(down)
 	r.consul.Launch()
-	time.Sleep(restoreGap)
+	if meanwhile != nil {
+		meanwhile()
+	}
 	r.consulCmd("snapshot", "restore", snap)
+}
+
+// raiseIndexPast writes keys outside gangrun/ into the test's Consul until its KV index
+// is past idx, as the other clients of a cluster do to an empty Consul that replaced a
+// lost one.
+func (r *recovery) raiseIndexPast(idx uint64) {
+	r.t.Helper()
+	s, err := store.NewConsul(r.consul.Addr)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	for i := 0; ; i++ {
+		_, at, err := s.List(ctx, "recovery-test/")
+		if err != nil {
+			r.t.Fatal(err)
+		}
+		if at > idx {
+			return
+		}
+		if _, err := s.Txn(ctx, []store.Op{{Verb: store.Set, Key: "recovery-test/" + strconv.Itoa(i), Value: []byte("x")}}); err != nil {
+			r.t.Fatal(err)
+		}
+	}
+}
+
+// index is the test's Consul's KV index now.
+func (r *recovery) index() uint64 {
+	r.t.Helper()
+	s, err := store.NewConsul(r.consul.Addr)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	defer s.Close()
+	_, at, err := s.List(context.Background(), "gangrun/")
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return at
 }
 
 // lines counts the lines of file in the work directory holding s.
@@ -128,9 +171,9 @@ func (r *recovery) lines(file, s string) int {
 // by itself, nothing run twice at once, nothing left RUNNING, no job stuck PENDING on
 // a node that is up:
 //
-//   - short (5 s, Consul's data lost, an empty Consul answering for 4 s, then the
-//     snapshot restored): the running job's step carries on; it and the job waiting on
-//     it complete, each run once;
+//   - short (Consul's data lost, an empty Consul answering and written to until its
+//     index is past the one lost, then the snapshot restored): the running job's step
+//     carries on; it and the job waiting on it complete, each run once;
 //   - long (30 s, past the steps' lease): the step stops its workers and ends; once
 //     Consul is back the job is requeued as a node failure (not its own restart), its
 //     node not excluded, and runs again to completion;
@@ -144,12 +187,21 @@ func TestRecoveryAfterConsulOutages(t *testing.T) {
 		first := r.submit(`echo run >> short-1.log; sleep 12`)
 		second := r.submit(`echo run >> short-2.log`, "--dependency", "afterok:"+first)
 		r.waitFor(first, "RUNNING", 60*time.Second, func(j *job.Job) bool { return j.State.Status == job.Running })
-		// Restored as soon as the empty Consul answers, as docs/operations.md tells
-		// operators to (the agents and the step still meet the empty Consul first). A
-		// restore 4 s later failed now and then in CI: the agents' writes to the empty
-		// Consul raise its index past what the step had seen (docs/operations.md,
-		// Snapshots; not fixed).
-		r.outageGap(5*time.Second, 0, nil)
+		// Before the restore, the empty Consul takes writes until its index is past
+		// the one the step saw (as the agents' would, registering again): the cluster's
+		// marker, not the index, tells the step that this Consul lost its data. The
+		// outage, the writes and the wait stay within the steps' lease (12 s after
+		// their last renewal, 4 s apart).
+		// The restore waits until the step has met the empty Consul (its rendezvous
+		// says what it made of it).
+		var before uint64
+		r.outageWith(500*time.Millisecond, func() { before = r.index() }, func() {
+			r.raiseIndexPast(before + 10)
+			out := "gangrun-" + first + ".out"
+			waitUntilFor(t, 8*time.Second, func() bool {
+				return r.lines(out, "waiting for its restore") > 0 || r.lines(out, "membership changed") > 0
+			}, "the step to meet the empty Consul")
+		})
 		for _, id := range []string{first, second} {
 			if j := r.waitFor(id, "ended", 120*time.Second, func(j *job.Job) bool { return j.State.Status.Final() }); j.State.Status != job.Completed {
 				t.Errorf("job %s: %s %q, want COMPLETED", id, j.State.Status, j.State.Reason)

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"net"
@@ -32,7 +33,20 @@ type Consul struct {
 	// WatchList, Get): a KV index below it later means Consul's data went back in time
 	// (RenewSession).
 	seen atomic.Uint64
+	// marker is the value of MarkerKey this client took as its cluster's data, read
+	// (created where missing) after each session it created; nil until then. Another
+	// value later, or none, means Consul's data is not the data it had (wentBack).
+	marker atomic.Pointer[string]
 }
+
+// MarkerKey holds a random value that marks one cluster's Consul data: written once,
+// check-and-set on a missing key, after the first gangrun session created there, and
+// never changed. A snapshot restore brings it back with the rest of the data; a Consul
+// that lost its data (an empty server answering until the operator restores: see
+// docs/operations.md, "Recovery") has none, or, once a gangrun process created a
+// session there, another. Its KV index cannot tell that second case: the empty Consul's
+// index climbs with every write the agents make there and may pass what a client saw.
+const MarkerKey = "gangrun/cluster/marker"
 
 // saw records idx, an answer's index about the KV store.
 func (s *Consul) saw(idx uint64) {
@@ -646,7 +660,7 @@ func (s *Consul) CreateSession(ctx context.Context, o SessionOptions) (string, e
 		delay = time.Millisecond
 	}
 	se := &api.SessionEntry{Name: o.Name, TTL: o.TTL.String(), Behavior: string(b), LockDelay: delay}
-	return attempt(ctx, s.origin, fmt.Sprintf("consul create session %q", o.Name), func(ctx context.Context) (string, error) {
+	id, err := attempt(ctx, s.origin, fmt.Sprintf("consul create session %q", o.Name), func(ctx context.Context) (string, error) {
 		if o.NodeHealth {
 			id, _, err := s.c.Session().Create(se, wopts(ctx))
 			return id, err
@@ -654,6 +668,38 @@ func (s *Consul) CreateSession(ctx context.Context, o SessionOptions) (string, e
 		id, _, err := s.c.Session().CreateNoChecks(se, wopts(ctx))
 		return id, err
 	})
+	if err == nil {
+		s.takeMarker(ctx)
+	}
+	return id, err
+}
+
+// takeMarker reads MarkerKey, creating it with a random value where it is missing, and
+// takes its value as this client's cluster data. A read or write refused (an ACL token
+// without them) or unanswered leaves what was taken before: the check only asks more.
+func (s *Consul) takeMarker(ctx context.Context) {
+	for range 2 {
+		p, err := attempt(ctx, s.origin, "consul get "+MarkerKey, func(ctx context.Context) (*api.KVPair, error) {
+			p, _, err := s.c.KV().Get(MarkerKey, qopts(ctx))
+			return p, err
+		})
+		if err != nil {
+			return
+		}
+		if p != nil {
+			v := string(p.Value)
+			s.marker.Store(&v)
+			return
+		}
+		v := rand.Text()
+		if _, err := attempt(ctx, s.origin, "consul create "+MarkerKey, func(ctx context.Context) (bool, error) {
+			ok, _, err := s.c.KV().CAS(&api.KVPair{Key: MarkerKey, Value: []byte(v)}, wopts(ctx))
+			return ok, err
+		}); err != nil {
+			return
+		}
+		// Created, or another client created it first: read what is there.
+	}
 }
 
 // RenewSession implements Store.
@@ -683,21 +729,28 @@ const indexProbeKey = "gangrun/.index-probe"
 // restores from a snapshot: docs/operations.md, "Recovery") answers "no such session"
 // until the restore brings the session back; ending the session's lease on that answer
 // would stop a step whose job the restore shows running. wentBack reads the KV store's
-// index: below the highest this client has seen, the data went back in time, and it
-// returns an UnavailableError (ErrUnavailable: ask again; a lease still ends once
-// nothing was renewed for LeaseStop). nil when the index did not go back, or the read
-// was refused: the session is gone. The read's own unavailability is returned.
+// index and MarkerKey: an index below the highest this client has seen, or a marker
+// other than the one it took (none, or another), means the data is not the data it had,
+// and it returns an UnavailableError (ErrUnavailable: ask again; a lease still ends
+// once nothing was renewed for LeaseStop). nil when neither, or the reads were refused:
+// the session is gone. The reads' own unavailability is returned.
 func (s *Consul) wentBack(ctx context.Context, op string) error {
-	seen := s.seen.Load()
-	if seen == 0 {
+	seen, marker := s.seen.Load(), s.marker.Load()
+	if seen == 0 && marker == nil {
 		return nil
 	}
-	idx, err := attempt(ctx, s.origin, "consul get "+indexProbeKey, func(ctx context.Context) (uint64, error) {
+	type probe struct {
+		index  uint64
+		marker *api.KVPair
+	}
+	p, err := attempt(ctx, s.origin, "consul get "+MarkerKey, func(ctx context.Context) (probe, error) {
+		// The index of a key Consul does not have is the KV table's (indexProbeKey).
 		_, meta, err := s.c.KV().Get(indexProbeKey, qopts(ctx))
 		if err != nil {
-			return 0, err
+			return probe{}, err
 		}
-		return meta.LastIndex, nil
+		m, _, err := s.c.KV().Get(MarkerKey, qopts(ctx))
+		return probe{meta.LastIndex, m}, err
 	})
 	if err != nil {
 		if errors.Is(err, ErrUnavailable) {
@@ -705,10 +758,43 @@ func (s *Consul) wentBack(ctx context.Context, op string) error {
 		}
 		return nil // refused (a token that may not read gangrun/): the answer stands
 	}
-	if idx >= seen {
-		return nil
+	switch {
+	case p.index < seen:
+		return &UnavailableError{Op: op, Err: fmt.Errorf("Consul's data went back in time (its index is %d, %d was seen): restarted without its data, or being restored from a snapshot; the session may come back", p.index, seen)}
+	case marker != nil && (p.marker == nil || string(p.marker.Value) != *marker):
+		now := "none"
+		if p.marker != nil {
+			now = strconv.Quote(string(p.marker.Value))
+		}
+		return &UnavailableError{Op: op, Err: fmt.Errorf("Consul's data is not the data it had (its %s is %s, %q was seen): restarted without its data, or being restored from a snapshot; the session may come back", MarkerKey, now, *marker)}
 	}
-	return &UnavailableError{Op: op, Err: fmt.Errorf("Consul's data went back in time (its index is %d, %d was seen): restarted without its data, or being restored from a snapshot; the session may come back", idx, seen)}
+	return nil
+}
+
+// DataLost reports whether s is a Consul (or a Store wrapping one: see Wrapper) whose
+// data is not the data it had when this client last created a session there (its index
+// went back, or MarkerKey is gone or another), or that does not answer: a caller that
+// finds its keys gone waits for the restore, or for its lease to end, rather than taking
+// them for deleted. False for a Memory store, which keeps its data while it lives, and
+// for a Consul whose reads are refused.
+func DataLost(ctx context.Context, s Store) bool {
+	for {
+		switch t := s.(type) {
+		case *Consul:
+			return t.wentBack(ctx, "check Consul's data") != nil
+		case Wrapper:
+			s = t.Unwrap()
+		default:
+			return false
+		}
+	}
+}
+
+// Wrapper is a Store that adds to another (sealing values, say): Unwrap returns that
+// Store, for the questions only it answers (DataLost).
+type Wrapper interface {
+	Store
+	Unwrap() Store
 }
 
 // DestroySession implements Store.

@@ -263,3 +263,81 @@ func TestLeaseOutlivesConsulReplacedAndRestored(t *testing.T) {
 		t.Errorf("Err() = %v, want ErrSessionGone", l.Err())
 	}
 }
+
+// TestConsulDataLostPastTheIndex: the empty Consul that replaced a lost one takes
+// writes from the other clients (agents registering again, creating sessions) until its
+// index passes the highest this client saw, so the index no longer tells it apart from
+// the data it had. The cluster marker does: "no such session" is still an outage to
+// this client, and DataLost says so, until the snapshot's restore brings the marker and
+// the session back; then a renewal succeeds and DataLost is false.
+func TestConsulDataLostPastTheIndex(t *testing.T) {
+	agent := consultest.Start(t)
+	s := consultest.ConsulStore(t, agent)
+	ctx := context.Background()
+	if _, err := s.Txn(ctx, []store.Op{{Verb: store.Set, Key: "lost-test/k", Value: []byte("v")}}); err != nil {
+		t.Fatal(err)
+	}
+	_, seen, err := s.List(ctx, "lost-test/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := session(t, s, store.SessionOptions{TTL: store.MinSessionTTL})
+	m, err := s.Get(ctx, store.MarkerKey)
+	if err != nil || m == nil || len(m.Value) == 0 {
+		t.Fatalf("no cluster marker after the first session: %v, %v", m, err)
+	}
+	if store.DataLost(ctx, s) {
+		t.Fatal("DataLost on the Consul the client has known all along")
+	}
+	bin, err := consultest.Binary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap := filepath.Join(t.TempDir(), "consul.snap")
+	if out, err := exec.Command(bin, "snapshot", "save", "-http-addr="+agent.Addr, snap).CombinedOutput(); err != nil {
+		t.Fatalf("snapshot save: %v\n%s", err, out)
+	}
+	agent.Kill()
+	agent.Launch()
+	// Another client writes to the empty Consul, creating a session there (and so a
+	// marker of its own), until its index is past what s saw.
+	other := consultest.ConsulStore(t, agent)
+	session(t, other, store.SessionOptions{TTL: store.MinSessionTTL})
+	for i := 0; ; i++ {
+		_, idx, err := other.List(ctx, "lost-test/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if idx > seen+5 {
+			break
+		}
+		if _, err := other.Txn(ctx, []store.Op{{Verb: store.Set, Key: "lost-test/n" + strconv.Itoa(i), Value: []byte("v")}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err = s.RenewSession(ctx, id)
+	if !errors.Is(err, store.ErrUnavailable) || !strings.Contains(err.Error(), "not the data it had") {
+		t.Fatalf("renewal on the empty Consul past the index: %v, want ErrUnavailable naming the cluster marker", err)
+	}
+	if !store.DataLost(ctx, s) {
+		t.Error("DataLost false on the empty Consul whose index passed what the client saw")
+	}
+	if out, err := exec.Command(bin, "snapshot", "restore", "-http-addr="+agent.Addr, snap).CombinedOutput(); err != nil {
+		t.Fatalf("snapshot restore: %v\n%s", err, out)
+	}
+	if err := s.RenewSession(ctx, id); err != nil {
+		t.Errorf("renewal after the restore: %v", err)
+	}
+	if store.DataLost(ctx, s) {
+		t.Error("DataLost after the restore brought the client's data back")
+	}
+	if err := s.DestroySession(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.RenewSession(ctx, id); !errors.Is(err, store.ErrSessionGone) {
+		t.Errorf("renewal of a session destroyed on the restored Consul: %v, want ErrSessionGone", err)
+	}
+	if store.DataLost(ctx, store.NewMemory()) {
+		t.Error("DataLost on a Memory store")
+	}
+}
