@@ -932,8 +932,12 @@ func (s *Supervisor) failed(ctx context.Context, at *attempt, res *Result) (Grou
 func (s *Supervisor) unhealthy(ctx context.Context, at *attempt, res *Result) (GroupState, bool) {
 	end := at.round.End()
 	if end.Lost {
-		s.log.Warn("stopping this node's workers: the round is over for this node", zap.String("reason", end.Detail),
-			zap.Duration("kill_in", time.Until(end.KillBy).Round(100*time.Millisecond)))
+		fields := []zap.Field{zap.String("reason", end.Detail)}
+		if !end.KillBy.IsZero() {
+			// The lease's kill time; none when the job's state went (the stop timeout applies).
+			fields = append(fields, zap.Duration("kill_in", time.Until(end.KillBy).Round(100*time.Millisecond)))
+		}
+		s.log.Warn("stopping this node's workers: the round is over for this node", fields...)
 	}
 	s.stop(at.g, syscall.SIGTERM, end.KillBy)
 	return s.next(ctx, at, res)
