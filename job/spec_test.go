@@ -103,6 +103,47 @@ func TestExpand(t *testing.T) {
 	}
 }
 
+// TestExpandErrors pins Expand's and ExpandSlurm's whole error messages and the
+// differences between the two syntaxes: %n is the node's name in gangrun's --output and
+// the node's index in Slurm's, and only Slurm's takes a width.
+func TestExpandErrors(t *testing.T) {
+	names := Names{ID: "42", Name: "train", Node: "gpu-a", User: "alice", ArrayJobID: "40", ArrayTaskID: "2"}
+	for _, tc := range []struct{ pattern, want, err string }{
+		{"%n/%N", "gpu-a/gpu-a", ""},
+		{"%%%j", "%42", ""},
+		{"%4j", "", `--output "%4j": unknown pattern %4 (want %j, %x, %n, %u, %A, %a or %%)`},
+		{"a-%", "", `--output "a-%": a lone % at the end (write %% for a percent sign)`},
+		{"%t", "", `--output "%t": unknown pattern %t (want %j, %x, %n, %u, %A, %a or %%)`},
+	} {
+		got, err := Expand(tc.pattern, names)
+		switch {
+		case tc.err != "" && (err == nil || err.Error() != tc.err):
+			t.Errorf("Expand(%q): error %v, want %q", tc.pattern, err, tc.err)
+		case tc.err == "" && (err != nil || got != tc.want):
+			t.Errorf("Expand(%q) = %q, %v; want %q", tc.pattern, got, err, tc.want)
+		}
+	}
+	sn := SlurmNames{JobID: "42", Name: "train", User: "alice", ArrayJobID: "40", ArrayTaskID: "2", Node: "gpu-a", StepID: "batch", NodeID: 3, TaskID: 7}
+	for _, tc := range []struct{ pattern, want, err string }{
+		{"%N-%n-%t-%s-%J", "gpu-a-3-7-batch-42.batch", ""},
+		{"%4j_%3a_%2n_%3t_%5J", "0042_002_03_007_00042.batch", ""},
+		{"%3N%3u%3x%3%", "gpu-aalicetrain%", ""},
+		{"%A_%a.%u.%x%%", "40_2.alice.train%", ""},
+		{"a-%", "", `--error "a-%": a lone % at the end (write %% for a percent sign)`},
+		{"a-%12", "", `--error "a-%12": a pattern's width is at most 10 digits`},
+		{"a-%4", "", `--error "a-%4": a lone % at the end (write %% for a percent sign)`},
+		{"%q", "", `--error "%q": unknown pattern %q (want %A, %a, %J, %j, %N, %n, %s, %t, %u, %x or %%)`},
+	} {
+		got, err := ExpandSlurm("--error", tc.pattern, sn)
+		switch {
+		case tc.err != "" && (err == nil || err.Error() != tc.err):
+			t.Errorf("ExpandSlurm(%q): error %v, want %q", tc.pattern, err, tc.err)
+		case tc.err == "" && (err != nil || got != tc.want):
+			t.Errorf("ExpandSlurm(%q) = %q, %v; want %q", tc.pattern, got, err, tc.want)
+		}
+	}
+}
+
 func TestScriptOptions(t *testing.T) {
 	script := `#!/bin/bash
 # a comment
