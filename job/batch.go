@@ -181,59 +181,32 @@ type SlurmNames struct {
 // width ("%4t" is 0003), as Slurm's. flag names the option in errors: another %letter,
 // or a lone % at the end.
 func ExpandSlurm(flag, pattern string, n SlurmNames) (string, error) {
-	var b strings.Builder
-	for i := 0; i < len(pattern); i++ {
-		c := pattern[i]
-		if c != '%' {
-			b.WriteByte(c)
-			continue
-		}
-		i++
-		width := 0
-		for i < len(pattern) && pattern[i] >= '0' && pattern[i] <= '9' {
-			width = width*10 + int(pattern[i]-'0')
-			if width > 10 {
-				return "", fmt.Errorf("%s %s: a pattern's width is at most 10 digits", flag, quote.Q(pattern))
-			}
-			i++
-		}
-		if i >= len(pattern) {
-			return "", fmt.Errorf("%s %s: a lone %% at the end (write %%%% for a percent sign)", flag, quote.Q(pattern))
-		}
-		pad := func(s string) string {
-			if len(s) < width {
-				return strings.Repeat("0", width-len(s)) + s
-			}
-			return s
-		}
-		switch pattern[i] {
-		case '%':
-			b.WriteByte('%')
+	syn := patternSyntax{flag: flag, quote: quote.Q, want: "%A, %a, %J, %j, %N, %n, %s, %t, %u, %x or %%", widths: true}
+	return expandPattern(pattern, syn, func(c byte, pad func(string) string) (string, bool) {
+		switch c {
 		case 'A':
-			b.WriteString(pad(n.ArrayJobID))
+			return pad(n.ArrayJobID), true
 		case 'a':
-			b.WriteString(pad(n.ArrayTaskID))
+			return pad(n.ArrayTaskID), true
 		case 'J':
-			b.WriteString(pad(n.JobID) + "." + n.StepID)
+			return pad(n.JobID) + "." + n.StepID, true
 		case 'j':
-			b.WriteString(pad(n.JobID))
+			return pad(n.JobID), true
 		case 'N':
-			b.WriteString(n.Node)
+			return n.Node, true
 		case 'n':
-			b.WriteString(pad(strconv.Itoa(n.NodeID)))
+			return pad(strconv.Itoa(n.NodeID)), true
 		case 's':
-			b.WriteString(pad(n.StepID))
+			return pad(n.StepID), true
 		case 't':
-			b.WriteString(pad(strconv.Itoa(n.TaskID)))
+			return pad(strconv.Itoa(n.TaskID)), true
 		case 'u':
-			b.WriteString(n.User)
+			return n.User, true
 		case 'x':
-			b.WriteString(n.Name)
-		default:
-			return "", fmt.Errorf("%s %s: unknown pattern %%%c (want %%A, %%a, %%J, %%j, %%N, %%n, %%s, %%t, %%u, %%x or %%%%)", flag, quote.Q(pattern), pattern[i])
+			return n.Name, true
 		}
-	}
-	return b.String(), nil
+		return "", false
+	})
 }
 
 // slurmNoVal is Slurm's NO_VAL (4294967294): %a outside an array.

@@ -499,6 +499,56 @@ type Names struct {
 // the node's name, %u the user, %A the array's id, %a the array task's index, %% a
 // percent sign. Another %letter is an error naming it.
 func Expand(pattern string, n Names) (string, error) {
+	syn := patternSyntax{flag: "--output", quote: strconv.Quote, want: "%j, %x, %n, %u, %A, %a or %%"}
+	return expandPattern(pattern, syn, func(c byte, _ func(string) string) (string, bool) {
+		switch c {
+		case 'j':
+			return n.ID, true
+		case 'x':
+			return n.Name, true
+		case 'n', 'N':
+			return n.Node, true
+		case 'u':
+			return n.User, true
+		case 'A':
+			return n.ArrayJobID, true
+		case 'a':
+			return n.ArrayTaskID, true
+		}
+		return "", false
+	})
+}
+
+// patternSyntax is one of the file name pattern syntaxes expandPattern reads: gangrun's
+// --output (Expand) and Slurm's (ExpandSlurm), which share %% and the walk and differ
+// in their letters (%n is the node's name in gangrun's, its index in Slurm's) and
+// widths.
+type patternSyntax struct {
+	// flag and quote name the option and write the pattern at the start of an error;
+	// want lists the letters for an error naming another.
+	flag  string
+	quote func(string) string
+	want  string
+	// widths lets a number between % and the letter pad the value with zeros to that
+	// width ("%4t" is 0003), as Slurm's does.
+	widths bool
+}
+
+// maxPatternWidth bounds a pattern's width (Slurm's).
+const maxPatternWidth = 10
+
+// expandPattern replaces each %letter of pattern by what value gives it (ok false: no
+// such letter, an error), %% by a percent sign. value pads what the width asks for with
+// pad. Errors: another %letter, a lone % at the end, a width over maxPatternWidth.
+func expandPattern(pattern string, syn patternSyntax, value func(c byte, pad func(string) string) (v string, ok bool)) (string, error) {
+	fail := func(msg string) error { return errors.New(syn.flag + " " + syn.quote(pattern) + ": " + msg) }
+	width := 0
+	pad := func(s string) string {
+		if len(s) < width {
+			return strings.Repeat("0", width-len(s)) + s
+		}
+		return s
+	}
 	var b strings.Builder
 	for i := 0; i < len(pattern); i++ {
 		c := pattern[i]
@@ -506,28 +556,27 @@ func Expand(pattern string, n Names) (string, error) {
 			b.WriteByte(c)
 			continue
 		}
-		if i+1 >= len(pattern) {
-			return "", fmt.Errorf("--output %q: a lone %% at the end (write %%%% for a percent sign)", pattern)
-		}
 		i++
-		switch pattern[i] {
-		case 'j':
-			b.WriteString(n.ID)
-		case 'x':
-			b.WriteString(n.Name)
-		case 'n', 'N':
-			b.WriteString(n.Node)
-		case 'u':
-			b.WriteString(n.User)
-		case 'A':
-			b.WriteString(n.ArrayJobID)
-		case 'a':
-			b.WriteString(n.ArrayTaskID)
-		case '%':
-			b.WriteByte('%')
-		default:
-			return "", fmt.Errorf("--output %q: unknown pattern %%%c (want %%j, %%x, %%n, %%u, %%A, %%a or %%%%)", pattern, pattern[i])
+		width = 0
+		for syn.widths && i < len(pattern) && pattern[i] >= '0' && pattern[i] <= '9' {
+			width = width*10 + int(pattern[i]-'0')
+			if width > maxPatternWidth {
+				return "", fail("a pattern's width is at most 10 digits")
+			}
+			i++
 		}
+		if i >= len(pattern) {
+			return "", fail("a lone % at the end (write %% for a percent sign)")
+		}
+		if pattern[i] == '%' {
+			b.WriteByte('%')
+			continue
+		}
+		v, ok := value(pattern[i], pad)
+		if !ok {
+			return "", fail("unknown pattern %" + string(pattern[i]) + " (want " + syn.want + ")")
+		}
+		b.WriteString(v)
 	}
 	return b.String(), nil
 }
