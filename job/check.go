@@ -39,12 +39,12 @@ func (s Spec) CheckHere() error {
 	}
 	if s.Batch != nil {
 		out, errPath := s.BatchFiles("node")
-		if err := checkOutputHere(s.Output, out); err != nil {
+		if err := checkOutputHere("--output", s.Output, out); err != nil {
 			return err
 		}
 		if errPath != "" {
-			if err := checkOutputHere(s.Batch.Error, errPath); err != nil {
-				return errors.New(strings.Replace(err.Error(), "--output", "--error", 1))
+			if err := checkOutputHere("--error", s.Batch.Error, errPath); err != nil {
+				return err
 			}
 		}
 		return nil
@@ -54,7 +54,7 @@ func (s Spec) CheckHere() error {
 		pat = DefaultOutput
 	}
 	out := s.OutputPath("node")
-	if err := checkOutputHere(pat, out); err != nil {
+	if err := checkOutputHere("--output", pat, out); err != nil {
 		return err
 	}
 	return nil
@@ -123,26 +123,27 @@ func checkDirHere(flag, dir string) error {
 }
 
 // checkOutputHere refuses an output file path that is a directory, a special file
-// other than /dev/null, or on a kernel file system, or below a file.
-func checkOutputHere(pattern, path string) error {
+// other than /dev/null, or on a kernel file system, or below a file; errors name flag
+// (--output, --error) and its pattern.
+func checkOutputHere(flag, pattern, path string) error {
 	if path == "/dev/null" {
 		return nil
 	}
 	if fsys := userfile.PseudoFS(path); fsys != "" {
-		return fmt.Errorf("--output %s: cannot be written: %s is in the kernel's %s file system, where no files can be created", pattern, userfile.ExistingAncestor(path), fsys)
+		return fmt.Errorf("%s %s: cannot be written: %s is in the kernel's %s file system, where no files can be created", flag, pattern, userfile.ExistingAncestor(path), fsys)
 	}
 	fi, err := os.Stat(path)
 	switch {
 	case err == nil && fi.IsDir():
-		return fmt.Errorf("--output %s: %s is a directory: want a file (sbatch writes slurm-%%j.out into the submit directory; gangrun's default is %s)", pattern, path, DefaultOutput)
+		return fmt.Errorf("%s %s: %s is a directory: want a file (sbatch writes slurm-%%j.out into the submit directory; gangrun's default is %s)", flag, pattern, path, DefaultOutput)
 	case err == nil && !fi.Mode().IsRegular():
-		return fmt.Errorf("--output %s: %s is %s: want a file (or /dev/null)", pattern, path, userfile.Kind(fi.Mode()))
+		return fmt.Errorf("%s %s: %s is %s: want a file (or /dev/null)", flag, pattern, path, userfile.Kind(fi.Mode()))
 	case err == nil:
 		return nil
 	}
 	if a := userfile.ExistingAncestor(path); a != "" {
 		if afi, serr := os.Stat(a); serr == nil && !afi.IsDir() {
-			return fmt.Errorf("--output %s: cannot be created: %s is %s, not a directory", pattern, a, userfile.Kind(afi.Mode()))
+			return fmt.Errorf("%s %s: cannot be created: %s is %s, not a directory", flag, pattern, a, userfile.Kind(afi.Mode()))
 		}
 	}
 	return nil
