@@ -3,7 +3,6 @@ package job
 import (
 	"errors"
 	"fmt"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -237,20 +236,14 @@ func (s Spec) BatchFiles(node string) (outPath, errPath string) {
 			pat = DefaultSlurmArrayOutput
 		}
 	}
-	abs := func(p string) string {
-		if !filepath.IsAbs(p) {
-			return filepath.Join(s.WorkDir, p)
-		}
-		return p
-	}
 	outPath, err := ExpandSlurm("--output", pat, names)
 	if err != nil {
 		outPath = "slurm-" + s.ID + ".out"
 	}
-	outPath = abs(outPath)
+	outPath = s.abs(outPath)
 	if s.Batch != nil && s.Batch.Error != "" {
 		if p, err := ExpandSlurm("--error", s.Batch.Error, names); err == nil {
-			errPath = abs(p)
+			errPath = s.abs(p)
 		}
 	}
 	if errPath == outPath {
