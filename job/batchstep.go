@@ -96,7 +96,11 @@ func (st *step) runBatch(ctx context.Context, gn allocator.GrantNode) int {
 	st.stopSupervisor = func() {} // a fenced batch step stops its processes through st.stop
 	go st.watch(wctx)
 	sctx, stopServing := context.WithCancel(ctx)
-	go bs.serve(sctx)
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		bs.serve(sctx)
+	}()
 
 	batchHost := st.cfg.Node == bs.nodes[0] // an allocation's: where its release is recorded
 	var code int
@@ -112,6 +116,7 @@ func (st *step) runBatch(ctx context.Context, gn allocator.GrantNode) int {
 	}
 	bs.stopAll()
 	stopServing()
+	<-served // no srun step starts past here: steps.Add is done before steps.Wait
 	bs.steps.Wait()
 	st.mu.Lock()
 	ending, fenced := st.ending, st.fenced
