@@ -645,19 +645,10 @@ func (bs *batchStep) serve(ctx context.Context) {
 			if handled || s.End != nil || !slices.Contains(s.Request.Nodes, bs.st.cfg.Node) {
 				continue
 			}
-			cred := ""
-			for _, e := range entries {
-				if e.Key == srunKey(id, n) {
-					var ss storedStep
-					if json.Unmarshal(e.Value, &ss) == nil {
-						cred = ss.Credential
-					}
-				}
-			}
 			bs.steps.Add(1)
 			go func() {
 				defer bs.steps.Done()
-				bs.runStep(ctx, s.Request, cred)
+				bs.runStep(ctx, s.Request, s.credential)
 			}()
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strconv"
@@ -126,6 +127,8 @@ type SrunStep struct {
 	Request StepRequest
 	// End is nil while the step runs.
 	End *SrunState
+	// credential is srun's, bound to Request (storedStep.Credential).
+	credential string
 }
 
 // ID is the step's id as Slurm writes it: JOB.STEP.
@@ -228,17 +231,11 @@ func stepsOf(id string, entries []store.Entry) []SrunStep {
 		}
 		var ss storedStep
 		if json.Unmarshal(e.Value, &ss) == nil {
-			st.Request = ss.Request
+			st.Request, st.credential = ss.Request, ss.Credential
 		}
 	}
 	var out []SrunStep
-	for _, n := range slices.Sorted(func(yield func(int) bool) {
-		for n := range byN {
-			if !yield(n) {
-				return
-			}
-		}
-	}) {
+	for _, n := range slices.Sorted(maps.Keys(byN)) {
 		if byN[n].Request.Job != "" {
 			out = append(out, *byN[n])
 		}
