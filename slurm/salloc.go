@@ -47,10 +47,7 @@ func Salloc(ctx context.Context, e *Env, args []string) int {
 	var o batchOpts
 	for _, p := range ps {
 		switch p.name {
-		case "help":
-			fmt.Fprintln(e.Stdout, "Usage: salloc [OPTIONS...] [command [args...]]")
-			return 0
-		case "usage":
+		case "help", "usage":
 			fmt.Fprintln(e.Stdout, "Usage: salloc [OPTIONS...] [command [args...]]")
 			return 0
 		case "version":

@@ -721,10 +721,7 @@ func Sbatch(ctx context.Context, e *Env, args []string) int {
 	var wrap bool
 	for _, p := range ps {
 		switch p.name {
-		case "help":
-			fmt.Fprint(e.Stdout, sbatchHelp)
-			return 0
-		case "usage":
+		case "help", "usage":
 			fmt.Fprintln(e.Stdout, "Usage: sbatch [OPTIONS...] executable [args...]")
 			return 0
 		case "version":

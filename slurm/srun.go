@@ -234,10 +234,7 @@ func Srun(ctx context.Context, e *Env, args []string) int {
 			}
 		}
 		switch p.name {
-		case "help":
-			fmt.Fprint(e.Stdout, srunHelp)
-			return 0
-		case "usage":
+		case "help", "usage":
 			fmt.Fprintln(e.Stdout, "Usage: srun [OPTIONS...] executable [args...]")
 			return 0
 		case "version":
