@@ -2,7 +2,6 @@ package slurm
 
 import (
 	"fmt"
-	"sort"
 	"strings"
 )
 
@@ -26,10 +25,12 @@ type option struct {
 	unsupported string
 }
 
-// parsed is one option as given: its long name and its argument.
+// parsed is one option as given: its long name and its argument, and its table
+// entry's unsupported (why gangrun refuses it; "" for one it builds).
 type parsed struct {
 	name, value string
 	hasValue    bool
+	unsupported string
 }
 
 // UsageError is a command line Slurm's command would refuse, in its words: Msg is the
@@ -58,6 +59,9 @@ func getopt(cmd string, table []option, args []string, stopAtFirst bool, code in
 		return &UsageError{Msg: fmt.Sprintf(format, a...) + try, Code: code}
 	}
 	var out []parsed
+	add := func(o option, value string, hasValue bool) {
+		out = append(out, parsed{name: o.long, value: value, hasValue: hasValue, unsupported: o.unsupported})
+	}
 	var rest []string
 	for i := 0; i < len(args); i++ {
 		a := args[i]
@@ -66,17 +70,15 @@ func getopt(cmd string, table []option, args []string, stopAtFirst bool, code in
 			return out, append(rest, args[i+1:]...), nil
 		case strings.HasPrefix(a, "--"):
 			name, value, hasValue := strings.Cut(a[2:], "=")
-			o, err := lookupLong(table, name)
-			if err == errAmbiguous {
+			o, candidates := lookupLong(table, name)
+			if len(candidates) > 0 {
 				var poss []string
-				for _, x := range table {
-					if strings.HasPrefix(x.long, name) {
-						poss = append(poss, "'--"+x.long+"'")
-					}
+				for _, x := range candidates {
+					poss = append(poss, "'--"+x.long+"'")
 				}
 				return nil, nil, bad("option '--%s' is ambiguous; possibilities: %s", name, strings.Join(poss, " "))
 			}
-			if err != nil {
+			if o.long == "" {
 				return nil, nil, bad("unrecognized option '%s'", a)
 			}
 			switch o.arg {
@@ -93,7 +95,7 @@ func getopt(cmd string, table []option, args []string, stopAtFirst bool, code in
 					value, hasValue = args[i], true
 				}
 			}
-			out = append(out, parsed{name: o.long, value: value, hasValue: hasValue})
+			add(o, value, hasValue)
 		case strings.HasPrefix(a, "-") && a != "-":
 			for k := 1; k < len(a); k++ {
 				o, ok := lookupShort(table, a[k])
@@ -102,22 +104,22 @@ func getopt(cmd string, table []option, args []string, stopAtFirst bool, code in
 				}
 				switch o.arg {
 				case noArg:
-					out = append(out, parsed{name: o.long})
+					add(o, "", false)
 					continue
 				case optArg:
 					if k+1 < len(a) {
-						out = append(out, parsed{name: o.long, value: a[k+1:], hasValue: true})
+						add(o, a[k+1:], true)
 					} else {
-						out = append(out, parsed{name: o.long})
+						add(o, "", false)
 					}
 					k = len(a) // the rest of the word was the argument
 				case reqArg:
 					switch {
 					case k+1 < len(a):
-						out = append(out, parsed{name: o.long, value: a[k+1:], hasValue: true})
+						add(o, a[k+1:], true)
 					case i+1 < len(args):
 						i++
-						out = append(out, parsed{name: o.long, value: args[i], hasValue: true})
+						add(o, args[i], true)
 					default:
 						return nil, nil, bad("option requires an argument -- '%c'", a[k])
 					}
@@ -134,14 +136,10 @@ func getopt(cmd string, table []option, args []string, stopAtFirst bool, code in
 	return out, rest, nil
 }
 
-var (
-	errAmbiguous = fmt.Errorf("ambiguous")
-	errUnknown   = fmt.Errorf("unknown")
-)
-
 // lookupLong finds the long option name: exactly, else the only one it is a prefix of
-// (getopt_long's abbreviations).
-func lookupLong(table []option, name string) (option, error) {
+// (getopt_long's abbreviations). When it is a prefix of several, it returns none and
+// those (an ambiguous abbreviation); when of none, neither.
+func lookupLong(table []option, name string) (option, []option) {
 	var found []option
 	for _, o := range table {
 		if o.long == name {
@@ -151,15 +149,10 @@ func lookupLong(table []option, name string) (option, error) {
 			found = append(found, o)
 		}
 	}
-	switch len(found) {
-	case 0:
-		return option{}, errUnknown
-	case 1:
+	if len(found) == 1 {
 		return found[0], nil
 	}
-	// Options that are the same one under several names (aliases) are no ambiguity.
-	sort.Slice(found, func(i, j int) bool { return found[i].long < found[j].long })
-	return option{}, errAmbiguous
+	return option{}, found
 }
 
 func lookupShort(table []option, c byte) (option, bool) {

@@ -55,7 +55,7 @@ func Salloc(ctx context.Context, e *Env, args []string) int {
 			return 0
 		}
 	}
-	if err := o.apply("salloc", sallocOptions, ps); err != nil {
+	if err := o.apply(ps); err != nil {
 		var ue *UsageError
 		errors.As(err, &ue)
 		return usage(e, "salloc", ue)

@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/user"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -208,12 +207,10 @@ func (o *batchOpts) set(p parsed) {
 
 // apply adds parsed options, refusing the unsupported ones (Slurm's exit code for an
 // option's error, 255).
-func (o *batchOpts) apply(cmd string, table []option, ps []parsed) error {
+func (o *batchOpts) apply(ps []parsed) error {
 	for _, p := range ps {
-		for _, t := range table {
-			if t.long == p.name && t.unsupported != "" {
-				return &UsageError{Msg: fmt.Sprintf("error: --%s is %s", p.name, t.unsupported), Code: 255}
-			}
+		if p.unsupported != "" {
+			return &UsageError{Msg: fmt.Sprintf("error: --%s is %s", p.name, p.unsupported), Code: 255}
 		}
 		o.set(p)
 	}
@@ -286,7 +283,7 @@ func ParseBatch(e *Env, script, name string, scriptArgs, gangrunArgs, sbatchArgs
 			// sbatch refuses a word of an #SBATCH line that is no option (opt.c).
 			return nil, &UsageError{Msg: "error: Invalid directive found in batch script: " + rest[0], Code: 255}
 		}
-		if err := o.apply("sbatch", sbatchOptions, ps); err != nil {
+		if err := o.apply(ps); err != nil {
 			return nil, err
 		}
 		gw, err := ScriptDirectives(script, job.Directive)
@@ -304,8 +301,8 @@ func ParseBatch(e *Env, script, name string, scriptArgs, gangrunArgs, sbatchArgs
 			return nil, &UsageError{Msg: fmt.Sprintf("error: a %s line holds %q, which is no option", job.Directive, rest[0]), Code: 255}
 		}
 		for _, p := range ps {
-			if slices.ContainsFunc(gangrunRefused, func(o option) bool { return o.long == p.name }) {
-				return nil, &UsageError{Msg: fmt.Sprintf("error: --%s is %s", p.name, notBatchSupervised), Code: 255}
+			if p.unsupported != "" {
+				return nil, &UsageError{Msg: fmt.Sprintf("error: --%s is %s", p.name, p.unsupported), Code: 255}
 			}
 			switch p.name {
 			case "env":
@@ -322,7 +319,7 @@ func ParseBatch(e *Env, script, name string, scriptArgs, gangrunArgs, sbatchArgs
 	if err != nil {
 		return nil, err
 	}
-	if err := o.apply("sbatch", sbatchOptions, ps); err != nil {
+	if err := o.apply(ps); err != nil {
 		return nil, err
 	}
 	return o.request(e, script, name, scriptArgs)

@@ -39,10 +39,8 @@ func Scontrol(ctx context.Context, e *Env, args []string) int {
 	}
 	oneLine := false
 	for _, p := range ps {
-		for _, t := range scontrolOptions {
-			if t.long == p.name && t.unsupported != "" {
-				return errorf(e, "scontrol", 1, "--%s is %s", p.name, t.unsupported)
-			}
+		if p.unsupported != "" {
+			return errorf(e, "scontrol", 1, "--%s is %s", p.name, p.unsupported)
 		}
 		switch p.name {
 		case "help", "usage":

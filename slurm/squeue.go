@@ -97,10 +97,8 @@ func parseOpts(e *Env, cmd string, table []option, args []string, code int, help
 	}
 	v, given = map[string]string{}, map[string]bool{}
 	for _, p := range ps {
-		for _, t := range table {
-			if t.long == p.name && t.unsupported != "" {
-				return nil, nil, nil, true, errorf(e, cmd, code, "--%s is %s", p.name, t.unsupported)
-			}
+		if p.unsupported != "" {
+			return nil, nil, nil, true, errorf(e, cmd, code, "--%s is %s", p.name, p.unsupported)
 		}
 		switch p.name {
 		case "help":

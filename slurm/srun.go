@@ -228,10 +228,8 @@ func Srun(ctx context.Context, e *Env, args []string) int {
 	}
 	v, given := map[string]string{}, map[string]bool{}
 	for _, p := range ps {
-		for _, t := range srunOptions {
-			if t.long == p.name && t.unsupported != "" {
-				return errorf(e, "srun", 255, "--%s is %s", p.name, t.unsupported)
-			}
+		if p.unsupported != "" {
+			return errorf(e, "srun", 255, "--%s is %s", p.name, p.unsupported)
 		}
 		switch p.name {
 		case "help", "usage":
