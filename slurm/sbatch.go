@@ -857,17 +857,26 @@ func resolvePartition(ctx context.Context, s store.Store, p string) string {
 // partition: the policy's default, else the first (in name order) of the nodes'
 // partition labels; "" on a cluster whose nodes carry none (the job may run on any).
 func DefaultPartition(ctx context.Context, s store.Store) string {
+	return defaultPartition(ctx, s, nil)
+}
+
+// defaultPartition is DefaultPartition over nodes, the nodes its caller has read
+// (nil: it reads them, when the policy names no default).
+func defaultPartition(ctx context.Context, s store.Store, nodes []allocator.NodeStatus) string {
 	if p, err := policy.Load(ctx, s); err == nil && p != nil {
 		if d := p.DefaultPartition(); d != "" {
 			return d
 		}
 	}
-	c, err := allocator.Snapshot(ctx, s)
-	if err != nil {
-		return ""
+	if nodes == nil {
+		c, err := allocator.Snapshot(ctx, s)
+		if err != nil {
+			return ""
+		}
+		nodes = c.NodeList()
 	}
 	best := ""
-	for _, n := range c.NodeList() {
+	for _, n := range nodes {
 		if p := n.Labels["partition"]; p != "" && (best == "" || p < best) {
 			best = p
 		}

@@ -186,7 +186,8 @@ func Scontrol(ctx context.Context, e *Env, args []string) int {
 		if err != nil {
 			return errorf(e, "scontrol", 1, "slurm_load_partitions error: %v", err)
 		}
-		for _, p := range partitions(c.NodeList(), DefaultPartition(ctx, s)) {
+		nodes := c.NodeList()
+		for _, p := range partitions(nodes, defaultPartition(ctx, s, nodes)) {
 			if arg == "" || p.name == arg {
 				records = append(records, showPartition(p))
 			}

@@ -231,7 +231,8 @@ func Sinfo(ctx context.Context, e *Env, args []string) int {
 	if err != nil {
 		return errorf(e, "sinfo", 1, "slurm_load_node: %v", err)
 	}
-	parts := partitions(c.NodeList(), DefaultPartition(ctx, s))
+	nodes := c.NodeList()
+	parts := partitions(nodes, defaultPartition(ctx, s, nodes))
 	var rows []sinfoRow
 	for _, p := range parts {
 		if given["partition"] && !slices.Contains(splitList(v["partition"]), p.name) {
