@@ -193,16 +193,21 @@ type BatchRequest struct {
 type batchOpts struct {
 	v     map[string]string // the last value of each option given
 	given map[string]bool
-	order map[string]int // when each option was last given
-	env   []string       // --env of #GANGRUN lines
-	json  bool
+	// noRequeue is whether --no-requeue came after the last --requeue.
+	noRequeue bool
+	env       []string // --env of #GANGRUN lines
+	json      bool
 }
 
 func (o *batchOpts) set(p parsed) {
 	if o.v == nil {
-		o.v, o.given, o.order = map[string]string{}, map[string]bool{}, map[string]int{}
+		o.v, o.given = map[string]string{}, map[string]bool{}
 	}
-	o.v[p.name], o.given[p.name], o.order[p.name] = p.value, true, len(o.order)+1
+	o.v[p.name], o.given[p.name] = p.value, true
+	switch p.name {
+	case "requeue", "no-requeue":
+		o.noRequeue = p.name == "no-requeue"
+	}
 }
 
 // apply adds parsed options, refusing the unsupported ones (Slurm's exit code for an
@@ -470,7 +475,7 @@ func (o *batchOpts) request(e *Env, script, name string, scriptArgs []string) (*
 			return nil, bad("open-mode")
 		}
 	}
-	b.NoRequeue = given["no-requeue"] && o.order["no-requeue"] > o.order["requeue"]
+	b.NoRequeue = o.noRequeue
 	spec.Output, b.Error = v["output"], v["error"]
 	// gangrun's supervision.
 	if given["gangrun-max-restarts"] {
@@ -497,18 +502,17 @@ func (o *batchOpts) request(e *Env, script, name string, scriptArgs []string) (*
 		}
 	}
 	// Who, where, and what environment.
-	wd, err := os.Getwd()
+	cwd, err := os.Getwd()
 	if err != nil {
 		return nil, &UsageError{Msg: "error: getcwd failed: " + err.Error(), Code: 1}
 	}
+	spec.WorkDir = cwd
 	if given["chdir"] {
-		d := v["chdir"]
-		if !filepath.IsAbs(d) {
-			d = filepath.Join(wd, d)
+		spec.WorkDir = v["chdir"]
+		if !filepath.IsAbs(spec.WorkDir) {
+			spec.WorkDir = filepath.Join(cwd, spec.WorkDir)
 		}
-		wd = d
 	}
-	spec.WorkDir = wd
 	spec.User = currentUser()
 	if given["uid"] {
 		if os.Geteuid() != 0 {
@@ -543,21 +547,16 @@ func (o *batchOpts) request(e *Env, script, name string, scriptArgs []string) (*
 	if h, err := os.Hostname(); err == nil {
 		b.SubmitHost = h
 	}
-	if wd, err := os.Getwd(); err == nil {
-		b.SubmitDir = wd
-	}
+	b.SubmitDir = cwd
 	if name != "" && name != "sbatch" && !given["wrap"] {
 		b.ScriptPath = name
 		if !filepath.IsAbs(name) {
-			cwd, _ := os.Getwd()
 			b.ScriptPath = filepath.Join(cwd, name)
 		}
 	}
-	return r.with(spec), nil
+	r.Spec = spec
+	return r, nil
 }
-
-// with sets r's spec.
-func (r *BatchRequest) with(s job.Spec) *BatchRequest { r.Spec = s; return r }
 
 // gpus sets spec's GPUs per node from --gres=gpu[:type]:N, --gpus-per-node,
 // --gpus (the job's total, split over its nodes) or --gpus-per-task (times the tasks
