@@ -131,7 +131,7 @@ func Scontrol(ctx context.Context, e *Env, args []string) int {
 		sched, _ := allocator.ReadStatus(ctx, s)
 		for _, j := range jobs {
 			if arg == "" || j.Spec.ID == arg || j.Spec.Array != nil && j.Spec.Array.JobID == arg {
-				records = append(records, showJob(ctx, s, j, sched.Pending[j.Spec.ID]))
+				records = append(records, showJob(j, sched.Pending[j.Spec.ID]))
 			}
 		}
 		if len(records) == 0 {
@@ -200,14 +200,12 @@ func Scontrol(ctx context.Context, e *Env, args []string) int {
 		fmt.Fprintf(e.Stderr, "invalid entity:%s for keyword:show \n", rest[1])
 		return 1
 	}
-	for i, r := range records {
+	for _, r := range records {
 		if oneLine {
 			fmt.Fprintln(e.Stdout, strings.Join(strings.Fields(r), " "))
 			continue
 		}
-		fmt.Fprint(e.Stdout, r)
-		fmt.Fprintln(e.Stdout)
-		_ = i
+		fmt.Fprintln(e.Stdout, r)
 	}
 	return 0
 }
@@ -235,7 +233,7 @@ func orNull(v string) string {
 
 // showJob writes job j as `scontrol show job` does; pending is the scheduler's reason
 // for it, if it waits.
-func showJob(ctx context.Context, s Store, j job.Job, pending string) string {
+func showJob(j job.Job, pending string) string {
 	spec, st := j.Spec, j.State
 	uid, gid := userID(spec.User)
 	nodes := job.SlurmNodes(st.Nodes)

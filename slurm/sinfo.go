@@ -3,6 +3,7 @@ package slurm
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -95,11 +96,10 @@ type sinfoRow struct {
 
 func (r sinfoRow) value(key string) string {
 	var names []string
-	gpus, used := map[int]bool{}, 0
+	gpus := map[int]bool{}
 	for _, n := range r.nodes {
 		names = append(names, n.Name)
 		gpus[n.GPUsTotal] = true
-		used += n.GPUsUsed
 	}
 	names = job.SlurmNodes(names)
 	switch key {
@@ -130,13 +130,7 @@ func (r sinfoRow) value(key string) string {
 		return strings.Join(addrs, ",")
 	case "G":
 		var g []string
-		for _, c := range slices.Sorted(func(yield func(int) bool) {
-			for c := range gpus {
-				if !yield(c) {
-					return
-				}
-			}
-		}) {
+		for _, c := range slices.Sorted(maps.Keys(gpus)) {
 			g = append(g, "gpu:"+strconv.Itoa(c))
 		}
 		return strings.Join(g, ",")
