@@ -404,9 +404,7 @@ func Squeue(ctx context.Context, e *Env, args []string) int {
 	if err != nil {
 		return errorf(e, "squeue", 1, "slurm_load_jobs error: %v", err)
 	}
-	if len(f.ids) > 0 && !slices.ContainsFunc(jobs, func(j job.Job) bool {
-		return slices.Contains(f.ids, j.Spec.ID) || j.Spec.Array != nil && slices.Contains(f.ids, j.Spec.Array.JobID)
-	}) {
+	if len(f.ids) > 0 && !slices.ContainsFunc(jobs, func(j job.Job) bool { return containsID(f.ids, j) }) {
 		// None of the ids asked for is a job gangrun knows (squeue 22.05's answer to an
 		// unknown id, which a script's poll reads as "gone").
 		fmt.Fprintln(e.Stderr, "slurm_load_jobs error: Invalid job id specified")
@@ -501,8 +499,7 @@ func newJobFilter(v map[string]string, given map[string]bool) (jobFilter, error)
 // match reports whether j passes the filter; without -t (and -j) squeue shows the
 // jobs that have not ended.
 func (f jobFilter) match(j job.Job, steps bool) bool {
-	id := j.Spec.ID
-	if len(f.ids) > 0 && !slices.Contains(f.ids, id) && !(j.Spec.Array != nil && slices.Contains(f.ids, j.Spec.Array.JobID)) {
+	if len(f.ids) > 0 && !containsID(f.ids, j) {
 		return false
 	}
 	if len(f.users) > 0 && !slices.Contains(f.users, j.Spec.User) {
