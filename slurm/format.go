@@ -22,7 +22,7 @@ type field struct {
 // parseFormat reads a Slurm %-format ("%.18i %.9P %j"): % [.] [-] [width] letter,
 // and literal text between; "%%" is a percent sign. known lists the letters the
 // command has; another is an error in the command's words.
-func parseFormat(cmd, format string, known map[string]string) ([]field, error) {
+func parseFormat(format string, known map[string]string) ([]field, error) {
 	var out []field
 	var lit strings.Builder
 	for i := 0; i < len(format); i++ {
@@ -72,7 +72,7 @@ func parseFormat(cmd, format string, known map[string]string) ([]field, error) {
 // (any case) with an optional :[.][WIDTH][SUFFIX], default width 20, left-justified,
 // nothing between columns but a SUFFIX given (squeue(1) and sinfo(1), --Format). known
 // maps lower-case names to their header; an unknown name is an error.
-func parseFields(cmd, list string, known map[string]string) ([]field, error) {
+func parseFields(list string, known map[string]string) ([]field, error) {
 	fields, bad := parseFieldsLenient(list, known)
 	if len(bad) > 0 {
 		return nil, &UsageError{Msg: fmt.Sprintf("error: Invalid format specification: %s", bad[0]), Code: 1}

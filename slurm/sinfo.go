@@ -196,12 +196,12 @@ func Sinfo(ctx context.Context, e *Env, args []string) int {
 	var fields []field
 	var err error
 	if given["Format"] {
-		fields, err = parseFields("sinfo", v["Format"], sinfoFields)
+		fields, err = parseFields(v["Format"], sinfoFields)
 		for i := range fields {
 			fields[i].key = sinfoFields[fields[i].key]
 		}
 	} else {
-		fields, err = parseFormat("sinfo", format, sinfoLetters)
+		fields, err = parseFormat(format, sinfoLetters)
 	}
 	if err != nil {
 		return usage(e, "sinfo", err.(*UsageError))

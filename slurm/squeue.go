@@ -382,7 +382,7 @@ func Squeue(ctx context.Context, e *Env, args []string) int {
 			fields[i].key = fieldLetter[fields[i].key]
 		}
 	} else {
-		fields, err = parseFormat("squeue", format, squeueLetters)
+		fields, err = parseFormat(format, squeueLetters)
 	}
 	if err != nil {
 		return usage(e, "squeue", err.(*UsageError))
