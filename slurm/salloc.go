@@ -85,9 +85,7 @@ func Salloc(ctx context.Context, e *Env, args []string) int {
 		return errorf(e, "salloc", 1, "Job submit/allocate failed: %v", err)
 	}
 	defer s.Close()
-	spec.Batch.ClusterName = ClusterName(ctx, s)
-	spec.Partition = resolvePartition(ctx, s, spec.Partition)
-	id, _, err := e.Cluster.Submit(ctx, s, spec, nil)
+	id, err := submit(ctx, e, s, spec, nil)
 	if err != nil {
 		return errorf(e, "salloc", 1, "Job submit/allocate failed: %v", err)
 	}

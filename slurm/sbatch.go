@@ -783,13 +783,20 @@ func submitBatch(ctx context.Context, e *Env, cmd string, req *BatchRequest) (st
 		return "", errorf(e, cmd, 1, "Batch job submission failed: %v", err)
 	}
 	defer s.Close()
-	req.Spec.Batch.ClusterName = ClusterName(ctx, s)
-	req.Spec.Partition = resolvePartition(ctx, s, req.Spec.Partition)
-	id, _, err := e.Cluster.Submit(ctx, s, req.Spec, req.Array)
+	id, err := submit(ctx, e, s, req.Spec, req.Array)
 	if err != nil {
 		return "", errorf(e, cmd, 1, "Batch job submission failed: %v", err)
 	}
 	return id, 0
+}
+
+// submit queues spec (the tasks of array a, when a is not nil) as sbatch and salloc
+// do: in the cluster's name, and in the partition resolvePartition gives it.
+func submit(ctx context.Context, e *Env, s Store, spec job.Spec, a *job.Array) (string, error) {
+	spec.Batch.ClusterName = ClusterName(ctx, s)
+	spec.Partition = resolvePartition(ctx, s, spec.Partition)
+	id, _, err := e.Cluster.Submit(ctx, s, spec, a)
+	return id, err
 }
 
 // waitJob waits for job id to end (sbatch -W) and returns its exit code.
