@@ -611,13 +611,8 @@ func (o *batchOpts) gpus(spec *job.Spec) error {
 		}
 	}
 	typed := func(name string) (string, int, error) {
-		s := v[name]
-		typ, cnt, ok := strings.Cut(s, ":")
+		typ, c, ok := gpuCount(v[name])
 		if !ok {
-			typ, cnt = "", s
-		}
-		c, err := strconv.Atoi(cnt)
-		if err != nil || c < 1 {
 			return "", 0, bad(name)
 		}
 		return typ, c, nil
@@ -670,6 +665,18 @@ func (o *batchOpts) gpus(spec *job.Spec) error {
 		return &UsageError{Msg: "error: Batch job submission failed: gangrun places GPU jobs: ask for GPUs with --gres=gpu:N, --gpus-per-node=N, --gpus=N or --gpus-per-task=N (CPU-only jobs are " + notBuilt + ")", Code: 1}
 	}
 	return nil
+}
+
+// gpuCount reads a GPU option's [TYPE:]COUNT (--gpus, --gpus-per-node,
+// --gpus-per-task): its type ("" for none) and count; ok is false unless the count is
+// a whole number of at least 1.
+func gpuCount(s string) (typ string, n int, ok bool) {
+	typ, cnt, found := strings.Cut(s, ":")
+	if !found {
+		typ, cnt = "", s
+	}
+	n, err := strconv.Atoi(cnt)
+	return typ, n, err == nil && n >= 1
 }
 
 // gpuSpec is [TYPE:]COUNT for allocator.ParseGPUs.

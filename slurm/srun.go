@@ -299,12 +299,8 @@ func runStep(ctx context.Context, e *Env, id string, v map[string]string, given 
 		if s == "" {
 			s = e.Getenv("SLURM_GPUS_PER_TASK")
 		}
-		_, cnt, _ := strings.Cut(s, ":")
-		if !strings.Contains(s, ":") {
-			cnt = s
-		}
-		n, err := strconv.Atoi(cnt)
-		if err != nil || n < 1 {
+		_, n, ok := gpuCount(s)
+		if !ok {
 			return errorf(e, "srun", 255, "Invalid --gpus-per-task specification")
 		}
 		req.GPUsPerTask = n
