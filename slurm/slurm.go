@@ -17,26 +17,37 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/gangrun/gangrun/identity"
 	"github.com/gangrun/gangrun/internal/store"
 	"github.com/gangrun/gangrun/job"
 )
 
+// command is one Slurm command of the front end: its name and what runs it.
+type command struct {
+	name string
+	run  func(ctx context.Context, e *Env, args []string) int
+}
+
+// commands are the commands the front end answers to, as argv[0]'s base name.
+func commands() []command {
+	return []command{{"sbatch", Sbatch}, {"srun", Srun}, {"salloc", Salloc}, {"squeue", Squeue},
+		{"scancel", Scancel}, {"scontrol", Scontrol}, {"sacct", Sacct}, {"sinfo", Sinfo}}
+}
+
 // Names are the commands the front end answers to, as argv[0]'s base name.
 func Names() []string {
-	return []string{"sbatch", "srun", "salloc", "squeue", "scancel", "scontrol", "sacct", "sinfo"}
+	var out []string
+	for _, c := range commands() {
+		out = append(out, c.name)
+	}
+	return out
 }
 
 // Is reports whether argv0's base name is one of Names.
 func Is(argv0 string) bool {
-	base := filepath.Base(argv0)
-	for _, n := range Names() {
-		if n == base {
-			return true
-		}
-	}
-	return false
+	return slices.Contains(Names(), filepath.Base(argv0))
 }
 
 // Cluster is what the front end needs of gangrun's cluster; cmd/gangrun gives it, as
@@ -81,23 +92,10 @@ type Env struct {
 // Main runs the Slurm command name (one of Names) with args (without argv[0]) and
 // returns its exit code.
 func Main(ctx context.Context, name string, e *Env, args []string) int {
-	switch name {
-	case "sbatch":
-		return Sbatch(ctx, e, args)
-	case "srun":
-		return Srun(ctx, e, args)
-	case "salloc":
-		return Salloc(ctx, e, args)
-	case "squeue":
-		return Squeue(ctx, e, args)
-	case "scancel":
-		return Scancel(ctx, e, args)
-	case "scontrol":
-		return Scontrol(ctx, e, args)
-	case "sacct":
-		return Sacct(ctx, e, args)
-	case "sinfo":
-		return Sinfo(ctx, e, args)
+	for _, c := range commands() {
+		if c.name == name {
+			return c.run(ctx, e, args)
+		}
 	}
 	fmt.Fprintf(e.Stderr, "gangrun: %s is no Slurm command gangrun answers to\n", name)
 	return 2
