@@ -33,6 +33,16 @@ type parsed struct {
 	unsupported string
 }
 
+// values are the options given, by long name: the value each was last given (the
+// filters squeue, scancel and sacct take as lists: every value, joined with commas).
+type values map[string]string
+
+// has reports whether option name was given.
+func (v values) has(name string) bool {
+	_, ok := v[name]
+	return ok
+}
+
 // UsageError is a command line Slurm's command would refuse, in its words: Msg is the
 // message (lines without the command's name), Code the exit code Slurm's command
 // exits with.

@@ -172,14 +172,14 @@ func (r acctRow) value(key string) string {
 // widths (-o, -b, -l), -p/-P's parsable output, -n, -X (jobs alone), and filters -j,
 // -u, -a, -A, -s, -r, --name, -S and -E (default: since midnight, as sacct's).
 func Sacct(ctx context.Context, e *Env, args []string) int {
-	v, given, rest, done, code := parseOpts(e, "sacct", sacctOptions, args, 1, "Usage: sacct [OPTIONS]\n")
+	v, rest, done, code := parseOpts(e, "sacct", sacctOptions, args, 1, "Usage: sacct [OPTIONS]\n")
 	if done {
 		return code
 	}
 	if len(rest) > 0 {
 		return errorf(e, "sacct", 1, "Unknown arguments: %s", strings.Join(rest, " "))
 	}
-	if given["helpformat"] {
+	if v.has("helpformat") {
 		var names []string
 		for _, f := range sacctFields {
 			names = append(names, f.name)
@@ -190,12 +190,12 @@ func Sacct(ctx context.Context, e *Env, args []string) int {
 	}
 	list := sacctDefault
 	switch {
-	case given["brief"]:
+	case v.has("brief"):
 		list = sacctBrief
-	case given["long"]:
+	case v.has("long"):
 		list = sacctLong
 	}
-	if given["format"] {
+	if v.has("format") {
 		list = v["format"]
 	}
 	type col struct {
@@ -231,22 +231,22 @@ func Sacct(ctx context.Context, e *Env, args []string) int {
 		since = time.Time{}
 	}
 	var err error
-	if given["starttime"] {
+	if v.has("starttime") {
 		if since, err = parseSlurmTime(v["starttime"], now); err != nil {
 			return errorf(e, "sacct", 1, "Invalid time specification (pos 0): %s", v["starttime"])
 		}
 	}
-	if given["endtime"] {
+	if v.has("endtime") {
 		if until, err = parseSlurmTime(v["endtime"], now); err != nil {
 			return errorf(e, "sacct", 1, "Invalid time specification (pos 0): %s", v["endtime"])
 		}
 	}
-	f, ferr := newJobFilter(map[string]string{"jobs": v["jobs"], "user": v["user"], "partition": v["partition"],
-		"name": v["name"], "account": v["accounts"], "states": v["state"]}, map[string]bool{})
+	f, ferr := newJobFilter(values{"jobs": v["jobs"], "user": v["user"], "partition": v["partition"],
+		"name": v["name"], "account": v["accounts"], "states": v["state"]})
 	if ferr != nil {
 		return usage(e, "sacct", ferr.(*UsageError))
 	}
-	if !given["allusers"] && !given["user"] && len(ids) == 0 {
+	if !v.has("allusers") && !v.has("user") && len(ids) == 0 {
 		if me := currentUser(); me != "root" {
 			f.users = []string{me}
 		}
@@ -273,7 +273,7 @@ func Sacct(ctx context.Context, e *Env, args []string) int {
 			continue
 		}
 		seen[j.Spec.ID] = true
-		rows = append(rows, jobRows(ctx, s, j, given["allocations"])...)
+		rows = append(rows, jobRows(ctx, s, j, v.has("allocations"))...)
 	}
 	recs, err := job.Records(ctx, s, since, until, job.Filter{})
 	if err == nil {
@@ -287,7 +287,7 @@ func Sacct(ctx context.Context, e *Env, args []string) int {
 				restarts: r.Restarts})
 		}
 	}
-	parsable, sep := given["parsable"] || given["parsable2"], "|"
+	parsable, sep := v.has("parsable") || v.has("parsable2"), "|"
 	line := func(val func(c col) string) string {
 		var b strings.Builder
 		for i, c := range cols {
@@ -295,7 +295,7 @@ func Sacct(ctx context.Context, e *Env, args []string) int {
 			switch {
 			case parsable:
 				b.WriteString(s)
-				if i < len(cols)-1 || given["parsable"] {
+				if i < len(cols)-1 || v.has("parsable") {
 					b.WriteString(sep)
 				}
 			default:
@@ -310,7 +310,7 @@ func Sacct(ctx context.Context, e *Env, args []string) int {
 		}
 		return b.String()
 	}
-	if !given["noheader"] {
+	if !v.has("noheader") {
 		fmt.Fprintln(e.Stdout, line(func(c col) string { return c.f.name }))
 		if !parsable {
 			fmt.Fprintln(e.Stdout, line(func(c col) string {

@@ -66,7 +66,7 @@ func Salloc(ctx context.Context, e *Env, args []string) int {
 	}
 	spec := req.Spec
 	spec.Batch.Allocation, spec.Batch.Export, spec.Batch.Environ = true, "ALL", nil
-	if !o.given["job-name"] {
+	if !o.v.has("job-name") {
 		spec.Name = "interactive"
 	}
 	command := rest

@@ -191,8 +191,7 @@ type BatchRequest struct {
 
 // batchOpts are sbatch's options as given (the script's lines, then the command line).
 type batchOpts struct {
-	v     map[string]string // the last value of each option given
-	given map[string]bool
+	v values
 	// noRequeue is whether --no-requeue came after the last --requeue.
 	noRequeue bool
 	env       []string // --env of #GANGRUN lines
@@ -201,9 +200,9 @@ type batchOpts struct {
 
 func (o *batchOpts) set(p parsed) {
 	if o.v == nil {
-		o.v, o.given = map[string]string{}, map[string]bool{}
+		o.v = values{}
 	}
-	o.v[p.name], o.given[p.name] = p.value, true
+	o.v[p.name] = p.value
 	switch p.name {
 	case "requeue", "no-requeue":
 		o.noRequeue = p.name == "no-requeue"
@@ -368,14 +367,11 @@ func count(name, v string, min int) (int, error) {
 
 // request builds the job.
 func (o *batchOpts) request(e *Env, script, name string, scriptArgs []string) (*BatchRequest, error) {
-	v, given := o.v, o.given
-	if v == nil {
-		v, given = map[string]string{}, map[string]bool{}
-	}
-	r := &BatchRequest{Parsable: given["parsable"], Wait: given["wait"], Quiet: given["quiet"]}
+	v := o.v
+	r := &BatchRequest{Parsable: v.has("parsable"), Wait: v.has("wait"), Quiet: v.has("quiet")}
 	b := &job.Batch{Export: "ALL"}
 	spec := job.Spec{Batch: b} // MaxRestarts 0: a plain batch job runs once
-	if given["wrap"] {
+	if v.has("wrap") {
 		if script != "" {
 			return nil, badf("--wrap and a script: give one")
 		}
@@ -384,29 +380,29 @@ func (o *batchOpts) request(e *Env, script, name string, scriptArgs []string) (*
 	}
 	spec.Script, spec.Command = script, scriptArgs
 	spec.Name = filepath.Base(name)
-	if given["job-name"] {
+	if v.has("job-name") {
 		spec.Name = v["job-name"]
 	}
 	spec.Account, spec.Partition = v["account"], v["partition"]
 	var err error
-	if given["ntasks"] {
+	if v.has("ntasks") {
 		if b.NTasks, err = count("ntasks", v["ntasks"], 1); err != nil {
 			return nil, err
 		}
 	}
-	if given["ntasks-per-node"] {
+	if v.has("ntasks-per-node") {
 		if b.NTasksPerNode, err = count("ntasks-per-node", v["ntasks-per-node"], 1); err != nil {
 			return nil, err
 		}
 	}
-	if given["cpus-per-task"] {
+	if v.has("cpus-per-task") {
 		if b.CPUsPerTask, err = count("cpus-per-task", v["cpus-per-task"], 1); err != nil {
 			return nil, err
 		}
 	}
 	// Nodes: --nodes, else as many as --ntasks needs at --ntasks-per-node, else one.
 	spec.MinNodes, spec.MaxNodes = 1, 1
-	if given["nodes"] {
+	if v.has("nodes") {
 		lo, hi, err := job.ParseNodes(strings.Replace(v["nodes"], ":", "-", 1))
 		if err != nil {
 			return nil, &UsageError{Msg: fmt.Sprintf("error: \"%s\" is not a valid node count", v["nodes"]), Code: 255}
@@ -422,12 +418,12 @@ func (o *batchOpts) request(e *Env, script, name string, scriptArgs []string) (*
 	if err := o.gpus(&spec); err != nil {
 		return nil, err
 	}
-	if given["time"] {
+	if v.has("time") {
 		if spec.TimeLimit, err = job.ParseTime(v["time"]); err != nil {
 			return nil, bad("time")
 		}
 	}
-	if given["signal"] {
+	if v.has("signal") {
 		sig := v["signal"]
 		flags, rest, ok := strings.Cut(sig, ":")
 		if ok {
@@ -443,29 +439,29 @@ func (o *batchOpts) request(e *Env, script, name string, scriptArgs []string) (*
 			return nil, bad("signal")
 		}
 	}
-	if given["dependency"] {
+	if v.has("dependency") {
 		if spec.Dependency, err = job.ParseDependency(v["dependency"]); err != nil {
 			return nil, badf("%v", err)
 		}
 	}
-	if given["array"] {
+	if v.has("array") {
 		a, err := job.ParseArray(v["array"])
 		if err != nil {
 			return nil, &UsageError{Msg: "error: Invalid job array specification", Code: 255}
 		}
 		r.Array = &a
 	}
-	if given["mem"] {
+	if v.has("mem") {
 		if spec.Mem, err = cgroup.ParseMem(v["mem"]); err != nil {
 			return nil, bad("mem")
 		}
 	}
-	if given["priority"] {
+	if v.has("priority") {
 		if spec.Priority, err = strconv.Atoi(v["priority"]); err != nil {
 			return nil, bad("priority")
 		}
 	}
-	if given["open-mode"] {
+	if v.has("open-mode") {
 		switch m := strings.ToLower(v["open-mode"]); {
 		case strings.HasPrefix("append", m) && m != "":
 			b.OpenMode = "append"
@@ -478,25 +474,25 @@ func (o *batchOpts) request(e *Env, script, name string, scriptArgs []string) (*
 	b.NoRequeue = o.noRequeue
 	spec.Output, b.Error = v["output"], v["error"]
 	// gangrun's supervision.
-	if given["gangrun-max-restarts"] {
+	if v.has("gangrun-max-restarts") {
 		if spec.MaxRestarts, err = count("gangrun-max-restarts", v["gangrun-max-restarts"], 0); err != nil {
 			return nil, err
 		}
 		b.Supervised = true
 	}
-	if given["gangrun-spare-nodes"] {
+	if v.has("gangrun-spare-nodes") {
 		if spec.SpareNodes, err = count("gangrun-spare-nodes", v["gangrun-spare-nodes"], 0); err != nil {
 			return nil, err
 		}
 		b.Supervised = true
 	}
-	if given["gangrun-checkpoint-dir"] {
+	if v.has("gangrun-checkpoint-dir") {
 		spec.CheckpointDir, b.Supervised = v["gangrun-checkpoint-dir"], true
-		if spec.MaxRestarts == 0 && !given["gangrun-max-restarts"] {
+		if spec.MaxRestarts == 0 && !v.has("gangrun-max-restarts") {
 			spec.MaxRestarts = job.DefaultMaxRestarts
 		}
 	}
-	if given["gangrun-term-timeout"] {
+	if v.has("gangrun-term-timeout") {
 		if spec.TermTimeout, err = time.ParseDuration(v["gangrun-term-timeout"]); err != nil || spec.TermTimeout < 0 {
 			return nil, bad("gangrun-term-timeout")
 		}
@@ -507,14 +503,14 @@ func (o *batchOpts) request(e *Env, script, name string, scriptArgs []string) (*
 		return nil, &UsageError{Msg: "error: getcwd failed: " + err.Error(), Code: 1}
 	}
 	spec.WorkDir = cwd
-	if given["chdir"] {
+	if v.has("chdir") {
 		spec.WorkDir = v["chdir"]
 		if !filepath.IsAbs(spec.WorkDir) {
 			spec.WorkDir = filepath.Join(cwd, spec.WorkDir)
 		}
 	}
 	spec.User = currentUser()
-	if given["uid"] {
+	if v.has("uid") {
 		if os.Geteuid() != 0 {
 			return nil, &UsageError{Msg: "error: --uid only permitted by root user", Code: 1}
 		}
@@ -525,7 +521,7 @@ func (o *batchOpts) request(e *Env, script, name string, scriptArgs []string) (*
 		spec.User = u.Name
 	}
 	environ := e.Environ()
-	if given["export"] {
+	if v.has("export") {
 		b.Export = v["export"]
 		if b.Export == "" {
 			b.Export = "ALL"
@@ -548,7 +544,7 @@ func (o *batchOpts) request(e *Env, script, name string, scriptArgs []string) (*
 		b.SubmitHost = h
 	}
 	b.SubmitDir = cwd
-	if name != "" && name != "sbatch" && !given["wrap"] {
+	if name != "" && name != "sbatch" && !v.has("wrap") {
 		b.ScriptPath = name
 		if !filepath.IsAbs(name) {
 			b.ScriptPath = filepath.Join(cwd, name)
@@ -562,7 +558,7 @@ func (o *batchOpts) request(e *Env, script, name string, scriptArgs []string) (*
 // --gpus (the job's total, split over its nodes) or --gpus-per-task (times the tasks
 // per node).
 func (o *batchOpts) gpus(spec *job.Spec) error {
-	v, given := o.v, o.given
+	v := o.v
 	b := spec.Batch
 	set := func(perNode int, typ string) error {
 		gpus, profile, model, err := allocator.ParseGPUs(gpuSpec(typ, perNode))
@@ -573,7 +569,7 @@ func (o *batchOpts) gpus(spec *job.Spec) error {
 		return nil
 	}
 	n := 0
-	if given["gres"] {
+	if v.has("gres") {
 		n++
 		var found bool
 		for _, g := range strings.Split(v["gres"], ",") {
@@ -617,7 +613,7 @@ func (o *batchOpts) gpus(spec *job.Spec) error {
 		}
 		return typ, c, nil
 	}
-	if given["gpus-per-node"] {
+	if v.has("gpus-per-node") {
 		n++
 		typ, c, err := typed("gpus-per-node")
 		if err != nil {
@@ -628,7 +624,7 @@ func (o *batchOpts) gpus(spec *job.Spec) error {
 		}
 		b.TresPerNode = "gres:gpu:" + strings.TrimPrefix(v["gpus-per-node"], "gpu:")
 	}
-	if given["gpus-per-task"] {
+	if v.has("gpus-per-task") {
 		typ, c, err := typed("gpus-per-task")
 		if err != nil {
 			return err
@@ -645,7 +641,7 @@ func (o *batchOpts) gpus(spec *job.Spec) error {
 			}
 		}
 	}
-	if given["gpus"] {
+	if v.has("gpus") {
 		n++
 		typ, c, err := typed("gpus")
 		if err != nil {

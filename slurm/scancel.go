@@ -49,37 +49,37 @@ var scancelID = regexp.MustCompile(`^(\d+)(_\d+)?(\.(\d+|batch))?$`)
 // refused: gangrun stops a job as scancel's default does (SIGCONT and SIGTERM, then
 // SIGKILL after the grace).
 func Scancel(ctx context.Context, e *Env, args []string) int {
-	v, given, ids, done, code := parseOpts(e, "scancel", scancelOptions, args, 1, "Usage: scancel [OPTIONS] [job_id[_array_id][.step_id]]\n")
+	v, ids, done, code := parseOpts(e, "scancel", scancelOptions, args, 1, "Usage: scancel [OPTIONS] [job_id[_array_id][.step_id]]\n")
 	if done {
 		return code
 	}
-	if given["signal"] {
+	if v.has("signal") {
 		sig := strings.TrimPrefix(strings.ToUpper(v["signal"]), "SIG")
 		if sig != "KILL" && sig != "TERM" && sig != "9" && sig != "15" {
 			return errorf(e, "scancel", 1, "--signal=%s: signalling a job without cancelling it is %s", v["signal"], notBuilt)
 		}
 	}
-	if given["batch"] || given["full"] {
-		if !given["signal"] {
-			return errorf(e, "scancel", 1, "--%s without --signal: cancelling the batch shell alone is %s", map[bool]string{true: "batch", false: "full"}[given["batch"]], notBuilt)
+	if v.has("batch") || v.has("full") {
+		if !v.has("signal") {
+			return errorf(e, "scancel", 1, "--%s without --signal: cancelling the batch shell alone is %s", map[bool]string{true: "batch", false: "full"}[v.has("batch")], notBuilt)
 		}
 	}
-	if given["jobname"] {
-		v["name"], given["name"] = v["jobname"], true
+	if v.has("jobname") {
+		v["name"] = v["jobname"]
 	}
-	if given["state"] {
-		v["states"], given["states"] = v["state"], true
+	if v.has("state") {
+		v["states"] = v["state"]
 	}
 	for _, id := range ids {
 		if !scancelID.MatchString(id) {
 			return errorf(e, "scancel", 1, "Invalid job id %s", id)
 		}
 	}
-	filtered := given["user"] || given["name"] || given["partition"] || given["states"] || given["account"] || given["me"]
+	filtered := v.has("user") || v.has("name") || v.has("partition") || v.has("states") || v.has("account") || v.has("me")
 	if len(ids) == 0 && !filtered {
 		return errorf(e, "scancel", 1, "No job identification provided")
 	}
-	f, err := newJobFilter(v, given)
+	f, err := newJobFilter(v)
 	if err != nil {
 		return usage(e, "scancel", err.(*UsageError))
 	}
@@ -100,7 +100,7 @@ func Scancel(ctx context.Context, e *Env, args []string) int {
 		case err != nil:
 			errorf(e, "scancel", 0, "Kill job error on job id %s: %v", id, err)
 			failed = true
-		case n == 0 && given["verbose"]:
+		case n == 0 && v.has("verbose"):
 			fmt.Fprintf(e.Stderr, "scancel: Job %s is already complete\n", id)
 		}
 	}

@@ -176,7 +176,7 @@ func (r sinfoRow) value(key string) string {
 // one; a node's state counts its GPUs: idle (none in use), mix, alloc (all), drain,
 // drng, down.
 func Sinfo(ctx context.Context, e *Env, args []string) int {
-	v, given, rest, done, code := parseOpts(e, "sinfo", sinfoOptions, args, 1, "Usage: sinfo [OPTIONS]\n")
+	v, rest, done, code := parseOpts(e, "sinfo", sinfoOptions, args, 1, "Usage: sinfo [OPTIONS]\n")
 	if done {
 		return code
 	}
@@ -185,17 +185,17 @@ func Sinfo(ctx context.Context, e *Env, args []string) int {
 	}
 	format := sinfoDefault
 	switch {
-	case given["Node"]:
+	case v.has("Node"):
 		format = sinfoNodes
-	case given["long"]:
+	case v.has("long"):
 		format = sinfoLong
 	}
-	if given["format"] {
+	if v.has("format") {
 		format = v["format"]
 	}
 	var fields []field
 	var err error
-	if given["Format"] {
+	if v.has("Format") {
 		fields, err = parseFields(v["Format"], sinfoFields)
 		for i := range fields {
 			fields[i].key = sinfoFields[fields[i].key]
@@ -211,7 +211,7 @@ func Sinfo(ctx context.Context, e *Env, args []string) int {
 		states = append(states, strings.ToLower(st))
 	}
 	var wantNodes []string
-	if given["nodes"] {
+	if v.has("nodes") {
 		if wantNodes, err = hostlist.Expand(v["nodes"]); err != nil {
 			return errorf(e, "sinfo", 1, "Invalid node name specified")
 		}
@@ -229,7 +229,7 @@ func Sinfo(ctx context.Context, e *Env, args []string) int {
 	parts := partitions(nodes, defaultPartition(ctx, s, nodes))
 	var rows []sinfoRow
 	for _, p := range parts {
-		if given["partition"] && !slices.Contains(splitList(v["partition"]), p.name) {
+		if v.has("partition") && !slices.Contains(splitList(v["partition"]), p.name) {
 			continue
 		}
 		byState := map[string][]allocator.NodeStatus{}
@@ -242,7 +242,7 @@ func Sinfo(ctx context.Context, e *Env, args []string) int {
 			if len(states) > 0 && !slices.Contains(states, nodeCode(st)) && !slices.Contains(states, strings.ToLower(st)) {
 				continue
 			}
-			if given["Node"] {
+			if v.has("Node") {
 				rows = append(rows, sinfoRow{part: p.name, def: p.def, state: st, nodes: []allocator.NodeStatus{n}})
 				continue
 			}
@@ -254,13 +254,13 @@ func Sinfo(ctx context.Context, e *Env, args []string) int {
 		for _, st := range order {
 			rows = append(rows, sinfoRow{part: p.name, def: p.def, state: st, nodes: byState[st]})
 		}
-		if len(order) == 0 && !given["Node"] {
+		if len(order) == 0 && !v.has("Node") {
 			// A partition none of whose nodes is in the states asked for is still a
 			// line, of 0 nodes in state n/a (as sinfo -t prints it).
 			rows = append(rows, sinfoRow{part: p.name, def: p.def, state: "n/a"})
 		}
 	}
-	if !given["noheader"] {
+	if !v.has("noheader") {
 		fmt.Fprintln(e.Stdout, render(fields, func(k string) string { return sinfoLetters[k] }))
 	}
 	for _, r := range rows {

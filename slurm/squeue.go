@@ -88,37 +88,36 @@ var squeueOptions = []option{
 	{long: "yaml", arg: noArg, unsupported: notBuilt},
 }
 
-// parseOpts parses a command's options into values and given flags, refusing the
+// parseOpts parses a command's options into their values, refusing the
 // unsupported ones with code; help, usage and version are answered (done).
-func parseOpts(e *Env, cmd string, table []option, args []string, code int, help string) (v map[string]string, given map[string]bool, rest []string, done bool, exit int) {
+func parseOpts(e *Env, cmd string, table []option, args []string, code int, help string) (v values, rest []string, done bool, exit int) {
 	ps, rest, err := getopt(cmd, table, args, false, code)
 	if err != nil {
-		return nil, nil, nil, true, usage(e, cmd, err.(*UsageError))
+		return nil, nil, true, usage(e, cmd, err.(*UsageError))
 	}
-	v, given = map[string]string{}, map[string]bool{}
+	v = values{}
 	for _, p := range ps {
 		if p.unsupported != "" {
-			return nil, nil, nil, true, errorf(e, cmd, code, "--%s is %s", p.name, p.unsupported)
+			return nil, nil, true, errorf(e, cmd, code, "--%s is %s", p.name, p.unsupported)
 		}
 		switch p.name {
 		case "help":
 			fmt.Fprint(e.Stdout, help)
-			return nil, nil, nil, true, 0
+			return nil, nil, true, 0
 		case "usage":
 			fmt.Fprintf(e.Stdout, "Usage: %s [OPTIONS]\n", cmd)
-			return nil, nil, nil, true, 0
+			return nil, nil, true, 0
 		case "version":
 			fmt.Fprintln(e.Stdout, Version)
-			return nil, nil, nil, true, 0
+			return nil, nil, true, 0
 		}
 		if prev, ok := v[p.name]; ok && p.hasValue && (p.name == "jobs" || p.name == "user" || p.name == "states" || p.name == "partition" || p.name == "name") {
 			v[p.name] = prev + "," + p.value
 		} else {
 			v[p.name] = p.value
 		}
-		given[p.name] = true
 	}
-	return v, given, rest, false, 0
+	return v, rest, false, 0
 }
 
 // jobRow is what a job's line shows: the job and, for a step, the step.
@@ -342,37 +341,37 @@ const slurmJobStates = "PENDING,RUNNING,SUSPENDED,COMPLETED,CANCELLED,FAILED,TIM
 // Squeue is squeue: the jobs (or with -s their steps) in Slurm's columns, formats
 // (-o, -O, -l), filters (-j, -u, -t, -p, -n, -A, --me) and header (-h).
 func Squeue(ctx context.Context, e *Env, args []string) int {
-	v, given, rest, done, code := parseOpts(e, "squeue", squeueOptions, args, 1, "Usage: squeue [OPTIONS]\n")
+	v, rest, done, code := parseOpts(e, "squeue", squeueOptions, args, 1, "Usage: squeue [OPTIONS]\n")
 	if done {
 		return code
 	}
 	// -j and -s take their list as an optional argument, or as the next word
 	// (squeue's opts.c: "squeue -j 3" lists job 3, as "squeue -j3" does).
-	if len(rest) > 0 && given["jobs"] {
+	if len(rest) > 0 && v.has("jobs") {
 		v["jobs"], rest = rest[0], rest[1:]
 	}
-	if len(rest) > 0 && given["steps"] {
+	if len(rest) > 0 && v.has("steps") {
 		v["steps"], rest = rest[0], rest[1:]
 	}
 	if len(rest) > 0 {
 		fmt.Fprint(e.Stdout, squeueUsage)
 		return errorf(e, "squeue", 1, "Unrecognized option: %s", rest[0])
 	}
-	steps := given["steps"]
+	steps := v.has("steps")
 	stepIDs := splitList(v["steps"])
 	format := squeueDefault
 	switch {
 	case steps:
 		format = squeueSteps
-	case given["long"]:
+	case v.has("long"):
 		format = squeueLong
 	}
-	if given["format"] {
+	if v.has("format") {
 		format = v["format"]
 	}
 	var fields []field
 	var err error
-	if given["Format"] {
+	if v.has("Format") {
 		var bad []string
 		fields, bad = parseFieldsLenient(v["Format"], squeueFields)
 		for _, b := range bad {
@@ -387,7 +386,7 @@ func Squeue(ctx context.Context, e *Env, args []string) int {
 	if err != nil {
 		return usage(e, "squeue", err.(*UsageError))
 	}
-	f, err := newJobFilter(v, given)
+	f, err := newJobFilter(v)
 	if err != nil {
 		code := usage(e, "squeue", err.(*UsageError))
 		if strings.Contains(err.Error(), "Invalid job state") {
@@ -449,7 +448,7 @@ func Squeue(ctx context.Context, e *Env, args []string) int {
 			return rows[a].j.Spec.Priority > rows[b].j.Spec.Priority
 		})
 	}
-	if !given["noheader"] {
+	if !v.has("noheader") {
 		headers := squeueLetters
 		if steps {
 			headers = map[string]string{}
@@ -474,10 +473,10 @@ type jobFilter struct {
 }
 
 // newJobFilter reads -j, -u, -p, -n, -A, -t and --me.
-func newJobFilter(v map[string]string, given map[string]bool) (jobFilter, error) {
+func newJobFilter(v values) (jobFilter, error) {
 	f := jobFilter{ids: splitList(v["jobs"]), users: splitList(v["user"]), parts: splitList(v["partition"]),
 		names: splitList(v["name"]), accounts: splitList(v["account"])}
-	if given["me"] {
+	if v.has("me") {
 		f.me = currentUser()
 	}
 	for _, st := range splitList(v["states"]) {

@@ -104,9 +104,9 @@ type stepLayout struct {
 // that stand for them: SLURM_NTASKS, SLURM_NTASKS_PER_NODE, SLURM_NNODES, as srun
 // reads them) within the job's nodes, as Slurm's block distribution lays them out:
 // -n tasks over the nodes, as evenly as may be, the first nodes taking one more.
-func layout(jobNodes []string, v map[string]string, given map[string]bool, getenv func(string) string) (stepLayout, error) {
+func layout(jobNodes []string, v values, getenv func(string) string) (stepLayout, error) {
 	num := func(name, env string) (int, bool, error) {
-		s, ok := v[name], given[name]
+		s, ok := v[name]
 		if !ok && env != "" {
 			if s = getenv(env); s != "" {
 				ok = true
@@ -122,7 +122,7 @@ func layout(jobNodes []string, v map[string]string, given map[string]bool, geten
 		return n, true, nil
 	}
 	nodes := jobNodes
-	if given["nodelist"] {
+	if v.has("nodelist") {
 		want, err := hostlist.Expand(v["nodelist"])
 		if err != nil {
 			return stepLayout{}, &UsageError{Msg: "error: Invalid node name specified", Code: 1}
@@ -143,13 +143,13 @@ func layout(jobNodes []string, v map[string]string, given map[string]bool, geten
 		return stepLayout{}, err
 	}
 	nn, haveNN := 0, false
-	if given["nodes"] {
+	if v.has("nodes") {
 		lo, _, err := job.ParseNodes(strings.Replace(v["nodes"], ":", "-", 1))
 		if err != nil {
 			return stepLayout{}, &UsageError{Msg: fmt.Sprintf("error: \"%s\" is not a valid node count", v["nodes"]), Code: 255}
 		}
 		nn, haveNN = lo, true
-	} else if s := getenv("SLURM_NNODES"); s != "" && !given["nodelist"] {
+	} else if s := getenv("SLURM_NNODES"); s != "" && !v.has("nodelist") {
 		if n, err := strconv.Atoi(s); err == nil && n > 0 {
 			nn, haveNN = n, true
 		}
@@ -164,7 +164,7 @@ func layout(jobNodes []string, v map[string]string, given map[string]bool, geten
 	if haveN && havePer && ntasks != nn*perNode {
 		// srun drops --ntasks-per-node that does not fit the tasks and nodes: with a
 		// warning when it was an option, silently when it came from the job's variables.
-		if given["ntasks-per-node"] {
+		if v.has("ntasks-per-node") {
 			warn = fmt.Sprintf("srun: Warning: can't honor --ntasks-per-node set to %d which doesn't match the requested tasks %d with the number of requested nodes %d. Ignoring --ntasks-per-node.", perNode, ntasks, nn)
 		}
 		havePer = false
@@ -226,7 +226,7 @@ func Srun(ctx context.Context, e *Env, args []string) int {
 	if err != nil {
 		return usage(e, "srun", err.(*UsageError))
 	}
-	v, given := map[string]string{}, map[string]bool{}
+	v := values{}
 	for _, p := range ps {
 		if p.unsupported != "" {
 			return errorf(e, "srun", 255, "--%s is %s", p.name, p.unsupported)
@@ -239,12 +239,12 @@ func Srun(ctx context.Context, e *Env, args []string) int {
 			fmt.Fprintln(e.Stdout, Version)
 			return 0
 		}
-		v[p.name], given[p.name] = p.value, true
+		v[p.name] = p.value
 	}
-	if given["cpu-bind"] && !slices.Contains([]string{"none", "no", "verbose,none", "none,verbose"}, v["cpu-bind"]) {
+	if v.has("cpu-bind") && !slices.Contains([]string{"none", "no", "verbose,none", "none,verbose"}, v["cpu-bind"]) {
 		return errorf(e, "srun", 255, "--cpu-bind=%s: binding tasks to CPUs is %s; --cpu-bind=none is", v["cpu-bind"], notBuilt)
 	}
-	if given["mpi"] && v["mpi"] != "none" {
+	if v.has("mpi") && v["mpi"] != "none" {
 		return errorf(e, "srun", 255, "--mpi=%s: MPI plugins are %s; --mpi=none is", v["mpi"], notBuilt)
 	}
 	if len(rest) == 0 {
@@ -260,11 +260,11 @@ func Srun(ctx context.Context, e *Env, args []string) int {
 	if id == "" {
 		return errorf(e, "srun", 1, "no job allocation: gangrun's srun runs job steps inside an sbatch or salloc job (run it there, or use salloc first)")
 	}
-	return runStep(ctx, e, id, v, given, rest)
+	return runStep(ctx, e, id, v, rest)
 }
 
 // runStep runs an srun step of job id.
-func runStep(ctx context.Context, e *Env, id string, v map[string]string, given map[string]bool, command []string) int {
+func runStep(ctx context.Context, e *Env, id string, v values, command []string) int {
 	s, err := e.Cluster.Open(ctx)
 	if err != nil {
 		return errorf(e, "srun", 1, "%v", err)
@@ -281,7 +281,7 @@ func runStep(ctx context.Context, e *Env, id string, v map[string]string, given 
 	case j.State.Status != job.Running:
 		return errorf(e, "srun", 1, "Unable to create step for job %s: Job/step already completing or completed", id)
 	}
-	lay, err := layout(job.SlurmNodes(j.State.Nodes), v, given, e.Getenv)
+	lay, err := layout(job.SlurmNodes(j.State.Nodes), v, e.Getenv)
 	var w *warning
 	var ue *UsageError
 	switch {
@@ -291,8 +291,8 @@ func runStep(ctx context.Context, e *Env, id string, v map[string]string, given 
 		return usage(e, "srun", ue)
 	}
 	req := job.StepRequest{Job: id, Name: filepath.Base(command[0]), UID: uint32(os.Getuid()), Nodes: lay.nodes,
-		Tasks: lay.tasks, Command: command, Label: given["label"]}
-	if given["job-name"] {
+		Tasks: lay.tasks, Command: command, Label: v.has("label")}
+	if v.has("job-name") {
 		req.Name = v["job-name"]
 	}
 	if s := v["gpus-per-task"]; s != "" || e.Getenv("SLURM_GPUS_PER_TASK") != "" {
@@ -306,7 +306,7 @@ func runStep(ctx context.Context, e *Env, id string, v map[string]string, given 
 		req.GPUsPerTask = n
 	}
 	wd, _ := os.Getwd()
-	if given["chdir"] {
+	if v.has("chdir") {
 		wd = v["chdir"]
 		if !filepath.IsAbs(wd) {
 			cwd, _ := os.Getwd()
@@ -315,11 +315,11 @@ func runStep(ctx context.Context, e *Env, id string, v map[string]string, given 
 	}
 	req.WorkDir = wd
 	environ := e.Environ()
-	if given["cpus-per-task"] {
+	if v.has("cpus-per-task") {
 		environ = append(environ, "SLURM_CPUS_PER_TASK="+v["cpus-per-task"])
 	}
 	export := "ALL"
-	if given["export"] {
+	if v.has("export") {
 		export = v["export"]
 		if up := strings.ToUpper(export); up == "ALL" || up == "NONE" {
 			export = up
@@ -352,7 +352,7 @@ func runStep(ctx context.Context, e *Env, id string, v map[string]string, given 
 	if req, err = job.CreateSrunStep(ctx, s, sealer, req); err != nil {
 		return errorf(e, "srun", 1, "Unable to create step for job %s: %v", id, err)
 	}
-	r := &srunRun{e: e, req: req, m: m, label: given["label"], kill: given["kill-on-bad-exit"] && v["kill-on-bad-exit"] != "0",
+	r := &srunRun{e: e, req: req, m: m, label: v.has("label"), kill: v.has("kill-on-bad-exit") && v["kill-on-bad-exit"] != "0",
 		width: len(strconv.Itoa(req.NTasks() - 1)), exits: map[int]job.TaskExit{}}
 	code, st := r.run(ctx, ln)
 	st.Ended = time.Now().UTC()
