@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 
 	"github.com/gangrun/gangrun/acl"
@@ -20,11 +21,30 @@ import (
 
 // slurmCluster gives the Slurm front end gangrun's cluster as `gangrun submit` and
 // `gangrun cancel` use it: Consul from the CONSUL_* variables, the caller's MUNGE
-// credential where the agents check them, a user's token's request box.
-type slurmCluster struct{ e *env }
+// credential where the agents check them, a user's token's request box. A Slurm
+// command is one process, one caller and one cluster: the caller's token's identity
+// and the cluster's MUNGE sealer are found on first use and kept (scancel -u cancels
+// job after job; salloc submits, then seals its allocation's release).
+type slurmCluster struct {
+	e *env
+
+	whoOnce sync.Once
+	who     acl.Identity
+	whoErr  error
+
+	mungeOnce sync.Once
+	munge     *identity.Munge
+	mungeErr  error
+}
+
+// whoami is acl.Whoami of the caller's token, asked once.
+func (c *slurmCluster) whoami(ctx context.Context, s *store.Consul) (acl.Identity, error) {
+	c.whoOnce.Do(func() { c.who, c.whoErr = acl.Whoami(ctx, s) })
+	return c.who, c.whoErr
+}
 
 // Open implements slurm.Cluster.
-func (c slurmCluster) Open(ctx context.Context) (slurm.Store, error) {
+func (c *slurmCluster) Open(ctx context.Context) (slurm.Store, error) {
 	s, err := store.NewConsulFrom("", "--consul")
 	if err != nil {
 		return nil, err
@@ -33,21 +53,22 @@ func (c slurmCluster) Open(ctx context.Context) (slurm.Store, error) {
 }
 
 // Munge implements slurm.Cluster.
-func (c slurmCluster) Munge(ctx context.Context, s slurm.Store) (*identity.Munge, error) {
-	return clusterSealer(ctx, c.e, s)
+func (c *slurmCluster) Munge(ctx context.Context, s slurm.Store) (*identity.Munge, error) {
+	c.mungeOnce.Do(func() { c.munge, c.mungeErr = clusterSealer(ctx, c.e, s) })
+	return c.munge, c.mungeErr
 }
 
 // Submit implements slurm.Cluster: as `gangrun submit` queues a job.
-func (c slurmCluster) Submit(ctx context.Context, s slurm.Store, spec job.Spec, a *job.Array) (string, []string, error) {
+func (c *slurmCluster) Submit(ctx context.Context, s slurm.Store, spec job.Spec, a *job.Array) (string, []string, error) {
 	cs, ok := s.(*store.Consul)
 	if !ok {
 		return "", nil, errors.New("not a Consul store")
 	}
-	who, err := acl.Whoami(ctx, cs)
+	who, err := c.whoami(ctx, cs)
 	if err != nil && !errors.Is(err, acl.ErrForeignToken) {
 		return "", nil, err
 	}
-	munge, err := clusterSealer(ctx, c.e, s)
+	munge, err := c.Munge(ctx, s)
 	if err != nil {
 		return "", nil, err
 	}
@@ -67,16 +88,16 @@ func (c slurmCluster) Submit(ctx context.Context, s slurm.Store, spec job.Spec, 
 }
 
 // Cancel implements slurm.Cluster: as `gangrun cancel` cancels a job.
-func (c slurmCluster) Cancel(ctx context.Context, s slurm.Store, id string) (int, error) {
+func (c *slurmCluster) Cancel(ctx context.Context, s slurm.Store, id string) (int, error) {
 	cs, ok := s.(*store.Consul)
 	if !ok {
 		return 0, errors.New("not a Consul store")
 	}
-	who, err := acl.Whoami(ctx, cs)
+	who, err := c.whoami(ctx, cs)
 	if err != nil && !errors.Is(err, acl.ErrForeignToken) {
 		return 0, err
 	}
-	munge, err := clusterSealer(ctx, c.e, s)
+	munge, err := c.Munge(ctx, s)
 	if err != nil {
 		return 0, err
 	}
@@ -101,7 +122,7 @@ func (c slurmCluster) Cancel(ctx context.Context, s slurm.Store, id string) (int
 // runSlurm runs the Slurm command name (gangrun called under that name).
 func runSlurm(ctx context.Context, e *env, name string, args []string) int {
 	se := &slurm.Env{Stdin: e.stdin, Stdout: rawWriter(e.stdout), Stderr: e.stderr, Getenv: e.getenv, Environ: os.Environ,
-		Signals: e.signals, Cluster: slurmCluster{e}, Self: e.self}
+		Signals: e.signals, Cluster: &slurmCluster{e: e}, Self: e.self}
 	if se.Stdin == nil {
 		se.Stdin = os.Stdin
 	}
