@@ -305,15 +305,14 @@ func runStep(ctx context.Context, e *Env, id string, v values, command []string)
 		}
 		req.GPUsPerTask = n
 	}
-	wd, _ := os.Getwd()
+	req.WorkDir, _ = os.Getwd()
 	if v.has("chdir") {
-		wd = v["chdir"]
-		if !filepath.IsAbs(wd) {
-			cwd, _ := os.Getwd()
-			wd = filepath.Join(cwd, wd)
+		d := v["chdir"]
+		if !filepath.IsAbs(d) {
+			d = filepath.Join(req.WorkDir, d)
 		}
+		req.WorkDir = d
 	}
-	req.WorkDir = wd
 	environ := e.Environ()
 	if v.has("cpus-per-task") {
 		environ = append(environ, "SLURM_CPUS_PER_TASK="+v["cpus-per-task"])
