@@ -522,13 +522,7 @@ func (o *batchOpts) request(e *Env, script, name string, scriptArgs []string) (*
 	}
 	environ := e.Environ()
 	if v.has("export") {
-		b.Export = v["export"]
-		if b.Export == "" {
-			b.Export = "ALL"
-		}
-		if up := strings.ToUpper(b.Export); up == "ALL" || up == "NONE" {
-			b.Export = up
-		}
+		b.Export = exportMode(v["export"])
 	}
 	if b.Environ, err = job.ExportEnv(b.Export, environ, loginEnv(spec.User)); err != nil {
 		return nil, badf("%v", err)
@@ -681,6 +675,18 @@ func gpuSpec(typ string, n int) string {
 		return strconv.Itoa(n)
 	}
 	return typ + ":" + strconv.Itoa(n)
+}
+
+// exportMode is an --export value as job.ExportEnv takes it: ALL and NONE in capitals
+// (Slurm takes them in any case), "" as ALL.
+func exportMode(v string) string {
+	switch strings.ToUpper(v) {
+	case "", "ALL":
+		return "ALL"
+	case "NONE":
+		return "NONE"
+	}
+	return v
 }
 
 // currentUser is this process's user's name (its uid when it has none).

@@ -317,14 +317,7 @@ func runStep(ctx context.Context, e *Env, id string, v values, command []string)
 	if v.has("cpus-per-task") {
 		environ = append(environ, "SLURM_CPUS_PER_TASK="+v["cpus-per-task"])
 	}
-	export := "ALL"
-	if v.has("export") {
-		export = v["export"]
-		if up := strings.ToUpper(export); up == "ALL" || up == "NONE" {
-			export = up
-		}
-	}
-	if req.Env, err = job.ExportEnv(export, environ, loginEnv(currentUser())); err != nil {
+	if req.Env, err = job.ExportEnv(exportMode(v["export"]), environ, loginEnv(currentUser())); err != nil {
 		return errorf(e, "srun", 255, "%v", err)
 	}
 	host := e.Getenv("GANGRUN_NODE_ADDR")
