@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/user"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -167,7 +169,9 @@ var gangrunRefused = []option{
 // gangrunOptions is the option table of #GANGRUN lines in a batch script.
 func gangrunOptions() []option {
 	var out []option
-	for name := range gangrunAliases {
+	// In name order, not the map's: getopt names an ambiguous abbreviation's
+	// candidates in table order.
+	for _, name := range slices.Sorted(maps.Keys(gangrunAliases)) {
 		out = append(out, option{long: name, arg: reqArg})
 	}
 	for _, o := range gangrunRefused {
