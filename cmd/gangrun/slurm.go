@@ -37,10 +37,19 @@ type slurmCluster struct {
 	mungeErr  error
 }
 
-// whoami is acl.Whoami of the caller's token, asked once.
-func (c *slurmCluster) whoami(ctx context.Context, s *store.Consul) (acl.Identity, error) {
-	c.whoOnce.Do(func() { c.who, c.whoErr = acl.Whoami(ctx, s) })
-	return c.who, c.whoErr
+// caller is who the caller's token is (acl.Whoami, asked once; a foreign token is no
+// error) and the cluster's MUNGE sealer, which Submit and Cancel act on.
+func (c *slurmCluster) caller(ctx context.Context, s slurm.Store) (acl.Identity, *identity.Munge, error) {
+	cs, ok := s.(*store.Consul)
+	if !ok {
+		return acl.Identity{}, nil, errors.New("not a Consul store")
+	}
+	c.whoOnce.Do(func() { c.who, c.whoErr = acl.Whoami(ctx, cs) })
+	if c.whoErr != nil && !errors.Is(c.whoErr, acl.ErrForeignToken) {
+		return acl.Identity{}, nil, c.whoErr
+	}
+	munge, err := c.Munge(ctx, s)
+	return c.who, munge, err
 }
 
 // Open implements slurm.Cluster.
@@ -60,15 +69,7 @@ func (c *slurmCluster) Munge(ctx context.Context, s slurm.Store) (*identity.Mung
 
 // Submit implements slurm.Cluster: as `gangrun submit` queues a job.
 func (c *slurmCluster) Submit(ctx context.Context, s slurm.Store, spec job.Spec, a *job.Array) (string, []string, error) {
-	cs, ok := s.(*store.Consul)
-	if !ok {
-		return "", nil, errors.New("not a Consul store")
-	}
-	who, err := c.whoami(ctx, cs)
-	if err != nil && !errors.Is(err, acl.ErrForeignToken) {
-		return "", nil, err
-	}
-	munge, err := c.Munge(ctx, s)
+	who, munge, err := c.caller(ctx, s)
 	if err != nil {
 		return "", nil, err
 	}
@@ -89,15 +90,7 @@ func (c *slurmCluster) Submit(ctx context.Context, s slurm.Store, spec job.Spec,
 
 // Cancel implements slurm.Cluster: as `gangrun cancel` cancels a job.
 func (c *slurmCluster) Cancel(ctx context.Context, s slurm.Store, id string) (int, error) {
-	cs, ok := s.(*store.Consul)
-	if !ok {
-		return 0, errors.New("not a Consul store")
-	}
-	who, err := c.whoami(ctx, cs)
-	if err != nil && !errors.Is(err, acl.ErrForeignToken) {
-		return 0, err
-	}
-	munge, err := c.Munge(ctx, s)
+	who, munge, err := c.caller(ctx, s)
 	if err != nil {
 		return 0, err
 	}
