@@ -59,6 +59,15 @@ func (s Supervision) exitCode() int {
 	return s.NoRestartExitCode
 }
 
+// CheckNoRestartExitCode refuses code, --no-restart-exit-code as given (0 for none),
+// outside 0..255. (The flag's -1 would otherwise read as NoExitCode.)
+func CheckNoRestartExitCode(code int) error {
+	if code < 0 || code > 255 {
+		return fmt.Errorf("--no-restart-exit-code %d: want 1..255, or 0 for none", code)
+	}
+	return nil
+}
+
 // Check refuses a value the supervisor cannot honour, naming the flag and the value:
 // Prepare checks it before anything starts, and a job's spec before it is queued.
 func (s Supervision) Check() error {
@@ -68,8 +77,8 @@ func (s Supervision) Check() error {
 	if _, err := ParseBackoff(s.Backoff); err != nil {
 		return err
 	}
-	if s.NoRestartExitCode < NoExitCode || s.NoRestartExitCode > 255 {
-		return fmt.Errorf("--no-restart-exit-code %d: want 1..255, or 0 for none", s.NoRestartExitCode)
+	if err := CheckNoRestartExitCode(s.exitCode()); err != nil {
+		return err
 	}
 	if s.HangTimeout < 0 {
 		return fmt.Errorf("--hang-timeout %s: must not be negative", s.HangTimeout)

@@ -56,11 +56,13 @@ func TestBadInputs(t *testing.T) {
 		{"restart backoff over a day", run("--restart-backoff", "2000000h"), nil, 2, `gangrun run: --restart-backoff "2000000h": want a duration such as 5s (0s for none, at most 24h) or exp`},
 		{"max restarts absurd", run("--max-restarts", "99999999999"), nil, 2, `gangrun run: --max-restarts 99999999999: want 0 to 10000`},
 		{"no-restart exit code out of range", run("--no-restart-exit-code", "256"), nil, 2, `gangrun run: --no-restart-exit-code 256: want 1..255, or 0 for none`},
+		{"no-restart exit code negative", run("--no-restart-exit-code", "-1"), nil, 2, `gangrun run: --no-restart-exit-code -1: want 1..255, or 0 for none`},
 		// submit's supervision flags are run's, refused alike (before anything is queued).
 		{"submit hang timeout 1ns", []string{"submit", "--hang-timeout", "1ns", "--", "true"}, nil, 2, `gangrun submit: --hang-timeout "1ns": must be 0 (off) or at least 1s: it is checked every 100ms to 5s, so a shorter one cannot be honoured`},
 		{"submit hang timeout on a #GANGRUN line", []string{"submit", hangScript}, nil, 2, `gangrun submit: --hang-timeout "1ns": must be 0 (off) or at least 1s: it is checked every 100ms to 5s, so a shorter one cannot be honoured`},
 		{"submit restart backoff", []string{"submit", "--restart-backoff", "soon", "--", "true"}, nil, 2, `gangrun submit: --restart-backoff "soon": want a duration such as 5s (0s for none, at most 24h) or exp`},
 		{"submit no-restart exit code out of range", []string{"submit", "--no-restart-exit-code", "256", "--", "true"}, nil, 2, `gangrun submit: --no-restart-exit-code 256: want 1..255, or 0 for none`},
+		{"submit no-restart exit code negative", []string{"submit", "--no-restart-exit-code", "-1", "--", "true"}, nil, 2, `gangrun submit: --no-restart-exit-code -1: want 1..255, or 0 for none`},
 		{"submit warm imports", []string{"submit", "--warm-imports", "no such;module", "--", "true"}, nil, 2, `gangrun submit: --warm-imports "no such;module": not a Python module name (dotted identifiers, as torch or torch.distributed)`},
 		{"submit warm delay over a day", []string{"submit", "--warm-delay", "25h", "--", "true"}, nil, 2, `gangrun submit: --warm-delay "25h": must be at most 24h`},
 		{"submit hang timeout in a Slurm batch script", []string{"submit", sbatchScript}, nil, 2, "gangrun submit: " + sbatchScript + `: --hang-timeout is a supervision option of gangrun's own jobs (gangrun submit without #SBATCH lines), which a Slurm batch script's batch step does not take (docs/slurm.md, "Gang supervision")`},

@@ -261,6 +261,10 @@ func (f *submitFlags) spec(command []string, script, name string) (job.Spec, err
 	if err != nil {
 		return job.Spec{}, err
 	}
+	sup, err := f.supervision.supervision()
+	if err != nil {
+		return job.Spec{}, err
+	}
 	submitter := currentUser()
 	if f.uid != "" && f.uid != submitter {
 		if os.Geteuid() != 0 {
@@ -281,7 +285,7 @@ func (f *submitFlags) spec(command []string, script, name string) (job.Spec, err
 	spec := job.Spec{Name: f.name, User: submitter, Account: f.account, Partition: f.partition,
 		MinNodes: lo, MaxNodes: hi, GPUsPerNode: gpus, GPUModel: model, MIGProfile: profile, Priority: f.priority, TimeLimit: limit,
 		Signal: sig, SignalBefore: before, SpareNodes: f.spares, CheckpointDir: f.checkpointDir,
-		Supervision: f.supervision.supervision(), TermTimeout: f.termTimeout, Output: f.output, Env: env, Mem: f.mem,
+		Supervision: sup, TermTimeout: f.termTimeout, Output: f.output, Env: env, Mem: f.mem,
 		Command: command, Script: script, WorkDir: wd, Dependency: deps}
 	if spec.Name == "" {
 		spec.Name = name

@@ -118,10 +118,14 @@ func runRun(ctx context.Context, e *env, args []string) int {
 		return usageErr(e, "run", "%v", err)
 	}
 	defer log.Sync() //nolint:errcheck // stderr cannot be synced on some systems
+	sup, err := t.supervision.supervision()
+	if err != nil {
+		return usageErr(e, "run", "%v", err)
+	}
 	spec := g.spec(e, l.command, log)
 	spec.Streams, spec.Role, spec.SignalsToHandle, spec.VirtualLocalRank = l.streams, l.role, l.signals, l.virtualLocalRank
 	spec.AutoIsCPUs, spec.LogDirPerRun = l.autoIsCPUs, l.torchrunForm
-	spec.Supervision = t.supervision.supervision()
+	spec.Supervision = sup
 	spec.CheckpointDir, spec.ResumeArg, spec.LogDir, spec.Tee = t.checkpointDir, t.resumeArg, t.logDir, t.tee
 	spec.LocalRankArg = t.localRankArg
 	// The gangrun binary (not a test calling dispatch) has no other children than its

@@ -41,7 +41,11 @@ func (f *supervisionFlags) register(fs *pflag.FlagSet) {
 
 // supervision is the launcher.Supervision the flags give, each default as its zero
 // value (so that a job submitted with the defaults is an older release's record).
-func (f *supervisionFlags) supervision() launcher.Supervision {
+// Errors: a --no-restart-exit-code outside 0..255, which the encoding would hide.
+func (f *supervisionFlags) supervision() (launcher.Supervision, error) {
+	if err := launcher.CheckNoRestartExitCode(f.exitCode); err != nil {
+		return launcher.Supervision{}, err
+	}
 	s := f.sup
 	if s.Backoff == "exp" {
 		s.Backoff = ""
@@ -63,5 +67,5 @@ func (f *supervisionFlags) supervision() launcher.Supervision {
 	default:
 		s.WarmDelay = f.warmDelay
 	}
-	return s
+	return s, nil
 }
