@@ -1,6 +1,8 @@
 package main
 
 import (
+	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,6 +12,8 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/gangrun/gangrun/job"
+	"github.com/gangrun/gangrun/launcher"
+	"github.com/gangrun/gangrun/topology"
 )
 
 // TestSupervisionFlagsSameOnRunAndSubmit: every supervision flag is on `run` and on
@@ -36,6 +40,58 @@ func TestSupervisionFlagsSameOnRunAndSubmit(t *testing.T) {
 	}
 	if n == 0 {
 		t.Fatal("no supervision flags")
+	}
+}
+
+// TestSupervisionFlagsReachTheSupervisor: the supervision flags, as `run` and `submit`
+// take them, are recorded in their encoding (the defaults as max_restarts alone, an
+// older release's record) and reach the supervisor's Config as given:
+// --no-restart-exit-code 0 is no code, --warm-delay 0s standbys at once.
+func TestSupervisionFlagsReachTheSupervisor(t *testing.T) {
+	inv, err := topology.LoadFile(filepath.Join(inventories, "cpu-only.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		args       []string
+		record     string
+		exitCode   int
+		warm       bool
+		warmDelay  time.Duration
+		maxRestart int
+	}{
+		{nil, `{"max_restarts":3}`, launcher.DefaultNoRestartExitCode, true, launcher.DefaultWarmDelay, 3},
+		{[]string{"--no-restart-exit-code", "99", "--warm-delay", "5s", "--restart-backoff", "exp", "--warm-restarts"},
+			`{"max_restarts":3}`, launcher.DefaultNoRestartExitCode, true, launcher.DefaultWarmDelay, 3},
+		{[]string{"--no-restart-exit-code", "0"}, `{"max_restarts":3,"no_restart_exit_code":-1}`, 0, true, launcher.DefaultWarmDelay, 3},
+		{[]string{"--no-restart-exit-code", "7"}, `{"max_restarts":3,"no_restart_exit_code":7}`, 7, true, launcher.DefaultWarmDelay, 3},
+		{[]string{"--warm-delay", "0s"}, `{"max_restarts":3,"warm_delay":-1}`, launcher.DefaultNoRestartExitCode, true, 0, 3},
+		{[]string{"--warm-delay", "2s"}, `{"max_restarts":3,"warm_delay":2000000000}`, launcher.DefaultNoRestartExitCode, true, 2 * time.Second, 3},
+		{[]string{"--warm-restarts=false", "--max-restarts", "0"}, `{"max_restarts":0,"cold_restarts":true}`, launcher.DefaultNoRestartExitCode, false, launcher.DefaultWarmDelay, 0},
+	} {
+		var f supervisionFlags
+		fs := pflag.NewFlagSet("supervision", pflag.ContinueOnError)
+		f.register(fs)
+		if err := fs.Parse(tc.args); err != nil {
+			t.Fatalf("%v: %v", tc.args, err)
+		}
+		sup, err := f.supervision()
+		if err != nil {
+			t.Fatalf("%v: %v", tc.args, err)
+		}
+		if b, _ := json.Marshal(sup); string(b) != tc.record {
+			t.Errorf("%v: recorded as %s, want %s", tc.args, b, tc.record)
+		}
+		p, err := launcher.Prepare(context.Background(), launcher.Spec{Command: []string{"/bin/true"}, Inventory: inv, NodeName: "a", Supervision: sup})
+		if err != nil {
+			t.Fatalf("%v: %v", tc.args, err)
+		}
+		c := p.Config
+		p.Close()
+		if c.NoRestartExitCode != tc.exitCode || c.WarmRestarts != tc.warm || c.WarmDelay != tc.warmDelay || c.MaxRestarts != tc.maxRestart {
+			t.Errorf("%v: Config's no-restart code %d, warm %v, warm delay %s, max restarts %d; want %d, %v, %s, %d", tc.args,
+				c.NoRestartExitCode, c.WarmRestarts, c.WarmDelay, c.MaxRestarts, tc.exitCode, tc.warm, tc.warmDelay, tc.maxRestart)
+		}
 	}
 }
 
