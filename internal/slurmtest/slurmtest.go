@@ -3,9 +3,10 @@
 // `make test` runs), with a slurm.conf, gres.conf, state, spool and log directories of
 // its own under the test's temporary directory, a munged of its own (mungetest; the
 // conf's AuthInfo=socket= points Slurm at it), fake GPUs as character devices made with
-// mknod (major 195, NVIDIA's) in gres.conf, and free loopback ports. Several nodes run
-// on this one machine, each a slurmd started with -N NAME on a port of its own (Debian
-// builds Slurm with multiple-slurmd support). It runs as root (slurmd starts the jobs'
+// mknod (major 195, NVIDIA's) in gres.conf, and loopback ports from testport (below
+// the ephemeral range, which a client socket could take before the daemon binds).
+// Several nodes run on this one machine, each a slurmd started with -N NAME on a port
+// of its own (Debian builds Slurm with multiple-slurmd support). It runs as root (slurmd starts the jobs'
 // processes as their users); a missing binary or a non-root test fails, never skips.
 //
 // Conf writes only a slurm.conf, for the commands that read it without a controller
@@ -17,7 +18,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -30,6 +30,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gangrun/gangrun/internal/mungetest"
+	"github.com/gangrun/gangrun/internal/testport"
 )
 
 // Limits of the harness.
@@ -140,7 +141,10 @@ func Start(t testing.TB, o Options) *Cluster {
 			t.Fatalf("slurmtest: mknod %s: %v", dev, err)
 		}
 	}
-	ports := freePorts(t, 1+len(o.Nodes))
+	ports, err := testport.Take(1 + len(o.Nodes))
+	if err != nil {
+		t.Fatal(err)
+	}
 	var conf strings.Builder
 	fmt.Fprintf(&conf, `ClusterName=%s
 SlurmctldHost=%s(127.0.0.1)
@@ -346,27 +350,6 @@ func alive(pid int) bool {
 	s := string(b)
 	i := strings.LastIndexByte(s, ')')
 	return i >= 0 && i+2 < len(s) && s[i+2] != 'Z' && s[i+2] != 'X'
-}
-
-// freePorts returns n distinct free TCP ports on the loopback address.
-func freePorts(t testing.TB, n int) []int {
-	t.Helper()
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	var ports []int
-	for i := 0; i < n; i++ {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports
 }
 
 // hostname is this machine's host name, which every slurmd's NodeHostname names.
