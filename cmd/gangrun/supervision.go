@@ -1,6 +1,7 @@
 package main
 
 import (
+	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -34,7 +35,7 @@ func (f *supervisionFlags) register(fs *pflag.FlagSet) {
 		minWhy: "it is checked every 100ms to 5s, so a shorter one cannot be honoured"},
 		"no output from any rank for this long is a failure; 0 is off (else 1s to 10000h)")
 	fs.BoolVar(&f.warm, "warm-restarts", true, "restart Python workers from standby interpreters that imported --warm-imports already (false: always a fresh interpreter)")
-	fs.StringSliceVar(&f.sup.WarmImports, "warm-imports", d.WarmImports, "modules a standby imports before it waits, MOD[,MOD...] (default torch,torch._dynamo, each import's error ignored)")
+	fs.StringSliceVar(&f.sup.WarmImports, "warm-imports", d.WarmImports, "modules a standby imports before it waits, MOD[,MOD...] (default "+strings.Join(launcher.DefaultWarmImports, ",")+", each import's error ignored)")
 	durationVar(fs, &f.warmDelay, "warm-delay", launcher.DefaultWarmDelay, durationFlag{max: maxGrace, zeroOK: true},
 		"start the next attempt's standbys this long after cold workers start, so their imports do not slow the workers' start-up (0s: at once; warm workers fork theirs at once)")
 }
