@@ -110,6 +110,9 @@ func runSubmit(ctx context.Context, e *env, args []string) int {
 			if err != nil {
 				return usageErr(e, "submit", "%s: %s", rest[0], strings.TrimPrefix(err.Error(), "error: "))
 			}
+			if code := checkSubmit(e, req.Spec, ""); code != exitOK {
+				return code
+			}
 			return submitSpec(ctx, e, &f, req.Spec, req.Array)
 		}
 		directives, err := job.ScriptOptions(script)
@@ -146,14 +149,9 @@ func runSubmit(ctx context.Context, e *env, args []string) int {
 	return submitSpec(ctx, e, &f, spec, array)
 }
 
-// submitSpec queues spec (array's tasks, when array is set) as submit's flags f say
-// (--consul, --uid, --json) and prints its id.
+// submitSpec queues spec, checked already (checkSubmit), and array's tasks when array
+// is set, as submit's flags f say (--consul, --uid, --json), and prints its id.
 func submitSpec(ctx context.Context, e *env, f *submitFlags, spec job.Spec, array *job.Array) int {
-	if spec.Batch != nil {
-		if code := checkSubmit(e, spec, ""); code != exitOK {
-			return code
-		}
-	}
 	s, code := openStore(e, "submit", *f.consul)
 	if code != exitOK {
 		return code
