@@ -64,18 +64,7 @@ func CompressSorted(hosts []string) string {
 			runs = append(runs, splitHost(h))
 		}
 	}
-	slices.SortStableFunc(runs, func(a, b run) int {
-		if c := naturalCompare(a.prefix, b.prefix); c != 0 {
-			return c
-		}
-		if a.numeric != b.numeric {
-			if !a.numeric {
-				return -1
-			}
-			return 1
-		}
-		return cmp.Or(cmp.Compare(a.lo, b.lo), cmp.Compare(a.width, b.width))
-	})
+	slices.SortStableFunc(runs, compareRuns)
 	merged := runs[:0]
 	for _, r := range runs {
 		if n := len(merged); n > 0 && merged[n-1].extend(r) {
@@ -84,6 +73,22 @@ func CompressSorted(hosts []string) string {
 		merged = append(merged, r)
 	}
 	return render(merged)
+}
+
+// compareRuns orders runs as hostlist_sort does: by prefix in natural order, a name
+// without a number before numbered names of the same prefix, then by number, then by
+// padding.
+func compareRuns(a, b run) int {
+	if c := naturalCompare(a.prefix, b.prefix); c != 0 {
+		return c
+	}
+	if a.numeric != b.numeric {
+		if !a.numeric {
+			return -1
+		}
+		return 1
+	}
+	return cmp.Or(cmp.Compare(a.lo, b.lo), cmp.Compare(a.width, b.width))
 }
 
 // splitHost splits a host name into its prefix and the number ending it.
@@ -196,18 +201,6 @@ func digitRun(s string) string {
 // by padding. hosts is not modified.
 func SortHosts(hosts []string) []string {
 	out := slices.Clone(hosts)
-	slices.SortStableFunc(out, func(a, b string) int {
-		ra, rb := splitHost(a), splitHost(b)
-		if c := naturalCompare(ra.prefix, rb.prefix); c != 0 {
-			return c
-		}
-		if ra.numeric != rb.numeric {
-			if !ra.numeric {
-				return -1
-			}
-			return 1
-		}
-		return cmp.Or(cmp.Compare(ra.lo, rb.lo), cmp.Compare(ra.width, rb.width), strings.Compare(a, b))
-	})
+	slices.SortStableFunc(out, func(a, b string) int { return compareRuns(splitHost(a), splitHost(b)) })
 	return out
 }

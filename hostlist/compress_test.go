@@ -159,3 +159,20 @@ func TestCompressExpr(t *testing.T) {
 		t.Errorf("CompressExpr of 10^11 hosts: %v, want ErrTooLarge", err)
 	}
 }
+
+// TestSortHosts: SortHosts orders hosts as CompressSorted does (hostlist_sort), and
+// leaves its argument as it was.
+func TestSortHosts(t *testing.T) {
+	in := []string{"rack10", "n10", "rack2", "n09", "n9", "n", "n1", "n9"}
+	want := []string{"n", "n1", "n9", "n9", "n09", "n10", "rack2", "rack10"}
+	orig := slices.Clone(in)
+	if got := SortHosts(in); !slices.Equal(got, want) {
+		t.Errorf("SortHosts(%q) = %q, want %q", in, got, want)
+	}
+	if !slices.Equal(in, orig) {
+		t.Errorf("SortHosts changed its argument to %q", in)
+	}
+	if got, want := CompressSorted(in), Compress(want); got != want {
+		t.Errorf("CompressSorted(%q) = %q, want Compress of SortHosts' order, %q", in, got, want)
+	}
+}
