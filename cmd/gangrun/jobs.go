@@ -167,35 +167,21 @@ func submitSpec(ctx context.Context, e *env, f *submitFlags, spec job.Spec, arra
 	if err != nil {
 		return sealerErr(e, "submit", err)
 	}
-	var sealer job.Sealer
-	var prover job.Prover
-	if munge != nil { // a nil *identity.Munge is no nil interface
-		sealer, prover = munge, munge
-	}
 	if spec.Batch != nil {
 		spec.Batch.ClusterName = slurm.ClusterName(ctx, s)
 		if spec.Partition == "" {
 			spec.Partition = slurm.DefaultPartition(ctx, s)
 		}
 	}
-	var id string
-	var tasks []string
-	switch {
-	case who.Role == acl.RoleUser:
-		// A user's token writes only the user's request box: the elected agent queues
-		// the job, as the token's user (docs/acl.md).
+	if who.Role == acl.RoleUser {
 		if f.uid != "" && f.uid != who.User {
 			return usageErr(e, "submit", "permission denied: --uid %q: your token is %s, and a user's token submits only as its user", f.uid, who.Name())
 		}
 		if spec.User != who.User {
 			fmt.Fprintf(e.stderr, "gangrun submit: submitting as %s, your token's user (not as %s)\n", who.User, spec.User)
 		}
-		id, tasks, err = job.Asker{User: who.User, Prover: prover, Wait: job.DefaultRequestWait}.Submit(ctx, s, spec, array)
-	case array != nil:
-		id, tasks, err = job.SubmitArraySealed(ctx, s, spec, *array, sealer)
-	default:
-		id, err = job.SubmitSealed(ctx, s, spec, sealer)
 	}
+	id, tasks, err := queueJob(ctx, s, who, munge, spec, array)
 	if errors.Is(err, job.ErrInvalid) || errors.Is(err, job.ErrDenied) {
 		return usageErr(e, "submit", "%v", err)
 	}
@@ -213,6 +199,27 @@ func submitSpec(ctx context.Context, e *env, f *submitFlags, spec job.Spec, arra
 	}
 	fmt.Fprintln(e.stdout, id)
 	return exitOK
+}
+
+// queueJob queues spec (array's tasks, when array is set) as who submits it, sealed
+// with munge's credential where the agents check them (munge nil: they check none),
+// and returns its id (and the tasks'): through the request box of a user's token,
+// which writes only that box (the elected agent queues the job as the token's user:
+// docs/acl.md), else directly. `gangrun submit` and sbatch queue jobs through it.
+func queueJob(ctx context.Context, s store.Store, who acl.Identity, munge *identity.Munge, spec job.Spec, array *job.Array) (string, []string, error) {
+	var sealer job.Sealer
+	var prover job.Prover
+	if munge != nil { // a nil *identity.Munge is no nil interface
+		sealer, prover = munge, munge
+	}
+	switch {
+	case who.Role == acl.RoleUser:
+		return job.Asker{User: who.User, Prover: prover, Wait: job.DefaultRequestWait}.Submit(ctx, s, spec, array)
+	case array != nil:
+		return job.SubmitArraySealed(ctx, s, spec, *array, sealer)
+	}
+	id, err := job.SubmitSealed(ctx, s, spec, sealer)
+	return id, nil, err
 }
 
 // scriptName is the name a job defaults to: the script's base name, else the command's.

@@ -73,19 +73,7 @@ func (c *slurmCluster) Submit(ctx context.Context, s slurm.Store, spec job.Spec,
 	if err != nil {
 		return "", nil, err
 	}
-	var sealer job.Sealer
-	var prover job.Prover
-	if munge != nil {
-		sealer, prover = munge, munge
-	}
-	switch {
-	case who.Role == acl.RoleUser:
-		return job.Asker{User: who.User, Prover: prover, Wait: job.DefaultRequestWait}.Submit(ctx, s, spec, a)
-	case a != nil:
-		return job.SubmitArraySealed(ctx, s, spec, *a, sealer)
-	}
-	id, err := job.SubmitSealed(ctx, s, spec, sealer)
-	return id, nil, err
+	return queueJob(ctx, s, who, munge, spec, a)
 }
 
 // Cancel implements slurm.Cluster: as `gangrun cancel` cancels a job.
