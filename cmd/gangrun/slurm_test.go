@@ -546,7 +546,7 @@ srun -n 3 bash -c 'exit 3'; echo "rc=$?"
 srun -n1 nosuchcmd; echo "rc=$?"
 srun -N1 -n2 bash -c 'echo small $SLURM_PROCID $SLURM_NNODES $SLURM_NTASKS $SLURM_STEP_NUM_TASKS $SLURM_NODELIST $SLURM_STEP_NODELIST $SLURM_TASKS_PER_NODE'
 srun --ntasks-per-node=1 bash -c 'echo one-per-node $SLURM_PROCID $SLURM_NODEID $SLURM_STEP_TASKS_PER_NODE'
-srun -n 8 --gpus-per-task=1 bash -c 'echo gpt $SLURM_PROCID $CUDA_VISIBLE_DEVICES'
+srun -n 8 --gpus-per-task=1 bash -c 'echo gpt $SLURM_PROCID $SLURM_NODEID gpus=$CUDA_VISIBLE_DEVICES'
 srun -K -n 4 bash -c 'if [ $SLURM_PROCID = 1 ]; then exit 5; fi; exec sleep 60'; echo "rc=$?"
 echo done
 `
@@ -554,7 +554,8 @@ echo done
 // TestSrunAgainstSlurm: srunScript's output on a real Slurm and on gangrun: every
 // line of output, srun's messages (task reports, warnings) and exit codes the same, in
 // any order, but for the lines docs/slurm.md lists as differing (Slurm's -K message
-// from its node's slurmstepd, GPU indices given to tasks).
+// from its node's slurmstepd, GPU indices given to tasks: compared by count and node,
+// and on each side no two --gpus-per-task tasks of a node share a GPU).
 func TestSrunAgainstSlurm(t *testing.T) {
 	p := startSlurmPair(t, "gpu-a", "gpu-b")
 	rdir, rid, rstate := p.submit(realSlurm, srunScript, nil)
@@ -562,6 +563,7 @@ func TestSrunAgainstSlurm(t *testing.T) {
 	if rstate != gstate {
 		t.Errorf("states: slurm %s, gangrun %s", rstate, gstate)
 	}
+	taskGPUs := map[string][]string{} // per job, the "NODEID/GPU" of each --gpus-per-task task
 	norm := func(dir, id string) []string {
 		data := readFile(dir, "slurm-"+id+".out")
 		var out []string
@@ -583,9 +585,20 @@ func TestSrunAgainstSlurm(t *testing.T) {
 					l = strings.Join(f, " ")
 				}
 			case strings.HasPrefix(l, "gpt "):
-				// Which GPU a task gets: Slurm binds by its own order; count them instead.
+				// Which GPU a task gets: Slurm binds by its own order; count them instead
+				// (none when CUDA_VISIBLE_DEVICES is empty), and check apart that no two
+				// tasks of a node share one.
 				f := strings.Fields(l)
-				l = fmt.Sprintf("gpt %s %d", f[1], len(strings.Split(f[len(f)-1], ",")))
+				var gpus []string
+				if len(f) == 4 && strings.HasPrefix(f[3], "gpus=") && f[3] != "gpus=" {
+					gpus = strings.Split(strings.TrimPrefix(f[3], "gpus="), ",")
+				}
+				if len(f) >= 3 {
+					for _, g := range gpus {
+						taskGPUs[id] = append(taskGPUs[id], f[2]+"/"+g)
+					}
+					l = fmt.Sprintf("gpt %s node %s gpus %d", f[1], f[2], len(gpus))
+				}
 			}
 			out = append(out, l)
 		}
@@ -602,6 +615,14 @@ func TestSrunAgainstSlurm(t *testing.T) {
 	t.Logf("srun: %d of %d lines of Slurm's output are gangrun's", same, len(r))
 	if !slices.Equal(r, g) {
 		t.Errorf("output differs:\nslurm:\n%s\n\ngangrun:\n%s", strings.Join(r, "\n"), strings.Join(g, "\n"))
+	}
+	// srun -n 8 --gpus-per-task=1 on two nodes of 4 GPUs: each task its own GPU.
+	for s, id := range map[side]string{realSlurm: rid, gangrunSide: gid} {
+		gpus := slices.Clone(taskGPUs[id])
+		slices.Sort(gpus)
+		if len(gpus) != 8 || len(slices.Compact(gpus)) != 8 {
+			t.Errorf("%s: --gpus-per-task=1 gave the 8 tasks the GPUs (node/GPU) %q, want 8 different ones", s, taskGPUs[id])
+		}
 	}
 }
 
