@@ -796,7 +796,15 @@ func TestSlurmCommandsAgainstSlurm(t *testing.T) {
 		fieldsOf(0, "show", "node", "gpu-a"), fieldsOf(1, "show", "node", "gpu-a"))
 	check("scontrol show partition", []string{"PartitionName", "Default", "Nodes", "State", "TotalNodes", "MaxTime", "MaxNodes"},
 		fieldsOf(0, "show", "partition", "gpu"), fieldsOf(1, "show", "partition", "gpu"))
-	// scancel: the step, then the job.
+	// scancel: the pending job, while the running one still holds the resources it
+	// waits for (cancelled after it, it could start first and end killed, 0:15); then
+	// the running job's step.
+	for i, s := range sides {
+		if _, errOut, code := p.run(s, js[i].dir, "", nil, "scancel", js[i].pend); code != 0 {
+			t.Errorf("%s scancel: exit %d %s", s, code, errOut)
+		}
+		p.waitEnd(s, js[i].pend, time.Minute)
+	}
 	for i, s := range sides {
 		if _, errOut, code := p.run(s, js[i].dir, "", nil, "scancel", js[i].run+".0"); code != 0 {
 			t.Errorf("%s scancel STEP: exit %d %s", s, code, errOut)
@@ -804,12 +812,6 @@ func TestSlurmCommandsAgainstSlurm(t *testing.T) {
 	}
 	for i, s := range sides {
 		p.waitEnd(s, js[i].run, time.Minute)
-	}
-	for i, s := range sides {
-		if _, errOut, code := p.run(s, js[i].dir, "", nil, "scancel", js[i].pend); code != 0 {
-			t.Errorf("%s scancel: exit %d %s", s, code, errOut)
-		}
-		p.waitEnd(s, js[i].pend, time.Minute)
 	}
 	check("scontrol show job (after scancel of its step)", []string{"JobState", "ExitCode", "Reason"},
 		fieldsOf(0, "show", "job", js[0].run), fieldsOf(1, "show", "job", js[1].run))
