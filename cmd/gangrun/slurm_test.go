@@ -660,7 +660,9 @@ func scontrolFields(out string) map[string]string {
 // running an srun step, one pending for resources, one that failed, one cancelled),
 // squeue, sinfo, scontrol and scancel print the same (job ids, times and directories
 // aside): default and -o/-O/-l formats, -h, -j, -u, -t, -p, -s steps; scontrol's
-// job, step, node and partition fields (ExitCode=3:0); and their errors and exit codes.
+// job, step, node and partition fields (ExitCode=3:0; time limits and exit codes also
+// as printed, not only as TIME); and their errors and exit codes, stdout and stderr
+// apart.
 // sacct is compared with Slurm's documented format only: this Slurm has no
 // accounting database.
 func TestSlurmCommandsAgainstSlurm(t *testing.T) {
@@ -698,24 +700,31 @@ func TestSlurmCommandsAgainstSlurm(t *testing.T) {
 			return strings.TrimSpace(out) == "Resources", out + errOut
 		})
 	}
-	norm := func(i int, out string) string {
+	// normIDs puts words for side i's job ids and directory.
+	normIDs := func(i int, out string) string {
 		out = strings.ReplaceAll(out, js[i].dir, "DIR")
 		for id, name := range map[string]string{js[i].run: "RUN", js[i].pend: "PEND", js[i].fail: "FAIL"} {
 			out = regexp.MustCompile(`\b`+id+`\b`).ReplaceAllString(out, name)
 		}
 		// scontrol's hostlist errors name the Slurm function that found them
 		// ("scontrol: error: _parse_single_range: ..."): gangrun's do not.
-		out = regexp.MustCompile(`(?m)^scontrol: error: _\w+: .*\n`).ReplaceAllString(out, "")
-		return timePattern.ReplaceAllString(out, "TIME")
+		return regexp.MustCompile(`(?m)^scontrol: error: _\w+: .*\n`).ReplaceAllString(out, "")
+	}
+	// norm also puts TIME for every time and duration.
+	norm := func(i int, out string) string {
+		return timePattern.ReplaceAllString(normIDs(i, out), "TIME")
 	}
 	agree, total := 0, 0
 	// ids puts side i's job ids for the words RUN and PEND in an argument.
 	ids := func(i int, f string) string {
 		return strings.NewReplacer("RUN", js[i].run, "PEND", js[i].pend).Replace(f)
 	}
-	compare := func(name string, args ...string) {
+	// compare runs a command on both sides and compares what it prints, on stdout and
+	// on stderr apart (a script reads one, `2>/dev/null` drops the other), and its exit
+	// code; exact keeps the times (time limits are settings, not clocks).
+	compareAs := func(exact bool, name string, args ...string) {
 		t.Helper()
-		var outs [2]string
+		var outs, errs [2]string
 		var codes [2]int
 		for i, s := range sides {
 			own := make([]string, len(args))
@@ -723,14 +732,26 @@ func TestSlurmCommandsAgainstSlurm(t *testing.T) {
 				own[k] = ids(i, a)
 			}
 			out, errOut, code := p.run(s, js[i].dir, "", nil, name, own...)
-			outs[i], codes[i] = norm(i, out+errOut), code
+			n := norm
+			if exact {
+				n = normIDs
+			}
+			outs[i], errs[i], codes[i] = n(i, out), n(i, errOut), code
 		}
 		total++
-		if outs[0] != outs[1] || codes[0] != codes[1] {
-			t.Errorf("%s %q:\nslurm (exit %d):\n%s\ngangrun (exit %d):\n%s", name, args, codes[0], outs[0], codes[1], outs[1])
+		if outs[0]+errs[0] != outs[1]+errs[1] || codes[0] != codes[1] {
+			t.Errorf("%s %q:\nslurm (exit %d):\n%s%s\ngangrun (exit %d):\n%s%s", name, args, codes[0], outs[0], errs[0], codes[1], outs[1], errs[1])
+			return
+		}
+		if outs[0] != outs[1] {
+			t.Errorf("%s %q: the same text, but on stdout:\nslurm:   %q\ngangrun: %q", name, args, outs[0], outs[1])
 			return
 		}
 		agree++
+	}
+	compare := func(name string, args ...string) {
+		t.Helper()
+		compareAs(false, name, args...)
 	}
 	compare("squeue")
 	compare("squeue", "-h", "-t", "R", "-o", "%i")
@@ -762,18 +783,35 @@ func TestSlurmCommandsAgainstSlurm(t *testing.T) {
 	compare("scontrol", "bogus")
 	compare("scancel", "99999.0")
 	compare("scancel", "abc")
+	// Time limits as set: norm would hide a wrong one behind TIME.
+	compareAs(true, "squeue", "-h", "--states=all", "-o", "%i %j %l")
+	compareAs(true, "sinfo", "-h", "-o", "%P %l")
 	// scontrol's records: the fields a user and a tool read.
-	fieldsOf := func(i int, args ...string) map[string]string {
+	fieldsOfAs := func(exact bool, i int, args ...string) map[string]string {
 		out, _, code := p.run(sides[i], js[i].dir, "", nil, "scontrol", args...)
 		if code != 0 {
 			t.Fatalf("%s scontrol %v: exit %d", sides[i], args, code)
 		}
+		if exact {
+			return scontrolFields(normIDs(i, out))
+		}
 		return scontrolFields(norm(i, out))
 	}
+	fieldsOf := func(i int, args ...string) map[string]string {
+		return fieldsOfAs(false, i, args...)
+	}
+	slurmPrints := map[string]bool{} // the keys checked, and whether Slurm printed each once
 	check := func(what string, keys []string, a, b map[string]string) {
 		t.Helper()
 		for _, k := range keys {
 			total++
+			_, inA := a[k]
+			_, inB := b[k]
+			slurmPrints[k] = slurmPrints[k] || inA
+			if inA != inB {
+				t.Errorf("%s %s: printed by slurm %v, by gangrun %v", what, k, inA, inB)
+				continue
+			}
 			if a[k] != b[k] {
 				t.Errorf("%s %s: slurm %q, gangrun %q", what, k, a[k], b[k])
 				continue
@@ -790,6 +828,17 @@ func TestSlurmCommandsAgainstSlurm(t *testing.T) {
 		}
 		check("scontrol show job ("+which+")", jobKeys, fieldsOf(0, "show", "job", id(0)), fieldsOf(1, "show", "job", id(1)))
 	}
+	// Time limits as set (norm puts TIME for them).
+	for _, which := range []string{"run", "pend", "fail"} {
+		id := func(i int) string {
+			return map[string]string{"run": js[i].run, "pend": js[i].pend, "fail": js[i].fail}[which]
+		}
+		check("scontrol show job ("+which+", exact)", []string{"TimeLimit"}, fieldsOfAs(true, 0, "show", "job", id(0)), fieldsOfAs(true, 1, "show", "job", id(1)))
+	}
+	check("scontrol show step (exact)", []string{"TimeLimit"},
+		fieldsOfAs(true, 0, "show", "step", js[0].run+".0"), fieldsOfAs(true, 1, "show", "step", js[1].run+".0"))
+	check("scontrol show partition (exact)", []string{"MaxTime", "DefaultTime"},
+		fieldsOfAs(true, 0, "show", "partition", "gpu"), fieldsOfAs(true, 1, "show", "partition", "gpu"))
 	check("scontrol show step", []string{"StepId", "UserId", "State", "Partition", "NodeList", "Nodes", "CPUs", "Tasks", "Name", "TimeLimit", "Dist", "TresPerNode"},
 		fieldsOf(0, "show", "step", js[0].run+".0"), fieldsOf(1, "show", "step", js[1].run+".0"))
 	check("scontrol show node", []string{"NodeName", "Gres", "State", "Partitions"},
@@ -819,7 +868,20 @@ func TestSlurmCommandsAgainstSlurm(t *testing.T) {
 	// says None (docs/slurm.md, what differs).
 	check("scontrol show job (cancelled pending)", []string{"JobState", "ExitCode"},
 		fieldsOf(0, "show", "job", js[0].pend), fieldsOf(1, "show", "job", js[1].pend))
+	// Exit codes as written: norm puts TIME for a signal of two digits ("0:15").
+	for _, which := range []string{"run", "pend", "fail"} {
+		id := func(i int) string {
+			return map[string]string{"run": js[i].run, "pend": js[i].pend, "fail": js[i].fail}[which]
+		}
+		check("scontrol show job ("+which+", ended, exact)", []string{"ExitCode"},
+			fieldsOfAs(true, 0, "show", "job", id(0)), fieldsOfAs(true, 1, "show", "job", id(1)))
+	}
 	compare("squeue")
+	for k, printed := range slurmPrints {
+		if !printed {
+			t.Errorf("scontrol: Slurm printed no %s in any record checked: the check compares nothing", k)
+		}
+	}
 	t.Logf("squeue, sinfo, scontrol, scancel: %d of %d outputs and fields agree", agree, total)
 	// sacct, gangrun's alone: Slurm's default fields and widths, a line per step.
 	out, errOut, code := p.run(gangrunSide, js[1].dir, "", nil, "sacct", "-j", js[1].run+","+js[1].fail)
