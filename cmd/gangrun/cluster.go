@@ -769,38 +769,18 @@ func runCancel(ctx context.Context, e *env, args []string) int {
 	if !who.Admin() {
 		return usageErr(e, "cancel", "permission denied: cancelling takes a user's token (for the user's own jobs) or the operator's (your token is %s)", who.Name())
 	}
-	me := currentUser()
 	// Each id is cancelled in turn; the exit code is 1 if any failed, else 2 if any
-	// was unknown (a usage error, as for show and drain), else 0. Cancelling another
-	// user's job is recorded in the audit log (a job's, in its cancel's transaction).
+	// was unknown (a usage error, as for show and drain), else 0.
 	unknown, failed := false, false
 	for _, id := range fs.Args() {
-		owner := ""
-		if tasks, err := job.Tasks(ctx, s, id); err == nil && len(tasks) > 0 {
-			owner = tasks[0].Spec.User
-		}
-		if n, err := job.CancelArray(ctx, s, id); !errors.Is(err, job.ErrNotFound) {
-			if err == nil && n > 0 && owner != me {
-				err = audit.Write(ctx, s, auditEntry(who, audit.ActionCancel, "job array "+id, owner, fmt.Sprintf("%d task(s)", n)))
-			}
-			if err != nil {
-				failErr(e, "cancel", err)
-				failed = true
-			} else {
-				fmt.Fprintf(e.stdout, "cancelled %d task(s) of job array %s\n", n, id)
-			}
-			continue
-		}
-		var also []store.Op
-		if j, err := job.Read(ctx, s, id); err == nil && j.Spec.User != me {
-			also = append(also, auditOp(who, audit.ActionCancel, "job "+id, j.Spec.User, ""))
-		}
-		if changed, err := job.Cancel(ctx, s, id, also...); !errors.Is(err, job.ErrNotFound) {
+		if n, array, err := cancelJob(ctx, s, who, id); !errors.Is(err, job.ErrNotFound) {
 			switch {
 			case err != nil:
 				failErr(e, "cancel", err)
 				failed = true
-			case changed:
+			case array:
+				fmt.Fprintf(e.stdout, "cancelled %d task(s) of job array %s\n", n, id)
+			case n > 0:
 				fmt.Fprintf(e.stdout, "cancelled job %s\n", id)
 			default:
 				fmt.Fprintf(e.stdout, "job %s had ended or is ending already\n", id)
@@ -970,4 +950,33 @@ func drained(e *env, node, reason string) int {
 func printJSON(e *env, v any) int {
 	writeJSON(e.stdout, v)
 	return exitOK
+}
+
+// cancelJob cancels job (or job array) id in the store itself, as an operator, or
+// anyone where ACLs are off and MUNGE is not used (an agent cancels for the others:
+// job.Asker): n is the tasks cancelled (an array's; 1 or 0 for a job, 0 when it had
+// ended or was ending), array whether id is an array's. Cancelling another user's job is
+// recorded in the audit log (a job's, in its cancel's transaction), by `gangrun cancel`
+// and scancel alike. Errors wrap job.ErrNotFound when id is neither.
+func cancelJob(ctx context.Context, s store.Store, who acl.Identity, id string) (n int, array bool, err error) {
+	me := currentUser()
+	owner := ""
+	if tasks, err := job.Tasks(ctx, s, id); err == nil && len(tasks) > 0 {
+		owner = tasks[0].Spec.User
+	}
+	if n, err := job.CancelArray(ctx, s, id); !errors.Is(err, job.ErrNotFound) {
+		if err == nil && n > 0 && owner != me {
+			err = audit.Write(ctx, s, auditEntry(who, audit.ActionCancel, "job array "+id, owner, fmt.Sprintf("%d task(s)", n)))
+		}
+		return n, true, err
+	}
+	var also []store.Op
+	if j, err := job.Read(ctx, s, id); err == nil && j.Spec.User != me {
+		also = append(also, auditOp(who, audit.ActionCancel, "job "+id, j.Spec.User, ""))
+	}
+	changed, err := job.Cancel(ctx, s, id, also...)
+	if changed {
+		return 1, false, err
+	}
+	return 0, false, err
 }

@@ -90,14 +90,8 @@ func (c *slurmCluster) Cancel(ctx context.Context, s slurm.Store, id string) (in
 		n, _, err := as.Cancel(ctx, s, id)
 		return n, err
 	}
-	if n, err := job.CancelArray(ctx, s, id); !errors.Is(err, job.ErrNotFound) {
-		return n, err
-	}
-	changed, err := job.Cancel(ctx, s, id)
-	if changed {
-		return 1, err
-	}
-	return 0, err
+	n, _, err := cancelJob(ctx, s, who, id)
+	return n, err
 }
 
 // runSlurm runs the Slurm command name (gangrun called under that name).
