@@ -62,7 +62,7 @@ func (sc *Scheduler) apply(ctx context.Context, ops []store.Op) error {
 				switch op.Verb {
 				case store.Set, store.CAS, store.Lock, store.Unlock:
 					if res.Index > 0 {
-						sc.written[p] = max(sc.written[p], res.Index)
+						sc.written.Wrote(p, res.Index)
 					} else {
 						sc.unknown = true
 					}

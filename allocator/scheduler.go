@@ -59,7 +59,7 @@ type Scheduler struct {
 	// under it; the next pass must read a view at least that new, or it could grant a
 	// request twice. unknown is set when a write's index is not known (deletes, and writes
 	// that got no answer): the next pass then reads a fresh consistent snapshot.
-	written  map[string]uint64
+	written  store.OwnWrites
 	unknown  bool
 	delayed  map[string]time.Time // GPU key → end of its lock-delay
 	reserved map[string][]string  // request → nodes kept for it
@@ -87,7 +87,7 @@ func NewScheduler(s store.Store, cfg SchedulerConfig) *Scheduler {
 	}
 	return &Scheduler{s: s, session: cfg.Session, name: cfg.Name, log: log, events: event.Or(cfg.Events), now: time.Now,
 		pipe: defaultPipeline(), invs: newInventories(s),
-		delayed: map[string]time.Time{}, reserved: map[string][]string{}, written: map[string]uint64{},
+		delayed: map[string]time.Time{}, reserved: map[string][]string{},
 		granted: map[string]Grant{}, told: map[string]string{}}
 }
 
@@ -153,7 +153,7 @@ func (sc *Scheduler) Run(ctx context.Context) error {
 		var all []store.Entry
 		var index uint64
 		for i, a := range answers[:len(watchedPrefixes)] {
-			fresh = fresh && a.Index >= sc.written[watchedPrefixes[i]]
+			fresh = fresh && sc.written.Covers(watchedPrefixes[i], a.Index)
 			all = append(all, a.Entries...)
 			index = max(index, a.Index)
 		}
@@ -177,18 +177,13 @@ func (sc *Scheduler) Run(ctx context.Context) error {
 				timer = time.After(wait)
 				continue
 			}
-			entries, idx, err := sc.s.List(ctx, ClusterPrefix)
+			// Older than a write of ours, the store went back in time (restored from a
+			// snapshot): its index counts from there now.
+			entries, idx, _, err := sc.written.Reread(ctx, sc.s, ClusterPrefix)
 			if err != nil {
 				sc.log.Warn("read the cluster", zap.Error(err))
 				timer = time.After(storeErrorRetry)
 				continue
-			}
-			for p, w := range sc.written {
-				if idx < w {
-					// Older than a write of ours: the store went back in time (restored
-					// from a snapshot); its index counts from there now.
-					delete(sc.written, p)
-				}
 			}
 			snap = cache.parse(entries, idx)
 		default:

@@ -180,9 +180,7 @@ func (c *Controller) acceptJob(ctx context.Context, j Job) error {
 	var te *store.TxnError
 	switch {
 	case err == nil:
-		c.mu.Lock()
-		c.written = max(c.written, res.Index)
-		c.mu.Unlock()
+		c.written.Wrote(jobsPrefix, res.Index)
 		return nil
 	case errors.As(err, &te) && len(te.Errors) == 1 && te.Errors[0].Key == seenPrefix+identity.Digest(a.Credential):
 		return c.refuse(ctx, j, "replayed: its credential was accepted before, for another record")

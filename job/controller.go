@@ -47,11 +47,11 @@ type Controller struct {
 	events  event.Sink
 	now     func() time.Time
 	// written is the highest store index of this controller's own writes of a job's
-	// state: a pass works only from a view of the jobs at least that new, so that it
-	// never acts again on a state it has already moved on (a requeued job's release
-	// repeated after its new request was written would delete that request).
-	written uint64
-	mu      sync.Mutex // guards written (a pass handles jobs at once)
+	// state, under jobsPrefix: a pass works only from a view of the jobs at least that
+	// new, so that it never acts again on a state it has already moved on (a requeued
+	// job's release repeated after its new request was written would delete that
+	// request).
+	written store.OwnWrites
 	// minJobAge is how long an ended job's records stay; 0: for ever.
 	minJobAge time.Duration
 	// prover checks who submitted each job before it runs (auth.go); nil: nothing is
@@ -121,10 +121,7 @@ func (c *Controller) Run(ctx context.Context) error {
 			continue
 		}
 		jobEntries := cur[1].Entries
-		c.mu.Lock()
-		written := c.written
-		c.mu.Unlock()
-		if cur[1].Index < written {
+		if !c.written.Covers(jobsPrefix, cur[1].Index) {
 			// The jobs' watch has not yet seen this controller's last write: wait for
 			// it, and should it lag over staleWait, read the jobs afresh.
 			if staleSince.IsZero() {
@@ -133,19 +130,15 @@ func (c *Controller) Run(ctx context.Context) error {
 			if time.Since(staleSince) < staleWait {
 				continue
 			}
-			fresh, idx, err := c.s.List(ctx, jobsPrefix)
+			fresh, idx, back, err := c.written.Reread(ctx, c.s, jobsPrefix)
 			if err != nil {
 				continue
 			}
-			if idx < written {
+			if back {
 				// A read of the leader's own data, older than this controller's last
 				// write: the store went back in time (Consul restored from a snapshot).
-				// What it holds now is what there is; waiting for the old index would
-				// wait until as many writes came again (a restored job never ended).
-				c.log.Info("the jobs' index went back (Consul restored?): taking the store as it is now", zap.Uint64("index", idx), zap.Uint64("last_write", written))
-				c.mu.Lock()
-				c.written = idx
-				c.mu.Unlock()
+				// What it holds now is what there is (a restored job never ended).
+				c.log.Info("the jobs' index went back (Consul restored?): taking the store as it is now", zap.Uint64("index", idx))
 			}
 			jobEntries = fresh
 		}
@@ -919,9 +912,7 @@ func ownRestarts(info rendezvous.RunInfo, st State) int {
 func (c *Controller) update(ctx context.Context, id string, change func(j *Job) bool, extra ...store.Op) (*Job, bool, error) {
 	j, changed, err := update(ctx, c.s, id, change, append([]store.Op{allocator.LeaderFence(c.session)}, extra...)...)
 	if changed && err == nil {
-		c.mu.Lock()
-		c.written = max(c.written, j.Index)
-		c.mu.Unlock()
+		c.written.Wrote(jobsPrefix, j.Index)
 	}
 	return j, changed, err
 }
