@@ -86,6 +86,35 @@ func LostLeadership(err error) bool {
 	return store.NotHolding(err, schedulerKey)
 }
 
+// Periodic returns a task for AgentConfig.Leader that runs once on taking the lead and
+// then every interval, its writes fenced by the leader's session (fence holds the
+// LeaderFence, to put first in each transaction), until ctx ends or leadership is lost
+// (its error: the agent starts the task again should it lead again). An error of once
+// is logged as a warning with failed ("audit: purge the days past the retention") and
+// tried again at the next interval; once logs what it did itself.
+func Periodic(log *zap.Logger, interval time.Duration, failed string, once func(ctx context.Context, s store.Store, fence []store.Op) error) func(ctx context.Context, s store.Store, session string) error {
+	if log == nil {
+		log = zap.NewNop()
+	}
+	return func(ctx context.Context, s store.Store, session string) error {
+		fence := []store.Op{LeaderFence(session)}
+		for {
+			err := once(ctx, s, fence)
+			switch {
+			case ctx.Err() != nil:
+				return nil
+			case LostLeadership(err):
+				return err
+			case err != nil:
+				log.Warn(failed, zap.Error(err))
+			}
+			if !store.Sleep(ctx, interval) {
+				return nil
+			}
+		}
+	}
+}
+
 // HealthSource reports changes of a node's GPU health, as they happen, until ctx ends
 // or it can watch no more (its error says why): NVMLHealth on a machine with NVIDIA's
 // driver, a recorded stream of changes in tests.

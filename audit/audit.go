@@ -251,9 +251,9 @@ func Purge(ctx context.Context, s store.Store, fence []store.Op, before time.Tim
 }
 
 // Keep returns the elected agent's audit keeper, the signature
-// allocator.AgentConfig.Leader takes: on taking the lead and every interval (0:
-// DefaultPurgeInterval) it deletes the days of entries older than retention (0:
-// DefaultRetention), fenced by the leader's session.
+// allocator.AgentConfig.Leader takes (allocator.Periodic): on taking the lead and every
+// interval (0: DefaultPurgeInterval) it deletes the days of entries older than retention
+// (0: DefaultRetention), fenced by the leader's session.
 func Keep(log *zap.Logger, retention, interval time.Duration) func(ctx context.Context, s store.Store, session string) error {
 	if retention <= 0 {
 		retention = DefaultRetention
@@ -264,23 +264,11 @@ func Keep(log *zap.Logger, retention, interval time.Duration) func(ctx context.C
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return func(ctx context.Context, s store.Store, session string) error {
-		ops := []store.Op{allocator.LeaderFence(session)}
-		for {
-			n, err := Purge(ctx, s, ops, time.Now().Add(-retention))
-			switch {
-			case ctx.Err() != nil:
-				return nil
-			case allocator.LostLeadership(err):
-				return err // no longer the leader
-			case err != nil:
-				log.Warn("audit: purge the days past the retention", zap.Error(err))
-			case n > 0:
-				log.Info("audit: days past the retention purged", zap.Int("days", n), zap.Duration("retention", retention))
-			}
-			if !store.Sleep(ctx, interval) {
-				return nil
-			}
+	return allocator.Periodic(log, interval, "audit: purge the days past the retention", func(ctx context.Context, s store.Store, fence []store.Op) error {
+		n, err := Purge(ctx, s, fence, time.Now().Add(-retention))
+		if err == nil && n > 0 {
+			log.Info("audit: days past the retention purged", zap.Int("days", n), zap.Duration("retention", retention))
 		}
-	}
+		return err
+	})
 }

@@ -512,8 +512,8 @@ func Report(ctx context.Context, s store.Store, since, until time.Time) ([]Accou
 }
 
 // KeepAccounts returns the elected agent's accounting keeper, the signature
-// allocator.AgentConfig.Leader takes: on taking the lead and every interval (0:
-// DefaultAcctFoldInterval) it folds the records older than retention (0:
+// allocator.AgentConfig.Leader takes (allocator.Periodic): on taking the lead and every
+// interval (0: DefaultAcctFoldInterval) it folds the records older than retention (0:
 // DefaultAcctRetention) into the daily rollups (Fold), fenced by the leader's session.
 func KeepAccounts(log *zap.Logger, retention, interval time.Duration) func(ctx context.Context, s store.Store, session string) error {
 	if retention <= 0 {
@@ -525,24 +525,12 @@ func KeepAccounts(log *zap.Logger, retention, interval time.Duration) func(ctx c
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return func(ctx context.Context, s store.Store, session string) error {
-		fence := []store.Op{allocator.LeaderFence(session)}
-		for {
-			now := time.Now()
-			n, err := Fold(ctx, s, fence, now.Add(-retention), now)
-			switch {
-			case ctx.Err() != nil:
-				return nil
-			case allocator.LostLeadership(err):
-				return err // no longer the leader
-			case err != nil:
-				log.Warn("accounting: fold records past the retention", zap.Error(err))
-			case n > 0:
-				log.Info("accounting: records past the retention folded into the daily rollups", zap.Int("records", n), zap.Duration("retention", retention))
-			}
-			if !store.Sleep(ctx, interval) {
-				return nil
-			}
+	return allocator.Periodic(log, interval, "accounting: fold records past the retention", func(ctx context.Context, s store.Store, fence []store.Op) error {
+		now := time.Now()
+		n, err := Fold(ctx, s, fence, now.Add(-retention), now)
+		if err == nil && n > 0 {
+			log.Info("accounting: records past the retention folded into the daily rollups", zap.Int("records", n), zap.Duration("retention", retention))
 		}
-	}
+		return err
+	})
 }
