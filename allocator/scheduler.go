@@ -206,219 +206,303 @@ func (sc *Scheduler) Run(ctx context.Context) error {
 }
 
 // Pass schedules once on snapshot c and returns when the next pass is due regardless of
-// changes (0: only on a change).
+// changes (0: only on a change). A pass runs in phases, each a method of pass:
+//
+//  1. prepare: end what has ended (expired requests and grants, lock-delays over),
+//     list the free devices of the nodes that are up, and order the requests (by the
+//     policy's priorities, its usage accounted first, or by arrival);
+//  2. for each request in that order:
+//     admit (granted already; its --wait over: refused; a policy limit: held back,
+//     with Slurm's reason), place (the placement pipeline: filter, then rank; a
+//     request that does not fit waits and may keep nodes, reserve), take (its devices
+//     taken for the rest of the pass, its grant queued in the batch, commit);
+//  3. finish: commit the batch, forget what is gone, publish why each request waits.
+//
+// A new phase is a method of pass called here; what it needs of the pass's state is a
+// field of pass.
 func (sc *Scheduler) Pass(ctx context.Context, c *Cluster) (time.Duration, error) {
-	now := sc.now()
-	began := time.Now()
+	now, began := sc.now(), time.Now()
 	defer func() {
 		sc.events.Emit(event.Event{Time: now, Kind: event.Passed, Attempt: -1, Duration: time.Since(began)})
 	}()
-	expired, err := sc.cleanup(ctx, c)
+	p, err := sc.prepare(ctx, c, now)
 	if err != nil {
 		return 0, err
 	}
-	sc.noteReleases(now, c, expired)
+	for _, r := range p.requests {
+		if ok, err := p.admit(ctx, &r); err != nil || !ok {
+			if err != nil {
+				return 0, err
+			}
+			continue
+		}
+		nodes := p.place(ctx, r)
+		if nodes == nil {
+			continue
+		}
+		if err := p.take(ctx, r, nodes); err != nil {
+			return 0, err
+		}
+	}
+	return p.finish(ctx)
+}
+
+// pass is one scheduling pass's working state, which its phases (Pass) read and change
+// in turn.
+type pass struct {
+	sc  *Scheduler
+	c   *Cluster
+	now time.Time
+	// requests are the requests in the order they are considered.
+	requests []PendingRequest
+	// held is what the policy's limits count (nil without a policy).
+	held *policy.Held
+	// free is each node's devices free and not in lock-delay; a grant takes its own
+	// for the rest of the pass, whether its commit lands or races.
+	free map[string][]topology.Device
+	// reserved is node → the request it is kept for.
+	reserved map[string]string
+	// unplaced is request shape (shapeKey) → why it did not fit: within a pass free
+	// devices only shrink and kept nodes only grow, so a request shaped like one that
+	// did not fit does not fit either.
+	unplaced map[string]string
+	// starts and granted are what backfill reads (reservationStart): each reservation's
+	// expected start, and the requests granted in this pass on each node.
+	starts  map[string]time.Time
+	granted map[string][]Request
+	// live are the requests seen, so that what is kept for the others is forgotten.
+	live   map[string]bool
+	status SchedulerStatus
+	batch  grantBatch
+	// next is when the next pass is due regardless of changes (0: only on a change).
+	next time.Duration
+}
+
+// soon makes the next pass due within d (d > 0), unless one is due sooner.
+func (p *pass) soon(d time.Duration) {
+	if d > 0 && (p.next == 0 || d < p.next) {
+		p.next = d
+	}
+}
+
+// prepare is the pass's first phase, at now: the requests and grants that ended are
+// cleaned up, lock-delays that are over forgotten, the free devices of the nodes that
+// are up listed, and the requests ordered.
+func (sc *Scheduler) prepare(ctx context.Context, c *Cluster, now time.Time) (*pass, error) {
+	p := &pass{sc: sc, c: c, now: now, free: map[string][]topology.Device{}, reserved: map[string]string{},
+		unplaced: map[string]string{}, starts: map[string]time.Time{}, granted: map[string][]Request{}, live: map[string]bool{},
+		status: SchedulerStatus{Pending: map[string]string{}, Reserved: map[string][]string{}, Leader: sc.name}}
+	expired, err := sc.cleanup(ctx, c)
+	if err != nil {
+		return nil, err
+	}
+	sc.noteReleases(p.now, c, expired)
 	for k, until := range sc.delayed {
-		if !until.After(now) {
+		if !until.After(p.now) {
 			delete(sc.delayed, k)
 		}
 	}
-	free := map[string][]topology.Device{}
 	for name, n := range c.Nodes {
 		if n.State() != NodeUp {
 			continue
 		}
 		for _, d := range n.Free() {
 			if _, delayed := sc.delayed[gpuKey(name, d.ID)]; !delayed {
-				free[name] = append(free[name], d)
+				p.free[name] = append(p.free[name], d)
 			}
 		}
 	}
-	status := SchedulerStatus{Pending: map[string]string{}, Reserved: map[string][]string{}, Leader: sc.name}
-	reservedNodes := map[string]string{} // node → request it is kept for
-	var next time.Duration
-	soon := func(d time.Duration) {
-		if d > 0 && (next == 0 || d < next) {
-			next = d
-		}
-	}
-	live := map[string]bool{}
-	unplaced := map[string]string{} // request shape (shapeKey) → why it did not fit
-	requests := c.ordered()
-	var held *policy.Held
+	p.requests = c.ordered()
 	if sc.pol != nil {
-		if err := sc.account(ctx, now, c); err != nil {
-			return 0, err
+		if err := sc.account(ctx, p.now, c); err != nil {
+			return nil, err
 		}
-		requests = c.orderedBy(Priorities(sc.pol, sc.usage, c, now))
-		held = heldBy(c)
-		soon(PolicyRecalc)
+		p.requests = c.orderedBy(Priorities(sc.pol, sc.usage, c, p.now))
+		p.held = heldBy(c)
+		p.soon(PolicyRecalc)
 	}
-	// Backfill (reservationStart): each reservation's expected start, and the requests
-	// granted in this pass on each node.
-	starts := map[string]time.Time{}
-	passGrants := map[string][]Request{}
 	sc.pipe.backfill = func(r Request, owner string) bool {
-		st, ok := starts[owner]
-		return ok && r.TimeLimit > 0 && !now.Add(r.TimeLimit).After(st)
+		st, ok := p.starts[owner]
+		return ok && r.TimeLimit > 0 && !p.now.Add(r.TimeLimit).After(st)
 	}
-	var batch grantBatch
-	// settled records how one grant's commit ended; an error ends the pass.
-	settled := func(res batchResult) error {
-		var te *store.TxnError
-		switch err := res.err; {
-		case err == nil:
-			delete(sc.reserved, res.r.ID)
-			sc.log.Info("granted", zap.String("id", res.r.ID), zap.Int("nodes", len(res.nodes)), zap.Int("gpus_per_node", res.r.GPUsPerNode))
-			g := Grant{ID: res.r.ID, State: GrantGranted, Nodes: res.nodes, Session: res.r.Session}
-			sc.granted[res.r.ID] = g
-			sc.emit(now, event.Granted, g, "")
-		case errors.Is(err, ErrNotLeader):
-			return err
-		case errors.As(err, &te):
-			// The view was stale (a GPU locked meanwhile, or in lock-delay, or the
-			// requester gone): note it and look again on the next change.
-			for _, k := range te.LockDelayed() {
-				sc.delayed[k] = now.Add(GrantLockDelay)
-			}
-			if len(te.LockDelayed()) > 0 {
-				soon(GrantLockDelay)
-			}
-			status.Pending[res.r.ID] = "placement raced with another change; retrying"
-			soon(raceRetry)
-			sc.unknown = true // read the cluster afresh: this view was wrong
-		default:
-			return err
-		}
-		return nil
+	return p, nil
+}
+
+// admit is the phase that decides whether request r is placed in this pass: not when
+// it is granted or refused already, nor when its --wait is over (it is refused, with
+// why it waited), nor when a policy limit holds it back (with Slurm's reason; it keeps
+// no nodes: others may use what it cannot). It sets r's partition's nodes.
+func (p *pass) admit(ctx context.Context, r *PendingRequest) (bool, error) {
+	sc := p.sc
+	p.live[r.ID] = true
+	if g, ok := p.c.Grants[r.ID]; ok && g.State != GrantPending {
+		return false, nil
 	}
-	// flush commits the batch's grants (see grantBatch) and records each outcome.
-	flush := func() error {
-		results, err := sc.flush(ctx, &batch)
-		if err != nil {
-			return err
-		}
-		for _, res := range results {
-			if err := settled(res); err != nil {
-				return err
+	if r.Wait > 0 {
+		left := r.Submitted.Add(r.Wait).Sub(p.now)
+		if left <= 0 {
+			why := sc.status.Pending[r.ID]
+			if why == "" {
+				why = "no placement"
 			}
+			return false, sc.refuse(ctx, *r, fmt.Sprintf("waited %s (--wait): %s", r.Wait, why))
 		}
-		return nil
+		p.soon(left)
 	}
-	for _, r := range requests {
-		live[r.ID] = true
-		if g, ok := c.Grants[r.ID]; ok && g.State != GrantPending {
-			continue // granted or refused already
+	if sc.pol != nil {
+		if sel, ok := sc.pol.PartitionNodes(r.Partition); ok {
+			r.PartitionNodes = sel
 		}
-		if r.Wait > 0 {
-			if left := r.Submitted.Add(r.Wait).Sub(now); left <= 0 {
-				why := sc.status.Pending[r.ID]
-				if why == "" {
-					why = "no placement"
-				}
-				if err := sc.refuse(ctx, r, fmt.Sprintf("waited %s (--wait): %s", r.Wait, why)); err != nil {
-					return 0, err
-				}
-				continue
-			} else {
-				soon(left)
-			}
+		if why := sc.pol.Check(PolicyJob(r.Request), p.held, sc.usage); why != "" {
+			p.status.Pending[r.ID] = why
+			return false, nil
 		}
-		if sc.pol != nil {
-			if sel, ok := sc.pol.PartitionNodes(r.Partition); ok {
-				r.PartitionNodes = sel
-			}
-			// A limit holds the request back, with Slurm's reason, and keeps no nodes
-			// for it: others may use what it cannot.
-			if why := sc.pol.Check(PolicyJob(r.Request), held, sc.usage); why != "" {
-				status.Pending[r.ID] = why
-				continue
-			}
-		}
-		// Within a pass free devices only shrink and kept nodes only grow, so a request
-		// shaped like one that did not fit does not fit either: it skips placement.
-		shape := shapeKey(r.Request)
-		var nodes []GrantNode
-		why, misfit := unplaced[shape]
-		if !misfit {
-			nodes, why = sc.pipe.place(r.Request, c.Nodes, free, reservedNodes,
-				func(n *NodeState) (*topology.Inventory, error) { return sc.invs.get(ctx, n) })
-			if nodes == nil {
-				unplaced[shape] = why
-			}
-		}
+	}
+	return true, nil
+}
+
+// place is the phase that finds r's nodes and devices (the placement pipeline), or,
+// when it does not fit, records why it waits and may keep nodes for it (reserve) so
+// that what comes after it cannot take what it waits for. nil: it waits.
+func (p *pass) place(ctx context.Context, r PendingRequest) []GrantNode {
+	sc := p.sc
+	shape := shapeKey(r.Request)
+	var nodes []GrantNode
+	why, misfit := p.unplaced[shape]
+	if !misfit {
+		nodes, why = sc.pipe.place(r.Request, p.c.Nodes, p.free, p.reserved,
+			func(n *NodeState) (*topology.Inventory, error) { return sc.invs.get(ctx, n) })
 		if nodes == nil {
-			if n := len(sc.delayed); n > 0 {
-				why += fmt.Sprintf("; %d GPUs in lock-delay after their holder died (lockable again within %s)", n, GrantLockDelay)
-			}
-			status.Pending[r.ID] = why
-			if len(reservedNodes) == 0 || sc.hasReservation(r.ID) {
-				if kept := sc.reserve(c, r, reservedNodes); len(kept) > 0 {
-					status.Reserved[r.ID] = kept
-					for _, n := range kept {
-						reservedNodes[n] = r.ID
-					}
-					if st, ok := reservationStart(c, kept, passGrants, now); ok {
-						starts[r.ID] = st
-					}
-				}
-			}
-			continue
+			p.unplaced[shape] = why
 		}
-		if r.Durable() {
-			// A job's GPU keys are held, node by node, by the node's agent until the
-			// job's step there takes them over.
-			for i := range nodes {
-				nodes[i].Session = c.Nodes[nodes[i].Name].AliveSession
-			}
-		}
-		// What the grant takes is taken now, for the rest of the pass, whether its commit
-		// (now or with the batch) lands or races with another change.
-		for _, gn := range nodes {
-			free[gn.Name] = without(free[gn.Name], gn.Devices)
-			passGrants[gn.Name] = append(passGrants[gn.Name], r.Request)
-		}
-		if held != nil {
-			j := PolicyJob(r.Request)
-			j.GPUs = Grant{Nodes: nodes}.DeviceCount()
-			held.Add(j)
-		}
-		w := newGrantWrite(r, nodes)
-		ops := w.oneTxn(sc.fence(), now.UTC())
-		if ops != nil && !batch.fits(ops[1:]) {
-			if err := flush(); err != nil {
-				return 0, err
-			}
-		}
-		if ops == nil {
-			// Too large for one transaction: committed alone, in pieces.
-			if err := settled(batchResult{r: r, nodes: nodes, err: sc.commit(ctx, r, nodes)}); err != nil {
-				return 0, err
-			}
-			continue
-		}
-		if len(batch.ops) == 0 {
-			batch.ops = []store.Op{sc.fence()}
-		}
-		batch.items = append(batch.items, batched{w: w, nodes: nodes, ops: ops[1:]})
-		batch.ops = append(batch.ops, ops[1:]...)
 	}
-	if err := flush(); err != nil {
+	if nodes != nil {
+		return nodes
+	}
+	if n := len(sc.delayed); n > 0 {
+		why += fmt.Sprintf("; %d GPUs in lock-delay after their holder died (lockable again within %s)", n, GrantLockDelay)
+	}
+	p.status.Pending[r.ID] = why
+	if len(p.reserved) == 0 || sc.hasReservation(r.ID) {
+		if kept := sc.reserve(p.c, r, p.reserved); len(kept) > 0 {
+			p.status.Reserved[r.ID] = kept
+			for _, n := range kept {
+				p.reserved[n] = r.ID
+			}
+			if st, ok := reservationStart(p.c, kept, p.granted, p.now); ok {
+				p.starts[r.ID] = st
+			}
+		}
+	}
+	return nil
+}
+
+// take is the phase that grants r its nodes: what the grant takes is taken for the rest
+// of the pass (and counted against the policy's limits), and its write joins the batch
+// (committed when the batch is full, and at the pass's end), or, too large for one
+// transaction, is committed alone in pieces.
+func (p *pass) take(ctx context.Context, r PendingRequest, nodes []GrantNode) error {
+	sc := p.sc
+	if r.Durable() {
+		// A job's GPU keys are held, node by node, by the node's agent until the job's
+		// step there takes them over.
+		for i := range nodes {
+			nodes[i].Session = p.c.Nodes[nodes[i].Name].AliveSession
+		}
+	}
+	for _, gn := range nodes {
+		p.free[gn.Name] = without(p.free[gn.Name], gn.Devices)
+		p.granted[gn.Name] = append(p.granted[gn.Name], r.Request)
+	}
+	if p.held != nil {
+		j := PolicyJob(r.Request)
+		j.GPUs = Grant{Nodes: nodes}.DeviceCount()
+		p.held.Add(j)
+	}
+	w := newGrantWrite(r, nodes)
+	ops := w.oneTxn(sc.fence(), p.now.UTC())
+	if ops == nil {
+		return p.settled(batchResult{r: r, nodes: nodes, err: sc.commit(ctx, r, nodes)})
+	}
+	if !p.batch.fits(ops[1:]) {
+		if err := p.flush(ctx); err != nil {
+			return err
+		}
+	}
+	if len(p.batch.ops) == 0 {
+		p.batch.ops = []store.Op{sc.fence()}
+	}
+	p.batch.items = append(p.batch.items, batched{w: w, nodes: nodes, ops: ops[1:]})
+	p.batch.ops = append(p.batch.ops, ops[1:]...)
+	return nil
+}
+
+// flush commits the batch's grants (grantBatch) and records each outcome.
+func (p *pass) flush(ctx context.Context) error {
+	results, err := p.sc.flush(ctx, &p.batch)
+	if err != nil {
+		return err
+	}
+	for _, res := range results {
+		if err := p.settled(res); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// settled records how one grant's commit ended; an error ends the pass.
+func (p *pass) settled(res batchResult) error {
+	sc := p.sc
+	var te *store.TxnError
+	switch err := res.err; {
+	case err == nil:
+		delete(sc.reserved, res.r.ID)
+		sc.log.Info("granted", zap.String("id", res.r.ID), zap.Int("nodes", len(res.nodes)), zap.Int("gpus_per_node", res.r.GPUsPerNode))
+		g := Grant{ID: res.r.ID, State: GrantGranted, Nodes: res.nodes, Session: res.r.Session}
+		sc.granted[res.r.ID] = g
+		sc.emit(p.now, event.Granted, g, "")
+	case errors.Is(err, ErrNotLeader):
+		return err
+	case errors.As(err, &te):
+		// The view was stale (a GPU locked meanwhile, or in lock-delay, or the requester
+		// gone): note it and look again on the next change.
+		for _, k := range te.LockDelayed() {
+			sc.delayed[k] = p.now.Add(GrantLockDelay)
+		}
+		if len(te.LockDelayed()) > 0 {
+			p.soon(GrantLockDelay)
+		}
+		p.status.Pending[res.r.ID] = "placement raced with another change; retrying"
+		p.soon(raceRetry)
+		sc.unknown = true // read the cluster afresh: this view was wrong
+	default:
+		return err
+	}
+	return nil
+}
+
+// finish is the pass's last phase: the batch committed, the nodes kept for requests
+// that are gone forgotten, the next pass due when a lock-delay ends, and why each
+// request waits published.
+func (p *pass) finish(ctx context.Context) (time.Duration, error) {
+	sc := p.sc
+	if err := p.flush(ctx); err != nil {
 		return 0, err
 	}
 	for id := range sc.reserved {
-		if !live[id] {
+		if !p.live[id] {
 			delete(sc.reserved, id)
 		}
 	}
 	for _, until := range sc.delayed {
-		soon(until.Sub(now))
+		p.soon(until.Sub(p.now))
 	}
-	sc.notePending(now, status.Pending)
-	if err := sc.publish(ctx, status); err != nil {
+	sc.notePending(p.now, p.status.Pending)
+	if err := sc.publish(ctx, p.status); err != nil {
 		return 0, err
 	}
-	return next, nil
+	return p.next, nil
 }
 
 // without returns devs minus the IDs in ids.
