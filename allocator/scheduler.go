@@ -262,10 +262,12 @@ type pass struct {
 	free map[string][]topology.Device
 	// reserved is node → the request it is kept for.
 	reserved map[string]string
-	// unplaced is request shape (shapeKey) → why it did not fit: within a pass free
-	// devices only shrink and kept nodes only grow, so a request shaped like one that
-	// did not fit does not fit either.
-	unplaced map[string]string
+	// unplaced is request shape (shapeKey) → why it did not fit, and with what free
+	// and kept: a request shaped like one that did not fit does not fit either while
+	// free devices have only shrunk and kept nodes only grown since (place checks it).
+	unplaced map[string]misfit
+	// nfree counts the devices in free.
+	nfree int
 	// starts and granted are what backfill reads (reservationStart): each reservation's
 	// expected start, and the requests granted in this pass on each node.
 	starts  map[string]time.Time
@@ -276,6 +278,13 @@ type pass struct {
 	batch  grantBatch
 	// next is when the next pass is due regardless of changes (0: only on a change).
 	next time.Duration
+}
+
+// misfit is why a request shape did not fit (pass.unplaced), and the pass's free
+// devices and kept nodes then.
+type misfit struct {
+	why         string
+	nfree, kept int
 }
 
 // soon makes the next pass due within d (d > 0), unless one is due sooner.
@@ -290,7 +299,7 @@ func (p *pass) soon(d time.Duration) {
 // are up listed, and the requests ordered.
 func (sc *Scheduler) prepare(ctx context.Context, c *Cluster, now time.Time) (*pass, error) {
 	p := &pass{sc: sc, c: c, now: now, free: map[string][]topology.Device{}, reserved: map[string]string{},
-		unplaced: map[string]string{}, starts: map[string]time.Time{}, granted: map[string][]Request{}, live: map[string]bool{},
+		unplaced: map[string]misfit{}, starts: map[string]time.Time{}, granted: map[string][]Request{}, live: map[string]bool{},
 		status: SchedulerStatus{Pending: map[string]string{}, Reserved: map[string][]string{}, Leader: sc.name}}
 	expired, err := sc.cleanup(ctx, c)
 	if err != nil {
@@ -309,6 +318,7 @@ func (sc *Scheduler) prepare(ctx context.Context, c *Cluster, now time.Time) (*p
 		for _, d := range n.Free() {
 			if _, delayed := sc.delayed[gpuKey(name, d.ID)]; !delayed {
 				p.free[name] = append(p.free[name], d)
+				p.nfree++
 			}
 		}
 	}
@@ -368,12 +378,13 @@ func (p *pass) place(ctx context.Context, r PendingRequest) []GrantNode {
 	sc := p.sc
 	shape := shapeKey(r.Request)
 	var nodes []GrantNode
-	why, misfit := p.unplaced[shape]
-	if !misfit {
+	m, known := p.unplaced[shape]
+	why := m.why
+	if !known || p.nfree > m.nfree || len(p.reserved) < m.kept {
 		nodes, why = sc.pipe.place(r.Request, p.c.Nodes, p.free, p.reserved,
 			func(n *NodeState) (*topology.Inventory, error) { return sc.invs.get(ctx, n) })
 		if nodes == nil {
-			p.unplaced[shape] = why
+			p.unplaced[shape] = misfit{why: why, nfree: p.nfree, kept: len(p.reserved)}
 		}
 	}
 	if nodes != nil {
@@ -411,7 +422,9 @@ func (p *pass) take(ctx context.Context, r PendingRequest, nodes []GrantNode) er
 		}
 	}
 	for _, gn := range nodes {
-		p.free[gn.Name] = without(p.free[gn.Name], gn.Devices)
+		left := without(p.free[gn.Name], gn.Devices)
+		p.nfree -= len(p.free[gn.Name]) - len(left)
+		p.free[gn.Name] = left
 		p.granted[gn.Name] = append(p.granted[gn.Name], r.Request)
 	}
 	if p.held != nil {
