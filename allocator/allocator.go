@@ -415,11 +415,14 @@ func charName(c rune) string {
 	return "a format character"
 }
 
+// GrantState is a grant's state, as its record and `gangrun queue` write it.
+type GrantState string
+
 // Grant states.
 const (
-	GrantPending = "pending" // chunks are being locked; not a grant yet
-	GrantGranted = "granted"
-	GrantRefused = "refused"
+	GrantPending GrantState = "pending" // chunks are being locked; not a grant yet
+	GrantGranted GrantState = "granted"
+	GrantRefused GrantState = "refused"
 )
 
 // GrantNode is one node of a grant.
@@ -439,7 +442,7 @@ type GrantNode struct {
 // Grant is the scheduler's answer to a request.
 type Grant struct {
 	ID      string      `json:"id"`
-	State   string      `json:"state"`
+	State   GrantState  `json:"state"`
 	Nodes   []GrantNode `json:"nodes,omitempty"`
 	Reason  string      `json:"reason,omitempty"` // why refused
 	Session string      `json:"session"`

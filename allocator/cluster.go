@@ -14,16 +14,19 @@ import (
 	"github.com/gangrun/gangrun/topology"
 )
 
+// NodeCondition is a node's state, as `gangrun nodes` shows it (like sinfo's STATE).
+type NodeCondition string
+
 // Node states, as `gangrun nodes` shows them (like sinfo's).
 const (
-	NodeUp      = "up"
-	NodeDown    = "down"    // the agent's session is gone
-	NodeDrained = "drained" // an administrator drained it
+	NodeUp      NodeCondition = "up"
+	NodeDown    NodeCondition = "down"    // the agent's session is gone
+	NodeDrained NodeCondition = "drained" // an administrator drained it
 	// NodeInval: the node's record was written by a newer gangrun than this one
 	// (schema.NewerError): nothing is known of its devices, and nothing is placed on it
 	// by this scheduler. Slurm's sinfo shows "inval" for a node that registered with a
 	// configuration slurmctld cannot take.
-	NodeInval = "inval"
+	NodeInval NodeCondition = "inval"
 )
 
 // NodeState is one node in a Cluster snapshot.
@@ -44,7 +47,7 @@ type NodeState struct {
 
 // State returns NodeInval, NodeUp, NodeDown or NodeDrained (inval wins over all, drained
 // over up and down).
-func (n *NodeState) State() string {
+func (n *NodeState) State() NodeCondition {
 	switch {
 	case n.Newer != nil:
 		return NodeInval
@@ -299,10 +302,10 @@ func Snapshot(ctx context.Context, s store.Store) (*Cluster, error) {
 
 // NodeStatus is one row of `gangrun nodes` (JSON fields are stable; docs/cluster.md, "Commands").
 type NodeStatus struct {
-	Name      string `json:"name"`
-	State     string `json:"state"`
-	GPUsTotal int    `json:"gpus_total"`
-	GPUsFree  int    `json:"gpus_free"`
+	Name      string        `json:"name"`
+	State     NodeCondition `json:"state"`
+	GPUsTotal int           `json:"gpus_total"`
+	GPUsFree  int           `json:"gpus_free"`
 	// GPUsUsed counts the devices a grant holds (a job's or an allocation's), whatever
 	// the node's state; Grants are the holding grants' ids (a job's grant id is the
 	// job id), sorted.
@@ -372,7 +375,7 @@ func (c *Cluster) NodeList() []NodeStatus {
 // QueueEntry is one row of `gangrun queue`: a grant or a pending request.
 type QueueEntry struct {
 	ID          string      `json:"id"`
-	State       string      `json:"state"` // "granted", "pending" (waiting), "refused"
+	State       GrantState  `json:"state"` // "granted", "pending" (waiting), "refused"
 	Nodes       int         `json:"nodes"`
 	GPUsPerNode int         `json:"gpus_per_node"`
 	Priority    int         `json:"priority"`

@@ -13,7 +13,7 @@ import (
 // snapshot (a checker that finds nothing would make their zeros meaningless).
 func TestCheckInvariantsFindsEachViolation(t *testing.T) {
 	node := store.Entry{Key: nodesPrefix + "n1", Value: mustJSON(NodeRecord{Name: "n1", Devices: []topology.Device{{ID: "0"}, {ID: "1"}, {ID: "2"}}})}
-	grant := func(id, state, session string, devs ...string) store.Entry {
+	grant := func(id string, state GrantState, session string, devs ...string) store.Entry {
 		return store.Entry{Key: grantsPrefix + id, Session: session,
 			Value: mustJSON(Grant{ID: id, State: state, Session: session, Nodes: []GrantNode{{Name: "n1", Devices: devs}}})}
 	}

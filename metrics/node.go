@@ -113,8 +113,8 @@ func (v *View) Holders(ctx context.Context, node string) (map[int]JobLabels, err
 }
 
 // nodeStates are the values of gangrun_node_state's state label.
-func nodeStates() []string {
-	return []string{allocator.NodeUp, allocator.NodeDrained, allocator.NodeDown}
+func nodeStates() []allocator.NodeCondition {
+	return []allocator.NodeCondition{allocator.NodeUp, allocator.NodeDrained, allocator.NodeDown}
 }
 
 // NodeCollector exports one node's state and GPU counts as the cluster's keys say.
@@ -164,7 +164,7 @@ func (c *NodeCollector) Collect(ch chan<- prometheus.Metric) {
 		return // not registered (yet)
 	}
 	for _, s := range nodeStates() {
-		ch <- prometheus.MustNewConstMetric(c.state, prometheus.GaugeValue, boolValue(s == st.State), c.node, s)
+		ch <- prometheus.MustNewConstMetric(c.state, prometheus.GaugeValue, boolValue(s == st.State), c.node, string(s))
 	}
 	ch <- prometheus.MustNewConstMetric(c.total, prometheus.GaugeValue, float64(st.GPUsTotal), c.node)
 	ch <- prometheus.MustNewConstMetric(c.free, prometheus.GaugeValue, float64(st.GPUsFree), c.node)

@@ -180,7 +180,7 @@ func (c *SchedulerCollector) Collect(ch chan<- prometheus.Metric) {
 
 // collectNodes exports the cluster's node and GPU counts.
 func (c *SchedulerCollector) collectNodes(ch chan<- prometheus.Metric, cl *allocator.Cluster) {
-	states := map[string]int{}
+	states := map[allocator.NodeCondition]int{}
 	idle := 0
 	var free, held, unavailable int
 	for _, n := range cl.NodeList() {
@@ -195,7 +195,7 @@ func (c *SchedulerCollector) collectNodes(ch chan<- prometheus.Metric, cl *alloc
 		}
 	}
 	for _, s := range nodeStates() {
-		ch <- prometheus.MustNewConstMetric(c.nodes, prometheus.GaugeValue, float64(states[s]), s)
+		ch <- prometheus.MustNewConstMetric(c.nodes, prometheus.GaugeValue, float64(states[s]), string(s))
 	}
 	ch <- prometheus.MustNewConstMetric(c.idle, prometheus.GaugeValue, float64(idle))
 	ch <- prometheus.MustNewConstMetric(c.gpus, prometheus.GaugeValue, float64(free), "free")

@@ -132,7 +132,7 @@ func build(ctx context.Context, cfg Config) (*page, error) {
 	}
 	for _, ns := range c.NodeList() {
 		n := c.Nodes[ns.Name]
-		v := nodeView{Name: ns.Name, State: ns.State, Reason: ns.Reason, Model: ns.Model, Auth: ns.Auth, Free: ns.GPUsFree, Total: ns.GPUsTotal}
+		v := nodeView{Name: ns.Name, State: string(ns.State), Reason: ns.Reason, Model: ns.Model, Auth: ns.Auth, Free: ns.GPUsFree, Total: ns.GPUsTotal}
 		have := map[int]bool{}
 		for _, d := range n.Record.Devices {
 			have[d.GPU] = true
