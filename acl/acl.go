@@ -179,11 +179,16 @@ var ErrForeignToken = errors.New("not a gangrun token")
 // policy beside "alice".
 var ErrNameTaken = errors.New("the name is taken")
 
-// Whoami asks Consul who s's token is (store.Consul.TokenSelf). With Consul's ACLs
-// off it returns RoleOpen. Errors: ErrNoToken (no token, or one Consul does not know),
-// ErrForeignToken, or Consul unreachable (store.ErrUnavailable).
-func Whoami(ctx context.Context, s *store.Consul) (Identity, error) {
-	tok, err := s.TokenSelf(ctx)
+// Whoami asks Consul who s's token is (store.TokenOwner). With Consul's ACLs off, or
+// a store that has none (store.Memory), it returns RoleOpen. Errors: ErrNoToken (no
+// token, or one Consul does not know), ErrForeignToken, or Consul unreachable
+// (store.ErrUnavailable).
+func Whoami(ctx context.Context, s store.Store) (Identity, error) {
+	o, ok := store.FindTokenOwner(s)
+	if !ok {
+		return Identity{Role: RoleOpen}, nil
+	}
+	tok, err := o.TokenSelf(ctx)
 	if err != nil {
 		var se api.StatusError
 		msg := err.Error()

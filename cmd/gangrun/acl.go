@@ -156,7 +156,7 @@ func writeSecret(path, secret string) error {
 // identify asks Consul who the command's token is; on failure it prints one line and
 // returns the exit code (2 with no valid token or a foreign one, 1 when Consul cannot
 // be asked).
-func identify(ctx context.Context, e *env, cmd string, s *store.Consul) (acl.Identity, int) {
+func identify(ctx context.Context, e *env, cmd string, s store.Store) (acl.Identity, int) {
 	id, err := acl.Whoami(ctx, s)
 	switch {
 	case errors.Is(err, acl.ErrNoToken), errors.Is(err, acl.ErrForeignToken):

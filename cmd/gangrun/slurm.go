@@ -40,11 +40,7 @@ type slurmCluster struct {
 // caller is who the caller's token is (acl.Whoami, asked once; a foreign token is no
 // error) and the cluster's MUNGE sealer, which Submit and Cancel act on.
 func (c *slurmCluster) caller(ctx context.Context, s slurm.Store) (acl.Identity, *identity.Munge, error) {
-	cs, ok := s.(*store.Consul)
-	if !ok {
-		return acl.Identity{}, nil, errors.New("not a Consul store")
-	}
-	c.whoOnce.Do(func() { c.who, c.whoErr = acl.Whoami(ctx, cs) })
+	c.whoOnce.Do(func() { c.who, c.whoErr = acl.Whoami(ctx, s) })
 	if c.whoErr != nil && !errors.Is(c.whoErr, acl.ErrForeignToken) {
 		return acl.Identity{}, nil, c.whoErr
 	}

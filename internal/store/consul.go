@@ -790,6 +790,27 @@ func DataLost(ctx context.Context, s Store) bool {
 	}
 }
 
+// TokenOwner is a Store whose requests carry a Consul ACL token, which TokenSelf
+// describes (Consul's /v1/acl/token/self): a Consul, or a Wrapper of one (FindTokenOwner).
+type TokenOwner interface {
+	TokenSelf(ctx context.Context) (*api.ACLToken, error)
+}
+
+// FindTokenOwner returns the TokenOwner s is or wraps; false for a store with no ACL
+// token (Memory).
+func FindTokenOwner(s Store) (TokenOwner, bool) {
+	for {
+		switch t := s.(type) {
+		case TokenOwner:
+			return t, true
+		case Wrapper:
+			s = t.Unwrap()
+		default:
+			return nil, false
+		}
+	}
+}
+
 // Wrapper is a Store that adds to another (sealing values, say): Unwrap returns that
 // Store, for the questions only it answers (DataLost).
 type Wrapper interface {
