@@ -106,12 +106,14 @@ deps:
 	scripts/install-deps.sh $(sort $(DEMO_DEPS) $(TEST_DEPS) $(BENCH_DEPS))
 
 # The main job: 2 workers of a real PyTorch DDP trainer for 200 steps; one rank fails at
-# step 130 on the first attempt, gangrun stops the gang and resumes it from step 120.
+# step 130 on the first attempt, gangrun stops the gang and resumes it from step 120,
+# warm: --warm-delay 0s starts the standbys with the workers (attempt 0 fails within the
+# default 5 s on a fast machine, which would restart it cold).
 demo: build
 	scripts/install-deps.sh $(DEMO_DEPS)
 	rm -rf demo-run
 	$(BIN) run --nproc-per-node 2 --checkpoint-dir demo-run/ckpt --log-dir demo-run/logs \
-	  --restart-backoff 1s -- \
+	  --restart-backoff 1s --warm-delay 0s -- \
 	  $(PYTHON) scripts/examples/train_ddp.py --steps 200 --ckpt-every 20 --fail-at-step 130
 
 test:
