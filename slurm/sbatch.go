@@ -656,7 +656,7 @@ func (o *batchOpts) gpus(spec *job.Spec) error {
 	case n > 1:
 		return badf("give the GPUs one way: --gres=gpu:N, --gpus-per-node, --gpus or --gpus-per-task")
 	case n == 0:
-		return &UsageError{Msg: "error: Batch job submission failed: gangrun places GPU jobs: ask for GPUs with --gres=gpu:N, --gpus-per-node=N, --gpus=N or --gpus-per-task=N (CPU-only jobs are " + notBuilt + ")", Code: 1}
+		return &UsageError{Msg: "error: Batch job submission failed: gangrun places GPU jobs: ask for GPUs with --gres=gpu:N, --gpus-per-node=N, --gpus=N or --gpus-per-task=N; CPU-only jobs are " + notBuilt, Code: 1}
 	}
 	return nil
 }

@@ -112,6 +112,8 @@ func TestBadInputs(t *testing.T) {
 		{"alloc --gres", []string{"alloc", "--gres=gpu:1"}, nil, 2, "gangrun alloc: unknown flag: --gres; sbatch's option; gangrun's is --gpus-per-node [TYPE:]COUNT"},
 		{"submit unknown flag", []string{"submit", "--bogus", "--", "true"}, nil, 2, "gangrun submit: unknown flag: --bogus"},
 		{"version argument", []string{"version", "now"}, nil, 2, `gangrun version: unexpected argument "now": version takes none`},
+		{"slurm-links missing directory", []string{"slurm-links", filepath.Join(dir, "nope")}, nil, 2, "gangrun slurm-links: " + filepath.Join(dir, "nope") + ": no such directory (make it first, as ln needs)"},
+		{"slurm-links file", []string{"slurm-links", plain}, nil, 2, "gangrun slurm-links: " + plain + ": not a directory"},
 		{"nodes argument", []string{"nodes", "gpu-a"}, nil, 2, `gangrun nodes: unexpected argument "gpu-a": nodes takes flags only`},
 		{"queue argument", []string{"queue", "abc"}, nil, 2, `gangrun queue: unexpected argument "abc": queue takes flags only (gangrun show ID shows one)`},
 		{"cancel malformed id", []string{"cancel", "../x"}, nil, 2, `gangrun cancel: id "../x": only letters, digits, '-', '_' and '.' are allowed`},

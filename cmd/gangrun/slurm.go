@@ -115,7 +115,9 @@ func runSlurmLinks(_ context.Context, e *env, args []string) int {
 		return usageErr(e, "slurm-links", "want DIR, the directory to make the links in")
 	}
 	dir := fs.Arg(0)
-	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+	if fi, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+		return usageErr(e, "slurm-links", "%s: no such directory (make it first, as ln needs)", dir)
+	} else if err != nil || !fi.IsDir() {
 		return usageErr(e, "slurm-links", "%s: not a directory", dir)
 	}
 	self := e.self
