@@ -436,6 +436,9 @@ func (a *Agent) elect(ctx context.Context, sess string) error {
 			continue
 		}
 		// Held by another agent (or Consul unreachable): wait for a change of the key.
+		// Held by this agent's own session, it tries again at once: a snapshot restored
+		// into a Consul that lost its data brings the key back held by the session this
+		// agent renews, and nothing else would ever change it.
 		for {
 			entries, err := w.Next(ctx)
 			if err != nil {
@@ -443,7 +446,7 @@ func (a *Agent) elect(ctx context.Context, sess string) error {
 			}
 			held := false
 			for _, e := range entries {
-				held = held || (e.Key == schedulerKey && e.Session != "")
+				held = held || (e.Key == schedulerKey && e.Session != "" && e.Session != sess)
 			}
 			if !held {
 				break

@@ -89,3 +89,64 @@ func TestLeaderTasksOutliveOtherKeysRefusals(t *testing.T) {
 		t.Errorf("a fence with a session that does not lead: LostLeadership = %v, want true", got)
 	}
 }
+
+// flakyLock is a Store whose first Lock of the scheduler's key fails as an unreachable
+// Consul's does.
+type flakyLock struct {
+	store.Store
+	failed atomic.Bool
+}
+
+func (f *flakyLock) Txn(ctx context.Context, ops []store.Op) (store.TxnResult, error) {
+	if len(ops) == 1 && ops[0].Verb == store.Lock && ops[0].Key == schedulerKey && f.failed.CompareAndSwap(false, true) {
+		return store.TxnResult{}, &store.UnavailableError{Op: "txn", Err: errors.New("connection refused")}
+	}
+	return f.Store.Txn(ctx, ops)
+}
+
+// TestElectionWithTheKeyHeldByItsOwnSession: a Consul that lost its data refused the
+// agent's bid to lead; then the operator's restore brought the scheduler's key back,
+// held by the session the agent still renews. The agent leads again instead of waiting
+// for a change of the key that nothing would make (the cluster's jobs stayed PENDING
+// for good: TestRecoveryAfterConsulOutages/short in CI).
+func TestElectionWithTheKeyHeldByItsOwnSession(t *testing.T) {
+	mem := store.NewMemory()
+	s := &flakyLock{Store: mem}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sess, err := mem.CreateSession(ctx, store.SessionOptions{Name: "node01", TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mem.Txn(ctx, []store.Op{{Verb: store.Lock, Key: schedulerKey, Value: []byte("node01"), Session: sess}}); err != nil {
+		t.Fatal(err)
+	}
+	led := make(chan struct{}, 1)
+	task := func(ctx context.Context, _ store.Store, _ string) error {
+		select {
+		case led <- struct{}{}:
+		default:
+		}
+		<-ctx.Done()
+		return nil
+	}
+	a, err := NewAgent(s, AgentConfig{Node: "node01", Addr: "10.0.0.1", Inventory: inventory(t, "pcie-2socket", "node01"),
+		Leader: []func(context.Context, store.Store, string) error{task}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- a.elect(ctx, sess) }()
+	select {
+	case <-led:
+	case err := <-done:
+		t.Fatalf("elect returned %v without leading", err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the agent did not lead again with the scheduler's key held by its own session")
+	}
+	if !s.failed.Load() {
+		t.Error("the first bid was not refused: the test did not test the wait")
+	}
+	cancel()
+	<-done
+}
