@@ -592,6 +592,14 @@ func (s *Consul) Txn(ctx context.Context, ops []Op) (TxnResult, error) {
 			}
 			te.Errors = append(te.Errors, oe)
 		}
+		if errors.Is(te, ErrSessionGone) {
+			// A session Consul does not know, in a Consul that lost its data (an empty
+			// server until the operator restores it): an outage, not the session's end
+			// (wentBack), or an agent would register again into the empty server.
+			if err := s.wentBack(ctx, "consul txn"); err != nil {
+				return TxnResult{}, err
+			}
+		}
 		return TxnResult{}, te
 	}
 	// Consul returns results for some verbs only (not for check-not-exists, say), so

@@ -267,9 +267,10 @@ func TestLeaseOutlivesConsulReplacedAndRestored(t *testing.T) {
 // TestConsulDataLostPastTheIndex: the empty Consul that replaced a lost one takes
 // writes from the other clients (agents registering again, creating sessions) until its
 // index passes the highest this client saw, so the index no longer tells it apart from
-// the data it had. The cluster marker does: "no such session" is still an outage to
-// this client, and DataLost says so, until the snapshot's restore brings the marker and
-// the session back; then a renewal succeeds and DataLost is false.
+// the data it had. The cluster marker does: "no such session", to a renewal or to a
+// transaction naming the session, is still an outage to this client, and DataLost says
+// so, until the snapshot's restore brings the marker and the session back; then a
+// renewal succeeds and DataLost is false.
 func TestConsulDataLostPastTheIndex(t *testing.T) {
 	agent := consultest.Start(t)
 	s := consultest.ConsulStore(t, agent)
@@ -322,6 +323,11 @@ func TestConsulDataLostPastTheIndex(t *testing.T) {
 	if !store.DataLost(ctx, s) {
 		t.Error("DataLost false on the empty Consul whose index passed what the client saw")
 	}
+	// A transaction naming the session (an agent's bid to lead) meets the same outage,
+	// not the session's end: the agent does not register again into the empty Consul.
+	if _, err := s.Txn(ctx, []store.Op{{Verb: store.Lock, Key: "lost-test/lock", Value: []byte("x"), Session: id}}); !errors.Is(err, store.ErrUnavailable) || errors.Is(err, store.ErrSessionGone) {
+		t.Errorf("a lock with the session on the empty Consul: %v, want ErrUnavailable", err)
+	}
 	if out, err := exec.Command(bin, "snapshot", "restore", "-http-addr="+agent.Addr, snap).CombinedOutput(); err != nil {
 		t.Fatalf("snapshot restore: %v\n%s", err, out)
 	}
@@ -337,7 +343,97 @@ func TestConsulDataLostPastTheIndex(t *testing.T) {
 	if err := s.RenewSession(ctx, id); !errors.Is(err, store.ErrSessionGone) {
 		t.Errorf("renewal of a session destroyed on the restored Consul: %v, want ErrSessionGone", err)
 	}
+	if _, err := s.Txn(ctx, []store.Op{{Verb: store.Lock, Key: "lost-test/lock", Value: []byte("x"), Session: id}}); !errors.Is(err, store.ErrSessionGone) {
+		t.Errorf("a lock with a session destroyed on the restored Consul: %v, want ErrSessionGone", err)
+	}
 	if store.DataLost(ctx, store.NewMemory()) {
 		t.Error("DataLost on a Memory store")
+	}
+}
+
+// TestWatcherSeesTheRestore: a watch that got its last answer from the empty Consul that
+// replaced a lost one, at an index the other clients' writes raised past where the
+// snapshot's restore puts its prefix, sees the restored keys within seconds, though
+// nothing is written under its prefix after the restore: not after its blocking query's
+// whole wait (5 minutes: a scheduler whose view of the nodes came from the empty Consul
+// granted nothing for that long in CI, TestRecoveryAfterConsulOutages/short).
+func TestWatcherSeesTheRestore(t *testing.T) {
+	agent := consultest.Start(t)
+	s := consultest.ConsulStore(t, agent)
+	ctx := context.Background()
+	if _, err := s.Txn(ctx, []store.Op{{Verb: store.Set, Key: "watch-test/a", Value: []byte("v")}}); err != nil {
+		t.Fatal(err)
+	}
+	session(t, s, store.SessionOptions{TTL: store.MinSessionTTL}) // takes the cluster's marker
+	w := store.NewWatcher(s, "watch-test/")
+	if _, err := w.Next(ctx); err != nil {
+		t.Fatal(err)
+	}
+	seen := w.Index()
+	bin, err := consultest.Binary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap := filepath.Join(t.TempDir(), "consul.snap")
+	if out, err := exec.Command(bin, "snapshot", "save", "-http-addr="+agent.Addr, snap).CombinedOutput(); err != nil {
+		t.Fatalf("snapshot save: %v\n%s", err, out)
+	}
+	// The watch runs throughout, as a scheduler's does: its blocking query is cut by
+	// Consul's death.
+	answers := make(chan []store.Entry, 64)
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		for {
+			entries, err := w.Next(wctx)
+			if err != nil {
+				return
+			}
+			answers <- entries
+		}
+	}()
+	time.Sleep(200 * time.Millisecond) // the watch blocks at its index
+	agent.Kill()
+	agent.Launch()
+	other := consultest.ConsulStore(t, agent)
+	for i := 0; ; i++ {
+		_, idx, err := other.List(ctx, "watch-test/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if idx > seen+20 {
+			break
+		}
+		if _, err := other.Txn(ctx, []store.Op{{Verb: store.Set, Key: "elsewhere/" + strconv.Itoa(i), Value: []byte("v")}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Its answers until one comes from the empty Consul past the old index.
+	deadline := time.After(30 * time.Second)
+	for empty := false; !empty; {
+		select {
+		case e := <-answers:
+			empty = len(e) == 0 && w.Index() > seen
+		case <-deadline:
+			t.Fatal("no answer from the empty Consul")
+		}
+	}
+	if out, err := exec.Command(bin, "snapshot", "restore", "-http-addr="+agent.Addr, snap).CombinedOutput(); err != nil {
+		t.Fatalf("snapshot restore: %v\n%s", err, out)
+	}
+	start := time.Now()
+	deadline = time.After(15 * time.Second)
+	for {
+		select {
+		case e := <-answers:
+			for _, x := range e {
+				if x.Key == "watch-test/a" {
+					t.Logf("the restored key seen %s after the restore", time.Since(start).Round(time.Millisecond))
+					return
+				}
+			}
+		case <-deadline:
+			t.Fatal("the watch did not see the restored key within 15 s")
+		}
 	}
 }

@@ -17,6 +17,10 @@ const (
 	retryMax = 5 * time.Second
 )
 
+// suspectWait bounds a blocking query's wait while the store may not hold the data the
+// watcher knew (Watcher.suspect).
+const suspectWait = 2 * time.Second
+
 // Watcher follows every key under a prefix with blocking queries, applying Consul's
 // rules for the index (Consul docs, "Blocking Queries"): the first call returns at once;
 // later calls block until the index passes the last one seen; an index that goes
@@ -28,6 +32,12 @@ type Watcher struct {
 	s      Store
 	prefix string
 	index  uint64
+	// suspect is set after the store did not answer, or answered at an index below the
+	// last: it may be a Consul that lost its data (DataLost), whose index the other
+	// clients' writes can raise past where its restore will put it. A blocking query at
+	// such an index would sleep through the restore for its whole wait, so while
+	// DataLost says so the waits are suspectWait.
+	suspect bool
 	// Wait is the longest a single blocking query waits; DefaultWait when zero.
 	Wait time.Duration
 }
@@ -47,16 +57,23 @@ func (w *Watcher) Next(ctx context.Context) ([]Entry, error) {
 	}
 	backoff := retryMin
 	for {
-		out, idx, err := w.s.WatchList(ctx, w.prefix, w.index, wait)
+		qwait := wait
+		if w.suspect {
+			qwait = min(wait, suspectWait)
+		}
+		out, idx, err := w.s.WatchList(ctx, w.prefix, w.index, qwait)
 		if err == nil {
 			if idx == 0 {
 				idx = 1
+			}
+			if w.suspect {
+				w.suspect = DataLost(ctx, w.s)
 			}
 			prev := w.index
 			switch {
 			case idx < prev:
 				// The store went back in time: start over, and report what is there now.
-				w.index = 0
+				w.index, w.suspect = 0, true
 				return out, nil
 			case idx == prev:
 				continue // the wait ended without a change
@@ -70,7 +87,7 @@ func (w *Watcher) Next(ctx context.Context) ([]Entry, error) {
 		// The store did not answer: when it does again it may be another (restarted,
 		// restored from a snapshot) whose index is below the last seen, and a blocking
 		// query at that index would wait its whole time before saying so. Ask at once.
-		w.index = 0
+		w.index, w.suspect = 0, true
 		if !Sleep(ctx, backoff) {
 			return nil, ctx.Err()
 		}
