@@ -697,6 +697,13 @@ func (c *Dynamic) myRound(ctx context.Context, st *jobState, node string) (Assig
 	return r.Assignment, true, nil
 }
 
+// sessionAlive reports whether the store answers that session sess exists (false when
+// it cannot be asked).
+func (c *Dynamic) sessionAlive(ctx context.Context, sess string) bool {
+	ok, err := c.s.SessionExists(ctx, sess)
+	return err == nil && ok
+}
+
 // members reads every membership key of the job.
 func (c *Dynamic) members(entries []store.Entry) map[string]memberRecord {
 	out := map[string]memberRecord{}
@@ -1031,7 +1038,7 @@ func (r *dynamicRound) watch(ctx context.Context) {
 		wentBack := at == 0 || at < seen
 		seen = max(seen, at)
 		st, idx, leader := c.readCtl(entries)
-		if st == nil && (wentBack || store.DataLost(ctx, c.s)) {
+		if st == nil && (wentBack || store.DataLost(ctx, c.s)) && !c.sessionAlive(ctx, r.sess) {
 			// The job's state is gone from a store whose data is not the data it had
 			// (its index went back, or its cluster marker is gone or another: the
 			// agents' writes to it may have raised its index past what this node saw):
@@ -1039,7 +1046,9 @@ func (r *dynamicRound) watch(ctx context.Context) {
 			// snapshot (docs/operations.md, "Recovery"). That is no end of the round:
 			// the restore brings the state back, and should it never, the lease ends
 			// the round (its renewals meet the same store). The restore wakes the
-			// watch: the job's keys change.
+			// watch: the job's keys change. A Consul that still knows this node's
+			// session has not lost its data, whatever the marker says (a local user
+			// who rewrote it where ACLs are off): the state is gone, the round ends.
 			if !awaitingRestore {
 				awaitingRestore = true
 				c.log.Warn("the job's state is gone from a Consul that lost its data: waiting for its restore, or for the lease to end", zap.Int("round", r.a.Round))

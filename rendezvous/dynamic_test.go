@@ -670,3 +670,32 @@ func TestConsulRendezvousLeaderTakenAfterALockDelay(t *testing.T) {
 		t.Fatal("no try met the lock-delay: the test tested nothing")
 	}
 }
+
+// TestConsulRendezvousStateDeletedUnderARewrittenMarker: the job's state deleted while
+// the cluster's marker reads another value (a local user at work where Consul's ACLs
+// are off) is no lost Consul data: Consul still knows the nodes' sessions. The round
+// ends at once, the state gone, instead of waiting for a restore that will not come
+// (the steps waited for good, their sessions renewed all the while).
+func TestConsulRendezvousStateDeletedUnderARewrittenMarker(t *testing.T) {
+	s := consultest.ConsulStore(t, consultest.Start(t))
+	ctx := context.Background()
+	nodes := newNodes(t, s, "job", 2, 2, 2, nil)
+	rounds := joinAll(t, nodes, "")
+	if m, err := s.Get(ctx, store.MarkerKey); err != nil || m == nil {
+		t.Fatalf("no cluster marker after the nodes' sessions: %v %v", m, err)
+	}
+	if _, err := s.Txn(ctx, []store.Op{{Verb: store.Set, Key: store.MarkerKey, Value: []byte("another")},
+		{Verb: store.Delete, Key: jobKey("job", "ctl", "state")}}); err != nil {
+		t.Fatal(err)
+	}
+	for name, r := range rounds {
+		select {
+		case <-r.Ended():
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: the round did not end with the job's state deleted", name)
+		}
+		if e := r.End(); e.Kind != MembershipChanged || !strings.Contains(e.Detail, "disappeared") {
+			t.Errorf("%s: end = %+v, want a membership change: the state disappeared", name, e)
+		}
+	}
+}
