@@ -19,6 +19,10 @@ type field struct {
 	suffix string
 }
 
+// maxFieldWidth bounds a field's width in -o and -O formats: a wider field is refused
+// (every line is built in memory: a width of 2^31 took 18 GB).
+const maxFieldWidth = 65535
+
 // parseFormat reads a Slurm %-format ("%.18i %.9P %j"): % [.] [-] [width] letter,
 // and literal text between; "%%" is a percent sign. known lists the letters the
 // command has; another is an error in the command's words.
@@ -51,6 +55,9 @@ func parseFormat(format string, known map[string]string) ([]field, error) {
 		}
 		for i < len(format) && format[i] >= '0' && format[i] <= '9' {
 			f.width = f.width*10 + int(format[i]-'0')
+			if f.width > maxFieldWidth {
+				return nil, &UsageError{Msg: fmt.Sprintf("error: Invalid format specification: a field's width is at most %d", maxFieldWidth), Code: 1}
+			}
 			i++
 		}
 		if i >= len(format) {
@@ -98,7 +105,11 @@ func parseFieldsLenient(list string, known map[string]string) (out []field, bad 
 			digits++
 		}
 		if digits > 0 {
-			f.width, _ = strconv.Atoi(w[:digits])
+			var err error
+			if f.width, err = strconv.Atoi(w[:digits]); err != nil || f.width > maxFieldWidth {
+				bad = append(bad, item)
+				continue
+			}
 		}
 		f.suffix = w[digits:]
 		out = append(out, f)
