@@ -37,6 +37,9 @@ type Consul struct {
 	// (created where missing) after each session it created; nil until then. Another
 	// value later, or none, means Consul's data is not the data it had (wentBack).
 	marker atomic.Pointer[string]
+	// lost is set while the last check of Consul's data (wentBack) found it not the
+	// data this client had: watches then ask again often (Unsettled).
+	lost atomic.Bool
 }
 
 // MarkerKey holds a random value that marks one cluster's Consul data: written once,
@@ -737,11 +740,12 @@ const indexProbeKey = "gangrun/.index-probe"
 // restores from a snapshot: docs/operations.md, "Recovery") answers "no such session"
 // until the restore brings the session back; ending the session's lease on that answer
 // would stop a step whose job the restore shows running. wentBack reads the KV store's
-// index and MarkerKey: an index below the highest this client has seen, or a marker
-// other than the one it took (none, or another), means the data is not the data it had,
-// and it returns an UnavailableError (ErrUnavailable: ask again; a lease still ends
-// once nothing was renewed for LeaseStop). nil when neither, or the reads were refused:
-// the session is gone. The reads' own unavailability is returned.
+// index and MarkerKey: a marker other than the one this client took (none, or
+// another), or, before it took one, an index below the highest it has seen, means the
+// data is not the data it had, and it returns an UnavailableError (ErrUnavailable: ask
+// again; a lease still ends once nothing was renewed for LeaseStop). nil when neither,
+// or the reads were refused: the session is gone. The reads' own unavailability is
+// returned. The answer is kept for Unsettled.
 func (s *Consul) wentBack(ctx context.Context, op string) error {
 	seen, marker := s.seen.Load(), s.marker.Load()
 	if seen == 0 && marker == nil {
@@ -767,15 +771,25 @@ func (s *Consul) wentBack(ctx context.Context, op string) error {
 		return nil // refused (a token that may not read gangrun/): the answer stands
 	}
 	switch {
-	case p.index < seen:
-		return &UnavailableError{Op: op, Err: fmt.Errorf("Consul's data went back in time (its index is %d, %d was seen): restarted without its data, or being restored from a snapshot; the session may come back", p.index, seen)}
-	case marker != nil && (p.marker == nil || string(p.marker.Value) != *marker):
+	case marker != nil && p.marker != nil && string(p.marker.Value) == *marker:
+		// The data this client had, restored or never lost: its index counts from here
+		// (the highest seen may be an empty server's, raised by writes there).
+		s.seen.Store(p.index)
+		s.lost.Store(false)
+		return nil
+	case marker != nil:
+		s.lost.Store(true)
 		now := "none"
 		if p.marker != nil {
 			now = strconv.Quote(string(p.marker.Value))
 		}
-		return &UnavailableError{Op: op, Err: fmt.Errorf("Consul's data is not the data it had (its %s is %s, %q was seen): restarted without its data, or being restored from a snapshot; the session may come back", MarkerKey, now, *marker)}
+		return &UnavailableError{Op: op, Err: fmt.Errorf("Consul's data went back in time or was lost (its %s is %s, %q was seen): restarted without its data, or being restored from a snapshot; the session may come back", MarkerKey, now, *marker)}
+	case p.index < seen:
+		// No marker taken (no session created yet): the index alone tells.
+		s.lost.Store(true)
+		return &UnavailableError{Op: op, Err: fmt.Errorf("Consul's data went back in time (its index is %d, %d was seen): restarted without its data, or being restored from a snapshot; the session may come back", p.index, seen)}
 	}
+	s.lost.Store(false)
 	return nil
 }
 
@@ -815,6 +829,38 @@ func FindTokenOwner(s Store) (TokenOwner, bool) {
 			s = t.Unwrap()
 		default:
 			return nil, false
+		}
+	}
+}
+
+// canLoseData reports whether s is a Consul or wraps one: a store whose data a restart
+// may lose and a snapshot's restore bring back (DataLost, Unsettled).
+func canLoseData(s Store) bool {
+	for {
+		switch t := s.(type) {
+		case *Consul:
+			return true
+		case Wrapper:
+			s = t.Unwrap()
+		default:
+			return false
+		}
+	}
+}
+
+// Unsettled reports whether s is a Consul (or wraps one) whose data the last check
+// (a renewal or transaction meeting an unknown session, DataLost) found not the data
+// this client had: until a check finds it again, a restore may put back keys at
+// indexes below what this client saw, and watches ask again every few seconds.
+func Unsettled(s Store) bool {
+	for {
+		switch t := s.(type) {
+		case *Consul:
+			return t.lost.Load()
+		case Wrapper:
+			s = t.Unwrap()
+		default:
+			return false
 		}
 	}
 }

@@ -317,7 +317,7 @@ func TestConsulDataLostPastTheIndex(t *testing.T) {
 		}
 	}
 	err = s.RenewSession(ctx, id)
-	if !errors.Is(err, store.ErrUnavailable) || !strings.Contains(err.Error(), "not the data it had") {
+	if !errors.Is(err, store.ErrUnavailable) || !strings.Contains(err.Error(), "its gangrun/cluster/marker is") {
 		t.Fatalf("renewal on the empty Consul past the index: %v, want ErrUnavailable naming the cluster marker", err)
 	}
 	if !store.DataLost(ctx, s) {
@@ -364,9 +364,15 @@ func TestWatcherSeesTheRestore(t *testing.T) {
 	if _, err := s.Txn(ctx, []store.Op{{Verb: store.Set, Key: "watch-test/a", Value: []byte("v")}}); err != nil {
 		t.Fatal(err)
 	}
-	session(t, s, store.SessionOptions{TTL: store.MinSessionTTL}) // takes the cluster's marker
+	id := session(t, s, store.SessionOptions{TTL: store.MinSessionTTL}) // takes the cluster's marker
 	w := store.NewWatcher(s, "watch-test/")
 	if _, err := w.Next(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// idle asks nothing through the outage (an agent's watch of the scheduler's key
+	// while it leads): no error of its own tells it the store may be another.
+	idle := store.NewWatcher(s, "watch-test/")
+	if _, err := idle.Next(ctx); err != nil {
 		t.Fatal(err)
 	}
 	seen := w.Index()
@@ -418,22 +424,51 @@ func TestWatcherSeesTheRestore(t *testing.T) {
 			t.Fatal("no answer from the empty Consul")
 		}
 	}
+	// The client's renewal meets the lost data; idle's next answer comes from the
+	// empty Consul, then it waits at that index.
+	if err := s.RenewSession(ctx, id); !errors.Is(err, store.ErrUnavailable) {
+		t.Fatalf("renewal on the empty Consul: %v, want ErrUnavailable", err)
+	}
+	if e, err := idle.Next(ctx); err != nil || len(e) != 0 {
+		t.Fatalf("idle's answer from the empty Consul: %v, %v", e, err)
+	}
+	idleAnswers := make(chan []store.Entry, 64)
+	go func() {
+		for {
+			entries, err := idle.Next(wctx)
+			if err != nil {
+				return
+			}
+			idleAnswers <- entries
+		}
+	}()
+	time.Sleep(200 * time.Millisecond)
 	if out, err := exec.Command(bin, "snapshot", "restore", "-http-addr="+agent.Addr, snap).CombinedOutput(); err != nil {
 		t.Fatalf("snapshot restore: %v\n%s", err, out)
 	}
 	start := time.Now()
-	deadline = time.After(15 * time.Second)
+	seesRestored(t, "the watch", answers, start)
+	seesRestored(t, "the idle watch", idleAnswers, start)
+	if store.Unsettled(s) {
+		t.Error("the client's data still unsettled after the restore")
+	}
+}
+
+// seesRestored waits up to 15 s for an answer holding key "watch-test/a".
+func seesRestored(t *testing.T, who string, answers <-chan []store.Entry, start time.Time) {
+	t.Helper()
+	deadline := time.After(15 * time.Second)
 	for {
 		select {
 		case e := <-answers:
 			for _, x := range e {
 				if x.Key == "watch-test/a" {
-					t.Logf("the restored key seen %s after the restore", time.Since(start).Round(time.Millisecond))
+					t.Logf("%s: the restored key seen %s after the restore", who, time.Since(start).Round(time.Millisecond))
 					return
 				}
 			}
 		case <-deadline:
-			t.Fatal("the watch did not see the restored key within 15 s")
+			t.Fatalf("%s did not see the restored key within 15 s", who)
 		}
 	}
 }

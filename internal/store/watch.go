@@ -36,7 +36,9 @@ type Watcher struct {
 	// last: it may be a Consul that lost its data (DataLost), whose index the other
 	// clients' writes can raise past where its restore will put it. A blocking query at
 	// such an index would sleep through the restore for its whole wait, so while
-	// DataLost says so the waits are suspectWait.
+	// DataLost says so the waits are suspectWait. It is also set when another call of
+	// the same client found the data lost (Unsettled): a watch that was idle through
+	// the outage met no error of its own.
 	suspect bool
 	// Wait is the longest a single blocking query waits; DefaultWait when zero.
 	Wait time.Duration
@@ -58,6 +60,9 @@ func (w *Watcher) Next(ctx context.Context) ([]Entry, error) {
 	backoff := retryMin
 	for {
 		qwait := wait
+		if !w.suspect && Unsettled(w.s) {
+			w.suspect = true // another call of this client met the lost data
+		}
 		if w.suspect {
 			qwait = min(wait, suspectWait)
 		}
@@ -67,13 +72,19 @@ func (w *Watcher) Next(ctx context.Context) ([]Entry, error) {
 				idx = 1
 			}
 			if w.suspect {
-				w.suspect = DataLost(ctx, w.s)
+				if w.suspect = DataLost(ctx, w.s); !w.suspect {
+					// The data is the client's again (restored, or never lost). This
+					// answer may be from before (a restore in progress); the next one is
+					// read afresh, at once: its index counts from there.
+					w.index = 0
+					return out, nil
+				}
 			}
 			prev := w.index
 			switch {
 			case idx < prev:
 				// The store went back in time: start over, and report what is there now.
-				w.index, w.suspect = 0, true
+				w.index, w.suspect = 0, canLoseData(w.s)
 				return out, nil
 			case idx == prev:
 				continue // the wait ended without a change
@@ -87,7 +98,7 @@ func (w *Watcher) Next(ctx context.Context) ([]Entry, error) {
 		// The store did not answer: when it does again it may be another (restarted,
 		// restored from a snapshot) whose index is below the last seen, and a blocking
 		// query at that index would wait its whole time before saying so. Ask at once.
-		w.index, w.suspect = 0, true
+		w.index, w.suspect = 0, canLoseData(w.s)
 		if !Sleep(ctx, backoff) {
 			return nil, ctx.Err()
 		}
