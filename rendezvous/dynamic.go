@@ -1038,6 +1038,15 @@ func (r *dynamicRound) watch(ctx context.Context) {
 		wentBack := at == 0 || at < seen
 		seen = max(seen, at)
 		st, idx, leader := c.readCtl(entries)
+		if st == nil {
+			// An answer without the job's state may be from before a restore that has
+			// landed since: read it afresh before taking it for gone.
+			if fresh, _, err := c.s.List(ctx, c.key("ctl")+"/"); err == nil {
+				if again, _, _ := c.readCtl(fresh); again != nil {
+					continue
+				}
+			}
+		}
 		if st == nil && (wentBack || store.DataLost(ctx, c.s)) && !c.sessionAlive(ctx, r.sess) {
 			// The job's state is gone from a store whose data is not the data it had
 			// (its index went back, or its cluster marker is gone or another: the
