@@ -187,6 +187,10 @@ func TestRecoveryAfterConsulOutages(t *testing.T) {
 		first := r.submit(`echo run >> short-1.log; sleep 12`)
 		second := r.submit(`echo run >> short-2.log`, "--dependency", "afterok:"+first)
 		r.waitFor(first, "RUNNING", 60*time.Second, func(j *job.Job) bool { return j.State.Status == job.Running })
+		// Its workers run (its step's rendezvous formed) before the snapshot: a snapshot
+		// from before the step joined the rendezvous restores a job whose step has not
+		// (its session unknown), and the step runs its workers again, as documented.
+		waitUntilFor(t, 60*time.Second, func() bool { return r.lines("short-1.log", "run") == 1 }, "job "+first+"'s workers running")
 		// Before the restore, the empty Consul takes writes until its index is past
 		// the one the step saw (as the agents' would, registering again): the cluster's
 		// marker, not the index, tells the step that this Consul lost its data. The
