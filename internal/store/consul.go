@@ -800,20 +800,12 @@ func (s *Consul) wentBack(ctx context.Context, op string) error {
 // them for deleted. False for a Memory store, which keeps its data while it lives, and
 // for a Consul whose reads are refused.
 func DataLost(ctx context.Context, s Store) bool {
-	for {
-		switch t := s.(type) {
-		case *Consul:
-			return t.wentBack(ctx, "check Consul's data") != nil
-		case Wrapper:
-			s = t.Unwrap()
-		default:
-			return false
-		}
-	}
+	c := consulOf(s)
+	return c != nil && c.wentBack(ctx, "check Consul's data") != nil
 }
 
-// TokenOwner is a Store whose requests carry a Consul ACL token, which TokenSelf
-// describes (Consul's /v1/acl/token/self): a Consul, or a Wrapper of one (FindTokenOwner).
+// TokenOwner is what carries a Consul ACL token, which TokenSelf describes (Consul's
+// /v1/acl/token/self): a Consul, found in a Wrapper of one by FindTokenOwner.
 type TokenOwner interface {
 	TokenSelf(ctx context.Context) (*api.ACLToken, error)
 }
@@ -821,31 +813,10 @@ type TokenOwner interface {
 // FindTokenOwner returns the TokenOwner s is or wraps; false for a store with no ACL
 // token (Memory).
 func FindTokenOwner(s Store) (TokenOwner, bool) {
-	for {
-		switch t := s.(type) {
-		case TokenOwner:
-			return t, true
-		case Wrapper:
-			s = t.Unwrap()
-		default:
-			return nil, false
-		}
+	if c := consulOf(s); c != nil {
+		return c, true
 	}
-}
-
-// canLoseData reports whether s is a Consul or wraps one: a store whose data a restart
-// may lose and a snapshot's restore bring back (DataLost, Unsettled).
-func canLoseData(s Store) bool {
-	for {
-		switch t := s.(type) {
-		case *Consul:
-			return true
-		case Wrapper:
-			s = t.Unwrap()
-		default:
-			return false
-		}
-	}
+	return nil, false
 }
 
 // Unsettled reports whether s is a Consul (or wraps one) whose data the last check
@@ -853,14 +824,20 @@ func canLoseData(s Store) bool {
 // this client had: until a check finds it again, a restore may put back keys at
 // indexes below what this client saw, and watches ask again every few seconds.
 func Unsettled(s Store) bool {
+	c := consulOf(s)
+	return c != nil && c.lost.Load()
+}
+
+// consulOf returns the Consul s is or wraps (through Wrapper), nil for another store.
+func consulOf(s Store) *Consul {
 	for {
 		switch t := s.(type) {
 		case *Consul:
-			return t.lost.Load()
+			return t
 		case Wrapper:
 			s = t.Unwrap()
 		default:
-			return false
+			return nil
 		}
 	}
 }

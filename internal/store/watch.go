@@ -84,7 +84,7 @@ func (w *Watcher) Next(ctx context.Context) ([]Entry, error) {
 			switch {
 			case idx < prev:
 				// The store went back in time: start over, and report what is there now.
-				w.index, w.suspect = 0, canLoseData(w.s)
+				w.index, w.suspect = 0, consulOf(w.s) != nil
 				return out, nil
 			case idx == prev:
 				continue // the wait ended without a change
@@ -98,7 +98,7 @@ func (w *Watcher) Next(ctx context.Context) ([]Entry, error) {
 		// The store did not answer: when it does again it may be another (restarted,
 		// restored from a snapshot) whose index is below the last seen, and a blocking
 		// query at that index would wait its whole time before saying so. Ask at once.
-		w.index, w.suspect = 0, canLoseData(w.s)
+		w.index, w.suspect = 0, consulOf(w.s) != nil
 		if !Sleep(ctx, backoff) {
 			return nil, ctx.Err()
 		}
