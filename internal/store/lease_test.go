@@ -222,14 +222,7 @@ func TestLeaseOutlivesConsulReplacedAndRestored(t *testing.T) {
 		t.Fatal(err)
 	}
 	id := session(t, s, store.SessionOptions{TTL: store.MinSessionTTL})
-	bin, err := consultest.Binary()
-	if err != nil {
-		t.Fatal(err)
-	}
-	snap := filepath.Join(t.TempDir(), "consul.snap")
-	if out, err := exec.Command(bin, "snapshot", "save", "-http-addr="+agent.Addr, snap).CombinedOutput(); err != nil {
-		t.Fatalf("snapshot save: %v\n%s", err, out)
-	}
+	restore := saveSnapshot(t, agent)
 	core, logs := observer.New(zapcore.InfoLevel)
 	l := store.Keep(s, id, store.MinSessionTTL, time.Now(), zap.New(core))
 	defer l.Close()
@@ -244,9 +237,7 @@ func TestLeaseOutlivesConsulReplacedAndRestored(t *testing.T) {
 	if got := logs.FilterMessage("coordinator unreachable: cannot renew the session, retrying").All()[0].ContextMap()["error"]; !strings.Contains(fmt.Sprint(got), "went back in time") {
 		t.Errorf("renewal error %q does not say Consul's data went back", got)
 	}
-	if out, err := exec.Command(bin, "snapshot", "restore", "-http-addr="+agent.Addr, snap).CombinedOutput(); err != nil {
-		t.Fatalf("snapshot restore: %v\n%s", err, out)
-	}
+	restore()
 	waitLog(t, logs, "coordinator reachable again: session renewed", store.MinSessionTTL)
 	if !l.Valid() {
 		t.Fatalf("the lease ended: %v", l.Err())
@@ -290,32 +281,14 @@ func TestConsulDataLostPastTheIndex(t *testing.T) {
 	if store.DataLost(ctx, s) {
 		t.Fatal("DataLost on the Consul the client has known all along")
 	}
-	bin, err := consultest.Binary()
-	if err != nil {
-		t.Fatal(err)
-	}
-	snap := filepath.Join(t.TempDir(), "consul.snap")
-	if out, err := exec.Command(bin, "snapshot", "save", "-http-addr="+agent.Addr, snap).CombinedOutput(); err != nil {
-		t.Fatalf("snapshot save: %v\n%s", err, out)
-	}
+	restore := saveSnapshot(t, agent)
 	agent.Kill()
 	agent.Launch()
 	// Another client writes to the empty Consul, creating a session there (and so a
 	// marker of its own), until its index is past what s saw.
 	other := consultest.ConsulStore(t, agent)
 	session(t, other, store.SessionOptions{TTL: store.MinSessionTTL})
-	for i := 0; ; i++ {
-		_, idx, err := other.List(ctx, "lost-test/")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if idx > seen+5 {
-			break
-		}
-		if _, err := other.Txn(ctx, []store.Op{{Verb: store.Set, Key: "lost-test/n" + strconv.Itoa(i), Value: []byte("v")}}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	raiseIndexPast(t, other, seen+5)
 	err = s.RenewSession(ctx, id)
 	if !errors.Is(err, store.ErrUnavailable) || !strings.Contains(err.Error(), "its gangrun/cluster/marker is") {
 		t.Fatalf("renewal on the empty Consul past the index: %v, want ErrUnavailable naming the cluster marker", err)
@@ -328,9 +301,7 @@ func TestConsulDataLostPastTheIndex(t *testing.T) {
 	if _, err := s.Txn(ctx, []store.Op{{Verb: store.Lock, Key: "lost-test/lock", Value: []byte("x"), Session: id}}); !errors.Is(err, store.ErrUnavailable) || errors.Is(err, store.ErrSessionGone) {
 		t.Errorf("a lock with the session on the empty Consul: %v, want ErrUnavailable", err)
 	}
-	if out, err := exec.Command(bin, "snapshot", "restore", "-http-addr="+agent.Addr, snap).CombinedOutput(); err != nil {
-		t.Fatalf("snapshot restore: %v\n%s", err, out)
-	}
+	restore()
 	if err := s.RenewSession(ctx, id); err != nil {
 		t.Errorf("renewal after the restore: %v", err)
 	}
@@ -376,14 +347,7 @@ func TestWatcherSeesTheRestore(t *testing.T) {
 		t.Fatal(err)
 	}
 	seen := w.Index()
-	bin, err := consultest.Binary()
-	if err != nil {
-		t.Fatal(err)
-	}
-	snap := filepath.Join(t.TempDir(), "consul.snap")
-	if out, err := exec.Command(bin, "snapshot", "save", "-http-addr="+agent.Addr, snap).CombinedOutput(); err != nil {
-		t.Fatalf("snapshot save: %v\n%s", err, out)
-	}
+	restore := saveSnapshot(t, agent)
 	// The watch runs throughout, as a scheduler's does: its blocking query is cut by
 	// Consul's death.
 	answers := make(chan []store.Entry, 64)
@@ -402,18 +366,7 @@ func TestWatcherSeesTheRestore(t *testing.T) {
 	agent.Kill()
 	agent.Launch()
 	other := consultest.ConsulStore(t, agent)
-	for i := 0; ; i++ {
-		_, idx, err := other.List(ctx, "watch-test/")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if idx > seen+20 {
-			break
-		}
-		if _, err := other.Txn(ctx, []store.Op{{Verb: store.Set, Key: "elsewhere/" + strconv.Itoa(i), Value: []byte("v")}}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	raiseIndexPast(t, other, seen+20)
 	// Its answers until one comes from the empty Consul past the old index.
 	deadline := time.After(30 * time.Second)
 	for empty := false; !empty; {
@@ -443,9 +396,7 @@ func TestWatcherSeesTheRestore(t *testing.T) {
 		}
 	}()
 	time.Sleep(200 * time.Millisecond)
-	if out, err := exec.Command(bin, "snapshot", "restore", "-http-addr="+agent.Addr, snap).CombinedOutput(); err != nil {
-		t.Fatalf("snapshot restore: %v\n%s", err, out)
-	}
+	restore()
 	start := time.Now()
 	seesRestored(t, "the watch", answers, start)
 	seesRestored(t, "the idle watch", idleAnswers, start)
@@ -469,6 +420,45 @@ func seesRestored(t *testing.T, who string, answers <-chan []store.Entry, start 
 			}
 		case <-deadline:
 			t.Fatalf("%s did not see the restored key within 15 s", who)
+		}
+	}
+}
+
+// saveSnapshot saves agent's data with consul snapshot save and returns what restores
+// it into the agent (consul snapshot restore), as an operator would.
+func saveSnapshot(t *testing.T, agent *consultest.Agent) (restore func()) {
+	t.Helper()
+	bin, err := consultest.Binary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap := filepath.Join(t.TempDir(), "consul.snap")
+	if out, err := exec.Command(bin, "snapshot", "save", "-http-addr="+agent.Addr, snap).CombinedOutput(); err != nil {
+		t.Fatalf("snapshot save: %v\n%s", err, out)
+	}
+	return func() {
+		t.Helper()
+		if out, err := exec.Command(bin, "snapshot", "restore", "-http-addr="+agent.Addr, snap).CombinedOutput(); err != nil {
+			t.Fatalf("snapshot restore: %v\n%s", err, out)
+		}
+	}
+}
+
+// raiseIndexPast writes keys under elsewhere/ through s until the KV store's index is
+// past idx, as other clients' writes raise an empty Consul's.
+func raiseIndexPast(t *testing.T, s store.Store, idx uint64) {
+	t.Helper()
+	ctx := context.Background()
+	for i := 0; ; i++ {
+		_, at, err := s.List(ctx, "elsewhere/none/") // no keys: the KV table's index
+		if err != nil {
+			t.Fatal(err)
+		}
+		if at > idx {
+			return
+		}
+		if _, err := s.Txn(ctx, []store.Op{{Verb: store.Set, Key: "elsewhere/" + strconv.Itoa(i), Value: []byte("v")}}); err != nil {
+			t.Fatal(err)
 		}
 	}
 }
