@@ -54,7 +54,7 @@ const (
 	ActionPolicySet = "policy-set"
 	ActionPreempt   = "preempt"
 	// ActionRefuse is the elected agent refusing a job or a request whose MUNGE
-	// credential does not prove its user (job.ReasonInvalidCredential), and a step
+	// credential does not prove its user (reason.InvalidCredential), and a step
 	// refusing to run a job whose record does not match its attestation.
 	ActionRefuse = "refuse"
 )

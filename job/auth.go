@@ -17,6 +17,7 @@ import (
 	"github.com/gangrun/gangrun/internal/proc"
 	"github.com/gangrun/gangrun/internal/schema"
 	"github.com/gangrun/gangrun/internal/store"
+	"github.com/gangrun/gangrun/reason"
 	"github.com/gangrun/gangrun/rendezvous"
 )
 
@@ -34,7 +35,7 @@ import (
 // The elected agent accepts a pending job once: the submitter's credential must be
 // fresh (within munged's time-to-live, 300 s by default), of this cluster's key, bound
 // to this very job, never used for another, and made by the job's user or by root
-// (sbatch --uid). Otherwise the job ends FAILED with the reason ReasonInvalidCredential
+// (sbatch --uid). Otherwise the job ends FAILED with the reason reason.InvalidCredential
 // and an audit entry; it never runs. Every step checks the attestation again before
 // it starts anything, against the job as it is then, and runs the workers as the
 // attested uid and gid, never as a name read from the record alone: this is slurmd
@@ -49,10 +50,6 @@ func authKey(id string) string { return jobsPrefix + id + "/auth" }
 
 // seenPrefix holds the digests of the credentials accepted (identity.Digest).
 const seenPrefix = batchPrefix + "seen/"
-
-// ReasonInvalidCredential starts the reason of a job refused for its credential: the
-// job ended FAILED without running. The rest of the reason says why.
-const ReasonInvalidCredential = "InvalidCredential"
 
 // Auth is a job's proof of who submitted it (see above).
 type Auth struct {
@@ -136,7 +133,7 @@ func authOps(ctx context.Context, auth authFor, spec Spec) ([]store.Op, error) {
 // refusal is a job refused for its credential: the reason it ends with.
 type refusal struct{ why string }
 
-func (r *refusal) Error() string { return ReasonInvalidCredential + ": " + r.why }
+func (r *refusal) Error() string { return string(reason.InvalidCredential) + ": " + r.why }
 
 // acceptJob accepts pending job j for the controller whose prover is p: it checks the
 // submitter's credential (see above) and writes the job's uid, gid and the attestation
@@ -270,11 +267,10 @@ func (c *Controller) refuse(ctx context.Context, j Job, why string) error {
 	entry := audit.Op(sealEntry(ctx, c.prover, audit.Entry{At: c.now().UTC(), User: "gangrun", Token: "agent", Action: audit.ActionRefuse,
 		Target: "job " + j.Spec.ID, Owner: j.Spec.User, Detail: r.Error()}))
 	_, _, err := c.update(ctx, j.Spec.ID, func(j *Job) bool {
-		if j.State.Status != Pending {
-			return false
+		if j.State.apply(Transition{Event: EvRefuse, Words: r.Error()}) != nil {
+			return false // no longer pending
 		}
-		j.State.Status, j.State.Reason, j.State.ExitCode = Failed, r.Error(), 1
-		j.State.Ended, j.State.Deferred = c.now().UTC(), false
+		j.State.ExitCode, j.State.Ended = 1, c.now().UTC()
 		return true
 	}, entry)
 	return err

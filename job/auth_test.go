@@ -24,6 +24,7 @@ import (
 	"github.com/gangrun/gangrun/internal/mungetest"
 	"github.com/gangrun/gangrun/internal/store"
 	"github.com/gangrun/gangrun/launcher"
+	"github.com/gangrun/gangrun/reason"
 	"github.com/gangrun/gangrun/topology"
 )
 
@@ -119,8 +120,8 @@ func TestJobCredentials(t *testing.T) {
 	refused := func(id, want string) {
 		t.Helper()
 		j := waitJob(t, s, id, "ended", func(j *Job) bool { return j.State.Status.Final() })
-		if j.State.Status != Failed || !strings.HasPrefix(j.State.Reason, ReasonInvalidCredential+": ") || !strings.Contains(j.State.Reason, want) {
-			t.Errorf("job %s: %s %q, want FAILED, %s: ...%s...", id, j.State.Status, j.State.Reason, ReasonInvalidCredential, want)
+		if j.State.Status != Failed || !strings.HasPrefix(j.State.Reason, string(reason.InvalidCredential)+": ") || !strings.Contains(j.State.Reason, want) {
+			t.Errorf("job %s: %s %q, want FAILED, %s: ...%s...", id, j.State.Status, j.State.Reason, string(reason.InvalidCredential), want)
 		}
 		if len(j.State.Attempts) > 0 || !j.State.Started.IsZero() {
 			t.Errorf("job %s ran: %+v", id, j.State)

@@ -18,6 +18,7 @@ import (
 	"github.com/gangrun/gangrun/identity"
 	"github.com/gangrun/gangrun/internal/schema"
 	"github.com/gangrun/gangrun/internal/store"
+	"github.com/gangrun/gangrun/reason"
 	"github.com/gangrun/gangrun/rendezvous"
 )
 
@@ -203,7 +204,7 @@ func (c *Controller) Pass(ctx context.Context) error {
 // second start. Jobs waiting on dependencies are handled in order, by the pass itself:
 // an array's concurrency cap counts its tasks as the pass lets them through.
 func (c *Controller) pass(ctx context.Context, v view) error {
-	if slices.ContainsFunc(v.jobs, func(j Job) bool { return j.State.Deferred && j.State.Status == Pending }) {
+	if slices.ContainsFunc(v.jobs, func(j Job) bool { return j.State.Hold() == HoldDeferred }) {
 		v.deps = newDepIndex(v.jobs)
 	}
 	var (
@@ -233,7 +234,7 @@ func (c *Controller) pass(ctx context.Context, v view) error {
 	}
 	var needed map[string]bool // jobs a waiting job's dependency names
 	for _, j := range v.jobs {
-		if j.State.Status == Pending && j.State.Deferred {
+		if j.State.Hold() == HoldDeferred {
 			if needed == nil {
 				needed = map[string]bool{}
 			}
@@ -253,7 +254,7 @@ func (c *Controller) pass(ctx context.Context, v view) error {
 				!needed[j.Spec.ID] && !needed[arrayOf(j.Spec.ID)] {
 				note(c.purge(ctx, j.Spec.ID))
 			}
-		case j.State.Status == Pending && j.State.Deferred:
+		case j.State.Hold() == HoldDeferred:
 			note(c.job(ctx, v, j))
 		default:
 			work <- j
@@ -411,11 +412,11 @@ func (c *Controller) job(ctx context.Context, v view, j Job) error {
 		if (granted || requested) && len(v.steps[id]) == 0 {
 			return allocator.ReleaseJobIn(ctx, c.s, cl, id)
 		}
-	case st.Status == Pending && st.Deferred:
+	case st.Hold() == HoldDeferred:
 		if v.deps != nil {
 			return c.deferred(ctx, v.deps, j)
 		}
-	case st.Status == Pending && st.Requeue:
+	case st.Hold() == HoldRequeue:
 		// Requeued: once its steps have stopped, the old grant goes and a new request is
 		// made, away from the nodes it lost.
 		if len(v.steps[id]) > 0 {
@@ -447,16 +448,12 @@ func (c *Controller) job(ctx context.Context, v view, j Job) error {
 			return err
 		}
 		_, _, err = c.update(ctx, id, func(j *Job) bool {
-			if j.State.Status != Pending || !j.State.Requeue {
-				return false
-			}
-			j.State.Requeue, j.State.Reason = false, "Resources"
-			return true
+			return j.State.apply(Transition{Event: EvRequestAgain}) == nil
 		}, reqOps...)
 		return err
 	case st.Status == Preempted:
 		return c.requeuePreempted(ctx, v, j)
-	case st.Status == Pending && st.PreemptedBy != "":
+	case st.Hold() == HoldPreempted:
 		return c.resumePreempted(ctx, v, j)
 	case st.Status == Pending && granted && g.State == allocator.GrantGranted:
 		// The grant as it is now: the view's may be older than the job's state (a grant
@@ -487,25 +484,24 @@ func (c *Controller) job(ctx context.Context, v view, j Job) error {
 func (c *Controller) deferred(ctx context.Context, x *depIndex, j Job) error {
 	met, never := x.check(&j)
 	a := j.Spec.Array
-	reason := ""
+	var code reason.Code
 	switch {
 	case never:
-		reason = ReasonDependencyNeverSatisfied
+		code = reason.DependencyNeverSatisfied
 	case !met:
-		reason = ReasonDependency
+		code = reason.Dependency
 	case a != nil && a.Limit > 0 && x.active[a.JobID] >= a.Limit:
-		reason = ReasonArrayTaskLimit
+		code = reason.JobArrayTaskLimit
 	}
-	if reason != "" {
-		if j.State.Reason == reason {
+	if code != "" {
+		if j.State.ReasonCode() == code {
 			return nil
 		}
 		_, _, err := c.update(ctx, j.Spec.ID, func(j *Job) bool {
-			if j.State.Status != Pending || !j.State.Deferred || j.State.Reason == reason {
+			if j.State.ReasonCode() == code {
 				return false
 			}
-			j.State.Reason = reason
-			return true
+			return j.State.apply(Transition{Event: EvStillHeld, Code: code}) == nil
 		})
 		return err
 	}
@@ -514,11 +510,7 @@ func (c *Controller) deferred(ctx context.Context, x *depIndex, j Job) error {
 		return err
 	}
 	after, changed, err := c.update(ctx, j.Spec.ID, func(j *Job) bool {
-		if j.State.Status != Pending || !j.State.Deferred {
-			return false
-		}
-		j.State.Deferred, j.State.Reason = false, "Priority"
-		return true
+		return j.State.apply(Transition{Event: EvRelease}) == nil
 	}, reqOps...)
 	if err != nil {
 		return err
@@ -563,10 +555,10 @@ func (c *Controller) completing(ctx context.Context, v view, j Job) error {
 		return err
 	}
 	_, _, err := c.update(ctx, id, func(j *Job) bool {
-		if j.State.Status != Completing {
+		if j.State.apply(Transition{Event: EvFinish}) != nil {
 			return false
 		}
-		j.State.Status, j.State.Ended = j.State.End, c.now().UTC()
+		j.State.Ended = c.now().UTC()
 		j.State.closeAttempts(j.State.Ended, "", strings.ToLower(string(j.State.End))) // cancelled, timeout: the supervisor said nothing
 		c.countRestarts(ctx, j)
 		return true
@@ -589,12 +581,11 @@ func (c *Controller) start(ctx context.Context, j Job, g allocator.Grant) error 
 	spares := min(j.Spec.SpareNodes, max(len(names)-j.Spec.MinNodes, 0))
 	first := false
 	_, changed, err := c.update(ctx, j.Spec.ID, func(j *Job) bool {
-		if j.State.Status != Pending || j.State.Requeue {
+		if j.State.apply(Transition{Event: EvPlace}) != nil {
 			return false
 		}
 		now := c.now().UTC()
 		first = j.State.Started.IsZero()
-		j.State.Status, j.State.Reason = Running, ""
 		j.State.Nodes, j.State.Spares = names[:len(names)-spares], names[len(names)-spares:]
 		// Each node's agent session as the job is placed there (stayedUp).
 		j.State.AgentSessions = map[string]string{}
@@ -631,14 +622,16 @@ func (c *Controller) requeueSilent(ctx context.Context, cl *allocator.Cluster, i
 		if st.Status != Completing || st.End != Failed {
 			return false
 		}
+		if st.apply(Transition{Event: EvRequeueSilent, Words: "requeued: lost " + strings.Join(silent, ", ")}) != nil {
+			return false
+		}
 		now := c.now().UTC()
 		for _, n := range silent {
 			st.LostNodes = append(st.LostNodes, LostNode{Node: n, Why: "the job's step on node " + n + " ended without a word (the node died or was cut off)",
 				Kind: failure.NodeLost, At: now, Exclude: stayedUp(cl, *st, n), AgentSession: agentSession(cl, n)})
 			st.NodeFailures++
 		}
-		st.Status, st.End, st.ExitCode, st.Requeue = Pending, "", 0, true
-		st.Reason = "requeued: lost " + strings.Join(silent, ", ")
+		st.ExitCode = 0
 		st.closeAttempts(now, failure.NodeLost, st.Reason)
 		st.Nodes, st.Spares, st.StepsEnded = nil, nil, nil
 		return true
@@ -763,18 +756,7 @@ func lostKind(cl *allocator.Cluster, n string) failure.Kind {
 // watchNodes handles a running job's lost nodes.
 func (c *Controller) watchNodes(ctx context.Context, v view, j Job, g allocator.Grant) error {
 	cl, steps := v.cluster, v.steps[j.Spec.ID]
-	lost := map[string]string{}
-	for _, n := range j.State.Nodes {
-		if why := lostWhy(cl, g, j, n, steps, c.now()); why != "" {
-			lost[n] = why
-		}
-	}
-	var spareLost []string
-	for _, n := range j.State.Spares {
-		if !healthy(cl, n) {
-			spareLost = append(spareLost, n)
-		}
-	}
+	lost, spareLost := c.lostNodes(cl, g, j, steps)
 	if len(lost) == 0 && len(spareLost) == 0 {
 		if v.ticked {
 			c.syncRestarts(ctx, j)
@@ -798,75 +780,114 @@ func (c *Controller) watchNodes(ctx context.Context, v view, j Job, g allocator.
 	var recorded []string // the lost nodes this update records (it may run more than once)
 	_, changed, err := c.update(ctx, j.Spec.ID, func(jj *Job) bool {
 		recorded = recorded[:0]
-		st := &jj.State
-		if st.Status != Running {
-			return false
-		}
-		now := c.now().UTC()
-		st.Spares = slices.DeleteFunc(st.Spares, func(n string) bool { return slices.Contains(spareLost, n) })
-		for _, n := range slices.Sorted(maps.Keys(lost)) {
-			if !slices.Contains(st.Nodes, n) {
-				continue
-			}
-			kind := lostKind(cl, n)
-			st.LostNodes = append(st.LostNodes, LostNode{Node: n, Why: lost[n], Kind: kind, At: now, Exclude: stayedUp(cl, *st, n), AgentSession: agentSession(cl, n)})
-			st.NodeFailures++
-			recorded = append(recorded, n)
-			st.Nodes = slices.DeleteFunc(st.Nodes, func(x string) bool { return x == n })
-			switch {
-			case jj.Spec.Batch != nil && jj.Spec.Batch.NoRequeue:
-				// A Slurm batch job with --no-requeue ends NODE_FAIL with its node.
-				c.log.Warn("batch job lost a node: it ends (--no-requeue)", zap.String("job", jj.Spec.ID), zap.String("lost", n), zap.String("why", lost[n]))
-				st.Status, st.End, st.Reason = Completing, NodeFail, "node "+n+" lost: "+lost[n]
-				st.closeAttempts(now, kind, st.Reason)
-				return true
-			case jj.Spec.Batch != nil:
-				// A Slurm batch job's script ran on the nodes it had: it is requeued whole
-				// (Slurm's --requeue), a spare among its next nodes when it has one.
-				c.log.Warn("batch job lost a node: requeued", zap.String("job", jj.Spec.ID), zap.String("lost", n), zap.String("why", lost[n]))
-				st.Status, st.Reason, st.Requeue = Pending, "requeued: "+lost[n], true
-				st.Nodes, st.Spares, st.StepsEnded = nil, nil, nil
-				st.closeAttempts(now, kind, st.Reason)
-				return true
-			case len(st.Spares) > 0:
-				st.Nodes = append(st.Nodes, st.Spares[0])
-				st.NodesSince = now
-				st.Spares = st.Spares[1:]
-				c.log.Warn("job lost a node: a spare takes its place", zap.String("job", jj.Spec.ID), zap.String("lost", n), zap.String("why", lost[n]), zap.String("spare", st.Nodes[len(st.Nodes)-1]))
-			case len(st.Nodes) >= jj.Spec.MinNodes:
-				c.log.Warn("job lost a node: it goes on without it", zap.String("job", jj.Spec.ID), zap.String("lost", n), zap.String("why", lost[n]), zap.Int("nodes", len(st.Nodes)))
-			default:
-				// Not enough nodes left: every step stops, and the job waits to be placed
-				// again, away from the nodes it lost.
-				c.log.Warn("job lost a node it cannot do without: requeued", zap.String("job", jj.Spec.ID), zap.String("lost", n), zap.String("why", lost[n]))
-				st.Status, st.Reason, st.Requeue = Pending, "requeued: "+lost[n], true
-				st.Nodes, st.Spares, st.StepsEnded = nil, nil, nil
-				st.closeAttempts(now, kind, st.Reason)
-				return true
-			}
-		}
-		return true
+		return c.recordLoss(jj, cl, lost, spareLost, &recorded)
 	})
 	if err != nil || !changed {
 		return err
 	}
+	c.refund(ctx, j.Spec.ID, recorded)
+	return nil
+}
+
+// refund gives job id's run back the restarts that the lost nodes recorded cost, and
+// evicts them from its rendezvous.
+func (c *Controller) refund(ctx context.Context, id string, recorded []string) {
 	// Once the loss is recorded (and only then: a pass that fails before it must not give
 	// the restart back twice), the gang's failure that a lost node caused is no failure
 	// of the job's: the run's budget gets it back. And the survivors (and a spare) need
 	// not wait for the lost node's rendezvous session to expire before they meet again.
 	refunded := 0
 	for _, n := range recorded {
-		if ok, err := rendezvous.AddRestarts(ctx, c.rdzv, j.Spec.ID, 1); err == nil && ok {
+		if ok, err := rendezvous.AddRestarts(ctx, c.rdzv, id, 1); err == nil && ok {
 			refunded++
 		}
-		if ok, err := rendezvous.Evict(ctx, c.rdzv, j.Spec.ID, n); err == nil && ok {
-			c.log.Info("lost node evicted from the job's rendezvous", zap.String("job", j.Spec.ID), zap.String("node", n))
+		if ok, err := rendezvous.Evict(ctx, c.rdzv, id, n); err == nil && ok {
+			c.log.Info("lost node evicted from the job's rendezvous", zap.String("job", id), zap.String("node", n))
 		}
 	}
 	if refunded > 0 {
-		c.log.Info("node failures do not count against --max-restarts: the restarts they cost were given back", zap.String("job", j.Spec.ID), zap.Int("restarts", refunded))
+		c.log.Info("node failures do not count against --max-restarts: the restarts they cost were given back", zap.String("job", id), zap.Int("restarts", refunded))
 	}
-	return nil
+}
+
+// lostNodes are job j's nodes that are lost (node → why, lostWhy) and its spares that
+// are not healthy.
+func (c *Controller) lostNodes(cl *allocator.Cluster, g allocator.Grant, j Job, steps map[string]StepRecord) (map[string]string, []string) {
+	lost := map[string]string{}
+	for _, n := range j.State.Nodes {
+		if why := lostWhy(cl, g, j, n, steps, c.now()); why != "" {
+			lost[n] = why
+		}
+	}
+	var spareLost []string
+	for _, n := range j.State.Spares {
+		if !healthy(cl, n) {
+			spareLost = append(spareLost, n)
+		}
+	}
+	return lost, spareLost
+}
+
+// recordLoss records in running job jj's state the nodes it lost (lost: node → why) and
+// its spares lost, appending each node recorded to recorded: a spare takes a lost node's
+// place, else the job goes on with fewer nodes within --nodes N:M, else it is requeued
+// (a batch job always, or it ends NODE_FAIL with --no-requeue). It returns false to
+// leave the state as it is.
+func (c *Controller) recordLoss(jj *Job, cl *allocator.Cluster, lost map[string]string, spareLost []string, recorded *[]string) bool {
+	st := &jj.State
+	if st.Status != Running {
+		return false
+	}
+	now := c.now().UTC()
+	st.Spares = slices.DeleteFunc(st.Spares, func(n string) bool { return slices.Contains(spareLost, n) })
+	for _, n := range slices.Sorted(maps.Keys(lost)) {
+		if !slices.Contains(st.Nodes, n) {
+			continue
+		}
+		kind := lostKind(cl, n)
+		st.LostNodes = append(st.LostNodes, LostNode{Node: n, Why: lost[n], Kind: kind, At: now, Exclude: stayedUp(cl, *st, n), AgentSession: agentSession(cl, n)})
+		st.NodeFailures++
+		*recorded = append(*recorded, n)
+		st.Nodes = slices.DeleteFunc(st.Nodes, func(x string) bool { return x == n })
+		switch {
+		case jj.Spec.Batch != nil && jj.Spec.Batch.NoRequeue:
+			// A Slurm batch job with --no-requeue ends NODE_FAIL with its node.
+			c.log.Warn("batch job lost a node: it ends (--no-requeue)", zap.String("job", jj.Spec.ID), zap.String("lost", n), zap.String("why", lost[n]))
+			if st.apply(Transition{Event: EvEnd, End: NodeFail, Words: "node " + n + " lost: " + lost[n]}) != nil {
+				return false
+			}
+			st.closeAttempts(now, kind, st.Reason)
+			return true
+		case jj.Spec.Batch != nil:
+			// A Slurm batch job's script ran on the nodes it had: it is requeued whole
+			// (Slurm's --requeue), a spare among its next nodes when it has one.
+			c.log.Warn("batch job lost a node: requeued", zap.String("job", jj.Spec.ID), zap.String("lost", n), zap.String("why", lost[n]))
+			if st.apply(Transition{Event: EvRequeue, Words: "requeued: " + lost[n]}) != nil {
+				return false
+			}
+			st.Nodes, st.Spares, st.StepsEnded = nil, nil, nil
+			st.closeAttempts(now, kind, st.Reason)
+			return true
+		case len(st.Spares) > 0:
+			st.Nodes = append(st.Nodes, st.Spares[0])
+			st.NodesSince = now
+			st.Spares = st.Spares[1:]
+			c.log.Warn("job lost a node: a spare takes its place", zap.String("job", jj.Spec.ID), zap.String("lost", n), zap.String("why", lost[n]), zap.String("spare", st.Nodes[len(st.Nodes)-1]))
+		case len(st.Nodes) >= jj.Spec.MinNodes:
+			c.log.Warn("job lost a node: it goes on without it", zap.String("job", jj.Spec.ID), zap.String("lost", n), zap.String("why", lost[n]), zap.Int("nodes", len(st.Nodes)))
+		default:
+			// Not enough nodes left: every step stops, and the job waits to be placed
+			// again, away from the nodes it lost.
+			c.log.Warn("job lost a node it cannot do without: requeued", zap.String("job", jj.Spec.ID), zap.String("lost", n), zap.String("why", lost[n]))
+			if st.apply(Transition{Event: EvRequeue, Words: "requeued: " + lost[n]}) != nil {
+				return false
+			}
+			st.Nodes, st.Spares, st.StepsEnded = nil, nil, nil
+			st.closeAttempts(now, kind, st.Reason)
+			return true
+		}
+	}
+	return true
 }
 
 // syncRestarts keeps a running job's count of its own restarts (the run's failures

@@ -10,7 +10,7 @@ type DependencyType string
 
 // The dependency types (sbatch --dependency). A job's dependencies all must hold
 // (comma-separated, sbatch's "," form) before its request is written: until then it
-// waits PENDING with reason ReasonDependency, or ReasonDependencyNeverSatisfied once
+// waits PENDING with reason reason.Dependency, or reason.DependencyNeverSatisfied once
 // one of them can never hold.
 const (
 	// After holds once each named job has started, or ended (a job cancelled while
@@ -27,17 +27,6 @@ const (
 	// Singleton holds while no other job of the same name and user, submitted before
 	// this one or already let through, is yet to end: one such job runs at a time.
 	Singleton DependencyType = "singleton"
-)
-
-// Pending reasons of a job held back before its request is written (squeue's names).
-const (
-	// ReasonDependency: a dependency does not hold yet.
-	ReasonDependency = "Dependency"
-	// ReasonDependencyNeverSatisfied: a dependency can never hold; the job stays
-	// pending until it is cancelled (Slurm's default, without kill_invalid_depend).
-	ReasonDependencyNeverSatisfied = "DependencyNeverSatisfied"
-	// ReasonArrayTaskLimit: the array task waits for its array's --array %N cap.
-	ReasonArrayTaskLimit = "JobArrayTaskLimit"
 )
 
 // Dependency is one term of --dependency: a type and, except for Singleton, the jobs

@@ -125,9 +125,8 @@ func recordStepEnd(ctx context.Context, s store.Store, id, node string, placemen
 			return false
 		}
 		changed := false
-		if j.State.Status == Running {
-			j.State.Status, j.State.End, j.State.ExitCode, j.State.Reason = Completing, end, code, why
-			changed = true
+		if j.State.Status == Running && j.State.apply(Transition{Event: EvEnd, End: end, Words: why}) == nil {
+			j.State.ExitCode, changed = code, true
 		}
 		if !slices.Contains(j.State.StepsEnded, node) {
 			j.State.StepsEnded = append(j.State.StepsEnded, node)

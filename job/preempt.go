@@ -38,15 +38,6 @@ import (
 //     from its newest complete checkpoint, as any requeued job does. Failures of its
 //     run the pre-emption caused do not count against --max-restarts.
 
-// Pending reasons of a pre-empted job (squeue's names).
-const (
-	// ReasonBeginTime: pre-empted, it waits for the job that pre-empted it to start
-	// (Slurm holds a requeued job back with BeginTime too).
-	ReasonBeginTime = "BeginTime"
-	// ReasonPriority: its request is queued again.
-	ReasonPriority = "Priority"
-)
-
 // PreemptorWait bounds how long a pre-empted job waits for the job that pre-empted it
 // to start before it queues its request anyway (the pre-empting job may have been
 // cancelled, or held back by a limit meanwhile).
@@ -63,7 +54,7 @@ func (c *Controller) preempt(ctx context.Context, v view) error {
 		switch {
 		case st.Status == Preempted:
 			return nil // one at a time: the victims' GPUs are not back yet
-		case st.Status != Pending || st.Deferred || st.Requeue || st.PreemptedBy != "":
+		case st.Phase() != Phase{Status: Pending}:
 			continue
 		}
 		r, requested := v.cluster.Requests[j.Spec.ID]
@@ -81,7 +72,7 @@ func (c *Controller) preempt(ctx context.Context, v view) error {
 	}
 	waiting := map[string]bool{} // pre-empting jobs whose victims wait for them still
 	for _, j := range v.jobs {
-		if j.State.Status == Pending && j.State.PreemptedBy != "" {
+		if j.State.Hold() == HoldPreempted {
 			waiting[j.State.PreemptedBy] = true
 		}
 	}
@@ -158,12 +149,11 @@ func (c *Controller) preemptFor(ctx context.Context, p Job, victims []string, po
 			Target: "job " + id, Owner: owner,
 			Detail: fmt.Sprintf("for job %s (partition %s): %s, %s grace", p.Spec.ID, partition, signalName(sig), grace)}))
 		j, changed, err := c.update(ctx, id, func(j *Job) bool {
-			if j.State.Status != Running {
-				return false
-			}
 			// Its attempt stays open until its steps have stopped (requeuePreempted): the
 			// grace is time the job held its GPUs, and is charged.
-			j.State.Status, j.State.Reason = Preempted, rec.reason()
+			if j.State.apply(Transition{Event: EvPreempt, Words: rec.reason()}) != nil {
+				return false
+			}
 			j.State.Preemptions = append(j.State.Preemptions, rec)
 			return true
 		}, entry)
@@ -200,11 +190,10 @@ func (c *Controller) requeuePreempted(ctx context.Context, v view, j Job) error 
 	}
 	_, changed, err := c.update(ctx, id, func(j *Job) bool {
 		st := &j.State
-		if st.Status != Preempted {
+		if st.apply(Transition{Event: EvPreemptStopped, PreemptedBy: last.By}) != nil {
 			return false
 		}
 		now := c.now().UTC()
-		st.Status, st.Reason, st.PreemptedBy = Pending, ReasonBeginTime, last.By
 		st.Preemptions[len(st.Preemptions)-1].Requeued = now
 		st.closeAttempts(now, failure.Preempted, last.reason())
 		st.PreemptFailures += extra
@@ -245,11 +234,10 @@ func (c *Controller) resumePreempted(ctx context.Context, v view, j Job) error {
 		return err
 	}
 	_, changed, err := c.update(ctx, j.Spec.ID, func(j *Job) bool {
-		if j.State.Status != Pending || j.State.PreemptedBy != by {
+		if j.State.PreemptedBy != by {
 			return false
 		}
-		j.State.PreemptedBy, j.State.Reason = "", ReasonPriority
-		return true
+		return j.State.apply(Transition{Event: EvResume}) == nil
 	}, reqOps...)
 	if changed {
 		c.log.Info("pre-empted job queued again", zap.String("job", j.Spec.ID), zap.String("preempted_by", by))

@@ -14,6 +14,7 @@ import (
 	"github.com/gangrun/gangrun/internal/store"
 	"github.com/gangrun/gangrun/launcher"
 	"github.com/gangrun/gangrun/policy"
+	"github.com/gangrun/gangrun/reason"
 	"github.com/gangrun/gangrun/topology"
 )
 
@@ -158,9 +159,9 @@ func TestControllerPreemptsOnlyWhatThePolicyAllows(t *testing.T) {
 	if _, ok := c.Requests[old]; !ok {
 		t.Errorf("the old low job's request is not queued again")
 	}
-	if pr := oldJob.State.Preemptions[0]; pr.Requeued.Before(pr.At) || oldJob.State.Restarts != 0 || oldJob.State.Reason != ReasonPriority {
+	if pr := oldJob.State.Preemptions[0]; pr.Requeued.Before(pr.At) || oldJob.State.Restarts != 0 || oldJob.State.Reason != string(reason.Priority) {
 		t.Errorf("the requeued job: requeued %s (pre-empted %s), restarts %d, reason %q; want requeued after, 0 restarts, %s",
-			pr.Requeued, pr.At, oldJob.State.Restarts, oldJob.State.Reason, ReasonPriority)
+			pr.Requeued, pr.At, oldJob.State.Restarts, oldJob.State.Reason, string(reason.Priority))
 	}
 	if ev := sink.all(); len(ev) != 1 || ev[0].Job != old || ev[0].Cause != mid || ev[0].Partition != "low" {
 		t.Errorf("JobPreempted events: %+v, want one: job %s (low) by %s", ev, old, mid)

@@ -185,8 +185,12 @@ func CreateSrunStep(ctx context.Context, s store.Store, sealer Sealer, r StepReq
 }
 
 // EndSrunStep records srun step n of job id's end, unless one is recorded already (the
-// first to say wins).
+// first to say wins). An end other than COMPLETED, FAILED or CANCELLED is an error
+// wrapping ErrTransition (lifecycle.go).
 func EndSrunStep(ctx context.Context, s store.Store, id string, n int, st SrunState) error {
+	if err := checkStepEnd(st.State); err != nil {
+		return err
+	}
 	b, _ := json.Marshal(st)
 	_, err := s.Txn(ctx, []store.Op{
 		{Verb: store.CheckNotExists, Key: srunStateKey(id, n)},

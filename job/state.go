@@ -12,6 +12,7 @@ import (
 	"github.com/gangrun/gangrun/failure"
 	"github.com/gangrun/gangrun/internal/schema"
 	"github.com/gangrun/gangrun/internal/store"
+	"github.com/gangrun/gangrun/reason"
 )
 
 // Keys of a job, under gangrun/batch/jobs/<id>/:
@@ -77,9 +78,8 @@ func stepKey(id, node string) string { return stepsPrefix(id) + node }
 type Status string
 
 // The statuses. A job moves PENDING → RUNNING → COMPLETING → one of the final ones;
-// REQUEUED is a PENDING job that ran before and lost a node it could not do without.
 // PREEMPTED is a running job a job of a higher tier pre-empted (preempt.go): its steps
-// stop, and it goes back to PENDING, requeued.
+// stop, and it goes back to PENDING. Every move is a transition of lifecycle.go's table.
 const (
 	Pending    Status = "PENDING"
 	Running    Status = "RUNNING"
@@ -90,7 +90,9 @@ const (
 	Timeout    Status = "TIMEOUT"
 	NodeFail   Status = "NODE_FAIL"
 	Preempted  Status = "PREEMPTED"
-	Requeued   Status = "REQUEUED"
+	// Requeued is no job's stored status (a requeued job is PENDING, HoldRequeue): it is
+	// what a step gives as the reason it stops its workers when its job was requeued.
+	Requeued Status = "REQUEUED"
 	// Unknown is how `gangrun queue` and `show` list a job whose state record a newer
 	// gangrun wrote (schema.NewerError): this one cannot tell how it stands, and leaves
 	// it alone. No job is ever in it; it is not one of Slurm's states.
@@ -173,10 +175,18 @@ func (s *State) closeAttempts(now time.Time, kind failure.Kind, cause string) {
 // State is a job's changing record. Every change is a check-and-set on its index.
 type State struct {
 	Status Status `json:"state"`
-	// Reason says why a pending job waits (the scheduler's pending reason), or why a
-	// final one ended.
-	Reason string `json:"reason,omitempty"`
-	// End is, while COMPLETING, the status the job ends in once its steps have stopped.
+	// Reason says in words why a pending job waits (for one held by its own state: the
+	// code itself, "Priority", "Dependency"), or why a stopping or final one ended
+	// ("requeued: node gpu-b lost: ...", "cancelled", the root cause); Code is its kind
+	// (Slurm's state_reason beside state_desc), "" in a record an older gangrun wrote
+	// (ReasonCode tells it then). Both change only through apply (lifecycle.go).
+	Reason string      `json:"reason,omitempty"`
+	Code   reason.Code `json:"reason_code,omitempty"`
+	// Status changes only through apply (lifecycle.go), as do End, Deferred, Requeue and
+	// PreemptedBy (the job's Hold).
+	//
+	// End is, while COMPLETING, the status the job ends in once its steps have stopped
+	// (and, once it has, that status still).
 	End Status `json:"end,omitempty"`
 	// Nodes are the nodes the job runs on (its steps'), Spares the ones it holds idle.
 	Nodes  []string `json:"nodes,omitempty"`

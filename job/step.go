@@ -78,6 +78,7 @@ func RunStep(ctx context.Context, cfg StepConfig) int {
 	return st.run(ctx)
 }
 
+// step is one node's step of a job: what RunStep runs.
 type step struct {
 	cfg   StepConfig
 	log   *zap.Logger
@@ -97,107 +98,168 @@ type step struct {
 	stopSupervisor func()
 }
 
+// run is the step's life: read the job, open the step's session, take the node's GPUs
+// over, check the user, run the workers (or a batch job's script) and record how they
+// ended. It returns the step's exit code.
 func (st *step) run(ctx context.Context) int {
 	defer func() {
 		for _, f := range st.cleanup {
 			f()
 		}
 	}()
-	s, id, node := st.cfg.Store, st.cfg.Job, st.cfg.Node
 	patience := time.Now().Add(stepStartPatience)
-	var j *Job
-	err := st.waitConsul(ctx, "read the job", patience, func() (err error) {
-		// A job Consul does not have: a Consul that lost its data and is being
-		// restored (the agent saw the job a moment ago); a deleted job waits in vain.
-		if j, err = Read(ctx, s, id); errors.Is(err, ErrNotFound) {
-			err = &store.UnavailableError{Op: "read job " + id, Err: err}
-		}
-		return err
-	})
+	j, err := st.readJob(ctx, patience)
 	if err != nil {
 		st.log.Error("read the job", zap.Error(err))
 		return 1
 	}
 	st.job = j
-	if j.State.Status != Running || !slices.Contains(j.State.Nodes, node) {
-		st.log.Info("nothing to run on this node", zap.String("job", id), zap.String("state", string(j.State.Status)))
+	if j.State.Status != Running || !slices.Contains(j.State.Nodes, st.cfg.Node) {
+		st.log.Info("nothing to run on this node", zap.String("job", st.cfg.Job), zap.String("state", string(j.State.Status)))
 		st.markEnded(ctx) // not silent: the job ended (or moved) before this step began
 		return 0
 	}
+	sess, err := st.openSession(ctx, patience)
+	if err != nil {
+		st.log.Error("create the step's session", zap.Error(err))
+		return 1
+	}
+	defer st.closeSession(ctx, sess)
+	gn, code, ok := st.takeOver(ctx, sess)
+	if !ok {
+		return code
+	}
+	defer st.giveBack(ctx, sess)
+	if code, ok := st.checkUser(ctx); !ok {
+		return code
+	}
+	if st.job.Spec.Batch != nil {
+		return st.runBatch(ctx, gn) // a Slurm batch job: batchstep.go
+	}
+	return st.runWorkers(ctx, gn)
+}
+
+// readJob reads the step's job, waiting out an unavailable Consul until patience.
+func (st *step) readJob(ctx context.Context, patience time.Time) (*Job, error) {
+	var j *Job
+	err := st.waitConsul(ctx, "read the job", patience, func() (err error) {
+		// A job Consul does not have: a Consul that lost its data and is being
+		// restored (the agent saw the job a moment ago); a deleted job waits in vain.
+		if j, err = Read(ctx, st.cfg.Store, st.cfg.Job); errors.Is(err, ErrNotFound) {
+			err = &store.UnavailableError{Op: "read job " + st.cfg.Job, Err: err}
+		}
+		return err
+	})
+	return j, err
+}
+
+// openSession creates the step's session, waiting out an unavailable Consul until
+// patience, and keeps it (st.lease).
+func (st *step) openSession(ctx context.Context, patience time.Time) (string, error) {
+	s, id, node := st.cfg.Store, st.cfg.Job, st.cfg.Node
 	since := time.Now()
 	var sess string
-	err = st.waitConsul(ctx, "create the step's session", patience, func() (err error) {
+	err := st.waitConsul(ctx, "create the step's session", patience, func() (err error) {
 		sess, err = s.CreateSession(ctx, store.SessionOptions{Name: "gangrun step " + id + " " + node, TTL: stepSessionTTL,
 			LockDelay: allocator.GrantLockDelay, Behavior: store.DeleteKeys, NodeHealth: true})
 		return err
 	})
 	if err != nil {
-		st.log.Error("create the step's session", zap.Error(err))
-		return 1
+		return "", err
 	}
 	st.lease = store.Keep(s, sess, stepSessionTTL, since, st.log)
-	defer func() {
-		st.lease.Close()
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), store.CallTimeout)
-		// The step key goes before the session, so that Consul puts no lock-delay on
-		// it: a step of the job's next placement may start on this node at once.
-		_, _ = s.Txn(dctx, []store.Op{{Verb: store.CheckSession, Key: stepKey(id, node), Session: sess},
-			{Verb: store.Delete, Key: stepKey(id, node)}})
-		_ = s.DestroySession(dctx, sess)
-		cancel()
-	}()
-	rec, _ := schema.Marshal(schema.JobStep, StepRecord{Node: node, Host: hostname(), PID: os.Getpid(), Started: time.Now().UTC(), Placement: j.State.Placement})
+	return sess, nil
+}
+
+// closeSession ends the lease, deletes the step key and destroys session sess.
+func (st *step) closeSession(ctx context.Context, sess string) {
+	s, id, node := st.cfg.Store, st.cfg.Job, st.cfg.Node
+	st.lease.Close()
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), store.CallTimeout)
+	defer cancel()
+	// The step key goes before the session, so that Consul puts no lock-delay on it: a
+	// step of the job's next placement may start on this node at once.
+	_, _ = s.Txn(dctx, []store.Op{{Verb: store.CheckSession, Key: stepKey(id, node), Session: sess},
+		{Verb: store.Delete, Key: stepKey(id, node)}})
+	_ = s.DestroySession(dctx, sess)
+}
+
+// takeOver locks the step key with session sess, takes the node's GPUs over from its
+// agent and reads the job again (st.job): ok false, with the step's exit code, when it
+// cannot, or when the job ended or moved meanwhile. When it returns ok, or after it took
+// the GPUs, giveBack must run.
+func (st *step) takeOver(ctx context.Context, sess string) (allocator.GrantNode, int, bool) {
+	s, id, node := st.cfg.Store, st.cfg.Job, st.cfg.Node
+	rec, _ := schema.Marshal(schema.JobStep, StepRecord{Node: node, Host: hostname(), PID: os.Getpid(), Started: time.Now().UTC(), Placement: st.job.State.Placement})
 	if err := st.lockStepKey(ctx, sess, rec); err != nil {
 		st.log.Error("another step of the job runs on this node", zap.Error(err))
-		return 1
+		return allocator.GrantNode{}, 1, false
 	}
 	gn, err := allocator.HandOver(ctx, s, id, node, sess)
 	if err != nil {
 		st.log.Error("take the node's GPUs over from its agent", zap.Error(err))
-		return 1
+		return allocator.GrantNode{}, 1, false
 	}
-	defer func() {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), store.CallTimeout)
-		if err := allocator.ReleaseNode(rctx, s, id, node, sess); err != nil {
-			st.log.Warn("give the node's GPUs back (they go with the step's session)", zap.Error(err))
-		}
-		cancel()
-	}()
 	// The job's state again, now that the GPUs are this step's: it may have been
 	// cancelled, or moved, meanwhile.
-	if j, err = Read(ctx, s, id); err != nil || j.State.Status != Running || !slices.Contains(j.State.Nodes, node) {
+	j, err := Read(ctx, s, id)
+	if err != nil || j.State.Status != Running || !slices.Contains(j.State.Nodes, node) {
 		st.log.Info("the job ended or moved while the step started")
 		st.markEnded(ctx)
-		return 0
+		st.giveBack(ctx, sess)
+		return allocator.GrantNode{}, 0, false
 	}
 	st.job = j
-	var proven *proc.User // the user the job's attestation proves (auth.go)
+	return gn, 0, true
+}
+
+// giveBack gives the node's GPUs back from session sess to its agent.
+func (st *step) giveBack(ctx context.Context, sess string) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), store.CallTimeout)
+	defer cancel()
+	if err := allocator.ReleaseNode(rctx, st.cfg.Store, st.cfg.Job, st.cfg.Node, sess); err != nil {
+		st.log.Warn("give the node's GPUs back (they go with the step's session)", zap.Error(err))
+	}
+}
+
+// checkUser sets the user the job runs as (st.user): the one its attestation proves,
+// where the node checks credentials (auth.go). ok false, with the step's exit code,
+// when it is refused (recorded as the job's failure) or cannot be checked here.
+func (st *step) checkUser(ctx context.Context) (int, bool) {
+	j, node := st.job, st.cfg.Node
+	var proven *proc.User
 	if st.cfg.Prover != nil {
 		var r *refusal
+		var err error
 		proven, err = stepUser(ctx, st.cfg.Prover, j, node)
 		switch {
 		case errors.As(err, &r):
 			st.log.Error("the job's credential is refused: nothing runs", zap.Error(err))
-			_ = audit.Write(context.WithoutCancel(ctx), s, sealEntry(ctx, st.cfg.Prover, audit.Entry{User: "gangrun", Token: "agent", Action: audit.ActionRefuse,
-				Target: "job " + id, Owner: j.Spec.User, Detail: "on node " + node + ": " + r.Error()}))
+			_ = audit.Write(context.WithoutCancel(ctx), st.cfg.Store, sealEntry(ctx, st.cfg.Prover, audit.Entry{User: "gangrun", Token: "agent", Action: audit.ActionRefuse,
+				Target: "job " + st.cfg.Job, Owner: j.Spec.User, Detail: "on node " + node + ": " + r.Error()}))
 			_ = st.recordEnd(ctx, Failed, 1, r.Error())
-			return 1
+			return 1, false
 		case err != nil:
 			// This node cannot check (its munged does not answer): the node's trouble,
 			// not the job's. The step ends without an outcome, and the controller
 			// places the job again, away from this node.
 			st.log.Error("cannot check the job's credential on this node: nothing runs here", zap.Error(err))
-			return 1
+			return 1, false
 		}
 	}
+	var err error
 	if st.user, err = jobUser(j.Spec.User, proven, node); err != nil {
 		st.log.Error("the job's user", zap.Error(err))
 		_ = st.recordEnd(ctx, Failed, 1, err.Error())
-		return 1
+		return 1, false
 	}
-	if j.Spec.Batch != nil {
-		return st.runBatch(ctx, gn) // a Slurm batch job: batchstep.go
-	}
+	return 0, true
+}
+
+// runWorkers runs the job's workers on the node under a supervisor, as `gangrun run`
+// does, and records how the run ended; it returns the step's exit code.
+func (st *step) runWorkers(ctx context.Context, gn allocator.GrantNode) int {
+	id, node := st.cfg.Job, st.cfg.Node
 	out, err := st.output()
 	if err != nil {
 		st.log.Error("open the job's output", zap.Error(err))
@@ -233,6 +295,12 @@ func (st *step) run(ctx context.Context) int {
 	go st.watch(wctx)
 	res := sup.Run(sctx)
 	stopWatch()
+	return st.recordOutcome(ctx, res)
+}
+
+// recordOutcome records how the supervisor's run ended (res), unless the step stopped
+// it itself or its lease is over; it returns the step's exit code.
+func (st *step) recordOutcome(ctx context.Context, res launcher.Result) int {
 	st.mu.Lock()
 	ending, fenced := st.ending, st.fenced
 	st.mu.Unlock()
@@ -486,26 +554,97 @@ func writeScriptIn(tmp string, spec Spec, u *proc.User) (path string, cleanup fu
 // warning before it).
 func (st *step) watch(ctx context.Context) {
 	spec := st.job.Spec
-	var warn, limit <-chan time.Time
-	if spec.TimeLimit > 0 {
-		// From this placement's start: a job requeued (pre-empted, or after losing a
-		// node) gets its whole --time again, as Slurm's requeued jobs do.
-		start := st.job.State.placedAt()
-		if start.IsZero() {
-			start = time.Now()
-		}
-		end := start.Add(spec.TimeLimit)
-		tl := time.NewTimer(time.Until(end))
-		defer tl.Stop()
-		limit = tl.C
-		if spec.Signal != 0 {
-			tw := time.NewTimer(time.Until(end.Add(-spec.SignalBefore)))
-			defer tw.Stop()
-			warn = tw.C
+	var w watchTimers
+	defer w.stop()
+	w.warn, w.limit = st.timeLimit(&w)
+	changes := st.followState(ctx)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-st.lease.Done():
+			st.leaseOver()
+			return
+		case sig := <-st.cfg.Signals:
+			if ss, ok := sig.(syscall.Signal); ok && (ss == syscall.SIGINT || ss == syscall.SIGTERM || ss == syscall.SIGHUP) {
+				st.log.Warn("the step was told to stop", zap.String("signal", ss.String()))
+				st.stopWorkers(Requeued)
+			} else {
+				st.stop <- sig
+			}
+		case <-w.warn:
+			st.log.Info("sending the workers the time limit's warning", zap.String("signal", signalName(spec.Signal)), zap.Duration("before", spec.SignalBefore))
+			st.stop <- spec.Signal
+		case <-w.failedStop:
+			w.failedStop = nil
+			st.log.Warn("the job failed on another node, and this node's workers still run: stopping them", zap.Duration("after", failedStopGrace))
+			st.stopWorkers(Failed)
+		case <-w.graceEnd:
+			w.graceEnd = nil
+			st.log.Warn("the pre-emption's grace is over: killing the workers")
+			// The grace is a hard limit (Slurm's GraceTime), not a start of the job's own
+			// --term-timeout: after a SIGUSR1 the first SIGTERM would begin that; a second
+			// terminating signal kills the workers at once.
+			st.stop <- syscall.SIGTERM
+			st.stop <- syscall.SIGTERM
+		case <-w.limit:
+			st.log.Warn("time limit reached: stopping the job", zap.Duration("time_limit", spec.TimeLimit))
+			_, _, _ = update(ctx, st.cfg.Store, spec.ID, func(j *Job) bool {
+				return j.State.Status == Running && j.State.apply(Transition{Event: EvEnd, End: Timeout, Words: "time limit " + spec.TimeLimit.String() + " reached"}) == nil
+			})
+			st.stopWorkers(Timeout)
+		case j := <-changes:
+			st.changed(j, &w)
 		}
 	}
-	var graceEnd <-chan time.Time   // a pre-emption's grace
-	var failedStop <-chan time.Time // the job failed on another node: failedStopGrace
+}
+
+// watchTimers are the timers of a step's watch; a nil channel is a timer not set.
+type watchTimers struct {
+	warn, limit <-chan time.Time // --signal's warning, the time limit
+	graceEnd    <-chan time.Time // a pre-emption's grace
+	failedStop  <-chan time.Time // the job failed on another node: failedStopGrace
+	timers      []*time.Timer
+}
+
+// after starts a timer of d and returns its channel.
+func (w *watchTimers) after(d time.Duration) <-chan time.Time {
+	t := time.NewTimer(d)
+	w.timers = append(w.timers, t)
+	return t.C
+}
+
+// stop stops every timer started.
+func (w *watchTimers) stop() {
+	for _, t := range w.timers {
+		t.Stop()
+	}
+}
+
+// timeLimit starts the job's time limit and its --signal warning on w (nil channels for
+// none).
+func (st *step) timeLimit(w *watchTimers) (warn, limit <-chan time.Time) {
+	spec := st.job.Spec
+	if spec.TimeLimit <= 0 {
+		return nil, nil
+	}
+	// From this placement's start: a job requeued (pre-empted, or after losing a node)
+	// gets its whole --time again, as Slurm's requeued jobs do.
+	start := st.job.State.placedAt()
+	if start.IsZero() {
+		start = time.Now()
+	}
+	end := start.Add(spec.TimeLimit)
+	limit = w.after(time.Until(end))
+	if spec.Signal != 0 {
+		warn = w.after(time.Until(end.Add(-spec.SignalBefore)))
+	}
+	return warn, limit
+}
+
+// followState watches the job's state key until ctx ends and sends each new state.
+func (st *step) followState(ctx context.Context) <-chan *Job {
+	spec := st.job.Spec
 	changes := make(chan *Job, 1)
 	go func() {
 		w := store.NewWatcher(st.cfg.Store, jobsPrefix+spec.ID+"/state")
@@ -525,83 +664,49 @@ func (st *step) watch(ctx context.Context) {
 			}
 		}
 	}()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-st.lease.Done():
-			// Consul has not answered for the lease (LeaseStop after the last renewal it
-			// accepted): it may soon give this node's GPUs and the job's place to others.
-			// The workers stop now, the supervisor does not rejoin, and the step ends:
-			// a step that waited for Consul would never end if it never came back.
-			st.log.Warn("the step's lease is over: stopping the workers and ending the step; the job is requeued once Consul answers", zap.Error(st.lease.Err()))
-			st.mu.Lock()
-			st.fenced = true
-			st.mu.Unlock()
-			st.stopWorkers(NodeFail)
-			st.stopSupervisor()
-			return
-		case sig := <-st.cfg.Signals:
-			if ss, ok := sig.(syscall.Signal); ok && (ss == syscall.SIGINT || ss == syscall.SIGTERM || ss == syscall.SIGHUP) {
-				st.log.Warn("the step was told to stop", zap.String("signal", ss.String()))
-				st.stopWorkers(Requeued)
-			} else {
-				st.stop <- sig
-			}
-		case <-warn:
-			st.log.Info("sending the workers the time limit's warning", zap.String("signal", signalName(spec.Signal)), zap.Duration("before", spec.SignalBefore))
-			st.stop <- spec.Signal
-		case <-failedStop:
-			failedStop = nil
-			st.log.Warn("the job failed on another node, and this node's workers still run: stopping them", zap.Duration("after", failedStopGrace))
-			st.stopWorkers(Failed)
-		case <-graceEnd:
-			graceEnd = nil
-			st.log.Warn("the pre-emption's grace is over: killing the workers")
-			// The grace is a hard limit (Slurm's GraceTime), not a start of the job's own
-			// --term-timeout: after a SIGUSR1 the first SIGTERM would begin that; a second
-			// terminating signal kills the workers at once.
-			st.stop <- syscall.SIGTERM
-			st.stop <- syscall.SIGTERM
-		case <-limit:
-			st.log.Warn("time limit reached: stopping the job", zap.Duration("time_limit", spec.TimeLimit))
-			_, _, _ = update(ctx, st.cfg.Store, spec.ID, func(j *Job) bool {
-				if j.State.Status != Running {
-					return false
-				}
-				j.State.Status, j.State.End, j.State.Reason = Completing, Timeout, "time limit "+spec.TimeLimit.String()+" reached"
-				return true
-			})
-			st.stopWorkers(Timeout)
-		case j := <-changes:
-			switch {
-			case spec.Batch != nil && j.State.Status == Completing:
-				// A batch job ends with its batch script (on the batch host) or is
-				// stopped: every node stops its tasks at once (no rendezvous tells them).
-				st.stopWorkers(j.State.End)
-			case j.State.Status == Completing && j.State.End != Completed && j.State.End != Failed:
-				st.log.Warn("stopping the job", zap.String("reason", j.State.Reason))
-				st.stopWorkers(j.State.End)
-			case j.State.Status == Completing && j.State.End == Failed && failedStop == nil:
-				// A gang's failure reaches every node's supervisor through the job's
-				// rendezvous, which stops its workers; a step that failed before it joined
-				// the rendezvous (its output refused, its user unknown on its node) never
-				// does, and the other nodes would wait for it for ever.
-				t := time.NewTimer(failedStopGrace)
-				defer t.Stop()
-				failedStop = t.C
-			case j.State.Status == Preempted && len(j.State.Preemptions) > 0:
-				if ch := st.preempt(j.State.Preemptions[len(j.State.Preemptions)-1]); ch != nil {
-					graceEnd = ch
-				}
-			case j.State.Status != Running && j.State.Status != Completing:
-				st.log.Warn("the job left the running state: stopping", zap.String("state", string(j.State.Status)))
-				st.stopWorkers(j.State.Status)
-			case !slices.Contains(j.State.Nodes, st.cfg.Node):
-				st.log.Warn("the job no longer runs on this node: stopping its workers")
-				st.stopWorkers(Requeued)
-			}
+	return changes
+}
+
+// leaseOver stops the workers and the supervisor once Consul has not answered for the
+// step's lease (LeaseStop after the last renewal it accepted): it may soon give this
+// node's GPUs and the job's place to others. The supervisor does not rejoin, and the
+// step ends: a step that waited for Consul would never end if it never came back.
+func (st *step) leaseOver() {
+	st.log.Warn("the step's lease is over: stopping the workers and ending the step; the job is requeued once Consul answers", zap.Error(st.lease.Err()))
+	st.mu.Lock()
+	st.fenced = true
+	st.mu.Unlock()
+	st.stopWorkers(NodeFail)
+	st.stopSupervisor()
+}
+
+// changed acts on the job's new state j: stops the workers when the job ends, is
+// stopped or leaves this node, gives a pre-emption's signal, and sets w's timers.
+func (st *step) changed(j *Job, w *watchTimers) {
+	switch {
+	case st.job.Spec.Batch != nil && j.State.Status == Completing:
+		// A batch job ends with its batch script (on the batch host) or is stopped:
+		// every node stops its tasks at once (no rendezvous tells them).
+		st.stopWorkers(j.State.End)
+	case j.State.Status == Completing && j.State.End != Completed && j.State.End != Failed:
+		st.log.Warn("stopping the job", zap.String("reason", j.State.Reason))
+		st.stopWorkers(j.State.End)
+	case j.State.Status == Completing && j.State.End == Failed && w.failedStop == nil:
+		// A gang's failure reaches every node's supervisor through the job's rendezvous,
+		// which stops its workers; a step that failed before it joined the rendezvous
+		// (its output refused, its user unknown on its node) never does, and the other
+		// nodes would wait for it for ever.
+		w.failedStop = w.after(failedStopGrace)
+	case j.State.Status == Preempted && len(j.State.Preemptions) > 0:
+		if ch := st.preempt(j.State.Preemptions[len(j.State.Preemptions)-1]); ch != nil {
+			w.graceEnd = ch
 		}
+	case j.State.Status != Running && j.State.Status != Completing:
+		st.log.Warn("the job left the running state: stopping", zap.String("state", string(j.State.Status)))
+		st.stopWorkers(j.State.Status)
+	case !slices.Contains(j.State.Nodes, st.cfg.Node):
+		st.log.Warn("the job no longer runs on this node: stopping its workers")
+		st.stopWorkers(Requeued)
 	}
 }
 
@@ -656,9 +761,8 @@ func (st *step) recordEnd(ctx context.Context, end Status, code int, why string)
 	}
 	_, _, err := update(context.WithoutCancel(ctx), st.cfg.Store, st.cfg.Job, func(j *Job) bool {
 		changed := false
-		if j.State.Status == Running {
-			j.State.Status, j.State.End, j.State.ExitCode, j.State.Reason = Completing, end, code, why
-			changed = true
+		if j.State.Status == Running && j.State.apply(Transition{Event: EvEnd, End: end, Words: why}) == nil {
+			j.State.ExitCode, changed = code, true
 		}
 		// This step said how it ended: its node is not one that went silent.
 		if j.State.Placement == placement && !slices.Contains(j.State.StepsEnded, st.cfg.Node) {

@@ -13,6 +13,7 @@ import (
 	"github.com/gangrun/gangrun/internal/schema"
 	"github.com/gangrun/gangrun/internal/store"
 	"github.com/gangrun/gangrun/policy"
+	"github.com/gangrun/gangrun/reason"
 )
 
 // ErrInvalid marks a spec Submit refuses as the user's to fix: a bad value, or one no
@@ -119,10 +120,10 @@ func submit(ctx context.Context, s store.Store, spec Spec, also alsoOps, auth au
 			return "", err
 		}
 		spec.ID = id
-		st := State{Status: Pending, Reason: "Priority"}
+		st := newState(EvSubmit, "")
 		var reqOps []store.Op
 		if len(spec.Dependency) > 0 {
-			st.Reason, st.Deferred = ReasonDependency, true
+			st = newState(EvSubmitHeld, reason.Dependency)
 		} else if reqOps, err = allocator.JobRequestOps(request(spec, false, nil)); err != nil {
 			return "", err
 		}
@@ -311,11 +312,12 @@ func submitArray(ctx context.Context, s store.Store, spec Spec, a Array, also al
 	if err != nil {
 		return "", nil, err
 	}
-	reason := "Priority"
+	// An array task is held back (by its array's cap) until the controller lets it
+	// through; one with a --dependency by that first.
+	st := newState(EvSubmitHeld, reason.Priority)
 	if len(spec.Dependency) > 0 {
-		reason = ReasonDependency
+		st = newState(EvSubmitHeld, reason.Dependency)
 	}
-	st := State{Status: Pending, Reason: reason, Deferred: true}
 	cc.seqMu.Lock()
 	defer cc.seqMu.Unlock()
 	for tries := 0; ; {
@@ -398,11 +400,16 @@ func Cancel(ctx context.Context, s store.Store, id string, also ...store.Op) (bo
 			// Not granted yet: the request goes with the cancel, in one transaction, and
 			// only while there is no grant (a grant made meanwhile makes it a running
 			// job's cancel, below).
-			st.Status, st.Reason, st.Ended = Cancelled, "cancelled while pending", time.Now().UTC()
+			if err := st.apply(Transition{Event: EvCancelPending, Words: "cancelled while pending"}); err != nil {
+				return false, err
+			}
+			st.Ended = time.Now().UTC()
 			extra = []store.Op{{Verb: store.CheckNotExists, Key: allocator.GrantKey(id)}, {Verb: store.Delete, Key: allocator.RequestKey(id)},
 				recordOp(Job{Spec: j.Spec, State: st})}
 		default:
-			st.Status, st.End, st.Reason = Completing, Cancelled, "cancelled"
+			if err := st.apply(Transition{Event: EvCancel, Words: "cancelled"}); err != nil {
+				return false, err
+			}
 		}
 		b, _ := schema.Marshal(schema.JobState, st)
 		_, err = s.Txn(ctx, append(append([]store.Op{{Verb: store.CAS, Key: stateKey(id), Value: b, Index: j.Index}}, extra...), also...))
@@ -415,11 +422,7 @@ func Cancel(ctx context.Context, s store.Store, id string, also ...store.Op) (bo
 		if errors.Is(err, store.ErrKeyExists) {
 			// Granted meanwhile: stop it as a running job.
 			if _, changed, err := update(ctx, s, id, func(j *Job) bool {
-				if j.State.Status.Final() || j.State.Status == Completing {
-					return false
-				}
-				j.State.Status, j.State.End, j.State.Reason = Completing, Cancelled, "cancelled"
-				return true
+				return j.State.apply(Transition{Event: EvCancel, Words: "cancelled"}) == nil
 			}, also...); err != nil || changed {
 				return changed, err
 			}

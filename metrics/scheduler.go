@@ -2,7 +2,6 @@ package metrics
 
 import (
 	"context"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -13,30 +12,23 @@ import (
 	"github.com/gangrun/gangrun/event"
 	"github.com/gangrun/gangrun/internal/store"
 	"github.com/gangrun/gangrun/job"
+	"github.com/gangrun/gangrun/reason"
 )
 
-// Pending reasons as gangrun_pending_jobs labels them: a bounded set (Slurm's reason
-// names), not the scheduler's free-text explanation, which `gangrun queue` shows.
-const (
-	// ReasonPriority: not yet looked at by the scheduler, or behind jobs of higher
-	// priority.
-	ReasonPriority = "Priority"
-	// ReasonResources: the scheduler found no placement for it now.
-	ReasonResources = "Resources"
-	// ReasonRequeued: it ran, lost a node it could not do without (or was pre-empted), and waits to be
-	// placed again.
-	ReasonRequeued = "Requeued"
-)
-
-// pendingReason classifies a pending job's reason for gangrun_pending_jobs.
-func pendingReason(j job.Job, schedulerReason string) string {
+// pendingReason classifies a pending job's reason for gangrun_pending_jobs: a bounded
+// set of the reason package's codes (Slurm's names), not the scheduler's free-text
+// explanation, which `gangrun queue` shows. reason.Priority: not yet looked at by the
+// scheduler, or behind jobs of higher priority; reason.Resources: the scheduler found no
+// placement for it now; reason.Requeued: it ran, lost a node it could not do without
+// (or was pre-empted), and waits to be placed again.
+func pendingReason(j job.Job, schedulerReason string) reason.Code {
 	switch {
-	case j.State.Requeue || j.State.PreemptedBy != "" || strings.HasPrefix(j.State.Reason, "requeued"):
-		return ReasonRequeued
+	case j.State.Hold() == job.HoldRequeue || j.State.Hold() == job.HoldPreempted || j.State.ReasonCode() == reason.Requeued:
+		return reason.Requeued
 	case schedulerReason != "":
-		return ReasonResources
+		return reason.Resources
 	}
-	return ReasonPriority
+	return reason.Priority
 }
 
 // SchedulerCollector exports the scheduler's and the queue's metrics. Every agent has
@@ -155,7 +147,7 @@ func (c *SchedulerCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, j := range jobs {
 		byState[key{string(j.State.Status), j.Spec.Partition}]++
 		if j.State.Status == job.Pending {
-			pending[key{j.Spec.Partition, pendingReason(j, st.Pending[j.Spec.ID])}]++
+			pending[key{j.Spec.Partition, string(pendingReason(j, st.Pending[j.Spec.ID]))}]++
 		}
 		if j.State.Status == job.Running {
 			n, _ := j.IdleGPUs()

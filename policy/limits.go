@@ -4,21 +4,12 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/gangrun/gangrun/reason"
 )
 
-// Pending reasons a limit gives, Slurm's names (squeue's REASON column, job_reason in
-// slurm.h). `gangrun queue` shows "<name>: <what was reached>".
-const (
-	ReasonInvalidAccount     = "InvalidAccount"      // the account is not in the policy, or the user not in it
-	ReasonPartitionConfig    = "PartitionConfig"     // the partition does not allow the account
-	ReasonPartitionTimeLimit = "PartitionTimeLimit"  // --time over the partition's max_time
-	ReasonMaxGRESPerJob      = "QOSMaxGRESPerJob"    // GPUs over the partition's max_gpus_per_job
-	ReasonGrpGRES            = "AssocGrpGRES"        // the account's grp_gpus reached
-	ReasonGrpJobs            = "AssocGrpJobsLimit"   // the account's grp_jobs reached
-	ReasonGrpGRESMinutes     = "AssocGrpGRESMinutes" // the account's grp_gpu_hours reached
-	ReasonMaxGRESPerUser     = "QOSMaxGRESPerUser"   // the user's GPUs in the account at max_gpus_per_user
-	ReasonMaxJobsPerUser     = "AssocMaxJobsLimit"   // the user's running jobs at max_jobs_per_user
-)
+// A limit's pending reason is "<code>: <what was reached>", the code one of the
+// reason package's (Slurm's names, squeue's REASON column); `gangrun queue` shows it.
 
 // Job is what the policy needs of a pending or running job (or allocation).
 type Job struct {
@@ -108,10 +99,10 @@ func (p *Policy) partitionAllows(j Job) string {
 // account's group limits, then the user's.
 func (p *Policy) Check(j Job, h *Held, u *Usage) string {
 	if why := p.membership(j); why != "" {
-		return ReasonInvalidAccount + ": account " + j.Account + ": " + why
+		return string(reason.InvalidAccount) + ": account " + j.Account + ": " + why
 	}
 	if why := p.partitionAllows(j); why != "" {
-		return ReasonPartitionConfig + ": partition " + j.Partition + ": " + why
+		return string(reason.PartitionConfig) + ": partition " + j.Partition + ": " + why
 	}
 	if pt, ok := p.Partitions[j.Partition]; ok {
 		if max := time.Duration(pt.MaxTime); max > 0 && (j.TimeLimit == 0 || j.TimeLimit > max) {
@@ -119,10 +110,10 @@ func (p *Policy) Check(j Job, h *Held, u *Usage) string {
 			if j.TimeLimit > 0 {
 				limit = j.TimeLimit.String()
 			}
-			return fmt.Sprintf("%s: --time %s over partition %s's max_time %s", ReasonPartitionTimeLimit, limit, j.Partition, max)
+			return fmt.Sprintf("%s: --time %s over partition %s's max_time %s", string(reason.PartitionTimeLimit), limit, j.Partition, max)
 		}
 		if pt.MaxGPUsPerJob > 0 && j.GPUs > pt.MaxGPUsPerJob {
-			return fmt.Sprintf("%s: %d GPUs over partition %s's max_gpus_per_job %d", ReasonMaxGRESPerJob, j.GPUs, j.Partition, pt.MaxGPUsPerJob)
+			return fmt.Sprintf("%s: %d GPUs over partition %s's max_gpus_per_job %d", string(reason.QOSMaxGRESPerJob), j.GPUs, j.Partition, pt.MaxGPUsPerJob)
 		}
 	}
 	a, ok := p.Accounts[j.Account]
@@ -130,14 +121,14 @@ func (p *Policy) Check(j Job, h *Held, u *Usage) string {
 		return ""
 	}
 	if a.GrpGPUs > 0 && h.accountGPUs[j.Account]+j.GPUs > a.GrpGPUs {
-		return fmt.Sprintf("%s: account %s holds %d of %d GPUs, the job wants %d (grp_gpus)", ReasonGrpGRES, j.Account, h.accountGPUs[j.Account], a.GrpGPUs, j.GPUs)
+		return fmt.Sprintf("%s: account %s holds %d of %d GPUs, the job wants %d (grp_gpus)", string(reason.AssocGrpGRES), j.Account, h.accountGPUs[j.Account], a.GrpGPUs, j.GPUs)
 	}
 	if a.GrpJobs > 0 && h.accountJobs[j.Account] >= a.GrpJobs {
-		return fmt.Sprintf("%s: account %s runs %d of %d jobs (grp_jobs)", ReasonGrpJobs, j.Account, h.accountJobs[j.Account], a.GrpJobs)
+		return fmt.Sprintf("%s: account %s runs %d of %d jobs (grp_jobs)", string(reason.AssocGrpJobsLimit), j.Account, h.accountJobs[j.Account], a.GrpJobs)
 	}
 	if a.GrpGPUHours > 0 && u != nil {
 		if used := u.Accounts[j.Account] / 3600; used >= a.GrpGPUHours {
-			return fmt.Sprintf("%s: account %s used %.1f of %g GPU-hours (grp_gpu_hours, decayed with a half-life of %s)", ReasonGrpGRESMinutes, j.Account, used, a.GrpGPUHours, p.HalfLife())
+			return fmt.Sprintf("%s: account %s used %.1f of %g GPU-hours (grp_gpu_hours, decayed with a half-life of %s)", string(reason.AssocGrpGRESMinutes), j.Account, used, a.GrpGPUHours, p.HalfLife())
 		}
 	}
 	user := a.Users[j.User]
@@ -147,14 +138,14 @@ func (p *Policy) Check(j Job, h *Held, u *Usage) string {
 		maxGPUs, gpuField = user.MaxGPUs, "users."+j.User+".max_gpus"
 	}
 	if maxGPUs > 0 && h.userGPUs[k]+j.GPUs > maxGPUs {
-		return fmt.Sprintf("%s: %s holds %d of %d GPUs in account %s, the job wants %d (%s)", ReasonMaxGRESPerUser, j.User, h.userGPUs[k], maxGPUs, j.Account, j.GPUs, gpuField)
+		return fmt.Sprintf("%s: %s holds %d of %d GPUs in account %s, the job wants %d (%s)", string(reason.QOSMaxGRESPerUser), j.User, h.userGPUs[k], maxGPUs, j.Account, j.GPUs, gpuField)
 	}
 	maxJobs, jobField := a.MaxJobsPerUser, "max_jobs_per_user"
 	if user.MaxJobs > 0 {
 		maxJobs, jobField = user.MaxJobs, "users."+j.User+".max_jobs"
 	}
 	if maxJobs > 0 && h.userJobs[k] >= maxJobs {
-		return fmt.Sprintf("%s: %s runs %d of %d jobs in account %s (%s)", ReasonMaxJobsPerUser, j.User, h.userJobs[k], maxJobs, j.Account, jobField)
+		return fmt.Sprintf("%s: %s runs %d of %d jobs in account %s (%s)", string(reason.AssocMaxJobsLimit), j.User, h.userJobs[k], maxJobs, j.Account, jobField)
 	}
 	return ""
 }

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gangrun/gangrun/reason"
 )
 
 // slurmExample is the configuration example of Slurm's priority_multifactor page
@@ -171,21 +173,21 @@ func TestLimits(t *testing.T) {
 		want    string // the reason's name; "" none
 	}{
 		{"within every limit", nil, 0, job("bob", "ml", 8), ""},
-		{"alice's own max_gpus", nil, 0, job("alice", "ml", 8), ReasonMaxGRESPerUser},
-		{"bob at max_gpus_per_user", []Job{job("bob", "ml", 8)}, 0, job("bob", "ml", 2), ReasonMaxGRESPerUser},
+		{"alice's own max_gpus", nil, 0, job("alice", "ml", 8), string(reason.QOSMaxGRESPerUser)},
+		{"bob at max_gpus_per_user", []Job{job("bob", "ml", 8)}, 0, job("bob", "ml", 2), string(reason.QOSMaxGRESPerUser)},
 		{"another user is not held back", []Job{job("bob", "ml", 8)}, 0, job("alice", "ml", 4), ""},
-		{"bob at max_jobs_per_user", []Job{job("bob", "ml", 2), job("bob", "ml", 2)}, 0, job("bob", "ml", 2), ReasonMaxJobsPerUser},
-		{"dan's own max_jobs", []Job{job("dan", "ml", 1)}, 0, job("dan", "ml", 1), ReasonMaxJobsPerUser},
-		{"account at grp_gpus", []Job{job("bob", "ml", 8), job("alice", "ml", 4), job("dan", "ml", 2)}, 0, job("dan", "ml", 4), ReasonGrpGRES},
-		{"account at grp_jobs", []Job{job("bob", "ml", 1), job("alice", "ml", 1), job("dan", "ml", 1)}, 0, job("bob", "ml", 1), ReasonGrpJobs},
-		{"account at grp_gpu_hours", nil, 10 * 3600, job("bob", "ml", 1), ReasonGrpGRESMinutes},
+		{"bob at max_jobs_per_user", []Job{job("bob", "ml", 2), job("bob", "ml", 2)}, 0, job("bob", "ml", 2), string(reason.AssocMaxJobsLimit)},
+		{"dan's own max_jobs", []Job{job("dan", "ml", 1)}, 0, job("dan", "ml", 1), string(reason.AssocMaxJobsLimit)},
+		{"account at grp_gpus", []Job{job("bob", "ml", 8), job("alice", "ml", 4), job("dan", "ml", 2)}, 0, job("dan", "ml", 4), string(reason.AssocGrpGRES)},
+		{"account at grp_jobs", []Job{job("bob", "ml", 1), job("alice", "ml", 1), job("dan", "ml", 1)}, 0, job("bob", "ml", 1), string(reason.AssocGrpJobsLimit)},
+		{"account at grp_gpu_hours", nil, 10 * 3600, job("bob", "ml", 1), string(reason.AssocGrpGRESMinutes)},
 		{"account just under grp_gpu_hours", nil, 10*3600 - 1, job("bob", "ml", 1), ""},
-		{"time over max_time", nil, 0, Job{User: "bob", Account: "ml", Partition: "train", GPUs: 1, TimeLimit: 25 * time.Hour}, ReasonPartitionTimeLimit},
-		{"no time limit under a max_time", nil, 0, Job{User: "bob", Account: "ml", Partition: "train", GPUs: 1}, ReasonPartitionTimeLimit},
-		{"GPUs over max_gpus_per_job", nil, 0, job("bob", "ml", 32), ReasonMaxGRESPerJob},
-		{"account not allowed in the partition", nil, 0, job("carl", "cv", 1), ReasonPartitionConfig},
-		{"unknown account", nil, 0, job("bob", "nope", 1), ReasonInvalidAccount},
-		{"user not in the account", nil, 0, job("eve", "ml", 1), ReasonInvalidAccount},
+		{"time over max_time", nil, 0, Job{User: "bob", Account: "ml", Partition: "train", GPUs: 1, TimeLimit: 25 * time.Hour}, string(reason.PartitionTimeLimit)},
+		{"no time limit under a max_time", nil, 0, Job{User: "bob", Account: "ml", Partition: "train", GPUs: 1}, string(reason.PartitionTimeLimit)},
+		{"GPUs over max_gpus_per_job", nil, 0, job("bob", "ml", 32), string(reason.QOSMaxGRESPerJob)},
+		{"account not allowed in the partition", nil, 0, job("carl", "cv", 1), string(reason.PartitionConfig)},
+		{"unknown account", nil, 0, job("bob", "nope", 1), string(reason.InvalidAccount)},
+		{"user not in the account", nil, 0, job("eve", "ml", 1), string(reason.InvalidAccount)},
 		{"open account elsewhere", nil, 0, Job{User: "carl", Account: "cv", Partition: "other", GPUs: 64}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gangrun/gangrun/job"
+	"github.com/gangrun/gangrun/reason"
 )
 
 // TestDependencyChain: a chain of afterok jobs on a cluster of two nodes, each of which
@@ -30,7 +31,7 @@ func TestDependencyChain(t *testing.T) {
 	first := c.submit(step("1")...)
 	second := c.submit(append([]string{"--dependency", "afterok:" + first}, step("2")...)...)
 	third := c.submit(append([]string{"--dependency", "afterok:" + second + ",afterany:" + first}, step("3")...)...)
-	if m := c.show(third); m["state"] != string(job.Pending) || m["reason"] != job.ReasonDependency {
+	if m := c.show(third); m["state"] != string(job.Pending) || m["reason"] != string(reason.Dependency) {
 		t.Errorf("job %s at once: %v (%v), want PENDING (Dependency)", third, m["state"], m["reason"])
 	}
 	last := c.waitState(third, job.Completed, 2*time.Minute)
@@ -44,7 +45,7 @@ func TestDependencyChain(t *testing.T) {
 	}
 
 	never := c.submit("--dependency", "afternotok:"+first, "--gpus-per-node", "1", "--", "/bin/true")
-	waitUntilFor(t, 30*time.Second, func() bool { return c.show(never)["reason"] == job.ReasonDependencyNeverSatisfied }, "DependencyNeverSatisfied")
+	waitUntilFor(t, 30*time.Second, func() bool { return c.show(never)["reason"] == string(reason.DependencyNeverSatisfied) }, "DependencyNeverSatisfied")
 	time.Sleep(3 * time.Second) // a few of the controller's passes
 	if m := c.show(never); m["state"] != string(job.Pending) {
 		t.Errorf("job %s is %v, want it still PENDING", never, m["state"])
@@ -177,7 +178,7 @@ func TestJobArray(t *testing.T) {
 	}
 	b := strings.TrimSpace(out)
 	c.waitState(b+"_0", job.Running, time.Minute)
-	waitUntilFor(t, 30*time.Second, func() bool { return c.show(b + "_1")["reason"] == job.ReasonArrayTaskLimit }, "JobArrayTaskLimit")
+	waitUntilFor(t, 30*time.Second, func() bool { return c.show(b + "_1")["reason"] == string(reason.JobArrayTaskLimit) }, "JobArrayTaskLimit")
 	if code, out, errOut := c.gangrun("cancel", b+"_1"); code != 0 || !strings.Contains(out, "cancelled job "+b+"_1") {
 		t.Fatalf("cancel %s_1: %d %s %s", b, code, out, errOut)
 	}

@@ -26,6 +26,7 @@ import (
 	"github.com/gangrun/gangrun/internal/mungetest"
 	"github.com/gangrun/gangrun/internal/store"
 	"github.com/gangrun/gangrun/job"
+	"github.com/gangrun/gangrun/reason"
 )
 
 // usersBin is gangrunBin copied where every user may run it (the test binary's own
@@ -177,9 +178,9 @@ func TestIdentityAttacks(t *testing.T) {
 	refusedJob := func(what, id, want string) {
 		t.Helper()
 		st, why := waitFinal(id)
-		ok := st == job.Failed && strings.HasPrefix(why, job.ReasonInvalidCredential+": ") && strings.Contains(why, want)
+		ok := st == job.Failed && strings.HasPrefix(why, string(reason.InvalidCredential)+": ") && strings.Contains(why, want)
 		if !ok {
-			t.Errorf("%s: job %s %s %q, want FAILED %s: ...%s...", what, id, st, why, job.ReasonInvalidCredential, want)
+			t.Errorf("%s: job %s %s %q, want FAILED %s: ...%s...", what, id, st, why, string(reason.InvalidCredential), want)
 		}
 		if j, _ := job.Read(ctx, s, id); j != nil && !j.State.Started.IsZero() {
 			t.Errorf("%s: job %s started", what, id)

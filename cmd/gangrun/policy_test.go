@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gangrun/gangrun/reason"
+
 	"github.com/gangrun/gangrun/internal/store"
 	"github.com/gangrun/gangrun/job"
 	"github.com/gangrun/gangrun/policy"
@@ -58,12 +60,12 @@ func TestUserOverMaxGPUsWaitsWithTheReason(t *testing.T) {
 	first := c.submit("--uid", "alice", "--gpus-per-node", "4", "--", "sleep", "300")
 	c.waitState(first, job.Running, 60*time.Second)
 	second := c.submit("--uid", "alice", "--gpus-per-node", "4", "--", "sleep", "300")
-	waitUntilFor(t, 30*time.Second, func() bool { return strings.HasPrefix(c.reason(second), policy.ReasonMaxGRESPerUser+":") },
-		"alice's second job pending with "+policy.ReasonMaxGRESPerUser)
+	waitUntilFor(t, 30*time.Second, func() bool { return strings.HasPrefix(c.reason(second), string(reason.QOSMaxGRESPerUser)+":") },
+		"alice's second job pending with "+string(reason.QOSMaxGRESPerUser))
 	if m := c.show(second); m["account"] != "ml" {
 		t.Errorf("alice's default account: %v, want ml (her only account)", m["account"])
-	} else if r, _ := m["reason"].(string); !strings.HasPrefix(r, policy.ReasonMaxGRESPerUser+":") {
-		t.Errorf("show's reason %q, want queue's (%s: ...)", r, policy.ReasonMaxGRESPerUser)
+	} else if r, _ := m["reason"].(string); !strings.HasPrefix(r, string(reason.QOSMaxGRESPerUser)+":") {
+		t.Errorf("show's reason %q, want queue's (%s: ...)", r, string(reason.QOSMaxGRESPerUser))
 	}
 	bobs := c.submit("--uid", "bob", "--gpus-per-node", "4", "--", "sleep", "300")
 	c.waitState(bobs, job.Running, 60*time.Second)
@@ -161,8 +163,8 @@ func TestAllocCountsAgainstTheUsersLimit(t *testing.T) {
 		return total-free == 4
 	}, "the alloc holding 4 GPUs")
 	id := c.submit("--gpus-per-node", "4", "--", "true")
-	waitUntilFor(t, 30*time.Second, func() bool { return strings.HasPrefix(c.reason(id), policy.ReasonMaxGRESPerUser+":") },
-		"the job pending with "+policy.ReasonMaxGRESPerUser+" while the alloc holds the user's 4 GPUs")
+	waitUntilFor(t, 30*time.Second, func() bool { return strings.HasPrefix(c.reason(id), string(reason.QOSMaxGRESPerUser)+":") },
+		"the job pending with "+string(reason.QOSMaxGRESPerUser)+" while the alloc holds the user's 4 GPUs")
 	if r := c.reason(id); !strings.Contains(r, me+" holds 4 of 4 GPUs in account ml") {
 		t.Errorf("reason %q does not count the alloc's GPUs as %s's in ml", r, me)
 	}
