@@ -299,14 +299,10 @@ func PartitionName(p string) string {
 // docs/slurm.md lists them and what differs), the array's, then gangrun's own
 // (GANGRUN_JOB_ID, GANGRUN_CHECKPOINT_DIR, GANGRUN_RESUME_FROM, CONSUL_HTTP_ADDR).
 func BatchEnv(c BatchEnvConfig) []string {
-	spec, b := c.Job.Spec, c.Job.Spec.Batch
+	b := c.Job.Spec.Batch
 	m := newEnv(b.Environ)
 	nn := len(c.Nodes)
 	tasks := b.TasksPerNode(nn)
-	total := 0
-	for _, t := range tasks {
-		total += t
-	}
 	cpt := max(b.CPUsPerTask, 1)
 	cpus := make([]int, nn)
 	for i, t := range tasks {
@@ -317,6 +313,20 @@ func BatchEnv(c BatchEnvConfig) []string {
 		if n == c.Node {
 			nodeID = i
 		}
+	}
+	setBatchSlurm(m, c, tasks, cpus, nodeID)
+	setBatchOwn(m, c)
+	return m.list()
+}
+
+// setBatchSlurm sets Slurm's variables of the batch step in m, in slurmstepd's order:
+// tasks and cpus are each node's counts, nodeID this node's index.
+func setBatchSlurm(m *env, c BatchEnvConfig, tasks, cpus []int, nodeID int) {
+	spec, b := c.Job.Spec, c.Job.Spec.Batch
+	nn := len(c.Nodes)
+	total := 0
+	for _, t := range tasks {
+		total += t
 	}
 	nodelist := hostlist.Compress(c.Nodes)
 	gpus := strings.Join(c.GPUs, ",")
@@ -372,6 +382,14 @@ func BatchEnv(c BatchEnvConfig) []string {
 	set("SLURM_TASKS_PER_NODE", CompressCounts(tasks))
 	set("SLURM_TOPOLOGY_ADDR", c.Node)
 	set("SLURM_TOPOLOGY_ADDR_PATTERN", "node")
+}
+
+// setBatchOwn sets the rest of the batch step's variables in m: --export's, the restart
+// count, the GPUs' visibility, the array's, then gangrun's own.
+func setBatchOwn(m *env, c BatchEnvConfig) {
+	spec, b := c.Job.Spec, c.Job.Spec.Batch
+	gpus := strings.Join(c.GPUs, ",")
+	set := m.set
 	if b.Export != "" && b.Export != "ALL" {
 		set("SLURM_EXPORT_ENV", b.Export)
 	}
@@ -406,7 +424,6 @@ func BatchEnv(c BatchEnvConfig) []string {
 	if c.ConsulAddr != "" {
 		set("CONSUL_HTTP_ADDR", c.ConsulAddr)
 	}
-	return m.list()
 }
 
 // env is an environment being built: entries in order, a later set replacing an

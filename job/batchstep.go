@@ -667,20 +667,9 @@ func (bs *batchStep) stepUID() uint32 {
 func (bs *batchStep) runStep(ctx context.Context, r StepRequest, cred string) {
 	node := bs.st.cfg.Node
 	log := bs.log.With(zap.String("srun_step", r.Job+"."+strconv.Itoa(r.Step)))
-	var refusal string
-	if p := bs.st.cfg.Prover; p != nil {
-		caller, err := p.Verify(ctx, cred, srunContent(r), identity.FreshOrReplayed)
-		switch {
-		case err != nil:
-			refusal = "srun's credential is refused: " + err.Error()
-		case caller.UID != bs.stepUID() && caller.UID != 0:
-			refusal = fmt.Sprintf("srun's credential is uid %d's, and the job is uid %d's", caller.UID, bs.stepUID())
-		case caller.UID != r.UID:
-			refusal = fmt.Sprintf("srun's credential is uid %d's, and its request says uid %d", caller.UID, r.UID)
-		}
-		if refusal != "" {
-			log.Warn("refusing an srun step", zap.String("why", refusal))
-		}
+	refusal := bs.checkSrun(ctx, r, cred)
+	if refusal != "" {
+		log.Warn("refusing an srun step", zap.String("why", refusal))
 	}
 	conn, err := net.DialTimeout("tcp", r.Addr, srunDialTimeout)
 	if err != nil {
@@ -711,83 +700,29 @@ func (bs *batchStep) runStep(ctx context.Context, r StepRequest, cred string) {
 		c.send(Frame{Done: true})
 		return
 	}
-	// Signals from srun, and srun's end (its connection closes): tasks killed.
-	lost := make(chan struct{})
-	var srunGone atomic.Bool // a task here was stopped because srun was lost
-	var procs []*proc.Process
-	var pmu sync.Mutex
-	var signalled []syscall.Signal // srun's signals so far, for the tasks not yet started
-	go func() {
-		dec := json.NewDecoder(bufio.NewReader(conn))
-		for {
-			var f Frame
-			if err := dec.Decode(&f); err != nil {
-				close(lost)
-				return
-			}
-			if f.Signal > 0 {
-				pmu.Lock()
-				signalled = append(signalled, syscall.Signal(f.Signal))
-				for _, p := range procs {
-					_ = p.Signal(syscall.Signal(f.Signal))
-				}
-				pmu.Unlock()
-			}
-		}
-	}()
+	from := followSrun(conn)
 	var wg sync.WaitGroup
 	for k := 0; k < count; k++ {
-		rank := first + k
 		taskGPUs := gpus
 		if r.GPUsPerTask > 0 {
 			taskGPUs = gpus[k*r.GPUsPerTask : (k+1)*r.GPUsPerTask]
 		}
-		env := bs.taskEnv(r, i, rank, k, gpus, taskGPUs)
+		rank := first + k
 		stdout, stderr := c.writer(rank, 1), c.writer(rank, 2)
-		err := findCommand(r.Command[0], env, r.WorkDir)
-		var p *proc.Process
-		if err == nil {
-			p, err = bs.start(append(taskPIDShim(), r.Command...), env, r.WorkDir, stdout, stderr)
-		}
+		p, err := bs.startTask(r, bs.taskEnv(r, i, rank, k, gpus, taskGPUs), stdout, stderr)
 		if err != nil {
 			fmt.Fprintf(stderr, "slurmstepd-%s: error: execve(): %s: %s\n", node, r.Command[0], execError(err))
 			stderr.Flush()
 			c.send(Frame{Task: rank, Exit: &TaskExit{Code: 2}})
 			continue
 		}
-		bs.mu.Lock()
-		bs.tasks[p] = true
-		bs.byStep[r.Step] = append(bs.byStep[r.Step], p)
-		bs.mu.Unlock()
-		pmu.Lock()
-		procs = append(procs, p)
-		// A signal that came before this task started (srun -K, a Ctrl-C, while the
-		// node was still starting its tasks) reaches it too.
-		for _, sig := range signalled {
-			_ = p.Signal(sig)
-		}
-		pmu.Unlock()
+		from.add(p)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			select {
-			case <-p.Exited():
-			case <-lost:
-				// srun is gone (killed): the step goes with it, as Slurm's does.
-				srunGone.Store(true)
-				terminate([]*proc.Process{p}, bs.grace)
-			}
-			status := bs.release(p)
-			bs.mu.Lock()
-			delete(bs.tasks, p)
-			bs.byStep[r.Step] = slices.DeleteFunc(bs.byStep[r.Step], func(q *proc.Process) bool { return q == p })
-			bs.mu.Unlock()
+			exit := bs.awaitTask(r, p, from)
 			stdout.Flush()
 			stderr.Flush()
-			exit := &TaskExit{Code: status.Code}
-			if status.Signal != 0 {
-				exit.Code, exit.Signal = 128+int(status.Signal), int(status.Signal)
-			}
 			c.send(Frame{Task: rank, Exit: exit})
 		}()
 	}
@@ -797,10 +732,115 @@ func (bs *batchStep) runStep(ctx context.Context, r StepRequest, cred string) {
 	// node's connection as soon as it has read Done, and taking that for a loss
 	// recorded the step cancelled while other nodes' tasks still ran, and they were
 	// stopped (TestSrunAgainstSlurm, a task "Terminated" now and then).
-	if srunGone.Load() {
+	if from.gone.Load() {
 		_ = EndSrunStep(context.WithoutCancel(ctx), bs.st.cfg.Store, r.Job, r.Step, SrunState{State: Cancelled, ExitCode: 1,
 			Ended: time.Now().UTC(), Reason: "srun ended before its tasks"})
 	}
+}
+
+// checkSrun checks srun's credential cred for step r, where the node checks
+// credentials: "" when it proves the job's user (or root), else why it is refused.
+func (bs *batchStep) checkSrun(ctx context.Context, r StepRequest, cred string) string {
+	p := bs.st.cfg.Prover
+	if p == nil {
+		return ""
+	}
+	caller, err := p.Verify(ctx, cred, srunContent(r), identity.FreshOrReplayed)
+	switch {
+	case err != nil:
+		return "srun's credential is refused: " + err.Error()
+	case caller.UID != bs.stepUID() && caller.UID != 0:
+		return fmt.Sprintf("srun's credential is uid %d's, and the job is uid %d's", caller.UID, bs.stepUID())
+	case caller.UID != r.UID:
+		return fmt.Sprintf("srun's credential is uid %d's, and its request says uid %d", caller.UID, r.UID)
+	}
+	return ""
+}
+
+// srunFeed is what srun's connection tells a node's tasks of a step: srun's signals,
+// given to every task started and to each started later, and srun's end (lost closes).
+type srunFeed struct {
+	lost chan struct{}
+	gone atomic.Bool // a task here was stopped because srun was lost
+
+	mu        sync.Mutex
+	procs     []*proc.Process
+	signalled []syscall.Signal // srun's signals so far, for the tasks not yet started
+}
+
+// followSrun reads srun's frames from conn until it closes.
+func followSrun(conn net.Conn) *srunFeed {
+	f := &srunFeed{lost: make(chan struct{})}
+	go func() {
+		dec := json.NewDecoder(bufio.NewReader(conn))
+		for {
+			var fr Frame
+			if err := dec.Decode(&fr); err != nil {
+				close(f.lost)
+				return
+			}
+			if fr.Signal > 0 {
+				f.mu.Lock()
+				f.signalled = append(f.signalled, syscall.Signal(fr.Signal))
+				for _, p := range f.procs {
+					_ = p.Signal(syscall.Signal(fr.Signal))
+				}
+				f.mu.Unlock()
+			}
+		}
+	}()
+	return f
+}
+
+// add has task p follow srun's signals: a signal that came before it started (srun -K,
+// a Ctrl-C, while the node was still starting its tasks) reaches it too.
+func (f *srunFeed) add(p *proc.Process) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.procs = append(f.procs, p)
+	for _, sig := range f.signalled {
+		_ = p.Signal(sig)
+	}
+}
+
+// startTask starts one task of step r with environment env and the given output, and
+// counts it among the step's.
+func (bs *batchStep) startTask(r StepRequest, env []string, stdout, stderr io.Writer) (*proc.Process, error) {
+	err := findCommand(r.Command[0], env, r.WorkDir)
+	var p *proc.Process
+	if err == nil {
+		p, err = bs.start(append(taskPIDShim(), r.Command...), env, r.WorkDir, stdout, stderr)
+	}
+	if err != nil {
+		return nil, err
+	}
+	bs.mu.Lock()
+	bs.tasks[p] = true
+	bs.byStep[r.Step] = append(bs.byStep[r.Step], p)
+	bs.mu.Unlock()
+	return p, nil
+}
+
+// awaitTask waits for task p of step r to exit (stopping it if srun is lost first),
+// forgets it, and returns its exit as srun reports it (128+N for signal N).
+func (bs *batchStep) awaitTask(r StepRequest, p *proc.Process, from *srunFeed) *TaskExit {
+	select {
+	case <-p.Exited():
+	case <-from.lost:
+		// srun is gone (killed): the step goes with it, as Slurm's does.
+		from.gone.Store(true)
+		terminate([]*proc.Process{p}, bs.grace)
+	}
+	status := bs.release(p)
+	bs.mu.Lock()
+	delete(bs.tasks, p)
+	bs.byStep[r.Step] = slices.DeleteFunc(bs.byStep[r.Step], func(q *proc.Process) bool { return q == p })
+	bs.mu.Unlock()
+	exit := &TaskExit{Code: status.Code}
+	if status.Signal != 0 {
+		exit.Code, exit.Signal = 128+int(status.Signal), int(status.Signal)
+	}
+	return exit
 }
 
 // taskEnv is the environment of task rank (local index k on node i of the step):

@@ -69,7 +69,7 @@ func RunLauncher(ctx context.Context, cfg LauncherConfig) error {
 	anchor()
 	pruneLedger(cfg.StateDir, time.Now())
 	w := store.NewWatcher(cfg.Store, prefix)
-	launched := map[string]launch{} // job → the placement its step was started for
+	nl := &nodeLauncher{cfg: cfg, log: log, launched: map[string]launch{}}
 	var entries []store.Entry
 	retry := false
 	for {
@@ -91,71 +91,96 @@ func RunLauncher(ctx context.Context, cfg LauncherConfig) error {
 		if !anchored {
 			anchor()
 		}
-		placed := map[string]int{}
-		for _, e := range entries {
-			p, err := strconv.Atoi(string(e.Value))
-			if id := strings.TrimPrefix(e.Key, prefix); err == nil && id != "" && !strings.Contains(id, "/") {
-				placed[id] = p
-			}
-		}
-		for id := range launched {
+		placed := placedIn(entries, prefix)
+		for id := range nl.launched {
 			if _, ok := placed[id]; !ok {
-				delete(launched, id)
+				delete(nl.launched, id)
 			}
 		}
 		for _, id := range slices.Sorted(maps.Keys(placed)) {
-			if l, ok := launched[id]; ok && l.placement == placed[id] {
-				// Started here already; but Consul restored from a snapshot may show it
-				// running though its step ended since: the ledger says.
-				if l.recorded {
-					continue
-				}
-				done, err := readLedger(cfg.StateDir, id, l.placement, l.submitted)
-				if err != nil || done == nil {
-					continue
-				}
-				if err := recordStepEnd(ctx, cfg.Store, id, cfg.Node, done.Placement, done.End, done.ExitCode, done.Why); err != nil {
-					retry = true
-					continue
-				}
-				log.Warn("the job's step ended here already, after the state Consul shows: its outcome recorded again",
-					zap.String("job", id), zap.Int("placement", done.Placement), zap.String("end", string(done.End)))
-				l.recorded = true
-				launched[id] = l
-				continue
-			}
-			j, err := Read(ctx, cfg.Store, id)
-			if err != nil && !errors.Is(err, ErrNotFound) {
-				retry = true
-				continue
-			}
-			if err != nil || j.State.Status != Running || !slices.Contains(j.State.Nodes, cfg.Node) || j.State.Placement != placed[id] {
-				continue // the index is ahead of or behind the state: the next change settles it
-			}
-			if done, err := readLedger(cfg.StateDir, id, placed[id], j.Spec.Submitted); err != nil {
-				log.Warn("the node's ledger", zap.String("job", id), zap.Error(err))
-			} else if done != nil {
-				// This placement's step ended here already: Consul forgot it (restored
-				// from a snapshot taken before). Its outcome, not a second run.
-				if err := recordStepEnd(ctx, cfg.Store, id, cfg.Node, done.Placement, done.End, done.ExitCode, done.Why); err != nil {
-					retry = true
-					continue
-				}
-				log.Warn("the job's step ended here already: its outcome recorded again, the step not started again",
-					zap.String("job", id), zap.Int("placement", done.Placement), zap.String("end", string(done.End)))
-				launched[id] = launch{placement: placed[id], submitted: j.Spec.Submitted, recorded: true}
-				continue
-			}
-			launched[id] = launch{placement: placed[id], submitted: j.Spec.Submitted}
-			if e, err := cfg.Store.Get(ctx, stepKey(id, cfg.Node)); err == nil && e != nil && e.Session != "" {
-				continue // a step outlived this agent's restart, or started already
-			}
-			log.Info("starting the job's step", zap.String("job", id), zap.Int("placement", placed[id]))
-			if err := cfg.Spawn(id); err != nil {
-				log.Error("start the job's step", zap.String("job", id), zap.Error(err))
+			if l, ok := nl.launched[id]; ok && l.placement == placed[id] {
+				retry = nl.recheck(ctx, id, l) || retry
+			} else {
+				retry = nl.launch(ctx, id, placed[id]) || retry
 			}
 		}
 	}
+}
+
+// placedIn parses the node's index entries (under prefix): job id → placement.
+func placedIn(entries []store.Entry, prefix string) map[string]int {
+	placed := map[string]int{}
+	for _, e := range entries {
+		p, err := strconv.Atoi(string(e.Value))
+		if id := strings.TrimPrefix(e.Key, prefix); err == nil && id != "" && !strings.Contains(id, "/") {
+			placed[id] = p
+		}
+	}
+	return placed
+}
+
+// nodeLauncher is RunLauncher's state: the steps it started.
+type nodeLauncher struct {
+	cfg      LauncherConfig
+	log      *zap.Logger
+	launched map[string]launch // job → the placement its step was started for
+}
+
+// recheck looks again at job id, whose step for placement l it started already: Consul
+// restored from a snapshot may show it running though its step ended since, and the
+// node's ledger says so. It reports whether to try again in a moment.
+func (nl *nodeLauncher) recheck(ctx context.Context, id string, l launch) (retry bool) {
+	if l.recorded {
+		return false
+	}
+	done, err := readLedger(nl.cfg.StateDir, id, l.placement, l.submitted)
+	if err != nil || done == nil {
+		return false
+	}
+	if err := recordStepEnd(ctx, nl.cfg.Store, id, nl.cfg.Node, done.Placement, done.End, done.ExitCode, done.Why); err != nil {
+		return true
+	}
+	nl.log.Warn("the job's step ended here already, after the state Consul shows: its outcome recorded again",
+		zap.String("job", id), zap.Int("placement", done.Placement), zap.String("end", string(done.End)))
+	l.recorded = true
+	nl.launched[id] = l
+	return false
+}
+
+// launch starts the step of job id's placement on the node, once its state confirms
+// the index, unless the node's ledger has its outcome already (recorded again then) or
+// a step of it runs. It reports whether to try again in a moment.
+func (nl *nodeLauncher) launch(ctx context.Context, id string, placement int) (retry bool) {
+	cfg, log := nl.cfg, nl.log
+	j, err := Read(ctx, cfg.Store, id)
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return true
+	}
+	if err != nil || j.State.Status != Running || !slices.Contains(j.State.Nodes, cfg.Node) || j.State.Placement != placement {
+		return false // the index is ahead of or behind the state: the next change settles it
+	}
+	if done, err := readLedger(cfg.StateDir, id, placement, j.Spec.Submitted); err != nil {
+		log.Warn("the node's ledger", zap.String("job", id), zap.Error(err))
+	} else if done != nil {
+		// This placement's step ended here already: Consul forgot it (restored from a
+		// snapshot taken before). Its outcome, not a second run.
+		if err := recordStepEnd(ctx, cfg.Store, id, cfg.Node, done.Placement, done.End, done.ExitCode, done.Why); err != nil {
+			return true
+		}
+		log.Warn("the job's step ended here already: its outcome recorded again, the step not started again",
+			zap.String("job", id), zap.Int("placement", done.Placement), zap.String("end", string(done.End)))
+		nl.launched[id] = launch{placement: placement, submitted: j.Spec.Submitted, recorded: true}
+		return false
+	}
+	nl.launched[id] = launch{placement: placement, submitted: j.Spec.Submitted}
+	if e, err := cfg.Store.Get(ctx, stepKey(id, cfg.Node)); err == nil && e != nil && e.Session != "" {
+		return false // a step outlived this agent's restart, or started already
+	}
+	log.Info("starting the job's step", zap.String("job", id), zap.Int("placement", placement))
+	if err := cfg.Spawn(id); err != nil {
+		log.Error("start the job's step", zap.String("job", id), zap.Error(err))
+	}
+	return false
 }
 
 // PlacedOn returns the ids of the jobs running on node, as the launchers' index
