@@ -15,6 +15,8 @@ import (
 	"github.com/gangrun/gangrun/job"
 )
 
+// scontrolOptions are scontrol 22.05's options, those gangrun builds and, refused,
+// the rest.
 var scontrolOptions = []option{
 	{long: "details", short: 'd', arg: noArg},
 	{long: "help", short: 'h', arg: noArg},
@@ -510,6 +512,7 @@ func showNode(n allocator.NodeStatus) string {
 %s`, n.Name, n.GPUsTotal, orNull(n.Addr), orHost(n.Name, h), st, partitionOf(n), n.GPUsUsed, n.GPUsTotal, reason)
 }
 
+// orHost is name, or h for "".
 func orHost(name, h string) string {
 	if name != "" {
 		return name

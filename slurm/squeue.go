@@ -52,6 +52,8 @@ var fieldLetter = map[string]string{
 	"userid": "U", "batchhost": "B", "stepid": "i", "stepname": "j",
 }
 
+// squeueOptions are squeue 22.05's options, those gangrun builds and, refused, the
+// rest.
 var squeueOptions = []option{
 	{long: "all", short: 'a', arg: noArg},
 	{long: "array", short: 'r', arg: noArg},
