@@ -165,6 +165,7 @@ func lookupLong(table []option, name string) (option, []option) {
 	return option{}, found
 }
 
+// lookupShort finds the option whose short letter is c; false when none has it.
 func lookupShort(table []option, c byte) (option, bool) {
 	for _, o := range table {
 		if o.short == c && c != 0 {

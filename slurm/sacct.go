@@ -39,6 +39,7 @@ const (
 	sacctLong    = "jobid,jobidraw,jobname,partition,reqcpus,alloccpus,elapsed,state,exitcode,nnodes,nodelist,start,end"
 )
 
+// sacctOptions are sacct 22.05's options, those gangrun builds and, refused, the rest.
 var sacctOptions = []option{
 	{long: "accounts", short: 'A', arg: reqArg},
 	{long: "allusers", short: 'a', arg: noArg},
@@ -90,6 +91,7 @@ type acctRow struct {
 	restarts                                                   int
 }
 
+// value is the text of sacct field key (lower case) for r.
 func (r acctRow) value(key string) string {
 	switch key {
 	case "jobid", "jobidraw":
@@ -188,6 +190,57 @@ func Sacct(ctx context.Context, e *Env, args []string) int {
 		fmt.Fprintln(e.Stdout, strings.Join(names, " "))
 		return 0
 	}
+	cols, err := sacctColumns(v)
+	if err != nil {
+		return usage(e, "sacct", err.(*UsageError))
+	}
+	since, until, err := sacctWindow(v, time.Now())
+	if err != nil {
+		return usage(e, "sacct", err.(*UsageError))
+	}
+	f, err := sacctFilter(v)
+	if err != nil {
+		return usage(e, "sacct", err.(*UsageError))
+	}
+	s, err := e.Cluster.Open(ctx)
+	if err != nil {
+		return errorf(e, "sacct", 1, "Problem talking to the database: %v", err)
+	}
+	defer s.Close()
+	rows, err := sacctRows(ctx, s, f, since, until, v.has("allocations"))
+	if err != nil {
+		return errorf(e, "sacct", 1, "Problem talking to the database: %v", err)
+	}
+	t := acctTable{cols: cols, parsable: v.has("parsable") || v.has("parsable2"), trailing: v.has("parsable")}
+	if !v.has("noheader") {
+		fmt.Fprintln(e.Stdout, t.line(func(c sacctCol) string { return c.f.name }))
+		if !t.parsable {
+			fmt.Fprintln(e.Stdout, t.line(func(c sacctCol) string {
+				w := c.width
+				if w < 0 {
+					w = -w
+				}
+				return strings.Repeat("-", w)
+			}))
+		}
+	}
+	for _, r := range rows {
+		fmt.Fprintln(e.Stdout, t.line(func(c sacctCol) string { return r.value(c.key) }))
+	}
+	return 0
+}
+
+// sacctCol is one column sacct writes: its field's key (lower case), the field, and
+// its width (negative: left-justified).
+type sacctCol struct {
+	key   string
+	f     sacctField
+	width int
+}
+
+// sacctColumns are the columns of -o's list (NAME[%WIDTH],...), else -b's, -l's or
+// the default one. Errors are *UsageError: sacct's "Invalid field requested".
+func sacctColumns(v values) ([]sacctCol, error) {
 	list := sacctDefault
 	switch {
 	case v.has("brief"):
@@ -198,23 +251,18 @@ func Sacct(ctx context.Context, e *Env, args []string) int {
 	if v.has("format") {
 		list = v["format"]
 	}
-	type col struct {
-		key   string
-		f     sacctField
-		width int
-	}
-	var cols []col
+	var cols []sacctCol
 	for _, item := range splitList(list) {
 		name, w, hasW := strings.Cut(item, "%")
 		f, ok := sacctFields[strings.ToLower(name)]
 		if !ok {
-			return errorf(e, "sacct", 1, "Invalid field requested: \"%s\"", name)
+			return nil, &UsageError{Msg: fmt.Sprintf("error: Invalid field requested: \"%s\"", name), Code: 1}
 		}
-		c := col{key: strings.ToLower(name), f: f, width: f.width}
+		c := sacctCol{key: strings.ToLower(name), f: f, width: f.width}
 		if hasW {
 			n, err := strconv.Atoi(w)
 			if err != nil {
-				return errorf(e, "sacct", 1, "Invalid field requested: \"%s\"", item)
+				return nil, &UsageError{Msg: fmt.Sprintf("error: Invalid field requested: \"%s\"", item), Code: 1}
 			}
 			c.width = n
 			if f.width < 0 {
@@ -223,109 +271,122 @@ func Sacct(ctx context.Context, e *Env, args []string) int {
 		}
 		cols = append(cols, c)
 	}
-	now := time.Now()
-	since := time.Date(now.Year(), now.Month(), now.Day(), 0, 0, 0, 0, time.Local)
-	until := now.Add(time.Minute)
-	ids := splitList(v["jobs"])
-	if len(ids) > 0 {
+	return cols, nil
+}
+
+// sacctWindow is the time window of the jobs sacct lists: -S (default: today's
+// midnight, or all time with -j) to -E (default: a minute from now). Errors are
+// *UsageError: sacct's "Invalid time specification".
+func sacctWindow(v values, now time.Time) (since, until time.Time, err error) {
+	since = time.Date(now.Year(), now.Month(), now.Day(), 0, 0, 0, 0, time.Local)
+	until = now.Add(time.Minute)
+	if len(splitList(v["jobs"])) > 0 {
 		since = time.Time{}
 	}
-	var err error
 	if v.has("starttime") {
 		if since, err = parseSlurmTime(v["starttime"], now); err != nil {
-			return errorf(e, "sacct", 1, "Invalid time specification (pos 0): %s", v["starttime"])
+			return since, until, &UsageError{Msg: "error: Invalid time specification (pos 0): " + v["starttime"], Code: 1}
 		}
 	}
 	if v.has("endtime") {
 		if until, err = parseSlurmTime(v["endtime"], now); err != nil {
-			return errorf(e, "sacct", 1, "Invalid time specification (pos 0): %s", v["endtime"])
+			return since, until, &UsageError{Msg: "error: Invalid time specification (pos 0): " + v["endtime"], Code: 1}
 		}
 	}
-	f, ferr := newJobFilter(values{"jobs": v["jobs"], "user": v["user"], "partition": v["partition"],
+	return since, until, nil
+}
+
+// sacctFilter is the jobs sacct lists, from -j, -u, -r, --name, -A and -s: without -a,
+// -u or -j, this user's alone (root's: everyone's). Errors are *UsageError.
+func sacctFilter(v values) (jobFilter, error) {
+	f, err := newJobFilter(values{"jobs": v["jobs"], "user": v["user"], "partition": v["partition"],
 		"name": v["name"], "account": v["accounts"], "states": v["state"]})
-	if ferr != nil {
-		return usage(e, "sacct", ferr.(*UsageError))
+	if err != nil {
+		return f, err
 	}
-	if !v.has("allusers") && !v.has("user") && len(ids) == 0 {
+	if !v.has("allusers") && !v.has("user") && len(splitList(v["jobs"])) == 0 {
 		if me := currentUser(); me != "root" {
 			f.users = []string{me}
 		}
 	}
-	s, err := e.Cluster.Open(ctx)
-	if err != nil {
-		return errorf(e, "sacct", 1, "Problem talking to the database: %v", err)
-	}
-	defer s.Close()
-	var rows []acctRow
-	seen := map[string]bool{}
+	return f, nil
+}
+
+// sacctRows are sacct's lines: those of the jobs Consul still holds that f selects
+// and that ran in the window (allocations: the jobs' own lines alone), then those of
+// the accounting records of the window for the other jobs. An error is the list of
+// jobs'; records that cannot be read are left out.
+func sacctRows(ctx context.Context, s Store, f jobFilter, since, until time.Time, allocations bool) ([]acctRow, error) {
 	jobs, err := job.List(ctx, s)
 	if err != nil {
-		return errorf(e, "sacct", 1, "Problem talking to the database: %v", err)
+		return nil, err
 	}
-	inWindow := func(start, end time.Time) bool {
-		if !end.IsZero() && end.Before(since) {
-			return false
-		}
-		return start.IsZero() || start.Before(until)
-	}
+	var rows []acctRow
+	seen := map[string]bool{}
 	for _, j := range jobs {
-		if !f.matchAny(j) || !inWindow(j.State.Started, j.State.Ended) {
+		if !f.matchAny(j) || !inWindow(j.State.Started, j.State.Ended, since, until) {
 			continue
 		}
 		seen[j.Spec.ID] = true
-		rows = append(rows, jobRows(ctx, s, j, v.has("allocations"))...)
+		rows = append(rows, jobRows(ctx, s, j, allocations)...)
 	}
 	recs, err := job.Records(ctx, s, since, until, job.Filter{})
 	if err == nil {
 		for _, r := range recs {
-			if seen[r.ID] || !f.matchRecord(r) {
-				continue
-			}
-			rows = append(rows, acctRow{id: r.ID, name: r.Name, part: job.PartitionName(r.Partition), account: r.Account, user: r.User,
-				state: acctState(r.State), exit: exitCode(r.ExitCode, r.Reason), nodes: hostlist.Compress(job.SlurmNodes(r.Nodes)),
-				cpus: r.NumNodes, nnodes: r.NumNodes, gpus: r.GPUs, submit: r.Submitted, start: r.Started, end: r.Ended, reason: r.Reason,
-				restarts: r.Restarts})
-		}
-	}
-	parsable, sep := v.has("parsable") || v.has("parsable2"), "|"
-	line := func(val func(c col) string) string {
-		var b strings.Builder
-		for i, c := range cols {
-			s := val(c)
-			switch {
-			case parsable:
-				b.WriteString(s)
-				if i < len(cols)-1 || v.has("parsable") {
-					b.WriteString(sep)
-				}
-			default:
-				w := c.width
-				if w < 0 {
-					b.WriteString(pad(s, -w, false))
-				} else {
-					b.WriteString(pad(s, w, true))
-				}
-				b.WriteByte(' ')
+			if !seen[r.ID] && f.matchRecord(r) {
+				rows = append(rows, recordRow(r))
 			}
 		}
-		return b.String()
 	}
-	if !v.has("noheader") {
-		fmt.Fprintln(e.Stdout, line(func(c col) string { return c.f.name }))
-		if !parsable {
-			fmt.Fprintln(e.Stdout, line(func(c col) string {
-				w := c.width
-				if w < 0 {
-					w = -w
-				}
-				return strings.Repeat("-", w)
-			}))
+	return rows, nil
+}
+
+// inWindow reports whether a job that started at start and ended at end (zero: not
+// yet) ran between since and until.
+func inWindow(start, end, since, until time.Time) bool {
+	if !end.IsZero() && end.Before(since) {
+		return false
+	}
+	return start.IsZero() || start.Before(until)
+}
+
+// recordRow is the line of an ended job's accounting record.
+func recordRow(r job.Record) acctRow {
+	return acctRow{id: r.ID, name: r.Name, part: job.PartitionName(r.Partition), account: r.Account, user: r.User,
+		state: acctState(r.State), exit: exitCode(r.ExitCode, r.Reason), nodes: hostlist.Compress(job.SlurmNodes(r.Nodes)),
+		cpus: r.NumNodes, nnodes: r.NumNodes, gpus: r.GPUs, submit: r.Submitted, start: r.Started, end: r.Ended, reason: r.Reason,
+		restarts: r.Restarts}
+}
+
+// acctTable writes sacct's lines: padded to each column's width, or with parsable
+// (-p, -P) joined by "|", with trailing (-p) a "|" after the last column too.
+type acctTable struct {
+	cols               []sacctCol
+	parsable, trailing bool
+}
+
+// line is one line of t, each column's text from val.
+func (t acctTable) line(val func(c sacctCol) string) string {
+	var b strings.Builder
+	for i, c := range t.cols {
+		s := val(c)
+		switch {
+		case t.parsable:
+			b.WriteString(s)
+			if i < len(t.cols)-1 || t.trailing {
+				b.WriteString("|")
+			}
+		default:
+			w := c.width
+			if w < 0 {
+				b.WriteString(pad(s, -w, false))
+			} else {
+				b.WriteString(pad(s, w, true))
+			}
+			b.WriteByte(' ')
 		}
 	}
-	for _, r := range rows {
-		fmt.Fprintln(e.Stdout, line(func(c col) string { return r.value(c.key) }))
-	}
-	return 0
+	return b.String()
 }
 
 // acctState is a job state as sacct writes it.

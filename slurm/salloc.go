@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gangrun/gangrun/hostlist"
+	"github.com/gangrun/gangrun/identity"
 	"github.com/gangrun/gangrun/job"
 )
 
@@ -40,42 +41,9 @@ const sallocPoll = 250 * time.Millisecond
 // N") and exits with the command's exit code; the job ends COMPLETED, or FAILED with
 // that code.
 func Salloc(ctx context.Context, e *Env, args []string) int {
-	ps, rest, err := getopt("salloc", sallocOptions, args, true, 255)
-	if err != nil {
-		return usage(e, "salloc", err.(*UsageError))
-	}
-	var o batchOpts
-	for _, p := range ps {
-		switch p.name {
-		case "help", "usage":
-			fmt.Fprintln(e.Stdout, "Usage: salloc [OPTIONS...] [command [args...]]")
-			return 0
-		case "version":
-			fmt.Fprintln(e.Stdout, Version)
-			return 0
-		}
-	}
-	if err := o.apply(ps); err != nil {
-		var ue *UsageError
-		errors.As(err, &ue)
-		return usage(e, "salloc", ue)
-	}
-	req, err := o.request(e, "", "interactive", nil)
-	if err != nil {
-		return usage(e, "salloc", err.(*UsageError))
-	}
-	spec := req.Spec
-	spec.Batch.Allocation, spec.Batch.Export, spec.Batch.Environ = true, "ALL", nil
-	if !o.v.has("job-name") {
-		spec.Name = "interactive"
-	}
-	command := rest
-	if len(command) == 0 {
-		sh := e.Getenv("SHELL")
-		if sh == "" {
-			sh = "/bin/sh"
-		}
-		command = []string{sh}
+	spec, command, code, done := sallocRequest(e, args)
+	if done {
+		return code
 	}
 	if err := spec.CheckHere(); err != nil {
 		return errorf(e, "salloc", 1, "Job submit/allocate failed: %v", err)
@@ -93,28 +61,80 @@ func Salloc(ctx context.Context, e *Env, args []string) int {
 	if err != nil {
 		return errorf(e, "salloc", 1, "%v", err)
 	}
-	release := func(code int) {
-		var sealer job.Sealer
-		if m != nil {
-			sealer = m
-		}
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		defer cancel()
-		if err := job.ReleaseAllocation(rctx, s, sealer, id, uint32(os.Getuid()), code); err != nil {
-			errorf(e, "salloc", 0, "release job allocation %s: %v", id, err)
+	fmt.Fprintf(e.Stderr, "salloc: Pending job allocation %s\n", id)
+	j, code := waitAllocation(ctx, e, s, id)
+	if j == nil {
+		return code
+	}
+	fmt.Fprintf(e.Stderr, "salloc: Granted job allocation %s\n", id)
+	code = runAllocated(ctx, e, s, j, command)
+	fmt.Fprintf(e.Stderr, "salloc: Relinquishing job allocation %s\n", id)
+	releaseAllocation(ctx, e, s, m, id, code)
+	return code
+}
+
+// sallocRequest reads salloc's command line: the allocation's spec (sbatch's options,
+// named "interactive" unless -J names it) and the command to run (default: $SHELL,
+// else /bin/sh). done is true, with the exit code, where the command ends here: help,
+// version, or options salloc refuses.
+func sallocRequest(e *Env, args []string) (spec job.Spec, command []string, code int, done bool) {
+	ps, rest, err := getopt("salloc", sallocOptions, args, true, 255)
+	if err != nil {
+		return spec, nil, usage(e, "salloc", err.(*UsageError)), true
+	}
+	var o batchOpts
+	for _, p := range ps {
+		switch p.name {
+		case "help", "usage":
+			fmt.Fprintln(e.Stdout, "Usage: salloc [OPTIONS...] [command [args...]]")
+			return spec, nil, 0, true
+		case "version":
+			fmt.Fprintln(e.Stdout, Version)
+			return spec, nil, 0, true
 		}
 	}
-	fmt.Fprintf(e.Stderr, "salloc: Pending job allocation %s\n", id)
-	var j *job.Job
+	if err := o.apply(ps); err != nil {
+		var ue *UsageError
+		errors.As(err, &ue)
+		return spec, nil, usage(e, "salloc", ue), true
+	}
+	req, err := o.request(e, "", "interactive", nil)
+	if err != nil {
+		return spec, nil, usage(e, "salloc", err.(*UsageError)), true
+	}
+	spec = req.Spec
+	spec.Batch.Allocation, spec.Batch.Export, spec.Batch.Environ = true, "ALL", nil
+	if !o.v.has("job-name") {
+		spec.Name = "interactive"
+	}
+	command = rest
+	if len(command) == 0 {
+		sh := e.Getenv("SHELL")
+		if sh == "" {
+			sh = "/bin/sh"
+		}
+		command = []string{sh}
+	}
+	return spec, command, 0, false
+}
+
+// waitAllocation waits until allocation id runs on its nodes, and returns it; it says
+// so if it was said to wait for resources (after a second pending). Where it ends
+// first, revoked, or cancelled by ctx or by SIGINT or SIGTERM, it returns nil and the
+// exit code.
+func waitAllocation(ctx context.Context, e *Env, s Store, id string) (*job.Job, int) {
 	told := false
 	asked := time.Now()
 	for {
-		j, err = job.Read(ctx, s, id)
+		j, err := job.Read(ctx, s, id)
 		if err == nil && j.State.Status == job.Running && len(j.State.Nodes) > 0 {
-			break
+			if told {
+				fmt.Fprintf(e.Stderr, "salloc: job %s has been allocated resources\n", id)
+			}
+			return j, 0
 		}
 		if err == nil && j.State.Status.Final() {
-			return errorf(e, "salloc", 1, "Job allocation %s has been revoked.", id)
+			return nil, errorf(e, "salloc", 1, "Job allocation %s has been revoked.", id)
 		}
 		if !told && err == nil && j.State.Status == job.Pending && time.Since(asked) > time.Second {
 			fmt.Fprintf(e.Stderr, "salloc: job %s queued and waiting for resources\n", id)
@@ -124,24 +144,31 @@ func Salloc(ctx context.Context, e *Env, args []string) int {
 		case <-ctx.Done():
 			_, _ = e.Cluster.Cancel(context.WithoutCancel(ctx), s, id)
 			fmt.Fprintf(e.Stderr, "salloc: Job allocation %s has been revoked.\n", id)
-			return 1
+			return nil, 1
 		case sig := <-e.Signals:
 			if s2, ok := sig.(syscall.Signal); ok && (s2 == syscall.SIGINT || s2 == syscall.SIGTERM) {
 				_, _ = e.Cluster.Cancel(context.WithoutCancel(ctx), s, id)
 				fmt.Fprintf(e.Stderr, "salloc: Job allocation %s has been revoked.\n", id)
-				return 1
+				return nil, 1
 			}
 		case <-time.After(sallocPoll):
 		}
 	}
-	if told {
-		fmt.Fprintf(e.Stderr, "salloc: job %s has been allocated resources\n", id)
+}
+
+// releaseAllocation ends allocation id with the command's exit code (sealed by m
+// where the cluster checks MUNGE credentials), within 30 s even once ctx is done; a
+// failure is reported, not returned.
+func releaseAllocation(ctx context.Context, e *Env, s Store, m *identity.Munge, id string, code int) {
+	var sealer job.Sealer
+	if m != nil {
+		sealer = m
 	}
-	fmt.Fprintf(e.Stderr, "salloc: Granted job allocation %s\n", id)
-	code := runAllocated(ctx, e, s, j, command)
-	fmt.Fprintf(e.Stderr, "salloc: Relinquishing job allocation %s\n", id)
-	release(code)
-	return code
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	if err := job.ReleaseAllocation(rctx, s, sealer, id, uint32(os.Getuid()), code); err != nil {
+		errorf(e, "salloc", 0, "release job allocation %s: %v", id, err)
+	}
 }
 
 // runAllocated runs command here with allocation j's variables (salloc's), passing it

@@ -369,7 +369,10 @@ func count(name, v string, min int) (int, error) {
 	return n, nil
 }
 
-// request builds the job.
+// request builds the job from the options, in phases: the script and its name, the
+// tasks and nodes, the GPUs, the limits, gangrun's supervision, then who submits it,
+// from where and with what environment. Errors are *UsageError, in the order sbatch's
+// options are checked.
 func (o *batchOpts) request(e *Env, script, name string, scriptArgs []string) (*BatchRequest, error) {
 	v := o.v
 	r := &BatchRequest{Parsable: v.has("parsable"), Wait: v.has("wait"), Quiet: v.has("quiet")}
@@ -388,28 +391,52 @@ func (o *batchOpts) request(e *Env, script, name string, scriptArgs []string) (*
 		spec.Name = v["job-name"]
 	}
 	spec.Account, spec.Partition = v["account"], v["partition"]
+	if err := o.tasks(&spec); err != nil {
+		return nil, err
+	}
+	if err := o.gpus(&spec); err != nil {
+		return nil, err
+	}
+	if err := o.limits(&spec, r); err != nil {
+		return nil, err
+	}
+	b.NoRequeue = o.noRequeue
+	spec.Output, b.Error = v["output"], v["error"]
+	if err := o.supervision(&spec); err != nil {
+		return nil, err
+	}
+	if err := o.origin(e, &spec, name); err != nil {
+		return nil, err
+	}
+	r.Spec = spec
+	return r, nil
+}
+
+// tasks sets spec's tasks (--ntasks, --ntasks-per-node, --cpus-per-task) and nodes:
+// --nodes, else as many as --ntasks needs at --ntasks-per-node, else one.
+func (o *batchOpts) tasks(spec *job.Spec) error {
+	v, b := o.v, spec.Batch
 	var err error
 	if v.has("ntasks") {
 		if b.NTasks, err = count("ntasks", v["ntasks"], 1); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	if v.has("ntasks-per-node") {
 		if b.NTasksPerNode, err = count("ntasks-per-node", v["ntasks-per-node"], 1); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	if v.has("cpus-per-task") {
 		if b.CPUsPerTask, err = count("cpus-per-task", v["cpus-per-task"], 1); err != nil {
-			return nil, err
+			return err
 		}
 	}
-	// Nodes: --nodes, else as many as --ntasks needs at --ntasks-per-node, else one.
 	spec.MinNodes, spec.MaxNodes = 1, 1
 	if v.has("nodes") {
 		lo, hi, err := job.ParseNodes(strings.Replace(v["nodes"], ":", "-", 1))
 		if err != nil {
-			return nil, &UsageError{Msg: fmt.Sprintf("error: \"%s\" is not a valid node count", v["nodes"]), Code: 255}
+			return &UsageError{Msg: fmt.Sprintf("error: \"%s\" is not a valid node count", v["nodes"]), Code: 255}
 		}
 		spec.MinNodes, spec.MaxNodes = lo, hi
 	} else if b.NTasks > 0 && b.NTasksPerNode > 0 {
@@ -417,52 +444,46 @@ func (o *batchOpts) request(e *Env, script, name string, scriptArgs []string) (*
 		spec.MinNodes, spec.MaxNodes = n, n
 	}
 	if b.NTasks > 0 && b.NTasksPerNode > 0 && b.NTasks > spec.MaxNodes*b.NTasksPerNode {
-		return nil, &UsageError{Msg: "error: Batch job submission failed: Requested node configuration is not available", Code: 1}
+		return &UsageError{Msg: "error: Batch job submission failed: Requested node configuration is not available", Code: 1}
 	}
-	if err := o.gpus(&spec); err != nil {
-		return nil, err
-	}
+	return nil
+}
+
+// limits sets spec's time limit, signal, dependency, memory, priority and output
+// file mode, and r's array (--array).
+func (o *batchOpts) limits(spec *job.Spec, r *BatchRequest) error {
+	v, b := o.v, spec.Batch
+	var err error
 	if v.has("time") {
 		if spec.TimeLimit, err = job.ParseTime(v["time"]); err != nil {
-			return nil, bad("time")
+			return bad("time")
 		}
 	}
 	if v.has("signal") {
-		sig := v["signal"]
-		flags, rest, ok := strings.Cut(sig, ":")
-		if ok {
-			if strings.Contains(flags, "R") {
-				return nil, badf("--signal=%s: R: (signal at a reservation's end) is %s", sig, notBuilt)
-			}
-			if strings.Trim(flags, "B") != "" {
-				return nil, bad("signal")
-			}
-			b.SignalBatch, sig = true, rest
-		}
-		if spec.Signal, spec.SignalBefore, err = job.ParseSignal(sig); err != nil {
-			return nil, bad("signal")
+		if err := o.signal(spec); err != nil {
+			return err
 		}
 	}
 	if v.has("dependency") {
 		if spec.Dependency, err = job.ParseDependency(v["dependency"]); err != nil {
-			return nil, badf("%v", err)
+			return badf("%v", err)
 		}
 	}
 	if v.has("array") {
 		a, err := job.ParseArray(v["array"])
 		if err != nil {
-			return nil, &UsageError{Msg: "error: Invalid job array specification", Code: 255}
+			return &UsageError{Msg: "error: Invalid job array specification", Code: 255}
 		}
 		r.Array = &a
 	}
 	if v.has("mem") {
 		if spec.Mem, err = cgroup.ParseMem(v["mem"]); err != nil {
-			return nil, bad("mem")
+			return bad("mem")
 		}
 	}
 	if v.has("priority") {
 		if spec.Priority, err = strconv.Atoi(v["priority"]); err != nil {
-			return nil, bad("priority")
+			return bad("priority")
 		}
 	}
 	if v.has("open-mode") {
@@ -472,21 +493,47 @@ func (o *batchOpts) request(e *Env, script, name string, scriptArgs []string) (*
 		case strings.HasPrefix("truncate", m) && m != "":
 			b.OpenMode = "truncate"
 		default:
-			return nil, bad("open-mode")
+			return bad("open-mode")
 		}
 	}
-	b.NoRequeue = o.noRequeue
-	spec.Output, b.Error = v["output"], v["error"]
-	// gangrun's supervision.
+	return nil
+}
+
+// signal sets spec's signal and when it comes from --signal=[B:]SIG[@TIME] (B: to
+// the batch step alone; R:, at a reservation's end, is refused).
+func (o *batchOpts) signal(spec *job.Spec) error {
+	sig := o.v["signal"]
+	flags, rest, ok := strings.Cut(sig, ":")
+	if ok {
+		if strings.Contains(flags, "R") {
+			return badf("--signal=%s: R: (signal at a reservation's end) is %s", sig, notBuilt)
+		}
+		if strings.Trim(flags, "B") != "" {
+			return bad("signal")
+		}
+		spec.Batch.SignalBatch, sig = true, rest
+	}
+	var err error
+	if spec.Signal, spec.SignalBefore, err = job.ParseSignal(sig); err != nil {
+		return bad("signal")
+	}
+	return nil
+}
+
+// supervision sets gangrun's supervision of the job from the --gangrun-* options; any
+// of the first three makes the batch supervised.
+func (o *batchOpts) supervision(spec *job.Spec) error {
+	v, b := o.v, spec.Batch
+	var err error
 	if v.has("gangrun-max-restarts") {
 		if spec.MaxRestarts, err = count("gangrun-max-restarts", v["gangrun-max-restarts"], 0); err != nil {
-			return nil, err
+			return err
 		}
 		b.Supervised = true
 	}
 	if v.has("gangrun-spare-nodes") {
 		if spec.SpareNodes, err = count("gangrun-spare-nodes", v["gangrun-spare-nodes"], 0); err != nil {
-			return nil, err
+			return err
 		}
 		b.Supervised = true
 	}
@@ -498,13 +545,21 @@ func (o *batchOpts) request(e *Env, script, name string, scriptArgs []string) (*
 	}
 	if v.has("gangrun-term-timeout") {
 		if spec.TermTimeout, err = time.ParseDuration(v["gangrun-term-timeout"]); err != nil || spec.TermTimeout < 0 {
-			return nil, bad("gangrun-term-timeout")
+			return bad("gangrun-term-timeout")
 		}
 	}
-	// Who, where, and what environment.
+	return nil
+}
+
+// origin sets who runs the job (--uid, root only; else this process's user), where
+// (--chdir against the working directory), with what environment (--export, then
+// #GANGRUN --env), and where it was submitted from: the host, the directory and the
+// script's path (name, made absolute; none for --wrap or a script read from stdin).
+func (o *batchOpts) origin(e *Env, spec *job.Spec, name string) error {
+	v, b := o.v, spec.Batch
 	cwd, err := os.Getwd()
 	if err != nil {
-		return nil, &UsageError{Msg: "error: getcwd failed: " + err.Error(), Code: 1}
+		return &UsageError{Msg: "error: getcwd failed: " + err.Error(), Code: 1}
 	}
 	spec.WorkDir = cwd
 	if v.has("chdir") {
@@ -516,11 +571,11 @@ func (o *batchOpts) request(e *Env, script, name string, scriptArgs []string) (*
 	spec.User = currentUser()
 	if v.has("uid") {
 		if os.Geteuid() != 0 {
-			return nil, &UsageError{Msg: "error: --uid only permitted by root user", Code: 1}
+			return &UsageError{Msg: "error: --uid only permitted by root user", Code: 1}
 		}
 		u, err := proc.LookupUser(v["uid"])
 		if err != nil {
-			return nil, &UsageError{Msg: fmt.Sprintf("error: Invalid user id: %s", v["uid"]), Code: 255}
+			return &UsageError{Msg: fmt.Sprintf("error: Invalid user id: %s", v["uid"]), Code: 255}
 		}
 		spec.User = u.Name
 	}
@@ -529,12 +584,12 @@ func (o *batchOpts) request(e *Env, script, name string, scriptArgs []string) (*
 		b.Export = exportMode(v["export"])
 	}
 	if b.Environ, err = job.ExportEnv(b.Export, environ, loginEnv(spec.User)); err != nil {
-		return nil, badf("%v", err)
+		return badf("%v", err)
 	}
 	for _, kv := range o.env { // #GANGRUN --env: variables of the batch step
 		k, val, ok := strings.Cut(kv, "=")
 		if !ok || k == "" {
-			return nil, badf("--env %q: want KEY=VALUE", kv)
+			return badf("--env %q: want KEY=VALUE", kv)
 		}
 		b.Environ = append(b.Environ, k+"="+val)
 	}
@@ -548,82 +603,38 @@ func (o *batchOpts) request(e *Env, script, name string, scriptArgs []string) (*
 			b.ScriptPath = filepath.Join(cwd, name)
 		}
 	}
-	r.Spec = spec
-	return r, nil
+	return nil
 }
 
 // gpus sets spec's GPUs per node from --gres=gpu[:type]:N, --gpus-per-node,
 // --gpus (the job's total, split over its nodes) or --gpus-per-task (times the tasks
-// per node).
+// per node). Exactly one of them must be given: gangrun places GPU jobs only.
 func (o *batchOpts) gpus(spec *job.Spec) error {
 	v := o.v
 	b := spec.Batch
-	set := func(perNode int, typ string) error {
-		gpus, profile, model, err := allocator.ParseGPUs(gpuSpec(typ, perNode))
-		if err != nil {
-			return badf("%v", err)
-		}
-		spec.GPUsPerNode, spec.MIGProfile, spec.GPUModel = gpus, profile, model
-		return nil
-	}
-	n := 0
+	n := 0 // how many ways the GPUs were asked for
 	if v.has("gres") {
-		n++
-		var found bool
-		for _, g := range strings.Split(v["gres"], ",") {
-			parts := strings.Split(g, ":")
-			if g == "none" || g == "" {
-				continue
-			}
-			if parts[0] != "gpu" {
-				return badf("--gres=%s: generic resource %q is %s (gangrun schedules GPUs)", v["gres"], parts[0], notBuilt)
-			}
-			typ, cnt := "", "1"
-			switch len(parts) {
-			case 1:
-			case 2:
-				cnt = parts[1]
-			case 3:
-				typ, cnt = parts[1], parts[2]
-			default:
-				return bad("gres")
-			}
-			c, err := strconv.Atoi(cnt)
-			if err != nil || c < 1 {
-				return bad("gres")
-			}
-			if err := set(c, typ); err != nil {
-				return err
-			}
-			b.TresPerNode, found = "gres:"+g, true
-			if len(parts) == 2 || len(parts) == 1 {
-				b.TresPerNode = "gres:gpu:" + strconv.Itoa(c)
-			}
-		}
-		if !found {
-			n--
-		}
-	}
-	typed := func(name string) (string, int, error) {
-		typ, c, ok := gpuCount(v[name])
-		if !ok {
-			return "", 0, bad(name)
-		}
-		return typ, c, nil
-	}
-	if v.has("gpus-per-node") {
-		n++
-		typ, c, err := typed("gpus-per-node")
+		found, err := o.gres(spec)
 		if err != nil {
 			return err
 		}
-		if err := set(c, typ); err != nil {
+		if found {
+			n++
+		}
+	}
+	if v.has("gpus-per-node") {
+		n++
+		typ, c, err := o.typedGPUs("gpus-per-node")
+		if err != nil {
+			return err
+		}
+		if err := setGPUs(spec, c, typ); err != nil {
 			return err
 		}
 		b.TresPerNode = "gres:gpu:" + strings.TrimPrefix(v["gpus-per-node"], "gpu:")
 	}
 	if v.has("gpus-per-task") {
-		typ, c, err := typed("gpus-per-task")
+		typ, c, err := o.typedGPUs("gpus-per-task")
 		if err != nil {
 			return err
 		}
@@ -634,21 +645,21 @@ func (o *batchOpts) gpus(spec *job.Spec) error {
 			if spec.MinNodes != spec.MaxNodes || (b.NTasksPerNode == 0 && b.NTasks%spec.MinNodes != 0) {
 				return badf("--gpus-per-task=%s: gangrun gives every node the same GPUs: give --ntasks-per-node (or --ntasks a multiple of --nodes)", v["gpus-per-task"])
 			}
-			if err := set(c*tasks[0], typ); err != nil {
+			if err := setGPUs(spec, c*tasks[0], typ); err != nil {
 				return err
 			}
 		}
 	}
 	if v.has("gpus") {
 		n++
-		typ, c, err := typed("gpus")
+		typ, c, err := o.typedGPUs("gpus")
 		if err != nil {
 			return err
 		}
 		if spec.MinNodes != spec.MaxNodes || c%spec.MinNodes != 0 {
 			return badf("--gpus=%s: gangrun gives every node the same GPUs: give a number of GPUs that --nodes divides (or --gpus-per-node)", v["gpus"])
 		}
-		if err := set(c/spec.MinNodes, typ); err != nil {
+		if err := setGPUs(spec, c/spec.MinNodes, typ); err != nil {
 			return err
 		}
 	}
@@ -658,6 +669,66 @@ func (o *batchOpts) gpus(spec *job.Spec) error {
 	case n == 0:
 		return &UsageError{Msg: "error: Batch job submission failed: gangrun places GPU jobs: ask for GPUs with --gres=gpu:N, --gpus-per-node=N, --gpus=N or --gpus-per-task=N; CPU-only jobs are " + notBuilt, Code: 1}
 	}
+	return nil
+}
+
+// gres sets spec's GPUs and the batch's TresPerNode from --gres's comma-separated
+// gpu[:type][:N] entries ("none" and empty ones skipped; any other resource refused),
+// and reports whether it named a GPU.
+func (o *batchOpts) gres(spec *job.Spec) (bool, error) {
+	v := o.v
+	var found bool
+	for _, g := range strings.Split(v["gres"], ",") {
+		parts := strings.Split(g, ":")
+		if g == "none" || g == "" {
+			continue
+		}
+		if parts[0] != "gpu" {
+			return false, badf("--gres=%s: generic resource %q is %s (gangrun schedules GPUs)", v["gres"], parts[0], notBuilt)
+		}
+		typ, cnt := "", "1"
+		switch len(parts) {
+		case 1:
+		case 2:
+			cnt = parts[1]
+		case 3:
+			typ, cnt = parts[1], parts[2]
+		default:
+			return false, bad("gres")
+		}
+		c, err := strconv.Atoi(cnt)
+		if err != nil || c < 1 {
+			return false, bad("gres")
+		}
+		if err := setGPUs(spec, c, typ); err != nil {
+			return false, err
+		}
+		spec.Batch.TresPerNode, found = "gres:"+g, true
+		if len(parts) == 2 || len(parts) == 1 {
+			spec.Batch.TresPerNode = "gres:gpu:" + strconv.Itoa(c)
+		}
+	}
+	return found, nil
+}
+
+// typedGPUs reads GPU option name's [TYPE:]COUNT: its type and count, or sbatch's
+// "Invalid --NAME specification".
+func (o *batchOpts) typedGPUs(name string) (string, int, error) {
+	typ, c, ok := gpuCount(o.v[name])
+	if !ok {
+		return "", 0, bad(name)
+	}
+	return typ, c, nil
+}
+
+// setGPUs sets spec's GPUs per node, MIG profile and GPU model from perNode GPUs of
+// type typ ("" for any), as allocator.ParseGPUs reads them.
+func setGPUs(spec *job.Spec, perNode int, typ string) error {
+	gpus, profile, model, err := allocator.ParseGPUs(gpuSpec(typ, perNode))
+	if err != nil {
+		return badf("%v", err)
+	}
+	spec.GPUsPerNode, spec.MIGProfile, spec.GPUModel = gpus, profile, model
 	return nil
 }
 

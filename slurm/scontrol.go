@@ -15,6 +15,8 @@ import (
 	"github.com/gangrun/gangrun/job"
 )
 
+// scontrolOptions are scontrol 22.05's options, those gangrun builds and, refused,
+// the rest.
 var scontrolOptions = []option{
 	{long: "details", short: 'd', arg: noArg},
 	{long: "help", short: 'h', arg: noArg},
@@ -33,181 +35,254 @@ var scontrolOptions = []option{
 // hostlistsorted (-o: one line per record), in Slurm's KEY=VALUE layout. Its
 // administrative verbs (update, hold, requeue, ...) are refused.
 func Scontrol(ctx context.Context, e *Env, args []string) int {
-	ps, rest, err := getopt("scontrol", scontrolOptions, args, true, 1)
-	if err != nil {
-		return usage(e, "scontrol", err.(*UsageError))
-	}
-	oneLine := false
-	for _, p := range ps {
-		if p.unsupported != "" {
-			return errorf(e, "scontrol", 1, "--%s is %s", p.name, p.unsupported)
-		}
-		switch p.name {
-		case "help", "usage":
-			fmt.Fprintln(e.Stdout, "Usage: scontrol [<OPTION>] [<COMMAND>]")
-			return 0
-		case "version":
-			fmt.Fprintln(e.Stdout, Version)
-			return 0
-		case "oneliner":
-			oneLine = true
-		}
-	}
-	if len(rest) == 0 {
-		return errorf(e, "scontrol", 1, "gangrun's scontrol runs one command given on its command line (its interactive mode is %s)", notBuilt)
-	}
-	switch strings.ToLower(rest[0]) {
-	case "show":
-	case "update", "hold", "release", "requeue", "requeuehold", "suspend", "resume", "reconfigure", "shutdown",
-		"create", "delete", "notify", "uhold", "top", "reboot", "takeover", "setdebug", "listpids", "wait_job":
-		return errorf(e, "scontrol", 1, "scontrol %s is %s", rest[0], notBuilt)
-	default:
-		fmt.Fprintf(e.Stderr, "invalid keyword: %s\n", rest[0])
-		return 1
-	}
-	if len(rest) < 2 {
-		fmt.Fprintln(e.Stderr, "too few arguments for keyword:show")
-		return 1
-	}
-	what, arg := strings.ToLower(rest[1]), ""
-	if len(rest) > 2 {
-		arg = rest[2]
-	}
-	if len(rest) > 3 {
-		fmt.Fprintf(e.Stderr, "too many arguments for keyword:show\n")
-		return 1
+	c, code, done := scontrolParse(e, args)
+	if done {
+		return code
 	}
 	switch {
-	case what == "hostnames":
-		if arg == "" {
-			arg = e.Getenv("SLURM_NODELIST") // 22.05 reads this one alone
-		}
-		if arg == "" {
-			return errorf(e, "scontrol", 1, "host list is empty")
-		}
-		hosts, err := hostlist.Expand(arg)
-		if err != nil {
-			// scontrol says so on stderr and exits 0 (22.05, checked in
-			// TestSlurmCommandsAgainstSlurm).
-			fmt.Fprintf(e.Stderr, "Invalid hostlist: %s\n", arg)
-			return 0
-		}
-		for _, h := range hosts {
-			fmt.Fprintln(e.Stdout, h)
-		}
-		return 0
-	case what == "hostlist" || what == "hostlistsorted":
-		if arg == "" {
-			return errorf(e, "scontrol", 1, "host list is empty")
-		}
-		out, err := hostlist.CompressExpr(arg)
-		if what == "hostlistsorted" {
-			var hosts []string
-			if hosts, err = hostlist.Expand(arg); err == nil {
-				out = hostlist.CompressSorted(hosts)
-			}
-		}
-		if err != nil {
-			// scontrol says so on stderr and exits 0 (22.05, checked in
-			// TestSlurmCommandsAgainstSlurm).
-			fmt.Fprintf(e.Stderr, "Invalid hostlist: %s\n", arg)
-			return 0
-		}
-		fmt.Fprintln(e.Stdout, out)
-		return 0
+	case c.what == "hostnames":
+		return showHostnames(e, c.arg)
+	case c.what == "hostlist" || c.what == "hostlistsorted":
+		return showHostlist(e, c.what == "hostlistsorted", c.arg)
 	}
 	s, err := e.Cluster.Open(ctx)
 	if err != nil {
 		return errorf(e, "scontrol", 1, "Unable to contact slurm controller (connect failure): %v", err)
 	}
 	defer s.Close()
-	var records []string
-	switch {
-	case strings.HasPrefix("jobs", what) && what != "":
-		jobs, err := job.List(ctx, s)
-		if err != nil {
-			return errorf(e, "scontrol", 1, "slurm_load_jobs error: %v", err)
-		}
-		sched, _ := allocator.ReadStatus(ctx, s)
-		for _, j := range jobs {
-			if arg == "" || j.Spec.ID == arg || j.Spec.Array != nil && j.Spec.Array.JobID == arg {
-				records = append(records, showJob(j, sched.Pending[j.Spec.ID]))
-			}
-		}
-		if len(records) == 0 {
-			if arg == "" {
-				fmt.Fprintln(e.Stdout, "No jobs in the system")
-				return 0
-			}
-			fmt.Fprintln(e.Stderr, "slurm_load_jobs error: Invalid job id specified")
-			return 1
-		}
-	case strings.HasPrefix("steps", what) && what != "":
-		id, n, isStep := strings.Cut(arg, ".")
-		jobs, err := job.List(ctx, s)
-		if err != nil {
-			return errorf(e, "scontrol", 1, "slurm_get_job_steps error: %v", err)
-		}
-		for _, j := range jobs {
-			if arg != "" && j.Spec.ID != id || j.State.Status != job.Running || j.Spec.Batch == nil {
-				continue
-			}
-			ss, _ := job.SrunSteps(ctx, s, j.Spec.ID)
-			for i := range ss {
-				if ss[i].End == nil && (!isStep || strconv.Itoa(ss[i].Request.Step) == n) {
-					records = append(records, showStep(j, ss[i]))
-				}
-			}
-		}
-		if len(records) == 0 {
-			if arg == "" {
-				fmt.Fprintln(e.Stdout, "No job steps in the system")
-				return 0
-			}
-			fmt.Fprintf(e.Stdout, "Job step %s not found\n", arg)
-			return 1
-		}
-	case strings.HasPrefix("nodes", what) && what != "":
-		c, err := allocator.Snapshot(ctx, s)
-		if err != nil {
-			return errorf(e, "scontrol", 1, "slurm_load_node error: %v", err)
-		}
-		for _, n := range c.NodeList() {
-			if arg == "" || n.Name == arg {
-				records = append(records, showNode(n))
-			}
-		}
-		if len(records) == 0 {
-			fmt.Fprintf(e.Stdout, "Node %s not found\n", arg)
-			return 1
-		}
-	case strings.HasPrefix("partitions", what) && what != "":
-		c, err := allocator.Snapshot(ctx, s)
-		if err != nil {
-			return errorf(e, "scontrol", 1, "slurm_load_partitions error: %v", err)
-		}
-		nodes := c.NodeList()
-		for _, p := range partitions(nodes, defaultPartition(ctx, s, nodes)) {
-			if arg == "" || p.name == arg {
-				records = append(records, showPartition(p))
-			}
-		}
-		if len(records) == 0 {
-			fmt.Fprintf(e.Stdout, "Partition %s not found\n", arg)
-			return 1
-		}
-	default:
-		fmt.Fprintf(e.Stderr, "invalid entity:%s for keyword:show \n", rest[1])
-		return 1
+	records, code := c.records(ctx, e, s)
+	if len(records) == 0 {
+		return code
 	}
 	for _, r := range records {
-		if oneLine {
+		if c.oneLine {
 			fmt.Fprintln(e.Stdout, strings.Join(strings.Fields(r), " "))
 			continue
 		}
 		fmt.Fprintln(e.Stdout, r)
 	}
 	return 0
+}
+
+// scontrolCmd is the show command scontrol was given: what to show (lowercased; a
+// prefix of the entity's name), entity as given, its argument ("" for all), and
+// whether to write each record on one line (-o).
+type scontrolCmd struct {
+	what, entity, arg string
+	oneLine           bool
+}
+
+// scontrolParse reads scontrol's command line: its options, then "show ENTITY [ARG]".
+// done is true, with the exit code, where the command ends here: help, version, a
+// refused option or verb, or arguments scontrol refuses (in its words).
+func scontrolParse(e *Env, args []string) (c scontrolCmd, code int, done bool) {
+	ps, rest, err := getopt("scontrol", scontrolOptions, args, true, 1)
+	if err != nil {
+		return c, usage(e, "scontrol", err.(*UsageError)), true
+	}
+	for _, p := range ps {
+		if p.unsupported != "" {
+			return c, errorf(e, "scontrol", 1, "--%s is %s", p.name, p.unsupported), true
+		}
+		switch p.name {
+		case "help", "usage":
+			fmt.Fprintln(e.Stdout, "Usage: scontrol [<OPTION>] [<COMMAND>]")
+			return c, 0, true
+		case "version":
+			fmt.Fprintln(e.Stdout, Version)
+			return c, 0, true
+		case "oneliner":
+			c.oneLine = true
+		}
+	}
+	if len(rest) == 0 {
+		return c, errorf(e, "scontrol", 1, "gangrun's scontrol runs one command given on its command line (its interactive mode is %s)", notBuilt), true
+	}
+	switch strings.ToLower(rest[0]) {
+	case "show":
+	case "update", "hold", "release", "requeue", "requeuehold", "suspend", "resume", "reconfigure", "shutdown",
+		"create", "delete", "notify", "uhold", "top", "reboot", "takeover", "setdebug", "listpids", "wait_job":
+		return c, errorf(e, "scontrol", 1, "scontrol %s is %s", rest[0], notBuilt), true
+	default:
+		fmt.Fprintf(e.Stderr, "invalid keyword: %s\n", rest[0])
+		return c, 1, true
+	}
+	if len(rest) < 2 {
+		fmt.Fprintln(e.Stderr, "too few arguments for keyword:show")
+		return c, 1, true
+	}
+	c.what, c.entity = strings.ToLower(rest[1]), rest[1]
+	if len(rest) > 2 {
+		c.arg = rest[2]
+	}
+	if len(rest) > 3 {
+		fmt.Fprintf(e.Stderr, "too many arguments for keyword:show\n")
+		return c, 1, true
+	}
+	return c, 0, false
+}
+
+// showHostnames writes the hosts of hostlist arg (else of $SLURM_NODELIST), one a
+// line, and returns the exit code.
+func showHostnames(e *Env, arg string) int {
+	if arg == "" {
+		arg = e.Getenv("SLURM_NODELIST") // 22.05 reads this one alone
+	}
+	if arg == "" {
+		return errorf(e, "scontrol", 1, "host list is empty")
+	}
+	hosts, err := hostlist.Expand(arg)
+	if err != nil {
+		// scontrol says so on stderr and exits 0 (22.05, checked in
+		// TestSlurmCommandsAgainstSlurm).
+		fmt.Fprintf(e.Stderr, "Invalid hostlist: %s\n", arg)
+		return 0
+	}
+	for _, h := range hosts {
+		fmt.Fprintln(e.Stdout, h)
+	}
+	return 0
+}
+
+// showHostlist writes the hosts arg names as one hostlist expression (sorted: show
+// hostlistsorted), and returns the exit code.
+func showHostlist(e *Env, sorted bool, arg string) int {
+	if arg == "" {
+		return errorf(e, "scontrol", 1, "host list is empty")
+	}
+	out, err := hostlist.CompressExpr(arg)
+	if sorted {
+		var hosts []string
+		if hosts, err = hostlist.Expand(arg); err == nil {
+			out = hostlist.CompressSorted(hosts)
+		}
+	}
+	if err != nil {
+		// scontrol says so on stderr and exits 0 (22.05, checked in
+		// TestSlurmCommandsAgainstSlurm).
+		fmt.Fprintf(e.Stderr, "Invalid hostlist: %s\n", arg)
+		return 0
+	}
+	fmt.Fprintln(e.Stdout, out)
+	return 0
+}
+
+// scontrolShows are the entities scontrol show reads from the cluster, in the order
+// an abbreviation is matched: the entity's name (any nonempty prefix of it names it)
+// and what collects the records of arg ("" for all). Where it collects none it has
+// written why, and returns the exit code.
+var scontrolShows = []struct {
+	name    string
+	records func(ctx context.Context, e *Env, s Store, arg string) ([]string, int)
+}{
+	{"jobs", showJobs}, {"steps", showSteps}, {"nodes", showNodes}, {"partitions", showPartitions},
+}
+
+// records collects the records c shows; where there are none it has written why, and
+// returns the exit code.
+func (c scontrolCmd) records(ctx context.Context, e *Env, s Store) ([]string, int) {
+	for _, t := range scontrolShows {
+		if c.what != "" && strings.HasPrefix(t.name, c.what) {
+			return t.records(ctx, e, s, c.arg)
+		}
+	}
+	fmt.Fprintf(e.Stderr, "invalid entity:%s for keyword:show \n", c.entity)
+	return nil, 1
+}
+
+// showJobs collects `scontrol show job`'s records: every job, or job or array arg.
+func showJobs(ctx context.Context, e *Env, s Store, arg string) ([]string, int) {
+	jobs, err := job.List(ctx, s)
+	if err != nil {
+		return nil, errorf(e, "scontrol", 1, "slurm_load_jobs error: %v", err)
+	}
+	sched, _ := allocator.ReadStatus(ctx, s)
+	var records []string
+	for _, j := range jobs {
+		if arg == "" || j.Spec.ID == arg || j.Spec.Array != nil && j.Spec.Array.JobID == arg {
+			records = append(records, showJob(j, sched.Pending[j.Spec.ID]))
+		}
+	}
+	if len(records) == 0 {
+		if arg == "" {
+			fmt.Fprintln(e.Stdout, "No jobs in the system")
+			return nil, 0
+		}
+		fmt.Fprintln(e.Stderr, "slurm_load_jobs error: Invalid job id specified")
+		return nil, 1
+	}
+	return records, 0
+}
+
+// showSteps collects `scontrol show step`'s records: the running srun steps of the
+// running batch jobs, or of job arg (JOB or JOB.STEP).
+func showSteps(ctx context.Context, e *Env, s Store, arg string) ([]string, int) {
+	id, n, isStep := strings.Cut(arg, ".")
+	jobs, err := job.List(ctx, s)
+	if err != nil {
+		return nil, errorf(e, "scontrol", 1, "slurm_get_job_steps error: %v", err)
+	}
+	var records []string
+	for _, j := range jobs {
+		if arg != "" && j.Spec.ID != id || j.State.Status != job.Running || j.Spec.Batch == nil {
+			continue
+		}
+		ss, _ := job.SrunSteps(ctx, s, j.Spec.ID)
+		for i := range ss {
+			if ss[i].End == nil && (!isStep || strconv.Itoa(ss[i].Request.Step) == n) {
+				records = append(records, showStep(j, ss[i]))
+			}
+		}
+	}
+	if len(records) == 0 {
+		if arg == "" {
+			fmt.Fprintln(e.Stdout, "No job steps in the system")
+			return nil, 0
+		}
+		fmt.Fprintf(e.Stdout, "Job step %s not found\n", arg)
+		return nil, 1
+	}
+	return records, 0
+}
+
+// showNodes collects `scontrol show node`'s records: every node, or node arg.
+func showNodes(ctx context.Context, e *Env, s Store, arg string) ([]string, int) {
+	c, err := allocator.Snapshot(ctx, s)
+	if err != nil {
+		return nil, errorf(e, "scontrol", 1, "slurm_load_node error: %v", err)
+	}
+	var records []string
+	for _, n := range c.NodeList() {
+		if arg == "" || n.Name == arg {
+			records = append(records, showNode(n))
+		}
+	}
+	if len(records) == 0 {
+		fmt.Fprintf(e.Stdout, "Node %s not found\n", arg)
+		return nil, 1
+	}
+	return records, 0
+}
+
+// showPartitions collects `scontrol show partition`'s records: every partition, or
+// partition arg.
+func showPartitions(ctx context.Context, e *Env, s Store, arg string) ([]string, int) {
+	c, err := allocator.Snapshot(ctx, s)
+	if err != nil {
+		return nil, errorf(e, "scontrol", 1, "slurm_load_partitions error: %v", err)
+	}
+	nodes := c.NodeList()
+	var records []string
+	for _, p := range partitions(nodes, defaultPartition(ctx, s, nodes)) {
+		if arg == "" || p.name == arg {
+			records = append(records, showPartition(p))
+		}
+	}
+	if len(records) == 0 {
+		fmt.Fprintf(e.Stdout, "Partition %s not found\n", arg)
+		return nil, 1
+	}
+	return records, 0
 }
 
 // userID writes a user as scontrol does: name(uid).
@@ -246,21 +321,7 @@ func showJob(j job.Job, pending string) string {
 	}
 	w("   UserId=%s GroupId=%s MCS_label=N/A\n", uid, gid)
 	w("   Priority=%d Nice=0 Account=%s QOS=(null)\n", spec.Priority, orNull(spec.Account))
-	reason := "None"
-	switch st.Status {
-	case job.Pending:
-		reason = reasonOf(row)
-	case job.Failed:
-		reason = "NonZeroExitCode"
-		if strings.Contains(st.Reason, "signal") {
-			reason = "RaisedSignal:" + strings.TrimPrefix(exitCode(st.ExitCode, st.Reason), "0:")
-		}
-	case job.Timeout:
-		reason = "TimeLimit"
-	case job.NodeFail:
-		reason = "NodeDown"
-	}
-	w("   JobState=%s Reason=%s Dependency=%s\n", st.Status, reason, orNull(job.FormatDependencies(spec.Dependency)))
+	w("   JobState=%s Reason=%s Dependency=%s\n", st.Status, jobReason(row), orNull(job.FormatDependencies(spec.Dependency)))
 	requeue, batchFlag := 1, 0
 	if spec.Batch != nil {
 		if spec.Batch.NoRequeue {
@@ -271,6 +332,50 @@ func showJob(j job.Job, pending string) string {
 		}
 	}
 	w("   Requeue=%d Restarts=%d BatchFlag=%d Reboot=0 ExitCode=%s\n", requeue, st.Restarts+st.NodeFailures, batchFlag, exitCode(st.ExitCode, st.Reason))
+	showJobTimes(w, spec, st)
+	host := "n/a"
+	if spec.Batch != nil && spec.Batch.SubmitHost != "" {
+		host = spec.Batch.SubmitHost
+	}
+	w("   Partition=%s AllocNode:Sid=%s:0\n", job.PartitionName(spec.Partition), host)
+	w("   ReqNodeList=(null) ExcNodeList=(null)\n")
+	w("   NodeList=%s\n", hostlist.Compress(nodes))
+	if len(nodes) > 0 && batchFlag == 1 {
+		w("   BatchHost=%s\n", nodes[0])
+	}
+	showJobSize(w, spec, len(nodes))
+	w("   Features=(null) DelayBoot=00:00:00\n")
+	w("   OverSubscribe=OK Contiguous=0 Licenses=(null) Network=(null)\n")
+	showJobFiles(w, spec, nodes)
+	w("   Power=\n")
+	w("   TresPerNode=%s\n", tresPerNode(spec))
+	w("   \n")
+	return b.String()
+}
+
+// jobReason is show job's Reason: the scheduler's for a pending job, what ended a
+// failed, timed out or node-failed one, else None.
+func jobReason(row jobRow) string {
+	st := row.j.State
+	switch st.Status {
+	case job.Pending:
+		return reasonOf(row)
+	case job.Failed:
+		if strings.Contains(st.Reason, "signal") {
+			return "RaisedSignal:" + strings.TrimPrefix(exitCode(st.ExitCode, st.Reason), "0:")
+		}
+		return "NonZeroExitCode"
+	case job.Timeout:
+		return "TimeLimit"
+	case job.NodeFail:
+		return "NodeDown"
+	}
+	return "None"
+}
+
+// showJobTimes writes show job's time lines with w: its run time and limit, when it
+// was submitted, started and ends (its time limit's end while it runs).
+func showJobTimes(w func(format string, a ...any), spec job.Spec, st job.State) {
 	runTime := time.Duration(0)
 	if !st.Started.IsZero() {
 		end := time.Now()
@@ -298,17 +403,11 @@ func showJob(j job.Job, pending string) string {
 	}
 	w("   StartTime=%s EndTime=%s Deadline=N/A\n", start, end)
 	w("   SuspendTime=None SecsPreSuspend=0 LastSchedEval=%s Scheduler=Main\n", slurmTime(spec.Submitted))
-	host := "n/a"
-	if spec.Batch != nil && spec.Batch.SubmitHost != "" {
-		host = spec.Batch.SubmitHost
-	}
-	w("   Partition=%s AllocNode:Sid=%s:0\n", job.PartitionName(spec.Partition), host)
-	w("   ReqNodeList=(null) ExcNodeList=(null)\n")
-	w("   NodeList=%s\n", hostlist.Compress(nodes))
-	if len(nodes) > 0 && batchFlag == 1 {
-		w("   BatchHost=%s\n", nodes[0])
-	}
-	nn := len(nodes)
+}
+
+// showJobSize writes show job's size lines with w: nodes (nn placed; the requested
+// range while none is), CPUs, tasks, TRES (memory in MiB) and per-node minimums.
+func showJobSize(w func(format string, a ...any), spec job.Spec, nn int) {
 	numNodes := strconv.Itoa(nn)
 	if nn == 0 {
 		numNodes = fmt.Sprintf("%d-%d", spec.MinNodes, spec.MaxNodes)
@@ -334,8 +433,11 @@ func showJob(j job.Job, pending string) string {
 	w("   TRES=%s\n", tres)
 	w("   Socks/Node=* NtasksPerN:B:S:C=%d:0:*:* CoreSpec=*\n", perNode)
 	w("   MinCPUsNode=%d MinMemoryNode=%d MinTmpDiskNode=0\n", max(perNode, 1)*cpt, spec.Mem>>20)
-	w("   Features=(null) DelayBoot=00:00:00\n")
-	w("   OverSubscribe=OK Contiguous=0 Licenses=(null) Network=(null)\n")
+}
+
+// showJobFiles writes show job's Command and WorkDir lines with w, and a batch job's
+// output files as its first node (of nodes; none yet: "") names them.
+func showJobFiles(w func(format string, a ...any), spec job.Spec, nodes []string) {
 	if spec.Batch != nil {
 		w("   Command=%s\n", orNull(spec.Batch.ScriptPath))
 	} else {
@@ -353,10 +455,6 @@ func showJob(j job.Job, pending string) string {
 		}
 		w("   StdErr=%s\n   StdIn=/dev/null\n   StdOut=%s\n", errPath, out)
 	}
-	w("   Power=\n")
-	w("   TresPerNode=%s\n", tresPerNode(spec))
-	w("   \n")
-	return b.String()
 }
 
 // showStep writes an srun step as `scontrol show step` does.
@@ -414,6 +512,7 @@ func showNode(n allocator.NodeStatus) string {
 %s`, n.Name, n.GPUsTotal, orNull(n.Addr), orHost(n.Name, h), st, partitionOf(n), n.GPUsUsed, n.GPUsTotal, reason)
 }
 
+// orHost is name, or h for "".
 func orHost(name, h string) string {
 	if name != "" {
 		return name

@@ -52,6 +52,8 @@ var fieldLetter = map[string]string{
 	"userid": "U", "batchhost": "B", "stepid": "i", "stepname": "j",
 }
 
+// squeueOptions are squeue 22.05's options, those gangrun builds and, refused, the
+// rest.
 var squeueOptions = []option{
 	{long: "all", short: 'a', arg: noArg},
 	{long: "array", short: 'r', arg: noArg},
@@ -129,147 +131,194 @@ type jobRow struct {
 	now    time.Time
 }
 
-// value is the text of squeue letter key for r.
+// value is the text of squeue letter key for r ("" for a letter it has none for).
 func (r jobRow) value(key string) string {
-	j, st := r.j, r.j.State
-	nodes := job.SlurmNodes(st.Nodes)
-	switch key {
-	case "i", "A":
-		switch {
-		case r.batch:
-			return j.Spec.ID + ".batch"
-		case r.step != nil:
-			return r.step.ID()
-		}
-		return j.Spec.ID
-	case "j":
-		switch {
-		case r.batch:
-			return "batch"
-		case r.step != nil:
-			return r.step.Request.Name
-		}
-		return j.Spec.Name
-	case "P":
-		return job.PartitionName(j.Spec.Partition)
-	case "u":
-		return j.Spec.User
-	case "U":
-		if u, err := user.Lookup(j.Spec.User); err == nil {
-			return u.Uid
-		}
-		return j.Spec.User
-	case "g":
-		if u, err := user.Lookup(j.Spec.User); err == nil {
-			if g, err := user.LookupGroupId(u.Gid); err == nil {
-				return g.Name
-			}
-		}
-		return j.Spec.User
-	case "t":
-		return stateCode(st.Status)
-	case "T":
-		return string(st.Status)
-	case "M":
-		if r.step != nil && !r.batch {
-			return slurmDuration(r.now.Sub(r.step.Request.Created))
-		}
-		if st.Started.IsZero() || st.Status == job.Pending {
-			return "0:00"
-		}
-		end := r.now
-		if !st.Ended.IsZero() {
-			end = st.Ended
-		}
-		return slurmDuration(end.Sub(st.PlacedSince()))
-	case "l":
-		if j.Spec.TimeLimit == 0 {
-			return "UNLIMITED"
-		}
-		return slurmDuration(j.Spec.TimeLimit)
-	case "L":
-		if j.Spec.TimeLimit == 0 {
-			return "UNLIMITED"
-		}
-		if st.Status != job.Running {
-			return slurmDuration(j.Spec.TimeLimit)
-		}
-		return slurmDuration(j.Spec.TimeLimit - r.now.Sub(st.PlacedSince()))
-	case "D":
-		if r.step != nil && !r.batch {
-			return strconv.Itoa(len(r.step.Request.Nodes))
-		}
-		if r.batch {
-			return "1"
-		}
-		if len(nodes) > 0 {
-			return strconv.Itoa(len(nodes))
-		}
-		return strconv.Itoa(j.Spec.MinNodes)
-	case "N", "B":
-		switch {
-		case r.batch || key == "B":
-			if len(nodes) > 0 {
-				return nodes[0]
-			}
-			return "n/a"
-		case r.step != nil:
-			return hostlist.Compress(r.step.Request.Nodes)
-		}
-		return hostlist.Compress(nodes)
-	case "R":
-		if st.Status == job.Pending || len(nodes) == 0 {
-			return "(" + reasonOf(r) + ")"
-		}
-		return hostlist.Compress(nodes)
-	case "r":
-		return reasonOf(r)
-	case "a":
-		return j.Spec.Account
-	case "C":
-		return strconv.Itoa(cpusOf(j.Spec, len(nodes)))
-	case "b":
-		return tresPerNode(j.Spec)
-	case "Q":
-		return strconv.Itoa(j.Spec.Priority)
-	case "V":
-		return slurmTime(j.Spec.Submitted)
-	case "S":
-		if st.Started.IsZero() {
-			return "N/A"
-		}
-		return slurmTime(st.PlacedSince())
-	case "e":
-		switch {
-		case !st.Ended.IsZero():
-			return slurmTime(st.Ended)
-		case j.Spec.TimeLimit > 0 && !st.Started.IsZero():
-			return slurmTime(st.PlacedSince().Add(j.Spec.TimeLimit))
-		}
-		return "N/A"
-	case "Z":
-		return j.Spec.WorkDir
-	case "o":
-		if j.Spec.Script != "" {
-			return j.Spec.WorkDir
-		}
-		return strings.Join(j.Spec.Command, " ")
-	case "F":
-		if j.Spec.Array != nil {
-			return j.Spec.Array.JobID
-		}
-		return j.Spec.ID
-	case "K":
-		if j.Spec.Array != nil {
-			return strconv.Itoa(j.Spec.Array.TaskID)
-		}
-		return "N/A"
-	case "y":
-		return "0"
-	case "x":
-		return ""
+	if f, ok := squeueValues[key]; ok {
+		return f(r)
 	}
 	return ""
+}
+
+// squeueValues are what each squeue letter shows of a row (squeue(1)'s -o letters;
+// -O fields map onto them through fieldLetter).
+var squeueValues = map[string]func(r jobRow) string{
+	"i": jobRow.id,
+	"A": jobRow.id,
+	"j": jobRow.name,
+	"P": func(r jobRow) string { return job.PartitionName(r.j.Spec.Partition) },
+	"u": func(r jobRow) string { return r.j.Spec.User },
+	"U": jobRow.uid,
+	"g": jobRow.group,
+	"t": func(r jobRow) string { return stateCode(r.j.State.Status) },
+	"T": func(r jobRow) string { return string(r.j.State.Status) },
+	"M": jobRow.timeUsed,
+	"l": func(r jobRow) string {
+		if r.j.Spec.TimeLimit == 0 {
+			return "UNLIMITED"
+		}
+		return slurmDuration(r.j.Spec.TimeLimit)
+	},
+	"L": jobRow.timeLeft,
+	"D": jobRow.nodeCount,
+	"N": jobRow.nodeList,
+	"B": jobRow.execHost,
+	"R": func(r jobRow) string {
+		if r.j.State.Status == job.Pending || len(r.nodes()) == 0 {
+			return "(" + reasonOf(r) + ")"
+		}
+		return hostlist.Compress(r.nodes())
+	},
+	"r": reasonOf,
+	"a": func(r jobRow) string { return r.j.Spec.Account },
+	"C": func(r jobRow) string { return strconv.Itoa(cpusOf(r.j.Spec, len(r.nodes()))) },
+	"b": func(r jobRow) string { return tresPerNode(r.j.Spec) },
+	"Q": func(r jobRow) string { return strconv.Itoa(r.j.Spec.Priority) },
+	"V": func(r jobRow) string { return slurmTime(r.j.Spec.Submitted) },
+	"S": func(r jobRow) string {
+		if r.j.State.Started.IsZero() {
+			return "N/A"
+		}
+		return slurmTime(r.j.State.PlacedSince())
+	},
+	"e": jobRow.end,
+	"Z": func(r jobRow) string { return r.j.Spec.WorkDir },
+	"o": func(r jobRow) string {
+		if r.j.Spec.Script != "" {
+			return r.j.Spec.WorkDir
+		}
+		return strings.Join(r.j.Spec.Command, " ")
+	},
+	"F": func(r jobRow) string {
+		if r.j.Spec.Array != nil {
+			return r.j.Spec.Array.JobID
+		}
+		return r.j.Spec.ID
+	},
+	"K": func(r jobRow) string {
+		if r.j.Spec.Array != nil {
+			return strconv.Itoa(r.j.Spec.Array.TaskID)
+		}
+		return "N/A"
+	},
+	"y": func(jobRow) string { return "0" },
+	"x": func(jobRow) string { return "" },
+}
+
+// nodes are the job's nodes as Slurm names them.
+func (r jobRow) nodes() []string { return job.SlurmNodes(r.j.State.Nodes) }
+
+// id is %i: the job's id, its step's (JOB.STEP) or its batch step's (JOB.batch).
+func (r jobRow) id() string {
+	switch {
+	case r.batch:
+		return r.j.Spec.ID + ".batch"
+	case r.step != nil:
+		return r.step.ID()
+	}
+	return r.j.Spec.ID
+}
+
+// name is %j: the job's name, its step's, or "batch".
+func (r jobRow) name() string {
+	switch {
+	case r.batch:
+		return "batch"
+	case r.step != nil:
+		return r.step.Request.Name
+	}
+	return r.j.Spec.Name
+}
+
+// uid is %U: the job's user's uid (its name where it has none here).
+func (r jobRow) uid() string {
+	if u, err := user.Lookup(r.j.Spec.User); err == nil {
+		return u.Uid
+	}
+	return r.j.Spec.User
+}
+
+// group is %g: the job's user's group (the user's name where it has none here).
+func (r jobRow) group() string {
+	if u, err := user.Lookup(r.j.Spec.User); err == nil {
+		if g, err := user.LookupGroupId(u.Gid); err == nil {
+			return g.Name
+		}
+	}
+	return r.j.Spec.User
+}
+
+// timeUsed is %M: how long the step, or the job since it was placed, has run.
+func (r jobRow) timeUsed() string {
+	st := r.j.State
+	if r.step != nil && !r.batch {
+		return slurmDuration(r.now.Sub(r.step.Request.Created))
+	}
+	if st.Started.IsZero() || st.Status == job.Pending {
+		return "0:00"
+	}
+	end := r.now
+	if !st.Ended.IsZero() {
+		end = st.Ended
+	}
+	return slurmDuration(end.Sub(st.PlacedSince()))
+}
+
+// timeLeft is %L: the job's time limit less what a running job has used.
+func (r jobRow) timeLeft() string {
+	j, st := r.j, r.j.State
+	if j.Spec.TimeLimit == 0 {
+		return "UNLIMITED"
+	}
+	if st.Status != job.Running {
+		return slurmDuration(j.Spec.TimeLimit)
+	}
+	return slurmDuration(j.Spec.TimeLimit - r.now.Sub(st.PlacedSince()))
+}
+
+// nodeCount is %D: the step's nodes, 1 for the batch step, the job's nodes (while it
+// has none, the fewest it asks for).
+func (r jobRow) nodeCount() string {
+	if r.step != nil && !r.batch {
+		return strconv.Itoa(len(r.step.Request.Nodes))
+	}
+	if r.batch {
+		return "1"
+	}
+	if nodes := r.nodes(); len(nodes) > 0 {
+		return strconv.Itoa(len(nodes))
+	}
+	return strconv.Itoa(r.j.Spec.MinNodes)
+}
+
+// nodeList is %N: the step's nodes, the batch step's host, or the job's nodes.
+func (r jobRow) nodeList() string {
+	switch {
+	case r.batch:
+		return r.execHost()
+	case r.step != nil:
+		return hostlist.Compress(r.step.Request.Nodes)
+	}
+	return hostlist.Compress(r.nodes())
+}
+
+// execHost is %B: the job's first node, where its batch step runs ("n/a": none yet).
+func (r jobRow) execHost() string {
+	if nodes := r.nodes(); len(nodes) > 0 {
+		return nodes[0]
+	}
+	return "n/a"
+}
+
+// end is %e: when the job ended, else when its time limit ends it once started.
+func (r jobRow) end() string {
+	j, st := r.j, r.j.State
+	switch {
+	case !st.Ended.IsZero():
+		return slurmTime(st.Ended)
+	case j.Spec.TimeLimit > 0 && !st.Started.IsZero():
+		return slurmTime(st.PlacedSince().Add(j.Spec.TimeLimit))
+	}
+	return "N/A"
 }
 
 // reasonOf is a job's reason as squeue shows it: the scheduler's pending reason
@@ -341,48 +390,12 @@ const slurmJobStates = "PENDING,RUNNING,SUSPENDED,COMPLETED,CANCELLED,FAILED,TIM
 // Squeue is squeue: the jobs (or with -s their steps) in Slurm's columns, formats
 // (-o, -O, -l), filters (-j, -u, -t, -p, -n, -A, --me) and header (-h).
 func Squeue(ctx context.Context, e *Env, args []string) int {
-	v, rest, done, code := parseOpts(e, "squeue", squeueOptions, args, 1, "Usage: squeue [OPTIONS]\n")
+	v, code, done := squeueArgs(e, args)
 	if done {
 		return code
 	}
-	// -j and -s take their list as an optional argument, or as the next word
-	// (squeue's opts.c: "squeue -j 3" lists job 3, as "squeue -j3" does).
-	if len(rest) > 0 && v.has("jobs") {
-		v["jobs"], rest = rest[0], rest[1:]
-	}
-	if len(rest) > 0 && v.has("steps") {
-		v["steps"], rest = rest[0], rest[1:]
-	}
-	if len(rest) > 0 {
-		fmt.Fprint(e.Stdout, squeueUsage)
-		return errorf(e, "squeue", 1, "Unrecognized option: %s", rest[0])
-	}
 	steps := v.has("steps")
-	stepIDs := splitList(v["steps"])
-	format := squeueDefault
-	switch {
-	case steps:
-		format = squeueSteps
-	case v.has("long"):
-		format = squeueLong
-	}
-	if v.has("format") {
-		format = v["format"]
-	}
-	var fields []field
-	var err error
-	if v.has("Format") {
-		var bad []string
-		fields, bad = parseFieldsLenient(v["Format"], squeueFields)
-		for _, b := range bad {
-			fmt.Fprintf(e.Stderr, "squeue: error: Invalid job format specification: %s\n", b)
-		}
-		for i := range fields {
-			fields[i].key = fieldLetter[fields[i].key]
-		}
-	} else {
-		fields, err = parseFormat(format, squeueLetters)
-	}
+	fields, err := squeueFormat(e, v)
 	if err != nil {
 		return usage(e, "squeue", err.(*UsageError))
 	}
@@ -409,19 +422,104 @@ func Squeue(ctx context.Context, e *Env, args []string) int {
 		fmt.Fprintln(e.Stderr, "slurm_load_jobs error: Invalid job id specified")
 		return 1
 	}
+	var rows []jobRow
+	if steps {
+		rows = stepRows(ctx, s, jobs, f, splitList(v["steps"]))
+	} else {
+		rows = queueRows(ctx, s, jobs, f)
+	}
+	if !v.has("noheader") {
+		headers := squeueHeaders(steps)
+		fmt.Fprintln(e.Stdout, render(fields, func(k string) string { return headers[k] }))
+	}
+	for _, r := range rows {
+		fmt.Fprintln(e.Stdout, render(fields, r.value))
+	}
+	return 0
+}
+
+// squeueArgs reads squeue's options into their values. done is true, with the exit
+// code, where the command ends here: help, version, a refused option or a word that
+// is none.
+func squeueArgs(e *Env, args []string) (v values, code int, done bool) {
+	v, rest, done, code := parseOpts(e, "squeue", squeueOptions, args, 1, "Usage: squeue [OPTIONS]\n")
+	if done {
+		return nil, code, true
+	}
+	// -j and -s take their list as an optional argument, or as the next word
+	// (squeue's opts.c: "squeue -j 3" lists job 3, as "squeue -j3" does).
+	if len(rest) > 0 && v.has("jobs") {
+		v["jobs"], rest = rest[0], rest[1:]
+	}
+	if len(rest) > 0 && v.has("steps") {
+		v["steps"], rest = rest[0], rest[1:]
+	}
+	if len(rest) > 0 {
+		fmt.Fprint(e.Stdout, squeueUsage)
+		return nil, errorf(e, "squeue", 1, "Unrecognized option: %s", rest[0]), true
+	}
+	return v, 0, false
+}
+
+// squeueFormat is the columns squeue writes: -O's fields (those it does not know
+// reported on stderr and left out, as squeue does), else -o's format, else --steps's,
+// --long's or the default one. Errors are *UsageError.
+func squeueFormat(e *Env, v values) ([]field, error) {
+	if v.has("Format") {
+		fields, bad := parseFieldsLenient(v["Format"], squeueFields)
+		for _, b := range bad {
+			fmt.Fprintf(e.Stderr, "squeue: error: Invalid job format specification: %s\n", b)
+		}
+		for i := range fields {
+			fields[i].key = fieldLetter[fields[i].key]
+		}
+		return fields, nil
+	}
+	format := squeueDefault
+	switch {
+	case v.has("steps"):
+		format = squeueSteps
+	case v.has("long"):
+		format = squeueLong
+	}
+	if v.has("format") {
+		format = v["format"]
+	}
+	return parseFormat(format, squeueLetters)
+}
+
+// queueRows are the rows of the jobs f selects, in Slurm's default order for jobs,
+// "P,t,-p" (squeue(1), --sort): partition name, then the compact state as text (so F
+// before PD before R), then priority, highest first.
+func queueRows(ctx context.Context, s Store, jobs []job.Job, f jobFilter) []jobRow {
 	sched, _ := allocator.ReadStatus(ctx, s)
 	now := time.Now()
 	var rows []jobRow
 	for _, j := range jobs {
-		if !f.match(j, steps) {
-			continue
+		if f.match(j, false) {
+			rows = append(rows, jobRow{j: j, reason: sched.Pending[j.Spec.ID], now: now})
 		}
-		row := jobRow{j: j, reason: sched.Pending[j.Spec.ID], now: now}
-		if !steps {
-			rows = append(rows, row)
-			continue
+	}
+	sort.SliceStable(rows, func(a, b int) bool {
+		if pa, pb := rows[a].value("P"), rows[b].value("P"); pa != pb {
+			return pa < pb
 		}
-		if j.State.Status != job.Running || j.Spec.Batch == nil {
+		if ta, tb := rows[a].value("t"), rows[b].value("t"); ta != tb {
+			return ta < tb
+		}
+		return rows[a].j.Spec.Priority > rows[b].j.Spec.Priority
+	})
+	return rows
+}
+
+// stepRows are the rows of the running steps (srun's, then the batch step) of the
+// running batch jobs f selects; stepIDs (JOB.STEP, JOB.batch), when given, pick
+// steps.
+func stepRows(ctx context.Context, s Store, jobs []job.Job, f jobFilter, stepIDs []string) []jobRow {
+	now := time.Now()
+	var rows []jobRow
+	for _, j := range jobs {
+		if !f.match(j, true) || j.State.Status != job.Running || j.Spec.Batch == nil {
 			continue
 		}
 		ss, _ := job.SrunSteps(ctx, s, j.Spec.ID)
@@ -434,35 +532,21 @@ func Squeue(ctx context.Context, e *Env, args []string) int {
 			rows = append(rows, jobRow{j: j, batch: true, now: now})
 		}
 	}
+	return rows
+}
+
+// squeueHeaders are the column headers by letter: with steps, %i and %j are the
+// step's (STEPID, NAME).
+func squeueHeaders(steps bool) map[string]string {
 	if !steps {
-		// Slurm's default order for jobs, "P,t,-p" (squeue(1), --sort): partition
-		// name, then the compact state as text (so F before PD before R), then
-		// priority, highest first.
-		sort.SliceStable(rows, func(a, b int) bool {
-			if pa, pb := rows[a].value("P"), rows[b].value("P"); pa != pb {
-				return pa < pb
-			}
-			if ta, tb := rows[a].value("t"), rows[b].value("t"); ta != tb {
-				return ta < tb
-			}
-			return rows[a].j.Spec.Priority > rows[b].j.Spec.Priority
-		})
+		return squeueLetters
 	}
-	if !v.has("noheader") {
-		headers := squeueLetters
-		if steps {
-			headers = map[string]string{}
-			for k, h := range squeueLetters {
-				headers[k] = h
-			}
-			headers["i"], headers["j"] = "STEPID", "NAME"
-		}
-		fmt.Fprintln(e.Stdout, render(fields, func(k string) string { return headers[k] }))
+	headers := map[string]string{}
+	for k, h := range squeueLetters {
+		headers[k] = h
 	}
-	for _, r := range rows {
-		fmt.Fprintln(e.Stdout, render(fields, r.value))
-	}
-	return 0
+	headers["i"], headers["j"] = "STEPID", "NAME"
+	return headers
 }
 
 // jobFilter is squeue's, scancel's and sacct's selection of jobs.

@@ -105,54 +105,21 @@ type stepLayout struct {
 // reads them) within the job's nodes, as Slurm's block distribution lays them out:
 // -n tasks over the nodes, as evenly as may be, the first nodes taking one more.
 func layout(jobNodes []string, v values, getenv func(string) string) (stepLayout, error) {
-	num := func(name, env string) (int, bool, error) {
-		s, ok := v[name]
-		if !ok && env != "" {
-			if s = getenv(env); s != "" {
-				ok = true
-			}
-		}
-		if !ok {
-			return 0, false, nil
-		}
-		n, err := strconv.Atoi(s)
-		if err != nil || n < 1 {
-			return 0, false, &UsageError{Msg: fmt.Sprintf("error: Invalid numeric value \"%s\" for --%s.", s, name), Code: 1}
-		}
-		return n, true, nil
-	}
-	nodes := jobNodes
-	if v.has("nodelist") {
-		want, err := hostlist.Expand(v["nodelist"])
-		if err != nil {
-			return stepLayout{}, &UsageError{Msg: "error: Invalid node name specified", Code: 1}
-		}
-		for _, w := range want {
-			if !slices.Contains(jobNodes, w) {
-				return stepLayout{}, &UsageError{Msg: "error: Unable to create step for job: Requested node configuration is not available", Code: 1}
-			}
-		}
-		nodes = job.SlurmNodes(want)
-	}
-	ntasks, haveN, err := num("ntasks", "SLURM_NTASKS")
+	nodes, err := stepNodes(jobNodes, v)
 	if err != nil {
 		return stepLayout{}, err
 	}
-	perNode, havePer, err := num("ntasks-per-node", "SLURM_NTASKS_PER_NODE")
+	ntasks, haveN, err := stepCount(v, getenv, "ntasks", "SLURM_NTASKS")
 	if err != nil {
 		return stepLayout{}, err
 	}
-	nn, haveNN := 0, false
-	if v.has("nodes") {
-		lo, _, err := job.ParseNodes(strings.Replace(v["nodes"], ":", "-", 1))
-		if err != nil {
-			return stepLayout{}, &UsageError{Msg: fmt.Sprintf("error: \"%s\" is not a valid node count", v["nodes"]), Code: 255}
-		}
-		nn, haveNN = lo, true
-	} else if s := getenv("SLURM_NNODES"); s != "" && !v.has("nodelist") {
-		if n, err := strconv.Atoi(s); err == nil && n > 0 {
-			nn, haveNN = n, true
-		}
+	perNode, havePer, err := stepCount(v, getenv, "ntasks-per-node", "SLURM_NTASKS_PER_NODE")
+	if err != nil {
+		return stepLayout{}, err
+	}
+	nn, haveNN, err := stepNodeCount(v, getenv)
+	if err != nil {
+		return stepLayout{}, err
 	}
 	if !haveNN {
 		nn = len(nodes)
@@ -167,7 +134,7 @@ func layout(jobNodes []string, v values, getenv func(string) string) (stepLayout
 		if v.has("ntasks-per-node") {
 			warn = fmt.Sprintf("srun: Warning: can't honor --ntasks-per-node set to %d which doesn't match the requested tasks %d with the number of requested nodes %d. Ignoring --ntasks-per-node.", perNode, ntasks, nn)
 		}
-		havePer = false
+		perNode = 0 // 0: not given
 	}
 	if haveN && ntasks < nn {
 		if haveNN {
@@ -175,26 +142,97 @@ func layout(jobNodes []string, v values, getenv func(string) string) (stepLayout
 		}
 		nn = ntasks
 	}
-	nodes = nodes[:nn]
+	tasks, err := spreadTasks(nn, ntasks, perNode)
+	if err != nil {
+		return stepLayout{}, err
+	}
+	l := stepLayout{nodes: nodes[:nn], tasks: tasks}
+	if warn != "" {
+		return l, &warning{msg: warn}
+	}
+	return l, nil
+}
+
+// stepNodes are the nodes a step may run on: --nodelist's (each one of the job's;
+// in Slurm's order), else the job's.
+func stepNodes(jobNodes []string, v values) ([]string, error) {
+	if !v.has("nodelist") {
+		return jobNodes, nil
+	}
+	want, err := hostlist.Expand(v["nodelist"])
+	if err != nil {
+		return nil, &UsageError{Msg: "error: Invalid node name specified", Code: 1}
+	}
+	for _, w := range want {
+		if !slices.Contains(jobNodes, w) {
+			return nil, &UsageError{Msg: "error: Unable to create step for job: Requested node configuration is not available", Code: 1}
+		}
+	}
+	return job.SlurmNodes(want), nil
+}
+
+// stepCount reads count option name, else variable env ("": none): the count and
+// whether either was given. Errors are srun's "Invalid numeric value" (below 1 too).
+func stepCount(v values, getenv func(string) string, name, env string) (int, bool, error) {
+	s, ok := v[name]
+	if !ok && env != "" {
+		if s = getenv(env); s != "" {
+			ok = true
+		}
+	}
+	if !ok {
+		return 0, false, nil
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 {
+		return 0, false, &UsageError{Msg: fmt.Sprintf("error: Invalid numeric value \"%s\" for --%s.", s, name), Code: 1}
+	}
+	return n, true, nil
+}
+
+// stepNodeCount is how many nodes the step asks for: --nodes's minimum, else
+// SLURM_NNODES (ignored with --nodelist, or when it is no count), and whether either
+// was given.
+func stepNodeCount(v values, getenv func(string) string) (int, bool, error) {
+	if v.has("nodes") {
+		lo, _, err := job.ParseNodes(strings.Replace(v["nodes"], ":", "-", 1))
+		if err != nil {
+			return 0, false, &UsageError{Msg: fmt.Sprintf("error: \"%s\" is not a valid node count", v["nodes"]), Code: 255}
+		}
+		return lo, true, nil
+	}
+	if s := getenv("SLURM_NNODES"); s != "" && !v.has("nodelist") {
+		if n, err := strconv.Atoi(s); err == nil && n > 0 {
+			return n, true, nil
+		}
+	}
+	return 0, false, nil
+}
+
+// spreadTasks lays tasks out over nn nodes, as Slurm's block distribution does:
+// ntasks at up to perNode a node, every node keeping at least one; ntasks alone as
+// evenly as may be, the first nodes taking one more; perNode alone on every node;
+// else one a node. 0 is a count not given.
+func spreadTasks(nn, ntasks, perNode int) ([]int, error) {
 	tasks := make([]int, nn)
 	switch {
-	case haveN && havePer:
+	case ntasks > 0 && perNode > 0:
 		if ntasks > nn*perNode {
-			return stepLayout{}, &UsageError{Msg: "error: Unable to create step for job: Requested node configuration is not available", Code: 1}
+			return nil, &UsageError{Msg: "error: Unable to create step for job: Requested node configuration is not available", Code: 1}
 		}
 		left := ntasks
 		for i := range tasks {
 			tasks[i] = min(perNode, left-(nn-1-i)) // every node keeps at least one
 			left -= tasks[i]
 		}
-	case haveN:
+	case ntasks > 0:
 		for i := range tasks {
 			tasks[i] = ntasks / nn
 			if i < ntasks%nn {
 				tasks[i]++
 			}
 		}
-	case havePer:
+	case perNode > 0:
 		for i := range tasks {
 			tasks[i] = perNode
 		}
@@ -203,11 +241,7 @@ func layout(jobNodes []string, v values, getenv func(string) string) (stepLayout
 			tasks[i] = 1
 		}
 	}
-	l := stepLayout{nodes: nodes, tasks: tasks}
-	if warn != "" {
-		return l, &warning{msg: warn}
-	}
-	return l, nil
+	return tasks, nil
 }
 
 // warning is a layout that srun warns about but runs.

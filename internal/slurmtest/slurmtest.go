@@ -104,6 +104,31 @@ func Start(t testing.TB, o Options) *Cluster {
 	for _, b := range []string{"slurmctld", "slurmd", "sbatch", "scontrol", "sinfo"} {
 		lookPath(t, b)
 	}
+	o.setDefaults()
+	c := newCluster(t, o)
+	ports, err := testport.Take(1 + len(o.Nodes))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(c.Conf, []byte(c.slurmConf(o, ports)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	gres := fmt.Sprintf("Name=gpu File=%s/dev/nvidia[0-%d]\n", c.Dir, o.GPUsPerNode-1)
+	if err := os.WriteFile(filepath.Join(c.Dir, "gres.conf"), []byte(gres), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.stop)
+	c.daemon("slurmctld", filepath.Join(c.Dir, "slurmctld.pid"), "-i")
+	for _, n := range o.Nodes {
+		c.daemon("slurmd", filepath.Join(c.Dir, "slurmd-"+n+".pid"), "-N", n)
+	}
+	c.waitIdle()
+	return c
+}
+
+// setDefaults fills in the options not given: one node "node1", 4 GPUs and 16 CPUs
+// a node, partition "gpu", cluster "gangruntest".
+func (o *Options) setDefaults() {
 	if len(o.Nodes) == 0 {
 		o.Nodes = []string{"node1"}
 	}
@@ -119,6 +144,13 @@ func Start(t testing.TB, o Options) *Cluster {
 	if o.ClusterName == "" {
 		o.ClusterName = "gangruntest"
 	}
+}
+
+// newCluster makes the cluster's directory (removed at the test's end) with its
+// state, spool, log and dev directories and o.GPUsPerNode fake GPU devices in dev,
+// and starts its munged.
+func newCluster(t testing.TB, o Options) *Cluster {
+	t.Helper()
 	dir, err := os.MkdirTemp("", "gangrun-slurm-")
 	if err != nil {
 		t.Fatal(err)
@@ -141,10 +173,13 @@ func Start(t testing.TB, o Options) *Cluster {
 			t.Fatalf("slurmtest: mknod %s: %v", dev, err)
 		}
 	}
-	ports, err := testport.Take(1 + len(o.Nodes))
-	if err != nil {
-		t.Fatal(err)
-	}
+	return c
+}
+
+// slurmConf is the cluster's slurm.conf: the controller on ports[0], node i's slurmd
+// on ports[1+i], everything under c.Dir, then o.Extra's lines.
+func (c *Cluster) slurmConf(o Options, ports []int) string {
+	dir := c.Dir
 	var conf strings.Builder
 	fmt.Fprintf(&conf, `ClusterName=%s
 SlurmctldHost=%s(127.0.0.1)
@@ -186,18 +221,13 @@ MinJobAge=300
 	for _, l := range o.Extra {
 		conf.WriteString(l + "\n")
 	}
-	if err := os.WriteFile(c.Conf, []byte(conf.String()), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	gres := fmt.Sprintf("Name=gpu File=%s/dev/nvidia[0-%d]\n", dir, o.GPUsPerNode-1)
-	if err := os.WriteFile(filepath.Join(dir, "gres.conf"), []byte(gres), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.stop)
-	c.daemon("slurmctld", filepath.Join(dir, "slurmctld.pid"), "-i")
-	for _, n := range o.Nodes {
-		c.daemon("slurmd", filepath.Join(dir, "slurmd-"+n+".pid"), "-N", n)
-	}
+	return conf.String()
+}
+
+// waitIdle waits until sinfo shows every node idle; the test fails after
+// startTimeout.
+func (c *Cluster) waitIdle() {
+	c.t.Helper()
 	deadline := time.Now().Add(startTimeout)
 	for {
 		out, _, code := c.Run(context.Background(), "", nil, "sinfo", "-h", "-N", "-o", "%N %t")
@@ -207,11 +237,11 @@ MinJobAge=300
 				idle++
 			}
 		}
-		if code == 0 && idle == len(o.Nodes) {
-			return c
+		if code == 0 && idle == len(c.Nodes) {
+			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("slurmtest: the nodes are not idle within %s: sinfo says %q\n%s", startTimeout, out, c.Logs())
+			c.t.Fatalf("slurmtest: the nodes are not idle within %s: sinfo says %q\n%s", startTimeout, out, c.Logs())
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
