@@ -573,9 +573,61 @@ type outcome struct {
 // Run supervises the job until it succeeds, runs out of restarts, or is stopped, and
 // returns how it ended. It never panics on worker behaviour.
 func (s *Supervisor) Run(ctx context.Context) Result {
+	var undo cleanups
+	defer func() { undo.run() }()
+	if err := s.setUp(&undo); err != nil {
+		return Result{ExitCode: 1, Err: err}
+	}
+	return s.loop(ctx)
+}
+
+// cleanups are what Run undoes when it returns, last added first (as deferred calls).
+type cleanups []func()
+
+// add has f run when Run returns, before those added earlier.
+func (c *cleanups) add(f func()) { *c = append(*c, f) }
+
+// run runs the cleanups, last added first.
+func (c cleanups) run() {
+	for i := len(c) - 1; i >= 0; i-- {
+		c[i]()
+	}
+}
+
+// setUp prepares the node for the run's first round, in this order: the notes logged,
+// the processes this one already has noted, the guardian and the subreaper, the step's
+// cgroup, the log or scratch directory, the checkpoint pin, the workers' store, the
+// standby program and torch's file-based watchdog. What it sets up is undone by undo,
+// also when it fails; an error ends the run with exit code 1.
+func (s *Supervisor) setUp(undo *cleanups) error {
 	for _, n := range s.cfg.Notes {
 		s.cfg.Log.Info(n)
 	}
+	s.adoptProcess()
+	undo.add(func() {
+		if err := s.guard.Close(); err != nil {
+			s.log.Warn("guardian", zap.Error(err))
+		}
+	})
+	if err := s.confine(); err != nil {
+		return err
+	}
+	undo.add(s.unconfine) // after the standbys and workers are gone, before the guardian
+	if err := s.makeLogDirs(undo); err != nil {
+		return err
+	}
+	undo.add(func() { s.pin("") })
+	undo.add(s.closeStore)
+	undo.add(s.setupWarm())
+	s.serveFileTimer(undo)
+	return nil
+}
+
+// adoptProcess readies this process to supervise workers: with Config.Subreaper it
+// notes the children it already has (never swept) and becomes a child subreaper, and
+// with Config.GuardianArgv it starts the guardian. Each that fails is logged and run
+// without.
+func (s *Supervisor) adoptProcess() {
 	if s.cfg.Subreaper {
 		// Children this process inherited when it was exec'd (a shell's `exec >
 		// >(tee run.log)` before `exec gangrun run`) are not the workers': the sweep
@@ -598,66 +650,74 @@ func (s *Supervisor) Run(ctx context.Context) Result {
 			s.cfg.Subreaper = false
 		}
 	}
-	defer func() {
-		if err := s.guard.Close(); err != nil {
-			s.log.Warn("guardian", zap.Error(err))
-		}
-	}()
-	if err := s.confine(); err != nil {
-		return Result{ExitCode: 1, Err: err}
-	}
-	defer s.unconfine() // after the standbys and workers are gone, before the guardian
+}
+
+// makeLogDirs creates the run's own directory under LogDir (Config.LogDirPerRun) and
+// makes it LogDir, or, without a LogDir, the scratch directory of the workers' error
+// files and heartbeats, removed when Run returns (undo) or should this process die
+// (the guardian).
+func (s *Supervisor) makeLogDirs(undo *cleanups) error {
 	if s.cfg.LogDir != "" && s.cfg.LogDirPerRun {
 		if err := os.MkdirAll(s.cfg.LogDir, logDirMode); err != nil {
-			return Result{ExitCode: 1, Err: fmt.Errorf("--log-dir %s: %w", s.cfg.LogDir, err)}
+			return fmt.Errorf("--log-dir %s: %w", s.cfg.LogDir, err)
 		}
 		dir, err := os.MkdirTemp(s.cfg.LogDir, safeName(s.cfg.JobID)+"_")
 		if err != nil {
-			return Result{ExitCode: 1, Err: fmt.Errorf("--log-dir %s: %w", s.cfg.LogDir, err)}
+			return fmt.Errorf("--log-dir %s: %w", s.cfg.LogDir, err)
 		}
 		s.cfg.LogDir = dir
 		s.log.Info("worker logs in this run's directory", zap.String("dir", dir))
 	}
-	if s.cfg.LogDir == "" {
-		dir, err := os.MkdirTemp("", "gangrun-"+safeName(s.cfg.JobID)+"-")
-		if err != nil {
-			return Result{ExitCode: 1, Err: fmt.Errorf("create scratch dir: %w", err)}
+	if s.cfg.LogDir != "" {
+		return nil
+	}
+	dir, err := os.MkdirTemp("", "gangrun-"+safeName(s.cfg.JobID)+"-")
+	if err != nil {
+		return fmt.Errorf("create scratch dir: %w", err)
+	}
+	s.scratch = dir
+	if !s.cfg.User.IsSelf() {
+		// The user's workers pass through to their own rank directories; they list
+		// nothing here.
+		if err := os.Chmod(dir, 0o711); err != nil {
+			os.RemoveAll(dir)
+			return fmt.Errorf("scratch dir: %w", err)
 		}
-		s.scratch = dir
-		if !s.cfg.User.IsSelf() {
-			// The user's workers pass through to their own rank directories; they list
-			// nothing here.
-			if err := os.Chmod(dir, 0o711); err != nil {
-				os.RemoveAll(dir)
-				return Result{ExitCode: 1, Err: fmt.Errorf("scratch dir: %w", err)}
-			}
-		}
-		defer os.RemoveAll(dir)
-		if err := s.guard.RemoveOnDeath(dir); err != nil {
+	}
+	undo.add(func() { os.RemoveAll(dir) })
+	if err := s.guard.RemoveOnDeath(dir); err != nil {
+		s.log.Warn("guardian", zap.Error(err))
+	}
+	return nil
+}
+
+// serveFileTimer serves torch's file-based watchdog (FileTimerEnableEnv) to the
+// workers this node starts itself (a wrapped torchrun serves its own), closed when Run
+// returns (undo); one that cannot be served is logged, and its timers not judged.
+func (s *Supervisor) serveFileTimer(undo *cleanups) {
+	env := newEnvMap(s.cfg.Env.Base, s.cfg.Env.Extra)
+	if env[FileTimerEnableEnv] != "1" || s.torch != nil {
+		return
+	}
+	ft, err := openFileTimer(env[FileTimerFileEnv], s.cfg.User)
+	if err != nil {
+		s.log.Warn("torch's file-based watchdog cannot be served: its timers are not judged", zap.Error(err))
+		return
+	}
+	s.timer = ft
+	undo.add(ft.close)
+	if ft.created != "" {
+		if err := s.guard.RemoveOnDeath(ft.created); err != nil {
 			s.log.Warn("guardian", zap.Error(err))
 		}
 	}
-	defer s.pin("")
-	defer s.closeStore()
-	defer s.setupWarm()()
-	if env := newEnvMap(s.cfg.Env.Base, s.cfg.Env.Extra); env[FileTimerEnableEnv] == "1" && s.torch == nil {
-		path := env[FileTimerFileEnv]
-		if ft, err := openFileTimer(path, s.cfg.User); err != nil {
-			s.log.Warn("torch's file-based watchdog cannot be served: its timers are not judged", zap.Error(err))
-		} else {
-			s.timer = ft
-			defer ft.close()
-			if ft.created != "" {
-				if err := s.guard.RemoveOnDeath(ft.created); err != nil {
-					s.log.Warn("guardian", zap.Error(err))
-				}
-			}
-			s.log.Info("serving torch's file-based watchdog", zap.String(FileTimerFileEnv, ft.path))
-		}
-	}
+	s.log.Info("serving torch's file-based watchdog", zap.String(FileTimerFileEnv, ft.path))
+}
 
-	// One loop moves the worker group between its states (GroupState), as torch's
-	// elastic agent does; each state's step returns the next, or done.
+// loop moves the worker group between its states (GroupState), as torch's elastic
+// agent's _invoke_run does (torch/distributed/elastic/agent/server/api.py): each
+// state's step returns the next state, or done when the run ends.
+func (s *Supervisor) loop(ctx context.Context) Result {
 	var res Result
 	var at attempt
 	state := StateInit
@@ -736,16 +796,62 @@ func (s *Supervisor) setState(st GroupState, at *attempt) {
 // begin is INIT: it joins the next round and starts this node's workers (HEALTHY), or
 // ends the run (the job finished meanwhile, a signal, an error).
 func (s *Supervisor) begin(ctx context.Context, at *attempt, res *Result) (GroupState, bool) {
+	round, done := s.joinNext(ctx, at, res)
+	if done {
+		return "", true
+	}
+	*at = attempt{round: round, a: round.Assignment()}
+	if end := round.End(); end.Lost {
+		// The lease ran out between the round's closing and now (a stall): nothing of
+		// this round may be written or started.
+		s.log.Warn("the round was lost before its workers started: joining the next", zap.String("reason", end.Detail))
+		return StateInit, false
+	}
+	s.checkResume(at)
+	a := at.a
+	s.pin(a.ResumeFrom)
+	s.fence(a)
+	s.events.Emit(event.Event{Time: time.Now(), Kind: event.CheckpointChosen, Job: s.cfg.JobID, Node: s.cfg.NodeName,
+		Attempt: a.Round, Checkpoint: a.ResumeFrom})
+	specs, err := s.specs(a)
+	if err == nil {
+		err = s.serveStore(a)
+	}
+	if err != nil {
+		s.failStart(ctx, round, err, res)
+		return "", true
+	}
+	s.log.Info("starting workers", s.attemptFields(a)...)
+	g, err := s.startAttempt(at, specs)
+	if err != nil {
+		s.closeStore()
+		s.failStart(ctx, round, err, res)
+		if errors.Is(err, ErrCommandNotFound) {
+			res.ExitCode = 127
+		} else if errors.Is(err, ErrNotExecutable) {
+			res.ExitCode = 126
+		}
+		return "", true
+	}
+	at.g = g
+	res.Attempts++
+	s.afterStart(a, g, specs)
+	return StateHealthy, false
+}
+
+// joinNext joins the next round for begin. done reports that the run ends instead, res
+// saying how: a terminating signal (STOPPED), the job finished while this node waited
+// for room (its end reported as its nodes did: 0, or the root cause's code), or the
+// rendezvous' error.
+func (s *Supervisor) joinNext(ctx context.Context, at *attempt, res *Result) (round rendezvous.Round, done bool) {
 	round, sig, err := s.join(ctx)
 	if sig != 0 {
 		s.setState(StateStopped, at)
 		res.ExitCode = 128 + int(sig)
-		return "", true
+		return nil, true
 	}
 	var finished *rendezvous.JobFinishedError
 	if errors.As(err, &finished) {
-		// The job ended while this node waited for room: it reports the job's end,
-		// as its nodes did (0, or the root cause's code).
 		res.Err, res.Failure = err, finished.Failure
 		switch {
 		case finished.Succeeded:
@@ -758,38 +864,37 @@ func (s *Supervisor) begin(ctx context.Context, at *attempt, res *Result) (Group
 			s.log.Error(finished.Error())
 			res.ExitCode = 1
 		}
-		return "", true
+		return nil, true
 	}
 	if err != nil {
 		res.ExitCode, res.Err = 1, err
-		return "", true
+		return nil, true
 	}
-	*at = attempt{round: round, a: round.Assignment()}
-	a := at.a
-	if end := round.End(); end.Lost {
-		// The lease ran out between the round's closing and now (a stall): nothing of
-		// this round may be written or started.
-		s.log.Warn("the round was lost before its workers started: joining the next", zap.String("reason", end.Detail))
-		return StateInit, false
+	return round, false
+}
+
+// checkResume drops from at's assignment a checkpoint to resume from outside this
+// job's checkpoint directory: never a choice of gangrun's (it picks among the
+// directory's checkpoints), and loading it would hand the workers someone else's files
+// (a pickle runs code).
+func (s *Supervisor) checkResume(at *attempt) {
+	if at.a.ResumeFrom == "" || beneath(s.cfg.CheckpointDir, at.a.ResumeFrom) {
+		return
 	}
-	if a.ResumeFrom != "" && !beneath(s.cfg.CheckpointDir, a.ResumeFrom) {
-		// The round names a checkpoint outside this job's checkpoint directory: never a
-		// choice of gangrun's (it picks among the directory's checkpoints), and loading
-		// it would hand the workers someone else's files (a pickle runs code).
-		s.log.Warn("the round names a checkpoint to resume from outside the checkpoint directory: starting without it",
-			zap.String("resume_from", a.ResumeFrom), zap.String("checkpoint_dir", s.cfg.CheckpointDir))
-		a.ResumeFrom, at.a.ResumeFrom = "", ""
-	}
-	s.pin(a.ResumeFrom)
-	s.fence(a)
-	s.events.Emit(event.Event{Time: time.Now(), Kind: event.CheckpointChosen, Job: s.cfg.JobID, Node: s.cfg.NodeName,
-		Attempt: a.Round, Checkpoint: a.ResumeFrom})
-	specs, err := s.specs(a)
-	if err != nil {
-		_ = round.Fail(ctx, rendezvous.Failure{Node: s.cfg.NodeName, Rank: -1, LocalRank: -1, ExitCode: 1, Kind: failure.StartError, Reason: err.Error()})
-		res.ExitCode, res.Err = 1, err
-		return "", true
-	}
+	s.log.Warn("the round names a checkpoint to resume from outside the checkpoint directory: starting without it",
+		zap.String("resume_from", at.a.ResumeFrom), zap.String("checkpoint_dir", s.cfg.CheckpointDir))
+	at.a.ResumeFrom = ""
+}
+
+// failStart reports to the gang that this node's workers of round could not start
+// (err, a start error of no rank) and ends the run with exit code 1.
+func (s *Supervisor) failStart(ctx context.Context, round rendezvous.Round, err error, res *Result) {
+	_ = round.Fail(ctx, rendezvous.Failure{Node: s.cfg.NodeName, Rank: -1, LocalRank: -1, ExitCode: 1, Kind: failure.StartError, Reason: err.Error()})
+	res.ExitCode, res.Err = 1, err
+}
+
+// attemptFields are the log fields of "starting workers" for assignment a.
+func (s *Supervisor) attemptFields(a rendezvous.Assignment) []zap.Field {
 	fields := []zap.Field{zap.Int("attempt", a.Round), zap.Int("restarts", a.RestartCount),
 		zap.Int("max_restarts", s.cfg.MaxRestarts), zap.Int("node_rank", a.NodeRank),
 		zap.Int("nnodes", a.NNodes), zap.Int("world_size", a.WorldSize),
@@ -797,67 +902,7 @@ func (s *Supervisor) begin(ctx context.Context, at *attempt, res *Result) (Group
 	if a.ResumeFrom != "" {
 		fields = append(fields, zap.String("resume_from", a.ResumeFrom))
 	}
-	if err := s.serveStore(a); err != nil {
-		_ = round.Fail(ctx, rendezvous.Failure{Node: s.cfg.NodeName, Rank: -1, LocalRank: -1, ExitCode: 1, Kind: failure.StartError, Reason: err.Error()})
-		res.ExitCode, res.Err = 1, err
-		return "", true
-	}
-	s.log.Info("starting workers", fields...)
-	at.started = time.Now()
-	s.started = at.started
-	if s.cg != nil {
-		s.oomBase, s.pidsBase = s.cg.OOMKills(), s.cg.PidsRefused()
-	}
-	if s.timer != nil {
-		s.timer.reset()
-	}
-	s.act.touch()
-	var warm warmStart
-	s.masterChecked = false
-	if s.nextSpecs != nil && len(s.standbys) == 0 {
-		s.log.Info("starting cold: the last attempt ended within --warm-delay, before its standbys were started",
-			zap.Duration("warm_delay", s.cfg.WarmDelay))
-	} else if len(s.standbys) > 0 {
-		warm = s.takeStandby
-	}
-	s.nextSpecs = nil
-	g, err := startGroup(specs, s.console, s.consoleErr, &s.act, s.guard, warm)
-	if err != nil {
-		s.closeStore()
-		_ = round.Fail(ctx, rendezvous.Failure{Node: s.cfg.NodeName, Rank: -1, LocalRank: -1, ExitCode: 1, Kind: failure.StartError, Reason: err.Error()})
-		res.ExitCode, res.Err = 1, err
-		if errors.Is(err, ErrCommandNotFound) {
-			res.ExitCode = 127
-		} else if errors.Is(err, ErrNotExecutable) {
-			res.ExitCode = 126
-		}
-		return "", true
-	}
-	at.g = g
-	res.Attempts++
-	for _, w := range g.workers {
-		if w.memRefused && !s.memRefusedTold {
-			s.memRefusedTold = true
-			s.log.Info("no memory binding: the kernel refused the NUMA node of the workers' GPUs (a node this machine lacks, or one outside gangrun's cpuset)",
-				zap.Int("rank", w.spec.rank), zap.Ints("numa_nodes", w.spec.mem.Nodes))
-		}
-	}
-	if s.warmDir != "" {
-		s.log.Info("workers started", zap.Int("attempt", a.Round), zap.Int("warm", g.warm), zap.Int("cold", len(g.workers)-g.warm))
-		// The standbys not used are dropped; those the warm workers forked serve the
-		// attempt after, and only the ranks without one get a fresh standby.
-		s.adoptForked()
-		forked := s.forked
-		s.forked = nil
-		s.dropStandbys()
-		s.standbys = forked
-		if s.cfg.WarmDelay <= 0 {
-			s.prepareStandbys(specs)
-		} else if !s.standbysFor(specs) {
-			s.nextSpecs = specs // monitor starts them when they are due
-		}
-	}
-	return StateHealthy, false
+	return fields
 }
 
 // watch is HEALTHY: it monitors the workers until the attempt ends, and names the state
@@ -1047,27 +1092,19 @@ func (s *Supervisor) join(ctx context.Context) (rendezvous.Round, syscall.Signal
 		})
 		ch <- joined{r, err}
 	}()
-	for {
-		select {
-		case j := <-ch:
-			if j.err != nil {
-				return nil, 0, fmt.Errorf("rendezvous: %w", j.err)
-			}
-			return j.r, 0, nil
-		case sig := <-s.cfg.Signals:
-			if ss, ok := sig.(syscall.Signal); ok && proc.Terminating(ss) {
-				cancel()
-				if j := <-ch; j.r != nil {
-					_ = j.r.Leave(context.WithoutCancel(ctx))
-				}
-				return nil, ss, nil
-			}
-		case <-ctx.Done():
-			cancel()
-			<-ch
-			return nil, syscall.SIGTERM, nil
+	j, stop, byCtx := awaitOrStop(ctx, s.cfg.Signals, ch)
+	if stop == 0 {
+		if j.err != nil {
+			return nil, 0, fmt.Errorf("rendezvous: %w", j.err)
 		}
+		return j.r, 0, nil
 	}
+	cancel()
+	// A round joined meanwhile is left, unless Run's context ended.
+	if j := <-ch; j.r != nil && !byCtx {
+		_ = j.r.Leave(context.WithoutCancel(ctx))
+	}
+	return nil, stop, nil
 }
 
 // onLease hands the rendezvous' lease to the guardian: if this process is frozen when
@@ -1093,20 +1130,15 @@ func (s *Supervisor) awaitSuccess(ctx context.Context, round rendezvous.Round) (
 		end, err := round.Succeed(sctx)
 		ch <- result{end, err}
 	}()
-	for {
-		select {
-		case r := <-ch:
-			return r.end, 0, r.err
-		case sig := <-s.cfg.Signals:
-			if ss, ok := sig.(syscall.Signal); ok && proc.Terminating(ss) {
-				cancel()
-				_ = round.Leave(context.WithoutCancel(ctx))
-				return rendezvous.End{}, ss, nil
-			}
-		case <-ctx.Done():
-			return rendezvous.End{}, syscall.SIGTERM, nil
-		}
+	r, stop, byCtx := awaitOrStop(ctx, s.cfg.Signals, ch)
+	if stop == 0 {
+		return r.end, 0, r.err
 	}
+	if !byCtx {
+		cancel()
+		_ = round.Leave(context.WithoutCancel(ctx))
+	}
+	return rendezvous.End{}, stop, nil
 }
 
 // monitor watches one attempt until it ends.
@@ -1172,18 +1204,10 @@ func (s *Supervisor) monitor(ctx context.Context, g *group, round rendezvous.Rou
 			}
 		case <-round.Ended():
 			return outcome{kind: outEnded}
-		case sig := <-s.cfg.Signals:
-			ss, ok := sig.(syscall.Signal)
-			if !ok {
-				continue
+		case in := <-s.cfg.Signals:
+			if stop := s.signalWhileRunning(g, in); stop != 0 {
+				return outcome{kind: outStopped, sig: stop}
 			}
-			if proc.Terminating(ss) {
-				// Run leaves the round before forwarding it, so the other nodes see a
-				// membership change before their workers lose this node's.
-				return outcome{kind: outStopped, sig: ss}
-			}
-			s.log.Info("forwarding signal to workers", zap.String("signal", proc.SignalName(ss)))
-			g.signal(ss)
 		case <-hang:
 			w, age, newest := g.heartbeats(s.started, s.cfg.HangTimeout)
 			s.act.touchAt(newest) // a heartbeat is activity, as a line of output is
@@ -1231,16 +1255,8 @@ func (s *Supervisor) stop(g *group, sig syscall.Signal, killBy time.Time) {
 					zap.Int("workers", len(g.live())), zap.Duration("grace", grace))
 				break wait
 			case in := <-s.cfg.Signals:
-				ss, ok := in.(syscall.Signal)
-				if ok && proc.Terminating(ss) {
-					s.log.Warn("second signal: sending SIGKILL", zap.String("signal", proc.SignalName(ss)))
-					if s.stopSignal == 0 {
-						s.stopSignal = ss // the run ends once these workers are gone (next)
-					}
+				if s.signalWhileStopping(g, in) {
 					break wait
-				}
-				if ok {
-					g.signal(ss)
 				}
 			}
 		}
@@ -1294,18 +1310,8 @@ func (s *Supervisor) sleep(ctx context.Context, d time.Duration) syscall.Signal 
 	}
 	t := time.NewTimer(d)
 	defer t.Stop()
-	for {
-		select {
-		case <-t.C:
-			return 0
-		case sig := <-s.cfg.Signals:
-			if ss, ok := sig.(syscall.Signal); ok && proc.Terminating(ss) {
-				return ss
-			}
-		case <-ctx.Done():
-			return syscall.SIGTERM
-		}
-	}
+	_, stop, _ := awaitOrStop(ctx, s.cfg.Signals, t.C)
+	return stop
 }
 
 // specs builds the processes of one attempt.
@@ -1628,4 +1634,60 @@ func beneath(dir, path string) bool {
 	}
 	rel, err := filepath.Rel(d, p)
 	return err == nil && rel != "." && rel != ".." && !strings.HasPrefix(rel, "../")
+}
+
+// startAttempt starts the workers of specs for attempt at: it notes the start (the
+// attempt's time, the cgroup's OOM kills and refused forks so far, the watchdog's and
+// the output's clocks) and starts them from the standbys when there are any
+// (Config.WarmRestarts), else cold.
+func (s *Supervisor) startAttempt(at *attempt, specs []workerSpec) (*group, error) {
+	at.started = time.Now()
+	s.started = at.started
+	if s.cg != nil {
+		s.oomBase, s.pidsBase = s.cg.OOMKills(), s.cg.PidsRefused()
+	}
+	if s.timer != nil {
+		s.timer.reset()
+	}
+	s.act.touch()
+	var warm warmStart
+	s.masterChecked = false
+	if s.nextSpecs != nil && len(s.standbys) == 0 {
+		s.log.Info("starting cold: the last attempt ended within --warm-delay, before its standbys were started",
+			zap.Duration("warm_delay", s.cfg.WarmDelay))
+	} else if len(s.standbys) > 0 {
+		warm = s.takeStandby
+	}
+	s.nextSpecs = nil
+	return startGroup(specs, s.console, s.consoleErr, &s.act, s.guard, warm)
+}
+
+// afterStart follows the start of attempt a's workers g: it says once that the kernel
+// refused a worker's memory binding and, with warm restarts, readies the standbys of
+// the attempt after (those the warm workers forked, and fresh ones for the other ranks
+// of specs, at once or WarmDelay later).
+func (s *Supervisor) afterStart(a rendezvous.Assignment, g *group, specs []workerSpec) {
+	for _, w := range g.workers {
+		if w.memRefused && !s.memRefusedTold {
+			s.memRefusedTold = true
+			s.log.Info("no memory binding: the kernel refused the NUMA node of the workers' GPUs (a node this machine lacks, or one outside gangrun's cpuset)",
+				zap.Int("rank", w.spec.rank), zap.Ints("numa_nodes", w.spec.mem.Nodes))
+		}
+	}
+	if s.warmDir == "" {
+		return
+	}
+	s.log.Info("workers started", zap.Int("attempt", a.Round), zap.Int("warm", g.warm), zap.Int("cold", len(g.workers)-g.warm))
+	// The standbys not used are dropped; those the warm workers forked serve the
+	// attempt after, and only the ranks without one get a fresh standby.
+	s.adoptForked()
+	forked := s.forked
+	s.forked = nil
+	s.dropStandbys()
+	s.standbys = forked
+	if s.cfg.WarmDelay <= 0 {
+		s.prepareStandbys(specs)
+	} else if !s.standbysFor(specs) {
+		s.nextSpecs = specs // monitor starts them when they are due
+	}
 }
