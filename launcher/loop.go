@@ -281,7 +281,7 @@ func (s *Supervisor) monitor(ctx context.Context, g *group, round rendezvous.Rou
 		watchdog = t.C
 	}
 	var warmUp <-chan time.Time
-	if s.nextSpecs != nil {
+	if s.warm.nextSpecs != nil {
 		t := time.NewTimer(time.Until(s.started.Add(s.cfg.WarmDelay)))
 		defer t.Stop()
 		warmUp = t.C
@@ -290,8 +290,8 @@ func (s *Supervisor) monitor(ctx context.Context, g *group, round rendezvous.Rou
 	for {
 		select {
 		case <-warmUp:
-			s.prepareStandbys(s.nextSpecs)
-			s.nextSpecs = nil
+			s.prepareStandbys(s.warm.nextSpecs)
+			s.warm.nextSpecs = nil
 		case <-watchdog:
 			if r, ok := s.timer.expired(time.Now()); ok {
 				if w := g.workerOf(r.PID); w != nil {

@@ -335,16 +335,16 @@ func (s *Supervisor) startAttempt(at *attempt, specs []workerSpec) (*group, erro
 		s.timer.reset()
 	}
 	s.act.touch()
-	var warm warmStart
-	s.masterChecked = false
-	if s.nextSpecs != nil && len(s.standbys) == 0 {
+	var fromStandby warmStart
+	s.warm.masterChecked = false
+	if s.warm.nextSpecs != nil && len(s.warm.standbys) == 0 {
 		s.log.Info("starting cold: the last attempt ended within --warm-delay, before its standbys were started",
 			zap.Duration("warm_delay", s.cfg.WarmDelay))
-	} else if len(s.standbys) > 0 {
-		warm = s.takeStandby
+	} else if len(s.warm.standbys) > 0 {
+		fromStandby = s.takeStandby
 	}
-	s.nextSpecs = nil
-	return startGroup(specs, s.console, s.consoleErr, &s.act, s.guard, warm)
+	s.warm.nextSpecs = nil
+	return startGroup(specs, s.console, s.consoleErr, &s.act, s.guard, fromStandby)
 }
 
 // afterStart follows the start of attempt a's workers g: it says once that the kernel
@@ -359,21 +359,21 @@ func (s *Supervisor) afterStart(a rendezvous.Assignment, g *group, specs []worke
 				zap.Int("rank", w.spec.rank), zap.Ints("numa_nodes", w.spec.mem.Nodes))
 		}
 	}
-	if s.warmDir == "" {
+	if s.warm.dir == "" {
 		return
 	}
 	s.log.Info("workers started", zap.Int("attempt", a.Round), zap.Int("warm", g.warm), zap.Int("cold", len(g.workers)-g.warm))
 	// The standbys not used are dropped; those the warm workers forked serve the
 	// attempt after, and only the ranks without one get a fresh standby.
 	s.adoptForked()
-	forked := s.forked
-	s.forked = nil
+	forked := s.warm.forked
+	s.warm.forked = nil
 	s.dropStandbys()
-	s.standbys = forked
+	s.warm.standbys = forked
 	if s.cfg.WarmDelay <= 0 {
 		s.prepareStandbys(specs)
 	} else if !s.standbysFor(specs) {
-		s.nextSpecs = specs // monitor starts them when they are due
+		s.warm.nextSpecs = specs // monitor starts them when they are due
 	}
 }
 

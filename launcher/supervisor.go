@@ -281,30 +281,16 @@ type Supervisor struct {
 
 	inherited map[int]bool // children this process had before it started any: never swept
 
-	excluded []string   // checkpoints skipped after StrikesBeforeFallback failures
-	stuck    int        // failures in a row without progress (the backoff's k)
-	timer    *fileTimer // torch's file-based watchdog, when enabled
+	stuck int        // failures in a row without progress (the backoff's k)
+	timer *fileTimer // torch's file-based watchdog, when enabled
 	// stopSignal is a terminating signal that arrived while an attempt's workers were
 	// being stopped for another reason: the run ends after them.
 	stopSignal syscall.Signal
-	started    time.Time      // when the current attempt's workers started
-	strikes    map[string]int // failures in a row per checkpoint resumed from
-	unpin      func() error
-	pinned     string
+	started    time.Time // when the current attempt's workers started
 
-	warmDir  string           // holds the standby program; "" when warm restarts are off
-	standbys map[int]*standby // by local rank, for the next attempt
-	// forked are the standbys the current attempt's warm workers forked at their
-	// activation, for the attempt after (by local rank).
-	forked   map[int]*standby
-	pending  map[int]*pendingFork // activated standbys whose fork is still to be told
-	forkTold bool                 // the log said that a standby could not fork
-	// masterChecked: a warm rank of this attempt waited for rank 0's store (awaitMaster);
-	// masterSilent: one waited in vain, so none waits again.
-	masterChecked, masterSilent bool
-	// nextSpecs are the specs whose standbys are due WarmDelay after the attempt's start
-	// (nil: none due).
-	nextSpecs []workerSpec
+	ckpt ckptState // the checkpoints skipped and pinned (below)
+	warm warmState // the standbys of warm restarts (warm.go)
+
 	// memRefusedTold: the log said once that a worker's memory policy was refused.
 	memRefusedTold bool
 
@@ -374,7 +360,7 @@ func New(cfg Config, rdzv rendezvous.Rendezvous) (*Supervisor, error) {
 	cfg.Env.MaxRestarts = cfg.MaxRestarts
 	cfg.Env.NodeName = cfg.NodeName
 	cfg.Env.CheckpointDir = cfg.CheckpointDir
-	s := &Supervisor{cfg: cfg, rdzv: rdzv, log: cfg.Log, events: event.Or(cfg.Events), strikes: map[string]int{}}
+	s := &Supervisor{cfg: cfg, rdzv: rdzv, log: cfg.Log, events: event.Or(cfg.Events), ckpt: ckptState{strikes: map[string]int{}}}
 	t, isTorchrun := cfg.Torchrun, cfg.Torchrun != nil
 	if t == nil {
 		var err error
@@ -567,6 +553,14 @@ func (s *Supervisor) attemptBase(a rendezvous.Assignment) string {
 	return filepath.Join(base, "attempt_"+strconv.Itoa(a.Round))
 }
 
+// ckptState is what the Supervisor keeps about the checkpoints it resumes from.
+type ckptState struct {
+	excluded []string       // checkpoints skipped after StrikesBeforeFallback failures
+	strikes  map[string]int // failures in a row per checkpoint resumed from
+	unpin    func() error   // releases the pin of pinned; nil when none
+	pinned   string         // the checkpoint pinned (pin); "" when none
+}
+
 // chooseResume picks the checkpoint the gang resumes from: the newest complete one under
 // CheckpointDir, skipping those excluded after repeated failures.
 func (s *Supervisor) chooseResume(_ context.Context) (string, error) {
@@ -606,7 +600,7 @@ func (s *Supervisor) newestCheckpoint() string {
 // what the user could.
 func (s *Supervisor) latestCheckpoint() (c checkpoint.Checkpoint, err error) {
 	err = proc.AsUser(s.cfg.User, func() error {
-		c, err = checkpoint.Latest(s.cfg.CheckpointDir, checkpoint.Options{Exclude: s.excluded})
+		c, err = checkpoint.Latest(s.cfg.CheckpointDir, checkpoint.Options{Exclude: s.ckpt.excluded})
 		return err
 	})
 	return c, err
@@ -632,28 +626,28 @@ func (s *Supervisor) strike(path, newest string) {
 	}
 	if newest != "" && newest != path {
 		// The attempt got past path and wrote a newer checkpoint: not path's fault.
-		delete(s.strikes, path)
+		delete(s.ckpt.strikes, path)
 		return
 	}
-	s.strikes[path]++
-	if s.strikes[path] >= StrikesBeforeFallback {
-		s.excluded = append(s.excluded, path)
+	s.ckpt.strikes[path]++
+	if s.ckpt.strikes[path] >= StrikesBeforeFallback {
+		s.ckpt.excluded = append(s.ckpt.excluded, path)
 		s.log.Warn("attempts failed repeatedly before writing a newer checkpoint: falling back to an earlier one",
-			zap.String("skipped", path), zap.Int("failures", s.strikes[path]))
+			zap.String("skipped", path), zap.Int("failures", s.ckpt.strikes[path]))
 	}
 }
 
 // pin keeps the checkpoint the job resumes from out of `gangrun ckpt prune`'s reach,
 // releasing the previous pin; "" releases all.
 func (s *Supervisor) pin(path string) {
-	if path == s.pinned {
+	if path == s.ckpt.pinned {
 		return
 	}
-	if s.unpin != nil {
-		if err := proc.AsUser(s.cfg.User, s.unpin); err != nil {
-			s.log.Warn("unpin checkpoint", zap.String("path", s.pinned), zap.Error(err))
+	if s.ckpt.unpin != nil {
+		if err := proc.AsUser(s.cfg.User, s.ckpt.unpin); err != nil {
+			s.log.Warn("unpin checkpoint", zap.String("path", s.ckpt.pinned), zap.Error(err))
 		}
-		s.unpin, s.pinned = nil, ""
+		s.ckpt.unpin, s.ckpt.pinned = nil, ""
 	}
 	if path == "" || s.cfg.CheckpointDir == "" {
 		return
@@ -667,7 +661,7 @@ func (s *Supervisor) pin(path string) {
 		s.log.Warn("pin checkpoint", zap.String("path", path), zap.Error(err))
 		return
 	}
-	s.unpin, s.pinned = release, path
+	s.ckpt.unpin, s.ckpt.pinned = release, path
 }
 
 // fence records in the checkpoint directory that attempt a.Round of the job is the one
