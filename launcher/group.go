@@ -118,52 +118,19 @@ func startGroup(specs []workerSpec, console, consoleErr *lineWriter, act *activi
 // errorFileName is the name of a worker's TORCHELASTIC_ERROR_FILE in its directory.
 const errorFileName = "error.json"
 
+// startWorker starts the process of spec s: it makes the rank's directory and log
+// files, asks warm (when non-nil) for a worker started from a standby, else starts s's
+// command itself, its stdout and stderr pumped to the console (console, consoleErr)
+// and the log files, each line counted as activity (act). An error names the rank.
 func startWorker(s workerSpec, console, consoleErr *lineWriter, act *activity, warm warmStart) (*worker, error) {
-	// No link below the log directory is followed (logdir.go): the directories and log
-	// files are made relative to their parents' descriptors.
-	dir, err := workerDir(s.base, s.rel)
+	dir, err := makeRankDir(s)
 	if err != nil {
-		return nil, fmt.Errorf("rank %d: %w", s.rank, err)
+		return nil, err
 	}
 	defer dir.Close()
-	if !s.user.IsSelf() {
-		// The rank's directory is the user's (its error file, its heartbeat), and
-		// theirs alone; the directories above it are gangrun's.
-		if err := dir.Chown(int(s.user.UID), int(s.user.GID)); err != nil {
-			return nil, fmt.Errorf("rank %d: %w", s.rank, err)
-		}
-		if err := dir.Chmod(0o700); err != nil {
-			return nil, fmt.Errorf("rank %d: %w", s.rank, err)
-		}
-	}
 	w := &worker{spec: s}
-	// torch's error handler warns about and overwrites a stale file; a stale one from an
-	// earlier attempt with the same number would be misread as this attempt's root
-	// cause, so remove it.
-	if err := removeStaleAt(dir, errorFileName); err != nil {
-		return nil, fmt.Errorf("rank %d: %w", s.rank, err)
-	}
-	var childEnds []*os.File
-	closeAll := func() {
-		for _, f := range append(append(childEnds, w.readers...), w.files...) {
-			if f != nil {
-				f.Close()
-			}
-		}
-	}
-	if s.logFiles {
-		for i, name := range []string{"stdout", "stderr"} {
-			if s.noFile[i] {
-				w.files = append(w.files, nil)
-				continue
-			}
-			f, err := createLogFile(dir, name+".log")
-			if err != nil {
-				closeAll()
-				return nil, fmt.Errorf("rank %d: %w", s.rank, err)
-			}
-			w.files = append(w.files, f)
-		}
+	if err := w.openLogFiles(dir); err != nil {
+		return nil, err
 	}
 	if warm != nil {
 		if ww := warm(s, w.files); ww != nil {
@@ -171,27 +138,12 @@ func startWorker(s workerSpec, console, consoleErr *lineWriter, act *activity, w
 			return ww, nil
 		}
 	}
-	cmd := exec.Command(s.argv[0], s.argv[1:]...)
-	cmd.Env = s.env
-	if !s.user.IsSelf() {
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.user.Credential()} // kept by proc.Start
-		// The worker enters gangrun's working directory itself, as the user, after
-		// taking the user's ids (os/exec's chdir in the child): gangrun's own chdir
-		// was root's, and a directory the user may not reach must not be inherited.
-		if wd, err := os.Getwd(); err == nil {
-			cmd.Dir = wd
-		}
-		// The program the user finds on the PATH, not the one root found.
-		if path, err := lookPathAs(s.user, s.argv[0]); err == nil {
-			cmd.Path, cmd.Err = path, nil
-		} else {
-			cmd.Err = err
-		}
-	}
+	cmd := workerCommand(s)
+	var childEnds []*os.File
 	for _, name := range []string{"stdout", "stderr"} {
 		r, wr, err := os.Pipe()
 		if err != nil {
-			closeAll()
+			closeFiles(childEnds, w.readers, w.files)
 			return nil, fmt.Errorf("rank %d: %s pipe: %w", s.rank, name, err)
 		}
 		w.readers = append(w.readers, r)
@@ -200,44 +152,144 @@ func startWorker(s workerSpec, console, consoleErr *lineWriter, act *activity, w
 	cmd.Stdout, cmd.Stderr = childEnds[0], childEnds[1]
 	p, _, memBound, err := proc.StartPlacedMem(cmd, s.cpus, s.mem, s.place)
 	w.memRefused = err == nil && len(s.mem.Nodes) > 0 && !memBound
-	for _, f := range childEnds {
-		f.Close()
-	}
-	childEnds = nil
+	closeFiles(childEnds)
 	if err != nil {
-		closeAll()
-		if pe := (*os.PathError)(nil); errors.As(err, &pe) && pe.Op == "chdir" {
-			return nil, fmt.Errorf("start rank %d: %w %s: %v", s.rank, ErrWorkDir, pe.Path, pe.Err)
-		}
-		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
-			// The command vanished since New checked it.
-			return nil, fmt.Errorf("start rank %d: %w: %s (%v)", s.rank, ErrCommandNotFound, s.argv[0], unwrapPath(err))
-		}
-		if errors.Is(err, os.ErrPermission) || errors.Is(err, syscall.ENOEXEC) {
-			// It lost its execute bit since New checked it, or is in no format the
-			// kernel runs (no #! line, not a binary for this machine).
-			return nil, fmt.Errorf("start rank %d: %w", s.rank, &notExecutableError{s.argv[0], unwrapPath(err).Error()})
-		}
-		return nil, fmt.Errorf("start rank %d (%s): %w", s.rank, s.argv[0], err)
+		closeFiles(w.readers, w.files)
+		return nil, startError(s, err)
 	}
 	w.p = p
+	w.startPumps(console, consoleErr, act)
+	return w, nil
+}
+
+// makeRankDir makes spec s's directory below its log (or scratch) directory,
+// following no link below it (logdir.go: each is made relative to its parent's
+// descriptor), and returns it open. It is the user's, and theirs alone, when the
+// workers run as another user; a stale error file in it from an earlier attempt with
+// the same number is removed (torch's error handler warns about and overwrites one,
+// and it would be misread as this attempt's root cause).
+func makeRankDir(s workerSpec) (*os.File, error) {
+	dir, err := workerDir(s.base, s.rel)
+	if err != nil {
+		return nil, fmt.Errorf("rank %d: %w", s.rank, err)
+	}
+	fail := func(err error) (*os.File, error) {
+		dir.Close()
+		return nil, fmt.Errorf("rank %d: %w", s.rank, err)
+	}
+	if !s.user.IsSelf() {
+		// The directories above it are gangrun's.
+		if err := dir.Chown(int(s.user.UID), int(s.user.GID)); err != nil {
+			return fail(err)
+		}
+		if err := dir.Chmod(0o700); err != nil {
+			return fail(err)
+		}
+	}
+	if err := removeStaleAt(dir, errorFileName); err != nil {
+		return fail(err)
+	}
+	return dir, nil
+}
+
+// openLogFiles creates w's stdout.log and stderr.log in dir when its spec writes log
+// files (w.files, nil for a stream kept out of its file); on error it closes those
+// already created.
+func (w *worker) openLogFiles(dir *os.File) error {
+	if !w.spec.logFiles {
+		return nil
+	}
+	for i, name := range []string{"stdout", "stderr"} {
+		if w.spec.noFile[i] {
+			w.files = append(w.files, nil)
+			continue
+		}
+		f, err := createLogFile(dir, name+".log")
+		if err != nil {
+			closeFiles(w.files)
+			return fmt.Errorf("rank %d: %w", w.spec.rank, err)
+		}
+		w.files = append(w.files, f)
+	}
+	return nil
+}
+
+// workerCommand is the command of spec s, with its environment; for a worker that
+// runs as another user, with the user's credentials, the program the user finds on
+// the PATH, and gangrun's working directory entered as the user.
+func workerCommand(s workerSpec) *exec.Cmd {
+	cmd := exec.Command(s.argv[0], s.argv[1:]...)
+	cmd.Env = s.env
+	if s.user.IsSelf() {
+		return cmd
+	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.user.Credential()} // kept by proc.Start
+	// The worker enters gangrun's working directory itself, as the user, after taking
+	// the user's ids (os/exec's chdir in the child): gangrun's own chdir was root's,
+	// and a directory the user may not reach must not be inherited.
+	if wd, err := os.Getwd(); err == nil {
+		cmd.Dir = wd
+	}
+	// The program the user finds on the PATH, not the one root found.
+	if path, err := lookPathAs(s.user, s.argv[0]); err == nil {
+		cmd.Path, cmd.Err = path, nil
+	} else {
+		cmd.Err = err
+	}
+	return cmd
+}
+
+// startError is the error of spec s's process that failed to start: ErrWorkDir for a
+// working directory it cannot enter, ErrCommandNotFound for a command gone since New
+// checked it, ErrNotExecutable for one that lost its execute bit or is in no format the
+// kernel runs, else err, naming the rank.
+func startError(s workerSpec, err error) error {
+	if pe := (*os.PathError)(nil); errors.As(err, &pe) && pe.Op == "chdir" {
+		return fmt.Errorf("start rank %d: %w %s: %v", s.rank, ErrWorkDir, pe.Path, pe.Err)
+	}
+	if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
+		// The command vanished since New checked it.
+		return fmt.Errorf("start rank %d: %w: %s (%v)", s.rank, ErrCommandNotFound, s.argv[0], unwrapPath(err))
+	}
+	if errors.Is(err, os.ErrPermission) || errors.Is(err, syscall.ENOEXEC) {
+		// It lost its execute bit since New checked it, or is in no format the kernel
+		// runs (no #! line, not a binary for this machine).
+		return fmt.Errorf("start rank %d: %w", s.rank, &notExecutableError{s.argv[0], unwrapPath(err).Error()})
+	}
+	return fmt.Errorf("start rank %d (%s): %w", s.rank, s.argv[0], err)
+}
+
+// startPumps copies each of w's output streams, line by line with its prefix, to its
+// console sink (console for stdout, consoleErr for stderr; none for a stream kept off
+// the console) and its log file, counting each line as activity (act).
+func (w *worker) startPumps(console, consoleErr *lineWriter, act *activity) {
 	sinks := []*lineWriter{console, consoleErr}
 	for i, r := range w.readers {
 		var file io.Writer
-		if s.logFiles && w.files[i] != nil {
+		if w.spec.logFiles && w.files[i] != nil {
 			file = w.files[i]
 		}
 		sink := sinks[i]
-		if s.noConsole[i] {
+		if w.spec.noConsole[i] {
 			sink = nil
 		}
 		w.pumps.Add(1)
 		go func(r io.Reader, sink *lineWriter, file io.Writer) {
 			defer w.pumps.Done()
-			pump(r, s.prefix, sink, file, act)
+			pump(r, w.spec.prefix, sink, file, act)
 		}(r, sink, file)
 	}
-	return w, nil
+}
+
+// closeFiles closes every file of lists that is not nil.
+func closeFiles(lists ...[]*os.File) {
+	for _, list := range lists {
+		for _, f := range list {
+			if f != nil {
+				f.Close()
+			}
+		}
+	}
 }
 
 // reap kills what is left of w's process group, reaps the leader and records how it

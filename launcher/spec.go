@@ -145,118 +145,24 @@ func (p *Prepared) Supervisor() (*Supervisor, error) {
 // the coordinator. Every error is the user's to fix (gangrun exits 2 for it) and leaves
 // nothing held.
 func Prepare(ctx context.Context, spec Spec) (*Prepared, error) {
-	if len(spec.Command) == 0 {
-		return nil, errors.New("no command to run: give it after --, as in gangrun run -- python train.py")
-	}
-	if err := spec.Supervision.Check(); err != nil {
-		return nil, err
-	}
-	// Names first: a job id becomes a scratch directory's and a cgroup's name, so a bad
-	// one is refused before either is made.
-	if spec.JobID != "" {
-		if err := store.CheckSegment("--job-id", spec.JobID); err != nil {
-			return nil, err
-		}
-	}
-	if spec.NodeName != "" {
-		if err := store.CheckNodeName("--node-name", spec.NodeName); err != nil {
-			return nil, err
-		}
-	}
-	if spec.TermTimeout < 0 {
-		return nil, fmt.Errorf("--term-timeout %s: must not be negative", spec.TermTimeout)
-	}
-	if spec.ResumeArg != "" && spec.CheckpointDir == "" {
-		return nil, fmt.Errorf("--resume-arg %s needs --checkpoint-dir (where gangrun finds the checkpoint to resume from)", spec.ResumeArg)
-	}
-	backoff, err := ParseBackoff(spec.Backoff)
+	ps, err := checkSpec(spec)
 	if err != nil {
 		return nil, err
-	}
-	if _, err := topology.ParseCPUBind(spec.CPUBind); err != nil {
-		return nil, err
-	}
-	if _, err := topology.ParseMemBind(spec.MemBind); err != nil {
-		return nil, err
-	}
-	if _, err := topology.ParseNCCLTopo(spec.NCCLTopo); err != nil {
-		return nil, err
-	}
-	cgMode, err := cgroup.ParseMode(spec.Cgroup)
-	if err != nil {
-		return nil, err
-	}
-	switch {
-	case spec.Mem < 0 || spec.Mem > cgroup.MaxMem:
-		return nil, fmt.Errorf("--mem %d bytes: want 0 (no limit) to 1P", spec.Mem)
-	case spec.PidsLimit < 0:
-		return nil, fmt.Errorf("--pids-limit %d: want 0 (no limit) or more", spec.PidsLimit)
-	case spec.PidsLimit > 0 && spec.PidsLimit < 16:
-		return nil, fmt.Errorf("--pids-limit %d: a Python worker alone starts more threads than that; want 0 (no limit) or at least 16", spec.PidsLimit)
-	case cgMode == cgroup.Off && spec.Mem > 0:
-		return nil, fmt.Errorf("--mem %s needs the step's cgroup, and --cgroup is off", cgroup.FormatMem(spec.Mem))
-	}
-	nnodes := spec.NNodes
-	if nnodes == "" {
-		nnodes = "1"
-	}
-	nmin, nmax, err := ParseNNodes(nnodes)
-	if err != nil {
-		return nil, err
-	}
-	if spec.MasterPort < 0 || spec.MasterPort > 65535 {
-		return nil, fmt.Errorf("--master-port %d: want 0..65535", spec.MasterPort)
-	}
-	given := map[string]string{}
-	for _, kv := range spec.Env {
-		if _, err := ParseEnvFlag(kv); err != nil {
-			return nil, err
-		}
-		name, _, _ := strings.Cut(kv, "=")
-		if first, dup := given[name]; dup {
-			return nil, fmt.Errorf("--env %s given twice (%q and %q): give each variable once", name, first, kv)
-		}
-		given[name] = kv
-	}
-	if spec.AdvertiseAddr != "" && net.ParseIP(spec.AdvertiseAddr) == nil {
-		return nil, fmt.Errorf("--advertise-addr %q: want an IP address (the other nodes connect to it)", spec.AdvertiseAddr)
-	}
-	torch, isTorchrun, err := ParseTorchrun(spec.Command)
-	if err != nil {
-		return nil, err
-	}
-	if !isTorchrun {
-		torch = nil
 	}
 	getenv := getenvOf(spec)
-	log := spec.logger()
-
-	inv := spec.Inventory
-	if inv == nil {
-		if inv, err = topology.ForNode(ctx, spec.TopologyFile, spec.NodeName); err != nil {
-			return nil, err
-		}
-	}
-	devices := inv.Allocatable()
-	if spec.Devices != nil {
-		if devices, err = grantedDevices(devices, spec.Devices); err != nil {
-			return nil, err
-		}
-	}
-	if spec.Grant != "" {
-		if devices, err = inheritedDevices(devices, getenv("CUDA_VISIBLE_DEVICES"), spec.Grant); err != nil {
-			return nil, err
-		}
+	inv, devices, err := nodeDevices(ctx, spec, getenv)
+	if err != nil {
+		return nil, err
 	}
 	opened, err := rendezvous.Open(ctx, spec.Coordinator, rendezvous.Config{
-		JobID: spec.JobID, NodeName: spec.NodeName, MinNodes: nmin, MaxNodes: nmax, NNodesGiven: spec.NNodesGiven,
-		MaxRestarts: spec.MaxRestarts, AdvertiseAddr: spec.AdvertiseAddr, Getenv: getenv, Log: log, Events: spec.Events,
+		JobID: spec.JobID, NodeName: spec.NodeName, MinNodes: ps.nmin, MaxNodes: ps.nmax, NNodesGiven: spec.NNodesGiven,
+		MaxRestarts: spec.MaxRestarts, AdvertiseAddr: spec.AdvertiseAddr, Getenv: getenv, Log: spec.logger(), Events: spec.Events,
 		FollowRun: spec.FollowRun, WrapStore: spec.RendezvousStore,
 	})
 	if err != nil {
 		return nil, err
 	}
-	p, err := resolve(ctx, spec, opened, inv, devices, torch, backoff, cgMode)
+	p, err := resolve(ctx, spec, opened, inv, devices, ps.torch, ps.backoff, ps.cgMode)
 	if err != nil {
 		opened.Close()
 		return nil, err
@@ -264,81 +170,180 @@ func Prepare(ctx context.Context, spec Spec) (*Prepared, error) {
 	return p, nil
 }
 
+// parsedSpec holds what checkSpec parses from a Spec's flags.
+type parsedSpec struct {
+	backoff    Backoff     // --restart-backoff
+	cgMode     cgroup.Mode // --cgroup
+	nmin, nmax int         // --nnodes MIN[:MAX]
+	torch      *Torchrun   // the wrapped torchrun; nil when the command is not one
+}
+
+// checkSpec checks spec's flags before anything is read or opened, in the order
+// Prepare has always refused them (the first error is the one reported), and returns
+// what it parsed.
+func checkSpec(spec Spec) (ps parsedSpec, err error) {
+	if err := checkSpecNames(spec); err != nil {
+		return ps, err
+	}
+	if ps.backoff, err = ParseBackoff(spec.Backoff); err != nil {
+		return ps, err
+	}
+	if _, err := topology.ParseCPUBind(spec.CPUBind); err != nil {
+		return ps, err
+	}
+	if _, err := topology.ParseMemBind(spec.MemBind); err != nil {
+		return ps, err
+	}
+	if _, err := topology.ParseNCCLTopo(spec.NCCLTopo); err != nil {
+		return ps, err
+	}
+	if ps.cgMode, err = checkLimits(spec); err != nil {
+		return ps, err
+	}
+	nnodes := spec.NNodes
+	if nnodes == "" {
+		nnodes = "1"
+	}
+	if ps.nmin, ps.nmax, err = ParseNNodes(nnodes); err != nil {
+		return ps, err
+	}
+	if err := checkEndpoints(spec); err != nil {
+		return ps, err
+	}
+	torch, isTorchrun, err := ParseTorchrun(spec.Command)
+	if err != nil {
+		return ps, err
+	}
+	if isTorchrun {
+		ps.torch = torch
+	}
+	return ps, nil
+}
+
+// checkSpecNames refuses a Spec without a command, with a supervision the supervisor
+// cannot honour, with a job id or node name that cannot name a file (a job id becomes
+// a scratch directory's and a cgroup's name, so a bad one is refused before either is
+// made), a negative --term-timeout, or --resume-arg without --checkpoint-dir.
+func checkSpecNames(spec Spec) error {
+	if len(spec.Command) == 0 {
+		return errors.New("no command to run: give it after --, as in gangrun run -- python train.py")
+	}
+	if err := spec.Supervision.Check(); err != nil {
+		return err
+	}
+	if spec.JobID != "" {
+		if err := store.CheckSegment("--job-id", spec.JobID); err != nil {
+			return err
+		}
+	}
+	if spec.NodeName != "" {
+		if err := store.CheckNodeName("--node-name", spec.NodeName); err != nil {
+			return err
+		}
+	}
+	if spec.TermTimeout < 0 {
+		return fmt.Errorf("--term-timeout %s: must not be negative", spec.TermTimeout)
+	}
+	if spec.ResumeArg != "" && spec.CheckpointDir == "" {
+		return fmt.Errorf("--resume-arg %s needs --checkpoint-dir (where gangrun finds the checkpoint to resume from)", spec.ResumeArg)
+	}
+	return nil
+}
+
+// checkLimits parses --cgroup and refuses a --mem or --pids-limit out of range, or a
+// --mem without the cgroup that enforces it.
+func checkLimits(spec Spec) (cgroup.Mode, error) {
+	cgMode, err := cgroup.ParseMode(spec.Cgroup)
+	if err != nil {
+		return cgMode, err
+	}
+	switch {
+	case spec.Mem < 0 || spec.Mem > cgroup.MaxMem:
+		return cgMode, fmt.Errorf("--mem %d bytes: want 0 (no limit) to 1P", spec.Mem)
+	case spec.PidsLimit < 0:
+		return cgMode, fmt.Errorf("--pids-limit %d: want 0 (no limit) or more", spec.PidsLimit)
+	case spec.PidsLimit > 0 && spec.PidsLimit < 16:
+		return cgMode, fmt.Errorf("--pids-limit %d: a Python worker alone starts more threads than that; want 0 (no limit) or at least 16", spec.PidsLimit)
+	case cgMode == cgroup.Off && spec.Mem > 0:
+		return cgMode, fmt.Errorf("--mem %s needs the step's cgroup, and --cgroup is off", cgroup.FormatMem(spec.Mem))
+	}
+	return cgMode, nil
+}
+
+// checkEndpoints refuses a --master-port outside 0..65535, an --env entry that is
+// malformed or names a variable given before, and an --advertise-addr that is not an
+// IP address.
+func checkEndpoints(spec Spec) error {
+	if spec.MasterPort < 0 || spec.MasterPort > 65535 {
+		return fmt.Errorf("--master-port %d: want 0..65535", spec.MasterPort)
+	}
+	given := map[string]string{}
+	for _, kv := range spec.Env {
+		if _, err := ParseEnvFlag(kv); err != nil {
+			return err
+		}
+		name, _, _ := strings.Cut(kv, "=")
+		if first, dup := given[name]; dup {
+			return fmt.Errorf("--env %s given twice (%q and %q): give each variable once", name, first, kv)
+		}
+		given[name] = kv
+	}
+	if spec.AdvertiseAddr != "" && net.ParseIP(spec.AdvertiseAddr) == nil {
+		return fmt.Errorf("--advertise-addr %q: want an IP address (the other nodes connect to it)", spec.AdvertiseAddr)
+	}
+	return nil
+}
+
+// nodeDevices reads the node's inventory (Spec.Inventory, else its topology file or a
+// probe) and returns it with the devices the workers may be given: the allocatable
+// ones, narrowed to a job step's (Spec.Devices) or a grant's (Spec.Grant, checked
+// against the CUDA_VISIBLE_DEVICES getenv reads).
+func nodeDevices(ctx context.Context, spec Spec, getenv func(string) string) (*topology.Inventory, []topology.Device, error) {
+	inv := spec.Inventory
+	if inv == nil {
+		var err error
+		if inv, err = topology.ForNode(ctx, spec.TopologyFile, spec.NodeName); err != nil {
+			return nil, nil, err
+		}
+	}
+	devices := inv.Allocatable()
+	var err error
+	if spec.Devices != nil {
+		if devices, err = grantedDevices(devices, spec.Devices); err != nil {
+			return nil, nil, err
+		}
+	}
+	if spec.Grant != "" {
+		if devices, err = inheritedDevices(devices, getenv("CUDA_VISIBLE_DEVICES"), spec.Grant); err != nil {
+			return nil, nil, err
+		}
+	}
+	return inv, devices, nil
+}
+
 // resolve completes Prepare once the rendezvous is open: workers per node, the devices
 // they see, and the supervisor's Config.
 func resolve(ctx context.Context, spec Spec, o *rendezvous.Opened, inv *topology.Inventory, devices []topology.Device,
 	torch *Torchrun, backoff Backoff, cgMode cgroup.Mode) (*Prepared, error) {
-	// The user's own CUDA_VISIBLE_DEVICES narrows what `gangrun run` counts and hands
-	// out, as it narrows what torchrun's workers see; not a grant's or a job step's
-	// devices (checked against the grant in Prepare), nor Slurm's, which sets the
-	// variable itself, nor on a node without GPUs, where it has nothing to narrow.
-	userVisible := false
-	if value := getenvOf(spec)("CUDA_VISIBLE_DEVICES"); spec.Devices == nil && !o.SetsDevices && len(inv.GPUs) > 0 && strings.TrimSpace(value) != "" {
-		var notes []string
-		devices, userVisible, notes = visibleDevices(inv, devices, value)
-		for _, n := range notes {
-			spec.logger().Warn("CUDA_VISIBLE_DEVICES: "+n, zap.String("CUDA_VISIBLE_DEVICES", value))
-		}
-		spec.logger().Info("counting the devices CUDA_VISIBLE_DEVICES shows", zap.String("CUDA_VISIBLE_DEVICES", value), zap.Int("devices", len(devices)))
-	}
-	gpusSeen := len(devices)
-	if o.GPUsOnNode >= 0 && !spec.NProcGiven {
-		gpusSeen = o.GPUsOnNode // what the coordinator gave this node (Slurm sets CUDA_VISIBLE_DEVICES)
-	}
-	nprocFlag := spec.NProcPerNode
-	if nprocFlag == "" {
-		nprocFlag = "auto"
-	}
-	if nprocFlag == "auto" && spec.AutoIsCPUs && gpusSeen == 0 {
-		nprocFlag = "cpu"
-	}
-	nproc, err := ResolveNProcPerNode(nprocFlag, gpusSeen, runtime.NumCPU())
+	devices, userVisible := userDevices(spec, o, inv, devices)
+	nproc, err := nprocOf(spec, o, devices, torch)
 	if err != nil {
 		return nil, err
-	}
-	if torch != nil {
-		// A wrapped torchrun's own --nproc_per_node counts when gangrun's was not given.
-		if v, given := torch.NProcPerNode(); given && !spec.NProcGiven {
-			n, err := ResolveNProcPerNode(v, gpusSeen, runtime.NumCPU())
-			if err != nil {
-				return nil, fmt.Errorf("torchrun --nproc_per_node: %w", err)
-			}
-			nproc = n
-		}
 	}
 	var nccl []string
 	for _, v := range inv.NCCLEnv() {
 		nccl = append(nccl, v.String())
 	}
-	visible := chosenDevices(inv, devices, spec.Devices != nil)
-	if o.SetsDevices || userVisible {
-		// The coordinator sets CUDA_VISIBLE_DEVICES for the step itself, or the user's
-		// own names exactly the devices counted.
-		visible = nil
-	}
-	if visible != nil {
-		for _, kv := range spec.Env {
-			if strings.HasPrefix(kv, "CUDA_VISIBLE_DEVICES=") {
-				return nil, fmt.Errorf("--env %s: gangrun sets CUDA_VISIBLE_DEVICES=%s on this node (the devices it can allocate: MIG instances, or the GPUs not failed); drop it",
-					kv, strings.Join(visible, ","))
-			}
-		}
+	visible, err := visibleOf(spec, o, inv, devices, userVisible)
+	if err != nil {
+		return nil, err
 	}
 	environ := spec.Environ
 	if environ == nil {
 		environ = os.Environ()
 	}
-	if spec.VirtualLocalRank {
-		// torch refuses a local rank beyond the devices its workers see.
-		list := visible
-		if list == nil {
-			if v := newEnvMap(environ, spec.Env)["CUDA_VISIBLE_DEVICES"]; v != "" {
-				list = strings.Split(v, ",")
-			}
-		}
-		if list != nil && nproc > len(list) {
-			return nil, fmt.Errorf("--virtual-local-rank with %d workers: CUDA_VISIBLE_DEVICES names %d devices, one for each local rank is needed", nproc, len(list))
-		}
+	if err := checkVirtualLocalRank(spec, environ, visible, nproc); err != nil {
+		return nil, err
 	}
 	ranks, perRank, notes, err := planRanks(spec, o, inv, devices, nproc, torch != nil, visible != nil)
 	if err != nil {
@@ -389,6 +394,94 @@ func resolve(ctx context.Context, spec Spec, o *rendezvous.Opened, inv *topology
 		}
 	}
 	return &Prepared{Config: cfg, Opened: o, Inventory: inv}, nil
+}
+
+// userDevices narrows devices to those the user's own CUDA_VISIBLE_DEVICES shows, as
+// it narrows what torchrun's workers see, and reports whether it did; not a grant's or
+// a job step's devices (checked against the grant in Prepare), nor Slurm's, which sets
+// the variable itself, nor on a node without GPUs, where it has nothing to narrow.
+func userDevices(spec Spec, o *rendezvous.Opened, inv *topology.Inventory, devices []topology.Device) ([]topology.Device, bool) {
+	value := getenvOf(spec)("CUDA_VISIBLE_DEVICES")
+	if spec.Devices != nil || o.SetsDevices || len(inv.GPUs) == 0 || strings.TrimSpace(value) == "" {
+		return devices, false
+	}
+	devices, userVisible, notes := visibleDevices(inv, devices, value)
+	for _, n := range notes {
+		spec.logger().Warn("CUDA_VISIBLE_DEVICES: "+n, zap.String("CUDA_VISIBLE_DEVICES", value))
+	}
+	spec.logger().Info("counting the devices CUDA_VISIBLE_DEVICES shows", zap.String("CUDA_VISIBLE_DEVICES", value), zap.Int("devices", len(devices)))
+	return devices, userVisible
+}
+
+// nprocOf resolves the workers per node: --nproc-per-node (auto by default, cpu when
+// Spec.AutoIsCPUs and no GPU is seen), or a wrapped torchrun's own --nproc_per_node
+// when gangrun's was not given, counting the devices seen (the coordinator's count
+// for this node when it gives one).
+func nprocOf(spec Spec, o *rendezvous.Opened, devices []topology.Device, torch *Torchrun) (int, error) {
+	gpusSeen := len(devices)
+	if o.GPUsOnNode >= 0 && !spec.NProcGiven {
+		gpusSeen = o.GPUsOnNode // what the coordinator gave this node (Slurm sets CUDA_VISIBLE_DEVICES)
+	}
+	nprocFlag := spec.NProcPerNode
+	if nprocFlag == "" {
+		nprocFlag = "auto"
+	}
+	if nprocFlag == "auto" && spec.AutoIsCPUs && gpusSeen == 0 {
+		nprocFlag = "cpu"
+	}
+	nproc, err := ResolveNProcPerNode(nprocFlag, gpusSeen, runtime.NumCPU())
+	if err != nil {
+		return 0, err
+	}
+	if torch != nil {
+		// A wrapped torchrun's own --nproc_per_node counts when gangrun's was not given.
+		if v, given := torch.NProcPerNode(); given && !spec.NProcGiven {
+			n, err := ResolveNProcPerNode(v, gpusSeen, runtime.NumCPU())
+			if err != nil {
+				return 0, fmt.Errorf("torchrun --nproc_per_node: %w", err)
+			}
+			nproc = n
+		}
+	}
+	return nproc, nil
+}
+
+// visibleOf is the CUDA_VISIBLE_DEVICES gangrun sets on this node (chosenDevices), nil
+// when the coordinator sets it for the step itself or the user's own names exactly the
+// devices counted. An --env entry that sets it too is refused.
+func visibleOf(spec Spec, o *rendezvous.Opened, inv *topology.Inventory, devices []topology.Device, userVisible bool) ([]string, error) {
+	visible := chosenDevices(inv, devices, spec.Devices != nil)
+	if o.SetsDevices || userVisible {
+		return nil, nil
+	}
+	if visible != nil {
+		for _, kv := range spec.Env {
+			if strings.HasPrefix(kv, "CUDA_VISIBLE_DEVICES=") {
+				return nil, fmt.Errorf("--env %s: gangrun sets CUDA_VISIBLE_DEVICES=%s on this node (the devices it can allocate: MIG instances, or the GPUs not failed); drop it",
+					kv, strings.Join(visible, ","))
+			}
+		}
+	}
+	return visible, nil
+}
+
+// checkVirtualLocalRank refuses --virtual-local-rank with more workers (nproc) than
+// the devices they see (visible, else CUDA_VISIBLE_DEVICES of the environment the
+// workers get): torch refuses a local rank beyond them.
+func checkVirtualLocalRank(spec Spec, environ, visible []string, nproc int) error {
+	if !spec.VirtualLocalRank {
+		return nil
+	}
+	list := visible
+	if list == nil {
+		if v := newEnvMap(environ, spec.Env)["CUDA_VISIBLE_DEVICES"]; v != "" {
+			list = strings.Split(v, ",")
+		}
+	}
+	if list != nil && nproc > len(list) {
+		return fmt.Errorf("--virtual-local-rank with %d workers: CUDA_VISIBLE_DEVICES names %d devices, one for each local rank is needed", nproc, len(list))
+	}
+	return nil
 }
 
 // confinement is the step's cgroup (Config.Confine): its cpuset is the union of the

@@ -12,18 +12,13 @@
 package launcher
 
 import (
-	"cmp"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
-	"net"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -40,7 +35,6 @@ import (
 	"github.com/gangrun/gangrun/internal/tcpstore"
 	"github.com/gangrun/gangrun/internal/userfile"
 	"github.com/gangrun/gangrun/rendezvous"
-	"github.com/gangrun/gangrun/topology"
 )
 
 // Defaults of `gangrun run` (docs/run.md, "Flags").
@@ -287,30 +281,16 @@ type Supervisor struct {
 
 	inherited map[int]bool // children this process had before it started any: never swept
 
-	excluded []string   // checkpoints skipped after StrikesBeforeFallback failures
-	stuck    int        // failures in a row without progress (the backoff's k)
-	timer    *fileTimer // torch's file-based watchdog, when enabled
+	stuck int        // failures in a row without progress (the backoff's k)
+	timer *fileTimer // torch's file-based watchdog, when enabled
 	// stopSignal is a terminating signal that arrived while an attempt's workers were
 	// being stopped for another reason: the run ends after them.
 	stopSignal syscall.Signal
-	started    time.Time      // when the current attempt's workers started
-	strikes    map[string]int // failures in a row per checkpoint resumed from
-	unpin      func() error
-	pinned     string
+	started    time.Time // when the current attempt's workers started
 
-	warmDir  string           // holds the standby program; "" when warm restarts are off
-	standbys map[int]*standby // by local rank, for the next attempt
-	// forked are the standbys the current attempt's warm workers forked at their
-	// activation, for the attempt after (by local rank).
-	forked   map[int]*standby
-	pending  map[int]*pendingFork // activated standbys whose fork is still to be told
-	forkTold bool                 // the log said that a standby could not fork
-	// masterChecked: a warm rank of this attempt waited for rank 0's store (awaitMaster);
-	// masterSilent: one waited in vain, so none waits again.
-	masterChecked, masterSilent bool
-	// nextSpecs are the specs whose standbys are due WarmDelay after the attempt's start
-	// (nil: none due).
-	nextSpecs []workerSpec
+	ckpt ckptState // the checkpoints skipped and pinned (below)
+	warm warmState // the standbys of warm restarts (warm.go)
+
 	// memRefusedTold: the log said once that a worker's memory policy was refused.
 	memRefusedTold bool
 
@@ -322,86 +302,6 @@ type Supervisor struct {
 	oomBase uint64       // the cgroup's OOM kills when the current attempt started
 	// pidsBase is the cgroup's refused forks (pids.events) when the attempt started.
 	pidsBase uint64
-}
-
-// placement is where workers start: the step's cgroup, or nil (a nil *cgroup.Step in
-// the interface would not be nil).
-func (s *Supervisor) placement() proc.Placement {
-	if s.cg == nil {
-		return nil
-	}
-	return s.cg
-}
-
-// confine creates the step's cgroup (Config.Confine) and has the guardian remove it
-// should this process die; an error ends the run only under --cgroup required.
-func (s *Supervisor) confine() error {
-	c := s.cfg.Confine
-	if c.Why != "" {
-		s.log.Info(c.Why)
-	}
-	if c.Mode == "" || c.Mode == cgroup.Off {
-		return nil
-	}
-	job := safeName(s.cfg.JobID)
-	if len(job) > 64 {
-		job = job[:64] // a cgroup's name is a file name: at most 255 bytes
-	}
-	name := "gangrun-" + job + "-" + strconv.Itoa(os.Getpid()) + "-" + randomHex(3)
-	st, err := cgroup.New(name, c.Limits)
-	if err != nil {
-		if c.Mode == cgroup.Required {
-			return fmt.Errorf("--cgroup required: %w", err)
-		}
-		s.log.Info("running the step unconfined (--cgroup auto): " + err.Error())
-		return nil
-	}
-	s.cg = st
-	for _, d := range st.Dirs() {
-		if err := s.guard.RemoveCgroupOnDeath(d); err != nil {
-			s.log.Warn("guardian", zap.Error(err))
-		}
-	}
-	fields := []zap.Field{zap.String("cgroup", name), zap.Strings("controllers", st.Controllers()),
-		zap.String("cpus", topology.FormatCPUList(c.Limits.CPUs))}
-	if c.Limits.MemoryBytes > 0 {
-		fields = append(fields, zap.String("mem", cgroup.FormatMem(c.Limits.MemoryBytes)))
-	}
-	if c.Limits.PidsLimit > 0 {
-		fields = append(fields, zap.Int64("pids_limit", c.Limits.PidsLimit))
-	}
-	if n := len(c.Limits.Devices); n > 0 && slices.Contains(st.Controllers(), "devices") {
-		paths := make([]string, n)
-		for i, r := range c.Limits.Devices {
-			paths[i] = r.Path
-		}
-		fields = append(fields, zap.Strings("devices_denied", paths))
-	}
-	if st.V2() {
-		fields = append(fields, zap.String("hierarchy", "v2"))
-	}
-	s.log.Info("step confined to its cgroup", fields...)
-	if why := st.Why(); why != "" {
-		s.log.Info("the step's cgroup lacks part of its confinement: " + why)
-	}
-	return nil
-}
-
-// unconfine removes the step's cgroup, killing what is left in it.
-func (s *Supervisor) unconfine() {
-	if s.cg == nil {
-		return
-	}
-	if err := s.cg.Delete(); err != nil {
-		s.log.Warn("remove the step's cgroup", zap.Error(err))
-	}
-}
-
-// randomHex returns n random bytes in hex.
-func randomHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
 }
 
 // New validates cfg and returns a Supervisor that joins rounds of rdzv. Errors are the
@@ -460,7 +360,7 @@ func New(cfg Config, rdzv rendezvous.Rendezvous) (*Supervisor, error) {
 	cfg.Env.MaxRestarts = cfg.MaxRestarts
 	cfg.Env.NodeName = cfg.NodeName
 	cfg.Env.CheckpointDir = cfg.CheckpointDir
-	s := &Supervisor{cfg: cfg, rdzv: rdzv, log: cfg.Log, events: event.Or(cfg.Events), strikes: map[string]int{}}
+	s := &Supervisor{cfg: cfg, rdzv: rdzv, log: cfg.Log, events: event.Or(cfg.Events), ckpt: ckptState{strikes: map[string]int{}}}
 	t, isTorchrun := cfg.Torchrun, cfg.Torchrun != nil
 	if t == nil {
 		var err error
@@ -531,10 +431,6 @@ func existingAncestorIsFile(path string) bool {
 	return err == nil && !fi.IsDir()
 }
 
-// zombieReapEvery is how often a subreaper supervisor reaps exited orphans during an
-// attempt.
-const zombieReapEvery = 5 * time.Second
-
 // File descriptors gangrun holds: per worker, the two ends of its stdout and stderr
 // pipes while it starts and its two log files; and a reserve for everything else (the
 // Consul client's connections, the guardian's pipe, the error files read).
@@ -551,840 +447,6 @@ func unwrapPath(err error) error {
 		return pe.Err
 	}
 	return err
-}
-
-// outcomeKind says how monitoring an attempt ended.
-type outcomeKind int
-
-const (
-	outSucceeded outcomeKind = iota // every local worker exited 0
-	outFailed                       // a local worker failed, or the gang hung
-	outEnded                        // the round ended elsewhere
-	outStopped                      // gangrun was told to stop
-)
-
-type outcome struct {
-	kind    outcomeKind
-	failure *rendezvous.Failure
-	failed  *worker // the root-cause worker when kind is outFailed; nil for a hang
-	sig     syscall.Signal
-}
-
-// Run supervises the job until it succeeds, runs out of restarts, or is stopped, and
-// returns how it ended. It never panics on worker behaviour.
-func (s *Supervisor) Run(ctx context.Context) Result {
-	for _, n := range s.cfg.Notes {
-		s.cfg.Log.Info(n)
-	}
-	if s.cfg.Subreaper {
-		// Children this process inherited when it was exec'd (a shell's `exec >
-		// >(tee run.log)` before `exec gangrun run`) are not the workers': the sweep
-		// leaves them alone.
-		s.inherited = map[int]bool{}
-		for _, pid := range proc.Children() {
-			s.inherited[pid] = true
-		}
-	}
-	if len(s.cfg.GuardianArgv) > 0 {
-		g, err := proc.StartGuardian(s.cfg.GuardianArgv)
-		if err != nil {
-			s.log.Warn("no guardian: only parent-death signals protect the workers if gangrun is killed", zap.Error(err))
-		}
-		s.guard = g
-	}
-	if s.cfg.Subreaper {
-		if err := proc.BecomeSubreaper(); err != nil {
-			s.log.Warn("not a subreaper: a worker's child that leaves its process group (setsid) may outlive the run", zap.Error(err))
-			s.cfg.Subreaper = false
-		}
-	}
-	defer func() {
-		if err := s.guard.Close(); err != nil {
-			s.log.Warn("guardian", zap.Error(err))
-		}
-	}()
-	if err := s.confine(); err != nil {
-		return Result{ExitCode: 1, Err: err}
-	}
-	defer s.unconfine() // after the standbys and workers are gone, before the guardian
-	if s.cfg.LogDir != "" && s.cfg.LogDirPerRun {
-		if err := os.MkdirAll(s.cfg.LogDir, logDirMode); err != nil {
-			return Result{ExitCode: 1, Err: fmt.Errorf("--log-dir %s: %w", s.cfg.LogDir, err)}
-		}
-		dir, err := os.MkdirTemp(s.cfg.LogDir, safeName(s.cfg.JobID)+"_")
-		if err != nil {
-			return Result{ExitCode: 1, Err: fmt.Errorf("--log-dir %s: %w", s.cfg.LogDir, err)}
-		}
-		s.cfg.LogDir = dir
-		s.log.Info("worker logs in this run's directory", zap.String("dir", dir))
-	}
-	if s.cfg.LogDir == "" {
-		dir, err := os.MkdirTemp("", "gangrun-"+safeName(s.cfg.JobID)+"-")
-		if err != nil {
-			return Result{ExitCode: 1, Err: fmt.Errorf("create scratch dir: %w", err)}
-		}
-		s.scratch = dir
-		if !s.cfg.User.IsSelf() {
-			// The user's workers pass through to their own rank directories; they list
-			// nothing here.
-			if err := os.Chmod(dir, 0o711); err != nil {
-				os.RemoveAll(dir)
-				return Result{ExitCode: 1, Err: fmt.Errorf("scratch dir: %w", err)}
-			}
-		}
-		defer os.RemoveAll(dir)
-		if err := s.guard.RemoveOnDeath(dir); err != nil {
-			s.log.Warn("guardian", zap.Error(err))
-		}
-	}
-	defer s.pin("")
-	defer s.closeStore()
-	defer s.setupWarm()()
-	if env := newEnvMap(s.cfg.Env.Base, s.cfg.Env.Extra); env[FileTimerEnableEnv] == "1" && s.torch == nil {
-		path := env[FileTimerFileEnv]
-		if ft, err := openFileTimer(path, s.cfg.User); err != nil {
-			s.log.Warn("torch's file-based watchdog cannot be served: its timers are not judged", zap.Error(err))
-		} else {
-			s.timer = ft
-			defer ft.close()
-			if ft.created != "" {
-				if err := s.guard.RemoveOnDeath(ft.created); err != nil {
-					s.log.Warn("guardian", zap.Error(err))
-				}
-			}
-			s.log.Info("serving torch's file-based watchdog", zap.String(FileTimerFileEnv, ft.path))
-		}
-	}
-
-	// One loop moves the worker group between its states (GroupState), as torch's
-	// elastic agent does; each state's step returns the next, or done.
-	var res Result
-	var at attempt
-	state := StateInit
-	s.setState(state, &at)
-	for {
-		var next GroupState
-		var done bool
-		switch state {
-		case StateInit:
-			next, done = s.begin(ctx, &at, &res)
-		case StateHealthy:
-			next = s.watch(ctx, &at)
-		case StateSucceeded:
-			next, done = s.succeeded(ctx, &at, &res)
-		case StateFailed:
-			next, done = s.failed(ctx, &at, &res)
-		case StateUnhealthy:
-			next, done = s.unhealthy(ctx, &at, &res)
-		case StateStopped:
-			_ = at.round.Leave(context.WithoutCancel(ctx))
-			s.log.Info("forwarding signal to workers and stopping", zap.String("signal", proc.SignalName(at.out.sig)), zap.Duration("term_timeout", s.cfg.TermTimeout))
-			s.stop(at.g, at.out.sig, at.round.End().KillBy)
-			res.ExitCode = 128 + int(at.out.sig)
-			done = true
-		}
-		if done {
-			return res
-		}
-		s.setState(next, &at)
-		state = next
-	}
-}
-
-// GroupState is the state of this node's worker group, in the names of torch's elastic
-// agent (torch/distributed/elastic/agent/server/api.py, WorkerState).
-type GroupState string
-
-// The worker group's states. Run starts in INIT and moves: INIT → HEALTHY (workers
-// started); HEALTHY → SUCCEEDED (every worker exited 0), FAILED (a worker here failed,
-// or the gang hung), UNHEALTHY (the round ended elsewhere: another node failed, the
-// membership changed, or this node's lease with the coordinator is over) or STOPPED (a
-// signal to gangrun); SUCCEEDED, FAILED and UNHEALTHY → INIT (the next round) or the
-// end of the run; STOPPED ends it.
-const (
-	StateInit      GroupState = "INIT"
-	StateHealthy   GroupState = "HEALTHY"
-	StateUnhealthy GroupState = "UNHEALTHY"
-	StateFailed    GroupState = "FAILED"
-	StateSucceeded GroupState = "SUCCEEDED"
-	StateStopped   GroupState = "STOPPED"
-)
-
-// attempt is what the states of one round share.
-type attempt struct {
-	round   rendezvous.Round
-	a       rendezvous.Assignment
-	g       *group
-	out     outcome
-	started time.Time // when its workers started
-}
-
-// setState records that the worker group is now in state st (INIT again starts the
-// next round; any other state entered twice is recorded once).
-func (s *Supervisor) setState(st GroupState, at *attempt) {
-	if st == s.state && st != StateInit {
-		return
-	}
-	s.state = st
-	e := event.Event{Time: time.Now(), Kind: event.StateChanged, Job: s.cfg.JobID, Node: s.cfg.NodeName, Attempt: -1, State: string(st)}
-	if at.round != nil {
-		e.Attempt = at.a.Round
-	}
-	s.events.Emit(e)
-}
-
-// begin is INIT: it joins the next round and starts this node's workers (HEALTHY), or
-// ends the run (the job finished meanwhile, a signal, an error).
-func (s *Supervisor) begin(ctx context.Context, at *attempt, res *Result) (GroupState, bool) {
-	round, sig, err := s.join(ctx)
-	if sig != 0 {
-		s.setState(StateStopped, at)
-		res.ExitCode = 128 + int(sig)
-		return "", true
-	}
-	var finished *rendezvous.JobFinishedError
-	if errors.As(err, &finished) {
-		// The job ended while this node waited for room: it reports the job's end,
-		// as its nodes did (0, or the root cause's code).
-		res.Err, res.Failure = err, finished.Failure
-		switch {
-		case finished.Succeeded:
-			s.log.Info(finished.Error())
-			res.Err = nil
-		case finished.Failure != nil && finished.Failure.ExitCode != 0:
-			s.log.Error(finished.Error())
-			res.ExitCode = finished.Failure.ExitCode
-		default:
-			s.log.Error(finished.Error())
-			res.ExitCode = 1
-		}
-		return "", true
-	}
-	if err != nil {
-		res.ExitCode, res.Err = 1, err
-		return "", true
-	}
-	*at = attempt{round: round, a: round.Assignment()}
-	a := at.a
-	if end := round.End(); end.Lost {
-		// The lease ran out between the round's closing and now (a stall): nothing of
-		// this round may be written or started.
-		s.log.Warn("the round was lost before its workers started: joining the next", zap.String("reason", end.Detail))
-		return StateInit, false
-	}
-	if a.ResumeFrom != "" && !beneath(s.cfg.CheckpointDir, a.ResumeFrom) {
-		// The round names a checkpoint outside this job's checkpoint directory: never a
-		// choice of gangrun's (it picks among the directory's checkpoints), and loading
-		// it would hand the workers someone else's files (a pickle runs code).
-		s.log.Warn("the round names a checkpoint to resume from outside the checkpoint directory: starting without it",
-			zap.String("resume_from", a.ResumeFrom), zap.String("checkpoint_dir", s.cfg.CheckpointDir))
-		a.ResumeFrom, at.a.ResumeFrom = "", ""
-	}
-	s.pin(a.ResumeFrom)
-	s.fence(a)
-	s.events.Emit(event.Event{Time: time.Now(), Kind: event.CheckpointChosen, Job: s.cfg.JobID, Node: s.cfg.NodeName,
-		Attempt: a.Round, Checkpoint: a.ResumeFrom})
-	specs, err := s.specs(a)
-	if err != nil {
-		_ = round.Fail(ctx, rendezvous.Failure{Node: s.cfg.NodeName, Rank: -1, LocalRank: -1, ExitCode: 1, Kind: failure.StartError, Reason: err.Error()})
-		res.ExitCode, res.Err = 1, err
-		return "", true
-	}
-	fields := []zap.Field{zap.Int("attempt", a.Round), zap.Int("restarts", a.RestartCount),
-		zap.Int("max_restarts", s.cfg.MaxRestarts), zap.Int("node_rank", a.NodeRank),
-		zap.Int("nnodes", a.NNodes), zap.Int("world_size", a.WorldSize),
-		zap.String("master", a.MasterEndpoint())}
-	if a.ResumeFrom != "" {
-		fields = append(fields, zap.String("resume_from", a.ResumeFrom))
-	}
-	if err := s.serveStore(a); err != nil {
-		_ = round.Fail(ctx, rendezvous.Failure{Node: s.cfg.NodeName, Rank: -1, LocalRank: -1, ExitCode: 1, Kind: failure.StartError, Reason: err.Error()})
-		res.ExitCode, res.Err = 1, err
-		return "", true
-	}
-	s.log.Info("starting workers", fields...)
-	at.started = time.Now()
-	s.started = at.started
-	if s.cg != nil {
-		s.oomBase, s.pidsBase = s.cg.OOMKills(), s.cg.PidsRefused()
-	}
-	if s.timer != nil {
-		s.timer.reset()
-	}
-	s.act.touch()
-	var warm warmStart
-	s.masterChecked = false
-	if s.nextSpecs != nil && len(s.standbys) == 0 {
-		s.log.Info("starting cold: the last attempt ended within --warm-delay, before its standbys were started",
-			zap.Duration("warm_delay", s.cfg.WarmDelay))
-	} else if len(s.standbys) > 0 {
-		warm = s.takeStandby
-	}
-	s.nextSpecs = nil
-	g, err := startGroup(specs, s.console, s.consoleErr, &s.act, s.guard, warm)
-	if err != nil {
-		s.closeStore()
-		_ = round.Fail(ctx, rendezvous.Failure{Node: s.cfg.NodeName, Rank: -1, LocalRank: -1, ExitCode: 1, Kind: failure.StartError, Reason: err.Error()})
-		res.ExitCode, res.Err = 1, err
-		if errors.Is(err, ErrCommandNotFound) {
-			res.ExitCode = 127
-		} else if errors.Is(err, ErrNotExecutable) {
-			res.ExitCode = 126
-		}
-		return "", true
-	}
-	at.g = g
-	res.Attempts++
-	for _, w := range g.workers {
-		if w.memRefused && !s.memRefusedTold {
-			s.memRefusedTold = true
-			s.log.Info("no memory binding: the kernel refused the NUMA node of the workers' GPUs (a node this machine lacks, or one outside gangrun's cpuset)",
-				zap.Int("rank", w.spec.rank), zap.Ints("numa_nodes", w.spec.mem.Nodes))
-		}
-	}
-	if s.warmDir != "" {
-		s.log.Info("workers started", zap.Int("attempt", a.Round), zap.Int("warm", g.warm), zap.Int("cold", len(g.workers)-g.warm))
-		// The standbys not used are dropped; those the warm workers forked serve the
-		// attempt after, and only the ranks without one get a fresh standby.
-		s.adoptForked()
-		forked := s.forked
-		s.forked = nil
-		s.dropStandbys()
-		s.standbys = forked
-		if s.cfg.WarmDelay <= 0 {
-			s.prepareStandbys(specs)
-		} else if !s.standbysFor(specs) {
-			s.nextSpecs = specs // monitor starts them when they are due
-		}
-	}
-	return StateHealthy, false
-}
-
-// watch is HEALTHY: it monitors the workers until the attempt ends, and names the state
-// that follows.
-func (s *Supervisor) watch(ctx context.Context, at *attempt) GroupState {
-	at.out = s.monitor(ctx, at.g, at.round, at.a)
-	switch at.out.kind {
-	case outSucceeded:
-		return StateSucceeded
-	case outFailed:
-		return StateFailed
-	case outStopped:
-		return StateStopped
-	}
-	return StateUnhealthy
-}
-
-// succeeded is SUCCEEDED: this node's workers all exited 0; it reports that and waits
-// for the gang. The run ends when the gang succeeded (or can no longer be asked);
-// otherwise the round ended elsewhere and the gang goes on.
-func (s *Supervisor) succeeded(ctx context.Context, at *attempt, res *Result) (GroupState, bool) {
-	s.stop(at.g, 0, time.Time{})
-	end, sig, err := s.awaitSuccess(ctx, at.round)
-	if sig != 0 {
-		s.setState(StateStopped, at)
-		res.ExitCode = 128 + int(sig)
-		return "", true
-	}
-	if end.Kind == rendezvous.Succeeded {
-		s.log.Info("all workers finished", zap.Int("attempt", at.a.Round))
-		s.events.Emit(event.Event{Time: time.Now(), Kind: event.RoundEnded, Job: s.cfg.JobID, Node: s.cfg.NodeName,
-			Attempt: at.a.Round, Cause: end.Kind.String()})
-		res.ExitCode = 0
-		return "", true
-	}
-	if err != nil || end.Lost {
-		// This node's workers all finished, and the coordinator can no longer say how
-		// the others did. Starting them again would run a finished job a second time;
-		// each other node's gangrun reports its own end.
-		reason := end.Detail
-		if err != nil {
-			reason = err.Error()
-		}
-		s.log.Warn("this node's workers all finished; the other nodes' outcome is unknown: the rendezvous was lost",
-			zap.Int("attempt", at.a.Round), zap.String("reason", reason))
-		res.ExitCode = 0
-		return "", true
-	}
-	return s.next(ctx, at, res)
-}
-
-// failed is FAILED: a worker of this node failed (or the gang hung). It tells the gang
-// first, so the other nodes stop at once, reports the root cause and stops the workers.
-func (s *Supervisor) failed(ctx context.Context, at *attempt, res *Result) (GroupState, bool) {
-	out := at.out
-	_ = at.round.Fail(ctx, *out.failure)
-	if out.failed != nil {
-		// The report says "see its output above": let the worker's last lines (its
-		// traceback) reach the console first.
-		out.failed.awaitOutput(reportOutputWait)
-	}
-	s.report(at.a, out.failure)
-	s.events.Emit(event.Event{Time: time.Now(), Kind: event.WorkerFailed, Job: s.cfg.JobID, Node: s.cfg.NodeName,
-		Attempt: at.a.Round, Rank: out.failure.Rank, ExitCode: out.failure.ExitCode, Failure: out.failure.Kind,
-		Cause: out.failure.Reason, Detail: out.failure.Message})
-	s.stop(at.g, syscall.SIGTERM, at.round.End().KillBy)
-	return s.next(ctx, at, res)
-}
-
-// unhealthy is UNHEALTHY: the round ended elsewhere (or this node's lease is over); it
-// stops the workers, by the lease's kill time when one applies.
-func (s *Supervisor) unhealthy(ctx context.Context, at *attempt, res *Result) (GroupState, bool) {
-	end := at.round.End()
-	if end.Lost {
-		fields := []zap.Field{zap.String("reason", end.Detail)}
-		if !end.KillBy.IsZero() {
-			// The lease's kill time; none when the job's state went (the stop timeout applies).
-			fields = append(fields, zap.Duration("kill_in", time.Until(end.KillBy).Round(100*time.Millisecond)))
-		}
-		s.log.Warn("stopping this node's workers: the round is over for this node", fields...)
-	}
-	s.stop(at.g, syscall.SIGTERM, end.KillBy)
-	return s.next(ctx, at, res)
-}
-
-// next decides, once a round's workers are stopped, how the run goes on: after a failed
-// round, a restart (INIT, after the backoff) while the budget lasts, else the end with
-// the root cause's code; after a membership change, the next round at once.
-func (s *Supervisor) next(ctx context.Context, at *attempt, res *Result) (GroupState, bool) {
-	a := at.a
-	end := at.round.End()
-	if s.stopSignal != 0 {
-		// Told to stop while the workers were stopping: no next round.
-		_ = at.round.Leave(context.WithoutCancel(ctx))
-		s.log.Info("stopping: a signal arrived while the workers were stopping", zap.String("signal", proc.SignalName(s.stopSignal)))
-		s.setState(StateStopped, at)
-		res.ExitCode = 128 + int(s.stopSignal)
-		return "", true
-	}
-	detail, kind := end.Detail, failure.Kind("")
-	if end.Failure != nil {
-		detail, kind = end.Failure.String(), end.Failure.Kind
-	}
-	s.events.Emit(event.Event{Time: time.Now(), Kind: event.RoundEnded, Job: s.cfg.JobID, Node: s.cfg.NodeName,
-		Attempt: a.Round, Cause: end.Kind.String(), Detail: detail, Failure: kind})
-	switch end.Kind {
-	case rendezvous.Failed:
-		res.Failure = end.Failure
-		if end.Failure != nil && end.Failure.Node != s.cfg.NodeName {
-			s.log.Warn("gang failed on another node", zap.String("root_cause", end.Failure.String()))
-		}
-		used := a.RestartCount + 1
-		if end.OutOfRestarts { // the rendezvous judges the budget (the run's, which a job may raise)
-			code := 1
-			if end.Failure != nil && end.Failure.ExitCode != 0 {
-				code = end.Failure.ExitCode
-			}
-			s.log.Error("no restarts left", zap.Int("restarts", a.RestartCount), zap.Int("max_restarts", s.cfg.MaxRestarts), zap.Int("exit_code", code))
-			s.setState(StateFailed, at)
-			res.ExitCode = code
-			return "", true
-		}
-		if end.Failure != nil && s.cfg.NoRestartExitCode != 0 && end.Failure.ExitCode == s.cfg.NoRestartExitCode {
-			s.log.Error("a worker exited with the no-restart code: the run ends without a restart",
-				zap.Int("exit_code", end.Failure.ExitCode), zap.String("root_cause", end.Failure.String()))
-			s.setState(StateFailed, at)
-			res.ExitCode = end.Failure.ExitCode
-			return "", true
-		}
-		if s.cfg.NoRestart != nil {
-			if why := s.cfg.NoRestart(); why != "" {
-				code := 1
-				if end.Failure != nil && end.Failure.ExitCode != 0 {
-					code = end.Failure.ExitCode
-				}
-				s.log.Warn("no restart: "+why, zap.Int("exit_code", code))
-				s.setState(StateFailed, at)
-				res.ExitCode = code
-				return "", true
-			}
-		}
-		newest := s.newestCheckpoint() // one listing of the directory for both judgements
-		progressed := s.progressed(at, newest)
-		s.strike(a.ResumeFrom, newest)
-		delay := time.Duration(0)
-		if progressed {
-			s.stuck = 0
-		} else {
-			s.stuck++
-			delay = s.cfg.Backoff.Delay(s.stuck)
-		}
-		s.log.Info("restarting the gang", zap.Int("restart", used), zap.Int("max_restarts", s.cfg.MaxRestarts),
-			zap.Bool("progressed", progressed), zap.Duration("backoff", delay))
-		cause := ""
-		if end.Failure != nil {
-			cause = end.Failure.Reason
-		}
-		s.events.Emit(event.Event{Time: time.Now(), Kind: event.Restarting, Job: s.cfg.JobID, Node: s.cfg.NodeName,
-			Attempt: a.Round, Cause: cause, Failure: kind, Detail: "backoff " + delay.String()})
-		if sig := s.sleep(ctx, delay); sig != 0 {
-			s.setState(StateStopped, at)
-			res.ExitCode = 128 + int(sig)
-			return "", true
-		}
-	case rendezvous.MembershipChanged:
-		s.log.Info("gang membership changed: re-forming", zap.String("detail", end.Detail))
-	default:
-		// Succeeded ends the run in succeeded; a round still running here has been left.
-	}
-	return StateInit, false
-}
-
-// join joins the next round, giving up when gangrun is told to stop.
-func (s *Supervisor) join(ctx context.Context) (rendezvous.Round, syscall.Signal, error) {
-	jctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	type joined struct {
-		r   rendezvous.Round
-		err error
-	}
-	ch := make(chan joined, 1)
-	go func() {
-		r, err := s.rdzv.Join(jctx, rendezvous.JoinRequest{
-			Node: s.cfg.NodeName, Addr: s.cfg.Addr, LocalWorldSize: s.cfg.NProcPerNode,
-			Switch: s.cfg.Switch, MasterPort: s.cfg.MasterPort, ChooseResume: s.chooseResume,
-			OnLease: s.onLease,
-		})
-		ch <- joined{r, err}
-	}()
-	for {
-		select {
-		case j := <-ch:
-			if j.err != nil {
-				return nil, 0, fmt.Errorf("rendezvous: %w", j.err)
-			}
-			return j.r, 0, nil
-		case sig := <-s.cfg.Signals:
-			if ss, ok := sig.(syscall.Signal); ok && proc.Terminating(ss) {
-				cancel()
-				if j := <-ch; j.r != nil {
-					_ = j.r.Leave(context.WithoutCancel(ctx))
-				}
-				return nil, ss, nil
-			}
-		case <-ctx.Done():
-			cancel()
-			<-ch
-			return nil, syscall.SIGTERM, nil
-		}
-	}
-}
-
-// onLease hands the rendezvous' lease to the guardian: if this process is frozen when
-// killBy passes, the guardian kills the workers in its place.
-func (s *Supervisor) onLease(killBy time.Time) {
-	if err := s.guard.KillBy(killBy); err != nil {
-		s.log.Warn("guardian", zap.Error(err))
-	}
-}
-
-// awaitSuccess reports this node's success and waits for the whole gang's. It returns
-// how the round ended, the terminating signal that cut the wait short (0 if none), and
-// the coordinator's error when the success could not be reported or waited for.
-func (s *Supervisor) awaitSuccess(ctx context.Context, round rendezvous.Round) (rendezvous.End, syscall.Signal, error) {
-	type result struct {
-		end rendezvous.End
-		err error
-	}
-	ch := make(chan result, 1)
-	sctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go func() {
-		end, err := round.Succeed(sctx)
-		ch <- result{end, err}
-	}()
-	for {
-		select {
-		case r := <-ch:
-			return r.end, 0, r.err
-		case sig := <-s.cfg.Signals:
-			if ss, ok := sig.(syscall.Signal); ok && proc.Terminating(ss) {
-				cancel()
-				_ = round.Leave(context.WithoutCancel(ctx))
-				return rendezvous.End{}, ss, nil
-			}
-		case <-ctx.Done():
-			return rendezvous.End{}, syscall.SIGTERM, nil
-		}
-	}
-}
-
-// monitor watches one attempt until it ends.
-func (s *Supervisor) monitor(ctx context.Context, g *group, round rendezvous.Round, a rendezvous.Assignment) outcome {
-	var hang <-chan time.Time
-	if s.cfg.HangTimeout > 0 {
-		t := time.NewTicker(hangCheckInterval(s.cfg.HangTimeout))
-		defer t.Stop()
-		hang = t.C
-	}
-	var reap <-chan time.Time
-	if s.cfg.Subreaper {
-		// Orphans of the workers' descendants are re-parented here: reap those that
-		// exit while the attempt runs, so zombies do not pile up over a long job.
-		t := time.NewTicker(zombieReapEvery)
-		defer t.Stop()
-		reap = t.C
-	}
-	var watchdog <-chan time.Time
-	if s.timer != nil {
-		t := time.NewTicker(100 * time.Millisecond) // torch's FileTimerServer's max_interval
-		defer t.Stop()
-		watchdog = t.C
-	}
-	var warmUp <-chan time.Time
-	if s.nextSpecs != nil {
-		t := time.NewTimer(time.Until(s.started.Add(s.cfg.WarmDelay)))
-		defer t.Stop()
-		warmUp = t.C
-	}
-	remaining := len(g.workers)
-	for {
-		select {
-		case <-warmUp:
-			s.prepareStandbys(s.nextSpecs)
-			s.nextSpecs = nil
-		case <-watchdog:
-			if r, ok := s.timer.expired(time.Now()); ok {
-				if w := g.workerOf(r.PID); w != nil {
-					return s.hung(g, w, failure.Watchdog, fmt.Sprintf("watchdog timer %q expired (torch.distributed.elastic.timer); every rank's stack is in its stderr", r.Scope))
-				}
-				s.timer.forget(r) // a pid of no worker of this attempt
-			}
-		case <-reap:
-			keep := s.standbyPids(g.pids()) // exited leaders are reaped by their Release
-			keep[s.guard.Pid()] = true
-			proc.ReapZombies(keep)
-		case i := <-g.exits:
-			w := g.workers[i]
-			st := w.reap(s.guard)
-			if round.End().Lost {
-				// The lease is over (this process may just have woken from a stall, and
-				// the guardian killed the workers meanwhile): that, not the worker, ended
-				// the attempt.
-				return outcome{kind: outEnded}
-			}
-			if !st.Success() {
-				return outcome{kind: outFailed, failure: s.failureOf(a, w), failed: w}
-			}
-			remaining--
-			if remaining == 0 {
-				return outcome{kind: outSucceeded}
-			}
-		case <-round.Ended():
-			return outcome{kind: outEnded}
-		case sig := <-s.cfg.Signals:
-			ss, ok := sig.(syscall.Signal)
-			if !ok {
-				continue
-			}
-			if proc.Terminating(ss) {
-				// Run leaves the round before forwarding it, so the other nodes see a
-				// membership change before their workers lose this node's.
-				return outcome{kind: outStopped, sig: ss}
-			}
-			s.log.Info("forwarding signal to workers", zap.String("signal", proc.SignalName(ss)))
-			g.signal(ss)
-		case <-hang:
-			w, age, newest := g.heartbeats(s.started, s.cfg.HangTimeout)
-			s.act.touchAt(newest) // a heartbeat is activity, as a line of output is
-			if w != nil {
-				return s.hung(g, w, failure.Hang, fmt.Sprintf("no heartbeat for %s, the longest of any rank (--hang-timeout %s); every rank's stack is in its stderr",
-					age.Round(time.Second), s.cfg.HangTimeout))
-			}
-			if idle := time.Since(round.Activity(ctx, s.act.lastTime())); idle >= s.cfg.HangTimeout {
-				return s.hung(g, nil, failure.Hang, fmt.Sprintf("no output from any rank for %s (--hang-timeout %s)", idle.Round(time.Second), s.cfg.HangTimeout))
-			}
-		case <-ctx.Done():
-			return outcome{kind: outStopped, sig: syscall.SIGTERM}
-		}
-	}
-}
-
-// hangCheckInterval is how often --hang-timeout is checked: a tenth of it, between
-// 100ms and 5s.
-func hangCheckInterval(d time.Duration) time.Duration {
-	return min(max(d/10, 100*time.Millisecond), 5*time.Second)
-}
-
-// stop ends an attempt: it sends sig (when non-zero) to every live worker, waits up to
-// TermTimeout (cut short to end by killBy, when set: the lease's kill time) for them to
-// exit, SIGKILLs the rest, reaps everything and drains output. A terminating signal
-// arriving meanwhile kills at once.
-func (s *Supervisor) stop(g *group, sig syscall.Signal, killBy time.Time) {
-	grace := s.cfg.TermTimeout
-	if !killBy.IsZero() {
-		grace = max(min(grace, time.Until(killBy)), 0)
-	}
-	if sig != 0 {
-		g.signal(sig)
-	}
-	if len(g.live()) > 0 && grace > 0 {
-		deadline := time.NewTimer(grace)
-		defer deadline.Stop()
-	wait:
-		for len(g.live()) > 0 {
-			select {
-			case i := <-g.exits:
-				g.workers[i].reap(s.guard)
-			case <-deadline.C:
-				s.log.Warn("workers still running after the grace: sending SIGKILL",
-					zap.Int("workers", len(g.live())), zap.Duration("grace", grace))
-				break wait
-			case in := <-s.cfg.Signals:
-				ss, ok := in.(syscall.Signal)
-				if ok && proc.Terminating(ss) {
-					s.log.Warn("second signal: sending SIGKILL", zap.String("signal", proc.SignalName(ss)))
-					if s.stopSignal == 0 {
-						s.stopSignal = ss // the run ends once these workers are gone (next)
-					}
-					break wait
-				}
-				if ok {
-					g.signal(ss)
-				}
-			}
-		}
-	}
-	g.kill(s.guard)
-	s.closeStore() // the attempt's workers are gone: the next attempt's find a new one
-	if s.cfg.Subreaper {
-		keep := s.standbyPids(map[int]bool{s.guard.Pid(): true})
-		for pid := range s.inherited {
-			keep[pid] = true
-		}
-		// Only what came from this run's workers: their environment carries the job and
-		// node gangrun gave them, which nothing else among this process's children does.
-		marks := []string{"GANGRUN_JOB_ID=" + s.cfg.JobID, "GANGRUN_NODE_NAME=" + s.cfg.NodeName}
-		ours := func(pid int) bool { return proc.Marked(pid, marks) }
-		if n := proc.KillOrphans(keep, g.pids(), ours); n > 0 {
-			s.log.Info("killed processes the workers left outside their process groups", zap.Int("processes", n))
-		}
-	}
-}
-
-// serveStore starts the workers' TCPStore for attempt a on MASTER_PORT, on every
-// interface as torch's own server binds, when this node serves it: node rank 0 with
-// Env.AgentStore. The previous attempt's is closed first. An error (the port is taken)
-// names the port.
-func (s *Supervisor) serveStore(a rendezvous.Assignment) error {
-	s.closeStore()
-	if !s.cfg.Env.AgentStore || a.NodeRank != 0 {
-		return nil
-	}
-	st, err := tcpstore.Listen(net.JoinHostPort("", strconv.Itoa(a.MasterPort)))
-	if err != nil {
-		return fmt.Errorf("MASTER_PORT %d: gangrun serves the workers' store there (TORCHELASTIC_USE_AGENT_STORE=True) and cannot: %w", a.MasterPort, err)
-	}
-	s.store = st
-	return nil
-}
-
-// closeStore closes the attempt's TCPStore, if this node serves one.
-func (s *Supervisor) closeStore() {
-	if s.store != nil {
-		_ = s.store.Close()
-		s.store = nil
-	}
-}
-
-// sleep waits d, returning early with the signal that stops gangrun.
-func (s *Supervisor) sleep(ctx context.Context, d time.Duration) syscall.Signal {
-	if d <= 0 {
-		return 0
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	for {
-		select {
-		case <-t.C:
-			return 0
-		case sig := <-s.cfg.Signals:
-			if ss, ok := sig.(syscall.Signal); ok && proc.Terminating(ss) {
-				return ss
-			}
-		case <-ctx.Done():
-			return syscall.SIGTERM
-		}
-	}
-}
-
-// specs builds the processes of one attempt.
-func (s *Supervisor) specs(a rendezvous.Assignment) ([]workerSpec, error) {
-	base := s.cfg.LogDir
-	if base == "" {
-		base = s.scratch
-	}
-	attempt := attemptPrefix + strconv.Itoa(a.Round)
-	attemptDir := filepath.Join(base, attempt)
-	resume := []string(nil)
-	if a.ResumeFrom != "" && s.cfg.ResumeArg != "" {
-		resume = []string{s.cfg.ResumeArg, a.ResumeFrom}
-		if strings.HasSuffix(s.cfg.ResumeArg, "=") { // --resume-arg --resume= : one argument
-			resume = []string{s.cfg.ResumeArg + a.ResumeFrom}
-		}
-	}
-	if s.torch != nil {
-		v := TorchrunValues{NNodes: a.NNodes, NodeRank: a.NodeRank, MasterAddr: a.MasterAddr, MasterPort: a.MasterPort, NProcPerNode: s.cfg.NProcPerNode}
-		if err := s.torch.CheckRound(v); err != nil {
-			return nil, err
-		}
-		node := "node_" + strconv.Itoa(a.NodeRank)
-		dir := filepath.Join(attemptDir, node)
-		errFile := filepath.Join(dir, errorFileName)
-		return []workerSpec{{
-			localRank: -1, rank: -1,
-			argv:   append(s.torch.Command(v), resume...),
-			env:    TorchrunEnv(s.cfg.Env, a, errFile),
-			prefix: "[node" + strconv.Itoa(a.NodeRank) + "]: ",
-			base:   base, rel: []string{attempt, node},
-			dir: dir, errorFile: errFile, logFiles: s.cfg.LogDir != "", place: s.placement(), user: s.cfg.User,
-		}}, nil
-	}
-	specs := make([]workerSpec, 0, a.LocalWorldSize)
-	// A hung gang's stacks (collectStacks) need faulthandler, unless the user chose.
-	_, userSet := newEnvMap(s.cfg.Env.Base, s.cfg.Env.Extra)["PYTHONFAULTHANDLER"]
-	faulthandler := !userSet && (s.cfg.HangTimeout > 0 || s.timer != nil)
-	for lr := 0; lr < a.LocalWorldSize; lr++ {
-		rank := a.RankOffset + lr
-		rankDir := "rank_" + strconv.Itoa(rank)
-		dir := filepath.Join(attemptDir, rankDir)
-		errFile := filepath.Join(dir, errorFileName)
-		argv := append(append([]string{}, s.cfg.Command...), resume...)
-		if s.cfg.LocalRankArg {
-			argv = append(argv, "--local_rank="+strconv.Itoa(lr))
-		}
-		env := append(WorkerEnv(s.cfg.Env, a, lr, errFile), HeartbeatEnv+"="+filepath.Join(dir, heartbeatName))
-		if s.timer != nil {
-			env = append(env, FileTimerFileEnv+"="+s.timer.path)
-		}
-		if faulthandler {
-			env = append(env, "PYTHONFAULTHANDLER=1")
-		}
-		var cpus []int
-		var mem proc.MemPolicy
-		if lr < len(s.cfg.Env.Ranks) {
-			rp := s.cfg.Env.Ranks[lr]
-			cpus, mem = rp.CPUs, proc.MemPolicy{Nodes: rp.Mems, Strict: rp.MemBind == topology.MemBindStrict}
-		}
-		spec := workerSpec{
-			localRank: lr, rank: rank, argv: argv, cpus: cpus, mem: mem, place: s.placement(), user: s.cfg.User,
-			env:    env,
-			prefix: rankPrefix(rank), base: base, rel: []string{attempt, rankDir},
-			dir: dir, errorFile: errFile, logFiles: s.cfg.LogDir != "",
-		}
-		if st := s.cfg.Streams; st != nil {
-			file, console := st.route(lr)
-			spec.logFiles = s.cfg.LogDir != "" && (file[0] || file[1])
-			for i := range 2 {
-				spec.noFile[i], spec.noConsole[i] = !file[i], !console[i]
-			}
-			if p := st.prefix(cmp.Or(s.cfg.Env.Role, RoleName), lr, rank); p != "" {
-				spec.prefix = p
-			}
-		}
-		specs = append(specs, spec)
-	}
-	return specs, nil
 }
 
 // readErrorFile is ReadErrorFile with the permissions of the user the workers run as:
@@ -1481,12 +543,22 @@ func (s *Supervisor) report(a rendezvous.Assignment, f *rendezvous.Failure) {
 	io.WriteString(s.cfg.Report, b.String())
 }
 
+// attemptBase is the directory of attempt a.Round: under LogDir, else under the scratch
+// directory.
 func (s *Supervisor) attemptBase(a rendezvous.Assignment) string {
 	base := s.cfg.LogDir
 	if base == "" {
 		base = s.scratch
 	}
 	return filepath.Join(base, "attempt_"+strconv.Itoa(a.Round))
+}
+
+// ckptState is what the Supervisor keeps about the checkpoints it resumes from.
+type ckptState struct {
+	excluded []string       // checkpoints skipped after StrikesBeforeFallback failures
+	strikes  map[string]int // failures in a row per checkpoint resumed from
+	unpin    func() error   // releases the pin of pinned; nil when none
+	pinned   string         // the checkpoint pinned (pin); "" when none
 }
 
 // chooseResume picks the checkpoint the gang resumes from: the newest complete one under
@@ -1528,7 +600,7 @@ func (s *Supervisor) newestCheckpoint() string {
 // what the user could.
 func (s *Supervisor) latestCheckpoint() (c checkpoint.Checkpoint, err error) {
 	err = proc.AsUser(s.cfg.User, func() error {
-		c, err = checkpoint.Latest(s.cfg.CheckpointDir, checkpoint.Options{Exclude: s.excluded})
+		c, err = checkpoint.Latest(s.cfg.CheckpointDir, checkpoint.Options{Exclude: s.ckpt.excluded})
 		return err
 	})
 	return c, err
@@ -1554,28 +626,28 @@ func (s *Supervisor) strike(path, newest string) {
 	}
 	if newest != "" && newest != path {
 		// The attempt got past path and wrote a newer checkpoint: not path's fault.
-		delete(s.strikes, path)
+		delete(s.ckpt.strikes, path)
 		return
 	}
-	s.strikes[path]++
-	if s.strikes[path] >= StrikesBeforeFallback {
-		s.excluded = append(s.excluded, path)
+	s.ckpt.strikes[path]++
+	if s.ckpt.strikes[path] >= StrikesBeforeFallback {
+		s.ckpt.excluded = append(s.ckpt.excluded, path)
 		s.log.Warn("attempts failed repeatedly before writing a newer checkpoint: falling back to an earlier one",
-			zap.String("skipped", path), zap.Int("failures", s.strikes[path]))
+			zap.String("skipped", path), zap.Int("failures", s.ckpt.strikes[path]))
 	}
 }
 
 // pin keeps the checkpoint the job resumes from out of `gangrun ckpt prune`'s reach,
 // releasing the previous pin; "" releases all.
 func (s *Supervisor) pin(path string) {
-	if path == s.pinned {
+	if path == s.ckpt.pinned {
 		return
 	}
-	if s.unpin != nil {
-		if err := proc.AsUser(s.cfg.User, s.unpin); err != nil {
-			s.log.Warn("unpin checkpoint", zap.String("path", s.pinned), zap.Error(err))
+	if s.ckpt.unpin != nil {
+		if err := proc.AsUser(s.cfg.User, s.ckpt.unpin); err != nil {
+			s.log.Warn("unpin checkpoint", zap.String("path", s.ckpt.pinned), zap.Error(err))
 		}
-		s.unpin, s.pinned = nil, ""
+		s.ckpt.unpin, s.ckpt.pinned = nil, ""
 	}
 	if path == "" || s.cfg.CheckpointDir == "" {
 		return
@@ -1589,7 +661,7 @@ func (s *Supervisor) pin(path string) {
 		s.log.Warn("pin checkpoint", zap.String("path", path), zap.Error(err))
 		return
 	}
-	s.unpin, s.pinned = release, path
+	s.ckpt.unpin, s.ckpt.pinned = release, path
 }
 
 // fence records in the checkpoint directory that attempt a.Round of the job is the one

@@ -202,7 +202,7 @@ func (s *Supervisor) startStandby(spec workerSpec, pc pythonCommand) (*standby, 
 	if s.cfg.WarmImports == nil {
 		imports, mode = strings.Join(DefaultWarmImports, ","), "optional"
 	}
-	argv := append(slices.Clone(pc.interp), filepath.Join(s.warmDir, "standby.py"), imports, mode)
+	argv := append(slices.Clone(pc.interp), filepath.Join(s.warm.dir, "standby.py"), imports, mode)
 	env := standbyEnv(spec.env)
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = env
@@ -402,9 +402,26 @@ func envObject(env []string) map[string]string {
 	return m
 }
 
+// warmState is what the Supervisor keeps for warm restarts (Config.WarmRestarts).
+type warmState struct {
+	dir      string           // holds the standby program; "" when warm restarts are off
+	standbys map[int]*standby // by local rank, for the next attempt
+	// forked are the standbys the current attempt's warm workers forked at their
+	// activation, for the attempt after (by local rank).
+	forked   map[int]*standby
+	pending  map[int]*pendingFork // activated standbys whose fork is still to be told
+	forkTold bool                 // the log said that a standby could not fork
+	// masterChecked: a warm rank of this attempt waited for rank 0's store (awaitMaster);
+	// masterSilent: one waited in vain, so none waits again.
+	masterChecked, masterSilent bool
+	// nextSpecs are the specs whose standbys are due WarmDelay after the attempt's start
+	// (nil: none due).
+	nextSpecs []workerSpec
+}
+
 // setupWarm sets up warm restarts when the config asks for them and the command is a
 // Python interpreter running a script or module: it writes the standby program to a
-// scratch directory (s.warmDir, "" when warm restarts are off). The returned cleanup
+// scratch directory (s.warm.dir, "" when warm restarts are off). The returned cleanup
 // kills the standbys left and removes the directory.
 func (s *Supervisor) setupWarm() (cleanup func()) {
 	cleanup = func() {}
@@ -432,7 +449,7 @@ func (s *Supervisor) setupWarm() (cleanup func()) {
 	if err := s.guard.RemoveOnDeath(dir); err != nil {
 		s.log.Warn("guardian", zap.Error(err))
 	}
-	s.warmDir = dir
+	s.warm.dir = dir
 	return func() {
 		s.dropStandbys()
 		os.RemoveAll(dir)
@@ -443,11 +460,11 @@ func (s *Supervisor) setupWarm() (cleanup func()) {
 // the next attempt (a forked one may be there already), and drops the standbys of
 // local ranks not in specs.
 func (s *Supervisor) prepareStandbys(specs []workerSpec) {
-	if s.warmDir == "" {
+	if s.warm.dir == "" {
 		return
 	}
-	if s.standbys == nil {
-		s.standbys = map[int]*standby{}
+	if s.warm.standbys == nil {
+		s.warm.standbys = map[int]*standby{}
 	}
 	want := map[int]bool{}
 	for _, spec := range specs {
@@ -456,7 +473,7 @@ func (s *Supervisor) prepareStandbys(specs []workerSpec) {
 		if !ok {
 			continue
 		}
-		if sb := s.standbys[spec.localRank]; sb != nil {
+		if sb := s.warm.standbys[spec.localRank]; sb != nil {
 			select {
 			case <-sb.w.p.Exited():
 			default:
@@ -465,19 +482,19 @@ func (s *Supervisor) prepareStandbys(specs []workerSpec) {
 				}
 			}
 			sb.drop(s)
-			delete(s.standbys, spec.localRank)
+			delete(s.warm.standbys, spec.localRank)
 		}
 		sb, err := s.startStandby(spec, pc)
 		if err != nil {
 			s.log.Warn("no standby for the next attempt", zap.Int("local_rank", spec.localRank), zap.Error(err))
 			continue
 		}
-		s.standbys[spec.localRank] = sb
+		s.warm.standbys[spec.localRank] = sb
 	}
-	for lr, sb := range s.standbys {
+	for lr, sb := range s.warm.standbys {
 		if !want[lr] {
 			sb.drop(s)
-			delete(s.standbys, lr)
+			delete(s.warm.standbys, lr)
 		}
 	}
 }
@@ -485,7 +502,7 @@ func (s *Supervisor) prepareStandbys(specs []workerSpec) {
 // standbysFor reports whether every local rank of specs has a standby.
 func (s *Supervisor) standbysFor(specs []workerSpec) bool {
 	for _, spec := range specs {
-		if s.standbys[spec.localRank] == nil {
+		if s.warm.standbys[spec.localRank] == nil {
 			return false
 		}
 	}
@@ -496,11 +513,11 @@ func (s *Supervisor) standbysFor(specs []workerSpec) bool {
 // included, and forgets the forks still to be told (a copy whose control socket
 // closes exits).
 func (s *Supervisor) dropStandbys() {
-	for lr, pf := range s.pending {
+	for lr, pf := range s.warm.pending {
 		pf.ends.closeAll()
-		delete(s.pending, lr)
+		delete(s.warm.pending, lr)
 	}
-	for _, m := range []map[int]*standby{s.standbys, s.forked} {
+	for _, m := range []map[int]*standby{s.warm.standbys, s.warm.forked} {
 		for lr, sb := range m {
 			sb.drop(s)
 			delete(m, lr)
@@ -510,7 +527,7 @@ func (s *Supervisor) dropStandbys() {
 
 // standbyPids adds the standbys' pids (their process groups) to keep.
 func (s *Supervisor) standbyPids(keep map[int]bool) map[int]bool {
-	for _, m := range []map[int]*standby{s.standbys, s.forked} {
+	for _, m := range []map[int]*standby{s.warm.standbys, s.warm.forked} {
 		for _, sb := range m {
 			keep[sb.w.p.Pid()] = true
 		}
@@ -521,13 +538,13 @@ func (s *Supervisor) standbyPids(keep map[int]bool) map[int]bool {
 // takeStandby returns spec's worker started from its standby, or nil (having logged
 // why) when it must start cold. files are spec's log files, already created. Where
 // standbys fork (Config.Subreaper), the standby forks the rank's next one first, kept
-// in s.forked.
+// in s.warm.forked.
 func (s *Supervisor) takeStandby(spec workerSpec, files []*os.File) *worker {
-	if s.warmDir == "" || spec.localRank < 0 {
+	if s.warm.dir == "" || spec.localRank < 0 {
 		return nil
 	}
-	sb := s.standbys[spec.localRank]
-	delete(s.standbys, spec.localRank)
+	sb := s.warm.standbys[spec.localRank]
+	delete(s.warm.standbys, spec.localRank)
 	cold := func(why string) *worker {
 		s.log.Info("starting rank cold: "+why, zap.Int("rank", spec.rank), zap.Int("local_rank", spec.localRank))
 		if sb != nil {
@@ -572,20 +589,20 @@ func (s *Supervisor) takeStandby(spec workerSpec, files []*os.File) *worker {
 		return cold("its standby did not take the attempt: " + err.Error())
 	}
 	if next != nil {
-		if s.pending == nil {
-			s.pending = map[int]*pendingFork{}
+		if s.warm.pending == nil {
+			s.warm.pending = map[int]*pendingFork{}
 		}
-		s.pending[spec.localRank] = &pendingFork{from: sb, ends: next}
+		s.warm.pending[spec.localRank] = &pendingFork{from: sb, ends: next}
 	}
 	return w
 }
 
 // adoptForked waits for the standbys the attempt's warm workers forked (their workers
-// run meanwhile) and keeps them in s.forked, for the attempt after.
+// run meanwhile) and keeps them in s.warm.forked, for the attempt after.
 func (s *Supervisor) adoptForked() {
 	deadline := time.Now().Add(forkWait)
-	for lr, pf := range s.pending {
-		delete(s.pending, lr)
+	for lr, pf := range s.warm.pending {
+		delete(s.warm.pending, lr)
 		pid, err := pf.forkedPid(max(time.Until(deadline), time.Millisecond))
 		if err != nil {
 			pf.ends.closeAll()
@@ -601,8 +618,8 @@ func (s *Supervisor) adoptForked() {
 func (s *Supervisor) adoptStandby(localRank, pid int, e *standbyEnds, from *standby) {
 	if pid <= 0 {
 		e.closeAll()
-		if !s.forkTold {
-			s.forkTold = true
+		if !s.warm.forkTold {
+			s.warm.forkTold = true
 			s.log.Info("the next attempt's standbys start afresh: a standby had more than one thread when activated (a module it imported started one), and a fork copies only one",
 				zap.Int("local_rank", localRank))
 		}
@@ -614,10 +631,10 @@ func (s *Supervisor) adoptStandby(localRank, pid int, e *standbyEnds, from *stan
 		s.log.Warn("the next standby starts afresh", zap.Int("local_rank", localRank), zap.Error(err))
 		return
 	}
-	if s.forked == nil {
-		s.forked = map[int]*standby{}
+	if s.warm.forked == nil {
+		s.warm.forked = map[int]*standby{}
 	}
-	s.forked[localRank] = s.newStandby(localRank, p, e, from.env, from.interp)
+	s.warm.forked[localRank] = s.newStandby(localRank, p, e, from.env, from.interp)
 }
 
 // masterWait bounds how long a warm rank other than 0 waits for rank 0's store to
@@ -631,10 +648,10 @@ const masterWait = time.Second
 // closes without a request as gone). Where it waited in vain (a script whose rank 0
 // does not listen there, or reaches it later), later attempts do not wait.
 func (s *Supervisor) awaitMaster(env []string) {
-	if s.masterChecked || s.masterSilent {
+	if s.warm.masterChecked || s.warm.masterSilent {
 		return
 	}
-	s.masterChecked = true
+	s.warm.masterChecked = true
 	var host, port string
 	for _, kv := range env {
 		if v, ok := strings.CutPrefix(kv, "MASTER_ADDR="); ok {
@@ -655,7 +672,7 @@ func (s *Supervisor) awaitMaster(env []string) {
 			return
 		}
 		if time.Now().After(deadline) {
-			s.masterSilent = true
+			s.warm.masterSilent = true
 			s.log.Info("warm ranks no longer wait for rank 0's store: nothing listened on MASTER_ADDR:MASTER_PORT within "+masterWait.String(),
 				zap.String("master", addr))
 			return
