@@ -98,15 +98,39 @@ func (m *pickleMachine) run() (any, error) {
 	return nil, errors.New("no STOP opcode: cut short")
 }
 
-// step executes op; done is true at STOP.
+// errUnknownOpcode is step's error for an opcode the reader does not run.
+var errUnknownOpcode = errors.New("unknown or unsupported opcode")
+
+// step executes op; done is true at STOP. It hands op to the handler of its group:
+// the stack's own opcodes, numbers, strings and bytes, containers, objects and the memo.
 func (m *pickleMachine) step(op byte) (done bool, err error) {
+	switch op {
+	case '.': // STOP
+		return true, nil
+	case 0x80, 0x95, '(', '0', '1', '2':
+		return false, m.stackOp(op)
+	case 'N', 0x88, 0x89, 'I', 'L', 'J', 'K', 'M', 0x8a, 0x8b, 'F', 'G':
+		return false, m.numberOp(op)
+	case 'S', 'V', 'T', 'U', 'X', 0x8c, 0x8d, 'B', 'C', 0x8e, 0x96:
+		return false, m.stringOp(op)
+	case ']', ')', '}', 0x8f, 'l', 't', 0x85, 0x86, 0x87, 'd', 'a', 'e', 's', 'u', 0x90, 0x91:
+		return false, m.containerOp(op)
+	case 'c', 0x93, 'R', 0x81, 0x92, 'b', 'i', 'o', 'P', 'Q', 0x82, 0x83, 0x84:
+		return false, m.objectOp(op)
+	case 'g', 'h', 'j', 'p', 'q', 'r', 0x94:
+		return false, m.memoOp(op)
+	}
+	return false, errUnknownOpcode
+}
+
+// stackOp executes the opcodes that move the machine or its stack without making a
+// value: PROTO, FRAME, MARK, POP, POP_MARK and DUP.
+func (m *pickleMachine) stackOp(op byte) (err error) {
 	switch op {
 	case 0x80: // PROTO
 		_, err = m.take(1)
 	case 0x95: // FRAME: frames only group the opcodes that follow
 		_, err = m.take(8)
-	case '.': // STOP
-		return true, nil
 	case '(': // MARK
 		m.push(pyMark{})
 	case '0': // POP
@@ -118,6 +142,15 @@ func (m *pickleMachine) step(op byte) (done bool, err error) {
 		if v, err = m.top(); err == nil {
 			m.push(v)
 		}
+	default:
+		return errUnknownOpcode
+	}
+	return err
+}
+
+// numberOp executes the opcodes that push None, a bool, an int or a float.
+func (m *pickleMachine) numberOp(op byte) (err error) {
+	switch op {
 	case 'N':
 		m.push(nil)
 	case 0x88:
@@ -174,6 +207,15 @@ func (m *pickleMachine) step(op byte) (done bool, err error) {
 		if b, err = m.take(8); err == nil {
 			m.push(math.Float64frombits(binary.BigEndian.Uint64(b)))
 		}
+	default:
+		return errUnknownOpcode
+	}
+	return err
+}
+
+// stringOp executes the opcodes that push a string or bytes.
+func (m *pickleMachine) stringOp(op byte) (err error) {
+	switch op {
 	case 'S': // STRING: a quoted Python repr on one line
 		var line string
 		if line, err = m.line(); err == nil {
@@ -194,6 +236,15 @@ func (m *pickleMachine) step(op byte) (done bool, err error) {
 		if b, err = m.counted(map[byte]int{'B': 4, 'C': 1, 0x8e: 8, 0x96: 8}[op]); err == nil {
 			m.push(append([]byte(nil), b...))
 		}
+	default:
+		return errUnknownOpcode
+	}
+	return err
+}
+
+// containerOp executes the opcodes that build or fill a list, tuple, dict or set.
+func (m *pickleMachine) containerOp(op byte) (err error) {
+	switch op {
 	case ']':
 		m.push(&pyList{})
 	case ')':
@@ -213,18 +264,7 @@ func (m *pickleMachine) step(op byte) (done bool, err error) {
 			m.push(items)
 		}
 	case 0x85, 0x86, 0x87: // TUPLE1, TUPLE2, TUPLE3
-		n := int(op-0x85) + 1
-		if len(m.stack) < n {
-			return false, errors.New("stack underflow")
-		}
-		items := append([]any(nil), m.stack[len(m.stack)-n:]...)
-		m.stack = m.stack[:len(m.stack)-n]
-		for _, it := range items {
-			if _, ok := it.(pyMark); ok {
-				return false, errors.New("a MARK inside a tuple")
-			}
-		}
-		m.push(items)
+		return m.smallTuple(int(op-0x85) + 1)
 	case 'd': // DICT
 		var items []any
 		if items, err = m.popMark(); err == nil {
@@ -249,14 +289,7 @@ func (m *pickleMachine) step(op byte) (done bool, err error) {
 			}
 		}
 	case 's': // SETITEM
-		if len(m.stack) < 3 {
-			return false, errors.New("stack underflow")
-		}
-		k, v := m.stack[len(m.stack)-2], m.stack[len(m.stack)-1]
-		m.stack = m.stack[:len(m.stack)-2]
-		if d, ok := m.stack[len(m.stack)-1].(*pyDict); ok {
-			setItems(d, []any{k, v})
-		}
+		return m.setItem()
 	case 'u': // SETITEMS
 		var items []any
 		if items, err = m.popMark(); err == nil {
@@ -273,6 +306,45 @@ func (m *pickleMachine) step(op byte) (done bool, err error) {
 		if _, err = m.popMark(); err == nil {
 			m.push(pyObject{class: "builtins.frozenset"})
 		}
+	default:
+		return errUnknownOpcode
+	}
+	return err
+}
+
+// smallTuple executes TUPLE1, TUPLE2 or TUPLE3: the top n values become a tuple.
+func (m *pickleMachine) smallTuple(n int) error {
+	if len(m.stack) < n {
+		return errors.New("stack underflow")
+	}
+	items := append([]any(nil), m.stack[len(m.stack)-n:]...)
+	m.stack = m.stack[:len(m.stack)-n]
+	for _, it := range items {
+		if _, ok := it.(pyMark); ok {
+			return errors.New("a MARK inside a tuple")
+		}
+	}
+	m.push(items)
+	return nil
+}
+
+// setItem executes SETITEM: the key and value on top go into the dict below them.
+func (m *pickleMachine) setItem() error {
+	if len(m.stack) < 3 {
+		return errors.New("stack underflow")
+	}
+	k, v := m.stack[len(m.stack)-2], m.stack[len(m.stack)-1]
+	m.stack = m.stack[:len(m.stack)-2]
+	if d, ok := m.stack[len(m.stack)-1].(*pyDict); ok {
+		setItems(d, []any{k, v})
+	}
+	return nil
+}
+
+// objectOp executes the opcodes that name a class or stand for calling one: each
+// pushes a pyObject (or, for collections.OrderedDict, an empty dict) and calls nothing.
+func (m *pickleMachine) objectOp(op byte) (err error) {
+	switch op {
 	case 'c': // GLOBAL: module and name lines
 		var mod, name string
 		if mod, err = m.line(); err == nil {
@@ -303,7 +375,7 @@ func (m *pickleMachine) step(op byte) (done bool, err error) {
 		}
 	case 0x92: // NEWOBJ_EX: cls, args, kwargs
 		if len(m.stack) < 3 {
-			return false, errors.New("stack underflow")
+			return errors.New("stack underflow")
 		}
 		cls := m.stack[len(m.stack)-3]
 		m.stack = m.stack[:len(m.stack)-3]
@@ -323,7 +395,7 @@ func (m *pickleMachine) step(op byte) (done bool, err error) {
 		var items []any
 		if items, err = m.popMark(); err == nil {
 			if len(items) == 0 {
-				return false, errors.New("OBJ without a class")
+				return errors.New("OBJ without a class")
 			}
 			m.push(reduceValue(items[0]))
 		}
@@ -339,12 +411,22 @@ func (m *pickleMachine) step(op byte) (done bool, err error) {
 		if _, err = m.take(map[byte]int{0x82: 1, 0x83: 2, 0x84: 4}[op]); err == nil {
 			m.push(pyObject{class: "extension"})
 		}
+	default:
+		return errUnknownOpcode
+	}
+	return err
+}
+
+// memoOp executes the memo's opcodes: GET and its binary forms push a memo entry, PUT
+// and its binary forms and MEMOIZE store the top of the stack.
+func (m *pickleMachine) memoOp(op byte) (err error) {
+	switch op {
 	case 'g', 'h', 'j': // GET, BINGET, LONG_BINGET
 		var idx uint64
 		if idx, err = m.memoIndex(op); err == nil {
 			v, ok := m.memo[idx]
 			if !ok {
-				return false, fmt.Errorf("memo %d not set", idx)
+				return fmt.Errorf("memo %d not set", idx)
 			}
 			m.push(v)
 		}
@@ -362,9 +444,9 @@ func (m *pickleMachine) step(op byte) (done bool, err error) {
 			m.memo[uint64(len(m.memo))] = v
 		}
 	default:
-		return false, errors.New("unknown or unsupported opcode")
+		return errUnknownOpcode
 	}
-	return false, err
+	return err
 }
 
 // memoIndex reads the memo index of GET/PUT (a decimal line) or their binary forms.

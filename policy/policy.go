@@ -236,7 +236,30 @@ func Parse(data []byte) (*Policy, error) {
 // exist, at most one default partition and one default account per user, a known
 // pre-emption type, signal and preempt_mode. The error names the field and the value.
 func (p *Policy) Validate() error {
-	w := p.Priority.Weights
+	if err := p.Priority.validate(); err != nil {
+		return err
+	}
+	if err := p.validatePartitions(); err != nil {
+		return err
+	}
+	for _, name := range slices.Sorted(maps.Keys(p.QOS)) {
+		if err := checkName("qos", name); err != nil {
+			return err
+		}
+		if q := p.QOS[name]; q.Priority < 0 || q.Priority > MaxWeight {
+			return fmt.Errorf("qos.%s.priority %d: want 0 to %d", name, q.Priority, int64(MaxWeight))
+		}
+	}
+	if err := p.validateAccounts(); err != nil {
+		return err
+	}
+	return p.validatePreemption()
+}
+
+// validate checks the priority section: weights of 0 to MaxWeight, max_age and
+// decay_half_life 0 or at least a minute, no negative dampening.
+func (pr *Priority) validate() error {
+	w := pr.Weights
 	for _, f := range []struct {
 		name string
 		v    int64
@@ -245,20 +268,27 @@ func (p *Policy) Validate() error {
 			return fmt.Errorf("priority.weights.%s %d: want 0 to %d (Slurm's PriorityWeight* are 32-bit)", f.name, f.v, int64(MaxWeight))
 		}
 	}
-	if p.Priority.MaxAge < 0 || p.Priority.DecayHalfLife < 0 {
-		return fmt.Errorf("priority.max_age %s, decay_half_life %s: must not be negative", time.Duration(p.Priority.MaxAge), time.Duration(p.Priority.DecayHalfLife))
+	if pr.MaxAge < 0 || pr.DecayHalfLife < 0 {
+		return fmt.Errorf("priority.max_age %s, decay_half_life %s: must not be negative", time.Duration(pr.MaxAge), time.Duration(pr.DecayHalfLife))
 	}
 	for _, f := range []struct {
 		name string
 		d    Duration
-	}{{"max_age", p.Priority.MaxAge}, {"decay_half_life", p.Priority.DecayHalfLife}} {
+	}{{"max_age", pr.MaxAge}, {"decay_half_life", pr.DecayHalfLife}} {
 		if f.d > 0 && time.Duration(f.d) < time.Minute {
 			return fmt.Errorf("priority.%s %s: want 0 (the default, 7 days) or at least 1m (Slurm takes it in minutes)", f.name, time.Duration(f.d))
 		}
 	}
-	if p.Priority.Dampening < 0 {
-		return fmt.Errorf("priority.dampening %g: must not be negative", p.Priority.Dampening)
+	if pr.Dampening < 0 {
+		return fmt.Errorf("priority.dampening %g: must not be negative", pr.Dampening)
 	}
+	return nil
+}
+
+// validatePartitions checks each partition, in name order: its name and node labels,
+// its times, limits and tier, that its allowed accounts exist, and that at most one
+// partition is the default.
+func (p *Policy) validatePartitions() error {
 	defaults := 0
 	for _, name := range slices.Sorted(maps.Keys(p.Partitions)) {
 		pt := p.Partitions[name]
@@ -296,15 +326,14 @@ func (p *Policy) Validate() error {
 			}
 		}
 	}
-	for _, name := range slices.Sorted(maps.Keys(p.QOS)) {
-		if err := checkName("qos", name); err != nil {
-			return err
-		}
-		if q := p.QOS[name]; q.Priority < 0 || q.Priority > MaxWeight {
-			return fmt.Errorf("qos.%s.priority %d: want 0 to %d", name, q.Priority, int64(MaxWeight))
-		}
-	}
-	defaultOf := map[string]string{}
+	return nil
+}
+
+// validateAccounts checks each account, in name order: its name, shares and limits,
+// that its QOS exists, and its users (validateUsers), across accounts at most one
+// default account per user.
+func (p *Policy) validateAccounts() error {
+	defaultOf := map[string]string{} // user → their default account
 	for _, name := range slices.Sorted(maps.Keys(p.Accounts)) {
 		a := p.Accounts[name]
 		at := "accounts." + name
@@ -325,23 +354,34 @@ func (p *Policy) Validate() error {
 		if _, ok := p.QOS[a.QOS]; a.QOS != "" && !ok {
 			return fmt.Errorf("%s.qos %q: not in qos", at, a.QOS)
 		}
-		for _, u := range slices.Sorted(maps.Keys(a.Users)) {
-			if err := checkName(at+".users: user", u); err != nil {
-				return err
-			}
-			uu := a.Users[u]
-			if uu.Shares < 0 || uu.MaxGPUs < 0 || uu.MaxJobs < 0 || uu.Shares > MaxWeight || uu.MaxGPUs > MaxWeight || uu.MaxJobs > MaxWeight {
-				return fmt.Errorf("%s.users.%s: shares %d, max_gpus %d, max_jobs %d: want 0 to %d each", at, u, uu.Shares, uu.MaxGPUs, uu.MaxJobs, int64(MaxWeight))
-			}
-			if uu.Default {
-				if other, ok := defaultOf[u]; ok {
-					return fmt.Errorf("%s.users.%s.default: account %q is %s's default already", at, u, other, u)
-				}
-				defaultOf[u] = name
-			}
+		if err := validateUsers(name, a, defaultOf); err != nil {
+			return err
 		}
 	}
-	return p.validatePreemption()
+	return nil
+}
+
+// validateUsers checks the users of account name, in name order: their names, shares
+// and limits, and that none is made the default of a second account; defaultOf (user →
+// default account) records the defaults seen so far.
+func validateUsers(name string, a Account, defaultOf map[string]string) error {
+	at := "accounts." + name
+	for _, u := range slices.Sorted(maps.Keys(a.Users)) {
+		if err := checkName(at+".users: user", u); err != nil {
+			return err
+		}
+		uu := a.Users[u]
+		if uu.Shares < 0 || uu.MaxGPUs < 0 || uu.MaxJobs < 0 || uu.Shares > MaxWeight || uu.MaxGPUs > MaxWeight || uu.MaxJobs > MaxWeight {
+			return fmt.Errorf("%s.users.%s: shares %d, max_gpus %d, max_jobs %d: want 0 to %d each", at, u, uu.Shares, uu.MaxGPUs, uu.MaxJobs, int64(MaxWeight))
+		}
+		if uu.Default {
+			if other, ok := defaultOf[u]; ok {
+				return fmt.Errorf("%s.users.%s.default: account %q is %s's default already", at, u, other, u)
+			}
+			defaultOf[u] = name
+		}
+	}
+	return nil
 }
 
 // checkName refuses an empty name, or one with '/', a space, or a character that is

@@ -167,17 +167,7 @@ func (c10d) open(ctx context.Context, coordinator string, cfg Config) (*Opened, 
 	if e.Port == 0 && cfg.MaxNodes > 1 {
 		return nil, usage("c10d endpoint %s with --nnodes %s: port 0 picks a free port the other nodes cannot know; give HOST:PORT", e.Endpoint(), nnodesString(cfg.MinNodes, cfg.MaxNodes))
 	}
-	name := cfg.NodeName
-	if name == "" {
-		// torchrun's node of a c10d rendezvous is its host and process
-		// (_NodeDescGenerator: fqdn_pid_n): several on one machine are several nodes.
-		host, err := os.Hostname()
-		if err != nil {
-			return nil, usage("--node-name not given and the hostname is unknown: %v", err)
-		}
-		name = host + "-" + strconv.Itoa(os.Getpid())
-	}
-	node, err := nodeName(name)
+	node, err := c10dNodeName(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -185,37 +175,9 @@ func (c10d) open(ctx context.Context, coordinator string, cfg Config) (*Opened, 
 	if job == "" {
 		job = C10dJobID
 	}
-	local := IsLocalHost(e.Host)
-	if e.IsHost != nil && *e.IsHost && !local {
-		return nil, usage("c10d endpoint %s: rdzv-conf is_host=1, but %s is not an address or name of this machine", e.Endpoint(), e.Host)
-	}
-	var s store.Store
-	var mem *store.Memory
-	var srv *store.RemoteServer
-	if local && (e.IsHost == nil || *e.IsHost) {
-		ln, err := net.Listen("tcp", net.JoinHostPort("", strconv.Itoa(e.Port)))
-		switch {
-		case err == nil:
-			mem = store.NewMemory()
-			srv = store.ServeRemote(ln, mem)
-			s = mem
-			e.Port = ln.Addr().(*net.TCPAddr).Port
-			cfg.Log.Info("serving the c10d rendezvous endpoint", zap.String("endpoint", e.Endpoint()))
-		case e.IsHost == nil && errors.Is(err, syscall.EADDRINUSE):
-			// Another node on this machine serves it (torch's fallback: is_host
-			// inferred, the bind failed, so be a client).
-		default:
-			return nil, usage("c10d endpoint %s: cannot serve it here: %v", e.Endpoint(), err)
-		}
-	}
-	var remote *store.Remote
-	if s == nil {
-		remote = store.NewRemote(e.Endpoint())
-		if err := awaitEndpoint(ctx, remote, e); err != nil {
-			remote.Close()
-			return nil, err
-		}
-		s = remote
+	conn, err := connectC10d(ctx, &e, cfg)
+	if err != nil {
+		return nil, err
 	}
 	self := cfg.AdvertiseAddr
 	if self == "" {
@@ -223,43 +185,101 @@ func (c10d) open(ctx context.Context, coordinator string, cfg Config) (*Opened, 
 	}
 	host, _ := os.Hostname()
 	giveUp := e.ReadTimeout
-	if srv != nil {
+	if conn.srv != nil {
 		giveUp = 0 // its own store does not go away
 	}
-	d, err := NewDynamic(s, DynamicConfig{JobID: job, MinNodes: cfg.MinNodes, MaxNodes: cfg.MaxNodes,
+	d, err := NewDynamic(conn.s, DynamicConfig{JobID: job, MinNodes: cfg.MinNodes, MaxNodes: cfg.MaxNodes,
 		MaxRestarts: cfg.MaxRestarts, LastCall: e.LastCall, GiveUpAfter: giveUp, Host: host,
 		Log: cfg.Log.Named("rendezvous"), Events: cfg.Events, FollowRun: cfg.FollowRun})
 	if err != nil {
-		if srv != nil {
-			_ = srv.Close()
-		}
-		if remote != nil {
-			remote.Close()
-		}
+		conn.close(0)
 		return nil, &UsageError{Err: err}
 	}
 	closed := false
 	return &Opened{Rendezvous: &timedJoin{r: d, timeout: e.JoinTimeout, endpoint: e.Endpoint()}, JobID: job, NodeName: node,
-		MinNodes: cfg.MinNodes, MaxNodes: cfg.MaxNodes, Addr: self, Shared: cfg.MaxNodes > 1, GPUsOnNode: -1, Store: s,
+		MinNodes: cfg.MinNodes, MaxNodes: cfg.MaxNodes, Addr: self, Shared: cfg.MaxNodes > 1, GPUsOnNode: -1, Store: conn.s,
 		Close: func() {
 			if closed {
 				return
 			}
 			closed = true
 			_ = d.Close(context.Background())
-			if srv != nil {
-				// The others read the run's end from this store: keep it up until
-				// they have left (their sessions are gone), at most CloseTimeout.
-				deadline := time.Now().Add(e.CloseTimeout)
-				for mem.Sessions() > 0 && time.Now().Before(deadline) {
-					time.Sleep(50 * time.Millisecond)
-				}
-				_ = srv.Close()
-			}
-			if remote != nil {
-				remote.Close()
-			}
+			// The others read the run's end from this store: keep it up until they have
+			// left (their sessions are gone), at most CloseTimeout.
+			conn.close(e.CloseTimeout)
 		}}, nil
+}
+
+// c10dNodeName is this node's name in a c10d rendezvous: --node-name, else as
+// torchrun's (_NodeDescGenerator: fqdn_pid_n) its host and process, so that several on
+// one machine are several nodes.
+func c10dNodeName(cfg Config) (string, error) {
+	name := cfg.NodeName
+	if name == "" {
+		host, err := os.Hostname()
+		if err != nil {
+			return "", usage("--node-name not given and the hostname is unknown: %v", err)
+		}
+		name = host + "-" + strconv.Itoa(os.Getpid())
+	}
+	return nodeName(name)
+}
+
+// c10dConn is the store a c10d node meets the others in: the Memory it serves on the
+// endpoint (mem, srv), or a Remote of the node that serves it.
+type c10dConn struct {
+	s      store.Store
+	mem    *store.Memory
+	srv    *store.RemoteServer
+	remote *store.Remote
+}
+
+// connectC10d serves the endpoint's store when e's host is this machine's (and is_host
+// does not say otherwise), setting e.Port to the port bound; it connects to the node
+// that serves it otherwise, or when is_host was inferred and another process here holds
+// the port (torch's fallback), waiting for it as awaitEndpoint does.
+func connectC10d(ctx context.Context, e *C10dEndpoint, cfg Config) (*c10dConn, error) {
+	local := IsLocalHost(e.Host)
+	if e.IsHost != nil && *e.IsHost && !local {
+		return nil, usage("c10d endpoint %s: rdzv-conf is_host=1, but %s is not an address or name of this machine", e.Endpoint(), e.Host)
+	}
+	if local && (e.IsHost == nil || *e.IsHost) {
+		ln, err := net.Listen("tcp", net.JoinHostPort("", strconv.Itoa(e.Port)))
+		switch {
+		case err == nil:
+			mem := store.NewMemory()
+			srv := store.ServeRemote(ln, mem)
+			e.Port = ln.Addr().(*net.TCPAddr).Port
+			cfg.Log.Info("serving the c10d rendezvous endpoint", zap.String("endpoint", e.Endpoint()))
+			return &c10dConn{s: mem, mem: mem, srv: srv}, nil
+		case e.IsHost == nil && errors.Is(err, syscall.EADDRINUSE):
+			// Another node on this machine serves it (torch's fallback: is_host
+			// inferred, the bind failed, so be a client).
+		default:
+			return nil, usage("c10d endpoint %s: cannot serve it here: %v", e.Endpoint(), err)
+		}
+	}
+	remote := store.NewRemote(e.Endpoint())
+	if err := awaitEndpoint(ctx, remote, *e); err != nil {
+		remote.Close()
+		return nil, err
+	}
+	return &c10dConn{s: remote, remote: remote}, nil
+}
+
+// close stops serving the store, after waiting up to drain for the other nodes'
+// sessions on it to go, or closes the connection to it.
+func (cc *c10dConn) close(drain time.Duration) {
+	if cc.srv != nil {
+		deadline := time.Now().Add(drain)
+		for cc.mem.Sessions() > 0 && time.Now().Before(deadline) {
+			time.Sleep(50 * time.Millisecond)
+		}
+		_ = cc.srv.Close()
+	}
+	if cc.remote != nil {
+		cc.remote.Close()
+	}
 }
 
 // awaitEndpoint waits until the endpoint answers as a gangrun store, as torch's client

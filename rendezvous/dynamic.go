@@ -484,32 +484,79 @@ func (c *Dynamic) join(ctx context.Context, req JoinRequest) (Round, error) {
 
 // joinWith runs the join loop under lease; ctx ends when the lease does.
 func (c *Dynamic) joinWith(ctx context.Context, req JoinRequest, lease *store.Lease) (Round, error) {
-	sess := lease.Session()
-	// The watcher's first read returns at once: with it a node given another --nnodes
-	// or --max-restarts than the job's unfinished run is refused before it becomes a
-	// member (the leader would count it). The loop below starts from the same read.
-	w := store.NewWatcher(c.s, c.key("ctl")+"/")
-	first, err := w.Next(ctx)
-	if err != nil {
-		return nil, err
-	}
-	if st, _, _ := c.readCtl(first); st != nil {
-		if st.newer != nil {
-			return nil, st.newer
-		}
-		if err := c.checkConfig(st); err != nil {
-			return nil, err
-		}
-	}
-	me := memberRecord{Member: Member{Node: req.Node, Addr: req.Addr, LocalWorldSize: req.LocalWorldSize, Switch: req.Switch},
-		Host: c.cfg.Host, Round: -1}
-	if err := c.becomeMember(ctx, sess, me); err != nil {
+	j := &joiner{c: c, req: req, lease: lease, sess: lease.Session(), w: store.NewWatcher(c.s, c.key("ctl")+"/")}
+	if err := j.start(ctx); err != nil {
 		return nil, err
 	}
 	// A join can wait for ever (nodes that never come): say so now and then.
+	stopReport := c.reportJoinWait(ctx)
+	defer stopReport()
+	for {
+		entries, err := j.next(ctx)
+		if err != nil {
+			return nil, err
+		}
+		st, idx, leader := c.readCtl(entries)
+		if leader == "" {
+			// Nobody leads: try to. Success changes the key, which wakes everyone.
+			if lerr := c.takeLeader(ctx, req.Node, j.sess); lerr == nil {
+				leader = j.sess
+			} else {
+				c.log.Debug("could not take the leader key: trying again", zap.Error(lerr))
+				j.retryLead = true
+			}
+		}
+		if r, err := j.step(ctx, st, idx, leader); r != nil || err != nil {
+			return r, err
+		}
+	}
+}
+
+// joiner is the state of one joinWith: the node's request and session, the watch of
+// the job's ctl/ keys, and this node's membership as it last wrote it.
+type joiner struct {
+	c     *Dynamic
+	req   JoinRequest
+	lease *store.Lease
+	sess  string
+	w     *store.Watcher
+
+	first     []store.Entry // the watcher's first read, which the loop starts from
+	readFirst bool          // whether the loop took first (an empty prefix reads as nil)
+	retryLead bool          // the last try to lead failed: read again after a pause
+	me        memberRecord  // this node's membership key, as last written
+	waitedFor string        // the run this node saw running while it waited to join
+}
+
+// start reads the job's state once and makes this node a member. The watcher's first
+// read returns at once: with it a node given another --nnodes or --max-restarts than
+// the job's unfinished run is refused before it becomes a member (the leader would
+// count it). The loop starts from the same read.
+func (j *joiner) start(ctx context.Context) error {
+	c := j.c
+	first, err := j.w.Next(ctx)
+	if err != nil {
+		return err
+	}
+	j.first = first
+	if st, _, _ := c.readCtl(first); st != nil {
+		if st.newer != nil {
+			return st.newer
+		}
+		if err := c.checkConfig(st); err != nil {
+			return err
+		}
+	}
+	j.me = memberRecord{Member: Member{Node: j.req.Node, Addr: j.req.Addr, LocalWorldSize: j.req.LocalWorldSize, Switch: j.req.Switch},
+		Host: c.cfg.Host, Round: -1}
+	return c.becomeMember(ctx, j.sess, j.me)
+}
+
+// reportJoinWait logs every joinReportEvery that this node still waits for a round,
+// until the returned function is called or ctx ends.
+func (c *Dynamic) reportJoinWait(ctx context.Context) (stop func()) {
 	start := time.Now()
 	wctx, stopReport := context.WithCancel(ctx)
-	defer stopReport()
 	go func() {
 		t := time.NewTicker(joinReportEvery)
 		defer t.Stop()
@@ -523,120 +570,125 @@ func (c *Dynamic) joinWith(ctx context.Context, req JoinRequest, lease *store.Le
 			}
 		}
 	}()
-	waitedFor := "" // the run this node saw running while it waited to join
-	retryLead, readFirst := false, false
-	for {
-		var entries []store.Entry
-		switch {
-		case !readFirst: // (an empty prefix reads as nil: a flag, not first != nil)
-			entries, readFirst = first, true
-		case retryLead:
-			// The last try to lead failed and nobody took the key: no change may come to
-			// wake a blocking query (a lock-delay ends, a store error passes), so look
-			// again after a pause.
-			retryLead = false
-			if !store.Sleep(ctx, leadRetry) {
-				return nil, ctx.Err()
-			}
-			entries, _, err = c.s.List(ctx, c.key("ctl")+"/")
-		default:
-			entries, err = w.Next(ctx)
+	return stopReport
+}
+
+// next returns the job's ctl/ keys for the loop's next pass: the first read, then after
+// a failed try to lead a fresh list after a pause, else the watch's next change.
+func (j *joiner) next(ctx context.Context) ([]store.Entry, error) {
+	c := j.c
+	switch {
+	case !j.readFirst: // (an empty prefix reads as nil: a flag, not first != nil)
+		j.readFirst = true
+		return j.first, nil
+	case j.retryLead:
+		// The last try to lead failed and nobody took the key: no change may come to
+		// wake a blocking query (a lock-delay ends, a store error passes), so look
+		// again after a pause.
+		j.retryLead = false
+		if !store.Sleep(ctx, leadRetry) {
+			return nil, ctx.Err()
 		}
-		if err != nil {
-			return nil, err
-		}
-		st, idx, leader := c.readCtl(entries)
-		if leader == "" {
-			// Nobody leads: try to. Success changes the key, which wakes everyone.
-			if _, lerr := c.s.Txn(ctx, []store.Op{{Verb: store.Lock, Key: c.key("ctl", "leader"), Value: []byte(req.Node), Session: sess}}); lerr == nil {
-				leader = sess
-			} else {
-				c.log.Debug("could not take the leader key: trying again", zap.Error(lerr))
-				retryLead = true
-			}
-		}
-		var cfgErr error
-		if st != nil && st.newer == nil {
-			cfgErr = c.checkConfig(st)
-		}
-		switch {
-		case st != nil && st.newer != nil:
-			return nil, st.newer
-		case st == nil:
-			if _, err := c.casState(ctx, 0, c.freshRun(nil)); err != nil {
+		entries, _, err := c.s.List(ctx, c.key("ctl")+"/")
+		return entries, err
+	}
+	return j.w.Next(ctx)
+}
+
+// takeLeader tries to take the job's leader key for session sess of node.
+func (c *Dynamic) takeLeader(ctx context.Context, node, sess string) error {
+	_, err := c.s.Txn(ctx, []store.Op{{Verb: store.Lock, Key: c.key("ctl", "leader"), Value: []byte(node), Session: sess}})
+	return err
+}
+
+// step acts on the job's state st (at index idx, led by session leader): it starts,
+// moves on or refuses the run, or waits in or leads its round. It returns this node's
+// round once one closed with it; nil and no error to read the state again.
+func (j *joiner) step(ctx context.Context, st *jobState, idx uint64, leader string) (Round, error) {
+	c := j.c
+	var cfgErr error
+	if st != nil && st.newer == nil {
+		cfgErr = c.checkConfig(st)
+	}
+	switch {
+	case st != nil && st.newer != nil:
+		return nil, st.newer
+	case st == nil:
+		_, err := c.casState(ctx, 0, c.freshRun(nil))
+		return nil, err
+	case st.Error != "":
+		return nil, errors.New(st.Error)
+	case cfgErr != nil:
+		return nil, cfgErr
+	case st.Status == statusFinished && (st.Run == j.waitedFor || c.history() != nil):
+		// The run this node waited to join is over (the rounds had no room for it), or
+		// this node, in the middle of the job, finds it finished (by the others, while
+		// it was cut off): either way the job is done, and running it again alone would
+		// run it twice.
+		return nil, &JobFinishedError{JobID: c.cfg.JobID, Succeeded: st.End == endSucceeded, Failure: st.Failure}
+	case st.Status == statusFinished:
+		c.log.Info("job id reused after the job finished: starting a new run", zap.String("job", c.cfg.JobID))
+		_, err := c.casState(ctx, idx, c.freshRun(st))
+		return nil, err
+	case st.Status == statusEnded:
+		prev := *st
+		prev.Previous = nil
+		_, err := c.casState(ctx, idx, jobState{Run: st.Run, Round: st.Round + 1, Status: statusOpen, Failures: st.Failures, Previous: &prev, runConfig: st.runConfig})
+		return nil, err
+	case st.Status == statusOpen && c.behind(st):
+		// A run formed again after the coordinator lost the job's state, by nodes that
+		// remember less of it than this one: move its numbering past this node's.
+		h := c.history()
+		next := *st
+		next.Round, next.Failures = max(st.Round, h.Round+1), max(st.Failures, h.Failures)
+		c.log.Info("the job's round numbering is behind this node's: moving it on (the coordinator lost the job's state)",
+			zap.Int("round", st.Round), zap.Int("to_round", next.Round), zap.Int("failures", next.Failures))
+		_, err := c.casState(ctx, idx, next)
+		return nil, err
+	case st.Status == statusRunning:
+		return j.running(ctx, st, idx, leader)
+	case st.Status == statusOpen:
+		if j.me.Round != st.Round {
+			j.me.Round = st.Round
+			if err := c.putMember(ctx, j.sess, j.me); err != nil {
 				return nil, err
 			}
-		case st.Error != "":
-			return nil, errors.New(st.Error)
-		case cfgErr != nil:
-			return nil, cfgErr
-		case st.Status == statusFinished && (st.Run == waitedFor || c.history() != nil):
-			// The run this node waited to join is over (the rounds had no room for it), or
-			// this node, in the middle of the job, finds it finished (by the others, while
-			// it was cut off): either way the job is done, and running it again alone would
-			// run it twice.
-			return nil, &JobFinishedError{JobID: c.cfg.JobID, Succeeded: st.End == endSucceeded, Failure: st.Failure}
-		case st.Status == statusFinished:
-			c.log.Info("job id reused after the job finished: starting a new run", zap.String("job", c.cfg.JobID))
-			if _, err := c.casState(ctx, idx, c.freshRun(st)); err != nil {
-				return nil, err
-			}
-		case st.Status == statusEnded:
-			prev := *st
-			prev.Previous = nil
-			if _, err := c.casState(ctx, idx, jobState{Run: st.Run, Round: st.Round + 1, Status: statusOpen, Failures: st.Failures, Previous: &prev, runConfig: st.runConfig}); err != nil {
-				return nil, err
-			}
-		case st.Status == statusOpen && c.behind(st):
-			// A run formed again after the coordinator lost the job's state, by nodes that
-			// remember less of it than this one: move its numbering past this node's.
-			h := c.history()
-			next := *st
-			next.Round, next.Failures = max(st.Round, h.Round+1), max(st.Failures, h.Failures)
-			c.log.Info("the job's round numbering is behind this node's: moving it on (the coordinator lost the job's state)",
-				zap.Int("round", st.Round), zap.Int("to_round", next.Round), zap.Int("failures", next.Failures))
-			if _, err := c.casState(ctx, idx, next); err != nil {
-				return nil, err
-			}
-		case st.Status == statusRunning:
-			waitedFor = st.Run
-			// Only a round this process joined while it was open: a node that restarted
-			// mid-round waits for the next one (the leader sees it and re-forms the gang).
-			if me.Round == st.Round {
-				if r, ok, err := c.myRound(ctx, st, req.Node); err != nil {
-					return nil, err
-				} else if ok {
-					return c.newRound(r, st, req.Node, lease, leader == sess), nil
-				}
-			}
-			if me.Round != st.Round+1 {
-				me.Round = st.Round + 1 // wait for the next round; the leader sees a waiter
-				if err := c.putMember(ctx, sess, me); err != nil {
-					return nil, err
-				}
-				c.log.Info("a round is running: waiting to join the next", zap.Int("round", st.Round))
-			}
-			if leader == sess {
-				// This waiting node leads (the round's nodes may all be gone, after a
-				// crash of the whole job): it watches over the round until it ends.
-				if err := c.watchOver(ctx, st, idx); err != nil {
-					return nil, err
-				}
-			}
-		case st.Status == statusOpen:
-			if me.Round != st.Round {
-				me.Round = st.Round
-				if err := c.putMember(ctx, sess, me); err != nil {
-					return nil, err
-				}
-			}
-			if leader == sess {
-				if err := c.lead(ctx, req, st, idx, sess); err != nil {
-					return nil, err
-				}
-			}
+		}
+		if leader == j.sess {
+			return nil, c.lead(ctx, j.req, st, idx, j.sess)
 		}
 	}
+	return nil, nil
+}
+
+// running is step for a running round: this node's round when it joined it while it
+// was open; otherwise it waits for the next round (and, leading, watches over this one
+// until it ends).
+func (j *joiner) running(ctx context.Context, st *jobState, idx uint64, leader string) (Round, error) {
+	c := j.c
+	j.waitedFor = st.Run
+	// Only a round this process joined while it was open: a node that restarted
+	// mid-round waits for the next one (the leader sees it and re-forms the gang).
+	if j.me.Round == st.Round {
+		if r, ok, err := c.myRound(ctx, st, j.req.Node); err != nil {
+			return nil, err
+		} else if ok {
+			return c.newRound(r, st, j.req.Node, j.lease, leader == j.sess), nil
+		}
+	}
+	if j.me.Round != st.Round+1 {
+		j.me.Round = st.Round + 1 // wait for the next round; the leader sees a waiter
+		if err := c.putMember(ctx, j.sess, j.me); err != nil {
+			return nil, err
+		}
+		c.log.Info("a round is running: waiting to join the next", zap.Int("round", st.Round))
+	}
+	if leader == j.sess {
+		// This waiting node leads (the round's nodes may all be gone, after a
+		// crash of the whole job): it watches over the round until it ends.
+		return nil, c.watchOver(ctx, st, idx)
+	}
+	return nil, nil
 }
 
 // putMember writes this node's membership key, locked by its session. A name held by
@@ -996,36 +1048,12 @@ func (r *dynamicRound) watch(ctx context.Context) {
 		case <-ctx.Done():
 		}
 	}()
-	w := store.NewWatcher(c.s, c.key("ctl")+"/")
-	lw := store.NewWatcher(c.s, c.key())
-	retryLead := false
-	var seen uint64 // the highest index an answer came at
-	awaitingRestore := false
+	rw := &roundWatch{w: store.NewWatcher(c.s, c.key("ctl")+"/"), lw: store.NewWatcher(c.s, c.key())}
 	for {
-		var entries []store.Entry
-		var at uint64 // this answer's index; 0 when the watch found the index gone back
-		var err error
 		r.mu.Lock()
 		leading := r.leader
 		r.mu.Unlock()
-		switch {
-		case leading:
-			entries, err = lw.Next(ctx)
-			at = lw.Index()
-		case retryLead:
-			// The last try to lead failed with nobody holding the key (its last holder's
-			// lock-delay, a store error): no change may come to wake the watch, so look
-			// again after a pause.
-			retryLead = false
-			if store.Sleep(ctx, leadRetry) {
-				entries, at, err = c.s.List(ctx, c.key("ctl")+"/")
-			} else {
-				err = ctx.Err()
-			}
-		default:
-			entries, err = w.Next(ctx)
-			at = w.Index()
-		}
+		entries, at, err := rw.next(ctx, c, leading)
 		select {
 		case <-lost:
 			r.leaseOver()
@@ -1035,36 +1063,13 @@ func (r *dynamicRound) watch(ctx context.Context) {
 		if err != nil {
 			return
 		}
-		wentBack := at == 0 || at < seen
-		seen = max(seen, at)
+		wentBack := at == 0 || at < rw.seen
+		rw.seen = max(rw.seen, at)
 		st, idx, leader := c.readCtl(entries)
-		if st == nil {
-			// An answer without the job's state may be from before a restore that has
-			// landed since: read it afresh before taking it for gone.
-			if fresh, _, err := c.s.List(ctx, c.key("ctl")+"/"); err == nil {
-				if again, _, _ := c.readCtl(fresh); again != nil {
-					continue
-				}
-			}
-		}
-		if st == nil && (wentBack || store.DataLost(ctx, c.s)) && !c.sessionAlive(ctx, r.sess) {
-			// The job's state is gone from a store whose data is not the data it had
-			// (its index went back, or its cluster marker is gone or another: the
-			// agents' writes to it may have raised its index past what this node saw):
-			// a Consul that lost its data and answers until the operator restores its
-			// snapshot (docs/operations.md, "Recovery"). That is no end of the round:
-			// the restore brings the state back, and should it never, the lease ends
-			// the round (its renewals meet the same store). The restore wakes the
-			// watch: the job's keys change. A Consul that still knows this node's
-			// session has not lost its data, whatever the marker says (a local user
-			// who rewrote it where ACLs are off): the state is gone, the round ends.
-			if !awaitingRestore {
-				awaitingRestore = true
-				c.log.Warn("the job's state is gone from a Consul that lost its data: waiting for its restore, or for the lease to end", zap.Int("round", r.a.Round))
-			}
+		if st == nil && r.stateMayReturn(ctx, rw, wentBack) {
 			continue
 		}
-		awaitingRestore = false
+		rw.awaitingRestore = false
 		if st == nil || st.Run != r.run || st.Round != r.a.Round || st.Status != statusRunning {
 			if st != nil && st.Previous != nil && st.Previous.Run == r.run && st.Previous.Round == r.a.Round {
 				st = st.Previous // the next round opened already: this round's end is kept there
@@ -1073,10 +1078,10 @@ func (r *dynamicRound) watch(ctx context.Context) {
 			return
 		}
 		if leader == "" {
-			if _, err := c.s.Txn(ctx, []store.Op{{Verb: store.Lock, Key: c.key("ctl", "leader"), Value: []byte(r.node), Session: r.sess}}); err == nil {
+			if err := c.takeLeader(ctx, r.node, r.sess); err == nil {
 				leader = r.sess
 			} else {
-				retryLead = true
+				rw.retryLead = true
 			}
 		}
 		if leader == r.sess && !leading {
@@ -1089,6 +1094,73 @@ func (r *dynamicRound) watch(ctx context.Context) {
 			c.oversee(ctx, entries, st, idx)
 		}
 	}
+}
+
+// roundWatch is the state of one round's watch: its watchers of ctl/ and of the whole
+// job (the leader's), and what its answers have shown so far.
+type roundWatch struct {
+	w, lw           *store.Watcher
+	retryLead       bool   // the last try to lead failed: read again after a pause
+	seen            uint64 // the highest index an answer came at
+	awaitingRestore bool   // the job's state is gone from a Consul that lost its data
+}
+
+// next returns the watch's next answer and its index (0 when the watch found the index
+// gone back): the whole job's keys when leading, ctl/'s afresh after a pause when the
+// last try to lead failed, else ctl/'s next change.
+func (rw *roundWatch) next(ctx context.Context, c *Dynamic, leading bool) (entries []store.Entry, at uint64, err error) {
+	switch {
+	case leading:
+		entries, err = rw.lw.Next(ctx)
+		at = rw.lw.Index()
+	case rw.retryLead:
+		// The last try to lead failed with nobody holding the key (its last holder's
+		// lock-delay, a store error): no change may come to wake the watch, so look
+		// again after a pause.
+		rw.retryLead = false
+		if store.Sleep(ctx, leadRetry) {
+			entries, at, err = c.s.List(ctx, c.key("ctl")+"/")
+		} else {
+			err = ctx.Err()
+		}
+	default:
+		entries, err = rw.w.Next(ctx)
+		at = rw.w.Index()
+	}
+	return entries, at, err
+}
+
+// stateMayReturn reports, for an answer without the job's state, whether the watch
+// should read on rather than end the round: the state is there when read afresh, or it
+// is gone from a Consul that lost its data (wentBack: the answer's index went back) and
+// no longer knows this node's session, which waits for the restore.
+func (r *dynamicRound) stateMayReturn(ctx context.Context, rw *roundWatch, wentBack bool) bool {
+	c := r.c
+	// An answer without the job's state may be from before a restore that has
+	// landed since: read it afresh before taking it for gone.
+	if fresh, _, err := c.s.List(ctx, c.key("ctl")+"/"); err == nil {
+		if again, _, _ := c.readCtl(fresh); again != nil {
+			return true
+		}
+	}
+	if (wentBack || store.DataLost(ctx, c.s)) && !c.sessionAlive(ctx, r.sess) {
+		// The job's state is gone from a store whose data is not the data it had
+		// (its index went back, or its cluster marker is gone or another: the
+		// agents' writes to it may have raised its index past what this node saw):
+		// a Consul that lost its data and answers until the operator restores its
+		// snapshot (docs/operations.md, "Recovery"). That is no end of the round:
+		// the restore brings the state back, and should it never, the lease ends
+		// the round (its renewals meet the same store). The restore wakes the
+		// watch: the job's keys change. A Consul that still knows this node's
+		// session has not lost its data, whatever the marker says (a local user
+		// who rewrote it where ACLs are off): the state is gone, the round ends.
+		if !rw.awaitingRestore {
+			rw.awaitingRestore = true
+			c.log.Warn("the job's state is gone from a Consul that lost its data: waiting for its restore, or for the lease to end", zap.Int("round", r.a.Round))
+		}
+		return true
+	}
+	return false
 }
 
 // oversee is the leader's check of a running round: a member gone or restarted ends it

@@ -196,39 +196,9 @@ func WatchHealth(ctx context.Context, opts ProbeOptions, inv *Inventory, fn func
 		return fmt.Errorf("watch gpu health on %s: create NVML event set: %s", inv.Node, ret.Error())
 	}
 	defer set.Free()
-
-	type watched struct {
-		index  int
-		health Health
-	}
-	byUUID := map[string]*watched{}
-	for _, g := range inv.GPUs {
-		dev, ret := lib.DeviceGetHandleByUUID(g.UUID)
-		if ret != nvml.SUCCESS {
-			return fmt.Errorf("watch gpu health on %s: gpu %d (%s): %s", inv.Node, g.Index, g.UUID, ret.Error())
-		}
-		mask := uint64(watchedEvents)
-		if supported, ret := dev.GetSupportedEventTypes(); ret == nvml.SUCCESS {
-			mask &= supported
-		}
-		if mask == 0 {
-			continue
-		}
-		switch ret := dev.RegisterEvents(mask, set); ret {
-		case nvml.SUCCESS:
-		case nvml.ERROR_NOT_SUPPORTED:
-			continue
-		default:
-			return fmt.Errorf("watch gpu health on %s: gpu %d: register events: %s", inv.Node, g.Index, ret.Error())
-		}
-		h := g.Health
-		if h.State == "" {
-			h.State = Healthy
-		}
-		byUUID[g.UUID] = &watched{index: g.Index, health: h}
-	}
-	if len(byUUID) == 0 {
-		return fmt.Errorf("watch gpu health on %s: no GPU supports Xid events", inv.Node)
+	byUUID, err := registerHealthEvents(lib, set, inv)
+	if err != nil {
+		return err
 	}
 
 	for ctx.Err() == nil {
@@ -250,39 +220,91 @@ func WatchHealth(ctx context.Context, opts ProbeOptions, inv *Inventory, fn func
 		if !ok {
 			continue
 		}
-		var state HealthState
-		var reason string
-		var xid uint64
-		switch {
-		case data.EventType&nvml.EventTypeXidCriticalError != 0:
-			xid = data.EventData
-			state, reason = xidEffect(xid)
-		case data.EventType&nvml.EventTypeDoubleBitEccError != 0:
-			state, reason = Failed, "double-bit ECC error"
-		default:
-			continue
+		if change, ok := w.change(uuid, data); ok {
+			w.health = change.Health
+			fn(change)
 		}
-		if reason == "" {
-			continue
-		}
-		next := w.health.with(state, reason)
-		if next.equal(w.health) {
-			continue
-		}
-		change := GPUHealthChange{
-			Index: w.index, UUID: uuid, Xid: xid,
-			GPUInstanceID: -1, ComputeInstanceID: -1,
-			Previous: w.health, Health: next,
-		}
-		// NVML reports 0xFFFFFFFF when the event is not tied to a MIG instance.
-		if data.GpuInstanceId != 0xFFFFFFFF {
-			change.GPUInstanceID = int(data.GpuInstanceId)
-		}
-		if data.ComputeInstanceId != 0xFFFFFFFF {
-			change.ComputeInstanceID = int(data.ComputeInstanceId)
-		}
-		w.health = next
-		fn(change)
 	}
 	return nil
+}
+
+// watchedGPU is a GPU WatchHealth follows: its index and its health so far.
+type watchedGPU struct {
+	index  int
+	health Health
+}
+
+// registerHealthEvents registers set for the watched NVML events of each of inv's GPUs
+// that supports any, and returns those GPUs by UUID, starting from their recorded health
+// (Healthy when none is). A GPU NVML does not find, a failed registration, or no GPU
+// supporting the events is an error.
+func registerHealthEvents(lib nvml.Interface, set nvml.EventSet, inv *Inventory) (map[string]*watchedGPU, error) {
+	byUUID := map[string]*watchedGPU{}
+	for _, g := range inv.GPUs {
+		dev, ret := lib.DeviceGetHandleByUUID(g.UUID)
+		if ret != nvml.SUCCESS {
+			return nil, fmt.Errorf("watch gpu health on %s: gpu %d (%s): %s", inv.Node, g.Index, g.UUID, ret.Error())
+		}
+		mask := uint64(watchedEvents)
+		if supported, ret := dev.GetSupportedEventTypes(); ret == nvml.SUCCESS {
+			mask &= supported
+		}
+		if mask == 0 {
+			continue
+		}
+		switch ret := dev.RegisterEvents(mask, set); ret {
+		case nvml.SUCCESS:
+		case nvml.ERROR_NOT_SUPPORTED:
+			continue
+		default:
+			return nil, fmt.Errorf("watch gpu health on %s: gpu %d: register events: %s", inv.Node, g.Index, ret.Error())
+		}
+		h := g.Health
+		if h.State == "" {
+			h.State = Healthy
+		}
+		byUUID[g.UUID] = &watchedGPU{index: g.Index, health: h}
+	}
+	if len(byUUID) == 0 {
+		return nil, fmt.Errorf("watch gpu health on %s: no GPU supports Xid events", inv.Node)
+	}
+	return byUUID, nil
+}
+
+// change is the change of w's health (w is the GPU uuid names) that the NVML event data
+// makes; false when the event is of no watched type, or changes neither its state nor
+// its reasons.
+func (w *watchedGPU) change(uuid string, data nvml.EventData) (GPUHealthChange, bool) {
+	var state HealthState
+	var reason string
+	var xid uint64
+	switch {
+	case data.EventType&nvml.EventTypeXidCriticalError != 0:
+		xid = data.EventData
+		state, reason = xidEffect(xid)
+	case data.EventType&nvml.EventTypeDoubleBitEccError != 0:
+		state, reason = Failed, "double-bit ECC error"
+	default:
+		return GPUHealthChange{}, false
+	}
+	if reason == "" {
+		return GPUHealthChange{}, false
+	}
+	next := w.health.with(state, reason)
+	if next.equal(w.health) {
+		return GPUHealthChange{}, false
+	}
+	change := GPUHealthChange{
+		Index: w.index, UUID: uuid, Xid: xid,
+		GPUInstanceID: -1, ComputeInstanceID: -1,
+		Previous: w.health, Health: next,
+	}
+	// NVML reports 0xFFFFFFFF when the event is not tied to a MIG instance.
+	if data.GpuInstanceId != 0xFFFFFFFF {
+		change.GPUInstanceID = int(data.GpuInstanceId)
+	}
+	if data.ComputeInstanceId != 0xFFFFFFFF {
+		change.ComputeInstanceID = int(data.ComputeInstanceId)
+	}
+	return change, true
 }

@@ -43,8 +43,29 @@ const (
 // itself. The output uses spaces only and no XML declaration, which NCCL's parser does
 // not accept.
 func (inv *Inventory) WriteNCCLTopoXML(w io.Writer) error {
-	// A recording without the CPU or the GPUs' bus ids (nvidia-smi topo -m's) cannot
-	// say where anything sits: NCCL would read a wrong file as the truth.
+	if err := inv.checkNCCLTopo(); err != nil {
+		return err
+	}
+	b := newNCCLTopoBuilder(inv)
+	b.addGPUs()
+	b.addNICs()
+	if len(b.root.subs) == 0 && len(inv.NUMANodes) > 0 {
+		b.cpuFor(inv.NUMANodes[0].ID)
+	}
+	b.root.sort()
+
+	bw := bufio.NewWriter(w)
+	b.root.write(bw, 0)
+	if err := bw.Flush(); err != nil {
+		return fmt.Errorf("write NCCL topology of %s: %w", inv.Node, err)
+	}
+	return nil
+}
+
+// checkNCCLTopo refuses an inventory without the CPU or the GPUs' bus ids (nvidia-smi
+// topo -m's recording): it cannot say where anything sits, and NCCL would read a wrong
+// file as the truth.
+func (inv *Inventory) checkNCCLTopo() error {
 	if inv.CPU.Arch == "" {
 		return fmt.Errorf("NCCL topology file of %s: the CPU architecture is not recorded (an nvidia-smi recording lacks it)", inv.Node)
 	}
@@ -53,115 +74,151 @@ func (inv *Inventory) WriteNCCLTopoXML(w io.Writer) error {
 			return fmt.Errorf("NCCL topology file of %s: GPU%d's PCI bus id is not recorded (nvidia-smi topo -m lacks it; -q -x has it)", inv.Node, g.Index)
 		}
 	}
+	return nil
+}
+
+// ncclTopoBuilder builds the XML tree of WriteNCCLTopoXML: the <system> root, and the
+// <cpu> and <pci> nodes made so far, by NUMA node and by bus id.
+type ncclTopoBuilder struct {
+	inv  *Inventory
+	tree pciTree
+	root *xmlNode
+	cpus map[int]*xmlNode
+	pcis map[string]*xmlNode
+}
+
+// newNCCLTopoBuilder returns a builder with an empty <system> root for inv.
+func newNCCLTopoBuilder(inv *Inventory) *ncclTopoBuilder {
 	root := &xmlNode{name: "system"}
 	root.attr("version", strconv.Itoa(NCCLTopoXMLVersion))
 	root.attr("name", inv.Node)
-	tree := newPCITree(inv.PCIDevices)
-	cpus := map[int]*xmlNode{}
-	pcis := map[string]*xmlNode{}
+	return &ncclTopoBuilder{inv: inv, tree: newPCITree(inv.PCIDevices), root: root,
+		cpus: map[int]*xmlNode{}, pcis: map[string]*xmlNode{}}
+}
 
-	cpuFor := func(numa int) *xmlNode {
-		if c, ok := cpus[numa]; ok {
-			return c
-		}
-		c := &xmlNode{name: "cpu", key: fmt.Sprintf("%08d", numa+1)}
-		c.attr("numaid", strconv.Itoa(numa))
-		if mask := inv.numaCPUMask(numa); mask != "" {
-			c.attr("affinity", mask)
-		}
-		c.attr("arch", ncclArch(inv.CPU.Arch))
-		c.attr("vendor", inv.CPU.Vendor)
-		if inv.CPU.Arch == "x86_64" {
-			c.attr("familyid", strconv.Itoa(inv.CPU.FamilyID))
-			c.attr("modelid", strconv.Itoa(inv.CPU.ModelID))
-		}
-		cpus[numa] = c
-		root.subs = append(root.subs, c)
+// cpuFor returns the <cpu> node of a NUMA node, made under the root the first time.
+func (b *ncclTopoBuilder) cpuFor(numa int) *xmlNode {
+	if c, ok := b.cpus[numa]; ok {
 		return c
 	}
-	pciNode := func(busID string, class string) *xmlNode {
-		if n, ok := pcis[busID]; ok {
-			return n
-		}
-		n := &xmlNode{name: "pci", key: busID}
-		d, known := tree[busID]
-		if !known {
-			d = PCIDevice{BusID: busID, Class: class, NUMANode: -1}
-		}
-		if d.Class == "" {
-			d.Class = class
-		}
-		n.attr("busid", busID)
-		n.attr("class", d.Class)
-		for _, kv := range [][2]string{{"vendor", d.Vendor}, {"device", d.Device},
-			{"subsystem_vendor", d.SubsystemVendor}, {"subsystem_device", d.SubsystemDevice}} {
-			if kv[1] != "" {
-				n.attr(kv[0], kv[1])
-			}
-		}
-		n.attr("link_speed", d.LinkSpeed)
-		n.attr("link_width", strconv.Itoa(d.LinkWidth))
-		pcis[busID] = n
-		return n
+	inv := b.inv
+	c := &xmlNode{name: "cpu", key: fmt.Sprintf("%08d", numa+1)}
+	c.attr("numaid", strconv.Itoa(numa))
+	if mask := inv.numaCPUMask(numa); mask != "" {
+		c.attr("affinity", mask)
 	}
-	// place puts a device's pci node under its switches and CPU and returns it.
-	place := func(busID, class string, numa int) *xmlNode {
-		if n, ok := pcis[busID]; ok {
-			return n
-		}
-		chain, _, _ := tree.ancestors(busID)
-		sw := switches(chain)
-		parent := cpuFor(numa)
-		for k := len(sw) - 1; k >= 0; k-- {
-			n, existed := pcis[sw[k]]
-			if !existed {
-				n = pciNode(sw[k], pciClassBridge)
-				parent.subs = append(parent.subs, n)
-			}
-			parent = n
-		}
-		n := pciNode(busID, class)
-		parent.subs = append(parent.subs, n)
-		return n
+	c.attr("arch", ncclArch(inv.CPU.Arch))
+	c.attr("vendor", inv.CPU.Vendor)
+	if inv.CPU.Arch == "x86_64" {
+		c.attr("familyid", strconv.Itoa(inv.CPU.FamilyID))
+		c.attr("modelid", strconv.Itoa(inv.CPU.ModelID))
 	}
+	b.cpus[numa] = c
+	b.root.subs = append(b.root.subs, c)
+	return c
+}
 
+// pciNode returns the <pci> node of busID, made the first time (not yet placed) from
+// the PCI tree's device, or with class when the tree lacks it or its class.
+func (b *ncclTopoBuilder) pciNode(busID string, class string) *xmlNode {
+	if n, ok := b.pcis[busID]; ok {
+		return n
+	}
+	n := &xmlNode{name: "pci", key: busID}
+	d, known := b.tree[busID]
+	if !known {
+		d = PCIDevice{BusID: busID, Class: class, NUMANode: -1}
+	}
+	if d.Class == "" {
+		d.Class = class
+	}
+	n.attr("busid", busID)
+	n.attr("class", d.Class)
+	for _, kv := range [][2]string{{"vendor", d.Vendor}, {"device", d.Device},
+		{"subsystem_vendor", d.SubsystemVendor}, {"subsystem_device", d.SubsystemDevice}} {
+		if kv[1] != "" {
+			n.attr(kv[0], kv[1])
+		}
+	}
+	n.attr("link_speed", d.LinkSpeed)
+	n.attr("link_width", strconv.Itoa(d.LinkWidth))
+	b.pcis[busID] = n
+	return n
+}
+
+// place puts a device's pci node under its switches and CPU and returns it.
+func (b *ncclTopoBuilder) place(busID, class string, numa int) *xmlNode {
+	if n, ok := b.pcis[busID]; ok {
+		return n
+	}
+	chain, _, _ := b.tree.ancestors(busID)
+	sw := switches(chain)
+	parent := b.cpuFor(numa)
+	for k := len(sw) - 1; k >= 0; k-- {
+		n, existed := b.pcis[sw[k]]
+		if !existed {
+			n = b.pciNode(sw[k], pciClassBridge)
+			parent.subs = append(parent.subs, n)
+		}
+		parent = n
+	}
+	n := b.pciNode(busID, class)
+	parent.subs = append(parent.subs, n)
+	return n
+}
+
+// addGPUs places each GPU's <pci> node with its <gpu> under it.
+func (b *ncclTopoBuilder) addGPUs() {
 	classOf := map[string]string{}
-	for _, g := range inv.GPUs {
-		if d, ok := tree[g.PCIBusID]; ok {
+	for _, g := range b.inv.GPUs {
+		if d, ok := b.tree[g.PCIBusID]; ok {
 			classOf[g.PCIBusID] = d.Class
 		}
 	}
-	for _, g := range inv.GPUs {
-		n := place(g.PCIBusID, "0x030200", g.NUMANode)
-		gpu := &xmlNode{name: "gpu"}
-		gpu.attr("dev", strconv.Itoa(g.Index))
-		gpu.attr("sm", smVersion(g.ComputeCapability))
-		gpu.attr("rank", strconv.Itoa(g.Index))
-		gpu.attr("gdr", "1")
-		if !g.MIGEnabled {
-			for _, r := range g.NVLinks {
-				nl := &xmlNode{name: "nvlink", key: r.PCIBusID}
-				nl.attr("target", r.PCIBusID)
-				nl.attr("count", strconv.Itoa(r.Links))
-				switch r.Type {
-				case NVLinkRemoteGPU:
-					c := classOf[r.PCIBusID]
-					if c == "" {
-						c = "0x030200"
-					}
-					nl.attr("tclass", c)
-				case NVLinkRemoteNPU:
-					nl.attr("tclass", pciClassIBMNPU)
-				default:
-					nl.attr("tclass", pciClassNVSwitch)
-				}
-				gpu.subs = append(gpu.subs, nl)
-			}
-		}
-		n.subs = append(n.subs, gpu)
+	for _, g := range b.inv.GPUs {
+		n := b.place(g.PCIBusID, "0x030200", g.NUMANode)
+		n.subs = append(n.subs, gpuXMLNode(g, classOf))
 	}
+}
+
+// gpuXMLNode is g's <gpu> node with an <nvlink> per remote device (none for a MIG GPU);
+// classOf gives the PCI class of the GPUs by bus id, a remote GPU's tclass.
+func gpuXMLNode(g GPU, classOf map[string]string) *xmlNode {
+	gpu := &xmlNode{name: "gpu"}
+	gpu.attr("dev", strconv.Itoa(g.Index))
+	gpu.attr("sm", smVersion(g.ComputeCapability))
+	gpu.attr("rank", strconv.Itoa(g.Index))
+	gpu.attr("gdr", "1")
+	if g.MIGEnabled {
+		return gpu
+	}
+	for _, r := range g.NVLinks {
+		nl := &xmlNode{name: "nvlink", key: r.PCIBusID}
+		nl.attr("target", r.PCIBusID)
+		nl.attr("count", strconv.Itoa(r.Links))
+		switch r.Type {
+		case NVLinkRemoteGPU:
+			c := classOf[r.PCIBusID]
+			if c == "" {
+				c = "0x030200"
+			}
+			nl.attr("tclass", c)
+		case NVLinkRemoteNPU:
+			nl.attr("tclass", pciClassIBMNPU)
+		default:
+			nl.attr("tclass", pciClassNVSwitch)
+		}
+		gpu.subs = append(gpu.subs, nl)
+	}
+	return gpu
+}
+
+// addNICs places a <nic> for each RDMA device with an active port, under its <pci> node
+// (or its CPU when its bus id is unknown), with a <net> per active port; the nets' dev
+// counts across devices in NCCL_IB_HCA order.
+func (b *ncclTopoBuilder) addNICs() {
 	dev := 0
-	for _, d := range inv.rdmaInOrder() {
+	for _, d := range b.inv.rdmaInOrder() {
 		var nets []*xmlNode
 		for _, p := range d.Ports {
 			if p.State != PortActive {
@@ -184,23 +241,12 @@ func (inv *Inventory) WriteNCCLTopoXML(w io.Writer) error {
 		}
 		var parent *xmlNode
 		if d.PCIBusID != "" {
-			parent = place(d.PCIBusID, "0x020700", d.NUMANode)
+			parent = b.place(d.PCIBusID, "0x020700", d.NUMANode)
 		} else {
-			parent = cpuFor(d.NUMANode)
+			parent = b.cpuFor(d.NUMANode)
 		}
 		parent.subs = append(parent.subs, &xmlNode{name: "nic", subs: nets})
 	}
-	if len(root.subs) == 0 && len(inv.NUMANodes) > 0 {
-		cpuFor(inv.NUMANodes[0].ID)
-	}
-	root.sort()
-
-	bw := bufio.NewWriter(w)
-	root.write(bw, 0)
-	if err := bw.Flush(); err != nil {
-		return fmt.Errorf("write NCCL topology of %s: %w", inv.Node, err)
-	}
-	return nil
 }
 
 // rdmaInOrder returns the RDMA devices in natural name order (NCCL_IB_HCA's order).

@@ -546,26 +546,41 @@ func parseCode(c string) (nv int, level Level, hasLevel bool) {
 }
 
 // fill puts the matrix into inv: GPUs with their affinity, GPU links, NICs and the
-// levels between them.
+// levels between them, each GPU's nearest NICs, the NUMA nodes, and notes on what the
+// matrix could not say.
 func (m *smiMatrix) fill(inv *Inventory) {
-	nGPU := len(m.gpus)
-	for g := 0; g < nGPU; g++ {
+	m.fillGPUs(inv)
+	missing, nvLevelGuessed := m.fillGPULinks(inv)
+	missing += m.fillNICs(inv)
+	assignNearestNICs(inv)
+	// NUMA nodes: the CPUs of the first GPU on each (nvidia-smi's CPU Affinity is its
+	// NUMA node's CPUs).
+	seen := map[int]bool{}
+	for _, g := range inv.GPUs {
+		if g.NUMANode >= 0 && !seen[g.NUMANode] {
+			seen[g.NUMANode] = true
+			inv.NUMANodes = append(inv.NUMANodes, NUMANode{ID: g.NUMANode, Socket: -1, CPUs: g.CPUAffinity})
+		}
+	}
+	m.addNotes(inv, missing, nvLevelGuessed)
+}
+
+// fillGPUs adds a GPU per matrix GPU row, with its CPU affinity and NUMA node.
+func (m *smiMatrix) fillGPUs(inv *Inventory) {
+	for g := range len(m.gpus) {
 		gpu := GPU{Index: g, NUMANode: -1, CPUAffinity: cpuCell(m.cpus[g])}
 		if n, err := strconv.Atoi(m.numa[g]); err == nil && n >= 0 {
 			gpu.NUMANode = n
 		}
 		inv.GPUs = append(inv.GPUs, gpu)
 	}
-	names := make([]string, len(m.devices))
-	for i, d := range m.devices[nGPU:] {
-		name := d
-		if v, ok := m.legend[d]; ok {
-			name = v
-		}
-		names[nGPU+i] = name
-	}
-	missing := 0
-	nvLevelGuessed := false
+}
+
+// fillGPULinks adds the link between each pair of GPUs. It returns how many pairs were
+// printed nowhere (taken as SYS), and whether a level under NVLink was guessed from the
+// GPUs' NUMA nodes (a cell with NV# alone).
+func (m *smiMatrix) fillGPULinks(inv *Inventory) (missing int, nvLevelGuessed bool) {
+	nGPU := len(m.gpus)
 	for a := 0; a < nGPU; a++ {
 		for b := a + 1; b < nGPU; b++ {
 			c := m.code(a, b)
@@ -587,6 +602,22 @@ func (m *smiMatrix) fill(inv *Inventory) {
 			}
 			inv.GPULinks = append(inv.GPULinks, GPULink{A: a, B: b, NVLinks: nv, Level: level})
 		}
+	}
+	return missing, nvLevelGuessed
+}
+
+// fillNICs adds an RDMA device per matrix NIC row (named through the legend), the
+// levels from each GPU to it and between NICs, and its NUMA node (that of a GPU at NODE
+// or nearer). It returns how many pairs were printed nowhere (taken as SYS).
+func (m *smiMatrix) fillNICs(inv *Inventory) (missing int) {
+	nGPU := len(m.gpus)
+	names := make([]string, len(m.devices))
+	for i, d := range m.devices[nGPU:] {
+		name := d
+		if v, ok := m.legend[d]; ok {
+			name = v
+		}
+		names[nGPU+i] = name
 	}
 	for i := nGPU; i < len(m.devices); i++ {
 		d := RDMADevice{Name: names[i], NUMANode: -1, Ports: []RDMAPort{}}
@@ -613,7 +644,12 @@ func (m *smiMatrix) fill(inv *Inventory) {
 		}
 		inv.RDMADevices = append(inv.RDMADevices, d)
 	}
-	// Each GPU's NICs: those at the smallest level from it, as the prober assigns them.
+	return missing
+}
+
+// assignNearestNICs sets each GPU's NICs: those at the smallest level from it, as the
+// prober assigns them, in natural name order.
+func assignNearestNICs(inv *Inventory) {
 	for g := range inv.GPUs {
 		best := LevelSYS + 1
 		var nics []string
@@ -631,15 +667,13 @@ func (m *smiMatrix) fill(inv *Inventory) {
 		sort.Slice(nics, func(x, y int) bool { return naturalLess(nics[x], nics[y]) })
 		inv.GPUs[g].NICs = nics
 	}
-	// NUMA nodes: the CPUs of the first GPU on each (nvidia-smi's CPU Affinity is its
-	// NUMA node's CPUs).
-	seen := map[int]bool{}
-	for _, g := range inv.GPUs {
-		if g.NUMANode >= 0 && !seen[g.NUMANode] {
-			seen[g.NUMANode] = true
-			inv.NUMANodes = append(inv.NUMANodes, NUMANode{ID: g.NUMANode, Socket: -1, CPUs: g.CPUAffinity})
-		}
-	}
+}
+
+// addNotes adds the notes on what the matrix cannot say: NVLink beyond its counts, a
+// PCIe-only matrix, guessed levels, a missing legend, and rows cut from it (missing is
+// the number of pairs printed nowhere; nvLevelGuessed, fillGPULinks's).
+func (m *smiMatrix) addNotes(inv *Inventory, missing int, nvLevelGuessed bool) {
+	nGPU := len(m.gpus)
 	if nGPU > 1 || len(m.devices) > nGPU {
 		inv.Notes = append(inv.Notes, smiNoteNVLink)
 	}

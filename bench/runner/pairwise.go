@@ -69,12 +69,52 @@ func RunPairwise(ctx context.Context, cfg Config) (*Sweep, error) {
 		return nil, err
 	}
 	defer cleanup()
-	lc := p.Config
-	backend, err := cfg.backend(len(p.Inventory.Allocatable()))
+	pr, err := cfg.pairRunnerFor(ctx, p, dir)
 	if err != nil {
 		return nil, err
 	}
-	python := cfg.python()
+
+	if cfg.HandOver != nil && !cfg.HandOver() {
+		return nil, ErrStopped
+	}
+	ctx, watch := proc.WatchSignals(ctx, p.Config.Signals)
+	defer watch.Stop()
+
+	// 1. Meet: a rendezvous round of the job gives every node its node rank.
+	since, round, err := cfg.meetPairwise(ctx, p, pr.store, watch)
+	if err != nil {
+		return nil, err
+	}
+	a := round.Assignment()
+
+	// 2. Sweep: every round of pairs, each pair a gang of two.
+	pr.cfg.Signals = watch.Forward()
+	f, err := cfg.sweepPairs(ctx, pr, a, since, watch)
+	if err != nil {
+		return nil, err
+	}
+	// Every node reports its part of the rendezvous round done, so the job finishes.
+	lctx, cancel := context.WithTimeout(ctx, pairwiseLeaveTimeout)
+	if _, err := round.Succeed(lctx); err != nil {
+		pr.log.Warn("pairwise sweep: waiting for the other nodes to finish", zap.Error(err))
+	}
+	cancel()
+
+	// 3. Report.
+	return cfg.pairwiseReport(f, a.NodeRank)
+}
+
+// pairRunnerFor checks what a sweep needs before it starts and returns the runner of
+// its pairs (its progress and signals are set when the sweep starts): the backend for
+// the node's GPUs, an interpreter on PATH that imports torch, the bundled script
+// written into dir, and p's Consul store. Errors as RunPairwise's.
+func (c *Config) pairRunnerFor(ctx context.Context, p *launcher.Prepared, dir string) (*pairRunner, error) {
+	lc := p.Config
+	backend, err := c.backend(len(p.Inventory.Allocatable()))
+	if err != nil {
+		return nil, err
+	}
+	python := c.python()
 	if _, err := exec.LookPath(python); err != nil {
 		return nil, &NotFoundError{Program: python, msg: fmt.Sprintf("--python %s: not found on PATH", python)}
 	}
@@ -93,48 +133,51 @@ func RunPairwise(ctx context.Context, cfg Config) (*Sweep, error) {
 	if log == nil {
 		log = zap.NewNop()
 	}
+	host, _ := os.Hostname()
+	return &pairRunner{cfg: lc, inventory: p.Inventory, supervise: c.Supervise, store: s, log: log,
+		plan: c.Plan, backend: backend, python: python, script: script, dir: dir, host: host}, nil
+}
 
-	if cfg.HandOver != nil && !cfg.HandOver() {
-		return nil, ErrStopped
-	}
-	ctx, watch := proc.WatchSignals(ctx, lc.Signals)
-	defer watch.Stop()
-
-	// 1. Meet: a rendezvous round of the job gives every node its node rank.
-	since, err := bench.MarkSweep(ctx, s, lc.JobID)
+// meetPairwise marks the sweep (bench.MarkSweep: since, its index) and joins the job's
+// rendezvous round in s within --join-timeout; the round gives this node its rank. A
+// signal that came meanwhile is watch's error.
+func (c *Config) meetPairwise(ctx context.Context, p *launcher.Prepared, s store.Store, watch *proc.SignalWatch) (since uint64, round rendezvous.Round, err error) {
+	lc := p.Config
+	since, err = bench.MarkSweep(ctx, s, lc.JobID)
 	if err != nil {
-		return nil, err
+		return 0, nil, err
 	}
-	jctx, cancel := context.WithTimeout(ctx, cfg.JoinTimeout)
-	round, err := p.Opened.Rendezvous.Join(jctx, rendezvous.JoinRequest{Node: lc.NodeName, Addr: lc.Addr,
+	jctx, cancel := context.WithTimeout(ctx, c.JoinTimeout)
+	round, err = p.Opened.Rendezvous.Join(jctx, rendezvous.JoinRequest{Node: lc.NodeName, Addr: lc.Addr,
 		LocalWorldSize: lc.NProcPerNode, Switch: lc.Switch})
 	cancel()
 	if err := watch.Err(); err != nil {
-		return nil, err
+		return 0, nil, err
 	}
 	if errors.Is(err, context.DeadlineExceeded) {
-		return nil, fmt.Errorf("pairwise sweep %s: the nodes did not meet within --join-timeout %s (--nnodes %d:%d)",
-			lc.JobID, cfg.JoinTimeout, lc.NNodesMin, lc.NNodesMax)
+		return 0, nil, fmt.Errorf("pairwise sweep %s: the nodes did not meet within --join-timeout %s (--nnodes %d:%d)",
+			lc.JobID, c.JoinTimeout, lc.NNodesMin, lc.NNodesMax)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("pairwise sweep %s: rendezvous: %w", lc.JobID, err)
+		return 0, nil, fmt.Errorf("pairwise sweep %s: rendezvous: %w", lc.JobID, err)
 	}
-	a := round.Assignment()
+	return since, round, nil
+}
 
-	// 2. Sweep: every round of pairs, each pair a gang of two.
-	prog := newProgress(cfg.Progress)
-	pcfg := lc
-	pcfg.Signals = watch.Forward()
-	host, _ := os.Hostname()
-	pr := &pairRunner{cfg: pcfg, inventory: p.Inventory, supervise: cfg.Supervise, store: s, log: log,
-		plan: cfg.Plan, backend: backend, python: python, script: script, dir: dir, host: host, progress: prog}
+// sweepPairs runs this node's part of every round of pairs (bench.NodeSweep) as node
+// a.NodeRank of a.NNodes, each pair through pr, showing progress where Config.Progress
+// is set, and returns the fabric it read. A signal that stopped it is watch's error.
+func (c *Config) sweepPairs(ctx context.Context, pr *pairRunner, a rendezvous.Assignment, since uint64, watch *proc.SignalWatch) (*bench.Fabric, error) {
+	prog := newProgress(c.Progress)
+	pr.progress = prog
+	lc := pr.cfg
 	var nics []string
-	for _, d := range p.Inventory.RDMADevices {
+	for _, d := range pr.inventory.RDMADevices {
 		nics = append(nics, d.Name)
 	}
-	ns := bench.NodeSweep{Store: s, JobID: lc.JobID, Self: bench.Node{Name: lc.NodeName, NICs: nics},
+	ns := bench.NodeSweep{Store: pr.store, JobID: lc.JobID, Self: bench.Node{Name: lc.NodeName, NICs: nics},
 		NodeRank: a.NodeRank, NNodes: a.NNodes, Since: since, RunPair: pr.run,
-		PairTimeout: cfg.PairTimeout, JoinTimeout: cfg.JoinTimeout, RoundGrace: lc.TermTimeout + pairwiseGrace}
+		PairTimeout: c.PairTimeout, JoinTimeout: c.JoinTimeout, RoundGrace: lc.TermTimeout + pairwiseGrace}
 	if prog.on() {
 		ns.OnRound = func(r, rounds int, pairs []bench.Pair, _ []bench.Node) { prog.round(r, rounds, len(pairs)) }
 	}
@@ -146,23 +189,22 @@ func RunPairwise(ctx context.Context, cfg Config) (*Sweep, error) {
 	if err != nil {
 		return nil, err
 	}
-	// Every node reports its part of the rendezvous round done, so the job finishes.
-	lctx, cancel := context.WithTimeout(ctx, pairwiseLeaveTimeout)
-	if _, err := round.Succeed(lctx); err != nil {
-		log.Warn("pairwise sweep: waiting for the other nodes to finish", zap.Error(err))
-	}
-	cancel()
+	return f, nil
+}
 
-	// 3. Report.
-	sw := &Sweep{Op: cfg.Plan.Ops[0], Fabric: f, NodeRank: a.NodeRank}
+// pairwiseReport is the Sweep of fabric f as node nodeRank reports it: node rank 0
+// diagnoses the whole fabric (bench.Diagnose with Config.SlowThreshold). The error is a
+// *PairsFailedError when some pairs failed.
+func (c *Config) pairwiseReport(f *bench.Fabric, nodeRank int) (*Sweep, error) {
+	sw := &Sweep{Op: c.Plan.Ops[0], Fabric: f, NodeRank: nodeRank}
 	var failed error
 	if fp := f.FailedPairs(); len(fp) > 0 {
 		failed = &PairsFailedError{Failed: fp, Pairs: len(f.Pairs)}
 	}
-	if a.NodeRank != 0 {
+	if nodeRank != 0 {
 		return sw, failed
 	}
-	d, err := bench.Diagnose(f, cfg.SlowThreshold)
+	d, err := bench.Diagnose(f, c.SlowThreshold)
 	if err != nil {
 		return nil, err
 	}

@@ -141,134 +141,173 @@ func (m *Memory) Txn(_ context.Context, ops []Op) (TxnResult, error) {
 	// the ones before it wrote (an Unlock then a Lock of one key by another session hand
 	// the key over); an operation that fails writes nothing, the others go on being
 	// checked so that every failure is reported, and any failure discards them all.
+	t := &memTxn{m: m, now: m.now(), idx: m.index + 1, staged: map[string]*Entry{}, deleted: map[string]bool{}}
 	te := &TxnError{}
-	now := m.now()
-	idx := m.index + 1 // the index the transaction is applied at, if it is
-	staged := map[string]*Entry{}
-	deleted := map[string]bool{}
-	get := func(key string) *Entry {
-		if deleted[key] {
-			return nil
-		}
-		if e, ok := staged[key]; ok {
-			return e
-		}
-		return m.kv[key]
-	}
-	put := func(key string, value []byte, session string, lock bool) {
-		prev := get(key)
-		e := &Entry{Key: key, Value: append([]byte(nil), value...), CreateIndex: idx, ModifyIndex: idx, Session: session}
-		if prev != nil {
-			e.CreateIndex, e.LockIndex = prev.CreateIndex, prev.LockIndex
-		}
-		if lock && (prev == nil || prev.Session != session) {
-			e.LockIndex++
-		}
-		staged[key] = e
-		delete(deleted, key)
-	}
-	del := func(key string) {
-		delete(staged, key)
-		deleted[key] = true
-	}
-	var out []Entry
 	for i, op := range ops {
-		e := get(op.Key)
-		fail := func(reason error) {
+		if reason := t.apply(op); reason != nil {
 			te.Errors = append(te.Errors, OpError{Op: i, Key: op.Key, Reason: reason,
 				What: fmt.Sprintf("%s %s: %v", op.Verb, op.Key, reason)})
-		}
-		switch op.Verb {
-		case Set:
-			put(op.Key, op.Value, keepSession(e), false)
-		case Delete:
-			del(op.Key)
-		case DeleteTree:
-			for k := range m.kv {
-				if strings.HasPrefix(k, op.Key) {
-					del(k)
-				}
-			}
-			for k := range staged {
-				if strings.HasPrefix(k, op.Key) {
-					del(k)
-				}
-			}
-		case CAS:
-			if (op.Index == 0 && e != nil) || (op.Index != 0 && (e == nil || e.ModifyIndex != op.Index)) {
-				fail(ErrStaleIndex)
-			} else {
-				put(op.Key, op.Value, keepSession(e), false)
-			}
-		case DeleteCAS:
-			if e == nil || e.ModifyIndex != op.Index {
-				fail(ErrStaleIndex)
-			} else {
-				del(op.Key)
-			}
-		case Lock:
-			if _, ok := m.sessions[op.Session]; !ok {
-				fail(ErrSessionGone)
-			} else if e != nil && e.Session != "" && e.Session != op.Session {
-				fail(ErrLockHeld)
-			} else if until, ok := m.lockDelay[op.Key]; ok && until.After(now) && (e == nil || e.Session != op.Session) {
-				fail(ErrLockDelay)
-			} else {
-				put(op.Key, op.Value, op.Session, true)
-			}
-		case Unlock:
-			if e == nil || e.Session != op.Session {
-				fail(ErrNotLockHolder)
-			} else {
-				put(op.Key, op.Value, "", false)
-			}
-		case Get:
-			if e == nil {
-				fail(ErrKeyNotFound)
-			} else {
-				out = append(out, clone(e))
-			}
-		case CheckIndex:
-			switch {
-			case e == nil:
-				fail(ErrKeyNotFound)
-			case e.ModifyIndex != op.Index:
-				fail(ErrStaleIndex)
-			}
-		case CheckNotExists:
-			if e != nil {
-				fail(ErrKeyExists)
-			}
-		case CheckSession:
-			if e == nil || e.Session != op.Session {
-				fail(ErrNotLockHolder)
-			}
-		default:
-			fail(fmt.Errorf("unknown verb %q", op.Verb))
 		}
 	}
 	if len(te.Errors) > 0 {
 		return TxnResult{}, te
 	}
-	written := len(staged) > 0 || len(deleted) > 0
-	if written {
-		m.bump() // idx
-		for k := range deleted {
-			m.del(k, idx)
-		}
-		for k, e := range staged {
-			m.kv[k] = e
-			delete(m.tombstones, k)
-		}
-	}
-	res := TxnResult{Entries: out}
+	t.commit()
+	res := TxnResult{Entries: t.out}
 	for _, op := range ops {
 		switch op.Verb {
 		case Set, CAS, Lock, Unlock:
-			res.Index = idx // as Consul: the index is known from a written entry
+			res.Index = t.idx // as Consul: the index is known from a written entry
 		}
 	}
 	return res, nil
+}
+
+// memTxn is one Memory transaction being applied: its writes are staged over m's keys
+// until commit. Callers hold m.mu.
+type memTxn struct {
+	m       *Memory
+	now     time.Time
+	idx     uint64            // the index the transaction is applied at, if it is
+	staged  map[string]*Entry // keys written so far
+	deleted map[string]bool   // keys deleted so far
+	out     []Entry           // what its Gets read, in order
+}
+
+// get is key's entry as the operations so far left it; nil when there is none.
+func (t *memTxn) get(key string) *Entry {
+	if t.deleted[key] {
+		return nil
+	}
+	if e, ok := t.staged[key]; ok {
+		return e
+	}
+	return t.m.kv[key]
+}
+
+// put stages key's new value, held by session ("" for none); lock counts a Lock that
+// changes the key's holder in its LockIndex.
+func (t *memTxn) put(key string, value []byte, session string, lock bool) {
+	prev := t.get(key)
+	e := &Entry{Key: key, Value: append([]byte(nil), value...), CreateIndex: t.idx, ModifyIndex: t.idx, Session: session}
+	if prev != nil {
+		e.CreateIndex, e.LockIndex = prev.CreateIndex, prev.LockIndex
+	}
+	if lock && (prev == nil || prev.Session != session) {
+		e.LockIndex++
+	}
+	t.staged[key] = e
+	delete(t.deleted, key)
+}
+
+// del stages key's deletion.
+func (t *memTxn) del(key string) {
+	delete(t.staged, key)
+	t.deleted[key] = true
+}
+
+// apply stages op, or returns why it fails (then it stages nothing).
+func (t *memTxn) apply(op Op) error {
+	e := t.get(op.Key)
+	switch op.Verb {
+	case Set:
+		t.put(op.Key, op.Value, keepSession(e), false)
+	case Delete:
+		t.del(op.Key)
+	case DeleteTree:
+		for k := range t.m.kv {
+			if strings.HasPrefix(k, op.Key) {
+				t.del(k)
+			}
+		}
+		for k := range t.staged {
+			if strings.HasPrefix(k, op.Key) {
+				t.del(k)
+			}
+		}
+	case CAS:
+		if (op.Index == 0 && e != nil) || (op.Index != 0 && (e == nil || e.ModifyIndex != op.Index)) {
+			return ErrStaleIndex
+		}
+		t.put(op.Key, op.Value, keepSession(e), false)
+	case DeleteCAS:
+		if e == nil || e.ModifyIndex != op.Index {
+			return ErrStaleIndex
+		}
+		t.del(op.Key)
+	case Lock:
+		return t.lock(op, e)
+	case Unlock:
+		if e == nil || e.Session != op.Session {
+			return ErrNotLockHolder
+		}
+		t.put(op.Key, op.Value, "", false)
+	case Get:
+		if e == nil {
+			return ErrKeyNotFound
+		}
+		t.out = append(t.out, clone(e))
+	default:
+		return t.check(op, e)
+	}
+	return nil
+}
+
+// lock stages a Lock of op.Key, whose entry is e, by op.Session: refused when the
+// session is gone, another session holds the key, or the key's lock-delay from another
+// holder has not ended.
+func (t *memTxn) lock(op Op, e *Entry) error {
+	if _, ok := t.m.sessions[op.Session]; !ok {
+		return ErrSessionGone
+	}
+	if e != nil && e.Session != "" && e.Session != op.Session {
+		return ErrLockHeld
+	}
+	if until, ok := t.m.lockDelay[op.Key]; ok && until.After(t.now) && (e == nil || e.Session != op.Session) {
+		return ErrLockDelay
+	}
+	t.put(op.Key, op.Value, op.Session, true)
+	return nil
+}
+
+// check runs a check operation (CheckIndex, CheckNotExists, CheckSession) against e,
+// op.Key's entry; any other verb is unknown.
+func (t *memTxn) check(op Op, e *Entry) error {
+	switch op.Verb {
+	case CheckIndex:
+		switch {
+		case e == nil:
+			return ErrKeyNotFound
+		case e.ModifyIndex != op.Index:
+			return ErrStaleIndex
+		}
+	case CheckNotExists:
+		if e != nil {
+			return ErrKeyExists
+		}
+	case CheckSession:
+		if e == nil || e.Session != op.Session {
+			return ErrNotLockHolder
+		}
+	default:
+		return fmt.Errorf("unknown verb %q", op.Verb)
+	}
+	return nil
+}
+
+// commit writes the staged keys and deletions into m at t.idx, when there are any.
+func (t *memTxn) commit() {
+	if len(t.staged) == 0 && len(t.deleted) == 0 {
+		return
+	}
+	t.m.bump() // t.idx
+	for k := range t.deleted {
+		t.m.del(k, t.idx)
+	}
+	for k, e := range t.staged {
+		t.m.kv[k] = e
+		delete(t.m.tombstones, k)
+	}
 }
 
 func modIndex(e *Entry) uint64 {

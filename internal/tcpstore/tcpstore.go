@@ -277,22 +277,229 @@ func (s *Server) serve(c *conn) {
 	}
 }
 
-// handle serves one request of command o whose arguments follow in r.
+// A handler serves one request of its command, whose arguments follow in r; an error
+// closes the connection.
+type handler func(s *Server, c *conn, r *bufio.Reader) error
+
+// handlers holds each served command's handler, by op.
+var handlers = [opCount]handler{
+	opValidate:   (*Server).serveValidate,
+	opPing:       (*Server).servePing,
+	opSet:        (*Server).serveSet,
+	opCompareSet: (*Server).serveCompareSet,
+	opGet:        (*Server).serveGet,
+	opAdd:        (*Server).serveAdd,
+	opCheck:      (*Server).serveCheck,
+	opWait:       (*Server).serveWait,
+	opCancelWait: (*Server).serveCancelWait,
+	opGetNumKeys: (*Server).serveGetNumKeys,
+	opDeleteKey:  (*Server).serveDeleteKey,
+	opAppend:     (*Server).serveAppend,
+	opMultiGet:   (*Server).serveMultiGet,
+	opMultiSet:   (*Server).serveMultiSet,
+	opQueuePush:  (*Server).serveQueuePush,
+	opQueuePop:   (*Server).serveQueuePop,
+	opQueueLen:   (*Server).serveQueueLen,
+}
+
+// handle serves one request of command o whose arguments follow in r, through o's
+// handler.
 func (s *Server) handle(c *conn, r *bufio.Reader, o op) error {
-	switch o {
-	case opValidate:
-		m, err := readU32(r)
-		if err != nil || m != validationMagic {
-			return errors.New("bad validation")
+	if o < opCount && handlers[o] != nil {
+		return handlers[o](s, c, r)
+	}
+	return fmt.Errorf("command %d not served", o)
+}
+
+// serveValidate checks VALIDATE's magic number.
+func (s *Server) serveValidate(c *conn, r *bufio.Reader) error {
+	m, err := readU32(r)
+	if err != nil || m != validationMagic {
+		return errors.New("bad validation")
+	}
+	return nil
+}
+
+// servePing answers PING with its nonce.
+func (s *Server) servePing(c *conn, r *bufio.Reader) error {
+	nonce, err := readU32(r)
+	if err != nil {
+		return err
+	}
+	return c.reply(binary.LittleEndian.AppendUint32(nil, nonce))
+}
+
+// serveSet sets a key and wakes its waiters; SET has no reply.
+func (s *Server) serveSet(c *conn, r *bufio.Reader) error {
+	k, v, err := readKeyValue(r)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.keys[k] = v
+	s.wake(k)
+	s.mu.Unlock()
+	return nil
+}
+
+// serveCompareSet answers COMPARE_SET (key, expected value, new value) with the key's
+// value after it (compareSet).
+func (s *Server) serveCompareSet(c *conn, r *bufio.Reader) error {
+	k, err := readKey(r)
+	if err != nil {
+		return err
+	}
+	want, err := readValue(r)
+	if err != nil {
+		return err
+	}
+	v, err := readValue(r)
+	if err != nil {
+		return err
+	}
+	return c.reply(appendBytes(nil, s.compareSet(k, want, v)))
+}
+
+// serveGet answers GET with the key's value (empty when missing).
+func (s *Server) serveGet(c *conn, r *bufio.Reader) error {
+	k, err := readKey(r)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	v := s.keys[k]
+	s.mu.Unlock()
+	return c.reply(appendBytes(nil, v))
+}
+
+// serveAdd answers ADD (key, int64 increment) with the counter's new value.
+func (s *Server) serveAdd(c *conn, r *bufio.Reader) error {
+	k, err := readKey(r)
+	if err != nil {
+		return err
+	}
+	d, err := readI64(r)
+	if err != nil {
+		return err
+	}
+	n, err := s.add(k, d)
+	if err != nil {
+		return err
+	}
+	return c.reply(binary.LittleEndian.AppendUint64(nil, uint64(n)))
+}
+
+// serveCheck answers CHECK with whether all its keys are set.
+func (s *Server) serveCheck(c *conn, r *bufio.Reader) error {
+	keys, err := readKeys(r)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	ok := s.present(keys)
+	s.mu.Unlock()
+	if ok {
+		return c.reply([]byte{checkReady})
+	}
+	return c.reply([]byte{checkNotReady})
+}
+
+// serveWait answers WAIT at once when all its keys are set; otherwise it records c as
+// waiting on each missing key, and the last one's wake answers.
+func (s *Server) serveWait(c *conn, r *bufio.Reader) error {
+	keys, err := readKeys(r)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	done := s.present(keys)
+	if !done {
+		for _, k := range keys {
+			if _, ok := s.keys[k]; !ok {
+				s.waiting[k] = append(s.waiting[k], c)
+				c.awaited++
+			}
 		}
-		return nil
-	case opPing:
-		nonce, err := readU32(r)
+	}
+	s.mu.Unlock()
+	if done {
+		return c.reply([]byte{waitStop})
+	}
+	return nil
+}
+
+// serveCancelWait forgets c's waits and answers CANCEL_WAIT.
+func (s *Server) serveCancelWait(c *conn, r *bufio.Reader) error {
+	s.mu.Lock()
+	s.clearWait(c)
+	s.mu.Unlock()
+	return c.reply([]byte{waitCanceled})
+}
+
+// serveGetNumKeys answers GETNUMKEYS with the number of keys set.
+func (s *Server) serveGetNumKeys(c *conn, r *bufio.Reader) error {
+	s.mu.Lock()
+	n := len(s.keys)
+	s.mu.Unlock()
+	return c.reply(binary.LittleEndian.AppendUint64(nil, uint64(n)))
+}
+
+// serveDeleteKey deletes a key and answers DELETE_KEY with the number deleted (0 or 1).
+func (s *Server) serveDeleteKey(c *conn, r *bufio.Reader) error {
+	k, err := readKey(r)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	_, ok := s.keys[k]
+	delete(s.keys, k)
+	s.mu.Unlock()
+	n := uint64(0)
+	if ok {
+		n = 1
+	}
+	return c.reply(binary.LittleEndian.AppendUint64(nil, n))
+}
+
+// serveAppend appends to a key's value and wakes its waiters; APPEND has no reply.
+func (s *Server) serveAppend(c *conn, r *bufio.Reader) error {
+	k, v, err := readKeyValue(r)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.keys[k] = append(s.keys[k], v...)
+	s.wake(k)
+	s.mu.Unlock()
+	return nil
+}
+
+// serveMultiGet answers MULTI_GET with each key's value, in the request's order.
+func (s *Server) serveMultiGet(c *conn, r *bufio.Reader) error {
+	n, err := readCount(r)
+	if err != nil {
+		return err
+	}
+	var out []byte
+	for range n {
+		k, err := readKey(r)
 		if err != nil {
 			return err
 		}
-		return c.reply(binary.LittleEndian.AppendUint32(nil, nonce))
-	case opSet:
+		s.mu.Lock()
+		out = appendBytes(out, s.keys[k])
+		s.mu.Unlock()
+	}
+	return c.reply(out)
+}
+
+// serveMultiSet sets each key, value pair in turn; MULTI_SET has no reply.
+func (s *Server) serveMultiSet(c *conn, r *bufio.Reader) error {
+	n, err := readCount(r)
+	if err != nil {
+		return err
+	}
+	for range n {
 		k, v, err := readKeyValue(r)
 		if err != nil {
 			return err
@@ -301,177 +508,52 @@ func (s *Server) handle(c *conn, r *bufio.Reader, o op) error {
 		s.keys[k] = v
 		s.wake(k)
 		s.mu.Unlock()
-		return nil
-	case opCompareSet:
-		k, err := readKey(r)
-		if err != nil {
-			return err
-		}
-		want, err := readValue(r)
-		if err != nil {
-			return err
-		}
-		v, err := readValue(r)
-		if err != nil {
-			return err
-		}
-		return c.reply(appendBytes(nil, s.compareSet(k, want, v)))
-	case opGet:
-		k, err := readKey(r)
-		if err != nil {
-			return err
-		}
-		s.mu.Lock()
-		v := s.keys[k]
-		s.mu.Unlock()
-		return c.reply(appendBytes(nil, v))
-	case opAdd:
-		k, err := readKey(r)
-		if err != nil {
-			return err
-		}
-		d, err := readI64(r)
-		if err != nil {
-			return err
-		}
-		n, err := s.add(k, d)
-		if err != nil {
-			return err
-		}
-		return c.reply(binary.LittleEndian.AppendUint64(nil, uint64(n)))
-	case opCheck:
-		keys, err := readKeys(r)
-		if err != nil {
-			return err
-		}
-		s.mu.Lock()
-		ok := s.present(keys)
-		s.mu.Unlock()
-		if ok {
-			return c.reply([]byte{checkReady})
-		}
-		return c.reply([]byte{checkNotReady})
-	case opWait:
-		keys, err := readKeys(r)
-		if err != nil {
-			return err
-		}
-		s.mu.Lock()
-		done := s.present(keys)
-		if !done {
-			for _, k := range keys {
-				if _, ok := s.keys[k]; !ok {
-					s.waiting[k] = append(s.waiting[k], c)
-					c.awaited++
-				}
-			}
-		}
-		s.mu.Unlock()
-		if done {
-			return c.reply([]byte{waitStop})
-		}
-		return nil
-	case opCancelWait:
-		s.mu.Lock()
-		s.clearWait(c)
-		s.mu.Unlock()
-		return c.reply([]byte{waitCanceled})
-	case opGetNumKeys:
-		s.mu.Lock()
-		n := len(s.keys)
-		s.mu.Unlock()
-		return c.reply(binary.LittleEndian.AppendUint64(nil, uint64(n)))
-	case opDeleteKey:
-		k, err := readKey(r)
-		if err != nil {
-			return err
-		}
-		s.mu.Lock()
-		_, ok := s.keys[k]
-		delete(s.keys, k)
-		s.mu.Unlock()
-		n := uint64(0)
-		if ok {
-			n = 1
-		}
-		return c.reply(binary.LittleEndian.AppendUint64(nil, n))
-	case opAppend:
-		k, v, err := readKeyValue(r)
-		if err != nil {
-			return err
-		}
-		s.mu.Lock()
-		s.keys[k] = append(s.keys[k], v...)
-		s.wake(k)
-		s.mu.Unlock()
-		return nil
-	case opMultiGet:
-		n, err := readCount(r)
-		if err != nil {
-			return err
-		}
-		var out []byte
-		for range n {
-			k, err := readKey(r)
-			if err != nil {
-				return err
-			}
-			s.mu.Lock()
-			out = appendBytes(out, s.keys[k])
-			s.mu.Unlock()
-		}
-		return c.reply(out)
-	case opMultiSet:
-		n, err := readCount(r)
-		if err != nil {
-			return err
-		}
-		for range n {
-			k, v, err := readKeyValue(r)
-			if err != nil {
-				return err
-			}
-			s.mu.Lock()
-			s.keys[k] = v
-			s.wake(k)
-			s.mu.Unlock()
-		}
-		return nil
-	case opQueuePush:
-		k, v, err := readKeyValue(r)
-		if err != nil {
-			return err
-		}
-		s.mu.Lock()
-		s.queues[k] = append(s.queues[k], v)
-		s.wakeOne(k)
-		s.mu.Unlock()
-		return nil
-	case opQueuePop:
-		k, err := readKey(r)
-		if err != nil {
-			return err
-		}
-		s.mu.Lock()
-		q := s.queues[k]
-		out := binary.LittleEndian.AppendUint64(make([]byte, 0, queuePopPrefix), uint64(len(q)))
-		if len(q) > 0 {
-			out = appendBytes(out, q[0])
-			s.queues[k] = q[1:]
-		}
-		s.mu.Unlock()
-		return c.reply(out)
-	case opQueueLen:
-		k, err := readKey(r)
-		if err != nil {
-			return err
-		}
-		s.mu.Lock()
-		n := len(s.queues[k])
-		s.mu.Unlock()
-		return c.reply(binary.LittleEndian.AppendUint64(nil, uint64(n)))
 	}
-	return fmt.Errorf("command %d not served", o)
+	return nil
+}
+
+// serveQueuePush appends a value to a key's queue and wakes one waiter; QUEUE_PUSH has
+// no reply.
+func (s *Server) serveQueuePush(c *conn, r *bufio.Reader) error {
+	k, v, err := readKeyValue(r)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.queues[k] = append(s.queues[k], v)
+	s.wakeOne(k)
+	s.mu.Unlock()
+	return nil
+}
+
+// serveQueuePop answers QUEUE_POP with the queue's length (8 bytes) and, when it is not
+// empty, its first value, which it removes.
+func (s *Server) serveQueuePop(c *conn, r *bufio.Reader) error {
+	k, err := readKey(r)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	q := s.queues[k]
+	out := binary.LittleEndian.AppendUint64(make([]byte, 0, queuePopPrefix), uint64(len(q)))
+	if len(q) > 0 {
+		out = appendBytes(out, q[0])
+		s.queues[k] = q[1:]
+	}
+	s.mu.Unlock()
+	return c.reply(out)
+}
+
+// serveQueueLen answers QUEUE_LEN with the queue's length.
+func (s *Server) serveQueueLen(c *conn, r *bufio.Reader) error {
+	k, err := readKey(r)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	n := len(s.queues[k])
+	s.mu.Unlock()
+	return c.reply(binary.LittleEndian.AppendUint64(nil, uint64(n)))
 }
 
 // compareSet is torch's COMPARE_SET: it sets k to v when k's value is want (a missing
