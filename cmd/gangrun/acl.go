@@ -171,7 +171,7 @@ func identify(ctx context.Context, e *env, cmd string, s store.Store) (acl.Ident
 // the token is, so that with ACLs on and no valid token the command says so (one line,
 // exit 2) instead of showing the empty lists Consul's ACLs leave it. A token that is
 // none of gangrun's may read what its policies allow.
-func openReader(ctx context.Context, e *env, cmd, addr string) (*store.Consul, int) {
+func openReader(ctx context.Context, e *env, cmd, addr string) (store.ConsulClient, int) {
 	s, code := openStore(e, cmd, addr)
 	if code != exitOK {
 		return nil, code

@@ -39,7 +39,7 @@ func consulFlag(fs *pflag.FlagSet) *string {
 
 // openStore connects to Consul (the API client dials on first use). The caller defers
 // Close, which drops idle connections.
-func openStore(e *env, cmd, addr string) (*store.Consul, int) {
+func openStore(e *env, cmd, addr string) (store.ConsulClient, int) {
 	if addr != "" {
 		if err := store.CheckConsulAddr("--consul", addr); err != nil {
 			return nil, usageErr(e, cmd, "%v", err)
