@@ -340,46 +340,61 @@ func orDash(s string) string {
 	return s
 }
 
-func runAlloc(ctx context.Context, e *env, args []string) int {
+// allocFlags are gangrun alloc's flags: the request's own fields, and those parsed
+// into it (request).
+type allocFlags struct {
+	r      allocator.Request
+	consul *string
+	gpus   *string
+	labels *[]string
+	asJSON *bool
+}
+
+// newAllocFlags registers gangrun alloc's flags on a new flag set.
+func newAllocFlags(e *env) (*pflag.FlagSet, *allocFlags) {
 	fs := newFlagSet(e, "alloc", "--nodes N --gpus-per-node G [FLAGS] [-- COMMAND...]")
 	fs.SetInterspersed(false)
-	consul := consulFlag(fs)
-	var r allocator.Request
+	f := &allocFlags{consul: consulFlag(fs)}
+	r := &f.r
 	fs.IntVar(&r.Nodes, "nodes", 1, "number of nodes")
-	gpus := fs.String("gpus-per-node", "1", "[TYPE:]COUNT devices on each node: 8, h100:8 (a GPU model), 3g.40gb:2 (MIG devices of that profile)")
+	f.gpus = fs.String("gpus-per-node", "1", "[TYPE:]COUNT devices on each node: 8, h100:8 (a GPU model), 3g.40gb:2 (MIG devices of that profile)")
 	fs.StringVar(&r.GPUModel, "gpu-model", "", "GPU model, matched in the device name (H100, A100-SXM4-80GB)")
 	fs.StringVar(&r.Partition, "partition", "", "only nodes labelled partition=P")
 	fs.StringVar(&r.Account, "account", "", "the account the GPUs are charged to, for the policy's limits and fair-share (default: your default account in the policy, else your user name)")
-	labels := fs.StringArray("labels", nil, "only nodes with these labels KEY=VALUE[,...] (repeatable)")
+	f.labels = fs.StringArray("labels", nil, "only nodes with these labels KEY=VALUE[,...] (repeatable)")
 	fs.IntVar(&r.Priority, "priority", 0, "higher goes first")
 	durationVar(fs, &r.Wait, "wait", 0, durationFlag{max: maxWait, zeroOK: true},
 		"give up when not granted within this long (0: wait forever; at most 10000h)")
-	asJSON := fs.Bool("json", false, "print the grant as JSON")
-	if done, code := parseFlags(e, fs, args); done {
-		return code
-	}
-	lbl, err := parseLabels(*labels)
+	f.asJSON = fs.Bool("json", false, "print the grant as JSON")
+	return fs, f
+}
+
+// request completes and checks the request from the parsed flags (labels, devices,
+// model, account, holder) and checks that command, when given, can be found. It
+// returns exitOK, or the exit code after printing why not.
+func (f *allocFlags) request(e *env, command []string) int {
+	r := &f.r
+	lbl, err := parseLabels(*f.labels)
 	if err != nil {
 		return usageErr(e, "alloc", "%v", err)
 	}
 	if len(lbl) > 0 {
 		r.Labels = lbl
 	}
-	n, profile, model, err := allocator.ParseGPUs(*gpus)
+	n, profile, model, err := allocator.ParseGPUs(*f.gpus)
 	if err != nil {
 		return usageErr(e, "alloc", "%v", err)
 	}
 	r.GPUsPerNode, r.MIGProfile = n, profile
 	if model != "" {
 		if r.GPUModel != "" && !strings.EqualFold(r.GPUModel, model) {
-			return usageErr(e, "alloc", "--gpus-per-node %s and --gpu-model %s name different GPU models", *gpus, r.GPUModel)
+			return usageErr(e, "alloc", "--gpus-per-node %s and --gpu-model %s name different GPU models", *f.gpus, r.GPUModel)
 		}
 		r.GPUModel = model
 	}
 	if err := r.Validate(); err != nil {
 		return usageErr(e, "alloc", "%v", err)
 	}
-	command := fs.Args()
 	if len(command) > 0 {
 		if _, err := launcher.LookCommand(command[0]); err != nil {
 			fmt.Fprintf(e.stderr, "gangrun alloc: %s\n", oneLine(err.Error()))
@@ -392,7 +407,21 @@ func runAlloc(ctx context.Context, e *env, args []string) int {
 		}
 	}
 	r.Holder = holder()
-	s, code := openStore(e, "alloc", *consul)
+	return exitOK
+}
+
+// runAlloc is `gangrun alloc`: it submits a request for GPUs, waits for the grant and
+// holds it until a signal, or runs the command given under it (salloc's part).
+func runAlloc(ctx context.Context, e *env, args []string) int {
+	fs, f := newAllocFlags(e)
+	if done, code := parseFlags(e, fs, args); done {
+		return code
+	}
+	command := fs.Args()
+	if code := f.request(e, command); code != exitOK {
+		return code
+	}
+	s, code := openStore(e, "alloc", *f.consul)
 	if code != exitOK {
 		return code
 	}
@@ -404,65 +433,18 @@ func runAlloc(ctx context.Context, e *env, args []string) int {
 	}
 	wctx, watch := proc.WatchSignals(ctx, e.signals)
 	defer watch.Stop()
-	// The policy's limits and fair-share count an allocation as its user's, as they
-	// count a job (sbatch and salloc alike charge the submitting user).
-	r.User = currentUser()
-	err = nil
-	if r.Account == "" {
-		var pol *policy.Policy
-		pol, err = policy.Load(wctx, s)
-		if err == nil && pol != nil {
-			r.Account = pol.DefaultAccount(r.User)
-		}
-	}
-	var tk *allocator.Ticket
-	if err == nil {
-		tk, err = allocator.Submit(wctx, s, r)
-	}
-	if err != nil {
-		if sig := watch.Signal(); sig != 0 {
-			// Submit destroys the session of a request it could not finish writing.
-			fmt.Fprintf(e.stderr, "gangrun alloc: stopped by %s before the request was submitted\n", proc.SignalName(sig))
-			return 128 + int(sig)
-		}
-		if errors.Is(err, allocator.ErrInfeasible) {
-			return usageErr(e, "alloc", "%v", err)
-		}
-		return failErr(e, "alloc", err)
+	tk, code := submitAlloc(wctx, e, s, f.r, watch)
+	if tk == nil {
+		return code
 	}
 	id := tk.Request().ID
 	defer tk.Release(context.WithoutCancel(ctx)) //nolint:errcheck // reported below where it matters
-	kind := "GPU(s)"
-	if r.MIGProfile != "" {
-		kind = r.MIGProfile + " MIG device(s)"
-	}
-	fmt.Fprintf(e.stderr, "gangrun alloc: request %s submitted, waiting for %d node(s) × %d %s\n", id, r.Nodes, r.GPUsPerNode, kind)
-
-	g, err := tk.Wait(wctx, func(why string) { fmt.Fprintf(e.stderr, "gangrun alloc: %s pending: %s\n", id, why) })
-	if err != nil {
-		if sig := watch.Signal(); sig != 0 {
-			fmt.Fprintf(e.stderr, "gangrun alloc: %s withdrawn on %s\n", id, proc.SignalName(sig))
-			return 128 + int(sig)
-		}
-		return failErr(e, "alloc", err)
-	}
-	if *asJSON {
-		writeJSON(e.stdout, g.Summary())
-	} else {
-		fmt.Fprintf(e.stdout, "granted %s: %s\n", g.ID, grantSummary(g))
+	g, code := waitGrant(wctx, e, tk, watch, *f.asJSON)
+	if code != exitOK {
+		return code
 	}
 	if len(command) == 0 {
-		fmt.Fprintf(e.stderr, "gangrun alloc: holding %s; Ctrl-C, SIGTERM or `gangrun cancel %s` releases it\n", id, id)
-		select {
-		case <-watch.Stopped():
-			if err := tk.Release(context.WithoutCancel(ctx)); err != nil {
-				return failErr(e, "alloc", err)
-			}
-			fmt.Fprintf(e.stderr, "gangrun alloc: released %s on %s\n", id, proc.SignalName(watch.Signal()))
-			return exitOK
-		case <-tk.Lost():
-			return failErr(e, "alloc", fmt.Errorf("grant %s was cancelled or its session expired", id))
-		}
+		return holdGrant(ctx, e, tk, id, watch)
 	}
 	var guardian []string
 	if e.self != "" {
@@ -474,6 +456,81 @@ func runAlloc(ctx context.Context, e *env, args []string) int {
 		return failErr(e, "alloc", err)
 	}
 	return exit
+}
+
+// submitAlloc submits r as the current user, charged to the policy's default account
+// for them when r names none, and says so on stderr. It returns the ticket, or nil and
+// the exit code after printing why not (128+N when signal N stopped it).
+func submitAlloc(ctx context.Context, e *env, s store.Store, r allocator.Request, watch *proc.SignalWatch) (*allocator.Ticket, int) {
+	// The policy's limits and fair-share count an allocation as its user's, as they
+	// count a job (sbatch and salloc alike charge the submitting user).
+	r.User = currentUser()
+	var err error
+	if r.Account == "" {
+		var pol *policy.Policy
+		pol, err = policy.Load(ctx, s)
+		if err == nil && pol != nil {
+			r.Account = pol.DefaultAccount(r.User)
+		}
+	}
+	var tk *allocator.Ticket
+	if err == nil {
+		tk, err = allocator.Submit(ctx, s, r)
+	}
+	if err != nil {
+		if sig := watch.Signal(); sig != 0 {
+			// Submit destroys the session of a request it could not finish writing.
+			fmt.Fprintf(e.stderr, "gangrun alloc: stopped by %s before the request was submitted\n", proc.SignalName(sig))
+			return nil, 128 + int(sig)
+		}
+		if errors.Is(err, allocator.ErrInfeasible) {
+			return nil, usageErr(e, "alloc", "%v", err)
+		}
+		return nil, failErr(e, "alloc", err)
+	}
+	kind := "GPU(s)"
+	if r.MIGProfile != "" {
+		kind = r.MIGProfile + " MIG device(s)"
+	}
+	fmt.Fprintf(e.stderr, "gangrun alloc: request %s submitted, waiting for %d node(s) × %d %s\n", tk.Request().ID, r.Nodes, r.GPUsPerNode, kind)
+	return tk, exitOK
+}
+
+// waitGrant waits for tk's grant, saying on stderr why it is pending, and prints it on
+// stdout (as JSON with asJSON). The exit code is exitOK, or 128+N when signal N
+// withdrew the request, or 1 on an error (printed).
+func waitGrant(ctx context.Context, e *env, tk *allocator.Ticket, watch *proc.SignalWatch, asJSON bool) (allocator.Grant, int) {
+	id := tk.Request().ID
+	g, err := tk.Wait(ctx, func(why string) { fmt.Fprintf(e.stderr, "gangrun alloc: %s pending: %s\n", id, why) })
+	if err != nil {
+		if sig := watch.Signal(); sig != 0 {
+			fmt.Fprintf(e.stderr, "gangrun alloc: %s withdrawn on %s\n", id, proc.SignalName(sig))
+			return g, 128 + int(sig)
+		}
+		return g, failErr(e, "alloc", err)
+	}
+	if asJSON {
+		writeJSON(e.stdout, g.Summary())
+	} else {
+		fmt.Fprintf(e.stdout, "granted %s: %s\n", g.ID, grantSummary(g))
+	}
+	return g, exitOK
+}
+
+// holdGrant holds grant id until a terminating signal (then releases it) or until the
+// grant is lost; it returns the exit code.
+func holdGrant(ctx context.Context, e *env, tk *allocator.Ticket, id string, watch *proc.SignalWatch) int {
+	fmt.Fprintf(e.stderr, "gangrun alloc: holding %s; Ctrl-C, SIGTERM or `gangrun cancel %s` releases it\n", id, id)
+	select {
+	case <-watch.Stopped():
+		if err := tk.Release(context.WithoutCancel(ctx)); err != nil {
+			return failErr(e, "alloc", err)
+		}
+		fmt.Fprintf(e.stderr, "gangrun alloc: released %s on %s\n", id, proc.SignalName(watch.Signal()))
+		return exitOK
+	case <-tk.Lost():
+		return failErr(e, "alloc", fmt.Errorf("grant %s was cancelled or its session expired", id))
+	}
 }
 
 func grantSummary(g allocator.Grant) string {
