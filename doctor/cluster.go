@@ -101,7 +101,7 @@ func kernelSynced() (bool, time.Duration, error) {
 }
 
 // serversClock reads a Consul server's clock and says whose it is.
-func serversClock(ctx context.Context, s *store.Consul) (store.Clock, string, error) {
+func serversClock(ctx context.Context, s store.ConsulClient) (store.Clock, string, error) {
 	addr, _ := s.Addr()
 	host, port := splitHostPort(addr)
 	peers, err := s.Client().Status().PeersWithQueryOptions((&api.QueryOptions{}).WithContext(ctx))

@@ -71,8 +71,9 @@ type Result struct {
 // or flags) and where to probe.
 type Config struct {
 	// Consul is the agent's Consul (its --consul, or CONSUL_HTTP_ADDR and the token
-	// variables). Nil fails the consul check with ConsulErr.
-	Consul *store.Consul
+	// variables); *store.Consul is the one gangrun makes. Nil fails the consul check with
+	// ConsulErr.
+	Consul store.ConsulClient
 	// ConsulErr says why there is no Consul client (a malformed address).
 	ConsulErr error
 	// MungeSocket is munged's socket (identity.SocketFrom).
@@ -202,7 +203,7 @@ func (r *run) consul(ctx context.Context) Result {
 }
 
 // leaderOf asks Consul for its leader's address ("" when there is none).
-func leaderOf(ctx context.Context, s *store.Consul) (string, error) {
+func leaderOf(ctx context.Context, s store.ConsulClient) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, store.CallTimeout)
 	defer cancel()
 	return s.Client().Status().LeaderWithQueryOptions((&api.QueryOptions{}).WithContext(ctx))

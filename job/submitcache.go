@@ -2,10 +2,8 @@ package job
 
 import (
 	"context"
-	"runtime"
 	"strconv"
 	"sync"
-	"weak"
 
 	"github.com/gangrun/gangrun/allocator"
 	"github.com/gangrun/gangrun/internal/store"
@@ -29,34 +27,17 @@ type clientCache struct {
 	seqValue, seqIndex uint64
 }
 
-// clientCaches maps each store client in use (a weak pointer to it) to its
-// clientCache; an entry goes when its client is garbage collected.
-var clientCaches sync.Map
+// cacheKey is the key of a store client's clientCache among its store.Locals.
+type cacheKey struct{}
 
 // cacheFor returns the clientCache of store client s: the one its earlier submits used
-// for the two stores gangrun makes (store.Consul, store.Memory), a fresh one for any
-// other Store.
+// for a store that keeps values of its callers (store.LocalOf: the two gangrun makes,
+// Consul and Memory), a fresh one for any other Store.
 func cacheFor(s store.Store) *clientCache {
-	switch p := s.(type) {
-	case *store.Consul:
-		return cacheOf(p)
-	case *store.Memory:
-		return cacheOf(p)
-	}
-	return &clientCache{}
-}
-
-// cacheOf returns client p's clientCache, made on first use.
-func cacheOf[T any](p *T) *clientCache {
-	k := weak.Make(p)
-	if c, ok := clientCaches.Load(k); ok {
+	if c, ok := store.LocalOf(s, cacheKey{}, func() any { return &clientCache{} }); ok {
 		return c.(*clientCache)
 	}
-	c, loaded := clientCaches.LoadOrStore(k, &clientCache{})
-	if !loaded {
-		runtime.AddCleanup(p, func(k weak.Pointer[T]) { clientCaches.Delete(k) }, k)
-	}
-	return c.(*clientCache)
+	return &clientCache{}
 }
 
 // nextID returns the next job id and the operation that claims it (a check-and-set of

@@ -38,30 +38,9 @@ func runACL(ctx context.Context, e *env, args []string) int {
 	default:
 		return usageErr(e, "acl", "want bootstrap, user NAME or whoami (got %q)", fs.Args())
 	}
-	// Refuse a file that is there before minting a token that would be lost.
-	var files []string
-	switch {
-	case *out != "" && verb == "bootstrap":
-		files = []string{filepath.Join(*out, "agent.token"), filepath.Join(*out, "operator.token")}
-	case *out != "":
-		files = []string{*out}
-	}
-	for _, f := range files {
-		if _, err := os.Lstat(f); err == nil {
-			return usageErr(e, "acl", "--out: %s exists: a token is never written over another (remove it first)", f)
-		}
-	}
-	// ... and a place it cannot be written to: the directory must be there (bootstrap
-	// makes its own, now), so that no token is minted only to be lost.
-	if verb == "bootstrap" && *out != "" {
-		if err := os.MkdirAll(*out, 0o700); err != nil {
-			return usageErr(e, "acl", "--out: %v", err)
-		}
-	}
-	for _, f := range files {
-		if st, err := os.Stat(filepath.Dir(f)); err != nil || !st.IsDir() {
-			return usageErr(e, "acl", "--out %s: its directory %s does not exist (nothing was minted)", f, filepath.Dir(f))
-		}
+	files, code := aclOutFiles(e, verb, *out)
+	if code != exitOK {
+		return code
 	}
 	s, code := openStore(e, "acl", *consul)
 	if code != exitOK {
@@ -73,27 +52,7 @@ func runACL(ctx context.Context, e *env, args []string) int {
 		return code
 	}
 	if verb == "whoami" {
-		switch id.Role {
-		case acl.RoleOpen:
-			munge, err := clusterSealer(ctx, e, s)
-			switch {
-			case err != nil:
-				return sealerErr(e, "acl", err)
-			case munge != nil:
-				who, err := munge.Probe(ctx)
-				if err != nil {
-					return sealerErr(e, "acl", err)
-				}
-				fmt.Fprintf(e.stdout, "Consul's ACLs are off; the agents check MUNGE credentials: you are %s (uid %d)\n", userOf(who.UID), who.UID)
-			default:
-				fmt.Fprintln(e.stdout, "Consul's ACLs are off and no agent checks MUNGE credentials: every command may do everything")
-			}
-		case acl.RoleUser:
-			fmt.Fprintf(e.stdout, "user %s (token %s)\n", id.User, id.Accessor)
-		default:
-			fmt.Fprintf(e.stdout, "%s (token %s)\n", id.Role, id.Accessor)
-		}
-		return exitOK
+		return aclWhoami(ctx, e, s, id)
 	}
 	switch id.Role {
 	case acl.RoleOpen:
@@ -102,23 +61,98 @@ func runACL(ctx context.Context, e *env, args []string) int {
 	default:
 		return usageErr(e, "acl", "%s: permission denied: minting tokens takes Consul's management token (your token is %s)", verb, id.Name())
 	}
-	var names, secrets []string
+	names, secrets, code := mintTokens(ctx, e, s, verb, fs.Arg(1))
+	if code != exitOK {
+		return code
+	}
+	return writeTokens(e, verb, *out, files, names, secrets)
+}
+
+// aclOutFiles returns the files `gangrun acl` writes the tokens of verb into (none
+// when out is "": they are printed). It refuses, before any token is minted that would
+// be lost, a file that is there already or whose directory is not (bootstrap makes its
+// directory out now); the exit code is exitOK, or 2 after printing why.
+func aclOutFiles(e *env, verb, out string) ([]string, int) {
+	// Refuse a file that is there before minting a token that would be lost.
+	var files []string
+	switch {
+	case out != "" && verb == "bootstrap":
+		files = []string{filepath.Join(out, "agent.token"), filepath.Join(out, "operator.token")}
+	case out != "":
+		files = []string{out}
+	}
+	for _, f := range files {
+		if _, err := os.Lstat(f); err == nil {
+			return nil, usageErr(e, "acl", "--out: %s exists: a token is never written over another (remove it first)", f)
+		}
+	}
+	// ... and a place it cannot be written to: the directory must be there (bootstrap
+	// makes its own, now), so that no token is minted only to be lost.
+	if verb == "bootstrap" && out != "" {
+		if err := os.MkdirAll(out, 0o700); err != nil {
+			return nil, usageErr(e, "acl", "--out: %v", err)
+		}
+	}
+	for _, f := range files {
+		if st, err := os.Stat(filepath.Dir(f)); err != nil || !st.IsDir() {
+			return nil, usageErr(e, "acl", "--out %s: its directory %s does not exist (nothing was minted)", f, filepath.Dir(f))
+		}
+	}
+	return files, exitOK
+}
+
+// aclWhoami is `gangrun acl whoami`: it prints who id's token is, or with Consul's
+// ACLs off whether the agents check MUNGE credentials and, when they do, whose this
+// user's are. It returns the exit code.
+func aclWhoami(ctx context.Context, e *env, s store.Store, id acl.Identity) int {
+	switch id.Role {
+	case acl.RoleOpen:
+		munge, err := clusterSealer(ctx, e, s)
+		switch {
+		case err != nil:
+			return sealerErr(e, "acl", err)
+		case munge != nil:
+			who, err := munge.Probe(ctx)
+			if err != nil {
+				return sealerErr(e, "acl", err)
+			}
+			fmt.Fprintf(e.stdout, "Consul's ACLs are off; the agents check MUNGE credentials: you are %s (uid %d)\n", userOf(who.UID), who.UID)
+		default:
+			fmt.Fprintln(e.stdout, "Consul's ACLs are off and no agent checks MUNGE credentials: every command may do everything")
+		}
+	case acl.RoleUser:
+		fmt.Fprintf(e.stdout, "user %s (token %s)\n", id.User, id.Accessor)
+	default:
+		fmt.Fprintf(e.stdout, "%s (token %s)\n", id.Role, id.Accessor)
+	}
+	return exitOK
+}
+
+// mintTokens mints verb's tokens: bootstrap's agent and operator tokens, or user's
+// token. It returns each token's name and secret, in the same order, and exitOK, or
+// the exit code after printing why not.
+func mintTokens(ctx context.Context, e *env, s store.ConsulClient, verb, user string) (names, secrets []string, code int) {
 	if verb == "bootstrap" {
 		t, err := acl.Bootstrap(ctx, s.Client())
 		if err != nil {
-			return failErr(e, "acl", err)
+			return nil, nil, failErr(e, "acl", err)
 		}
-		names, secrets = []string{"agent", "operator"}, []string{t.Agent, t.Operator}
-	} else {
-		t, err := acl.MintUser(ctx, s.Client(), fs.Arg(1))
-		if errors.Is(err, acl.ErrNameTaken) {
-			return usageErr(e, "acl", "user %q: %v: nothing was minted", fs.Arg(1), err)
-		}
-		if err != nil {
-			return failErr(e, "acl", err)
-		}
-		names, secrets = []string{"user " + fs.Arg(1)}, []string{t}
+		return []string{"agent", "operator"}, []string{t.Agent, t.Operator}, exitOK
 	}
+	t, err := acl.MintUser(ctx, s.Client(), user)
+	if errors.Is(err, acl.ErrNameTaken) {
+		return nil, nil, usageErr(e, "acl", "user %q: %v: nothing was minted", user, err)
+	}
+	if err != nil {
+		return nil, nil, failErr(e, "acl", err)
+	}
+	return []string{"user " + user}, []string{t}, exitOK
+}
+
+// writeTokens prints the minted tokens (names[i]'s secret is secrets[i]) when files is
+// empty, else writes each into its file (files[i], mode 0600, in out for bootstrap).
+// It returns the exit code.
+func writeTokens(e *env, verb, out string, files, names, secrets []string) int {
 	if len(files) == 0 {
 		for i, n := range names {
 			fmt.Fprintf(e.stdout, "%s token: %s\n", n, secrets[i])
@@ -127,7 +161,7 @@ func runACL(ctx context.Context, e *env, args []string) int {
 		return exitOK
 	}
 	if verb == "bootstrap" {
-		if err := os.MkdirAll(*out, 0o700); err != nil {
+		if err := os.MkdirAll(out, 0o700); err != nil {
 			return failErr(e, "acl", fmt.Errorf("--out: %w", err))
 		}
 	}
@@ -171,7 +205,7 @@ func identify(ctx context.Context, e *env, cmd string, s store.Store) (acl.Ident
 // the token is, so that with ACLs on and no valid token the command says so (one line,
 // exit 2) instead of showing the empty lists Consul's ACLs leave it. A token that is
 // none of gangrun's may read what its policies allow.
-func openReader(ctx context.Context, e *env, cmd, addr string) (*store.Consul, int) {
+func openReader(ctx context.Context, e *env, cmd, addr string) (store.ConsulClient, int) {
 	s, code := openStore(e, cmd, addr)
 	if code != exitOK {
 		return nil, code

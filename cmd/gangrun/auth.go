@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/gangrun/gangrun/agent"
 	"github.com/gangrun/gangrun/allocator"
 	"github.com/gangrun/gangrun/identity"
 	"github.com/gangrun/gangrun/internal/store"
@@ -16,9 +17,9 @@ import (
 
 // How an agent knows who submits jobs (agent --auth, NodeRecord.Auth; docs/acl.md).
 const (
-	authMunge = "munge"
-	authACL   = "acl"
-	authNone  = "none"
+	authMunge = agent.AuthMunge
+	authACL   = agent.AuthACL
+	authNone  = agent.AuthNone
 )
 
 // mungeProbeTimeout bounds an agent's check at start that munged answers.

@@ -6,22 +6,19 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"os"
 	"os/user"
 	"path/filepath"
 	"sort"
 	"strings"
-	"sync/atomic"
 	"text/tabwriter"
 	"time"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 
-	"github.com/gangrun/gangrun"
 	"github.com/gangrun/gangrun/acl"
+	"github.com/gangrun/gangrun/agent"
 	"github.com/gangrun/gangrun/allocator"
 	"github.com/gangrun/gangrun/audit"
 	"github.com/gangrun/gangrun/identity"
@@ -32,7 +29,6 @@ import (
 	"github.com/gangrun/gangrun/launcher"
 	"github.com/gangrun/gangrun/metrics"
 	"github.com/gangrun/gangrun/policy"
-	"github.com/gangrun/gangrun/statuspage"
 	"github.com/gangrun/gangrun/topology"
 )
 
@@ -43,7 +39,7 @@ func consulFlag(fs *pflag.FlagSet) *string {
 
 // openStore connects to Consul (the API client dials on first use). The caller defers
 // Close, which drops idle connections.
-func openStore(e *env, cmd, addr string) (*store.Consul, int) {
+func openStore(e *env, cmd, addr string) (store.ConsulClient, int) {
 	if addr != "" {
 		if err := store.CheckConsulAddr("--consul", addr); err != nil {
 			return nil, usageErr(e, cmd, "%v", err)
@@ -191,15 +187,14 @@ func parseAgentFlags(e *env, cmd string, fs *pflag.FlagSet, f *agentFlags, args 
 	return false, exitOK
 }
 
+// runAgent is `gangrun agent`: it checks the flags, the Consul token and how jobs'
+// users are told apart, then runs the node's agent (package agent) until a
+// terminating signal.
 func runAgent(ctx context.Context, e *env, args []string) int {
 	fs, f := newAgentFlags(e, "agent", "[--config FILE] [FLAGS]")
-	consul, addr, topoFile := f.consul, f.addr, f.topoFile
-	noSched, healthEvents, logFormat, authMode, stateDir := f.noSched, f.healthEvents, f.logFormat, f.authMode, f.stateDir
-	metricsAddr, httpAddr, jobMapDir, wasteThreshold := f.metricsAddr, f.httpAddr, f.jobMapDir, f.wasteThreshold
 	if done, code := parseAgentFlags(e, "agent", fs, f, args); done {
 		return code
 	}
-	wasteAfter, acctRetention, acctFold, auditRetention, minJobAge := f.wasteAfter, f.acctRetention, f.acctFold, f.auditRetention, f.minJobAge
 	if fs.NArg() > 0 {
 		return usageErr(e, "agent", "unexpected argument %q", fs.Arg(0))
 	}
@@ -207,189 +202,89 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 	if err != nil {
 		return usageErr(e, "agent", "%v", err)
 	}
-	if *httpAddr != "" && *httpAddr == *metricsAddr {
-		*metricsAddr = "" // the status page's server serves /metrics too
-	}
-	log, err := newLogger(*logFormat, e.stderr)
+	log, err := newLogger(*f.logFormat, e.stderr)
 	if err != nil {
 		return usageErr(e, "agent", "%v", err)
 	}
-	inv, err := topology.ForNode(ctx, *topoFile, name)
+	inv, err := topology.ForNode(ctx, *f.topoFile, name)
 	if err != nil {
 		return usageErr(e, "agent", "%v", err)
 	}
 	inv.Node = name
-	s, code := openStore(e, "agent", *consul)
+	s, code := openStore(e, "agent", *f.consul)
 	if code != exitOK {
 		return code
 	}
 	defer s.Close()
-	// With Consul's ACLs on, an agent holds the agents' token (docs/acl.md). A Consul
-	// that does not answer yet is no refusal: the agent waits for it, as it always has.
-	who, err := acl.Whoami(ctx, s)
-	switch {
-	case errors.Is(err, store.ErrUnavailable):
-	case errors.Is(err, acl.ErrNoToken):
-		return usageErr(e, "agent", "no valid Consul ACL token: set CONSUL_HTTP_TOKEN_FILE to the agents' token (agent.token from gangrun acl bootstrap)")
-	case errors.Is(err, acl.ErrForeignToken):
-		return usageErr(e, "agent", "%v", err)
-	case err != nil:
-		return failErr(e, "agent", err)
-	case who.Role == acl.RoleUser:
-		return usageErr(e, "agent", "permission denied: an agent takes the agents' token from gangrun acl bootstrap (your token is %s)", who.Name())
-	}
-	munge, auth, code := agentAuth(ctx, e, *authMode, err == nil && who.Role != acl.RoleOpen)
+	aclsOff, aclOn, code := agentToken(ctx, e, s)
 	if code != exitOK {
 		return code
 	}
-	var prover job.Prover // nil unless MUNGE: a nil *identity.Munge is no nil Prover
-	if munge != nil {
-		prover = munge
+	munge, auth, code := agentAuth(ctx, e, *f.authMode, aclOn)
+	if code != exitOK {
+		return code
 	}
-	var health allocator.HealthSource
+	cfg := f.agentConfig(e, s, name, lbl, inv, log)
+	cfg.Auth, cfg.Munge, cfg.ACLsOff = auth, munge, aclsOff
+	cfg.StepArgv = func(id string) ([]string, error) {
+		return stepArgv(e, *f.consul, *f.topoFile, name, auth, cfg.StateDir, id)
+	}
+	a, err := agent.New(cfg)
+	var confErr *agent.ConfigError
 	switch {
-	case *healthEvents != "":
-		health = allocator.RecordedHealth(*healthEvents, func(line string, err error) {
-			log.Warn("--health-events: line skipped", zap.String("line", line), zap.Error(err))
-		})
-	case *topoFile == "" && len(inv.GPUs) > 0:
-		health = allocator.NVMLHealth // a recorded inventory has no driver to watch
-	}
-	// The metrics: what the node's GPUs read (NVML, when the inventory was probed), the
-	// node's and, while this agent leads, the scheduler's.
-	var lib nvml.Interface
-	if *topoFile == "" && len(inv.GPUs) > 0 {
-		if l := nvml.New(); l.Init() == nvml.SUCCESS {
-			lib = l
-			defer l.Shutdown()
-		}
-	}
-	var a *allocator.Agent
-	view := metrics.NewView(s, 0)
-	gpus := metrics.NewGPUCollector(metrics.GPUConfig{NVML: lib, Node: name, Inventory: func() *topology.Inventory { return a.Inventory() },
-		Holders: func(ctx context.Context) (map[int]metrics.JobLabels, error) { return view.Holders(ctx, name) }})
-	defer gpus.Close() // before lib.Shutdown: deferred calls run last-in first-out
-	sched := metrics.NewSchedulerCollector(s, view)
-	if health != nil {
-		health = tapHealth(health, gpus.NoteHealth)
-	}
-	a, err = allocator.NewAgent(s, allocator.AgentConfig{Node: name, Addr: *addr, Labels: lbl, Inventory: inv, Auth: auth, Release: gangrun.Version(),
-		NoScheduler: *noSched, Log: log, Health: health, Events: sched,
-		Leader: []func(context.Context, store.Store, string) error{job.Control(log.Named("jobs"), sched, minJobAge, prover), sched.Lead,
-			job.KeepAccounts(log.Named("acct"), acctRetention, acctFold), job.ServeRequests(log.Named("requests"), prover),
-			audit.Keep(log.Named("audit"), auditRetention, 0)}})
-	if err != nil {
+	case errors.As(err, &confErr):
 		return usageErr(e, "agent", "%v", err)
+	case err != nil:
+		return failErr(e, "agent", err)
 	}
-	var metricsLn, httpLn net.Listener
-	if *metricsAddr != "" {
-		if metricsLn, err = net.Listen("tcp", *metricsAddr); err != nil {
-			return failErr(e, "agent", fmt.Errorf("--metrics-addr: %w", err))
-		}
-		defer metricsLn.Close()
-	}
-	if *httpAddr != "" {
-		if httpLn, err = net.Listen("tcp", *httpAddr); err != nil {
-			return failErr(e, "agent", fmt.Errorf("--http-addr: %w", err))
-		}
-		defer httpLn.Close()
-	}
-	if *jobMapDir != "" {
-		if err := os.MkdirAll(*jobMapDir, 0o755); err != nil {
-			return failErr(e, "agent", fmt.Errorf("--dcgm-job-mapping-dir: %w", err))
-		}
-	}
-	for _, n := range inv.Notes {
-		log.Info("topology", zap.String("note", n))
-	}
-	log.Info("gangrun", zap.String("version", gangrun.Version()), zap.String("commit", gangrun.Commit()))
-	switch auth {
-	case authMunge:
-		log.Info("who submits jobs: MUNGE credentials, checked before any job runs", zap.String("munge_socket", munge.Socket()))
-		if err == nil && who.Role == acl.RoleOpen {
-			log.Warn("Consul's ACLs are off: a local user can still write gangrun's records in Consul directly (stop or delete jobs, drain nodes), though never run anything as another user; turn them on to stop that too (docs/acl.md)")
-		}
-	case authACL:
-		log.Info("who submits jobs: Consul's ACL tokens (munged does not answer here)")
-	case authNone:
-		log.Warn("--auth none: no credential is checked: any local user who reaches Consul can run jobs as any user, root included")
-	}
+	defer a.Close()
 	if !e.startup.handOver() {
 		return exitFailure // stopped by a signal while starting: main says so
 	}
 	actx, watch := proc.WatchSignals(ctx, e.signals)
 	defer watch.Stop()
-	go func() {
-		select {
-		case <-watch.Stopped():
-			log.Info("stopping", zap.String("signal", proc.SignalName(watch.Signal())))
-		case <-actx.Done():
-		}
-	}()
-	// The node's part of cluster jobs: it starts their steps here (slurmd's part), their
-	// own messages before the job's output opens in stepLogs, removed when the agent
-	// stops unless a step it started still runs (and may still write there).
-	if *stateDir == "" {
-		// systemd's StateDirectory= (the packaged unit's: /var/lib/gangrun), else one
-		// of this node's under TMPDIR.
-		if *stateDir = e.getenv("STATE_DIRECTORY"); *stateDir == "" {
-			*stateDir = filepath.Join(os.TempDir(), "gangrun-state-"+name)
-		}
-	}
-	if err := os.MkdirAll(*stateDir, 0o700); err != nil {
-		return failErr(e, "agent", fmt.Errorf("--state-dir: %w", err))
-	}
-	stepLogs, err := os.MkdirTemp("", "gangrun-agent-"+name+"-")
-	if err != nil {
+	if err := a.Run(actx, watch); err != nil {
 		return failErr(e, "agent", err)
-	}
-	log.Info("the steps' own messages", zap.String("dir", stepLogs))
-	var steps atomic.Int64 // the steps this agent started that still run
-	lctx, stopLauncher := context.WithCancel(actx)
-	defer stopLauncher()
-	launcherDone := make(chan struct{})
-	go func() {
-		defer close(launcherDone)
-		_ = job.RunLauncher(lctx, job.LauncherConfig{Store: s, Node: name, Log: log.Named("jobs"), StateDir: *stateDir,
-			Spawn: spawnStep(e, *consul, *topoFile, name, auth, *stateDir, stepLogs, &steps)})
-	}()
-	exposition := metrics.Handler(gpus, metrics.NewNodeCollector(view, name), sched, metrics.NewJobCollector(s, name, 0, 0))
-	if metricsLn != nil {
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", exposition)
-		go serveHTTP(actx, metricsLn, mux)
-		log.Info("serving metrics", zap.String("url", "http://"+metricsLn.Addr().String()+"/metrics"))
-	}
-	if httpLn != nil {
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", exposition)
-		mux.Handle("/", statuspage.Handler(statuspage.Config{Store: s, Node: name, Utilization: gpus.Utilization}))
-		go serveHTTP(actx, httpLn, mux)
-		log.Info("serving the status page", zap.String("url", "http://"+httpLn.Addr().String()+"/"))
-	}
-	if *jobMapDir != "" {
-		go func() {
-			if err := metrics.WriteJobMapping(actx, metrics.JobMappingConfig{Store: s, Node: name, Dir: *jobMapDir,
-				Inventory: func() *topology.Inventory { return a.Inventory() }, Log: log.Named("dcgm-job-map")}); err != nil {
-				log.Error("--dcgm-job-mapping-dir", zap.Error(err))
-			}
-		}()
-	}
-	go func() {
-		_ = metrics.WatchWaste(actx, metrics.WasteConfig{Store: s, Node: name, Session: a.Session, GPUs: gpus, View: view,
-			Threshold: *wasteThreshold, After: wasteAfter, Log: log.Named("waste")})
-	}()
-	if err := a.Run(actx); err != nil {
-		return failErr(e, "agent", err)
-	}
-	stopLauncher()
-	<-launcherDone // it starts no step from here on
-	if n := steps.Load(); n > 0 {
-		log.Info("leaving the steps' own messages: steps this agent started still run", zap.String("dir", stepLogs), zap.Int64("steps", n))
-	} else if err := os.RemoveAll(stepLogs); err != nil {
-		log.Warn("remove the steps' own messages", zap.Error(err))
 	}
 	return exitOK
+}
+
+// agentToken checks the agent's Consul token: with Consul's ACLs on, an agent holds
+// the agents' token (docs/acl.md). A Consul that does not answer yet is no refusal:
+// the agent waits for it, as it always has. It returns whether the ACLs are known to
+// be off, whether they are known to be on, and an exit code (exitOK to go on).
+func agentToken(ctx context.Context, e *env, s store.Store) (off, on bool, code int) {
+	who, err := acl.Whoami(ctx, s)
+	switch {
+	case errors.Is(err, store.ErrUnavailable):
+	case errors.Is(err, acl.ErrNoToken):
+		return false, false, usageErr(e, "agent", "no valid Consul ACL token: set CONSUL_HTTP_TOKEN_FILE to the agents' token (agent.token from gangrun acl bootstrap)")
+	case errors.Is(err, acl.ErrForeignToken):
+		return false, false, usageErr(e, "agent", "%v", err)
+	case err != nil:
+		return false, false, failErr(e, "agent", err)
+	case who.Role == acl.RoleUser:
+		return false, false, usageErr(e, "agent", "permission denied: an agent takes the agents' token from gangrun acl bootstrap (your token is %s)", who.Name())
+	}
+	return err == nil && who.Role == acl.RoleOpen, err == nil && who.Role != acl.RoleOpen, exitOK
+}
+
+// agentConfig is the agent's settings from its checked flags, but for how jobs' users
+// are told apart (Auth, Munge, ACLsOff). The state directory defaults to systemd's
+// StateDirectory= (the packaged unit's: /var/lib/gangrun), else one of this node's
+// under TMPDIR.
+func (f *agentFlags) agentConfig(e *env, s store.Store, name string, lbl map[string]string, inv *topology.Inventory, log *zap.Logger) agent.Config {
+	stateDir := *f.stateDir
+	if stateDir == "" {
+		if stateDir = e.getenv("STATE_DIRECTORY"); stateDir == "" {
+			stateDir = filepath.Join(os.TempDir(), "gangrun-state-"+name)
+		}
+	}
+	cfg := agent.Config{Store: s, Node: name, Addr: *f.addr, Labels: lbl, Inventory: inv, Recorded: *f.topoFile != "",
+		NoScheduler: *f.noSched, HealthEvents: *f.healthEvents, Log: log, MetricsAddr: *f.metricsAddr, HTTPAddr: *f.httpAddr,
+		JobMapDir: *f.jobMapDir, WasteThreshold: *f.wasteThreshold, WasteAfter: f.wasteAfter, AcctRetention: f.acctRetention,
+		AcctFold: f.acctFold, AuditRetention: f.auditRetention, MinJobAge: f.minJobAge, StateDir: stateDir}
+	return cfg
 }
 
 func runNodes(ctx context.Context, e *env, args []string) int {
@@ -445,46 +340,61 @@ func orDash(s string) string {
 	return s
 }
 
-func runAlloc(ctx context.Context, e *env, args []string) int {
+// allocFlags are gangrun alloc's flags: the request's own fields, and those parsed
+// into it (request).
+type allocFlags struct {
+	r      allocator.Request
+	consul *string
+	gpus   *string
+	labels *[]string
+	asJSON *bool
+}
+
+// newAllocFlags registers gangrun alloc's flags on a new flag set.
+func newAllocFlags(e *env) (*pflag.FlagSet, *allocFlags) {
 	fs := newFlagSet(e, "alloc", "--nodes N --gpus-per-node G [FLAGS] [-- COMMAND...]")
 	fs.SetInterspersed(false)
-	consul := consulFlag(fs)
-	var r allocator.Request
+	f := &allocFlags{consul: consulFlag(fs)}
+	r := &f.r
 	fs.IntVar(&r.Nodes, "nodes", 1, "number of nodes")
-	gpus := fs.String("gpus-per-node", "1", "[TYPE:]COUNT devices on each node: 8, h100:8 (a GPU model), 3g.40gb:2 (MIG devices of that profile)")
+	f.gpus = fs.String("gpus-per-node", "1", "[TYPE:]COUNT devices on each node: 8, h100:8 (a GPU model), 3g.40gb:2 (MIG devices of that profile)")
 	fs.StringVar(&r.GPUModel, "gpu-model", "", "GPU model, matched in the device name (H100, A100-SXM4-80GB)")
 	fs.StringVar(&r.Partition, "partition", "", "only nodes labelled partition=P")
 	fs.StringVar(&r.Account, "account", "", "the account the GPUs are charged to, for the policy's limits and fair-share (default: your default account in the policy, else your user name)")
-	labels := fs.StringArray("labels", nil, "only nodes with these labels KEY=VALUE[,...] (repeatable)")
+	f.labels = fs.StringArray("labels", nil, "only nodes with these labels KEY=VALUE[,...] (repeatable)")
 	fs.IntVar(&r.Priority, "priority", 0, "higher goes first")
 	durationVar(fs, &r.Wait, "wait", 0, durationFlag{max: maxWait, zeroOK: true},
 		"give up when not granted within this long (0: wait forever; at most 10000h)")
-	asJSON := fs.Bool("json", false, "print the grant as JSON")
-	if done, code := parseFlags(e, fs, args); done {
-		return code
-	}
-	lbl, err := parseLabels(*labels)
+	f.asJSON = fs.Bool("json", false, "print the grant as JSON")
+	return fs, f
+}
+
+// request completes and checks the request from the parsed flags (labels, devices,
+// model, account, holder) and checks that command, when given, can be found. It
+// returns exitOK, or the exit code after printing why not.
+func (f *allocFlags) request(e *env, command []string) int {
+	r := &f.r
+	lbl, err := parseLabels(*f.labels)
 	if err != nil {
 		return usageErr(e, "alloc", "%v", err)
 	}
 	if len(lbl) > 0 {
 		r.Labels = lbl
 	}
-	n, profile, model, err := allocator.ParseGPUs(*gpus)
+	n, profile, model, err := allocator.ParseGPUs(*f.gpus)
 	if err != nil {
 		return usageErr(e, "alloc", "%v", err)
 	}
 	r.GPUsPerNode, r.MIGProfile = n, profile
 	if model != "" {
 		if r.GPUModel != "" && !strings.EqualFold(r.GPUModel, model) {
-			return usageErr(e, "alloc", "--gpus-per-node %s and --gpu-model %s name different GPU models", *gpus, r.GPUModel)
+			return usageErr(e, "alloc", "--gpus-per-node %s and --gpu-model %s name different GPU models", *f.gpus, r.GPUModel)
 		}
 		r.GPUModel = model
 	}
 	if err := r.Validate(); err != nil {
 		return usageErr(e, "alloc", "%v", err)
 	}
-	command := fs.Args()
 	if len(command) > 0 {
 		if _, err := launcher.LookCommand(command[0]); err != nil {
 			fmt.Fprintf(e.stderr, "gangrun alloc: %s\n", oneLine(err.Error()))
@@ -497,7 +407,21 @@ func runAlloc(ctx context.Context, e *env, args []string) int {
 		}
 	}
 	r.Holder = holder()
-	s, code := openStore(e, "alloc", *consul)
+	return exitOK
+}
+
+// runAlloc is `gangrun alloc`: it submits a request for GPUs, waits for the grant and
+// holds it until a signal, or runs the command given under it (salloc's part).
+func runAlloc(ctx context.Context, e *env, args []string) int {
+	fs, f := newAllocFlags(e)
+	if done, code := parseFlags(e, fs, args); done {
+		return code
+	}
+	command := fs.Args()
+	if code := f.request(e, command); code != exitOK {
+		return code
+	}
+	s, code := openStore(e, "alloc", *f.consul)
 	if code != exitOK {
 		return code
 	}
@@ -509,65 +433,18 @@ func runAlloc(ctx context.Context, e *env, args []string) int {
 	}
 	wctx, watch := proc.WatchSignals(ctx, e.signals)
 	defer watch.Stop()
-	// The policy's limits and fair-share count an allocation as its user's, as they
-	// count a job (sbatch and salloc alike charge the submitting user).
-	r.User = currentUser()
-	err = nil
-	if r.Account == "" {
-		var pol *policy.Policy
-		pol, err = policy.Load(wctx, s)
-		if err == nil && pol != nil {
-			r.Account = pol.DefaultAccount(r.User)
-		}
-	}
-	var tk *allocator.Ticket
-	if err == nil {
-		tk, err = allocator.Submit(wctx, s, r)
-	}
-	if err != nil {
-		if sig := watch.Signal(); sig != 0 {
-			// Submit destroys the session of a request it could not finish writing.
-			fmt.Fprintf(e.stderr, "gangrun alloc: stopped by %s before the request was submitted\n", proc.SignalName(sig))
-			return 128 + int(sig)
-		}
-		if errors.Is(err, allocator.ErrInfeasible) {
-			return usageErr(e, "alloc", "%v", err)
-		}
-		return failErr(e, "alloc", err)
+	tk, code := submitAlloc(wctx, e, s, f.r, watch)
+	if tk == nil {
+		return code
 	}
 	id := tk.Request().ID
 	defer tk.Release(context.WithoutCancel(ctx)) //nolint:errcheck // reported below where it matters
-	kind := "GPU(s)"
-	if r.MIGProfile != "" {
-		kind = r.MIGProfile + " MIG device(s)"
-	}
-	fmt.Fprintf(e.stderr, "gangrun alloc: request %s submitted, waiting for %d node(s) × %d %s\n", id, r.Nodes, r.GPUsPerNode, kind)
-
-	g, err := tk.Wait(wctx, func(why string) { fmt.Fprintf(e.stderr, "gangrun alloc: %s pending: %s\n", id, why) })
-	if err != nil {
-		if sig := watch.Signal(); sig != 0 {
-			fmt.Fprintf(e.stderr, "gangrun alloc: %s withdrawn on %s\n", id, proc.SignalName(sig))
-			return 128 + int(sig)
-		}
-		return failErr(e, "alloc", err)
-	}
-	if *asJSON {
-		writeJSON(e.stdout, g.Summary())
-	} else {
-		fmt.Fprintf(e.stdout, "granted %s: %s\n", g.ID, grantSummary(g))
+	g, code := waitGrant(wctx, e, tk, watch, *f.asJSON)
+	if code != exitOK {
+		return code
 	}
 	if len(command) == 0 {
-		fmt.Fprintf(e.stderr, "gangrun alloc: holding %s; Ctrl-C, SIGTERM or `gangrun cancel %s` releases it\n", id, id)
-		select {
-		case <-watch.Stopped():
-			if err := tk.Release(context.WithoutCancel(ctx)); err != nil {
-				return failErr(e, "alloc", err)
-			}
-			fmt.Fprintf(e.stderr, "gangrun alloc: released %s on %s\n", id, proc.SignalName(watch.Signal()))
-			return exitOK
-		case <-tk.Lost():
-			return failErr(e, "alloc", fmt.Errorf("grant %s was cancelled or its session expired", id))
-		}
+		return holdGrant(ctx, e, tk, id, watch)
 	}
 	var guardian []string
 	if e.self != "" {
@@ -579,6 +456,81 @@ func runAlloc(ctx context.Context, e *env, args []string) int {
 		return failErr(e, "alloc", err)
 	}
 	return exit
+}
+
+// submitAlloc submits r as the current user, charged to the policy's default account
+// for them when r names none, and says so on stderr. It returns the ticket, or nil and
+// the exit code after printing why not (128+N when signal N stopped it).
+func submitAlloc(ctx context.Context, e *env, s store.Store, r allocator.Request, watch *proc.SignalWatch) (*allocator.Ticket, int) {
+	// The policy's limits and fair-share count an allocation as its user's, as they
+	// count a job (sbatch and salloc alike charge the submitting user).
+	r.User = currentUser()
+	var err error
+	if r.Account == "" {
+		var pol *policy.Policy
+		pol, err = policy.Load(ctx, s)
+		if err == nil && pol != nil {
+			r.Account = pol.DefaultAccount(r.User)
+		}
+	}
+	var tk *allocator.Ticket
+	if err == nil {
+		tk, err = allocator.Submit(ctx, s, r)
+	}
+	if err != nil {
+		if sig := watch.Signal(); sig != 0 {
+			// Submit destroys the session of a request it could not finish writing.
+			fmt.Fprintf(e.stderr, "gangrun alloc: stopped by %s before the request was submitted\n", proc.SignalName(sig))
+			return nil, 128 + int(sig)
+		}
+		if errors.Is(err, allocator.ErrInfeasible) {
+			return nil, usageErr(e, "alloc", "%v", err)
+		}
+		return nil, failErr(e, "alloc", err)
+	}
+	kind := "GPU(s)"
+	if r.MIGProfile != "" {
+		kind = r.MIGProfile + " MIG device(s)"
+	}
+	fmt.Fprintf(e.stderr, "gangrun alloc: request %s submitted, waiting for %d node(s) × %d %s\n", tk.Request().ID, r.Nodes, r.GPUsPerNode, kind)
+	return tk, exitOK
+}
+
+// waitGrant waits for tk's grant, saying on stderr why it is pending, and prints it on
+// stdout (as JSON with asJSON). The exit code is exitOK, or 128+N when signal N
+// withdrew the request, or 1 on an error (printed).
+func waitGrant(ctx context.Context, e *env, tk *allocator.Ticket, watch *proc.SignalWatch, asJSON bool) (allocator.Grant, int) {
+	id := tk.Request().ID
+	g, err := tk.Wait(ctx, func(why string) { fmt.Fprintf(e.stderr, "gangrun alloc: %s pending: %s\n", id, why) })
+	if err != nil {
+		if sig := watch.Signal(); sig != 0 {
+			fmt.Fprintf(e.stderr, "gangrun alloc: %s withdrawn on %s\n", id, proc.SignalName(sig))
+			return g, 128 + int(sig)
+		}
+		return g, failErr(e, "alloc", err)
+	}
+	if asJSON {
+		writeJSON(e.stdout, g.Summary())
+	} else {
+		fmt.Fprintf(e.stdout, "granted %s: %s\n", g.ID, grantSummary(g))
+	}
+	return g, exitOK
+}
+
+// holdGrant holds grant id until a terminating signal (then releases it) or until the
+// grant is lost; it returns the exit code.
+func holdGrant(ctx context.Context, e *env, tk *allocator.Ticket, id string, watch *proc.SignalWatch) int {
+	fmt.Fprintf(e.stderr, "gangrun alloc: holding %s; Ctrl-C, SIGTERM or `gangrun cancel %s` releases it\n", id, id)
+	select {
+	case <-watch.Stopped():
+		if err := tk.Release(context.WithoutCancel(ctx)); err != nil {
+			return failErr(e, "alloc", err)
+		}
+		fmt.Fprintf(e.stderr, "gangrun alloc: released %s on %s\n", id, proc.SignalName(watch.Signal()))
+		return exitOK
+	case <-tk.Lost():
+		return failErr(e, "alloc", fmt.Errorf("grant %s was cancelled or its session expired", id))
+	}
 }
 
 func grantSummary(g allocator.Grant) string {

@@ -7,12 +7,10 @@ import (
 	"io"
 	"math"
 	"os"
-	"os/exec"
 	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -630,46 +628,26 @@ func runStep(ctx context.Context, e *env, args []string) int {
 		GuardianArgv: guardian, Subreaper: e.self != "", Signals: e.signals, Log: log, Prover: prover, StateDir: *stateDir})
 }
 
-// spawnStep returns the agent's way to start a job's step on node: this binary's hidden
-// step command, in a session of its own (it outlives the agent, as slurmstepd outlives
-// slurmd), its own messages before the job's output opens in dir/job-ID-step.log (dir
-// is the agent's, one per agent process); running counts the steps started that have
-// not ended while this agent lives.
-func spawnStep(e *env, consul, topoFile, node, auth, stateDir, dir string, running *atomic.Int64) func(id string) error {
-	return func(id string) error {
-		if e.self == "" {
-			return errors.New("no gangrun binary to start the step with")
-		}
-		logFile, err := os.OpenFile(filepath.Join(dir, "job-"+id+"-step.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
-		if err != nil {
-			return err
-		}
-		defer logFile.Close()
-		args := []string{stepCommand, "--auth", auth, "--state-dir", stateDir}
-		if consul != "" {
-			args = append(args, "--consul", consul)
-		}
-		if topoFile != "" {
-			abs, err := filepath.Abs(topoFile)
-			if err != nil {
-				return err
-			}
-			args = append(args, "--topology-file", abs)
-		}
-		cmd := exec.Command(e.self, append(args, id, node)...)
-		cmd.Stdout, cmd.Stderr = logFile, logFile
-		cmd.Dir = "/"
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-		if err := cmd.Start(); err != nil {
-			return err
-		}
-		running.Add(1)
-		go func() { // reap it, while this agent lives
-			_ = cmd.Wait()
-			running.Add(-1)
-		}()
-		return nil
+// stepArgv is the command that runs job id's step on node (agent.Config.StepArgv):
+// this binary's hidden step command with the agent's Consul address, topology file
+// (made absolute: the step runs in /), how it tells users apart and its state
+// directory.
+func stepArgv(e *env, consul, topoFile, node, auth, stateDir, id string) ([]string, error) {
+	if e.self == "" {
+		return nil, errors.New("no gangrun binary to start the step with")
 	}
+	args := []string{e.self, stepCommand, "--auth", auth, "--state-dir", stateDir}
+	if consul != "" {
+		args = append(args, "--consul", consul)
+	}
+	if topoFile != "" {
+		abs, err := filepath.Abs(topoFile)
+		if err != nil {
+			return nil, err
+		}
+		args = append(args, "--topology-file", abs)
+	}
+	return append(args, id, node), nil
 }
 
 // showArray prints every task of a job array, as scontrol show job A does: each

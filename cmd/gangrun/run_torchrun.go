@@ -188,39 +188,13 @@ type launch struct {
 func (f *torchrunFlags) apply(e *env, fs *pflag.FlagSet, g *gangFlags, t *trainFlags, args []string, dashed bool) (launch, error) {
 	var l launch
 	changed := fs.Changed
-	// The options gangrun cannot honour.
-	switch {
-	case changed("logs-specs"):
-		return l, errors.New("--logs-specs: a LogsSpecs plugin is Python run inside torchrun; gangrun writes the logs itself (--log-dir, --redirects, --tee)")
-	case changed("print-completion"):
-		return l, errors.New("--print-completion: gangrun prints no shell completion script (torchrun's comes from its argparse parser)")
-	case f.dupStdout != "" || f.dupStderr != "":
-		return l, errors.New("--duplicate-stdout-filters, --duplicate-stderr-filters: gangrun copies no filtered lines to another file; grep the --log-dir files")
+	if err := unsupported(f, fs); err != nil {
+		return l, err
 	}
 	l.torchrunForm = f.module || f.noPython || f.runPath || (!dashed && len(args) > 0 && launcher.IsScript(args[0]))
 	if l.torchrunForm {
-		f.petDefaults(e, fs)
-		// torchrun's defaults, where gangrun's differ (docs/run.md, "From torchrun").
-		if !changed("nproc-per-node") {
-			g.nproc = "1"
-		}
-		if !changed("max-restarts") {
-			t.supervision.sup.MaxRestarts = 0
-		}
-		if !changed("restart-backoff") {
-			t.supervision.sup.Backoff = "0s" // torchrun restarts at once
-		}
-		if !changed("cpu-bind") && f.numaBinding == "" {
-			g.cpuBind = "none" // torchrun binds nothing without --numa-binding
-		}
-		if !changed("term-timeout") && !changed("shutdown-timeout") {
-			if v := e.getenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT"); v != "" {
-				n, err := strconv.Atoi(v)
-				if err != nil || n < 0 {
-					return l, fmt.Errorf("TORCH_ELASTIC_SHUTDOWN_TIMEOUT=%q: want whole seconds", v)
-				}
-				g.termTimeout = time.Duration(n) * time.Second
-			}
+		if err := f.torchrunDefaults(e, fs, g, t); err != nil {
+			return l, err
 		}
 		l.autoIsCPUs = true
 	}
@@ -243,45 +217,15 @@ func (f *torchrunFlags) apply(e *env, fs *pflag.FlagSet, g *gangFlags, t *trainF
 		}
 		g.advertiseAddr = addr
 	}
-	if v, err := strconv.ParseFloat(f.monitorInterval, 64); err != nil || v <= 0 {
-		return l, fmt.Errorf("--monitor-interval %q: want a number of seconds above 0", f.monitorInterval)
+	if err := f.checkAgentOptions(); err != nil {
+		return l, err
 	}
-	if !slices.Contains([]string{"spawn", "fork", "forkserver"}, f.startMethod) {
-		return l, fmt.Errorf("--start-method %q: want spawn, fork or forkserver", f.startMethod)
+	l.role, l.signals = f.role, f.signals
+	if err := f.termTimeout(fs, g); err != nil {
+		return l, err
 	}
-	if !slices.Contains([]string{"null", "console"}, f.eventLogHandler) {
-		return l, fmt.Errorf("--event-log-handler %q: gangrun has null and console (its own log lines); no other handler is registered", f.eventLogHandler)
-	}
-	if f.role == "" {
-		return l, errors.New(`--role "": must not be empty`)
-	}
-	l.role = f.role
-	for _, s := range strings.Split(f.signals, ",") {
-		if !slices.Contains(strings.Split(launcher.DefaultSignalsToHandle, ","), strings.TrimSpace(s)) {
-			return l, fmt.Errorf("--signals-to-handle %s: gangrun stops the workers on SIGTERM, SIGINT, SIGHUP and SIGQUIT and forwards SIGUSR1 and SIGUSR2 without stopping them; %q cannot be made to stop them", f.signals, s)
-		}
-	}
-	l.signals = f.signals
-	if changed("shutdown-timeout") {
-		if changed("term-timeout") {
-			return l, errors.New("--shutdown-timeout and --term-timeout: give one")
-		}
-		if f.shutdownTimeout < 0 || time.Duration(f.shutdownTimeout)*time.Second > maxGrace {
-			return l, fmt.Errorf("--shutdown-timeout %d: want 0 to %d seconds", f.shutdownTimeout, int(maxGrace/time.Second))
-		}
-		g.termTimeout = time.Duration(f.shutdownTimeout) * time.Second
-	}
-	switch f.numaBinding {
-	case "":
-	case "exclusive":
-		if changed("cpu-bind") && g.cpuBind != "numa" {
-			return l, fmt.Errorf("--numa-binding exclusive and --cpu-bind %s: give one", g.cpuBind)
-		}
-		g.cpuBind = "numa"
-	case "node", "socket", "core-complex":
-		return l, fmt.Errorf("--numa-binding %s: gangrun binds a worker to a fair share of its GPU's NUMA node CPUs (exclusive), not to the whole node, socket or core complex", f.numaBinding)
-	default:
-		return l, fmt.Errorf("--numa-binding %q: want node, socket, exclusive or core-complex (gangrun honours exclusive)", f.numaBinding)
+	if err := f.numa(fs, g); err != nil {
+		return l, err
 	}
 	l.virtualLocalRank = f.virtualLocalRank
 	streams, err := f.streams(e, fs, t, l.torchrunForm)
@@ -293,16 +237,128 @@ func (f *torchrunFlags) apply(e *env, fs *pflag.FlagSet, g *gangFlags, t *trainF
 		l.command = args
 		return l, nil
 	}
-	o := launcher.ScriptOptions{Script: args[0], Args: args[1:], Module: f.module, NoPython: f.noPython, RunPath: f.runPath, Python: f.python}
-	if o.Python == "" && (!o.NoPython || o.RunPath) {
-		if o.Python, err = launcher.FindPython(e.getenv); err != nil {
-			return l, err
-		}
-	}
-	if l.command, err = launcher.ScriptCommand(o); err != nil {
+	if l.command, err = f.scriptCommand(e, args); err != nil {
 		return l, err
 	}
 	return l, nil
+}
+
+// unsupported refuses the torchrun options gangrun cannot honour, saying what to do
+// instead.
+func unsupported(f *torchrunFlags, fs *pflag.FlagSet) error {
+	switch {
+	case fs.Changed("logs-specs"):
+		return errors.New("--logs-specs: a LogsSpecs plugin is Python run inside torchrun; gangrun writes the logs itself (--log-dir, --redirects, --tee)")
+	case fs.Changed("print-completion"):
+		return errors.New("--print-completion: gangrun prints no shell completion script (torchrun's comes from its argparse parser)")
+	case f.dupStdout != "" || f.dupStderr != "":
+		return errors.New("--duplicate-stdout-filters, --duplicate-stderr-filters: gangrun copies no filtered lines to another file; grep the --log-dir files")
+	}
+	return nil
+}
+
+// torchrunDefaults gives the torchrun form its defaults: the PET_ variables, then
+// torchrun's defaults where gangrun's differ and the option was not given (docs/run.md,
+// "From torchrun"): one worker a node, no restarts and no backoff, no CPU binding, and
+// TORCH_ELASTIC_SHUTDOWN_TIMEOUT (whole seconds) as the termination timeout.
+func (f *torchrunFlags) torchrunDefaults(e *env, fs *pflag.FlagSet, g *gangFlags, t *trainFlags) error {
+	changed := fs.Changed
+	f.petDefaults(e, fs)
+	if !changed("nproc-per-node") {
+		g.nproc = "1"
+	}
+	if !changed("max-restarts") {
+		t.supervision.sup.MaxRestarts = 0
+	}
+	if !changed("restart-backoff") {
+		t.supervision.sup.Backoff = "0s" // torchrun restarts at once
+	}
+	if !changed("cpu-bind") && f.numaBinding == "" {
+		g.cpuBind = "none" // torchrun binds nothing without --numa-binding
+	}
+	if !changed("term-timeout") && !changed("shutdown-timeout") {
+		if v := e.getenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT"); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 0 {
+				return fmt.Errorf("TORCH_ELASTIC_SHUTDOWN_TIMEOUT=%q: want whole seconds", v)
+			}
+			g.termTimeout = time.Duration(n) * time.Second
+		}
+	}
+	return nil
+}
+
+// checkAgentOptions checks the options of torchrun's agent that gangrun takes but
+// has no use for or honours in part: --monitor-interval (seconds above 0),
+// --start-method, --event-log-handler, --role (not empty) and --signals-to-handle
+// (only the signals gangrun stops the workers on).
+func (f *torchrunFlags) checkAgentOptions() error {
+	if v, err := strconv.ParseFloat(f.monitorInterval, 64); err != nil || v <= 0 {
+		return fmt.Errorf("--monitor-interval %q: want a number of seconds above 0", f.monitorInterval)
+	}
+	if !slices.Contains([]string{"spawn", "fork", "forkserver"}, f.startMethod) {
+		return fmt.Errorf("--start-method %q: want spawn, fork or forkserver", f.startMethod)
+	}
+	if !slices.Contains([]string{"null", "console"}, f.eventLogHandler) {
+		return fmt.Errorf("--event-log-handler %q: gangrun has null and console (its own log lines); no other handler is registered", f.eventLogHandler)
+	}
+	if f.role == "" {
+		return errors.New(`--role "": must not be empty`)
+	}
+	for _, s := range strings.Split(f.signals, ",") {
+		if !slices.Contains(strings.Split(launcher.DefaultSignalsToHandle, ","), strings.TrimSpace(s)) {
+			return fmt.Errorf("--signals-to-handle %s: gangrun stops the workers on SIGTERM, SIGINT, SIGHUP and SIGQUIT and forwards SIGUSR1 and SIGUSR2 without stopping them; %q cannot be made to stop them", f.signals, s)
+		}
+	}
+	return nil
+}
+
+// termTimeout sets g's termination timeout from --shutdown-timeout (whole seconds, up
+// to maxGrace) when given; --term-timeout with it is refused.
+func (f *torchrunFlags) termTimeout(fs *pflag.FlagSet, g *gangFlags) error {
+	if !fs.Changed("shutdown-timeout") {
+		return nil
+	}
+	if fs.Changed("term-timeout") {
+		return errors.New("--shutdown-timeout and --term-timeout: give one")
+	}
+	if f.shutdownTimeout < 0 || time.Duration(f.shutdownTimeout)*time.Second > maxGrace {
+		return fmt.Errorf("--shutdown-timeout %d: want 0 to %d seconds", f.shutdownTimeout, int(maxGrace/time.Second))
+	}
+	g.termTimeout = time.Duration(f.shutdownTimeout) * time.Second
+	return nil
+}
+
+// numa maps --numa-binding onto g's --cpu-bind: exclusive is numa; torchrun's other
+// modes are refused.
+func (f *torchrunFlags) numa(fs *pflag.FlagSet, g *gangFlags) error {
+	switch f.numaBinding {
+	case "":
+	case "exclusive":
+		if fs.Changed("cpu-bind") && g.cpuBind != "numa" {
+			return fmt.Errorf("--numa-binding exclusive and --cpu-bind %s: give one", g.cpuBind)
+		}
+		g.cpuBind = "numa"
+	case "node", "socket", "core-complex":
+		return fmt.Errorf("--numa-binding %s: gangrun binds a worker to a fair share of its GPU's NUMA node CPUs (exclusive), not to the whole node, socket or core complex", f.numaBinding)
+	default:
+		return fmt.Errorf("--numa-binding %q: want node, socket, exclusive or core-complex (gangrun honours exclusive)", f.numaBinding)
+	}
+	return nil
+}
+
+// scriptCommand is the workers' command in the torchrun form: args[0] a script (or
+// with -m a module, with --no-python a program) and its arguments, run by --python or
+// the Python found as launcher.FindPython finds it.
+func (f *torchrunFlags) scriptCommand(e *env, args []string) ([]string, error) {
+	o := launcher.ScriptOptions{Script: args[0], Args: args[1:], Module: f.module, NoPython: f.noPython, RunPath: f.runPath, Python: f.python}
+	if o.Python == "" && (!o.NoPython || o.RunPath) {
+		var err error
+		if o.Python, err = launcher.FindPython(e.getenv); err != nil {
+			return nil, err
+		}
+	}
+	return launcher.ScriptCommand(o)
 }
 
 // petDefaults gives every torchrun option not on the command line its PET_<NAME> value
@@ -329,7 +385,8 @@ func (f *torchrunFlags) petDefaults(e *env, fs *pflag.FlagSet) {
 }
 
 // coordinator maps torchrun's rendezvous options onto gangrun's --coordinator and
-// --job-id.
+// --job-id: --rdzv-id is the job id; --standalone, the static rendezvous and c10d's
+// each have a helper.
 func (f *torchrunFlags) coordinator(fs *pflag.FlagSet, g *gangFlags) error {
 	changed := fs.Changed
 	lo, hi, err := launcher.ParseNNodes(g.nnodes)
@@ -347,113 +404,137 @@ func (f *torchrunFlags) coordinator(fs *pflag.FlagSet, g *gangFlags) error {
 		g.jobID = f.rdzvID
 	}
 	if f.standalone {
-		for _, name := range []string{"rdzv-backend", "rdzv-endpoint", "rdzv-id", "rdzv-conf"} {
-			if changed(name) {
-				return fmt.Errorf("--standalone with --%s: a standalone rendezvous is its own (torchrun ignores yours); give one or the other", name)
-			}
-		}
-		if custom {
-			return fmt.Errorf("--standalone with --coordinator %s: give one or the other", g.coordinator)
-		}
-		if hi > 1 {
-			return fmt.Errorf("--standalone with --nnodes %s: a standalone rendezvous has one node", g.nnodes)
-		}
-		g.coordinator = "embedded"
-		if g.jobID == "" {
-			g.jobID = newUUID() // torchrun's run id for --standalone
-		}
-		return nil
+		return f.standaloneRdzv(fs, g, custom, hi)
 	}
 	switch f.rdzvBackend {
 	case "static":
-		if changed("rdzv-conf") {
-			return fmt.Errorf("--rdzv-conf %s: the static rendezvous takes no settings (give --rdzv-backend c10d)", f.rdzvConf)
-		}
-		if custom {
-			for _, name := range []string{"node-rank", "master-addr", "rdzv-endpoint"} {
-				if changed(name) {
-					return fmt.Errorf("--%s with --coordinator %s: the coordinator gives the node ranks and the master", name, g.coordinator)
-				}
-			}
-			return nil
-		}
-		master := f.masterAddr
-		if f.rdzvEndpoint != "" {
-			host, port, err := splitEndpoint(f.rdzvEndpoint, -1)
-			if err != nil {
-				return err
-			}
-			master = host
-			if port >= 0 {
-				if changed("master-port") && g.masterPort != port {
-					return fmt.Errorf("--rdzv-endpoint %s and --master-port %d: give one", f.rdzvEndpoint, g.masterPort)
-				}
-				g.masterPort = port
-			}
-		}
-		if hi > 1 {
-			// torchrun's static rendezvous across nodes: node ranks and the master from
-			// the command lines, MASTER_PORT 29500 unless given.
-			if lo != hi {
-				return fmt.Errorf("--nnodes %s: torchrun's static rendezvous has a fixed number of nodes (give --rdzv-backend c10d for a range)", g.nnodes)
-			}
-			port := g.masterPort
-			if !changed("master-port") && f.rdzvEndpoint == "" {
-				port = rendezvous.TorchrunStaticPort
-			}
-			u := url.URL{Scheme: "static", Host: net.JoinHostPort(master, strconv.Itoa(port)), RawQuery: "node_rank=" + strconv.Itoa(f.nodeRank)}
-			g.coordinator, g.masterPort = u.String(), port
-			return nil
-		}
-		if f.nodeRank != 0 {
-			return fmt.Errorf("--node-rank %d on one node: want 0", f.nodeRank)
-		}
-		if !rendezvous.IsLocalHost(master) {
-			return fmt.Errorf("--master-addr %s on one node: not an address or name of this machine (node rank 0's is this one)", master)
-		}
-		if g.jobID == "" && g.masterPort == 0 {
-			g.jobID = newUUID() // torchrun's one-node default: c10d on localhost:0, a fresh run id
-		} else if g.jobID == "" {
-			g.jobID = rendezvous.C10dJobID // torchrun's static rendezvous: run id "none"
-		}
-		return nil
+		return f.staticRdzv(fs, g, custom, lo, hi)
 	case "c10d":
-		if custom {
-			return fmt.Errorf("--rdzv-backend c10d with --coordinator %s: give one (c10d serves the rendezvous from the node at --rdzv-endpoint)", g.coordinator)
-		}
-		if f.rdzvEndpoint == "" {
-			return errors.New("--rdzv-backend c10d needs --rdzv-endpoint HOST[:PORT]")
-		}
-		for _, name := range []string{"node-rank", "master-addr"} {
-			if changed(name) {
-				return fmt.Errorf("--%s with --rdzv-backend c10d: the rendezvous gives the node ranks and the master (torchrun ignores it)", name)
-			}
-		}
-		host, port, err := splitEndpoint(f.rdzvEndpoint, rendezvous.C10dDefaultPort)
-		if err != nil {
-			return err
-		}
-		u := url.URL{Scheme: "c10d", Host: net.JoinHostPort(host, strconv.Itoa(port))}
-		if f.rdzvConf != "" {
-			q := url.Values{}
-			for _, kv := range strings.Split(f.rdzvConf, ",") {
-				k, v, ok := strings.Cut(kv, "=")
-				if !ok || k == "" {
-					return fmt.Errorf("--rdzv-conf %q: want KEY=VALUE,...", f.rdzvConf)
-				}
-				q.Set(strings.TrimSpace(k), strings.TrimSpace(v))
-			}
-			u.RawQuery = q.Encode()
-		}
-		if _, err := rendezvous.ParseC10dURL(u.String()); err != nil {
-			return err
-		}
-		g.coordinator = u.String()
-		return nil
+		return f.c10dRdzv(fs, g, custom)
 	case "etcd", "etcd-v2":
 		return fmt.Errorf("--rdzv-backend %s: gangrun speaks no etcd; give --rdzv-backend c10d --rdzv-endpoint HOST:PORT, or --coordinator consul://HOST:PORT", f.rdzvBackend)
 	}
 	return fmt.Errorf("--rdzv-backend %q: want static or c10d", f.rdzvBackend)
+}
+
+// standaloneRdzv is --standalone: the embedded coordinator on one node (at most hi
+// nodes, --nnodes's upper bound), a fresh job id unless one is given. custom says
+// --coordinator names another coordinator.
+func (f *torchrunFlags) standaloneRdzv(fs *pflag.FlagSet, g *gangFlags, custom bool, hi int) error {
+	for _, name := range []string{"rdzv-backend", "rdzv-endpoint", "rdzv-id", "rdzv-conf"} {
+		if fs.Changed(name) {
+			return fmt.Errorf("--standalone with --%s: a standalone rendezvous is its own (torchrun ignores yours); give one or the other", name)
+		}
+	}
+	if custom {
+		return fmt.Errorf("--standalone with --coordinator %s: give one or the other", g.coordinator)
+	}
+	if hi > 1 {
+		return fmt.Errorf("--standalone with --nnodes %s: a standalone rendezvous has one node", g.nnodes)
+	}
+	g.coordinator = "embedded"
+	if g.jobID == "" {
+		g.jobID = newUUID() // torchrun's run id for --standalone
+	}
+	return nil
+}
+
+// staticRdzv is --rdzv-backend static (torchrun's default): across nodes (lo to hi,
+// --nnodes's bounds, which must be equal) a static:// coordinator with the node rank
+// and the master from the command line; on one node the embedded coordinator, whose
+// master must be this machine. custom says --coordinator names another coordinator,
+// which gives the ranks and the master itself.
+func (f *torchrunFlags) staticRdzv(fs *pflag.FlagSet, g *gangFlags, custom bool, lo, hi int) error {
+	changed := fs.Changed
+	if changed("rdzv-conf") {
+		return fmt.Errorf("--rdzv-conf %s: the static rendezvous takes no settings (give --rdzv-backend c10d)", f.rdzvConf)
+	}
+	if custom {
+		for _, name := range []string{"node-rank", "master-addr", "rdzv-endpoint"} {
+			if changed(name) {
+				return fmt.Errorf("--%s with --coordinator %s: the coordinator gives the node ranks and the master", name, g.coordinator)
+			}
+		}
+		return nil
+	}
+	master := f.masterAddr
+	if f.rdzvEndpoint != "" {
+		host, port, err := splitEndpoint(f.rdzvEndpoint, -1)
+		if err != nil {
+			return err
+		}
+		master = host
+		if port >= 0 {
+			if changed("master-port") && g.masterPort != port {
+				return fmt.Errorf("--rdzv-endpoint %s and --master-port %d: give one", f.rdzvEndpoint, g.masterPort)
+			}
+			g.masterPort = port
+		}
+	}
+	if hi > 1 {
+		// torchrun's static rendezvous across nodes: node ranks and the master from
+		// the command lines, MASTER_PORT 29500 unless given.
+		if lo != hi {
+			return fmt.Errorf("--nnodes %s: torchrun's static rendezvous has a fixed number of nodes (give --rdzv-backend c10d for a range)", g.nnodes)
+		}
+		port := g.masterPort
+		if !changed("master-port") && f.rdzvEndpoint == "" {
+			port = rendezvous.TorchrunStaticPort
+		}
+		u := url.URL{Scheme: "static", Host: net.JoinHostPort(master, strconv.Itoa(port)), RawQuery: "node_rank=" + strconv.Itoa(f.nodeRank)}
+		g.coordinator, g.masterPort = u.String(), port
+		return nil
+	}
+	if f.nodeRank != 0 {
+		return fmt.Errorf("--node-rank %d on one node: want 0", f.nodeRank)
+	}
+	if !rendezvous.IsLocalHost(master) {
+		return fmt.Errorf("--master-addr %s on one node: not an address or name of this machine (node rank 0's is this one)", master)
+	}
+	if g.jobID == "" && g.masterPort == 0 {
+		g.jobID = newUUID() // torchrun's one-node default: c10d on localhost:0, a fresh run id
+	} else if g.jobID == "" {
+		g.jobID = rendezvous.C10dJobID // torchrun's static rendezvous: run id "none"
+	}
+	return nil
+}
+
+// c10dRdzv is --rdzv-backend c10d: a c10d:// coordinator at --rdzv-endpoint (port
+// 29400 unless given) with --rdzv-conf's settings as its query. custom says
+// --coordinator names another coordinator, which is refused.
+func (f *torchrunFlags) c10dRdzv(fs *pflag.FlagSet, g *gangFlags, custom bool) error {
+	if custom {
+		return fmt.Errorf("--rdzv-backend c10d with --coordinator %s: give one (c10d serves the rendezvous from the node at --rdzv-endpoint)", g.coordinator)
+	}
+	if f.rdzvEndpoint == "" {
+		return errors.New("--rdzv-backend c10d needs --rdzv-endpoint HOST[:PORT]")
+	}
+	for _, name := range []string{"node-rank", "master-addr"} {
+		if fs.Changed(name) {
+			return fmt.Errorf("--%s with --rdzv-backend c10d: the rendezvous gives the node ranks and the master (torchrun ignores it)", name)
+		}
+	}
+	host, port, err := splitEndpoint(f.rdzvEndpoint, rendezvous.C10dDefaultPort)
+	if err != nil {
+		return err
+	}
+	u := url.URL{Scheme: "c10d", Host: net.JoinHostPort(host, strconv.Itoa(port))}
+	if f.rdzvConf != "" {
+		q := url.Values{}
+		for _, kv := range strings.Split(f.rdzvConf, ",") {
+			k, v, ok := strings.Cut(kv, "=")
+			if !ok || k == "" {
+				return fmt.Errorf("--rdzv-conf %q: want KEY=VALUE,...", f.rdzvConf)
+			}
+			q.Set(strings.TrimSpace(k), strings.TrimSpace(v))
+		}
+		u.RawQuery = q.Encode()
+	}
+	if _, err := rendezvous.ParseC10dURL(u.String()); err != nil {
+		return err
+	}
+	g.coordinator = u.String()
+	return nil
 }
 
 // streams builds the workers' streams from --redirects, --tee (torchrun's values),

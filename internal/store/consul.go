@@ -23,6 +23,7 @@ import (
 
 // Consul is the Store on a Consul cluster, through github.com/hashicorp/consul/api.
 type Consul struct {
+	Locals    // what other packages keep on this client (LocalOf)
 	c         *api.Client
 	transport *http.Transport
 	origin    origin

@@ -24,6 +24,7 @@ type Memory struct {
 	sessions   map[string]*memSession
 	changed    chan struct{} // closed and replaced on every change
 	now        func() time.Time
+	Locals     // what other packages keep on this store (LocalOf)
 }
 
 type memSession struct {
