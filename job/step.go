@@ -278,12 +278,7 @@ func (st *step) runWorkers(ctx context.Context, gn allocator.GrantNode) int {
 	sup, err := p.Supervisor()
 	if err != nil {
 		fmt.Fprintf(out, "gangrun: job %s cannot start on %s: %v\n", id, node, err)
-		code := 2
-		if errors.Is(err, launcher.ErrCommandNotFound) {
-			code = 127
-		} else if errors.Is(err, launcher.ErrNotExecutable) {
-			code = 126
-		}
+		code := launcher.StartExitCode(err, 2)
 		_ = st.recordEnd(ctx, Failed, code, err.Error())
 		return code
 	}

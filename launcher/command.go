@@ -24,6 +24,20 @@ var ErrCommandNotFound = errors.New("command not found")
 // as POSIX shells do for a command found but not executable.
 var ErrNotExecutable = errors.New("not executable")
 
+// StartExitCode is the exit code for err, an error of the launcher starting a command,
+// as POSIX shells give it: 127 when the command does not exist (ErrCommandNotFound),
+// 126 when it exists but cannot be executed (ErrNotExecutable), else other. gangrun
+// run, the supervisor's failed start and a job's step all exit with it.
+func StartExitCode(err error, other int) int {
+	switch {
+	case errors.Is(err, ErrCommandNotFound):
+		return 127
+	case errors.Is(err, ErrNotExecutable):
+		return 126
+	}
+	return other
+}
+
 // ErrWorkDir means a worker could not enter the working directory: one the user the
 // workers run as (Config.User) may not reach.
 var ErrWorkDir = errors.New("working directory")

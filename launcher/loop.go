@@ -164,11 +164,7 @@ func (s *Supervisor) begin(ctx context.Context, at *attempt, res *Result) (Group
 	if err != nil {
 		s.closeStore()
 		s.failStart(ctx, round, err, res)
-		if errors.Is(err, ErrCommandNotFound) {
-			res.ExitCode = 127
-		} else if errors.Is(err, ErrNotExecutable) {
-			res.ExitCode = 126
-		}
+		res.ExitCode = StartExitCode(err, res.ExitCode)
 		return "", true
 	}
 	at.g = g

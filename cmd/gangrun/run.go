@@ -252,15 +252,7 @@ func supervise(ctx context.Context, e *env, cmd string, p *launcher.Prepared) (i
 // commandExitCode is the exit code for an error finding the command to launch: 127
 // when it does not exist, 126 when it exists but cannot be executed (POSIX shells'
 // codes), exitUsage for any other error.
-func commandExitCode(err error) int {
-	switch {
-	case errors.Is(err, launcher.ErrCommandNotFound):
-		return exitNotFound
-	case errors.Is(err, launcher.ErrNotExecutable):
-		return exitNotExec
-	}
-	return exitUsage
-}
+func commandExitCode(err error) int { return launcher.StartExitCode(err, exitUsage) }
 
 // newLogger returns gangrun's own logger (launcher.NewLogger).
 func newLogger(format string, w io.Writer) (*zap.Logger, error) { return launcher.NewLogger(format, w) }
