@@ -13,6 +13,7 @@ import (
 	"github.com/gangrun/gangrun/allocator"
 	"github.com/gangrun/gangrun/hostlist"
 	"github.com/gangrun/gangrun/job"
+	reasons "github.com/gangrun/gangrun/reason"
 )
 
 // squeue's formats (squeue(1)): the default, --long's, and --steps'.
@@ -335,8 +336,8 @@ func reasonOf(r jobRow) string {
 	if reason == "" {
 		return "None"
 	}
-	if st.Requeue || strings.HasPrefix(reason, "requeued") {
-		return "BeginTime"
+	if st.ReasonCode() == reasons.Requeued {
+		return "BeginTime" // Slurm's for a requeued job
 	}
 	// gangrun's reasons say more after the code ("Resources: needs 2 nodes ..."):
 	// squeue shows the code, as Slurm's.

@@ -617,7 +617,7 @@ func runShow(ctx context.Context, e *env, args []string) int {
 	}
 	if j, err := job.Read(ctx, s, fs.Arg(0)); err == nil {
 		private(j)
-		if st := j.State; st.Status == job.Pending && !st.Requeue && !st.Deferred {
+		if st := j.State; st.Phase() == (job.Phase{Status: job.Pending}) || st.Hold() == job.HoldPreempted {
 			// The scheduler's reason, as queue shows it (a limit's, say).
 			if status, err := allocator.ReadStatus(ctx, s); err == nil && status.Pending[j.Spec.ID] != "" {
 				j.State.Reason = status.Pending[j.Spec.ID]
