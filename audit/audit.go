@@ -53,6 +53,9 @@ const (
 	ActionResume    = "resume"
 	ActionPolicySet = "policy-set"
 	ActionPreempt   = "preempt"
+	// ActionHold is a hold, uhold or release of another user's job (scontrol; the
+	// entry's Detail says which).
+	ActionHold = "hold"
 	// ActionRefuse is the elected agent refusing a job or a request whose MUNGE
 	// credential does not prove its user (reason.InvalidCredential), and a step
 	// refusing to run a job whose record does not match its attestation.

@@ -234,7 +234,7 @@ func (c *Controller) pass(ctx context.Context, v view) error {
 	}
 	var needed map[string]bool // jobs a waiting job's dependency names
 	for _, j := range v.jobs {
-		if j.State.Hold() == HoldDeferred {
+		if j.State.Status == Pending && j.State.Deferred { // held back, or held
 			if needed == nil {
 				needed = map[string]bool{}
 			}
@@ -412,6 +412,8 @@ func (c *Controller) job(ctx context.Context, v view, j Job) error {
 		if (granted || requested) && len(v.steps[id]) == 0 {
 			return allocator.ReleaseJobIn(ctx, c.s, cl, id)
 		}
+	case st.Hold() == HoldUser || st.Hold() == HoldAdmin:
+		// Held (hold.go): no request until it is released.
 	case st.Hold() == HoldDeferred:
 		if v.deps != nil {
 			return c.deferred(ctx, v.deps, j)
@@ -447,8 +449,12 @@ func (c *Controller) job(ctx context.Context, v view, j Job) error {
 		if err != nil {
 			return err
 		}
+		held := st.Held != "" // held while it ran: it stays held, with no request
+		if held {
+			reqOps = nil
+		}
 		_, _, err = c.update(ctx, id, func(j *Job) bool {
-			return j.State.apply(Transition{Event: EvRequestAgain}) == nil
+			return (j.State.Held != "") == held && j.State.apply(Transition{Event: EvRequestAgain}) == nil
 		}, reqOps...)
 		return err
 	case st.Status == Preempted:

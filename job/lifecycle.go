@@ -15,9 +15,12 @@ import (
 // transition: a Status or Hold constant (state.go, here), a row in transitions, its line
 // in docs/jobs.md, and the code that calls apply with it.
 
-// Hold says what holds a PENDING job's request back from the scheduler. The stored
-// record keeps it in three fields (State.Deferred, State.Requeue, State.PreemptedBy);
-// State.Hold reads them, and only apply writes them.
+// Hold says what holds a PENDING job's request back from the scheduler: a requeue or a
+// pre-emption under way first, then a hold (user, admin), then deferred. The stored
+// record keeps it in four fields (State.Deferred, State.Requeue, State.PreemptedBy,
+// State.Held); State.Hold reads them, and only apply writes them. A held job
+// (HoldUser, HoldAdmin) has State.Deferred set too: like a deferred one, it has no
+// request.
 type Hold string
 
 // The holds of a PENDING job; HoldNone for every other status.
@@ -35,6 +38,12 @@ const (
 	// HoldPreempted: pre-empted, it waits for the job that pre-empted it to start
 	// (reason BeginTime). State.PreemptedBy names that job.
 	HoldPreempted Hold = "preempted"
+	// HoldUser: held by its user (sbatch --hold, scontrol hold or uhold; reason
+	// JobHeldUser): no request until released (hold.go). State.Held.
+	HoldUser Hold = "user"
+	// HoldAdmin: held by an operator (scontrol hold; reason JobHeldAdmin): only an
+	// operator releases it. State.Held.
+	HoldAdmin Hold = "admin"
 )
 
 // Hold returns what holds the job back: HoldNone unless it is PENDING.
@@ -42,12 +51,14 @@ func (s State) Hold() Hold {
 	switch {
 	case s.Status != Pending:
 		return HoldNone
-	case s.Deferred:
-		return HoldDeferred
 	case s.Requeue:
 		return HoldRequeue
 	case s.PreemptedBy != "":
 		return HoldPreempted
+	case s.Held == HoldUser || s.Held == HoldAdmin:
+		return s.Held
+	case s.Deferred:
+		return HoldDeferred
 	}
 	return HoldNone
 }
@@ -118,6 +129,22 @@ const (
 	// EvResume: the job that pre-empted it started (or gave up waiting): its request is
 	// written again (preempt.go).
 	EvResume Event = "resume"
+	// EvSubmitHold: submit writes the job held by its user (sbatch --hold; submit.go).
+	EvSubmitHold Event = "submit-hold"
+	// EvHold: its user holds it (scontrol hold or uhold); its request is deleted in the
+	// same transaction (hold.go).
+	EvHold Event = "hold"
+	// EvHoldAdmin: an operator holds it (scontrol hold), a user's hold or not (hold.go).
+	EvHoldAdmin Event = "hold-admin"
+	// EvReleaseHold: scontrol release: it waits as a deferred job, until the controller
+	// writes its request (hold.go).
+	EvReleaseHold Event = "release-hold"
+	// EvMarkHold: a hold of a job that runs (or is stopping): its status stays, and the
+	// hold (State.Held, Transition.Code JobHeldUser or JobHeldAdmin) waits for a requeue,
+	// which leaves it held (Slurm keeps a running job's hold for its requeue; hold.go).
+	EvMarkHold Event = "mark-hold"
+	// EvUnmarkHold: scontrol release of such a job: the hold waiting is gone.
+	EvUnmarkHold Event = "unmark-hold"
 )
 
 // rule is a row of the table: the phases event may leave and the one it enters (a
@@ -135,7 +162,9 @@ var (
 	deferred  = Phase{Pending, HoldDeferred}
 	requeue   = Phase{Pending, HoldRequeue}
 	preempted = Phase{Pending, HoldPreempted}
-	anyPend   = []Phase{pending, deferred, requeue, preempted}
+	heldUser  = Phase{Pending, HoldUser}
+	heldAdmin = Phase{Pending, HoldAdmin}
+	anyPend   = []Phase{pending, deferred, requeue, preempted, heldUser, heldAdmin}
 	running   = Phase{Status: Running}
 	// completing is COMPLETING with its end (Transition.End).
 	completing = Phase{Status: Completing}
@@ -159,6 +188,12 @@ var transitions = []rule{
 	{EvPreempt, []Phase{running}, Phase{Status: Preempted}, reason.Preempted},
 	{EvPreemptStopped, []Phase{{Status: Preempted}}, preempted, reason.BeginTime},
 	{EvResume, []Phase{preempted}, pending, reason.Priority},
+	{EvSubmitHold, nil, heldUser, reason.JobHeldUser},
+	{EvHold, []Phase{pending, deferred, heldAdmin}, heldUser, reason.JobHeldUser},
+	{EvHoldAdmin, []Phase{pending, deferred, heldUser}, heldAdmin, reason.JobHeldAdmin},
+	{EvReleaseHold, []Phase{heldUser, heldAdmin}, deferred, reason.Priority},
+	{EvMarkHold, []Phase{running, completing, {Status: Preempted}}, Phase{}, ""},
+	{EvUnmarkHold, []Phase{running, completing, {Status: Preempted}}, Phase{}, ""},
 }
 
 // Transition is one change of a job's state, as State.apply takes it.
@@ -210,7 +245,17 @@ func (s *State) apply(t Transition) error {
 			return fmt.Errorf("job state: %s from %s: %w", t.Event, from, ErrTransition)
 		}
 	}
+	if t.Event == EvMarkHold || t.Event == EvUnmarkHold {
+		return s.markHold(t)
+	}
 	to, end := r.to, Status("")
+	if s.Held != "" && (t.Event == EvRequestAgain || t.Event == EvResume) {
+		// Held while it ran (EvMarkHold): requeued, it stays held, with no request.
+		r.code, to = reason.JobHeldUser, heldUser
+		if s.Held == HoldAdmin {
+			r.code, to = reason.JobHeldAdmin, heldAdmin
+		}
+	}
 	switch t.Event {
 	case EvEnd:
 		if !t.End.Final() || t.End == Cancelled {
@@ -241,10 +286,35 @@ func (s *State) apply(t Transition) error {
 		words = string(code) // a pending job's reason is its code (squeue's REASON)
 	}
 	s.Status, s.End, s.Code, s.Reason = to.Status, end, code, words
-	s.Deferred, s.Requeue = to.Hold == HoldDeferred, to.Hold == HoldRequeue
+	held := to.Hold == HoldUser || to.Hold == HoldAdmin
+	s.Deferred, s.Requeue = to.Hold == HoldDeferred || held, to.Hold == HoldRequeue
+	switch {
+	case held:
+		s.Held = to.Hold
+	case to.Hold == HoldRequeue || to.Hold == HoldPreempted || to.Status == Running || to.Status == Completing || to.Status == Preempted:
+		// A hold marked while it ran waits for its requeue (EvMarkHold).
+	default:
+		s.Held = ""
+	}
 	s.PreemptedBy = ""
 	if to.Hold == HoldPreempted {
 		s.PreemptedBy = t.PreemptedBy
+	}
+	return nil
+}
+
+// markHold is EvMarkHold (Transition.Code JobHeldUser or JobHeldAdmin) or
+// EvUnmarkHold on a job that is not pending: only State.Held changes.
+func (s *State) markHold(t Transition) error {
+	switch {
+	case t.Event == EvUnmarkHold:
+		s.Held = ""
+	case t.Code == reason.JobHeldUser:
+		s.Held = HoldUser
+	case t.Code == reason.JobHeldAdmin:
+		s.Held = HoldAdmin
+	default:
+		return fmt.Errorf("job state: %s with reason %q: %w", t.Event, t.Code, ErrTransition)
 	}
 	return nil
 }
@@ -310,6 +380,10 @@ func TransitionTable() []string {
 		switch r.event {
 		case EvFinish:
 			to = "its end's status"
+		case EvMarkHold:
+			to = "unchanged, held once requeued (reason JobHeldUser or JobHeldAdmin then)"
+		case EvUnmarkHold:
+			to = "unchanged, not held once requeued"
 		case EvEnd, EvCancel:
 			to += " (with its end)"
 		}

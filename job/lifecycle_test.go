@@ -42,6 +42,8 @@ func phaseState(p Phase) State {
 		st.Requeue = true
 	case HoldPreempted:
 		st.PreemptedBy = "9"
+	case HoldUser, HoldAdmin:
+		st.Deferred, st.Held = true, p.Hold
 	}
 	if p.Status == Completing {
 		st.End = Failed
@@ -53,7 +55,7 @@ func phaseState(p Phase) State {
 // exactly when the table has it from there, and leads where the table says; refused,
 // it leaves the state as it was.
 func TestApplyFollowsTheTable(t *testing.T) {
-	phases := []Phase{pending, deferred, requeue, preempted, running, completing, {Status: Preempted}}
+	phases := []Phase{pending, deferred, requeue, preempted, heldUser, heldAdmin, running, completing, {Status: Preempted}}
 	for _, s := range []Status{Completed, Failed, Cancelled, Timeout, NodeFail} {
 		phases = append(phases, Phase{Status: s})
 	}
@@ -62,6 +64,9 @@ func TestApplyFollowsTheTable(t *testing.T) {
 			st := phaseState(p)
 			before := st
 			tr := Transition{Event: r.event, End: Completed, Code: reason.Dependency, Words: "words", PreemptedBy: "7"}
+			if r.event == EvMarkHold {
+				tr.Code = reason.JobHeldUser
+			}
 			err := st.apply(tr)
 			legal := slices.Contains(r.from, p)
 			switch {
@@ -73,8 +78,11 @@ func TestApplyFollowsTheTable(t *testing.T) {
 				t.Errorf("%s from %s refused with %v, state %+v, want ErrTransition and no change", r.event, p, err, st)
 			case legal:
 				want := r.to
-				if r.event == EvFinish {
+				switch {
+				case r.event == EvFinish:
 					want = Phase{Status: Failed}
+				case r.to == Phase{}:
+					want = p // its status unchanged
 				}
 				if st.Phase() != want {
 					t.Errorf("%s from %s went to %s, want %s", r.event, p, st.Phase(), want)
@@ -183,5 +191,47 @@ func TestSrunStepEnds(t *testing.T) {
 		if err := checkStepEnd(st); !errors.Is(err, ErrTransition) {
 			t.Errorf("%q: %v, want refused", st, err)
 		}
+	}
+}
+
+// TestHoldOfARunningJobWaitsForItsRequeue: a hold of a running job (Slurm keeps it for
+// the job's requeue) leaves it running; requeued after a lost node, or pre-empted, it
+// waits held instead of asking for GPUs again; released while it ran, it does not.
+func TestHoldOfARunningJobWaitsForItsRequeue(t *testing.T) {
+	steps := func(st *State, trs ...Transition) {
+		t.Helper()
+		for _, tr := range trs {
+			if err := st.apply(tr); err != nil {
+				t.Fatalf("%s from %s: %v", tr.Event, st.Phase(), err)
+			}
+		}
+	}
+	st := phaseState(running)
+	steps(&st, Transition{Event: EvMarkHold, Code: reason.JobHeldAdmin})
+	if st.Phase() != running || st.Held != HoldAdmin {
+		t.Fatalf("held while running: %s, held %q", st.Phase(), st.Held)
+	}
+	steps(&st, Transition{Event: EvRequeue, Words: "requeued: down"})
+	if st.Phase() != requeue {
+		t.Fatalf("requeued: %s, want %s (its old grant must go first)", st.Phase(), requeue)
+	}
+	steps(&st, Transition{Event: EvRequestAgain})
+	if st.Phase() != heldAdmin || st.ReasonCode() != reason.JobHeldAdmin {
+		t.Errorf("after the requeue: %s %s, want %s JobHeldAdmin", st.Phase(), st.ReasonCode(), heldAdmin)
+	}
+	st = phaseState(running)
+	steps(&st, Transition{Event: EvMarkHold, Code: reason.JobHeldUser}, Transition{Event: EvPreempt, Words: "preempted"},
+		Transition{Event: EvPreemptStopped, PreemptedBy: "3"}, Transition{Event: EvResume})
+	if st.Phase() != heldUser {
+		t.Errorf("pre-empted while held: %s, want %s", st.Phase(), heldUser)
+	}
+	st = phaseState(running)
+	steps(&st, Transition{Event: EvMarkHold, Code: reason.JobHeldUser}, Transition{Event: EvUnmarkHold},
+		Transition{Event: EvRequeue}, Transition{Event: EvRequestAgain})
+	if st.Phase() != pending || st.Held != "" {
+		t.Errorf("released while it ran, requeued: %s, held %q; want %s", st.Phase(), st.Held, pending)
+	}
+	if err := st.apply(Transition{Event: EvMarkHold, Code: reason.Priority}); !errors.Is(err, ErrTransition) {
+		t.Errorf("mark-hold with reason Priority: %v, want refused", err)
 	}
 }

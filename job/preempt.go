@@ -233,8 +233,12 @@ func (c *Controller) resumePreempted(ctx context.Context, v view, j Job) error {
 	if err != nil {
 		return err
 	}
+	held := j.State.Held != "" // held while it ran: it stays held, with no request
+	if held {
+		reqOps = nil
+	}
 	_, changed, err := c.update(ctx, j.Spec.ID, func(j *Job) bool {
-		if j.State.PreemptedBy != by {
+		if j.State.PreemptedBy != by || (j.State.Held != "") != held {
 			return false
 		}
 		return j.State.apply(Transition{Event: EvResume}) == nil

@@ -146,7 +146,7 @@ func EntryOf(j Job, reason string, now time.Time) Entry {
 	if n, since := j.IdleGPUs(); n > 0 {
 		e.IdleGPUs, e.IdleSince = n, stamp(since)
 	}
-	if h := st.Hold(); st.Status == Pending && reason != "" && h != HoldRequeue && h != HoldDeferred {
+	if h := st.Hold(); st.Status == Pending && reason != "" && (h == HoldNone || h == HoldPreempted) {
 		e.Reason = reason
 	}
 	if !st.Started.IsZero() {

@@ -47,6 +47,7 @@ const (
 	requestDrain  = "drain"
 	requestResume = "resume"
 	requestPolicy = "policy"
+	requestHold   = "hold" // scontrol hold, uhold, release (Request.HoldOp)
 )
 
 // requestKeep is how long an answered request nobody took is kept.
@@ -62,8 +63,9 @@ type Request struct {
 	// Spec and Array are a submit's job (Array nil for a single job).
 	Spec  *Spec  `json:"spec,omitempty"`
 	Array *Array `json:"array,omitempty"`
-	// Job is a cancel's job id (or an array's).
-	Job string `json:"job,omitempty"`
+	// Job is a cancel's or hold's job id (or an array's); HoldOp the hold's operation.
+	Job    string `json:"job,omitempty"`
+	HoldOp HoldOp `json:"hold_op,omitempty"`
 	// Node and Reason are a drain's node and reason (a resume's node).
 	Node   string `json:"node,omitempty"`
 	Reason string `json:"reason,omitempty"`
@@ -105,8 +107,14 @@ type Answer struct {
 	// ID and Tasks are a submitted job's id and an array's task ids.
 	ID    string   `json:"id,omitempty"`
 	Tasks []string `json:"tasks,omitempty"`
-	// Cancelled counts the jobs a cancel cancelled (0: they had ended or were ending).
+	// Cancelled counts the jobs a cancel cancelled (0: they had ended or were ending),
+	// Held the jobs a hold or release changed.
 	Cancelled int `json:"cancelled,omitempty"`
+	Held      int `json:"held,omitempty"`
+	// NotPending says a hold or release found the job no longer pending (ErrNotPending),
+	// Finished that it had ended (ErrFinished).
+	NotPending bool `json:"not_pending,omitempty"`
+	Finished   bool `json:"finished,omitempty"`
 	// Array says the cancel was of a job array's tasks.
 	Array bool `json:"array,omitempty"`
 	// Error is why it was not done; Invalid marks the user's error (a bad spec, an
@@ -340,6 +348,33 @@ func (as Asker) Cancel(ctx context.Context, s store.Store, id string) (int, bool
 		return 0, ans.Array, errors.New(ans.Error)
 	}
 	return ans.Cancelled, ans.Array, nil
+}
+
+// Hold does op (scontrol hold, uhold, release) on job id, or every task of job array id,
+// through as's box: the job must be as's user's, unless as is root (an operator, whose
+// hold is JobHeldAdmin). It returns how many jobs changed. Errors: *NotYoursError
+// (ErrNotYours), ErrNotFound, ErrFinished, ErrNotPending, ErrHeldByOperator,
+// ErrNoAnswer.
+func (as Asker) Hold(ctx context.Context, s store.Store, id string, op HoldOp) (int, error) {
+	ans, err := ask(ctx, s, as, Request{Kind: requestHold, Job: id, HoldOp: op})
+	if err != nil {
+		return 0, err
+	}
+	switch {
+	case ans.Owner != "":
+		return 0, &NotYoursError{ID: id, Owner: ans.Owner, User: as.User, By: ans.By}
+	case ans.NotPending:
+		return 0, fmt.Errorf("job %s: %w", id, ErrNotPending)
+	case ans.Finished:
+		return 0, fmt.Errorf("job %s: %w", id, ErrFinished)
+	case ans.Denied:
+		return 0, fmt.Errorf("job %s: %w", id, ErrHeldByOperator)
+	case ans.Invalid:
+		return 0, fmt.Errorf("job %s: %w", id, ErrNotFound)
+	case ans.Error != "":
+		return 0, errors.New(ans.Error)
+	}
+	return ans.Held, nil
 }
 
 // Drain drains node for reason, or with reason "" resumes it, through as's box: an
@@ -711,6 +746,13 @@ func (sv *server) do(ctx context.Context, who asker, r Request, answer func(Answ
 		}
 		a.By = who.by
 		return &a, also, nil
+	case requestHold:
+		a, err := holdFor(ctx, s, sv.prover, who, r.Job, r.HoldOp)
+		if err != nil {
+			return nil, nil, err
+		}
+		a.By = who.by
+		return &a, nil, nil
 	case requestDrain, requestResume, requestPolicy:
 		return sv.operate(ctx, who, r)
 	default:
@@ -787,6 +829,63 @@ func (sv *server) operate(ctx context.Context, who asker, r Request) (*Answer, [
 
 // cancelFor cancels job id (or array id's tasks) for who when it is who's, or who is
 // root: the answer, and an audit entry to write with it when root cancels another's.
+// holdFor does hold operation op on job id (or array id's tasks) for who: the job
+// must be who's, unless who is root, whose hold is an operator's. Another user's
+// job is audited (with the change).
+func holdFor(ctx context.Context, s store.Store, p Prover, who asker, id string, op HoldOp) (Answer, error) {
+	if checkID(id) != nil {
+		return Answer{Error: fmt.Sprintf("no job %q", id), Invalid: true}, nil
+	}
+	if op != OpHold && op != OpUHold && op != OpRelease {
+		return Answer{Error: fmt.Sprintf("unknown hold operation %q", op), Invalid: true}, nil
+	}
+	owner := ""
+	tasks, err := Tasks(ctx, s, id)
+	if err != nil {
+		return Answer{}, err
+	}
+	if len(tasks) > 0 {
+		owner = tasks[0].Spec.User
+		for _, t := range tasks {
+			if t.Spec.User != who.user && !who.root {
+				return Answer{Owner: t.Spec.User}, nil
+			}
+		}
+	} else {
+		j, err := Read(ctx, s, id)
+		switch {
+		case errors.Is(err, ErrNotFound):
+			return Answer{Error: fmt.Sprintf("no job %q", id), Invalid: true}, nil
+		case errors.Is(err, schema.ErrNewer):
+			return Answer{Error: err.Error() + ": hold or release it with that gangrun"}, nil
+		case err != nil:
+			return Answer{}, err
+		case j.Spec.User != who.user && !who.root:
+			return Answer{Owner: j.Spec.User}, nil
+		}
+		owner = j.Spec.User
+	}
+	var also []store.Op
+	if owner != who.user {
+		also = append(also, audit.Op(sealEntry(ctx, p, audit.Entry{User: who.user, Token: "munge", Action: audit.ActionHold,
+			Target: "job " + id, Owner: owner, Detail: string(op)})))
+	}
+	n, err := DoHold(ctx, s, id, op, who.root, also...)
+	switch {
+	case errors.Is(err, ErrNotPending):
+		return Answer{NotPending: true}, nil
+	case errors.Is(err, ErrFinished):
+		return Answer{Finished: true}, nil
+	case errors.Is(err, ErrHeldByOperator):
+		return Answer{Denied: true, Error: ErrHeldByOperator.Error()}, nil
+	case errors.Is(err, ErrNotFound):
+		return Answer{Error: fmt.Sprintf("no job %q", id), Invalid: true}, nil
+	case err != nil:
+		return Answer{}, err
+	}
+	return Answer{Held: n}, nil
+}
+
 func cancelFor(ctx context.Context, s store.Store, p Prover, who asker, id string) (Answer, []store.Op, error) {
 	if checkID(id) != nil {
 		return Answer{Error: fmt.Sprintf("no job %q", id), Invalid: true}, nil, nil

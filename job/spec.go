@@ -134,6 +134,9 @@ type Spec struct {
 	// Dependency is --dependency: every term must hold before the job's request is
 	// written (it waits PENDING, reason Dependency, until then).
 	Dependency []Dependency `json:"dependency,omitempty"`
+	// Hold submits the job held by its user (sbatch --hold, -H; `gangrun submit
+	// --hold`): it waits PENDING (JobHeldUser) until `scontrol release` (hold.go).
+	Hold bool `json:"hold,omitempty"`
 	// Array is the job's place in its job array (--array); nil for a job in none.
 	Array *ArrayTask `json:"array,omitempty"`
 	// Batch makes the job a Slurm batch job (batch.go): its script runs once on the

@@ -209,6 +209,9 @@ type State struct {
 	// dependencies do not hold, or its array's cap holds it back. The controller writes
 	// the request and clears it once they allow.
 	Deferred bool `json:"deferred,omitempty"`
+	// Held is, while the job is held (HoldUser, HoldAdmin: hold.go), who holds it;
+	// Deferred is set too.
+	Held Hold `json:"held,omitempty"`
 	// StepsEnded lists the nodes whose step of this placement ended and said so: a node
 	// the job ran on that is missing here when every step is gone lost its step without
 	// a word (the node died, or was cut off).

@@ -122,7 +122,9 @@ func submit(ctx context.Context, s store.Store, spec Spec, also alsoOps, auth au
 		spec.ID = id
 		st := newState(EvSubmit, "")
 		var reqOps []store.Op
-		if len(spec.Dependency) > 0 {
+		if spec.Hold {
+			st = newState(EvSubmitHold, "")
+		} else if len(spec.Dependency) > 0 {
 			st = newState(EvSubmitHeld, reason.Dependency)
 		} else if reqOps, err = allocator.JobRequestOps(request(spec, false, nil)); err != nil {
 			return "", err
@@ -315,7 +317,9 @@ func submitArray(ctx context.Context, s store.Store, spec Spec, a Array, also al
 	// An array task is held back (by its array's cap) until the controller lets it
 	// through; one with a --dependency by that first.
 	st := newState(EvSubmitHeld, reason.Priority)
-	if len(spec.Dependency) > 0 {
+	if spec.Hold {
+		st = newState(EvSubmitHold, "")
+	} else if len(spec.Dependency) > 0 {
 		st = newState(EvSubmitHeld, reason.Dependency)
 	}
 	cc.seqMu.Lock()

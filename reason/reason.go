@@ -35,6 +35,10 @@ const (
 	// BeginTime: a pre-empted job waits for the job that pre-empted it to start
 	// (WAIT_TIME: Slurm holds a requeued job back with a begin time too).
 	BeginTime Code = "BeginTime"
+	// JobHeldUser: held by its user (sbatch --hold, scontrol hold or uhold; WAIT_HELD_USER).
+	JobHeldUser Code = "JobHeldUser"
+	// JobHeldAdmin: held by an operator (scontrol hold; WAIT_HELD).
+	JobHeldAdmin Code = "JobHeldAdmin"
 	// Requeued: it ran, lost a node it could not do without (or failed after a node
 	// died under it), and waits for its old grant to go. gangrun's own: Slurm shows
 	// such a job with BeginTime; gangrun_pending_jobs labels pre-empted jobs with it too.
@@ -87,7 +91,7 @@ const (
 // All is every code, in the order above: what a reader of a record checks a code
 // against (Known).
 var All = []Code{
-	None, Priority, Resources, Dependency, DependencyNeverSatisfied, JobArrayTaskLimit, BeginTime, Requeued,
+	None, Priority, Resources, Dependency, DependencyNeverSatisfied, JobArrayTaskLimit, BeginTime, JobHeldUser, JobHeldAdmin, Requeued,
 	InvalidAccount, PartitionConfig, PartitionTimeLimit, QOSMaxGRESPerJob, AssocGrpGRES, AssocGrpJobsLimit,
 	AssocGrpGRESMinutes, QOSMaxGRESPerUser, AssocMaxJobsLimit,
 	NonZeroExitCode, TimeLimit, NodeDown, Cancelled, Preempted, InvalidCredential,

@@ -102,7 +102,7 @@ var sbatchOptions = []option{
 	{long: "gpus-per-socket", arg: reqArg, unsupported: notBuilt},
 	{long: "gres-flags", arg: reqArg, unsupported: notBuilt},
 	{long: "hint", arg: reqArg, unsupported: notBuilt},
-	{long: "hold", short: 'H', arg: noArg, unsupported: notBuilt},
+	{long: "hold", short: 'H', arg: noArg},
 	{long: "ignore-pbs", arg: noArg, unsupported: notBuilt},
 	{long: "input", short: 'i', arg: reqArg, unsupported: notBuilt},
 	{long: "kill-on-invalid-dep", arg: reqArg, unsupported: notBuilt},
@@ -469,6 +469,7 @@ func (o *batchOpts) limits(spec *job.Spec, r *BatchRequest) error {
 			return badf("%v", err)
 		}
 	}
+	spec.Hold = v.has("hold") // held by its user until scontrol release
 	if v.has("array") {
 		a, err := job.ParseArray(v["array"])
 		if err != nil {

@@ -2,6 +2,7 @@ package slurm
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/user"
@@ -32,8 +33,9 @@ var scontrolOptions = []option{
 }
 
 // Scontrol is scontrol's show job, step, node, partition, hostnames, hostlist and
-// hostlistsorted (-o: one line per record), in Slurm's KEY=VALUE layout. Its
-// administrative verbs (update, hold, requeue, ...) are refused.
+// hostlistsorted (-o: one line per record), in Slurm's KEY=VALUE layout, and its hold,
+// uhold and release of jobs (holdJobs). Its other verbs (update, requeue, ...) are
+// refused.
 func Scontrol(ctx context.Context, e *Env, args []string) int {
 	c, code, done := scontrolParse(e, args)
 	if done {
@@ -50,6 +52,9 @@ func Scontrol(ctx context.Context, e *Env, args []string) int {
 		return errorf(e, "scontrol", 1, "Unable to contact slurm controller (connect failure): %v", err)
 	}
 	defer s.Close()
+	if c.hold != "" {
+		return holdJobs(ctx, e, s, c.hold, c.jobs)
+	}
 	records, code := c.records(ctx, e, s)
 	if len(records) == 0 {
 		return code
@@ -70,6 +75,10 @@ func Scontrol(ctx context.Context, e *Env, args []string) int {
 type scontrolCmd struct {
 	what, entity, arg string
 	oneLine           bool
+	// hold is a hold, uhold or release of jobs (their ids as given: each one or a
+	// comma-separated list); "" for show.
+	hold job.HoldOp
+	jobs []string
 }
 
 // scontrolParse reads scontrol's command line: its options, then "show ENTITY [ARG]".
@@ -100,8 +109,11 @@ func scontrolParse(e *Env, args []string) (c scontrolCmd, code int, done bool) {
 	}
 	switch strings.ToLower(rest[0]) {
 	case "show":
-	case "update", "hold", "release", "requeue", "requeuehold", "suspend", "resume", "reconfigure", "shutdown",
-		"create", "delete", "notify", "uhold", "top", "reboot", "takeover", "setdebug", "listpids", "wait_job":
+	case "hold", "uhold", "release":
+		c.hold, c.jobs = job.HoldOp(strings.ToLower(rest[0])), rest[1:]
+		return c, 0, false
+	case "update", "requeue", "requeuehold", "suspend", "resume", "reconfigure", "shutdown",
+		"create", "delete", "notify", "top", "reboot", "takeover", "setdebug", "listpids", "wait_job":
 		return c, errorf(e, "scontrol", 1, "scontrol %s is %s", rest[0], notBuilt), true
 	default:
 		fmt.Fprintf(e.Stderr, "invalid keyword: %s\n", rest[0])
@@ -568,4 +580,53 @@ func showPartition(p partition) string {
    State=UP TotalNodes=%d
    TRES=node=%d,gres/gpu=%d
 `, p.name, map[bool]string{true: "YES", false: "NO"}[p.def], hostlist.Compress(job.SlurmNodes(names)), len(p.nodes), len(p.nodes), gpus)
+}
+
+// holdJobs is scontrol hold, uhold or release (op) of the jobs ids (each an id or a
+// comma-separated list; array ids name every task): each through the cluster as this
+// process's user (Cluster.Hold). An error is said per job in Slurm's words, and makes
+// the exit code 1.
+func holdJobs(ctx context.Context, e *Env, s Store, op job.HoldOp, ids []string) int {
+	var list []string
+	for _, a := range ids {
+		for _, id := range strings.Split(a, ",") {
+			if id != "" {
+				list = append(list, id)
+			}
+		}
+	}
+	if len(list) == 0 {
+		fmt.Fprintf(e.Stderr, "too few arguments for keyword:%s\n", op)
+		return 1
+	}
+	failed := false
+	last := "" // Slurm's words for the last job's outcome, said again at the end
+	for _, id := range list {
+		_, err := e.Cluster.Hold(ctx, s, id, op)
+		switch {
+		case err == nil:
+			last = "No error"
+			continue
+		case errors.Is(err, job.ErrNotFound):
+			last = "Invalid job id specified"
+		case errors.Is(err, job.ErrFinished):
+			last = job.ErrFinished.Error()
+		case errors.Is(err, job.ErrNotPending):
+			last = job.ErrNotPending.Error()
+		case errors.Is(err, job.ErrHeldByOperator), errors.Is(err, job.ErrNotYours):
+			last = "Access/permission denied"
+		default:
+			last = err.Error()
+		}
+		failed = true
+		fmt.Fprintf(e.Stderr, "%s for job %s\n", last, id)
+	}
+	if !failed {
+		return 0
+	}
+	// scontrol 22.05 then says the last job's outcome ("No error" when it was done),
+	// under the name of the call it makes for every job verb (as checked in
+	// TestSlurmCommandsAgainstSlurm).
+	fmt.Fprintf(e.Stderr, "slurm_suspend error: %s\n", last)
+	return 1
 }

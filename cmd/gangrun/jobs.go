@@ -44,7 +44,7 @@ type submitFlags struct {
 	termTimeout                                                                    time.Duration
 	mem                                                                            int64
 	env                                                                            []string
-	asJSON                                                                         bool
+	asJSON, hold                                                                   bool
 	consul                                                                         *string
 	// supervision is `gangrun run`'s supervision flags, registered by the same function.
 	supervision supervisionFlags
@@ -69,6 +69,7 @@ func (f *submitFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.output, "output", job.DefaultOutput, "output file pattern (%j job id, %x name, %n node, %u user), relative to the submit directory")
 	fs.StringArrayVar(&f.env, "env", nil, "extra worker environment KEY=VAL (repeatable)")
 	memVar(fs, &f.mem, "memory limit per node (the step's cgroup), Slurm's --mem syntax: 4G, 500M, 1024 (megabytes); 0 is none")
+	fs.BoolVar(&f.hold, "hold", false, "queue the job held (JobHeldUser) until scontrol release, as sbatch --hold")
 	fs.StringVar(&f.dependency, "dependency", "", "wait for other jobs: afterok:ID[:ID...], afterany:, afternotok:, after: (started), singleton; comma-separated, all must hold")
 	fs.StringVar(&f.array, "array", "", fmt.Sprintf("a job array: indices 0-15, 1,3,5-7 or 0-15:2 (0 to %d), %%N caps the tasks running at once", job.MaxArraySize-1))
 	fs.BoolVar(&f.asJSON, "json", false, `print {"id"} ({"id", "tasks"} for an array)`)
@@ -289,7 +290,7 @@ func (f *submitFlags) spec(command []string, script, name string) (job.Spec, err
 		MinNodes: lo, MaxNodes: hi, GPUsPerNode: gpus, GPUModel: model, MIGProfile: profile, Priority: f.priority, TimeLimit: limit,
 		Signal: sig, SignalBefore: before, SpareNodes: f.spares, CheckpointDir: f.checkpointDir,
 		Supervision: sup, TermTimeout: f.termTimeout, Output: f.output, Env: env, Mem: f.mem,
-		Command: command, Script: script, WorkDir: wd, Dependency: deps}
+		Command: command, Script: script, WorkDir: wd, Dependency: deps, Hold: f.hold}
 	if spec.Name == "" {
 		spec.Name = name
 	}

@@ -717,7 +717,7 @@ func TestSlurmCommandsAgainstSlurm(t *testing.T) {
 	agree, total := 0, 0
 	// ids puts side i's job ids for the words RUN and PEND in an argument.
 	ids := func(i int, f string) string {
-		return strings.NewReplacer("RUN", js[i].run, "PEND", js[i].pend).Replace(f)
+		return strings.NewReplacer("RUN", js[i].run, "PEND", js[i].pend, "ENDED", js[i].fail).Replace(f)
 	}
 	// compare runs a command on both sides and compares what it prints, on stdout and
 	// on stderr apart (a script reads one, `2>/dev/null` drops the other), and its exit
@@ -845,6 +845,48 @@ func TestSlurmCommandsAgainstSlurm(t *testing.T) {
 		fieldsOf(0, "show", "node", "gpu-a"), fieldsOf(1, "show", "node", "gpu-a"))
 	check("scontrol show partition", []string{"PartitionName", "Default", "Nodes", "State", "TotalNodes", "MaxTime", "MaxNodes"},
 		fieldsOf(0, "show", "partition", "gpu"), fieldsOf(1, "show", "partition", "gpu"))
+	// Holds, as root (an operator: scontrol hold is JobHeldAdmin, uhold JobHeldUser),
+	// of the pending job, the running one, one unknown and none; released, the pending
+	// job waits for resources again.
+	compare("scontrol", "hold", "PEND")
+	compareAs(true, "squeue", "-h", "-j", "PEND", "-o", "%i %T %r")
+	compare("scontrol", "hold", "RUN")
+	compare("scontrol", "hold", "99999")
+	compare("scontrol", "hold", "ENDED")
+	compare("scontrol", "release", "ENDED")
+	compare("scontrol", "hold", "99999,PEND")
+	compare("scontrol", "hold")
+	compare("scontrol", "uhold", "PEND")
+	compareAs(true, "squeue", "-h", "-j", "PEND", "-o", "%i %T %r")
+	compare("scontrol", "release", "PEND")
+	for i, s := range sides {
+		waitFor(t, time.Minute, string(s)+" job released, pending for resources", func() (bool, string) {
+			out, errOut, _ := p.run(s, js[i].dir, "", nil, "squeue", "-h", "-j", js[i].pend, "-o", "%T %r")
+			return strings.TrimSpace(out) == "PENDING Resources", out + errOut
+		})
+	}
+	compare("scontrol", "release", "PEND")
+	compare("scontrol", "release", "RUN")
+	// sbatch -H: held by its user until released; then it runs.
+	for i, s := range sides {
+		out, errOut, code := p.run(s, js[i].dir, "", nil, "sbatch", "--parsable", "-H", "--gres=gpu:1", "--wrap", "true")
+		if code != 0 {
+			t.Fatalf("%s sbatch -H: exit %d %s", s, code, errOut)
+		}
+		id := strings.TrimSpace(out)
+		total++
+		if out, errOut, _ := p.run(s, js[i].dir, "", nil, "squeue", "-h", "-j", id, "-o", "%T %r"); strings.TrimSpace(out) != "PENDING JobHeldUser" {
+			t.Errorf("%s sbatch -H: squeue says %q %s, want PENDING JobHeldUser", s, out, errOut)
+		} else {
+			agree++
+		}
+		if _, errOut, code := p.run(s, js[i].dir, "", nil, "scontrol", "release", id); code != 0 {
+			t.Errorf("%s scontrol release: exit %d %s", s, code, errOut)
+		}
+		if st := p.waitEnd(s, id, time.Minute); st != "COMPLETED" {
+			t.Errorf("%s: the released job ended %s, want COMPLETED", s, st)
+		}
+	}
 	// scancel: the pending job, while the running one still holds the resources it
 	// waits for (cancelled after it, it could start first and end killed, 0:15); then
 	// the running job's step.

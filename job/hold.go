@@ -1,0 +1,194 @@
+package job
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/gangrun/gangrun/allocator"
+	"github.com/gangrun/gangrun/internal/schema"
+	"github.com/gangrun/gangrun/internal/store"
+	"github.com/gangrun/gangrun/reason"
+)
+
+// Holds, as Slurm has them (scontrol hold, uhold, release; sbatch --hold): a held job
+// waits PENDING with no request, so the scheduler does not see it, until it is released.
+// A user's hold (reason JobHeldUser) is released by its user or an operator; an
+// operator's (JobHeldAdmin) only by an operator. Released, the job is PENDING held back
+// as a job with --dependency is (HoldDeferred): the controller writes its request once
+// its dependencies and array cap allow, at once for most jobs.
+
+// ErrFinished means the job has ended: nothing holds or releases it. Slurm's words,
+// which scontrol prints: "Job has already finished".
+var ErrFinished = errors.New("Job has already finished")
+
+// ErrNotPending means a grant kept coming between a pending job's read and its hold
+// (the job was starting, and did not show RUNNING in time). Slurm's words for a job
+// that is not pending: "Job is no longer pending execution".
+var ErrNotPending = errors.New("Job is no longer pending execution")
+
+// ErrHeldByOperator means a user tried to release an operator's hold: Slurm refuses it
+// as "Access/permission denied".
+var ErrHeldByOperator = errors.New("Access/permission denied")
+
+// HoldOp is what scontrol asks of a held job, in its verbs.
+type HoldOp string
+
+// The hold operations.
+const (
+	// OpHold is scontrol hold: an operator's hold by an operator (JobHeldAdmin), else
+	// its user's (JobHeldUser).
+	OpHold HoldOp = "hold"
+	// OpUHold is scontrol uhold: its user's hold, whoever asks.
+	OpUHold HoldOp = "uhold"
+	// OpRelease is scontrol release.
+	OpRelease HoldOp = "release"
+)
+
+// DoHold does op on job id, or on every task of job array id, for an operator (admin) or
+// not: it returns how many jobs changed (a job held already, or released and not held,
+// is none); a job that runs keeps its hold for its requeue (EvMarkHold). A task that ended is
+// passed over; when every one has, or job id has, the error wraps ErrFinished. also's
+// operations (an audit entry) go with the first change. Errors: ErrNotFound,
+// ErrFinished, ErrNotPending, ErrHeldByOperator, store errors.
+func DoHold(ctx context.Context, s store.Store, id string, op HoldOp, admin bool, also ...store.Op) (int, error) {
+	if err := checkID(id); err != nil {
+		return 0, fmt.Errorf("job %q: %w", id, ErrNotFound)
+	}
+	tasks, err := Tasks(ctx, s, id)
+	if err != nil {
+		return 0, err
+	}
+	if len(tasks) == 0 {
+		changed, err := holdOne(ctx, s, id, op, admin, also...)
+		if changed {
+			return 1, err
+		}
+		return 0, err
+	}
+	n, live := 0, false
+	for _, t := range tasks {
+		changed, err := holdOne(ctx, s, t.Spec.ID, op, admin, also...)
+		switch {
+		case errors.Is(err, ErrFinished):
+			continue
+		case err != nil:
+			return n, err
+		}
+		live = true
+		if changed {
+			n++
+			also = nil
+		}
+	}
+	if !live {
+		return 0, fmt.Errorf("job %s: %w", id, ErrFinished)
+	}
+	return n, nil
+}
+
+// holdStartTries and holdStartWait bound how long a hold waits for a job granted
+// under it to show RUNNING: 50 × 100 ms.
+const (
+	holdStartTries = 50
+	holdStartWait  = 100 * time.Millisecond
+)
+
+// holdOne does op on job id (DoHold).
+func holdOne(ctx context.Context, s store.Store, id string, op HoldOp, admin bool, also ...store.Op) (bool, error) {
+	if op == OpRelease {
+		return releaseJob(ctx, s, id, admin, also...)
+	}
+	ev, want := EvHold, HoldUser
+	if op == OpHold && admin {
+		ev, want = EvHoldAdmin, HoldAdmin
+	}
+	for tries := 0; ; tries++ {
+		j, err := Read(ctx, s, id)
+		if err != nil {
+			return false, err
+		}
+		st := j.State
+		if st.Status.Final() {
+			return false, fmt.Errorf("job %s: %w", id, ErrFinished)
+		}
+		running := st.Status == Running || st.Status == Completing || st.Status == Preempted
+		switch h := st.Hold(); {
+		case h == want || (running && st.Held == want):
+			return false, nil
+		case !admin && (h == HoldAdmin || (running && st.Held == HoldAdmin)):
+			return false, fmt.Errorf("job %s: %w", id, ErrHeldByOperator)
+		case running:
+			// Slurm keeps a running job's hold for its requeue: so does gangrun. (A
+			// change meanwhile makes the check-and-set fail: it is read again.)
+			code := map[Hold]reason.Code{HoldUser: reason.JobHeldUser, HoldAdmin: reason.JobHeldAdmin}[want]
+			if err := st.apply(Transition{Event: EvMarkHold, Code: code}); err != nil {
+				return false, err
+			}
+			_, err := s.Txn(ctx, append([]store.Op{stateOp(id, st, j.Index)}, also...))
+			if errors.Is(err, store.ErrStaleIndex) {
+				continue
+			}
+			return err == nil, err
+		}
+		if err := st.apply(Transition{Event: ev}); err != nil {
+			return false, fmt.Errorf("job %s: %w", id, ErrNotPending)
+		}
+		ops := []store.Op{stateOp(id, st, j.Index), {Verb: store.CheckNotExists, Key: allocator.GrantKey(id)},
+			{Verb: store.Delete, Key: allocator.RequestKey(id)}}
+		_, err = s.Txn(ctx, append(ops, also...))
+		switch {
+		case err == nil:
+			return true, nil
+		case errors.Is(err, store.ErrKeyExists) && tries < holdStartTries:
+			// Granted meanwhile: once it shows RUNNING, its hold waits for a requeue.
+			select {
+			case <-ctx.Done():
+				return false, ctx.Err()
+			case <-time.After(holdStartWait):
+			}
+		case errors.Is(err, store.ErrKeyExists):
+			return false, fmt.Errorf("job %s: %w", id, ErrNotPending)
+		case !errors.Is(err, store.ErrStaleIndex):
+			return false, err
+		}
+	}
+}
+
+// releaseJob releases held job id: it waits PENDING as a job with a --dependency does,
+// until the controller writes its request. A job not held is no change (false).
+func releaseJob(ctx context.Context, s store.Store, id string, admin bool, also ...store.Op) (bool, error) {
+	var refused error
+	_, changed, err := update(ctx, s, id, func(j *Job) bool {
+		refused = nil
+		switch h := j.State.Hold(); {
+		case j.State.Status.Final():
+			refused = ErrFinished
+			return false
+		case j.State.Status != Pending:
+			// A hold waiting for the running job's requeue (EvMarkHold) goes.
+			if j.State.Held == HoldAdmin && !admin {
+				refused = ErrHeldByOperator
+				return false
+			}
+			return j.State.Held != "" && j.State.apply(Transition{Event: EvUnmarkHold}) == nil
+		case h == HoldAdmin && !admin:
+			refused = ErrHeldByOperator
+			return false
+		case h != HoldUser && h != HoldAdmin:
+			return false
+		}
+		return j.State.apply(Transition{Event: EvReleaseHold}) == nil
+	}, also...)
+	if err == nil && refused != nil {
+		err = fmt.Errorf("job %s: %w", id, refused)
+	}
+	return changed, err
+}
+
+// stateOp is the check-and-set of job id's state st on index.
+func stateOp(id string, st State, index uint64) store.Op {
+	b, _ := schema.Marshal(schema.JobState, st)
+	return store.Op{Verb: store.CAS, Key: stateKey(id), Value: b, Index: index}
+}
