@@ -867,26 +867,6 @@ func TestSlurmCommandsAgainstSlurm(t *testing.T) {
 	}
 	compare("scontrol", "release", "PEND")
 	compare("scontrol", "release", "RUN")
-	// sbatch -H: held by its user until released; then it runs.
-	for i, s := range sides {
-		out, errOut, code := p.run(s, js[i].dir, "", nil, "sbatch", "--parsable", "-H", "--gres=gpu:1", "--wrap", "true")
-		if code != 0 {
-			t.Fatalf("%s sbatch -H: exit %d %s", s, code, errOut)
-		}
-		id := strings.TrimSpace(out)
-		total++
-		if out, errOut, _ := p.run(s, js[i].dir, "", nil, "squeue", "-h", "-j", id, "-o", "%T %r"); strings.TrimSpace(out) != "PENDING JobHeldUser" {
-			t.Errorf("%s sbatch -H: squeue says %q %s, want PENDING JobHeldUser", s, out, errOut)
-		} else {
-			agree++
-		}
-		if _, errOut, code := p.run(s, js[i].dir, "", nil, "scontrol", "release", id); code != 0 {
-			t.Errorf("%s scontrol release: exit %d %s", s, code, errOut)
-		}
-		if st := p.waitEnd(s, id, time.Minute); st != "COMPLETED" {
-			t.Errorf("%s: the released job ended %s, want COMPLETED", s, st)
-		}
-	}
 	// scancel: the pending job, while the running one still holds the resources it
 	// waits for (cancelled after it, it could start first and end killed, 0:15); then
 	// the running job's step.
@@ -917,6 +897,27 @@ func TestSlurmCommandsAgainstSlurm(t *testing.T) {
 		}
 		check("scontrol show job ("+which+", ended, exact)", []string{"ExitCode"},
 			fieldsOfAs(true, 0, "show", "job", id(0)), fieldsOfAs(true, 1, "show", "job", id(1)))
+	}
+	// sbatch -H: held by its user until released; then it runs (once the other jobs
+	// have ended: Slurm's FIFO scheduler would keep it behind the pending job).
+	for i, s := range sides {
+		out, errOut, code := p.run(s, js[i].dir, "", nil, "sbatch", "--parsable", "-H", "--gres=gpu:1", "--wrap", "true")
+		if code != 0 {
+			t.Fatalf("%s sbatch -H: exit %d %s", s, code, errOut)
+		}
+		id := strings.TrimSpace(out)
+		total++
+		if out, errOut, _ := p.run(s, js[i].dir, "", nil, "squeue", "-h", "-j", id, "-o", "%T %r"); strings.TrimSpace(out) != "PENDING JobHeldUser" {
+			t.Errorf("%s sbatch -H: squeue says %q %s, want PENDING JobHeldUser", s, out, errOut)
+		} else {
+			agree++
+		}
+		if _, errOut, code := p.run(s, js[i].dir, "", nil, "scontrol", "release", id); code != 0 {
+			t.Errorf("%s scontrol release: exit %d %s", s, code, errOut)
+		}
+		if st := p.waitEnd(s, id, time.Minute); st != "COMPLETED" {
+			t.Errorf("%s: the released job ended %s, want COMPLETED", s, st)
+		}
 	}
 	compare("squeue")
 	for k, printed := range slurmPrints {
