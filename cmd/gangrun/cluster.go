@@ -725,7 +725,7 @@ func runCancel(ctx context.Context, e *env, args []string) int {
 	// was unknown (a usage error, as for show and drain), else 0.
 	unknown, failed := false, false
 	for _, id := range fs.Args() {
-		if n, array, err := cancelJob(ctx, s, who, id); !errors.Is(err, job.ErrNotFound) {
+		if n, array, err := actorOf(who).Cancel(ctx, s, id); !errors.Is(err, job.ErrNotFound) {
 			switch {
 			case err != nil:
 				failErr(e, "cancel", err)
@@ -904,31 +904,11 @@ func printJSON(e *env, v any) int {
 	return exitOK
 }
 
-// cancelJob cancels job (or job array) id in the store itself, as an operator, or
-// anyone where ACLs are off and MUNGE is not used (an agent cancels for the others:
-// job.Asker): n is the tasks cancelled (an array's; 1 or 0 for a job, 0 when it had
-// ended or was ending), array whether id is an array's. Cancelling another user's job is
-// recorded in the audit log (a job's, in its cancel's transaction), by `gangrun cancel`
-// and scancel alike. Errors wrap job.ErrNotFound when id is neither.
-func cancelJob(ctx context.Context, s store.Store, who acl.Identity, id string) (n int, array bool, err error) {
-	me := currentUser()
-	owner := ""
-	if tasks, err := job.Tasks(ctx, s, id); err == nil && len(tasks) > 0 {
-		owner = tasks[0].Spec.User
-	}
-	if n, err := job.CancelArray(ctx, s, id); !errors.Is(err, job.ErrNotFound) {
-		if err == nil && n > 0 && owner != me {
-			err = audit.Write(ctx, s, auditEntry(who, audit.ActionCancel, "job array "+id, owner, fmt.Sprintf("%d task(s)", n)))
-		}
-		return n, true, err
-	}
-	var also []store.Op
-	if j, err := job.Read(ctx, s, id); err == nil && j.Spec.User != me {
-		also = append(also, auditOp(who, audit.ActionCancel, "job "+id, j.Spec.User, ""))
-	}
-	changed, err := job.Cancel(ctx, s, id, also...)
-	if changed {
-		return 1, false, err
-	}
-	return 0, false, err
+// actorOf is who as a job.Actor: this process's user, an operator when who is root's
+// (ACLs off) or the operator's or management token, and its audit entries.
+func actorOf(who acl.Identity) job.Actor {
+	admin := who.Role == acl.RoleOperator || who.Role == acl.RoleManagement || (who.Role == acl.RoleOpen && os.Geteuid() == 0)
+	return job.Actor{User: currentUser(), Admin: admin, Entry: func(action, target, owner, detail string) audit.Entry {
+		return auditEntry(who, action, target, owner, detail)
+	}}
 }

@@ -13,7 +13,6 @@ import (
 	"syscall"
 
 	"github.com/gangrun/gangrun/acl"
-	"github.com/gangrun/gangrun/audit"
 	"github.com/gangrun/gangrun/identity"
 	"github.com/gangrun/gangrun/internal/store"
 	"github.com/gangrun/gangrun/job"
@@ -87,13 +86,13 @@ func (c *slurmCluster) Cancel(ctx context.Context, s slurm.Store, id string) (in
 		n, _, err := as.Cancel(ctx, s, id)
 		return n, err
 	}
-	n, _, err := cancelJob(ctx, s, who, id)
+	n, _, err := actorOf(who).Cancel(ctx, s, id)
 	return n, err
 }
 
 // Hold implements slurm.Cluster: scontrol hold, uhold and release, through the user's
 // request box where the cluster checks who asks (a user's token, MUNGE), else
-// directly (holdJob).
+// directly (job.Actor).
 func (c *slurmCluster) Hold(ctx context.Context, s slurm.Store, id string, op job.HoldOp) (int, error) {
 	who, munge, err := c.caller(ctx, s)
 	if err != nil {
@@ -106,25 +105,7 @@ func (c *slurmCluster) Hold(ctx context.Context, s slurm.Store, id string, op jo
 		}
 		return as.Hold(ctx, s, id, op)
 	}
-	return holdJob(ctx, s, who, id, op)
-}
-
-// holdJob does op on job (or array) id for who, the operator's token or anyone with
-// ACLs off: an operator's hold is root's or an operator token's (Slurm's operators).
-// Another user's job is audited in the transaction that changes it.
-func holdJob(ctx context.Context, s store.Store, who acl.Identity, id string, op job.HoldOp) (int, error) {
-	admin := who.Role == acl.RoleOperator || who.Role == acl.RoleManagement || (who.Role == acl.RoleOpen && os.Geteuid() == 0)
-	owner := ""
-	if tasks, err := job.Tasks(ctx, s, id); err == nil && len(tasks) > 0 {
-		owner = tasks[0].Spec.User
-	} else if j, err := job.Read(ctx, s, id); err == nil {
-		owner = j.Spec.User
-	}
-	var also []store.Op
-	if owner != "" && owner != currentUser() {
-		also = append(also, auditOp(who, audit.ActionHold, "job "+id, owner, string(op)))
-	}
-	return job.DoHold(ctx, s, id, op, admin, also...)
+	return actorOf(who).Hold(ctx, s, id, op)
 }
 
 // runSlurm runs the Slurm command name (gangrun called under that name).

@@ -1,0 +1,84 @@
+package job
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/gangrun/gangrun/allocator"
+	"github.com/gangrun/gangrun/audit"
+	"github.com/gangrun/gangrun/internal/store"
+	"github.com/gangrun/gangrun/reason"
+)
+
+// TestHolds: a hold withdraws a pending job's request and a release lets it queue again
+// (held back until the controller writes its request); an operator's hold is an
+// operator's to release; a running job keeps its hold for its requeue; an ended job
+// cannot be held; another user's job is audited in the hold's transaction.
+func TestHolds(t *testing.T) {
+	ctx := context.Background()
+	s := store.NewMemory()
+	now := time.Now().UTC()
+	pend := Job{Spec: Spec{ID: "1", User: "alice", MinNodes: 1, MaxNodes: 1, GPUsPerNode: 1, Submitted: now}, State: newState(EvSubmit, "")}
+	putJob(t, s, pend)
+	reqOps, err := allocator.JobRequestOps(request(pend.Spec, false, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Txn(ctx, reqOps); err != nil {
+		t.Fatal(err)
+	}
+	bob := Actor{User: "bob", Entry: func(action, target, owner, detail string) audit.Entry {
+		return audit.Entry{User: "bob", Token: "none", Action: action, Target: target, Owner: owner, Detail: detail}
+	}}
+	root := Actor{User: "root", Admin: true}
+	if n, err := bob.Hold(ctx, s, "1", OpHold); n != 1 || err != nil {
+		t.Fatalf("bob's hold of alice's job: %d, %v", n, err)
+	}
+	j, _ := Read(ctx, s, "1")
+	if e, _ := s.Get(ctx, allocator.RequestKey("1")); j.State.Phase() != heldUser || j.State.ReasonCode() != reason.JobHeldUser || e != nil {
+		t.Errorf("held: %s %s, request %v; want %s JobHeldUser and no request", j.State.Phase(), j.State.ReasonCode(), e, heldUser)
+	}
+	entries, err := audit.List(ctx, s, now.Add(-time.Minute), "")
+	if err != nil || len(entries) != 1 || entries[0].Action != audit.ActionHold || entries[0].Owner != "alice" || entries[0].Detail != "hold" {
+		t.Errorf("audit: %+v, %v; want bob's hold of alice's job", entries, err)
+	}
+	if n, err := root.Hold(ctx, s, "1", OpHold); n != 1 || err != nil {
+		t.Fatalf("root's hold: %d, %v", n, err)
+	}
+	if _, err := bob.Hold(ctx, s, "1", OpRelease); !errors.Is(err, ErrHeldByOperator) {
+		t.Errorf("bob's release of an operator's hold: %v, want ErrHeldByOperator", err)
+	}
+	if _, err := bob.Hold(ctx, s, "1", OpUHold); !errors.Is(err, ErrHeldByOperator) {
+		t.Errorf("bob's uhold of an operator's hold: %v, want ErrHeldByOperator", err)
+	}
+	if n, err := root.Hold(ctx, s, "1", OpRelease); n != 1 || err != nil {
+		t.Fatalf("root's release: %d, %v", n, err)
+	}
+	if j, _ = Read(ctx, s, "1"); j.State.Phase() != deferred || j.State.Held != "" {
+		t.Errorf("released: %s, held %q; want %s (the controller writes its request)", j.State.Phase(), j.State.Held, deferred)
+	}
+	if n, err := root.Hold(ctx, s, "1", OpRelease); n != 0 || err != nil {
+		t.Errorf("a release of a job not held: %d, %v; want no change", n, err)
+	}
+
+	run := Job{Spec: Spec{ID: "2", User: "alice", MinNodes: 1, MaxNodes: 1, GPUsPerNode: 1, Submitted: now}, State: State{Status: Running, Nodes: []string{"a"}}}
+	putJob(t, s, run)
+	if n, err := root.Hold(ctx, s, "2", OpUHold); n != 1 || err != nil {
+		t.Fatalf("uhold of a running job: %d, %v", n, err)
+	}
+	if j, _ = Read(ctx, s, "2"); j.State.Status != Running || j.State.Held != HoldUser {
+		t.Errorf("running job held: %s, held %q; want RUNNING, user", j.State.Status, j.State.Held)
+	}
+	done := Job{Spec: Spec{ID: "3", User: "alice", MinNodes: 1, MaxNodes: 1, GPUsPerNode: 1, Submitted: now}, State: State{Status: Completed}}
+	putJob(t, s, done)
+	for _, op := range []HoldOp{OpHold, OpRelease} {
+		if _, err := root.Hold(ctx, s, "3", op); !errors.Is(err, ErrFinished) {
+			t.Errorf("%s of an ended job: %v, want ErrFinished", op, err)
+		}
+	}
+	if _, err := root.Hold(ctx, s, "99", OpHold); !errors.Is(err, ErrNotFound) {
+		t.Errorf("hold of no job: %v, want ErrNotFound", err)
+	}
+}
