@@ -53,8 +53,8 @@ const (
 	ActionResume    = "resume"
 	ActionPolicySet = "policy-set"
 	ActionPreempt   = "preempt"
-	// ActionHold is a hold, uhold or release of another user's job (scontrol; the
-	// entry's Detail says which).
+	// ActionHold is a hold, uhold, release, requeue or requeuehold of another user's
+	// job (scontrol; the entry's Detail says which).
 	ActionHold = "hold"
 	// ActionRefuse is the elected agent refusing a job or a request whose MUNGE
 	// credential does not prove its user (reason.InvalidCredential), and a step

@@ -44,15 +44,21 @@ const (
 	OpUHold HoldOp = "uhold"
 	// OpRelease is scontrol release.
 	OpRelease HoldOp = "release"
+	// OpRequeue and OpRequeueHold are scontrol requeue and requeuehold (Requeue).
+	OpRequeue     HoldOp = "requeue"
+	OpRequeueHold HoldOp = "requeuehold"
 )
 
 // DoHold does op on job id, or on every task of job array id, for an operator (admin) or
-// not: it returns how many jobs changed (a job held already, or released and not held,
+// not (OpRequeue and OpRequeueHold: Requeue): it returns how many jobs changed (a job held already, or released and not held,
 // is none); a job that runs keeps its hold for its requeue (EvMarkHold). A task that ended is
 // passed over; when every one has, or job id has, the error wraps ErrFinished. also's
 // operations (an audit entry) go with the first change. Errors: ErrNotFound,
 // ErrFinished, ErrNotPending, ErrHeldByOperator, store errors.
 func DoHold(ctx context.Context, s store.Store, id string, op HoldOp, admin bool, also ...store.Op) (int, error) {
+	if op == OpRequeue || op == OpRequeueHold {
+		return Requeue(ctx, s, id, op == OpRequeueHold, admin, also...)
+	}
 	if err := checkID(id); err != nil {
 		return 0, fmt.Errorf("job %q: %w", id, ErrNotFound)
 	}
@@ -192,3 +198,83 @@ func stateOp(id string, st State, index uint64) store.Op {
 	b, _ := schema.Marshal(schema.JobState, st)
 	return store.Op{Verb: store.CAS, Key: stateKey(id), Value: b, Index: index}
 }
+
+// Requeue is scontrol requeue (hold false) or requeuehold (hold true) of job id, or of
+// every task of job array id, for an operator (admin) or not: a running job's steps
+// stop, and it waits PENDING to be placed again, from its newest checkpoint, as after a
+// lost node (no node excluded); with hold, it then waits held (JobHeldUser, or
+// JobHeldAdmin for an operator) until scontrol release. It returns how many jobs it
+// requeued. A job not running is refused: pending (ErrPending), ended (ErrFinished:
+// Slurm requeues an ended batch job, gangrun does not), or stopping. also's operations
+// (an audit entry) go with the first change.
+func Requeue(ctx context.Context, s store.Store, id string, hold, admin bool, also ...store.Op) (int, error) {
+	if err := checkID(id); err != nil {
+		return 0, fmt.Errorf("job %q: %w", id, ErrNotFound)
+	}
+	ids := []string{id}
+	if tasks, err := Tasks(ctx, s, id); err != nil {
+		return 0, err
+	} else if len(tasks) > 0 {
+		ids = ids[:0]
+		for _, t := range tasks {
+			ids = append(ids, t.Spec.ID)
+		}
+	}
+	n := 0
+	var last error
+	for _, tid := range ids {
+		var refused error
+		_, changed, err := update(ctx, s, tid, func(j *Job) bool {
+			st := &j.State
+			switch {
+			case st.Status == Pending:
+				refused = ErrPending
+				return false
+			case st.Status.Final():
+				refused = ErrFinished
+				return false
+			case st.Status != Running:
+				refused = ErrNotRunning
+				return false
+			}
+			words := "requeued (scontrol requeue)"
+			if hold {
+				code := reason.JobHeldUser
+				if admin {
+					code = reason.JobHeldAdmin
+				}
+				words = "requeued held (scontrol requeuehold)"
+				if st.apply(Transition{Event: EvMarkHold, Code: code}) != nil {
+					return false
+				}
+			}
+			if st.apply(Transition{Event: EvRequeueAsked, Words: words}) != nil {
+				return false
+			}
+			st.closeAttempts(time.Now().UTC(), "", words)
+			st.Nodes, st.Spares, st.StepsEnded = nil, nil, nil
+			return true
+		}, also...)
+		switch {
+		case err != nil:
+			return n, err
+		case refused != nil:
+			last = fmt.Errorf("job %s: %w", tid, refused)
+		case changed:
+			n++
+			also = nil
+		}
+	}
+	if n == 0 && last != nil {
+		return 0, last
+	}
+	return n, nil
+}
+
+// ErrPending means scontrol requeue of a job that has not run yet. Slurm's words: "Job is
+// pending execution".
+var ErrPending = errors.New("Job is pending execution")
+
+// ErrNotRunning means scontrol requeue of a job that is stopping (COMPLETING, or
+// PREEMPTED): nothing to requeue until it has.
+var ErrNotRunning = errors.New("Job is not running: it is stopping")

@@ -71,6 +71,15 @@ func TestHolds(t *testing.T) {
 	if j, _ = Read(ctx, s, "2"); j.State.Status != Running || j.State.Held != HoldUser {
 		t.Errorf("running job held: %s, held %q; want RUNNING, user", j.State.Status, j.State.Held)
 	}
+	if _, err := root.Hold(ctx, s, "1", OpRequeue); !errors.Is(err, ErrPending) {
+		t.Errorf("requeue of a pending job: %v, want ErrPending", err)
+	}
+	if n, err := root.Hold(ctx, s, "2", OpRequeue); n != 1 || err != nil {
+		t.Fatalf("requeue of a running job: %d, %v", n, err)
+	}
+	if j, _ = Read(ctx, s, "2"); j.State.Phase() != requeue || len(j.State.Nodes) != 0 || j.State.Held != HoldUser {
+		t.Errorf("requeued: %s, nodes %v, held %q; want %s, none, and the user's hold kept for after", j.State.Phase(), j.State.Nodes, j.State.Held, requeue)
+	}
 	done := Job{Spec: Spec{ID: "3", User: "alice", MinNodes: 1, MaxNodes: 1, GPUsPerNode: 1, Submitted: now}, State: State{Status: Completed}}
 	putJob(t, s, done)
 	for _, op := range []HoldOp{OpHold, OpRelease} {

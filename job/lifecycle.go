@@ -145,6 +145,10 @@ const (
 	EvMarkHold Event = "mark-hold"
 	// EvUnmarkHold: scontrol release of such a job: the hold waiting is gone.
 	EvUnmarkHold Event = "unmark-hold"
+	// EvRequeueAsked: scontrol requeue (or requeuehold) of a running job: its steps
+	// stop, and it is placed again as after a lost node, with no node excluded
+	// (hold.go).
+	EvRequeueAsked Event = "requeue-asked"
 )
 
 // rule is a row of the table: the phases event may leave and the one it enters (a
@@ -192,6 +196,7 @@ var transitions = []rule{
 	{EvHold, []Phase{pending, deferred, heldAdmin}, heldUser, reason.JobHeldUser},
 	{EvHoldAdmin, []Phase{pending, deferred, heldUser}, heldAdmin, reason.JobHeldAdmin},
 	{EvReleaseHold, []Phase{heldUser, heldAdmin}, deferred, reason.Priority},
+	{EvRequeueAsked, []Phase{running}, requeue, reason.Requeued},
 	{EvMarkHold, []Phase{running, completing, {Status: Preempted}}, Phase{}, ""},
 	{EvUnmarkHold, []Phase{running, completing, {Status: Preempted}}, Phase{}, ""},
 }
@@ -250,8 +255,9 @@ func (s *State) apply(t Transition) error {
 	}
 	to, end := r.to, Status("")
 	if s.Held != "" && (t.Event == EvRequestAgain || t.Event == EvResume) {
-		// Held while it ran (EvMarkHold): requeued, it stays held, with no request.
-		r.code, to = reason.JobHeldUser, heldUser
+		// Held while it ran (EvMarkHold): requeued, it stays held, with no request, and
+		// says so in Slurm's words (squeue's reason for it).
+		r.code, to, t.Words = reason.JobHeldUser, heldUser, "job requeued in held state"
 		if s.Held == HoldAdmin {
 			r.code, to = reason.JobHeldAdmin, heldAdmin
 		}

@@ -2,6 +2,7 @@ package job
 
 import (
 	"errors"
+	"flag"
 	"os"
 	"reflect"
 	"slices"
@@ -11,6 +12,10 @@ import (
 	"github.com/gangrun/gangrun/reason"
 )
 
+// updateDocs rewrites docs/jobs.md's transitions block from the table:
+// go test ./job -run TestTheDocsListTheTransitions -update-docs.
+var updateDocs = flag.Bool("update-docs", false, "rewrite docs/jobs.md's list of transitions from the table")
+
 // TestTheDocsListTheTransitions: docs/jobs.md's state machine lists the table the code
 // applies, line for line.
 func TestTheDocsListTheTransitions(t *testing.T) {
@@ -18,10 +23,18 @@ func TestTheDocsListTheTransitions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, rest, ok := strings.Cut(string(b), "<!-- transitions: generated from job.TransitionTable -->\n")
-	block, _, ok2 := strings.Cut(rest, "<!-- end of transitions -->")
+	const begin, end = "<!-- transitions: generated from job.TransitionTable (go test ./job -run TestTheDocsListTheTransitions -update-docs) -->\n", "<!-- end of transitions -->"
+	head, rest, ok := strings.Cut(string(b), begin)
+	block, tail, ok2 := strings.Cut(rest, end)
 	if !ok || !ok2 {
 		t.Fatal("docs/jobs.md has no transitions block")
+	}
+	if *updateDocs {
+		text := head + begin + "- " + strings.Join(TransitionTable(), "\n- ") + "\n" + end + tail
+		if err := os.WriteFile("../docs/jobs.md", []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
 	}
 	var docs []string
 	for _, l := range strings.Split(strings.TrimSpace(block), "\n") {

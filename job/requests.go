@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -115,6 +116,10 @@ type Answer struct {
 	// Finished that it had ended (ErrFinished).
 	NotPending bool `json:"not_pending,omitempty"`
 	Finished   bool `json:"finished,omitempty"`
+	// Pending and Refused say a requeue found the job pending (ErrPending) or stopping
+	// (ErrNotRunning).
+	Pending bool `json:"pending,omitempty"`
+	Refused bool `json:"refused,omitempty"`
 	// Array says the cancel was of a job array's tasks.
 	Array bool `json:"array,omitempty"`
 	// Error is why it was not done; Invalid marks the user's error (a bad spec, an
@@ -367,6 +372,10 @@ func (as Asker) Hold(ctx context.Context, s store.Store, id string, op HoldOp) (
 		return 0, fmt.Errorf("job %s: %w", id, ErrNotPending)
 	case ans.Finished:
 		return 0, fmt.Errorf("job %s: %w", id, ErrFinished)
+	case ans.Pending:
+		return 0, fmt.Errorf("job %s: %w", id, ErrPending)
+	case ans.Refused:
+		return 0, fmt.Errorf("job %s: %w", id, ErrNotRunning)
 	case ans.Denied:
 		return 0, fmt.Errorf("job %s: %w", id, ErrHeldByOperator)
 	case ans.Invalid:
@@ -836,7 +845,7 @@ func holdFor(ctx context.Context, s store.Store, p Prover, who asker, id string,
 	if checkID(id) != nil {
 		return Answer{Error: fmt.Sprintf("no job %q", id), Invalid: true}, nil
 	}
-	if op != OpHold && op != OpUHold && op != OpRelease {
+	if !slices.Contains([]HoldOp{OpHold, OpUHold, OpRelease, OpRequeue, OpRequeueHold}, op) {
 		return Answer{Error: fmt.Sprintf("unknown hold operation %q", op), Invalid: true}, nil
 	}
 	owner := ""
@@ -876,6 +885,10 @@ func holdFor(ctx context.Context, s store.Store, p Prover, who asker, id string,
 		return Answer{NotPending: true}, nil
 	case errors.Is(err, ErrFinished):
 		return Answer{Finished: true}, nil
+	case errors.Is(err, ErrPending):
+		return Answer{Pending: true}, nil
+	case errors.Is(err, ErrNotRunning):
+		return Answer{Refused: true}, nil
 	case errors.Is(err, ErrHeldByOperator):
 		return Answer{Denied: true, Error: ErrHeldByOperator.Error()}, nil
 	case errors.Is(err, ErrNotFound):

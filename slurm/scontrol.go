@@ -109,10 +109,10 @@ func scontrolParse(e *Env, args []string) (c scontrolCmd, code int, done bool) {
 	}
 	switch strings.ToLower(rest[0]) {
 	case "show":
-	case "hold", "uhold", "release":
+	case "hold", "uhold", "release", "requeue", "requeuehold":
 		c.hold, c.jobs = job.HoldOp(strings.ToLower(rest[0])), rest[1:]
 		return c, 0, false
-	case "update", "requeue", "requeuehold", "suspend", "resume", "reconfigure", "shutdown",
+	case "update", "suspend", "resume", "reconfigure", "shutdown",
 		"create", "delete", "notify", "top", "reboot", "takeover", "setdebug", "listpids", "wait_job":
 		return c, errorf(e, "scontrol", 1, "scontrol %s is %s", rest[0], notBuilt), true
 	default:
@@ -582,7 +582,7 @@ func showPartition(p partition) string {
 `, p.name, map[bool]string{true: "YES", false: "NO"}[p.def], hostlist.Compress(job.SlurmNodes(names)), len(p.nodes), len(p.nodes), gpus)
 }
 
-// holdJobs is scontrol hold, uhold or release (op) of the jobs ids (each an id or a
+// holdJobs is scontrol hold, uhold, release, requeue or requeuehold (op) of the jobs ids (each an id or a
 // comma-separated list; array ids name every task): each through the cluster as this
 // process's user (Cluster.Hold). An error is said per job in Slurm's words, and makes
 // the exit code 1.
@@ -611,8 +611,8 @@ func holdJobs(ctx context.Context, e *Env, s Store, op job.HoldOp, ids []string)
 			last = "Invalid job id specified"
 		case errors.Is(err, job.ErrFinished):
 			last = job.ErrFinished.Error()
-		case errors.Is(err, job.ErrNotPending):
-			last = job.ErrNotPending.Error()
+		case errors.Is(err, job.ErrNotPending), errors.Is(err, job.ErrPending), errors.Is(err, job.ErrNotRunning):
+			last = errors.Unwrap(err).Error()
 		case errors.Is(err, job.ErrHeldByOperator), errors.Is(err, job.ErrNotYours):
 			last = "Access/permission denied"
 		default:
@@ -623,6 +623,9 @@ func holdJobs(ctx context.Context, e *Env, s Store, op job.HoldOp, ids []string)
 	}
 	if !failed {
 		return 0
+	}
+	if op == job.OpRequeue || op == job.OpRequeueHold {
+		return 1 // scontrol 22.05 says no more for these
 	}
 	// scontrol 22.05 then says the last job's outcome ("No error" when it was done),
 	// under the name of the call it makes for every job verb (as checked in

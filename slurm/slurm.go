@@ -65,7 +65,7 @@ type Cluster interface {
 	// Cancel cancels job or array id as this process's user, and returns how many jobs
 	// it stopped (0: it had ended). Errors wrap job.ErrNotFound, job.ErrNotYours.
 	Cancel(ctx context.Context, s Store, id string) (int, error)
-	// Hold does op (scontrol hold, uhold, release) on job or array id as this process's
+	// Hold does op (scontrol hold, uhold, release, requeue, requeuehold) on job or array id as this process's
 	// user, and returns how many jobs changed. Errors wrap job.ErrNotFound,
 	// job.ErrFinished, job.ErrNotPending, job.ErrHeldByOperator, job.ErrNotYours.
 	Hold(ctx context.Context, s Store, id string, op job.HoldOp) (int, error)

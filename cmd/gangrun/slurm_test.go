@@ -900,6 +900,7 @@ func TestSlurmCommandsAgainstSlurm(t *testing.T) {
 	}
 	// sbatch -H: held by its user until released; then it runs (once the other jobs
 	// have ended: Slurm's FIFO scheduler would keep it behind the pending job).
+	var held [2]string
 	for i, s := range sides {
 		out, errOut, code := p.run(s, js[i].dir, "", nil, "sbatch", "--parsable", "-H", "--gres=gpu:1", "--wrap", "true")
 		if code != 0 {
@@ -912,11 +913,88 @@ func TestSlurmCommandsAgainstSlurm(t *testing.T) {
 		} else {
 			agree++
 		}
+		held[i] = id
+	}
+	// scontrol requeue of a pending job: refused, as Slurm refuses it.
+	compareHeld := func(args ...string) {
+		t.Helper()
+		var outs [2]string
+		var codes [2]int
+		for i, s := range sides {
+			own := append([]string{}, args...)
+			own[len(own)-1] = held[i]
+			out, errOut, code := p.run(s, js[i].dir, "", nil, "scontrol", own...)
+			outs[i], codes[i] = strings.ReplaceAll(out+errOut, held[i], "HELD"), code
+		}
+		total++
+		if outs[0] != outs[1] || codes[0] != codes[1] {
+			t.Errorf("scontrol %q:\nslurm (exit %d): %s\ngangrun (exit %d): %s", args, codes[0], outs[0], codes[1], outs[1])
+			return
+		}
+		agree++
+	}
+	compareHeld("requeue", "HELD")
+	compareHeld("requeuehold", "HELD")
+	for i, s := range sides {
+		id := held[i]
 		if _, errOut, code := p.run(s, js[i].dir, "", nil, "scontrol", "release", id); code != 0 {
 			t.Errorf("%s scontrol release: exit %d %s", s, code, errOut)
 		}
 		if st := p.waitEnd(s, id, time.Minute); st != "COMPLETED" {
 			t.Errorf("%s: the released job ended %s, want COMPLETED", s, st)
+		}
+	}
+	// scontrol requeue and requeuehold of a running job: its steps stop and it waits
+	// PENDING (Slurm: BeginTime, then it runs again; gangrun places it again at once);
+	// requeuehold leaves it held.
+	for _, verb := range []string{"requeue", "requeuehold"} {
+		var runs [2]string
+		for i, s := range sides {
+			out, errOut, code := p.run(s, js[i].dir, "", nil, "sbatch", "--parsable", "--gres=gpu:1", "--wrap", "sleep 300")
+			if code != 0 {
+				t.Fatalf("%s sbatch: exit %d %s", s, code, errOut)
+			}
+			runs[i] = strings.TrimSpace(out)
+			waitFor(t, time.Minute, string(s)+" job running", func() (bool, string) {
+				out, errOut, _ := p.run(s, js[i].dir, "", nil, "squeue", "-h", "-j", runs[i], "-o", "%T")
+				return strings.TrimSpace(out) == "RUNNING", out + errOut
+			})
+		}
+		held = runs
+		compareHeld(verb, "HELD")
+		for i, s := range sides {
+			waitFor(t, time.Minute, string(s)+" job requeued by scontrol "+verb, func() (bool, string) {
+				out, errOut, _ := p.run(s, js[i].dir, "", nil, "squeue", "-h", "-j", runs[i], "-o", "%T %r")
+				got := strings.TrimSpace(out)
+				if verb == "requeuehold" {
+					return got == "PENDING job requeued in held state", out + errOut
+				}
+				// Slurm keeps it PENDING (BeginTime) a while; gangrun places it again.
+				if s == gangrunSide && got == "RUNNING None" {
+					as, _ := p.gr.show(runs[i])["attempts"].([]any)
+					return len(as) > 0 && strings.Contains(fmt.Sprint(as[0]), "scontrol requeue"), fmt.Sprint(as)
+				}
+				return got == "PENDING BeginTime", out + errOut
+			})
+		}
+		if verb == "requeuehold" {
+			var reasons [2]string
+			for i, s := range sides {
+				out, _, _ := p.run(s, js[i].dir, "", nil, "squeue", "-h", "-j", runs[i], "-o", "%T %r")
+				reasons[i] = strings.TrimSpace(out)
+			}
+			total++
+			if reasons[0] != reasons[1] {
+				t.Errorf("squeue after requeuehold: slurm %q, gangrun %q", reasons[0], reasons[1])
+			} else {
+				agree++
+			}
+		}
+		for i, s := range sides {
+			if _, errOut, code := p.run(s, js[i].dir, "", nil, "scancel", runs[i]); code != 0 {
+				t.Errorf("%s scancel: exit %d %s", s, code, errOut)
+			}
+			p.waitEnd(s, runs[i], time.Minute)
 		}
 	}
 	compare("squeue")
