@@ -21,13 +21,20 @@ import (
 // scheduler, or behind jobs of higher priority; reason.Resources: the scheduler found no
 // placement for it now; reason.Requeued: it ran, lost a node it could not do without
 // (or was pre-empted), and waits to be placed again; reason.JobHeldUser and
-// reason.JobHeldAdmin: held (scontrol hold).
+// reason.JobHeldAdmin: held (scontrol hold); reason.Dependency,
+// DependencyNeverSatisfied, JobArrayTaskLimit: held back by its dependencies or its
+// array's cap.
 func pendingReason(j job.Job, schedulerReason string) reason.Code {
 	switch h := j.State.Hold(); {
 	case h == job.HoldUser:
 		return reason.JobHeldUser
 	case h == job.HoldAdmin:
 		return reason.JobHeldAdmin
+	case h == job.HoldDeferred:
+		// Its dependencies or its array's cap: the reason the controller keeps.
+		if c := j.State.ReasonCode(); c == reason.Dependency || c == reason.DependencyNeverSatisfied || c == reason.JobArrayTaskLimit {
+			return c
+		}
 	case j.State.Hold() == job.HoldRequeue || j.State.Hold() == job.HoldPreempted || j.State.ReasonCode() == reason.Requeued:
 		return reason.Requeued
 	case schedulerReason != "":
@@ -76,7 +83,7 @@ func NewSchedulerCollector(s store.Store, view *View) *SchedulerCollector {
 		pass: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "gangrun_scheduling_pass_duration_seconds",
 			Help: "How long one pass of the scheduler over the pending requests took.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
 		leaderDesc: prometheus.NewDesc("gangrun_scheduler_leader", "1 on the agent elected the cluster's scheduler, 0 on the others.", nil, nil),
-		pending: prometheus.NewDesc("gangrun_pending_jobs", "Cluster jobs waiting to run, by partition and reason (Priority, Resources, Requeued, JobHeldUser, JobHeldAdmin).",
+		pending: prometheus.NewDesc("gangrun_pending_jobs", "Cluster jobs waiting to run, by partition and reason (Priority, Resources, Requeued, JobHeldUser, JobHeldAdmin, Dependency, DependencyNeverSatisfied, JobArrayTaskLimit).",
 			[]string{"partition", "reason"}, nil),
 		jobs:  prometheus.NewDesc("gangrun_jobs", "Cluster jobs by state (Slurm's names) and partition, ended ones included.", []string{"state", "partition"}, nil),
 		nodes: prometheus.NewDesc("gangrun_nodes", "Registered nodes by state (up, drained, down).", []string{"state"}, nil),

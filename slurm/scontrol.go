@@ -589,10 +589,11 @@ func showPartition(p partition) string {
 func holdJobs(ctx context.Context, e *Env, s Store, op job.HoldOp, ids []string) int {
 	var list []string
 	for _, a := range ids {
-		for _, id := range strings.Split(a, ",") {
-			if id != "" {
-				list = append(list, id)
+		for _, id := range strings.FieldsFunc(a, func(r rune) bool { return r == ',' || r == ' ' || r == '\t' }) {
+			if k, v, ok := strings.Cut(id, "="); ok && strings.EqualFold(k, "jobid") {
+				id = v // scontrol takes JobId=ID too
 			}
+			list = append(list, expandTasks(id)...)
 		}
 	}
 	if len(list) == 0 {
@@ -633,3 +634,31 @@ func holdJobs(ctx context.Context, e *Env, s Store, op job.HoldOp, ids []string)
 	fmt.Fprintf(e.Stderr, "slurm_suspend error: %s\n", last)
 	return 1
 }
+
+// expandTasks is job id as scontrol's job verbs take it: "7_[0-3,5]" is tasks 7_0 to
+// 7_3 and 7_5 of array 7; any other id is itself (checked by the cluster).
+func expandTasks(id string) []string {
+	base, rng, ok := strings.Cut(id, "_[")
+	if !ok || !strings.HasSuffix(rng, "]") {
+		return []string{id}
+	}
+	var out []string
+	for _, part := range strings.Split(strings.TrimSuffix(rng, "]"), ",") {
+		lo, hi, isRange := strings.Cut(part, "-")
+		a, err1 := strconv.Atoi(lo)
+		b, err2 := strconv.Atoi(hi)
+		if !isRange {
+			b, err2 = a, err1
+		}
+		if err1 != nil || err2 != nil || a < 0 || b < a || b-a > maxArrayExpand {
+			return []string{id} // not an array's tasks: the cluster says the id is invalid
+		}
+		for x := a; x <= b; x++ {
+			out = append(out, base+"_"+strconv.Itoa(x))
+		}
+	}
+	return out
+}
+
+// maxArrayExpand bounds the tasks one range of expandTasks names.
+const maxArrayExpand = 100000

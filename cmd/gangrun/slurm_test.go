@@ -848,7 +848,7 @@ func TestSlurmCommandsAgainstSlurm(t *testing.T) {
 	// Holds, as root (an operator: scontrol hold is JobHeldAdmin, uhold JobHeldUser),
 	// of the pending job, the running one, one unknown and none; released, the pending
 	// job waits for resources again.
-	compare("scontrol", "hold", "PEND")
+	compare("scontrol", "hold", "JobId=PEND")
 	compareAs(true, "squeue", "-h", "-j", "PEND", "-o", "%i %T %r")
 	compare("scontrol", "hold", "RUN")
 	compare("scontrol", "hold", "99999")
