@@ -61,6 +61,11 @@ type batchStep struct {
 	mu      sync.Mutex
 	batch   *proc.Process           // the batch script, while it runs
 	tasks   map[*proc.Process]bool  // srun tasks running on this node
+	// termed are the processes sent SIGTERM already (signal): a stop reaches a task
+	// both from this step and from the batch script's srun, which forwards the SIGTERM
+	// it got too; a second SIGTERM would end a `gangrun run` task at once (its second
+	// signal kills), before its --term-timeout.
+	termed map[*proc.Process]bool
 	byStep  map[int][]*proc.Process // the same, by srun step
 	stopped bool                    // stop began: nothing new starts
 	steps   sync.WaitGroup          // srun steps being served
@@ -72,7 +77,8 @@ type batchStep struct {
 func (st *step) runBatch(ctx context.Context, gn allocator.GrantNode) int {
 	j := st.job
 	bs := &batchStep{st: st, gn: gn, nodes: SlurmNodes(j.State.Nodes), log: st.log,
-		tasks: map[*proc.Process]bool{}, byStep: map[int][]*proc.Process{}, seen: map[int]bool{}, grace: j.Spec.TermTimeout}
+		tasks: map[*proc.Process]bool{}, byStep: map[int][]*proc.Process{}, seen: map[int]bool{}, grace: j.Spec.TermTimeout,
+		termed: map[*proc.Process]bool{}}
 	if bs.grace <= 0 {
 		bs.grace = batchKillWait
 	}
@@ -497,7 +503,21 @@ func (bs *batchStep) stopAll() {
 		ps = append(ps, p)
 	}
 	bs.mu.Unlock()
-	terminate(ps, bs.grace)
+	terminate(ps, bs.grace, bs.signal)
+}
+
+// signal sends sig to process p's group, but SIGTERM only once (termed).
+func (bs *batchStep) signal(p *proc.Process, sig syscall.Signal) {
+	if sig == syscall.SIGTERM {
+		bs.mu.Lock()
+		done := bs.termed[p]
+		bs.termed[p] = true
+		bs.mu.Unlock()
+		if done {
+			return
+		}
+	}
+	_ = p.Signal(sig)
 }
 
 // stopTasks stops the srun steps' tasks (the batch script restarts without them).
@@ -508,13 +528,13 @@ func (bs *batchStep) stopTasks() {
 		ps = append(ps, p)
 	}
 	bs.mu.Unlock()
-	terminate(ps, bs.grace)
+	terminate(ps, bs.grace, bs.signal)
 }
 
-// terminate sends SIGCONT and SIGTERM to each process group of ps, and SIGKILL to
-// those still there after grace (at once, with no SIGTERM, for grace 0); it returns
-// once every leader has exited.
-func terminate(ps []*proc.Process, grace time.Duration) {
+// terminate sends SIGCONT and SIGTERM to each process group of ps through signal, and
+// SIGKILL to those still there after grace (at once, with no SIGTERM, for grace 0); it
+// returns once every leader has exited.
+func terminate(ps []*proc.Process, grace time.Duration, signal func(*proc.Process, syscall.Signal)) {
 	if len(ps) == 0 {
 		return
 	}
@@ -528,8 +548,8 @@ func terminate(ps []*proc.Process, grace time.Duration) {
 		return
 	}
 	for _, p := range ps {
-		_ = p.Signal(syscall.SIGCONT)
-		_ = p.Signal(syscall.SIGTERM)
+		signal(p, syscall.SIGCONT)
+		signal(p, syscall.SIGTERM)
 	}
 	deadline := time.After(grace)
 	for _, p := range ps {
@@ -547,9 +567,13 @@ func terminate(ps []*proc.Process, grace time.Duration) {
 // signalTasks sends sig to every srun task on this node.
 func (bs *batchStep) signalTasks(sig syscall.Signal) {
 	bs.mu.Lock()
-	defer bs.mu.Unlock()
+	var ps []*proc.Process
 	for p := range bs.tasks {
-		_ = p.Signal(sig)
+		ps = append(ps, p)
+	}
+	bs.mu.Unlock()
+	for _, p := range ps {
+		bs.signal(p, sig)
 	}
 }
 
@@ -640,7 +664,7 @@ func (bs *batchStep) serve(ctx context.Context) {
 				if s.End.Signal == int(syscall.SIGKILL) {
 					grace = 0 // scancel JOB.STEP: SIGKILL at once, as slurmstepd does
 				}
-				go terminate(cancelled, grace)
+				go terminate(cancelled, grace, bs.signal)
 			}
 			if handled || s.End != nil || !slices.Contains(s.Request.Nodes, bs.st.cfg.Node) {
 				continue
@@ -700,7 +724,7 @@ func (bs *batchStep) runStep(ctx context.Context, r StepRequest, cred string) {
 		c.send(Frame{Done: true})
 		return
 	}
-	from := followSrun(conn)
+	from := followSrun(conn, bs.signal)
 	var wg sync.WaitGroup
 	for k := 0; k < count; k++ {
 		taskGPUs := gpus
@@ -766,11 +790,13 @@ type srunFeed struct {
 	mu        sync.Mutex
 	procs     []*proc.Process
 	signalled []syscall.Signal // srun's signals so far, for the tasks not yet started
+	signal    func(*proc.Process, syscall.Signal)
 }
 
-// followSrun reads srun's frames from conn until it closes.
-func followSrun(conn net.Conn) *srunFeed {
-	f := &srunFeed{lost: make(chan struct{})}
+// followSrun reads srun's frames from conn until it closes, giving srun's signals to
+// the tasks through signal.
+func followSrun(conn net.Conn, signal func(*proc.Process, syscall.Signal)) *srunFeed {
+	f := &srunFeed{lost: make(chan struct{}), signal: signal}
 	go func() {
 		dec := json.NewDecoder(bufio.NewReader(conn))
 		for {
@@ -783,7 +809,7 @@ func followSrun(conn net.Conn) *srunFeed {
 				f.mu.Lock()
 				f.signalled = append(f.signalled, syscall.Signal(fr.Signal))
 				for _, p := range f.procs {
-					_ = p.Signal(syscall.Signal(fr.Signal))
+					f.signal(p, syscall.Signal(fr.Signal))
 				}
 				f.mu.Unlock()
 			}
@@ -799,7 +825,7 @@ func (f *srunFeed) add(p *proc.Process) {
 	defer f.mu.Unlock()
 	f.procs = append(f.procs, p)
 	for _, sig := range f.signalled {
-		_ = p.Signal(sig)
+		f.signal(p, sig)
 	}
 }
 
@@ -829,11 +855,12 @@ func (bs *batchStep) awaitTask(r StepRequest, p *proc.Process, from *srunFeed) *
 	case <-from.lost:
 		// srun is gone (killed): the step goes with it, as Slurm's does.
 		from.gone.Store(true)
-		terminate([]*proc.Process{p}, bs.grace)
+		terminate([]*proc.Process{p}, bs.grace, bs.signal)
 	}
 	status := bs.release(p)
 	bs.mu.Lock()
 	delete(bs.tasks, p)
+	delete(bs.termed, p)
 	bs.byStep[r.Step] = slices.DeleteFunc(bs.byStep[r.Step], func(q *proc.Process) bool { return q == p })
 	bs.mu.Unlock()
 	exit := &TaskExit{Code: status.Code}

@@ -1182,4 +1182,28 @@ func TestScancelNoteAgainstSlurm(t *testing.T) {
 	if notes[0] != notes[1] {
 		t.Errorf("cancel note: slurm %q, gangrun %q", notes[0], notes[1])
 	}
+	// An srun task gets one SIGTERM when its job is cancelled, though it reaches it both
+	// from the node's step and through srun, which the batch shell's stop signals too:
+	// a `gangrun run` task takes a second one for "kill now" (and never checkpoints).
+	// Without the step's dedupe this failed 1 run in 3: the two SIGTERMs race.
+	dir := sharedDir(t)
+	task := "#!/bin/bash\n#SBATCH --gres=gpu:1\nsrun " + gangrunBin + " run --term-timeout 3s -- sh -c 'echo ready > ready; sleep 300'\n"
+	if err := os.WriteFile(filepath.Join(dir, "task.sh"), []byte(task), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, code := p.run(gangrunSide, dir, "", nil, "sbatch", "--parsable", "--gangrun-term-timeout=10s", "task.sh")
+	if code != 0 {
+		t.Fatalf("sbatch: exit %d %s", code, errOut)
+	}
+	id := strings.TrimSpace(out)
+	waitFor(t, time.Minute, "the task's worker running", func() (bool, string) {
+		return readFile(dir, "ready") != "", readFile(dir, "slurm-"+id+".out")
+	})
+	if _, errOut, code := p.run(gangrunSide, dir, "", nil, "scancel", id); code != 0 {
+		t.Fatalf("scancel: exit %d %s", code, errOut)
+	}
+	p.waitEnd(gangrunSide, id, time.Minute)
+	if data := readFile(dir, "slurm-"+id+".out"); strings.Contains(data, "second signal") || !strings.Contains(data, "SIGTERM") {
+		t.Errorf("the srun task's gangrun run, on scancel: want one SIGTERM, no second signal:\n%s", data)
+	}
 }
