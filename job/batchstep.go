@@ -58,14 +58,14 @@ type batchStep struct {
 	guard *proc.Guardian
 	grace time.Duration
 
-	mu      sync.Mutex
-	batch   *proc.Process           // the batch script, while it runs
-	tasks   map[*proc.Process]bool  // srun tasks running on this node
+	mu    sync.Mutex
+	batch *proc.Process          // the batch script, while it runs
+	tasks map[*proc.Process]bool // srun tasks running on this node
 	// termed are the processes sent SIGTERM already (signal): a stop reaches a task
 	// both from this step and from the batch script's srun, which forwards the SIGTERM
 	// it got too; a second SIGTERM would end a `gangrun run` task at once (its second
 	// signal kills), before its --term-timeout.
-	termed map[*proc.Process]bool
+	termed  map[*proc.Process]bool
 	byStep  map[int][]*proc.Process // the same, by srun step
 	stopped bool                    // stop began: nothing new starts
 	steps   sync.WaitGroup          // srun steps being served
