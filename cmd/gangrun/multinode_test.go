@@ -229,6 +229,12 @@ func TestSlurmWithoutConsul(t *testing.T) {
 				t.Errorf("slurm node 1 lacks %s:\n%s", want, nodes[1].output())
 			}
 		}
+		// The job's id is SLURM_JOB_ID on every node (docs/run.md), not an id of its own.
+		for _, n := range nodes {
+			if want := `"job_id": "` + jobID + `"`; !strings.Contains(n.stderr.String(), want) {
+				t.Errorf("%s lacks %s:\n%s", n.name, want, n.output())
+			}
+		}
 	})
 	// Bad Slurm input is a usage error naming the variable.
 	code, _, errOut := inProcessEnv(map[string]string{"SLURM_JOB_ID": "1", "SLURM_STEP_ID": "0", "SLURM_JOB_NODELIST": "n[1-2",

@@ -204,7 +204,7 @@ func (f *torchrunFlags) apply(e *env, fs *pflag.FlagSet, g *gangFlags, t *trainF
 	if changed("python") && !l.torchrunForm {
 		return l, fmt.Errorf("--python %s: it runs a script given without -- (torchrun's form); after -- the command runs as given", f.python)
 	}
-	if err := f.coordinator(fs, g); err != nil {
+	if err := f.coordinator(fs, g, e.getenv); err != nil {
 		return l, err
 	}
 	if f.localAddr != "" {
@@ -387,7 +387,7 @@ func (f *torchrunFlags) petDefaults(e *env, fs *pflag.FlagSet) {
 // coordinator maps torchrun's rendezvous options onto gangrun's --coordinator and
 // --job-id: --rdzv-id is the job id; --standalone, the static rendezvous and c10d's
 // each have a helper.
-func (f *torchrunFlags) coordinator(fs *pflag.FlagSet, g *gangFlags) error {
+func (f *torchrunFlags) coordinator(fs *pflag.FlagSet, g *gangFlags, getenv func(string) string) error {
 	changed := fs.Changed
 	lo, hi, err := launcher.ParseNNodes(g.nnodes)
 	if err != nil {
@@ -408,7 +408,7 @@ func (f *torchrunFlags) coordinator(fs *pflag.FlagSet, g *gangFlags) error {
 	}
 	switch f.rdzvBackend {
 	case "static":
-		return f.staticRdzv(fs, g, custom, lo, hi)
+		return f.staticRdzv(fs, g, custom, lo, hi, getenv)
 	case "c10d":
 		return f.c10dRdzv(fs, g, custom)
 	case "etcd", "etcd-v2":
@@ -444,7 +444,7 @@ func (f *torchrunFlags) standaloneRdzv(fs *pflag.FlagSet, g *gangFlags, custom b
 // and the master from the command line; on one node the embedded coordinator, whose
 // master must be this machine. custom says --coordinator names another coordinator,
 // which gives the ranks and the master itself.
-func (f *torchrunFlags) staticRdzv(fs *pflag.FlagSet, g *gangFlags, custom bool, lo, hi int) error {
+func (f *torchrunFlags) staticRdzv(fs *pflag.FlagSet, g *gangFlags, custom bool, lo, hi int, getenv func(string) string) error {
 	changed := fs.Changed
 	if changed("rdzv-conf") {
 		return fmt.Errorf("--rdzv-conf %s: the static rendezvous takes no settings (give --rdzv-backend c10d)", f.rdzvConf)
@@ -490,6 +490,9 @@ func (f *torchrunFlags) staticRdzv(fs *pflag.FlagSet, g *gangFlags, custom bool,
 	}
 	if !rendezvous.IsLocalHost(master) {
 		return fmt.Errorf("--master-addr %s on one node: not an address or name of this machine (node rank 0's is this one)", master)
+	}
+	if g.coordinator == "" && rendezvous.InSlurmStep(getenv) {
+		return nil // under srun the slurm coordinator decides: the job's id is SLURM_JOB_ID
 	}
 	if g.jobID == "" && g.masterPort == 0 {
 		g.jobID = newUUID() // torchrun's one-node default: c10d on localhost:0, a fresh run id
