@@ -868,12 +868,7 @@ func (c *Controller) recordLoss(jj *Job, cl *allocator.Cluster, lost map[string]
 			// A Slurm batch job's script ran on the nodes it had: it is requeued whole
 			// (Slurm's --requeue), a spare among its next nodes when it has one.
 			c.log.Warn("batch job lost a node: requeued", zap.String("job", jj.Spec.ID), zap.String("lost", n), zap.String("why", lost[n]))
-			if st.apply(Transition{Event: EvRequeue, Words: "requeued: " + lost[n]}) != nil {
-				return false
-			}
-			st.Nodes, st.Spares, st.StepsEnded = nil, nil, nil
-			st.closeAttempts(now, kind, st.Reason)
-			return true
+			return st.requeueLost(now, kind, lost[n])
 		case len(st.Spares) > 0:
 			st.Nodes = append(st.Nodes, st.Spares[0])
 			st.NodesSince = now
@@ -885,14 +880,21 @@ func (c *Controller) recordLoss(jj *Job, cl *allocator.Cluster, lost map[string]
 			// Not enough nodes left: every step stops, and the job waits to be placed
 			// again, away from the nodes it lost.
 			c.log.Warn("job lost a node it cannot do without: requeued", zap.String("job", jj.Spec.ID), zap.String("lost", n), zap.String("why", lost[n]))
-			if st.apply(Transition{Event: EvRequeue, Words: "requeued: " + lost[n]}) != nil {
-				return false
-			}
-			st.Nodes, st.Spares, st.StepsEnded = nil, nil, nil
-			st.closeAttempts(now, kind, st.Reason)
-			return true
+			return st.requeueLost(now, kind, lost[n])
 		}
 	}
+	return true
+}
+
+// requeueLost requeues the running job after a lost node (why, of kind): every step
+// stops, its attempt ends, and it waits PENDING (HoldRequeue) to be placed again. It
+// reports whether the state changed.
+func (s *State) requeueLost(now time.Time, kind failure.Kind, why string) bool {
+	if s.apply(Transition{Event: EvRequeue, Words: "requeued: " + why}) != nil {
+		return false
+	}
+	s.Nodes, s.Spares, s.StepsEnded = nil, nil, nil
+	s.closeAttempts(now, kind, s.Reason)
 	return true
 }
 

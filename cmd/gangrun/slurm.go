@@ -72,40 +72,49 @@ func (c *slurmCluster) Submit(ctx context.Context, s slurm.Store, spec job.Spec,
 	return queueJob(ctx, s, who, munge, spec, a)
 }
 
+// route says how this process's user acts on jobs: through the user's request box
+// (as non-nil) where the cluster checks who asks (a user's token, MUNGE), else directly
+// (actor).
+func (c *slurmCluster) route(ctx context.Context, s slurm.Store) (as *job.Asker, actor job.Actor, err error) {
+	who, munge, err := c.caller(ctx, s)
+	if err != nil {
+		return nil, job.Actor{}, err
+	}
+	if who.Role == acl.RoleUser || munge != nil {
+		a := asker(munge)
+		if who.Role == acl.RoleUser {
+			a.User = who.User
+		}
+		return &a, job.Actor{}, nil
+	}
+	return nil, actorOf(who), nil
+}
+
 // Cancel implements slurm.Cluster: as `gangrun cancel` cancels a job.
 func (c *slurmCluster) Cancel(ctx context.Context, s slurm.Store, id string) (int, error) {
-	who, munge, err := c.caller(ctx, s)
+	as, actor, err := c.route(ctx, s)
 	if err != nil {
 		return 0, err
 	}
-	if who.Role == acl.RoleUser || munge != nil {
-		as := asker(munge)
-		if who.Role == acl.RoleUser {
-			as.User = who.User
-		}
+	if as != nil {
 		n, _, err := as.Cancel(ctx, s, id)
 		return n, err
 	}
-	n, _, err := actorOf(who).Cancel(ctx, s, id)
+	n, _, err := actor.Cancel(ctx, s, id)
 	return n, err
 }
 
-// Hold implements slurm.Cluster: scontrol hold, uhold and release, through the user's
-// request box where the cluster checks who asks (a user's token, MUNGE), else
-// directly (job.Actor).
+// Hold implements slurm.Cluster: scontrol hold, uhold, release, requeue and
+// requeuehold (route).
 func (c *slurmCluster) Hold(ctx context.Context, s slurm.Store, id string, op job.HoldOp) (int, error) {
-	who, munge, err := c.caller(ctx, s)
+	as, actor, err := c.route(ctx, s)
 	if err != nil {
 		return 0, err
 	}
-	if who.Role == acl.RoleUser || munge != nil {
-		as := asker(munge)
-		if who.Role == acl.RoleUser {
-			as.User = who.User
-		}
+	if as != nil {
 		return as.Hold(ctx, s, id, op)
 	}
-	return actorOf(who).Hold(ctx, s, id, op)
+	return actor.Hold(ctx, s, id, op)
 }
 
 // runSlurm runs the Slurm command name (gangrun called under that name).
