@@ -1,0 +1,41 @@
+package job
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gangrun/gangrun/internal/proc"
+)
+
+// TestBatchStepSendsSIGTERMOnce: a task that got SIGTERM (from srun's forward, say)
+// gets none again when the step stops it (terminate through batchStep.signal): only the
+// SIGKILL after the grace. A `gangrun run` task takes a second SIGTERM for "kill now".
+func TestBatchStepSendsSIGTERMOnce(t *testing.T) {
+	dir := t.TempDir()
+	got := filepath.Join(dir, "terms")
+	cmd := exec.Command("sh", "-c", `trap 'echo TERM >> "$0"' TERM; while :; do sleep 0.05; done`, got)
+	p, err := proc.Start(cmd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = p.Signal(syscall.SIGKILL) }()
+	bs := &batchStep{termed: map[*proc.Process]bool{}}
+	count := func() int { b, _ := os.ReadFile(got); return strings.Count(string(b), "TERM") }
+	time.Sleep(200 * time.Millisecond) // the trap set
+	bs.signal(p, syscall.SIGTERM)      // srun's forward
+	for deadline := time.Now().Add(5 * time.Second); count() < 1 && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := count(); n != 1 {
+		t.Fatalf("after the first SIGTERM the task saw %d", n)
+	}
+	terminate([]*proc.Process{p}, 500*time.Millisecond, bs.signal) // the step's stop
+	if n := count(); n != 1 {
+		t.Errorf("the task saw %d SIGTERMs, want 1 (then SIGKILL after the grace)", n)
+	}
+}
