@@ -140,7 +140,7 @@ func TestACLCluster(t *testing.T) {
 	metricsAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	agent := exec.Command(gangrunBin, "agent", "--consul", c.consul.Addr, "--node-name", "acl-a", "--advertise-addr", "127.0.0.1",
 		"--topology-file", inventory, "--metrics-addr", metricsAddr)
-	agent.Env = append(os.Environ(), mark, "CONSUL_HTTP_TOKEN=", "CONSUL_HTTP_TOKEN_FILE="+filepath.Join(tokDir, "agent.token"))
+	agent.Env = agentEnv(mark, "CONSUL_HTTP_TOKEN=", "CONSUL_HTTP_TOKEN_FILE="+filepath.Join(tokDir, "agent.token"))
 	agentLog := &syncBuffer{}
 	agent.Stdout, agent.Stderr = agentLog, agentLog
 	if err := agent.Start(); err != nil {

@@ -54,7 +54,7 @@ func startAgentProc(t *testing.T, consul, node, inventory string, env []string, 
 	args := append([]string{"agent", "--consul", consul, "--node-name", node, "--advertise-addr", "127.0.0.1",
 		"--topology-file", filepath.Join(repoRoot(t), "topology", "testdata", "inventories", inventory+".json")}, flags...)
 	cmd := exec.Command(gangrunBin, args...)
-	cmd.Env = append(os.Environ(), env...)
+	cmd.Env = agentEnv(env...)
 	log := &syncBuffer{}
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {

@@ -343,7 +343,7 @@ func TestConsulLeaderFailover(t *testing.T) {
 	inv := filepath.Join(repoRoot(t), "topology", "testdata", "inventories", "dgx-h100.json")
 	agents := map[string]*gangrunNode{}
 	for _, name := range []string{"node-a", "node-b"} {
-		agents[name] = startNode(t, "agent "+name, []string{mark}, "agent", "--consul", consulOf[name], "--node-name", name,
+		agents[name] = startNode(t, "agent "+name, []string{mark, "TMPDIR=" + agentTmp}, "agent", "--consul", consulOf[name], "--node-name", name,
 			"--advertise-addr", "127.0.0.1", "--topology-file", inv, "--labels", "partition=train")
 	}
 	waitUntilFor(t, failoverDeadline, func() bool {

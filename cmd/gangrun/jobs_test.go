@@ -87,7 +87,7 @@ func (c *jobCluster) startAgent(node string) {
 		bin = c.bins[node]
 	}
 	cmd := exec.Command(bin, args...)
-	cmd.Env = append(os.Environ(), c.mark)
+	cmd.Env = agentEnv(c.mark)
 	log := &syncBuffer{}
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
@@ -134,7 +134,7 @@ func (c *jobCluster) waitState(id string, state job.Status, within time.Duration
 		if time.Now().After(deadline) {
 			b, _ := json.MarshalIndent(m, "", "  ")
 			_, logs, _ := c.gangrun("logs", id)
-			steps, _ := filepath.Glob(filepath.Join(os.TempDir(), "gangrun-agent-*", "job-"+id+"-step.log"))
+			steps, _ := filepath.Glob(filepath.Join(agentTmp, "gangrun-agent-*", "job-"+id+"-step.log"))
 			var stepLogs []byte
 			for _, p := range steps {
 				b, _ := os.ReadFile(p)

@@ -30,6 +30,16 @@ var gangrunBin string
 // testMunge is the package's munged (TestMain): its key is the test cluster's.
 var testMunge *mungetest.Daemon
 
+// agentTmp is the TMPDIR of the agents the tests start (agentEnv), made and removed
+// by TestMain.
+var agentTmp string
+
+// agentEnv is the environment of an agent a test starts: the test's own, with TMPDIR
+// the package's agentTmp, then extra (which may set another).
+func agentEnv(extra ...string) []string {
+	return append(append(os.Environ(), "TMPDIR="+agentTmp), extra...)
+}
+
 func TestMain(m *testing.M) {
 	flag.Parse()
 	dir, err := os.MkdirTemp("", "gangrun-test-bin-")
@@ -66,9 +76,21 @@ func TestMain(m *testing.M) {
 	}
 	os.Setenv("MUNGE_SOCKET", munged.Socket)
 	testMunge = munged
+	// The agents' TMPDIR (agentEnv): their step logs and default state directories
+	// (gangrun-agent-NODE-*, gangrun-state-NODE) go there and are removed with it.
+	if agentTmp, err = os.MkdirTemp("", "ga"); err == nil {
+		err = os.Chmod(agentTmp, 0o1777)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		munged.Stop()
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
 	code := m.Run()
 	munged.Stop()
 	os.RemoveAll(dir)
+	os.RemoveAll(agentTmp)
 	os.Exit(code)
 }
 

@@ -163,6 +163,7 @@ func sweepAgent(t *testing.T, consul string) {
 	inv := filepath.Join(repoRoot(t), "topology", "testdata", "inventories", "dgx-a100.json")
 	cmd := exec.Command(gangrunBin, "agent", "--consul", consul, "--node-name", "n1", "--advertise-addr", "127.0.0.1",
 		"--topology-file", inv, "--no-scheduler", "--auth", "none")
+	cmd.Env = agentEnv()
 	var log bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &log, &log
 	if err := cmd.Start(); err != nil {
