@@ -45,6 +45,7 @@ var srunOptions = []option{
 	{long: "ntasks", short: 'n', arg: reqArg},
 	{long: "ntasks-per-node", arg: reqArg},
 	{long: "overlap", arg: noArg},
+	{long: "pty", arg: noArg},
 	{long: "quiet", short: 'Q', arg: noArg},
 	{long: "unbuffered", short: 'u', arg: noArg},
 	{long: "usage", arg: noArg},
@@ -84,7 +85,6 @@ var srunOptions = []option{
 	{long: "partition", short: 'p', arg: reqArg, unsupported: notBuilt},
 	{long: "preserve-env", short: 'E', arg: noArg, unsupported: notBuilt},
 	{long: "prolog", arg: reqArg, unsupported: notBuilt},
-	{long: "pty", arg: noArg, unsupported: notBuilt},
 	{long: "qos", short: 'q', arg: reqArg, unsupported: notBuilt},
 	{long: "relative", short: 'r', arg: reqArg, unsupported: notBuilt},
 	{long: "signal", arg: reqArg, unsupported: notBuilt},
@@ -254,7 +254,8 @@ func (w *warning) Error() string { return w.msg }
 // output on srun's own (-l prefixes each line with the task's rank), and exits with
 // the highest of the tasks' exit codes (128+N for a task killed by signal N), as
 // Slurm's srun. Options: -n, -N, --ntasks-per-node, -w, --gpus-per-task, -c,
-// --cpu-bind=none, -l, -K, --export, -D, -J, --jobid, -u, --overlap, --mpi=none.
+// --cpu-bind=none, -l, -K, --export, -D, -J, --jobid, -u, --overlap, --mpi=none, --pty
+// (srunpty.go).
 func Srun(ctx context.Context, e *Env, args []string) int {
 	ps, rest, err := getopt("srun", srunOptions, args, true, 255)
 	if err != nil {
@@ -314,6 +315,8 @@ func runStep(ctx context.Context, e *Env, id string, v values, command []string)
 		return errorf(e, "srun", 1, "Unable to create step for job %s: it is a gangrun job, not a Slurm batch job: srun starts steps in sbatch and salloc jobs", id)
 	case j.State.Status != job.Running:
 		return errorf(e, "srun", 1, "Unable to create step for job %s: Job/step already completing or completed", id)
+	case !stepAllowed(j):
+		return errorf(e, "srun", 1, "Unable to create step for job %s: Access/permission denied", id)
 	}
 	lay, err := layout(job.SlurmNodes(j.State.Nodes), v, e.Getenv)
 	var w *warning
@@ -354,7 +357,18 @@ func runStep(ctx context.Context, e *Env, id string, v values, command []string)
 	if req.Env, err = job.ExportEnv(exportMode(v["export"]), environ, loginEnv(currentUser())); err != nil {
 		return errorf(e, "srun", 255, "%v", err)
 	}
+	var tty *os.File // srun --pty's terminal
+	if v.has("pty") {
+		var code int
+		var done bool
+		if tty, code, done = ptyRequest(e, &req); done {
+			return code
+		}
+	}
 	host := e.Getenv("GANGRUN_NODE_ADDR")
+	if host == "" {
+		host = localAddrToward(s) // outside the job (--jobid): toward the cluster
+	}
 	if host == "" {
 		host = "127.0.0.1"
 	}
@@ -380,7 +394,7 @@ func runStep(ctx context.Context, e *Env, id string, v values, command []string)
 	}
 	r := &srunRun{e: e, req: req, m: m, label: v.has("label"), kill: v.has("kill-on-bad-exit") && v["kill-on-bad-exit"] != "0",
 		width: len(strconv.Itoa(req.NTasks() - 1)), exits: map[int]job.TaskExit{}}
-	code, st := r.run(ctx, ln)
+	code, st := r.runTerminal(ctx, ln, tty)
 	st.Ended = time.Now().UTC()
 	if err := job.EndSrunStep(context.WithoutCancel(ctx), s, id, req.Step, st); err != nil {
 		errorf(e, "srun", 0, "record the step's end: %v", err)
@@ -405,6 +419,8 @@ type srunRun struct {
 	outMu    sync.Mutex
 	partials map[[2]int][]byte
 	sendMu   sync.Mutex
+	// connected, when set, is told of each node's connection (srun --pty's terminal).
+	connected func(net.Conn)
 }
 
 // run accepts the nodes, streams their frames, and returns srun's exit code and the
@@ -454,6 +470,9 @@ func (r *srunRun) run(ctx context.Context, ln net.Listener) (int, job.SrunState)
 			r.conns = append(r.conns, h.conn)
 			killed := r.killed
 			r.mu.Unlock()
+			if r.connected != nil {
+				r.connected(h.conn)
+			}
 			if killed {
 				// The step is being stopped (-K, a signal to srun) and this node
 				// connected late: its tasks get what the others got.
@@ -732,7 +751,10 @@ func (r *srunRun) signals(done <-chan struct{}) {
 			if !ok {
 				continue
 			}
-			if s == syscall.SIGINT || s == syscall.SIGTERM {
+			if r.req.Pty != nil {
+				s = ptySignal(s)
+			}
+			if s == syscall.SIGINT || s == syscall.SIGTERM || s == syscall.SIGKILL {
 				r.mu.Lock()
 				r.killed = true
 				r.mu.Unlock()
