@@ -318,7 +318,11 @@ func runStep(ctx context.Context, e *Env, id string, v values, command []string)
 	case !stepAllowed(j):
 		return errorf(e, "srun", 1, "Unable to create step for job %s: Access/permission denied", id)
 	}
-	lay, err := layout(job.SlurmNodes(j.State.Nodes), v, e.Getenv)
+	getenv := e.Getenv
+	if v.has("pty") {
+		v, getenv = ptyDefaults(v, getenv)
+	}
+	lay, err := layout(job.SlurmNodes(j.State.Nodes), v, getenv)
 	var w *warning
 	var ue *UsageError
 	switch {
@@ -351,6 +355,9 @@ func runStep(ctx context.Context, e *Env, id string, v values, command []string)
 		req.WorkDir = d
 	}
 	environ := e.Environ()
+	if e.Getenv("SLURM_JOB_ID") != id {
+		environ = append(environ, allocationVars(j)...) // srun --jobid from outside the job
+	}
 	if v.has("cpus-per-task") {
 		environ = append(environ, "SLURM_CPUS_PER_TASK="+v["cpus-per-task"])
 	}

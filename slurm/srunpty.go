@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/signal"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 
@@ -29,25 +30,54 @@ import (
 // SIGKILL, as Slurm's srun forwards them ("forcing job termination"). The terminal is
 // restored before srun returns.
 
+// ptyDefaults gives srun --pty's layout defaults: without -n, -N or --ntasks-per-node,
+// one task on the step's first node, whatever the job's SLURM_NTASKS, SLURM_NNODES and
+// SLURM_NTASKS_PER_NODE say. (Slurm 22.05 starts a task per node there, task 0 on the
+// terminal and the others with their output to /dev/null, where a shell ends at
+// once; gangrun starts task 0 alone.)
+func ptyDefaults(v values, getenv func(string) string) (values, func(string) string) {
+	if v.has("ntasks") || v.has("nodes") || v.has("ntasks-per-node") {
+		return v, getenv
+	}
+	w := values{"ntasks": "1"}
+	for k, val := range v {
+		w[k] = val
+	}
+	return w, func(k string) string {
+		switch k {
+		case "SLURM_NTASKS", "SLURM_NNODES", "SLURM_NTASKS_PER_NODE":
+			return ""
+		}
+		return getenv(k)
+	}
+}
+
 // ptyRequest readies srun --pty's step request req: the task's terminal starts with the
 // size of srun's (its stdin), which it returns. done is true, with srun's exit code,
-// where srun ends here: --pty with more than one task. Without a terminal on stdin,
-// srun says so and runs the step without one, as Slurm's srun.
+// where srun ends here: --pty with more than one task (Slurm 22.05 runs the others with
+// their output to /dev/null; gangrun refuses). Without a terminal on stdin, srun says
+// so as Slurm's does and runs the step without one.
 func ptyRequest(e *Env, req *job.StepRequest) (tty *os.File, code int, done bool) {
 	if req.NTasks() != 1 {
-		return nil, errorf(e, "srun", 1, "--pty is only supported with one task: the step has %d (give -n1)", req.NTasks()), true
+		return nil, errorf(e, "srun", 1, "--pty runs one task on a terminal, and this step has %d: give -n1 (gangrun does not run the other tasks with their output to /dev/null, as Slurm does)", req.NTasks()), true
 	}
+	err := error(unix.ENOTTY)
+	var ws *unix.Winsize
 	f, ok := e.Stdin.(*os.File)
-	if !ok || !term.IsTerminal(int(f.Fd())) {
-		errorf(e, "srun", 0, "Not using a pseudo-terminal, disregarding --pty option")
-		return nil, 0, false
+	if ok {
+		ws, err = unix.IoctlGetWinsize(int(f.Fd()), unix.TIOCGWINSZ)
 	}
-	cols, rows, err := term.GetSize(int(f.Fd()))
 	if err != nil {
+		msg := err.Error()
+		var errno unix.Errno
+		if errors.As(err, &errno) {
+			msg = strings.ToUpper(msg[:1]) + msg[1:] // strerror's words
+		}
+		errorf(e, "srun", 0, "ioctl(TIOCGWINSZ): %s", msg)
 		errorf(e, "srun", 0, "Not using a pseudo-terminal, disregarding --pty option")
 		return nil, 0, false
 	}
-	req.Pty = &job.Winsize{Rows: uint16(rows), Cols: uint16(cols)}
+	req.Pty = &job.Winsize{Rows: ws.Row, Cols: ws.Col}
 	return f, 0, false
 }
 
@@ -215,4 +245,11 @@ func (l *rawLines) Write(p []byte) (int, error) {
 		return 0, err
 	}
 	return len(p), nil
+}
+
+// Sattach is sattach, which gangrun does not build: it refuses in one line, exit 1,
+// naming what does the job (a terminal on a running job's node: srun --jobid ID
+// --overlap --pty bash). Slurm's sattach attaches to a running step's standard I/O.
+func Sattach(_ context.Context, e *Env, _ []string) int {
+	return errorf(e, "sattach", 1, "sattach is %s; for a shell on a running job's node, srun --jobid ID --overlap --pty bash", notBuilt)
 }

@@ -79,6 +79,9 @@ func (c *ptyCluster) env(name string) []string {
 // drive runs argv as user name (root: "") on a terminal of rows x cols, through steps.
 func (c *ptyCluster) drive(name string, rows, cols int, steps []ptyStep, argv ...string) ptySession {
 	c.t.Helper()
+	if steps == nil {
+		steps = []ptyStep{}
+	}
 	b, _ := json.Marshal(steps)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -157,7 +160,8 @@ func TestSrunPtyInSalloc(t *testing.T) {
 		{"expect": `Granted job allocation \d+`},
 		{"send": "echo MARK-$((6*7)) job=$SLURM_JOB_ID step=$SLURM_STEP_ID node=$SLURMD_NODENAME tty=$(tty); stty size\r"},
 		{"expect": `MARK-42 job=\d+ step=0 node=gpu-a tty=/dev/pts/\d+\r\n33 101\r\n`},
-		{"send": "printf 'no new''line:'; sleep 600\r"}, // output without a newline shows before sleep ends
+		// Output without a newline shows at once: the foreground job has the terminal.
+		{"send": "sh -c 'printf \"no new\"\"line:\"; exec sleep 600'\r"},
 		{"expect": `no newline:`},
 		{"send": "\x03"}, // Ctrl-C: a byte for the node's terminal, which interrupts sleep
 		{"send": "echo rc=$?\r"},
@@ -168,6 +172,7 @@ func TestSrunPtyInSalloc(t *testing.T) {
 		{"expect": `BG-2\r\n`},
 		{"send": "exit 3\r"},
 	}, "salloc", "-N1", "--gres=gpu:1", "srun", "--pty", "bash")
+	t.Logf("the terminal showed:\n%s", s.Output)
 	if s.Exit != 3 {
 		t.Errorf("salloc srun --pty bash: exit %d, want 3 (the shell's exit 3); the terminal showed:\n%s", s.Exit, s.Output)
 	}
@@ -199,11 +204,12 @@ func TestSrunPtyJoinsARunningJob(t *testing.T) {
 	sb := c.drive("alice", 24, 80, []ptyStep{{"expect": `Submitted batch job \d+`}},
 		"sbatch", "-N1", "--gres=gpu:1", "--wrap", "sleep 1003")
 	id := regexp.MustCompile(`Submitted batch job (\d+)`).FindStringSubmatch(sb.Output)[1]
+	t.Cleanup(func() { c.gangrun("cancel", id) })
 	c.waitState(id, job.Running, 90*time.Second)
 	waitUntilFor(t, 30*time.Second, func() bool { return len(markedProcs(t, c.mark, "sleep 1003")) > 0 }, "the batch script's sleep")
 
 	s := c.drive("alice", 30, 90, []ptyStep{
-		{"send": "echo JOINED-$((2+3)) job=$SLURM_JOB_ID user=$(id -un) batch=$(pgrep -u alice -f 'sleep 1003' | wc -l); stty size\r"},
+		{"send": "echo JOINED-$((2+3)) job=$SLURM_JOB_ID user=$(id -un) batch=$(pgrep -u alice -x sleep | wc -l); stty size\r"},
 		{"expect": `JOINED-5 job=` + id + ` user=alice batch=1\r\n30 90\r\n`},
 		{"send": "exit\r"},
 	}, "srun", "--jobid", id, "--overlap", "--pty", "bash")
@@ -223,6 +229,10 @@ func TestSrunPtyJoinsARunningJob(t *testing.T) {
 		t.Errorf("srun --pty given SIGHUP: exit %d, want 137 with the task Killed:\n%s", hup.Exit, hup.Output)
 	}
 
+	two := c.drive("alice", 24, 80, nil, "srun", "--jobid", id, "--overlap", "--pty", "-n2", "bash")
+	if two.Exit != 1 || !strings.HasPrefix(two.Output, "srun: error: --pty runs one task on a terminal, and this step has 2: give -n1") {
+		t.Errorf("srun --pty -n2: exit %d, %q; want 1 and the refusal", two.Exit, two.Output)
+	}
 	refused := c.drive("mallory", 24, 80, nil, "srun", "--jobid", id, "--overlap", "--pty", "bash")
 	want := fmt.Sprintf("srun: error: Unable to create step for job %s: Access/permission denied\r\n", id)
 	if refused.Exit != 1 || refused.Output != want {
@@ -251,5 +261,38 @@ func TestSrunPtyJoinsARunningJob(t *testing.T) {
 	c.noneLeft("bash")
 	if code, _, errOut := c.gangrun("cancel", id); code != 0 {
 		t.Errorf("cancel %s: exit %d: %s", id, code, errOut)
+	}
+}
+
+// TestSrunPtyWithoutTerminalAgainstSlurm: srun --jobid ID --overlap --pty without a
+// terminal on stdin says what Slurm 22.05's says, in the same two lines, and runs the
+// step without one (exit 0, its output on stdout), on both.
+func TestSrunPtyWithoutTerminalAgainstSlurm(t *testing.T) {
+	p := startSlurmPair(t, "gpu-a")
+	dir := sharedDir(t)
+	type result struct {
+		out, errOut string
+		code        int
+	}
+	got := map[side]result{}
+	for _, s := range []side{realSlurm, gangrunSide} {
+		out, errOut, code := p.run(s, dir, "", nil, "sbatch", "--parsable", "-N1", "--gres=gpu:1", "--wrap", "sleep 300")
+		if code != 0 {
+			t.Fatalf("%s: sbatch: exit %d: %s", s, code, errOut)
+		}
+		id := strings.TrimSpace(out)
+		t.Cleanup(func() { p.run(s, dir, "", nil, "scancel", id) })
+		waitFor(t, 90*time.Second, string(s)+": the job running", func() (bool, string) {
+			st, _, _ := p.run(s, dir, "", nil, "squeue", "-h", "-j", id, "-o", "%T")
+			return strings.TrimSpace(st) == "RUNNING", st
+		})
+		out, errOut, code = p.run(s, dir, "", nil, "srun", "--jobid", id, "--overlap", "--pty", "echo", "hi")
+		got[s] = result{out, errOut, code}
+	}
+	want := result{"hi\n", "srun: error: ioctl(TIOCGWINSZ): Inappropriate ioctl for device\nsrun: error: Not using a pseudo-terminal, disregarding --pty option\n", 0}
+	for s, r := range got {
+		if r != want {
+			t.Errorf("%s: srun --pty without a terminal: %+v, want %+v", s, r, want)
+		}
 	}
 }
