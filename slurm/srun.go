@@ -318,10 +318,7 @@ func runStep(ctx context.Context, e *Env, id string, v values, command []string)
 	case !stepAllowed(j):
 		return errorf(e, "srun", 1, "Unable to create step for job %s: Access/permission denied", id)
 	}
-	getenv := e.Getenv
-	if v.has("pty") {
-		v, getenv = ptyDefaults(v, getenv)
-	}
+	v, getenv := ptyDefaults(v, e.Getenv)
 	lay, err := layout(job.SlurmNodes(j.State.Nodes), v, getenv)
 	var w *warning
 	var ue *UsageError
@@ -364,21 +361,11 @@ func runStep(ctx context.Context, e *Env, id string, v values, command []string)
 	if req.Env, err = job.ExportEnv(exportMode(v["export"]), environ, loginEnv(currentUser())); err != nil {
 		return errorf(e, "srun", 255, "%v", err)
 	}
-	var tty *os.File // srun --pty's terminal
-	if v.has("pty") {
-		var code int
-		var done bool
-		if tty, code, done = ptyRequest(e, &req); done {
-			return code
-		}
+	tty, code, done := ptyRequest(e, v, &req) // srun --pty's terminal
+	if done {
+		return code
 	}
-	host := e.Getenv("GANGRUN_NODE_ADDR")
-	if host == "" {
-		host = localAddrToward(s) // outside the job (--jobid): toward the cluster
-	}
-	if host == "" {
-		host = "127.0.0.1"
-	}
+	host := listenHost(e, s)
 	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {
 		return errorf(e, "srun", 1, "cannot listen for the step's nodes on %s: %v", host, err)
@@ -473,14 +460,7 @@ func (r *srunRun) run(ctx context.Context, ln net.Listener) (int, job.SrunState)
 				continue
 			}
 			done[h.node] = true
-			r.mu.Lock()
-			r.conns = append(r.conns, h.conn)
-			killed := r.killed
-			r.mu.Unlock()
-			if r.connected != nil {
-				r.connected(h.conn)
-			}
-			if killed {
+			if killed := r.add(h.conn); killed {
 				// The step is being stopped (-K, a signal to srun) and this node
 				// connected late: its tasks get what the others got.
 				r.send(h.conn, job.Frame{Signal: int(syscall.SIGTERM)})
@@ -532,6 +512,32 @@ func (r *srunRun) run(ctx context.Context, ln net.Listener) (int, job.SrunState)
 		st.State = job.Failed
 	}
 	return code, st
+}
+
+// add counts a node's connection c among the step's, tells connected of it, and
+// returns whether the step is being stopped.
+func (r *srunRun) add(c net.Conn) (killed bool) {
+	r.mu.Lock()
+	r.conns = append(r.conns, c)
+	killed = r.killed
+	r.mu.Unlock()
+	if r.connected != nil {
+		r.connected(c)
+	}
+	return killed
+}
+
+// listenHost is the address srun listens on for its step's nodes: GANGRUN_NODE_ADDR
+// (a job's), else this host's toward the cluster's Consul (srun --jobid from outside
+// the job), else loopback.
+func listenHost(e *Env, s Store) string {
+	if host := e.Getenv("GANGRUN_NODE_ADDR"); host != "" {
+		return host
+	}
+	if host := localAddrToward(s); host != "" {
+		return host
+	}
+	return "127.0.0.1"
 }
 
 // srunDialTimeoutFrame bounds how long a node's connection may take to say hello.

@@ -36,7 +36,7 @@ import (
 // terminal and the others with their output to /dev/null, where a shell ends at
 // once; gangrun starts task 0 alone.)
 func ptyDefaults(v values, getenv func(string) string) (values, func(string) string) {
-	if v.has("ntasks") || v.has("nodes") || v.has("ntasks-per-node") {
+	if !v.has("pty") || v.has("ntasks") || v.has("nodes") || v.has("ntasks-per-node") {
 		return v, getenv
 	}
 	w := values{"ntasks": "1"}
@@ -52,12 +52,15 @@ func ptyDefaults(v values, getenv func(string) string) (values, func(string) str
 	}
 }
 
-// ptyRequest readies srun --pty's step request req: the task's terminal starts with the
-// size of srun's (its stdin), which it returns. done is true, with srun's exit code,
+// ptyRequest readies srun --pty's step request req (options v; nothing without --pty):
+// the task's terminal starts with the size of srun's (its stdin), which it returns. done is true, with srun's exit code,
 // where srun ends here: --pty with more than one task (Slurm 22.05 runs the others with
 // their output to /dev/null; gangrun refuses). Without a terminal on stdin, srun says
 // so as Slurm's does and runs the step without one.
-func ptyRequest(e *Env, req *job.StepRequest) (tty *os.File, code int, done bool) {
+func ptyRequest(e *Env, v values, req *job.StepRequest) (tty *os.File, code int, done bool) {
+	if !v.has("pty") {
+		return nil, 0, false
+	}
 	if req.NTasks() != 1 {
 		return nil, errorf(e, "srun", 1, "--pty runs one task on a terminal, and this step has %d: give -n1 (gangrun does not run the other tasks with their output to /dev/null, as Slurm does)", req.NTasks()), true
 	}
