@@ -196,7 +196,8 @@ func TestSrunPtyInSalloc(t *testing.T) {
 // TestSrunPtyJoinsARunningJob: `srun --jobid ID --overlap --pty bash` from outside a
 // running batch job of alice's gives alice a shell on the job's node, beside the batch
 // script; leaving it ends the step and not the job. SIGHUP to srun (its terminal
-// closed) kills the shell (srun exits 137). mallory is refused as Slurm refuses her,
+// closed) kills the shell (srun exits 137); srun killed outright, the node hangs the
+// shell up and records the step cancelled. --pty -n2 is refused. mallory is refused as Slurm refuses her,
 // and nothing runs; root may join.
 func TestSrunPtyJoinsARunningJob(t *testing.T) {
 	c := startPtyCluster(t, "gpu-a")
@@ -229,6 +230,16 @@ func TestSrunPtyJoinsARunningJob(t *testing.T) {
 		t.Errorf("srun --pty given SIGHUP: exit %d, want 137 with the task Killed:\n%s", hup.Exit, hup.Output)
 	}
 
+	// srun killed outright: the node, losing it, hangs the shell up and records the step
+	// cancelled.
+	lost := c.drive("alice", 24, 80, []ptyStep{
+		{"send": "echo LOST-$((5+5))\r"},
+		{"expect": `LOST-10\r\n`},
+		{"signal": int(syscall.SIGKILL)},
+	}, "srun", "--jobid", id, "--overlap", "--pty", "bash")
+	if lost.Exit != 137 {
+		t.Errorf("srun --pty killed: exit %d, want 137:\n%s", lost.Exit, lost.Output)
+	}
 	two := c.drive("alice", 24, 80, nil, "srun", "--jobid", id, "--overlap", "--pty", "-n2", "bash")
 	if two.Exit != 1 || !strings.HasPrefix(two.Output, "srun: error: --pty runs one task on a terminal, and this step has 2: give -n1") {
 		t.Errorf("srun --pty -n2: exit %d, %q; want 1 and the refusal", two.Exit, two.Output)
@@ -246,14 +257,21 @@ func TestSrunPtyJoinsARunningJob(t *testing.T) {
 	if root.Exit != 5 {
 		t.Errorf("root's srun --jobid %s --pty bash: exit %d, want 5:\n%s", id, root.Exit, root.Output)
 	}
-	steps := c.steps(id)
-	if len(steps) != 3 {
-		t.Fatalf("job %s has %d steps, want 3 (mallory's refused before one was made): %+v", id, len(steps), steps)
-	}
-	for i, st := range steps {
-		if st.End == nil {
-			t.Errorf("step %d of job %s has no end recorded", i, id)
+	var steps []job.SrunStep
+	waitFor(t, 30*time.Second, "every step's end recorded", func() (bool, string) {
+		steps = c.steps(id)
+		for _, st := range steps {
+			if st.End == nil {
+				return false, fmt.Sprintf("step %d has none", st.Request.Step)
+			}
 		}
+		return true, ""
+	})
+	if len(steps) != 4 {
+		t.Fatalf("job %s has %d steps, want 4 (-n2's and mallory's refused before one was made): %+v", id, len(steps), steps)
+	}
+	if end := steps[2].End; end.State != job.Cancelled || end.Reason != "srun ended before its tasks" {
+		t.Errorf("the step whose srun was killed ended %+v, want CANCELLED as srun ended first", end)
 	}
 	if st := c.show(id)["state"]; st != string(job.Running) {
 		t.Errorf("the job is %v after the joins, want RUNNING", st)
