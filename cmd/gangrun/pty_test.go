@@ -148,7 +148,7 @@ func (c *ptyCluster) noneLeft(cmdline string) {
 }
 
 // TestSrunPtyInSalloc: `salloc srun --pty bash` on a real terminal (33 x 101) gives a
-// shell on the allocated node: the keys typed reach it (echoed by its own terminal),
+// shell on the allocated node, in the job's cgroup: the keys typed reach it (echoed by its own terminal),
 // its output comes back without waiting for a line's end, it has the job's variables,
 // its terminal has srun's size and follows a resize (SIGWINCH), Ctrl-C interrupts its
 // foreground job and not srun, and `exit 3` ends srun and salloc with 3. Nothing is
@@ -158,8 +158,8 @@ func TestSrunPtyInSalloc(t *testing.T) {
 	c := startPtyCluster(t, "gpu-a")
 	s := c.drive("", 33, 101, []ptyStep{
 		{"expect": `Granted job allocation \d+`},
-		{"send": "echo MARK-$((6*7)) job=$SLURM_JOB_ID step=$SLURM_STEP_ID node=$SLURMD_NODENAME tty=$(tty); stty size\r"},
-		{"expect": `MARK-42 job=\d+ step=0 node=gpu-a tty=/dev/pts/\d+\r\n33 101\r\n`},
+		{"send": "echo MARK-$((6*7)) job=$SLURM_JOB_ID step=$SLURM_STEP_ID node=$SLURMD_NODENAME tty=$(tty) cgroup=$(grep -c ':pids:/.*gangrun-' /proc/self/cgroup); stty size\r"},
+		{"expect": `MARK-42 job=\d+ step=0 node=gpu-a tty=/dev/pts/\d+ cgroup=1\r\n33 101\r\n`},
 		// Output without a newline shows at once: the foreground job has the terminal.
 		{"send": "sh -c 'printf \"no new\"\"line:\"; exec sleep 600'\r"},
 		{"expect": `no newline:`},
