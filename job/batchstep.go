@@ -177,16 +177,25 @@ func (bs *batchStep) unconfine() {
 // start starts argv as the job's user in the job's cgroup, in dir with env, its
 // output to stdout and stderr, stdin /dev/null; the guardian watches its group.
 func (bs *batchStep) start(argv, env []string, dir string, stdout, stderr io.Writer) (*proc.Process, error) {
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Env, cmd.Dir, cmd.Stdout, cmd.Stderr = env, dir, stdout, stderr
+	return bs.startCmd(cmd)
+}
+
+// startCmd starts cmd (its SysProcAttr, if any, a terminal's session: proc.Start) as
+// the job's user in the job's cgroup; the guardian watches its group.
+func (bs *batchStep) startCmd(cmd *exec.Cmd) (*proc.Process, error) {
 	bs.mu.Lock()
 	stopped := bs.stopped
 	bs.mu.Unlock()
 	if stopped {
 		return nil, errors.New("the job is ending")
 	}
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Env, cmd.Dir, cmd.Stdout, cmd.Stderr = env, dir, stdout, stderr
 	if u := bs.st.user; u != nil {
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: u.Credential()}
+		if cmd.SysProcAttr == nil {
+			cmd.SysProcAttr = &syscall.SysProcAttr{}
+		}
+		cmd.SysProcAttr.Credential = u.Credential()
 	}
 	p, _, err := proc.StartPlaced(cmd, nil, bs.place)
 	if err != nil {
@@ -724,7 +733,11 @@ func (bs *batchStep) runStep(ctx context.Context, r StepRequest, cred string) {
 		c.send(Frame{Done: true})
 		return
 	}
-	from := followSrun(conn, bs.signal)
+	if r.Pty != nil {
+		bs.runPty(ctx, r, c, conn, i, gpus)
+		return
+	}
+	from := followSrun(conn, bs.signal, nil)
 	var wg sync.WaitGroup
 	for k := 0; k < count; k++ {
 		taskGPUs := gpus
@@ -794,8 +807,9 @@ type srunFeed struct {
 }
 
 // followSrun reads srun's frames from conn until it closes, giving srun's signals to
-// the tasks through signal.
-func followSrun(conn net.Conn, signal func(*proc.Process, syscall.Signal)) *srunFeed {
+// the tasks through signal, and a --pty step's input and window size to tty (nil for
+// a step without one).
+func followSrun(conn net.Conn, signal func(*proc.Process, syscall.Signal), tty *ptyFeed) *srunFeed {
 	f := &srunFeed{lost: make(chan struct{}), signal: signal}
 	go func() {
 		dec := json.NewDecoder(bufio.NewReader(conn))
@@ -803,8 +817,10 @@ func followSrun(conn net.Conn, signal func(*proc.Process, syscall.Signal)) *srun
 			var fr Frame
 			if err := dec.Decode(&fr); err != nil {
 				close(f.lost)
+				tty.close()
 				return
 			}
+			tty.take(fr)
 			if fr.Signal > 0 {
 				f.mu.Lock()
 				f.signalled = append(f.signalled, syscall.Signal(fr.Signal))
@@ -840,11 +856,16 @@ func (bs *batchStep) startTask(r StepRequest, env []string, stdout, stderr io.Wr
 	if err != nil {
 		return nil, err
 	}
+	bs.track(r, p)
+	return p, nil
+}
+
+// track counts task p among step r's.
+func (bs *batchStep) track(r StepRequest, p *proc.Process) {
 	bs.mu.Lock()
 	bs.tasks[p] = true
 	bs.byStep[r.Step] = append(bs.byStep[r.Step], p)
 	bs.mu.Unlock()
-	return p, nil
 }
 
 // awaitTask waits for task p of step r to exit (stopping it if srun is lost first),
@@ -857,6 +878,12 @@ func (bs *batchStep) awaitTask(r StepRequest, p *proc.Process, from *srunFeed) *
 		from.gone.Store(true)
 		terminate([]*proc.Process{p}, bs.grace, bs.signal)
 	}
+	return bs.forget(r, p)
+}
+
+// forget reaps task p of step r (bs.release), no longer counts it among the step's,
+// and returns its exit as srun reports it (128+N for signal N).
+func (bs *batchStep) forget(r StepRequest, p *proc.Process) *TaskExit {
 	status := bs.release(p)
 	bs.mu.Lock()
 	delete(bs.tasks, p)

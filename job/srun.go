@@ -53,6 +53,9 @@ type StepRequest struct {
 	Tasks []int    `json:"tasks"`
 	// Label is srun -l (SLURM_LABELIO in the tasks' environment).
 	Label bool `json:"label,omitempty"`
+	// Pty, when set, is srun --pty: the step's one task runs on a pseudo-terminal of
+	// its node, of this size at first (ptystep.go).
+	Pty *Winsize `json:"pty,omitempty"`
 	// GPUsPerTask gives each task its own GPUs of its node's (0: every task sees the
 	// node's GPUs of the job).
 	GPUsPerTask int `json:"gpus_per_task,omitempty"`
@@ -249,9 +252,10 @@ func stepsOf(id string, entries []store.Entry) []SrunStep {
 }
 
 // Frame is one message on a node's connection to srun, as one JSON line. From the
-// node: Hello first, then Out (a task's output, whole lines), Exit (a task's end) and
-// Error (the node cannot run the step: a refused credential, a missing command), Done
-// last. From srun: Signal (to deliver to the node's tasks).
+// node: Hello first, then Out (a task's output, whole lines; a --pty task's, as it
+// comes), Exit (a task's end) and Error (the node cannot run the step: a refused
+// credential, a missing command), Done last. From srun: Signal (to deliver to the
+// node's tasks), and for a --pty step In and Winsize.
 type Frame struct {
 	Hello *Hello `json:"hello,omitempty"`
 	// Task is the task's rank for Out and Exit; FD is 1 (stdout) or 2 (stderr).
@@ -266,6 +270,10 @@ type Frame struct {
 	Done bool `json:"done,omitempty"`
 	// Signal is a signal number for the node's tasks (from srun).
 	Signal int `json:"signal,omitempty"`
+	// In is what srun's user typed, for the task's terminal; Winsize srun's terminal's
+	// new size (from srun, --pty steps only: ptystep.go).
+	In      []byte   `json:"in,omitempty"`
+	Winsize *Winsize `json:"winsize,omitempty"`
 }
 
 // Hello is a node's first frame: its name and its proof (a MUNGE credential of the

@@ -171,9 +171,9 @@ func releaseAllocation(ctx context.Context, e *Env, s Store, m *identity.Munge, 
 	}
 }
 
-// runAllocated runs command here with allocation j's variables (salloc's), passing it
-// the signals salloc gets, and returns its exit code.
-func runAllocated(ctx context.Context, e *Env, s Store, j *job.Job, command []string) int {
+// allocationVars are allocation j's variables, as salloc gives its command (and srun
+// --jobid from outside the job its tasks): "KEY=VALUE" entries.
+func allocationVars(j *job.Job) []string {
 	nodes := job.SlurmNodes(j.State.Nodes)
 	nodelist := hostlist.Compress(nodes)
 	b := j.Spec.Batch
@@ -182,7 +182,7 @@ func runAllocated(ctx context.Context, e *Env, s Store, j *job.Job, command []st
 	for i, t := range tasks {
 		cpus[i] = t * max(b.CPUsPerTask, 1)
 	}
-	env := e.Environ()
+	var env []string
 	add := func(k, v string) { env = append(env, k+"="+v) }
 	add("SLURM_CLUSTER_NAME", b.ClusterName)
 	add("SLURM_JOBID", j.Spec.ID)
@@ -213,6 +213,14 @@ func runAllocated(ctx context.Context, e *Env, s Store, j *job.Job, command []st
 	if b.CPUsPerTask > 0 {
 		add("SLURM_CPUS_PER_TASK", fmt.Sprint(b.CPUsPerTask))
 	}
+	return env
+}
+
+// runAllocated runs command here with allocation j's variables (salloc's), passing it
+// the signals salloc gets, and returns its exit code.
+func runAllocated(ctx context.Context, e *Env, s Store, j *job.Job, command []string) int {
+	env := append(e.Environ(), allocationVars(j)...)
+	add := func(k, v string) { env = append(env, k+"="+v) }
 	if addr := localAddrToward(s); addr != "" {
 		add("GANGRUN_NODE_ADDR", addr)
 	}

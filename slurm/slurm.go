@@ -33,7 +33,7 @@ type command struct {
 // commands are the commands the front end answers to, as argv[0]'s base name.
 func commands() []command {
 	return []command{{"sbatch", Sbatch}, {"srun", Srun}, {"salloc", Salloc}, {"squeue", Squeue},
-		{"scancel", Scancel}, {"scontrol", Scontrol}, {"sacct", Sacct}, {"sinfo", Sinfo}}
+		{"scancel", Scancel}, {"scontrol", Scontrol}, {"sacct", Sacct}, {"sinfo", Sinfo}, {"sattach", Sattach}}
 }
 
 // Names are the commands the front end answers to, as argv[0]'s base name.

@@ -45,6 +45,7 @@ var srunOptions = []option{
 	{long: "ntasks", short: 'n', arg: reqArg},
 	{long: "ntasks-per-node", arg: reqArg},
 	{long: "overlap", arg: noArg},
+	{long: "pty", arg: noArg},
 	{long: "quiet", short: 'Q', arg: noArg},
 	{long: "unbuffered", short: 'u', arg: noArg},
 	{long: "usage", arg: noArg},
@@ -84,7 +85,6 @@ var srunOptions = []option{
 	{long: "partition", short: 'p', arg: reqArg, unsupported: notBuilt},
 	{long: "preserve-env", short: 'E', arg: noArg, unsupported: notBuilt},
 	{long: "prolog", arg: reqArg, unsupported: notBuilt},
-	{long: "pty", arg: noArg, unsupported: notBuilt},
 	{long: "qos", short: 'q', arg: reqArg, unsupported: notBuilt},
 	{long: "relative", short: 'r', arg: reqArg, unsupported: notBuilt},
 	{long: "signal", arg: reqArg, unsupported: notBuilt},
@@ -254,7 +254,8 @@ func (w *warning) Error() string { return w.msg }
 // output on srun's own (-l prefixes each line with the task's rank), and exits with
 // the highest of the tasks' exit codes (128+N for a task killed by signal N), as
 // Slurm's srun. Options: -n, -N, --ntasks-per-node, -w, --gpus-per-task, -c,
-// --cpu-bind=none, -l, -K, --export, -D, -J, --jobid, -u, --overlap, --mpi=none.
+// --cpu-bind=none, -l, -K, --export, -D, -J, --jobid, -u, --overlap, --mpi=none, --pty
+// (srunpty.go).
 func Srun(ctx context.Context, e *Env, args []string) int {
 	ps, rest, err := getopt("srun", srunOptions, args, true, 255)
 	if err != nil {
@@ -314,8 +315,11 @@ func runStep(ctx context.Context, e *Env, id string, v values, command []string)
 		return errorf(e, "srun", 1, "Unable to create step for job %s: it is a gangrun job, not a Slurm batch job: srun starts steps in sbatch and salloc jobs", id)
 	case j.State.Status != job.Running:
 		return errorf(e, "srun", 1, "Unable to create step for job %s: Job/step already completing or completed", id)
+	case !stepAllowed(j):
+		return errorf(e, "srun", 1, "Unable to create step for job %s: Access/permission denied", id)
 	}
-	lay, err := layout(job.SlurmNodes(j.State.Nodes), v, e.Getenv)
+	v, getenv := ptyDefaults(v, e.Getenv)
+	lay, err := layout(job.SlurmNodes(j.State.Nodes), v, getenv)
 	var w *warning
 	var ue *UsageError
 	switch {
@@ -348,16 +352,20 @@ func runStep(ctx context.Context, e *Env, id string, v values, command []string)
 		req.WorkDir = d
 	}
 	environ := e.Environ()
+	if e.Getenv("SLURM_JOB_ID") != id {
+		environ = append(environ, allocationVars(j)...) // srun --jobid from outside the job
+	}
 	if v.has("cpus-per-task") {
 		environ = append(environ, "SLURM_CPUS_PER_TASK="+v["cpus-per-task"])
 	}
 	if req.Env, err = job.ExportEnv(exportMode(v["export"]), environ, loginEnv(currentUser())); err != nil {
 		return errorf(e, "srun", 255, "%v", err)
 	}
-	host := e.Getenv("GANGRUN_NODE_ADDR")
-	if host == "" {
-		host = "127.0.0.1"
+	tty, code, done := ptyRequest(e, v, &req) // srun --pty's terminal
+	if done {
+		return code
 	}
+	host := listenHost(e, s)
 	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {
 		return errorf(e, "srun", 1, "cannot listen for the step's nodes on %s: %v", host, err)
@@ -380,7 +388,7 @@ func runStep(ctx context.Context, e *Env, id string, v values, command []string)
 	}
 	r := &srunRun{e: e, req: req, m: m, label: v.has("label"), kill: v.has("kill-on-bad-exit") && v["kill-on-bad-exit"] != "0",
 		width: len(strconv.Itoa(req.NTasks() - 1)), exits: map[int]job.TaskExit{}}
-	code, st := r.run(ctx, ln)
+	code, st := r.runTerminal(ctx, ln, tty)
 	st.Ended = time.Now().UTC()
 	if err := job.EndSrunStep(context.WithoutCancel(ctx), s, id, req.Step, st); err != nil {
 		errorf(e, "srun", 0, "record the step's end: %v", err)
@@ -405,6 +413,8 @@ type srunRun struct {
 	outMu    sync.Mutex
 	partials map[[2]int][]byte
 	sendMu   sync.Mutex
+	// connected, when set, is told of each node's connection (srun --pty's terminal).
+	connected func(net.Conn)
 }
 
 // run accepts the nodes, streams their frames, and returns srun's exit code and the
@@ -450,11 +460,7 @@ func (r *srunRun) run(ctx context.Context, ln net.Listener) (int, job.SrunState)
 				continue
 			}
 			done[h.node] = true
-			r.mu.Lock()
-			r.conns = append(r.conns, h.conn)
-			killed := r.killed
-			r.mu.Unlock()
-			if killed {
+			if killed := r.add(h.conn); killed {
 				// The step is being stopped (-K, a signal to srun) and this node
 				// connected late: its tasks get what the others got.
 				r.send(h.conn, job.Frame{Signal: int(syscall.SIGTERM)})
@@ -506,6 +512,32 @@ func (r *srunRun) run(ctx context.Context, ln net.Listener) (int, job.SrunState)
 		st.State = job.Failed
 	}
 	return code, st
+}
+
+// add counts a node's connection c among the step's, tells connected of it, and
+// returns whether the step is being stopped.
+func (r *srunRun) add(c net.Conn) (killed bool) {
+	r.mu.Lock()
+	r.conns = append(r.conns, c)
+	killed = r.killed
+	r.mu.Unlock()
+	if r.connected != nil {
+		r.connected(c)
+	}
+	return killed
+}
+
+// listenHost is the address srun listens on for its step's nodes: GANGRUN_NODE_ADDR
+// (a job's), else this host's toward the cluster's Consul (srun --jobid from outside
+// the job), else loopback.
+func listenHost(e *Env, s Store) string {
+	if host := e.Getenv("GANGRUN_NODE_ADDR"); host != "" {
+		return host
+	}
+	if host := localAddrToward(s); host != "" {
+		return host
+	}
+	return "127.0.0.1"
 }
 
 // srunDialTimeoutFrame bounds how long a node's connection may take to say hello.
@@ -732,7 +764,10 @@ func (r *srunRun) signals(done <-chan struct{}) {
 			if !ok {
 				continue
 			}
-			if s == syscall.SIGINT || s == syscall.SIGTERM {
+			if r.req.Pty != nil {
+				s = ptySignal(s)
+			}
+			if s == syscall.SIGINT || s == syscall.SIGTERM || s == syscall.SIGKILL {
 				r.mu.Lock()
 				r.killed = true
 				r.mu.Unlock()

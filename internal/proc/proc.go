@@ -77,7 +77,10 @@ func SignalName(sig syscall.Signal) string {
 
 // Start starts cmd as the leader of a new process group with a SIGKILL parent-death
 // signal. cmd must not have been started; its SysProcAttr is replaced, all but its
-// Credential (the user the process runs as: User.Credential). The caller owns the
+// Credential (the user the process runs as: User.Credential) and a terminal session's
+// Setsid, Setctty and Ctty (a process on a pseudo-terminal leads a new session, and so
+// a new process group of the same id, with the terminal as its controlling one; see
+// KillSession). The caller owns the
 // returned Process and must call Release once, which also reaps it.
 //
 // Start returns the error of exec.Cmd.Start (for instance exec.ErrNotFound wrapped in
@@ -87,14 +90,17 @@ func Start(cmd *exec.Cmd) (*Process, error) { return startIn(cmd, -1) }
 // startIn is Start with the process cloned into the cgroup v2 directory open as
 // cgroupFD (clone3's CLONE_INTO_CGROUP) when cgroupFD >= 0.
 func startIn(cmd *exec.Cmd, cgroupFD int) (*Process, error) {
-	var cred *syscall.Credential
+	var given syscall.SysProcAttr
 	if cmd.SysProcAttr != nil {
-		cred = cmd.SysProcAttr.Credential
+		given = *cmd.SysProcAttr
 	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Setpgid:    true,
+		Setpgid:    !given.Setsid, // a session leader leads its group already (setpgid would fail)
+		Setsid:     given.Setsid,
+		Setctty:    given.Setsid && given.Setctty,
+		Ctty:       given.Ctty,
 		Pdeathsig:  syscall.SIGKILL, // set in the child after its credentials: kept
-		Credential: cred,
+		Credential: given.Credential,
 	}
 	if cgroupFD >= 0 {
 		cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, cgroupFD
