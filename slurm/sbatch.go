@@ -65,6 +65,11 @@ var sbatchOptions = []option{
 	{long: "version", short: 'V', arg: noArg},
 	{long: "wait", short: 'W', arg: noArg},
 	{long: "wrap", arg: reqArg},
+	// The nodes it takes (nodechoice.go).
+	{long: "constraint", short: 'C', arg: reqArg},
+	{long: "exclude", short: 'x', arg: reqArg},
+	{long: "exclusive", arg: optArg},
+	{long: "nodelist", short: 'w', arg: reqArg},
 	// gangrun's supervision (docs/slurm.md, "Gang supervision"); as #GANGRUN lines
 	// they are --max-restarts, --spare-nodes, --checkpoint-dir, --term-timeout.
 	{long: "gangrun-max-restarts", arg: reqArg},
@@ -80,7 +85,6 @@ var sbatchOptions = []option{
 	{long: "cluster-constraint", arg: reqArg, unsupported: notBuilt},
 	{long: "clusters", short: 'M', arg: reqArg, unsupported: notBuilt},
 	{long: "comment", arg: reqArg, unsupported: notBuilt},
-	{long: "constraint", short: 'C', arg: reqArg, unsupported: notBuilt},
 	{long: "container", arg: reqArg, unsupported: notBuilt},
 	{long: "contiguous", arg: noArg, unsupported: notBuilt},
 	{long: "core-spec", short: 'S', arg: reqArg, unsupported: notBuilt},
@@ -91,8 +95,6 @@ var sbatchOptions = []option{
 	{long: "deadline", arg: reqArg, unsupported: notBuilt},
 	{long: "delay-boot", arg: reqArg, unsupported: notBuilt},
 	{long: "distribution", short: 'm', arg: reqArg, unsupported: notBuilt},
-	{long: "exclude", short: 'x', arg: reqArg, unsupported: notBuilt},
-	{long: "exclusive", arg: optArg, unsupported: notBuilt},
 	{long: "export-file", arg: reqArg, unsupported: notBuilt},
 	{long: "extra-node-info", short: 'B', arg: reqArg, unsupported: notBuilt},
 	{long: "get-user-env", arg: optArg, unsupported: notBuilt},
@@ -118,7 +120,6 @@ var sbatchOptions = []option{
 	{long: "nice", arg: optArg, unsupported: notBuilt},
 	{long: "no-kill", short: 'k', arg: optArg, unsupported: notBuilt},
 	{long: "nodefile", short: 'F', arg: reqArg, unsupported: notBuilt},
-	{long: "nodelist", short: 'w', arg: reqArg, unsupported: notBuilt},
 	{long: "ntasks-per-core", arg: reqArg, unsupported: notBuilt},
 	{long: "ntasks-per-gpu", arg: reqArg, unsupported: notBuilt},
 	{long: "ntasks-per-socket", arg: reqArg, unsupported: notBuilt},
@@ -151,6 +152,7 @@ var gangrunAliases = map[string]string{
 	"dependency": "dependency", "array": "array", "output": "output", "mem": "mem",
 	"max-restarts": "gangrun-max-restarts", "spare-nodes": "gangrun-spare-nodes",
 	"checkpoint-dir": "gangrun-checkpoint-dir", "term-timeout": "gangrun-term-timeout",
+	"exclusive": "exclusive", "constraint": "constraint", "nodelist": "nodelist", "exclude": "exclude",
 }
 
 // notBatchSupervised is why a batch script refuses the supervision options of `gangrun
@@ -172,7 +174,7 @@ func gangrunOptions() []option {
 	// In name order, not the map's: getopt names an ambiguous abbreviation's
 	// candidates in table order.
 	for _, name := range slices.Sorted(maps.Keys(gangrunAliases)) {
-		out = append(out, option{long: name, arg: reqArg})
+		out = append(out, nodeChoiceAlias(option{long: name, arg: reqArg}))
 	}
 	for _, o := range gangrunRefused {
 		o.unsupported = notBatchSupervised
@@ -395,6 +397,9 @@ func (o *batchOpts) request(e *Env, script, name string, scriptArgs []string) (*
 		return nil, err
 	}
 	if err := o.gpus(&spec); err != nil {
+		return nil, err
+	}
+	if err := o.nodeChoice(&spec); err != nil {
 		return nil, err
 	}
 	if err := o.limits(&spec, r); err != nil {

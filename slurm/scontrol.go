@@ -350,14 +350,14 @@ func showJob(j job.Job, pending string) string {
 		host = spec.Batch.SubmitHost
 	}
 	w("   Partition=%s AllocNode:Sid=%s:0\n", job.PartitionName(spec.Partition), host)
-	w("   ReqNodeList=(null) ExcNodeList=(null)\n")
+	w("   ReqNodeList=%s ExcNodeList=%s\n", orNull(hostlist.Compress(spec.NodeList)), orNull(hostlist.Compress(spec.ExcNodes)))
 	w("   NodeList=%s\n", hostlist.Compress(nodes))
 	if len(nodes) > 0 && batchFlag == 1 {
 		w("   BatchHost=%s\n", nodes[0])
 	}
 	showJobSize(w, spec, len(nodes))
-	w("   Features=(null) DelayBoot=00:00:00\n")
-	w("   OverSubscribe=OK Contiguous=0 Licenses=(null) Network=(null)\n")
+	w("   Features=%s DelayBoot=00:00:00\n", orNull(spec.Constraint))
+	w("   OverSubscribe=%s Contiguous=0 Licenses=(null) Network=(null)\n", spec.OverSubscribe())
 	showJobFiles(w, spec, nodes)
 	w("   Power=\n")
 	w("   TresPerNode=%s\n", tresPerNode(spec))
