@@ -19,6 +19,12 @@ func TestExclusiveJobsRunOneAtATime(t *testing.T) {
 	dir := t.TempDir()
 	t.Chdir(dir)
 	script := `mkdir running || exit 9; while [ ! -e release ]; do sleep 0.1; done; rmdir running`
+	release := func() {
+		if err := os.WriteFile(filepath.Join(dir, "release"), nil, 0o644); err != nil {
+			t.Error(err)
+		}
+	}
+	t.Cleanup(release) // a failed test's jobs end too
 	var ids []string
 	for range 3 {
 		ids = append(ids, c.submit("--exclusive", "--gpus-per-node", "1", "--", "/bin/sh", "-c", script))
@@ -47,9 +53,7 @@ func TestExclusiveJobsRunOneAtATime(t *testing.T) {
 			t.Errorf("job %s's reason %q, want Resources", id, r)
 		}
 	}
-	if err := os.WriteFile(filepath.Join(dir, "release"), nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	release()
 	for _, id := range ids {
 		c.waitState(id, job.Completed, 2*time.Minute)
 	}

@@ -669,7 +669,7 @@ func scontrolFields(out string) map[string]string {
 // accounting database.
 func TestSlurmCommandsAgainstSlurm(t *testing.T) {
 	p := startSlurmPair(t, "gpu-a", "gpu-b")
-	running := "#!/bin/bash\n#SBATCH --job-name=cmds --nodes=2 --gres=gpu:4 --ntasks-per-node=2 --time=10:00 --partition=gpu\nsrun sleep 120\n"
+	running := "#!/bin/bash\n#SBATCH --job-name=cmds --nodes=2 --gres=gpu:4 --ntasks-per-node=2 --time=10:00 --partition=gpu --exclusive=user\nsrun sleep 120\n"
 	type jobs struct{ dir, run, pend, fail string }
 	var js [2]jobs
 	sides := []side{realSlurm, gangrunSide}
