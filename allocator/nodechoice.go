@@ -3,6 +3,7 @@ package allocator
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
@@ -299,4 +300,24 @@ func feasibleChoice(c *Cluster, r Request) error {
 		}
 	}
 	return fmt.Errorf("Invalid feature specification: --constraint %s: no node has those features (node labels)", quote.Q(r.Constraint))
+}
+
+// Features writes a node's labels as Slurm's node features (scontrol show node's
+// AvailableFeatures), the features --constraint matches: KEY=VALUE, or KEY alone for
+// an empty value, sorted, joined by ','; the labels placement reads itself
+// (partition, switch, spine) are left out. "" for none.
+func Features(labels map[string]string) string {
+	var out []string
+	for _, k := range slices.Sorted(maps.Keys(labels)) {
+		switch k {
+		case LabelPartition, LabelSwitch, LabelSpine:
+			continue
+		}
+		if labels[k] == "" {
+			out = append(out, k)
+		} else {
+			out = append(out, k+"="+labels[k])
+		}
+	}
+	return strings.Join(out, ",")
 }

@@ -211,3 +211,16 @@ func TestNodeListAndExcludePlace(t *testing.T) {
 		}
 	}
 }
+
+func TestFeaturesAreTheLabelsConstraintsMatch(t *testing.T) {
+	got := Features(map[string]string{"partition": "gpu", "switch": "leaf1", "spine": "s0", "nvlink": "", "ib": "hdr"})
+	if got != "ib=hdr,nvlink" {
+		t.Errorf("Features = %q, want ib=hdr,nvlink", got)
+	}
+	n := node("a", 1, "H100", map[string]string{"nvlink": "", "ib": "hdr"})
+	for _, f := range strings.Split(got, ",") {
+		if !hasFeature(n, f) {
+			t.Errorf("feature %q as shown does not match the node", f)
+		}
+	}
+}

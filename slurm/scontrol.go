@@ -515,13 +515,16 @@ func showNode(n allocator.NodeStatus) string {
 		reason = "   Reason=" + n.Reason + "\n"
 	}
 	h, _ := os.Hostname()
+	feat := orNull(allocator.Features(n.Labels))
 	return fmt.Sprintf(`NodeName=%s Arch=x86_64 CoresPerSocket=1 
+   AvailableFeatures=%s
+   ActiveFeatures=%s
    Gres=gpu:%d
    NodeAddr=%s NodeHostName=%s Version=22.05.8
    State=%s Partitions=%s 
    AllocTRES=gres/gpu=%d
    CfgTRES=gres/gpu=%d
-%s`, n.Name, n.GPUsTotal, orNull(n.Addr), orHost(n.Name, h), st, partitionOf(n), n.GPUsUsed, n.GPUsTotal, reason)
+%s`, n.Name, feat, feat, n.GPUsTotal, orNull(n.Addr), orHost(n.Name, h), st, partitionOf(n), n.GPUsUsed, n.GPUsTotal, reason)
 }
 
 // orHost is name, or h for "".

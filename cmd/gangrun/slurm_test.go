@@ -845,7 +845,7 @@ func TestSlurmCommandsAgainstSlurm(t *testing.T) {
 		fieldsOfAs(true, 0, "show", "partition", "gpu"), fieldsOfAs(true, 1, "show", "partition", "gpu"))
 	check("scontrol show step", []string{"StepId", "UserId", "State", "Partition", "NodeList", "Nodes", "CPUs", "Tasks", "Name", "TimeLimit", "Dist", "TresPerNode"},
 		fieldsOf(0, "show", "step", js[0].run+".0"), fieldsOf(1, "show", "step", js[1].run+".0"))
-	check("scontrol show node", []string{"NodeName", "Gres", "State", "Partitions"},
+	check("scontrol show node", []string{"NodeName", "Gres", "State", "Partitions", "AvailableFeatures", "ActiveFeatures"},
 		fieldsOf(0, "show", "node", "gpu-a"), fieldsOf(1, "show", "node", "gpu-a"))
 	check("scontrol show partition", []string{"PartitionName", "Default", "Nodes", "State", "TotalNodes", "MaxTime", "MaxNodes"},
 		fieldsOf(0, "show", "partition", "gpu"), fieldsOf(1, "show", "partition", "gpu"))
