@@ -225,7 +225,9 @@ type occupant struct {
 }
 
 // occupants returns, node by node, the grants c holds (all but the refused), with what
-// their requests say of sharing (a grant whose request is gone counts as shared).
+// their requests say of sharing (a grant whose request is gone counts as shared, its
+// user unknown), and the holders of the node's GPU keys that are no such grant (a
+// step of an ended grant still stopping there: its GPUs are not free yet either).
 func occupants(c *Cluster) map[string][]occupant {
 	out := map[string][]occupant{}
 	for id, g := range c.Grants {
@@ -237,7 +239,16 @@ func occupants(c *Cluster) map[string][]occupant {
 			o.user, o.exclusive = r.User, r.Exclusive
 		}
 		for _, gn := range g.Nodes {
-			out[gn.Name] = append(out[gn.Name], o)
+			if !slices.ContainsFunc(out[gn.Name], func(x occupant) bool { return x.id == id }) {
+				out[gn.Name] = append(out[gn.Name], o)
+			}
+		}
+	}
+	for name, n := range c.Nodes {
+		for _, id := range n.Held {
+			if _, ok := c.Grants[id]; !ok && !slices.ContainsFunc(out[name], func(x occupant) bool { return x.id == id }) {
+				out[name] = append(out[name], occupant{id: id})
+			}
 		}
 	}
 	return out

@@ -224,3 +224,29 @@ func TestFeaturesAreTheLabelsConstraintsMatch(t *testing.T) {
 		}
 	}
 }
+
+// TestExclusiveWaitsForStepsOfEndedGrants: a GPU key still held for a grant that is gone
+// (its step stopping) keeps an exclusive request off the node; a grant's own keys count
+// once.
+func TestExclusiveWaitsForStepsOfEndedGrants(t *testing.T) {
+	a := node("a", 2, "H100", nil)
+	a.Held = map[string]string{"0": "gone", "1": "live"}
+	c := &Cluster{Nodes: map[string]*NodeState{"a": a}, Requests: map[string]PendingRequest{},
+		Grants: map[string]Grant{"live": {ID: "live", State: GrantGranted, Nodes: []GrantNode{{Name: "a"}}}}}
+	occ := occupants(c)
+	if len(occ["a"]) != 2 {
+		t.Fatalf("occupants %+v, want live and gone", occ["a"])
+	}
+	delete(c.Grants, "live")
+	a.Held = map[string]string{"0": "gone"}
+	shared := sharedWith(occupants(c))
+	if got := shared(Request{ID: "x", NodeChoice: NodeChoice{Exclusive: ExclusiveNode}}, a); got != reasonShared {
+		t.Errorf("exclusive beside a stopping step: %q, want %q", got, reasonShared)
+	}
+	if got := shared(Request{ID: "gone", NodeChoice: NodeChoice{Exclusive: ExclusiveNode}}, a); got != "" {
+		t.Errorf("exclusive beside its own stopping step: %q, want none", got)
+	}
+	if got := shared(Request{ID: "y"}, a); got != "" {
+		t.Errorf("a shared request beside a stopping step: %q, want none", got)
+	}
+}

@@ -372,8 +372,8 @@ func count(name, v string, min int) (int, error) {
 }
 
 // request builds the job from the options, in phases: the script and its name, the
-// tasks and nodes, the GPUs, the limits, gangrun's supervision, then who submits it,
-// from where and with what environment. Errors are *UsageError, in the order sbatch's
+// nodes it chooses, the tasks and nodes, the GPUs, the limits, gangrun's supervision,
+// then who submits it, from where and with what environment. Errors are *UsageError, in the order sbatch's
 // options are checked.
 func (o *batchOpts) request(e *Env, script, name string, scriptArgs []string) (*BatchRequest, error) {
 	v := o.v
@@ -393,13 +393,13 @@ func (o *batchOpts) request(e *Env, script, name string, scriptArgs []string) (*
 		spec.Name = v["job-name"]
 	}
 	spec.Account, spec.Partition = v["account"], v["partition"]
+	if err := o.nodeChoice(&spec); err != nil {
+		return nil, err
+	}
 	if err := o.tasks(&spec); err != nil {
 		return nil, err
 	}
 	if err := o.gpus(&spec); err != nil {
-		return nil, err
-	}
-	if err := o.nodeChoice(&spec); err != nil {
 		return nil, err
 	}
 	if err := o.limits(&spec, r); err != nil {
@@ -418,7 +418,8 @@ func (o *batchOpts) request(e *Env, script, name string, scriptArgs []string) (*
 }
 
 // tasks sets spec's tasks (--ntasks, --ntasks-per-node, --cpus-per-task) and nodes:
-// --nodes, else as many as --ntasks needs at --ntasks-per-node, else one.
+// --nodes, else as many as --ntasks needs at --ntasks-per-node, else --nodelist's
+// count (nodeChoice, before it), else one.
 func (o *batchOpts) tasks(spec *job.Spec) error {
 	v, b := o.v, spec.Batch
 	var err error
@@ -437,7 +438,8 @@ func (o *batchOpts) tasks(spec *job.Spec) error {
 			return err
 		}
 	}
-	spec.MinNodes, spec.MaxNodes = 1, 1
+	least := max(1, len(spec.NodeList)) // -w's nodes, as slurmctld counts them
+	spec.MinNodes, spec.MaxNodes = least, least
 	if v.has("nodes") {
 		lo, hi, err := job.ParseNodes(strings.Replace(v["nodes"], ":", "-", 1))
 		if err != nil {
