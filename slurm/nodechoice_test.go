@@ -53,3 +53,17 @@ func TestNodeChoiceOnScriptLines(t *testing.T) {
 		t.Errorf("choice %+v", c)
 	}
 }
+
+// TestSallocTakesTheNodeChoice: salloc takes sbatch's node-choosing options; -w's
+// nodes are its node count.
+func TestSallocTakesTheNodeChoice(t *testing.T) {
+	var out, errOut strings.Builder
+	e := &Env{Stdout: &out, Stderr: &errOut, Environ: os.Environ, Getenv: os.Getenv}
+	spec, _, code, done := sallocRequest(e, []string{"--exclusive=user", "-w", "gpu-[1-2]", "-C", "ib", "--gres=gpu:1", "true"})
+	if done {
+		t.Fatalf("salloc ended: exit %d %s", code, errOut.String())
+	}
+	if spec.Exclusive != allocator.ExclusiveUser || spec.Constraint != "ib" || !slices.Equal(spec.NodeList, []string{"gpu-1", "gpu-2"}) || spec.MinNodes != 2 {
+		t.Errorf("spec: exclusive %q constraint %q nodelist %v nodes %d", spec.Exclusive, spec.Constraint, spec.NodeList, spec.MinNodes)
+	}
+}
