@@ -430,6 +430,7 @@ func showJob(e *env, j *job.Job, asJSON bool) int {
 	fmt.Fprintf(w, "   SubmitTime=%s StartTime=%s EndTime=%s TimeLimit=%s\n", stampOr(sp.Submitted), stampOr(st.Started), stampOr(st.Ended), limitOr(sp.TimeLimit))
 	fmt.Fprintf(w, "   NumNodes=%s GPUsPerNode=%s SpareNodes=%d MaxRestarts=%d\n", nodesRange(sp), gpusPerNode(sp), sp.SpareNodes, sp.MaxRestarts)
 	fmt.Fprintf(w, "   NodeList=%s Spares=%s\n", orDash(hostlist.Compress(st.Nodes)), orDash(hostlist.Compress(st.Spares)))
+	printNodeChoice(w, sp)
 	if len(sp.Dependency) > 0 {
 		fmt.Fprintf(w, "   Dependency=%s\n", job.FormatDependencies(sp.Dependency))
 	}

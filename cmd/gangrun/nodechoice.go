@@ -1,11 +1,15 @@
 package main
 
 import (
+	"fmt"
+	"io"
 	"strings"
 
 	"github.com/spf13/pflag"
 
 	"github.com/gangrun/gangrun/allocator"
+	"github.com/gangrun/gangrun/hostlist"
+	"github.com/gangrun/gangrun/job"
 	"github.com/gangrun/gangrun/slurm"
 )
 
@@ -46,3 +50,13 @@ func (f *nodeChoiceFlags) choice() (allocator.NodeChoice, error) {
 type trimmedError struct{ msg string }
 
 func (e trimmedError) Error() string { return e.msg }
+
+// printNodeChoice writes, for `gangrun show`, the nodes a job chose (with scontrol's
+// names for them), when it chose any.
+func printNodeChoice(w io.Writer, sp job.Spec) {
+	if sp.NodeChoice.Exclusive == "" && sp.Constraint == "" && len(sp.NodeList) == 0 && len(sp.ExcNodes) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "   OverSubscribe=%s Features=%s ReqNodeList=%s ExcNodeList=%s\n", sp.OverSubscribe(), orDash(sp.Constraint),
+		orDash(hostlist.Compress(sp.NodeList)), orDash(hostlist.Compress(sp.ExcNodes)))
+}

@@ -86,6 +86,9 @@ func TestConstraintNodelistExcludeAcrossTwoAgents(t *testing.T) {
 		if len(nodes) != 1 || nodes[0].(map[string]any)["name"] != tc.node {
 			t.Errorf("%v: ran on %v, want %s", tc.args, m["nodes"], tc.node)
 		}
+		if code, out, _ := c.gangrun("show", id); code != 0 || !strings.Contains(out, "   OverSubscribe=OK Features=") {
+			t.Errorf("show %s (%v): exit %d\n%s", id, tc.args, code, out)
+		}
 	}
 	for _, tc := range []struct {
 		args []string
