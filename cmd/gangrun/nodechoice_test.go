@@ -60,9 +60,10 @@ func TestExclusiveJobsRunOneAtATime(t *testing.T) {
 }
 
 // TestConstraintNodelistExcludeAcrossTwoAgents: on two agents, gpu-b labelled ib=hdr,
-// --constraint ib runs on gpu-b, --nodelist gpu-a on gpu-a, --exclude gpu-b on gpu-a;
-// a constraint no node meets and an unknown node are refused at submit, in Slurm's
-// words and naming the value, exit 2.
+// --constraint ib runs on gpu-b, --nodelist gpu-a on gpu-a, --exclude gpu-b on gpu-a,
+// a GPU type in Slurm's spelling on the H100s; a constraint no node meets and an
+// unknown node are refused at submit, in Slurm's words and naming the value, and a GPU
+// type no node has, exit 2.
 func TestConstraintNodelistExcludeAcrossTwoAgents(t *testing.T) {
 	c := startJobClusterWith(t, func(node string) []string {
 		if node == "gpu-b" {
@@ -79,8 +80,10 @@ func TestConstraintNodelistExcludeAcrossTwoAgents(t *testing.T) {
 		{[]string{"-C", "ib=hdr|nvlink"}, "gpu-b"},
 		{[]string{"--nodelist", "gpu-a"}, "gpu-a"},
 		{[]string{"-x", "gpu-b"}, "gpu-a"},
+		// Slurm's AutoDetect=nvml name for the GPU.
+		{[]string{"-x", "gpu-a", "--gpus-per-node", "nvidia_h100_80gb_hbm3:8"}, "gpu-b"},
 	} {
-		id := c.submit(append(append(tc.args, "--gpus-per-node", "8"), "--", "true")...)
+		id := c.submit(append(append([]string{"--gpus-per-node", "8"}, tc.args...), "--", "true")...)
 		m := c.waitState(id, job.Completed, 90*time.Second)
 		nodes, _ := m["nodes"].([]any)
 		if len(nodes) != 1 || nodes[0].(map[string]any)["name"] != tc.node {
@@ -99,6 +102,7 @@ func TestConstraintNodelistExcludeAcrossTwoAgents(t *testing.T) {
 		{[]string{"-C", "[a|b]"}, `gangrun submit: --constraint "[a|b]": "[" is not supported by gangrun`},
 		{[]string{"--exclusive=mcs"}, "gangrun submit: --exclusive=mcs: gangrun has no MCS labels"},
 		{[]string{"-w", "gpu-a", "--nodes", "2"}, "gangrun submit: --nodes 2 (with --spare-nodes 0) and a --nodelist of 1"},
+		{[]string{"--gpus-per-node", "a100:1"}, "gangrun submit: GPU model a100 (--gpus-per-node a100:1, or --gpu-model): no node has such GPUs"},
 	} {
 		code, out, errOut := c.gangrun(append(append([]string{"submit"}, tc.args...), "--", "true")...)
 		if code != exitUsage || out != "" || !strings.HasPrefix(errOut, tc.want) || strings.Count(errOut, "\n") != 1 {
