@@ -23,16 +23,20 @@ type NodeChoiceArgs struct {
 // -C/--constraint, -w/--nodelist and -x/--exclude into an allocator.NodeChoice: the
 // hostlists expanded (hostlist.Expand, duplicates dropped). What gangrun cannot
 // honour is refused in one line, as a *UsageError with sbatch's exit code:
-// --exclusive=mcs and values not --exclusive's (255, an option's error); a node list
-// read from a file (Slurm's -w with a '/', 255); a hostlist that does not parse (1,
-// "Invalid node name specified", as slurmctld says of a bad name). The constraint's
+// --exclusive=mcs (255, an option's error), and a value not --exclusive's in sbatch's
+// words ("Invalid --exclusive specification", 255); a node list read from a file
+// (Slurm's -w with a '/', 255); a hostlist that does not parse (1, "Batch job
+// submission failed: Invalid node name specified", as Slurm 22.05 says of one). The constraint's
 // syntax is checked with the job (job.Spec.Validate, allocator.ParseConstraint).
 func ParseNodeChoice(a NodeChoiceArgs) (allocator.NodeChoice, error) {
 	var c allocator.NodeChoice
 	if a.ExclusiveSet {
 		x, err := allocator.ParseExclusive(a.Exclusive)
-		if err != nil {
-			return c, badf("%v", err)
+		switch {
+		case err != nil && a.Exclusive == "mcs":
+			return c, badf("%v", err) // Slurm takes it; gangrun cannot honour it
+		case err != nil:
+			return c, bad("exclusive") // sbatch's words for a value it does not know
 		}
 		c.Exclusive = x
 	}
@@ -49,7 +53,7 @@ func ParseNodeChoice(a NodeChoiceArgs) (allocator.NodeChoice, error) {
 		}
 		hosts, err := hostlist.Expand(l.arg)
 		if err != nil {
-			return c, &UsageError{Msg: fmt.Sprintf("error: Invalid node name specified: --%s=%s: %v", l.name, quote.Q(l.arg), err), Code: 1}
+			return c, &UsageError{Msg: fmt.Sprintf("error: Batch job submission failed: Invalid node name specified: --%s=%s: %v", l.name, quote.Q(l.arg), err), Code: 1}
 		}
 		var names []string
 		for _, h := range hosts {

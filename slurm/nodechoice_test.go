@@ -27,9 +27,9 @@ func TestParseNodeChoice(t *testing.T) {
 		want string
 	}{
 		{NodeChoiceArgs{ExclusiveSet: true, Exclusive: "mcs"}, 255, "error: --exclusive=mcs: gangrun has no MCS labels"},
-		{NodeChoiceArgs{ExclusiveSet: true, Exclusive: "bogus"}, 255, `error: --exclusive="bogus": want --exclusive or --exclusive=user`},
+		{NodeChoiceArgs{ExclusiveSet: true, Exclusive: "bogus"}, 255, `error: Invalid --exclusive specification`},
 		{NodeChoiceArgs{NodeList: "/etc/hosts"}, 255, `error: --nodelist="/etc/hosts": a file of node names is not supported by gangrun`},
-		{NodeChoiceArgs{Exclude: "gpu-[1-"}, 1, `error: Invalid node name specified: --exclude="gpu-[1-"`},
+		{NodeChoiceArgs{Exclude: "gpu-[1-"}, 1, `error: Batch job submission failed: Invalid node name specified: --exclude="gpu-[1-"`},
 	} {
 		_, err := ParseNodeChoice(tc.a)
 		var ue *UsageError

@@ -445,7 +445,10 @@ func (o *batchOpts) tasks(spec *job.Spec) error {
 		if err != nil {
 			return &UsageError{Msg: fmt.Sprintf("error: \"%s\" is not a valid node count", v["nodes"]), Code: 255}
 		}
-		spec.MinNodes, spec.MaxNodes = lo, hi
+		spec.MinNodes, spec.MaxNodes = max(lo, least), hi
+		if spec.MaxNodes < spec.MinNodes { // -w names more nodes than -N allows
+			return &UsageError{Msg: fmt.Sprintf("error: invalid number of nodes (-N %d-%d)", spec.MinNodes, spec.MaxNodes), Code: 1}
+		}
 	} else if b.NTasks > 0 && b.NTasksPerNode > 0 {
 		n := (b.NTasks + b.NTasksPerNode - 1) / b.NTasksPerNode
 		spec.MinNodes, spec.MaxNodes = n, n

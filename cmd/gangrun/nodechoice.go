@@ -32,7 +32,7 @@ func (f *nodeChoiceFlags) register(fs *pflag.FlagSet) {
 }
 
 // choice is the flags' allocator.NodeChoice (slurm.ParseNodeChoice), its error's text
-// without sbatch's "error: ".
+// without sbatch's "error: " and "Batch job submission failed: ".
 func (f *nodeChoiceFlags) choice() (allocator.NodeChoice, error) {
 	x := f.exclusive
 	if x == exclusiveAlone {
@@ -41,7 +41,7 @@ func (f *nodeChoiceFlags) choice() (allocator.NodeChoice, error) {
 	c, err := slurm.ParseNodeChoice(slurm.NodeChoiceArgs{ExclusiveSet: f.exclusive != "", Exclusive: x,
 		Constraint: f.constraint, NodeList: f.nodelist, Exclude: f.exclude})
 	if err != nil {
-		return c, trimmedError{strings.TrimPrefix(err.Error(), "error: ")}
+		return c, trimmedError{strings.TrimPrefix(strings.TrimPrefix(err.Error(), "error: "), "Batch job submission failed: ")}
 	}
 	return c, nil
 }

@@ -101,6 +101,7 @@ func TestConstraintNodelistExcludeAcrossTwoAgents(t *testing.T) {
 		{[]string{"-w", "gpu-z"}, "gangrun submit: Invalid node name specified: --nodelist gpu-z is not a registered node"},
 		{[]string{"-C", "[a|b]"}, `gangrun submit: --constraint "[a|b]": "[" is not supported by gangrun`},
 		{[]string{"--exclusive=mcs"}, "gangrun submit: --exclusive=mcs: gangrun has no MCS labels"},
+		{[]string{"-x", "gpu-[a"}, `gangrun submit: Invalid node name specified: --exclude="gpu-[a"`},
 		{[]string{"-w", "gpu-a", "--nodes", "2"}, "gangrun submit: --nodes 2 (with --spare-nodes 0) and a --nodelist of 1"},
 		{[]string{"--gpus-per-node", "a100:1"}, "gangrun submit: GPU model a100 (--gpus-per-node a100:1, or --gpu-model): no node has such GPUs"},
 	} {

@@ -361,6 +361,8 @@ func TestSbatchRefusalsAgainstSlurm(t *testing.T) {
 		{"--export with no value", []string{"--export"}, ""},
 		{"wrap with arguments", []string{"--wrap", "true", "x"}, ""},
 		{"--exclusive", []string{"--exclusive", "job.sh"}, "accepted"},
+		{"--exclusive with a bad value", []string{"--exclusive=bogus", "job.sh"}, ""},
+		{"more -w nodes than -N", []string{"-N", "1", "-w", "gpu-a,gpu-b", "job.sh"}, ""},
 		{"--nodelist", []string{"-w", "gpu-a", "job.sh"}, "accepted"},
 	}
 	agree := 0
@@ -391,7 +393,7 @@ func TestSbatchRefusalsAgainstSlurm(t *testing.T) {
 	}
 	t.Logf("%d of %d refusals agree in message and exit code", agree, len(cases))
 	// The node choice's refusals: Slurm's line, then gangrun's naming the value.
-	for _, args := range [][]string{{"-w", "nosuch", "job.sh"}, {"-x", "nosuch", "job.sh"}, {"-C", "nosuch", "job.sh"}, {"-C", "a&&b", "job.sh"}} {
+	for _, args := range [][]string{{"-w", "nosuch", "job.sh"}, {"-x", "nosuch", "job.sh"}, {"-C", "nosuch", "job.sh"}, {"-C", "a&&b", "job.sh"}, {"-w", "gpu-[a", "job.sh"}} {
 		_, rerr, rcode := p.run(realSlurm, dir, "", nil, "sbatch", args...)
 		_, gerr, gcode := p.run(gangrunSide, dir, "", nil, "sbatch", args...)
 		if rcode != gcode || !strings.HasPrefix(gerr, strings.TrimSuffix(rerr, "\n")+": ") || strings.Count(gerr, "\n") != 1 {
