@@ -139,8 +139,9 @@ type Request struct {
 	Nodes       int `json:"nodes"`
 	MaxNodes    int `json:"max_nodes,omitempty"`
 	GPUsPerNode int `json:"gpus_per_node"`
-	// GPUModel, when set, must appear in the devices' model name (gpuTypeMatches: case and '_' aside);
-	// without MIGProfile it asks for whole GPUs only.
+	// GPUModel, when set, must appear in the devices' model name, letter case aside
+	// and '_' read as ' ' (gpuTypeMatches); without MIGProfile it asks for whole GPUs
+	// only.
 	GPUModel string `json:"gpu_model,omitempty"`
 	// MIGProfile, when set, asks for MIG devices of that profile ("3g.40gb"), as
 	// --gpus-per-node 3g.40gb:2 does (ParseGPUs); unset, any allocatable device counts,

@@ -373,8 +373,8 @@ func count(name, v string, min int) (int, error) {
 
 // request builds the job from the options, in phases: the script and its name, the
 // nodes it chooses, the tasks and nodes, the GPUs, the limits, gangrun's supervision,
-// then who submits it, from where and with what environment. Errors are *UsageError, in the order sbatch's
-// options are checked.
+// then who submits it, from where and with what environment. Errors are *UsageError,
+// in the order sbatch's options are checked.
 func (o *batchOpts) request(e *Env, script, name string, scriptArgs []string) (*BatchRequest, error) {
 	v := o.v
 	r := &BatchRequest{Parsable: v.has("parsable"), Wait: v.has("wait"), Quiet: v.has("quiet")}
