@@ -50,6 +50,12 @@ const (
 // short words; a constraint names a few).
 const maxConstraintBytes = 1024
 
+// maxChoiceNodes bounds the nodes --nodelist and --exclude name, each: the job's and
+// its request's records carry them, and a Consul value holds at most 512 KiB. Both
+// lists this long, of names of the longest (128 bytes, 131 written in JSON), take
+// 2 × 1024 × 131 bytes, about 268 KB, leaving room for the rest of the record.
+const maxChoiceNodes = 1024
+
 // OverSubscribe returns how scontrol show job (OverSubscribe=) and squeue (%h) show
 // the choice: NO for --exclusive, USER for --exclusive=user, OK otherwise (Slurm's
 // job_share_string for a job that did not ask).
@@ -79,8 +85,8 @@ func ParseExclusive(arg string) (string, error) {
 }
 
 // Validate checks the choice's own fields: an Exclusive of ParseExclusive's, a
-// constraint that parses (ParseConstraint), node names of printable text, and no node
-// both in NodeList and ExcNodes (Slurm refuses that too).
+// constraint that parses (ParseConstraint), at most maxChoiceNodes node names in each
+// list, each of printable text, and no node both in NodeList and ExcNodes.
 func (c NodeChoice) Validate() error {
 	switch c.Exclusive {
 	case "", ExclusiveNode, ExclusiveUser:
@@ -94,6 +100,9 @@ func (c NodeChoice) Validate() error {
 		flag  string
 		names []string
 	}{{"--nodelist", c.NodeList}, {"--exclude", c.ExcNodes}} {
+		if len(l.names) > maxChoiceNodes {
+			return fmt.Errorf("%s: %d nodes, want at most %d", l.flag, len(l.names), maxChoiceNodes)
+		}
 		for _, n := range l.names {
 			if n == "" || len(n) > maxNameBytes {
 				return fmt.Errorf("%s %s: a node name of 1 to %d bytes", l.flag, quote.Q(n), maxNameBytes)

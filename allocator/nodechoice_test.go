@@ -3,6 +3,7 @@ package allocator
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -68,6 +69,13 @@ func TestParseConstraintRefusesWhatGangrunCannotHonour(t *testing.T) {
 	}
 	if err := (NodeChoice{NodeList: []string{"a"}, ExcNodes: []string{"a"}}).Validate(); err == nil {
 		t.Error("a node both in --nodelist and --exclude: no error")
+	}
+	many := make([]string, maxChoiceNodes+1)
+	for i := range many {
+		many[i] = fmt.Sprintf("n%d", i)
+	}
+	if err := (NodeChoice{ExcNodes: many}).Validate(); err == nil || !strings.Contains(err.Error(), "--exclude: 1025 nodes") {
+		t.Errorf("%d nodes to --exclude: %v", len(many), err)
 	}
 }
 
