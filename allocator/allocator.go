@@ -139,8 +139,9 @@ type Request struct {
 	Nodes       int `json:"nodes"`
 	MaxNodes    int `json:"max_nodes,omitempty"`
 	GPUsPerNode int `json:"gpus_per_node"`
-	// GPUModel, when set, must appear (case-insensitive) in the devices' model name;
-	// without MIGProfile it asks for whole GPUs only.
+	// GPUModel, when set, must appear in the devices' model name, letter case aside
+	// and '_' read as ' ' (gpuTypeMatches); without MIGProfile it asks for whole GPUs
+	// only.
 	GPUModel string `json:"gpu_model,omitempty"`
 	// MIGProfile, when set, asks for MIG devices of that profile ("3g.40gb"), as
 	// --gpus-per-node 3g.40gb:2 does (ParseGPUs); unset, any allocatable device counts,
@@ -187,6 +188,8 @@ type Request struct {
 	// refusal names apart from its --nodes, as the user gave them. The submit sets it;
 	// it is not stored.
 	Spares int `json:"-"`
+	// NodeChoice is --exclusive, --constraint, --nodelist and --exclude (nodechoice.go).
+	NodeChoice
 }
 
 // nodesFlags writes the request's node count as the flags that asked for it:
@@ -235,6 +238,9 @@ func (r Request) Validate() error {
 	}
 	if r.MIGProfile != "" && !migProfileRE.MatchString(r.MIGProfile) {
 		return fmt.Errorf("--gpus-per-node %s:%d: %q is not a MIG profile (like 1g.10gb, 3g.40gb, 1g.10gb+me)", r.MIGProfile, r.GPUsPerNode, r.MIGProfile)
+	}
+	if err := r.NodeChoice.Validate(); err != nil {
+		return err
 	}
 	return CheckLabels(r.Labels)
 }
@@ -305,7 +311,7 @@ func (r Request) wants(d topology.Device) bool {
 	if r.MIGProfile == "" && r.GPUModel != "" && d.MIGProfile != "" {
 		return false
 	}
-	return r.GPUModel == "" || strings.Contains(strings.ToLower(d.Model), strings.ToLower(r.GPUModel))
+	return r.GPUModel == "" || gpuTypeMatches(d.Model, r.GPUModel)
 }
 
 // devices counts n of the devices r asks for, for messages, with adj before the noun:

@@ -186,6 +186,9 @@ func CheckFeasible(c *Cluster, r Request) error {
 			return refusal(fmt.Errorf("--labels %s=%s: no node has that label", k, r.Labels[k]))
 		}
 	}
+	if err := feasibleChoice(c, r); err != nil {
+		return refusal(err)
+	}
 	fit := defaultPipeline().fit
 	most, eligible, modelSeen := 0, 0, r.GPUModel == "" && r.MIGProfile == ""
 	for _, n := range c.Nodes {

@@ -54,6 +54,10 @@ type pipeline struct {
 	// backfill, when set, lets a request use nodes kept for another's reservation
 	// (reservedFor); the scheduler sets it for each pass, nil keeps them from all.
 	backfill func(r Request, owner string) bool
+	// occupied, when set, are the grants on each node (occupants), which --exclusive
+	// looks at (sharedWith); the scheduler sets it for each pass and adds the pass's
+	// grants; nil: no node is shared with anything.
+	occupied map[string][]occupant
 }
 
 // defaultPipeline returns the scheduler's pipeline: the one place the checkers and
@@ -63,7 +67,7 @@ type pipeline struct {
 func defaultPipeline() pipeline {
 	return pipeline{
 		state:   []Checker{checkUp, checkNotDrained, checkNotExcluded},
-		fit:     []Checker{checkPartition, checkLabels, checkDevices},
+		fit:     []Checker{checkPartition, checkLabels, checkDevices, checkFeatures, checkNodeList, checkExcNodes},
 		nodes:   ChooseNodes,
 		devices: ChooseDevices,
 	}
@@ -86,7 +90,7 @@ func (p pipeline) feasible(r Request, n *NodeState) string {
 // does not fit now: a pending reason that counts the checkers' reasons.
 func (p pipeline) place(r Request, nodes map[string]*NodeState, free map[string][]topology.Device, kept map[string]string,
 	inventory func(*NodeState) (*topology.Inventory, error)) ([]GrantNode, string) {
-	reserved := reservedFor(kept, p.backfill)
+	reserved, shared := reservedFor(kept, p.backfill), sharedWith(p.occupied)
 	var cands []NodeCandidate
 	counts := map[string]int{}
 	var excluded []string // the nodes checkNotExcluded ruled out
@@ -94,6 +98,9 @@ func (p pipeline) place(r Request, nodes map[string]*NodeState, free map[string]
 		why := p.feasible(r, n)
 		if why == "" {
 			why = reserved(r, n)
+		}
+		if why == "" {
+			why = shared(r, n)
 		}
 		if why != "" {
 			counts[why]++

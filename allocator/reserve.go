@@ -100,6 +100,7 @@ func shapeKey(r Request) string {
 	}
 	b.WriteByte(2)
 	b.WriteString(strings.Join(r.Exclude, "\x00"))
+	b.WriteString(r.NodeChoice.shapeKey() + "\x00" + r.User)
 	return b.String()
 }
 

@@ -331,6 +331,7 @@ func (sc *Scheduler) prepare(ctx context.Context, c *Cluster, now time.Time) (*p
 		p.held = heldBy(c)
 		p.soon(PolicyRecalc)
 	}
+	sc.pipe.occupied = occupants(c)
 	sc.pipe.backfill = func(r Request, owner string) bool {
 		st, ok := p.starts[owner]
 		return ok && r.TimeLimit > 0 && !p.now.Add(r.TimeLimit).After(st)
@@ -426,6 +427,7 @@ func (p *pass) take(ctx context.Context, r PendingRequest, nodes []GrantNode) er
 		p.nfree -= len(p.free[gn.Name]) - len(left)
 		p.free[gn.Name] = left
 		p.granted[gn.Name] = append(p.granted[gn.Name], r.Request)
+		sc.pipe.occupied[gn.Name] = append(sc.pipe.occupied[gn.Name], occupant{id: r.ID, user: r.User, exclusive: r.Exclusive})
 	}
 	if p.held != nil {
 		j := PolicyJob(r.Request)

@@ -22,6 +22,7 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/gangrun/gangrun/allocator"
 	"github.com/gangrun/gangrun/internal/cgroup"
 	"github.com/gangrun/gangrun/internal/quote"
 	"github.com/gangrun/gangrun/internal/store"
@@ -142,6 +143,9 @@ type Spec struct {
 	// Batch makes the job a Slurm batch job (batch.go): its script runs once on the
 	// first node and srun starts its steps; nil for gangrun's own jobs.
 	Batch *Batch `json:"batch,omitempty"`
+	// NodeChoice is --exclusive, --constraint, --nodelist and --exclude, which the
+	// job's request carries to the placement pipeline (allocator.NodeChoice).
+	allocator.NodeChoice
 }
 
 // StepSupervision is the supervision each node's step runs the job with: the spec's,
@@ -204,6 +208,9 @@ func (s Spec) Validate() error {
 		return fmt.Errorf("--priority %d: want %d to %d (Slurm's job priority is 32-bit)", s.Priority, -MaxPriority, MaxPriority)
 	}
 	if err := s.Supervision.Check(); err != nil {
+		return err
+	}
+	if err := s.checkNodeChoice(); err != nil {
 		return err
 	}
 	for _, f := range []struct{ flag, v string }{{"--name", s.Name}, {"--account", s.Account}, {"--partition", s.Partition}, {"--output", s.Output}} {

@@ -40,6 +40,7 @@ func request(spec Spec, again bool, exclude []string) allocator.Request {
 		spec.Partition, spec.GPUModel, nil, spec.Priority, exclude)
 	r.Spares = spares
 	r.MIGProfile = spec.MIGProfile
+	r.NodeChoice = spec.NodeChoice
 	// Who and what the policy counts (limits, fair-share); the age factor counts from
 	// the submission, a placement again included.
 	r.User, r.Account, r.TimeLimit = spec.User, spec.Account, spec.TimeLimit
@@ -203,6 +204,7 @@ func prepareSubmit(ctx context.Context, s store.Store, cc *clientCache, spec Spe
 	if spec.Output == "" && spec.Batch == nil { // a batch job's is sbatch's (BatchFiles)
 		spec.Output = DefaultOutput
 	}
+	spec.fitNodeList()
 	if err := spec.Validate(); err != nil {
 		return spec, &invalid{err}
 	}

@@ -65,6 +65,11 @@ var sbatchOptions = []option{
 	{long: "version", short: 'V', arg: noArg},
 	{long: "wait", short: 'W', arg: noArg},
 	{long: "wrap", arg: reqArg},
+	// The nodes it takes (nodechoice.go).
+	{long: "constraint", short: 'C', arg: reqArg},
+	{long: "exclude", short: 'x', arg: reqArg},
+	{long: "exclusive", arg: optArg},
+	{long: "nodelist", short: 'w', arg: reqArg},
 	// gangrun's supervision (docs/slurm.md, "Gang supervision"); as #GANGRUN lines
 	// they are --max-restarts, --spare-nodes, --checkpoint-dir, --term-timeout.
 	{long: "gangrun-max-restarts", arg: reqArg},
@@ -80,7 +85,6 @@ var sbatchOptions = []option{
 	{long: "cluster-constraint", arg: reqArg, unsupported: notBuilt},
 	{long: "clusters", short: 'M', arg: reqArg, unsupported: notBuilt},
 	{long: "comment", arg: reqArg, unsupported: notBuilt},
-	{long: "constraint", short: 'C', arg: reqArg, unsupported: notBuilt},
 	{long: "container", arg: reqArg, unsupported: notBuilt},
 	{long: "contiguous", arg: noArg, unsupported: notBuilt},
 	{long: "core-spec", short: 'S', arg: reqArg, unsupported: notBuilt},
@@ -91,8 +95,6 @@ var sbatchOptions = []option{
 	{long: "deadline", arg: reqArg, unsupported: notBuilt},
 	{long: "delay-boot", arg: reqArg, unsupported: notBuilt},
 	{long: "distribution", short: 'm', arg: reqArg, unsupported: notBuilt},
-	{long: "exclude", short: 'x', arg: reqArg, unsupported: notBuilt},
-	{long: "exclusive", arg: optArg, unsupported: notBuilt},
 	{long: "export-file", arg: reqArg, unsupported: notBuilt},
 	{long: "extra-node-info", short: 'B', arg: reqArg, unsupported: notBuilt},
 	{long: "get-user-env", arg: optArg, unsupported: notBuilt},
@@ -118,7 +120,6 @@ var sbatchOptions = []option{
 	{long: "nice", arg: optArg, unsupported: notBuilt},
 	{long: "no-kill", short: 'k', arg: optArg, unsupported: notBuilt},
 	{long: "nodefile", short: 'F', arg: reqArg, unsupported: notBuilt},
-	{long: "nodelist", short: 'w', arg: reqArg, unsupported: notBuilt},
 	{long: "ntasks-per-core", arg: reqArg, unsupported: notBuilt},
 	{long: "ntasks-per-gpu", arg: reqArg, unsupported: notBuilt},
 	{long: "ntasks-per-socket", arg: reqArg, unsupported: notBuilt},
@@ -151,6 +152,7 @@ var gangrunAliases = map[string]string{
 	"dependency": "dependency", "array": "array", "output": "output", "mem": "mem",
 	"max-restarts": "gangrun-max-restarts", "spare-nodes": "gangrun-spare-nodes",
 	"checkpoint-dir": "gangrun-checkpoint-dir", "term-timeout": "gangrun-term-timeout",
+	"exclusive": "exclusive", "constraint": "constraint", "nodelist": "nodelist", "exclude": "exclude",
 }
 
 // notBatchSupervised is why a batch script refuses the supervision options of `gangrun
@@ -172,7 +174,7 @@ func gangrunOptions() []option {
 	// In name order, not the map's: getopt names an ambiguous abbreviation's
 	// candidates in table order.
 	for _, name := range slices.Sorted(maps.Keys(gangrunAliases)) {
-		out = append(out, option{long: name, arg: reqArg})
+		out = append(out, nodeChoiceAlias(option{long: name, arg: reqArg}))
 	}
 	for _, o := range gangrunRefused {
 		o.unsupported = notBatchSupervised
@@ -370,9 +372,9 @@ func count(name, v string, min int) (int, error) {
 }
 
 // request builds the job from the options, in phases: the script and its name, the
-// tasks and nodes, the GPUs, the limits, gangrun's supervision, then who submits it,
-// from where and with what environment. Errors are *UsageError, in the order sbatch's
-// options are checked.
+// nodes it chooses, the tasks and nodes, the GPUs, the limits, gangrun's supervision,
+// then who submits it, from where and with what environment. Errors are *UsageError,
+// in the order sbatch's options are checked.
 func (o *batchOpts) request(e *Env, script, name string, scriptArgs []string) (*BatchRequest, error) {
 	v := o.v
 	r := &BatchRequest{Parsable: v.has("parsable"), Wait: v.has("wait"), Quiet: v.has("quiet")}
@@ -391,6 +393,9 @@ func (o *batchOpts) request(e *Env, script, name string, scriptArgs []string) (*
 		spec.Name = v["job-name"]
 	}
 	spec.Account, spec.Partition = v["account"], v["partition"]
+	if err := o.nodeChoice(&spec); err != nil {
+		return nil, err
+	}
 	if err := o.tasks(&spec); err != nil {
 		return nil, err
 	}
@@ -413,7 +418,8 @@ func (o *batchOpts) request(e *Env, script, name string, scriptArgs []string) (*
 }
 
 // tasks sets spec's tasks (--ntasks, --ntasks-per-node, --cpus-per-task) and nodes:
-// --nodes, else as many as --ntasks needs at --ntasks-per-node, else one.
+// --nodes, else as many as --ntasks needs at --ntasks-per-node, else --nodelist's
+// count (nodeChoice, before it), else one.
 func (o *batchOpts) tasks(spec *job.Spec) error {
 	v, b := o.v, spec.Batch
 	var err error
@@ -432,13 +438,17 @@ func (o *batchOpts) tasks(spec *job.Spec) error {
 			return err
 		}
 	}
-	spec.MinNodes, spec.MaxNodes = 1, 1
+	least := max(1, len(spec.NodeList)) // -w's nodes, as slurmctld counts them
+	spec.MinNodes, spec.MaxNodes = least, least
 	if v.has("nodes") {
 		lo, hi, err := job.ParseNodes(strings.Replace(v["nodes"], ":", "-", 1))
 		if err != nil {
 			return &UsageError{Msg: fmt.Sprintf("error: \"%s\" is not a valid node count", v["nodes"]), Code: 255}
 		}
-		spec.MinNodes, spec.MaxNodes = lo, hi
+		spec.MinNodes, spec.MaxNodes = max(lo, least), hi
+		if spec.MaxNodes < spec.MinNodes { // -w names more nodes than -N allows
+			return &UsageError{Msg: fmt.Sprintf("error: invalid number of nodes (-N %d-%d)", spec.MinNodes, spec.MaxNodes), Code: 1}
+		}
 	} else if b.NTasks > 0 && b.NTasksPerNode > 0 {
 		n := (b.NTasks + b.NTasksPerNode - 1) / b.NTasksPerNode
 		spec.MinNodes, spec.MaxNodes = n, n

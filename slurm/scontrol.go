@@ -350,14 +350,14 @@ func showJob(j job.Job, pending string) string {
 		host = spec.Batch.SubmitHost
 	}
 	w("   Partition=%s AllocNode:Sid=%s:0\n", job.PartitionName(spec.Partition), host)
-	w("   ReqNodeList=(null) ExcNodeList=(null)\n")
+	w("   ReqNodeList=%s ExcNodeList=%s\n", orNull(hostlist.Compress(spec.NodeList)), orNull(hostlist.Compress(spec.ExcNodes)))
 	w("   NodeList=%s\n", hostlist.Compress(nodes))
 	if len(nodes) > 0 && batchFlag == 1 {
 		w("   BatchHost=%s\n", nodes[0])
 	}
 	showJobSize(w, spec, len(nodes))
-	w("   Features=(null) DelayBoot=00:00:00\n")
-	w("   OverSubscribe=OK Contiguous=0 Licenses=(null) Network=(null)\n")
+	w("   Features=%s DelayBoot=00:00:00\n", orNull(spec.Constraint))
+	w("   OverSubscribe=%s Contiguous=0 Licenses=(null) Network=(null)\n", spec.OverSubscribe())
 	showJobFiles(w, spec, nodes)
 	w("   Power=\n")
 	w("   TresPerNode=%s\n", tresPerNode(spec))
@@ -515,13 +515,16 @@ func showNode(n allocator.NodeStatus) string {
 		reason = "   Reason=" + n.Reason + "\n"
 	}
 	h, _ := os.Hostname()
+	feat := orNull(allocator.Features(n.Labels))
 	return fmt.Sprintf(`NodeName=%s Arch=x86_64 CoresPerSocket=1 
+   AvailableFeatures=%s
+   ActiveFeatures=%s
    Gres=gpu:%d
    NodeAddr=%s NodeHostName=%s Version=22.05.8
    State=%s Partitions=%s 
    AllocTRES=gres/gpu=%d
    CfgTRES=gres/gpu=%d
-%s`, n.Name, n.GPUsTotal, orNull(n.Addr), orHost(n.Name, h), st, partitionOf(n), n.GPUsUsed, n.GPUsTotal, reason)
+%s`, n.Name, feat, feat, n.GPUsTotal, orNull(n.Addr), orHost(n.Name, h), st, partitionOf(n), n.GPUsUsed, n.GPUsTotal, reason)
 }
 
 // orHost is name, or h for "".

@@ -48,6 +48,7 @@ type submitFlags struct {
 	consul                                                                         *string
 	// supervision is `gangrun run`'s supervision flags, registered by the same function.
 	supervision supervisionFlags
+	choice      nodeChoiceFlags // --exclusive, --constraint, --nodelist, --exclude
 }
 
 func (f *submitFlags) register(fs *pflag.FlagSet) {
@@ -64,6 +65,7 @@ func (f *submitFlags) register(fs *pflag.FlagSet) {
 	fs.IntVar(&f.spares, "spare-nodes", 0, "nodes granted with the job, idle until one of its nodes fails")
 	fs.StringVar(&f.checkpointDir, "checkpoint-dir", "", "where the trainer writes checkpoints; every attempt resumes from the newest complete one")
 	f.supervision.register(fs)
+	f.choice.register(fs)
 	durationVar(fs, &f.termTimeout, "term-timeout", launcher.DefaultTermTimeout, durationFlag{max: maxGrace},
 		"SIGTERM to SIGKILL grace when the job is stopped (at most 24h)")
 	fs.StringVar(&f.output, "output", job.DefaultOutput, "output file pattern (%j job id, %x name, %n node, %u user), relative to the submit directory")
@@ -269,6 +271,10 @@ func (f *submitFlags) spec(command []string, script, name string) (job.Spec, err
 	if err != nil {
 		return job.Spec{}, err
 	}
+	choice, err := f.choice.choice()
+	if err != nil {
+		return job.Spec{}, err
+	}
 	submitter := currentUser()
 	if f.uid != "" && f.uid != submitter {
 		if os.Geteuid() != 0 {
@@ -290,7 +296,7 @@ func (f *submitFlags) spec(command []string, script, name string) (job.Spec, err
 		MinNodes: lo, MaxNodes: hi, GPUsPerNode: gpus, GPUModel: model, MIGProfile: profile, Priority: f.priority, TimeLimit: limit,
 		Signal: sig, SignalBefore: before, SpareNodes: f.spares, CheckpointDir: f.checkpointDir,
 		Supervision: sup, TermTimeout: f.termTimeout, Output: f.output, Env: env, Mem: f.mem,
-		Command: command, Script: script, WorkDir: wd, Dependency: deps, Hold: f.hold}
+		Command: command, Script: script, WorkDir: wd, Dependency: deps, Hold: f.hold, NodeChoice: choice}
 	if spec.Name == "" {
 		spec.Name = name
 	}
@@ -424,6 +430,7 @@ func showJob(e *env, j *job.Job, asJSON bool) int {
 	fmt.Fprintf(w, "   SubmitTime=%s StartTime=%s EndTime=%s TimeLimit=%s\n", stampOr(sp.Submitted), stampOr(st.Started), stampOr(st.Ended), limitOr(sp.TimeLimit))
 	fmt.Fprintf(w, "   NumNodes=%s GPUsPerNode=%s SpareNodes=%d MaxRestarts=%d\n", nodesRange(sp), gpusPerNode(sp), sp.SpareNodes, sp.MaxRestarts)
 	fmt.Fprintf(w, "   NodeList=%s Spares=%s\n", orDash(hostlist.Compress(st.Nodes)), orDash(hostlist.Compress(st.Spares)))
+	printNodeChoice(w, sp)
 	if len(sp.Dependency) > 0 {
 		fmt.Fprintf(w, "   Dependency=%s\n", job.FormatDependencies(sp.Dependency))
 	}

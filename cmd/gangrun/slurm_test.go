@@ -360,6 +360,10 @@ func TestSbatchRefusalsAgainstSlurm(t *testing.T) {
 		{"a word that is no option on an #SBATCH line", []string{"stray.sh"}, ""},
 		{"--export with no value", []string{"--export"}, ""},
 		{"wrap with arguments", []string{"--wrap", "true", "x"}, ""},
+		{"--exclusive", []string{"--exclusive", "job.sh"}, "accepted"},
+		{"--exclusive with a bad value", []string{"--exclusive=bogus", "job.sh"}, ""},
+		{"more -w nodes than -N", []string{"-N", "1", "-w", "gpu-a,gpu-b", "job.sh"}, ""},
+		{"--nodelist", []string{"-w", "gpu-a", "job.sh"}, "accepted"},
 	}
 	agree := 0
 	for _, tc := range cases {
@@ -388,18 +392,18 @@ func TestSbatchRefusalsAgainstSlurm(t *testing.T) {
 		agree++
 	}
 	t.Logf("%d of %d refusals agree in message and exit code", agree, len(cases))
-	for _, opt := range []string{"--exclusive", "--qos=high", "--begin=now", "-w", "gpu-a"} {
-		args := []string{opt, "job.sh"}
-		if opt == "-w" {
-			args = []string{"-w", "gpu-a", "job.sh"}
-		} else if opt == "gpu-a" {
-			continue
+	// The node choice's refusals: Slurm's line, then gangrun's naming the value.
+	for _, args := range [][]string{{"-w", "nosuch", "job.sh"}, {"-x", "nosuch", "job.sh"}, {"-C", "nosuch", "job.sh"}, {"-C", "a&&b", "job.sh"}, {"-w", "gpu-[a", "job.sh"}} {
+		_, rerr, rcode := p.run(realSlurm, dir, "", nil, "sbatch", args...)
+		_, gerr, gcode := p.run(gangrunSide, dir, "", nil, "sbatch", args...)
+		if rcode != gcode || !strings.HasPrefix(gerr, strings.TrimSuffix(rerr, "\n")+": ") || strings.Count(gerr, "\n") != 1 {
+			t.Errorf("sbatch %q:\nslurm   exit %d: %q\ngangrun exit %d: %q, want Slurm's line and the value", args, rcode, rerr, gcode, gerr)
 		}
+	}
+	for _, opt := range []string{"--qos=high", "--begin=now", "--reservation=x"} {
+		args := []string{opt, "job.sh"}
 		_, gerr, gcode := p.run(gangrunSide, dir, "", nil, "sbatch", args...)
 		name := strings.TrimLeft(strings.SplitN(opt, "=", 2)[0], "-")
-		if name == "w" {
-			name = "nodelist"
-		}
 		if gcode != 255 || !strings.HasPrefix(gerr, "sbatch: error: --"+name+" is not supported by gangrun") || strings.Count(gerr, "\n") != 1 {
 			t.Errorf("gangrun sbatch %s: exit %d %q, want 255 and one line refusing --%s", opt, gcode, gerr, name)
 		}
@@ -667,7 +671,7 @@ func scontrolFields(out string) map[string]string {
 // accounting database.
 func TestSlurmCommandsAgainstSlurm(t *testing.T) {
 	p := startSlurmPair(t, "gpu-a", "gpu-b")
-	running := "#!/bin/bash\n#SBATCH --job-name=cmds --nodes=2 --gres=gpu:4 --ntasks-per-node=2 --time=10:00 --partition=gpu\nsrun sleep 120\n"
+	running := "#!/bin/bash\n#SBATCH --job-name=cmds --nodes=2 --gres=gpu:4 --ntasks-per-node=2 --time=10:00 --partition=gpu --exclusive=user\nsrun sleep 120\n"
 	type jobs struct{ dir, run, pend, fail string }
 	var js [2]jobs
 	sides := []side{realSlurm, gangrunSide}
@@ -675,7 +679,7 @@ func TestSlurmCommandsAgainstSlurm(t *testing.T) {
 		dir := sharedDir(t)
 		js[i].dir = dir
 		for name, text := range map[string]string{"run.sh": running,
-			"fail.sh": "#!/bin/sh\n#SBATCH --job-name=fails --gres=gpu:1\nexit 3\n"} {
+			"fail.sh": "#!/bin/sh\n#SBATCH --job-name=fails --gres=gpu:1 --exclude=gpu-b\nexit 3\n"} {
 			if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o755); err != nil {
 				t.Fatal(err)
 			}
@@ -694,7 +698,7 @@ func TestSlurmCommandsAgainstSlurm(t *testing.T) {
 			out, errOut, _ := p.run(s, dir, "", nil, "squeue", "-h", "-s", "-o", "%i")
 			return strings.Contains(out, js[i].run+".0"), out + errOut
 		})
-		js[i].pend = sub("--nodes=2", "--gres=gpu:8", "--job-name=waits", "--wrap", "sleep 1")
+		js[i].pend = sub("--nodes=2", "--gres=gpu:8", "--job-name=waits", "--exclusive", "-w", "gpu-a,gpu-b", "--wrap", "sleep 1")
 		waitFor(t, time.Minute, string(s)+" job pending for resources", func() (bool, string) {
 			out, errOut, _ := p.run(s, dir, "", nil, "squeue", "-h", "-j", js[i].pend, "-o", "%r")
 			return strings.TrimSpace(out) == "Resources", out + errOut
@@ -762,6 +766,7 @@ func TestSlurmCommandsAgainstSlurm(t *testing.T) {
 	compare("squeue", "-l", "-h")
 	compare("squeue", "--states=all", "-h", "-o", "%j %T")
 	compare("squeue", "-h", "-j", "PEND", "-o", "%i %r")
+	compare("squeue", "-h", "--states=all", "-o", "%i %h %n %x %f")
 	compare("squeue", "-h", "--jobs=RUN,PEND", "-o", "%i %t")
 	compare("squeue", "-h", "-s", "RUN.0")
 	compare("squeue", "-h", "-s", "RUN.0,RUN.7")
@@ -821,7 +826,8 @@ func TestSlurmCommandsAgainstSlurm(t *testing.T) {
 	}
 	jobKeys := []string{"JobId", "JobName", "UserId", "JobState", "Reason", "Dependency", "Requeue", "Restarts", "BatchFlag",
 		"ExitCode", "TimeLimit", "Partition", "NodeList", "BatchHost", "NumNodes", "NumCPUs", "NumTasks", "CPUs/Task",
-		"NtasksPerN:B:S:C", "WorkDir", "StdErr", "StdIn", "StdOut", "TresPerNode", "Command", "RunTime", "StartTime", "EndTime"}
+		"NtasksPerN:B:S:C", "WorkDir", "StdErr", "StdIn", "StdOut", "TresPerNode", "Command", "RunTime", "StartTime", "EndTime",
+		"ReqNodeList", "ExcNodeList", "Features", "OverSubscribe"}
 	for _, which := range []string{"run", "pend", "fail"} {
 		id := func(i int) string {
 			return map[string]string{"run": js[i].run, "pend": js[i].pend, "fail": js[i].fail}[which]
@@ -841,7 +847,7 @@ func TestSlurmCommandsAgainstSlurm(t *testing.T) {
 		fieldsOfAs(true, 0, "show", "partition", "gpu"), fieldsOfAs(true, 1, "show", "partition", "gpu"))
 	check("scontrol show step", []string{"StepId", "UserId", "State", "Partition", "NodeList", "Nodes", "CPUs", "Tasks", "Name", "TimeLimit", "Dist", "TresPerNode"},
 		fieldsOf(0, "show", "step", js[0].run+".0"), fieldsOf(1, "show", "step", js[1].run+".0"))
-	check("scontrol show node", []string{"NodeName", "Gres", "State", "Partitions"},
+	check("scontrol show node", []string{"NodeName", "Gres", "State", "Partitions", "AvailableFeatures", "ActiveFeatures"},
 		fieldsOf(0, "show", "node", "gpu-a"), fieldsOf(1, "show", "node", "gpu-a"))
 	check("scontrol show partition", []string{"PartitionName", "Default", "Nodes", "State", "TotalNodes", "MaxTime", "MaxNodes"},
 		fieldsOf(0, "show", "partition", "gpu"), fieldsOf(1, "show", "partition", "gpu"))
