@@ -40,6 +40,10 @@ type NodeState struct {
 	Drain *Drain
 	// Held maps each held device ID to the grant holding it.
 	Held map[string]string
+	// UsedCPUs and UsedMemMiB are the CPUs and memory (MiB) the node's grants hold
+	// (resources.go), granted or being committed.
+	UsedCPUs   int
+	UsedMemMiB int64
 	// Newer is why the node's record could not be read: written by a newer gangrun
 	// (a *schema.NewerError); nil otherwise. Record then holds the node's name only.
 	Newer error
@@ -279,6 +283,7 @@ func parseClusterWith(entries []store.Entry, index uint64, decode func(e store.E
 			c.Unknown[key] = h.grant
 		}
 	}
+	c.countUsage()
 	return c
 }
 
