@@ -368,7 +368,12 @@ func setBatchSlurm(m *env, c BatchEnvConfig, tasks, cpus []int, nodeID int) {
 	if b.GPUsPerTask > 0 {
 		set("SLURM_GPUS_PER_TASK", strconv.Itoa(b.GPUsPerTask))
 	}
-	if spec.Mem > 0 {
+	switch {
+	case spec.MemPerCPU > 0:
+		set("SLURM_MEM_PER_CPU", strconv.FormatInt(spec.MemPerCPU>>20, 10))
+	case spec.MemPerGPU > 0:
+		set("SLURM_MEM_PER_GPU", strconv.FormatInt(spec.MemPerGPU>>20, 10))
+	case spec.Mem > 0:
 		set("SLURM_MEM_PER_NODE", strconv.FormatInt(spec.Mem>>20, 10))
 	}
 	set("SLURM_PRIO_PROCESS", "0")

@@ -144,7 +144,7 @@ func (bs *batchStep) confine() {
 	spec := bs.st.job.Spec
 	inv := bs.st.cfg.Inventory
 	var lim cgroup.Limits
-	lim.MemoryBytes, lim.PidsLimit = spec.Mem, cgroup.DefaultPidsLimit
+	lim.MemoryBytes, lim.PidsLimit = spec.NodeMem(), cgroup.DefaultPidsLimit
 	if inv != nil {
 		var devs []topology.Device
 		for _, d := range inv.Allocatable() {

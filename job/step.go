@@ -476,7 +476,7 @@ func (st *step) prepare(ctx context.Context, gn allocator.GrantNode, out io.Writ
 		NNodes: fmt.Sprintf("%d:%d", min(spec.MinNodes, len(state.Nodes)), len(state.Nodes)), NNodesGiven: true,
 		Coordinator: "consul://" + st.cfg.ConsulAddr, FollowRun: true, JobID: spec.ID, NodeName: st.cfg.Node, AdvertiseAddr: addr,
 		Inventory: st.cfg.Inventory, Devices: gn.Devices, Env: spec.Env, Environ: environ,
-		Cgroup: string(cgroup.Auto), Mem: spec.Mem, PidsLimit: cgroup.DefaultPidsLimit,
+		Cgroup: string(cgroup.Auto), Mem: spec.NodeMem(), PidsLimit: cgroup.DefaultPidsLimit,
 		Supervision: sup, TermTimeout: spec.TermTimeout,
 		CheckpointDir: ckpt, Stdout: out, Stderr: out, Report: out, Log: st.log,
 		GuardianArgv: st.cfg.GuardianArgv, Signals: st.stop, Subreaper: st.cfg.Subreaper, User: st.user,

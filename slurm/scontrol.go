@@ -436,15 +436,28 @@ func showJobSize(w func(format string, a ...any), spec job.Spec, nn int) {
 	}
 	w("   NumNodes=%s NumCPUs=%d NumTasks=%d CPUs/Task=%d ReqB:S:C:T=0:0:*:*\n", numNodes, tasks*cpt, tasks, cpt)
 	tres := fmt.Sprintf("cpu=%d,node=%d,billing=%d", tasks*cpt, nn, tasks*cpt)
-	if spec.Mem > 0 {
-		tres = fmt.Sprintf("cpu=%d,mem=%dM,node=%d,billing=%d", tasks*cpt, spec.Mem>>20*int64(nn), nn, tasks*cpt)
+	if mem := spec.NodeMem(); mem > 0 {
+		tres = fmt.Sprintf("cpu=%d,mem=%dM,node=%d,billing=%d", tasks*cpt, mem>>20*int64(nn), nn, tasks*cpt)
 	}
 	if g := spec.GPUsPerNode * nn; g > 0 {
 		tres += fmt.Sprintf(",gres/gpu=%d", g) // Slurm's TRES order: gres last
 	}
 	w("   TRES=%s\n", tres)
 	w("   Socks/Node=* NtasksPerN:B:S:C=%d:0:*:* CoreSpec=*\n", perNode)
-	w("   MinCPUsNode=%d MinMemoryNode=%d MinTmpDiskNode=0\n", max(perNode, 1)*cpt, spec.Mem>>20)
+	if spec.MemPerCPU > 0 {
+		w("   MinCPUsNode=%d MinMemoryCPU=%dM MinTmpDiskNode=0\n", max(perNode, 1)*cpt, spec.MemPerCPU>>20)
+	} else {
+		w("   MinCPUsNode=%d MinMemoryNode=%s MinTmpDiskNode=0\n", max(perNode, 1)*cpt, memNode(spec.NodeMem()))
+	}
+}
+
+// memNode writes a node's memory as scontrol's MinMemoryNode: megabytes with "M",
+// "0" when none was asked.
+func memNode(b int64) string {
+	if b == 0 {
+		return "0"
+	}
+	return strconv.FormatInt(b>>20, 10) + "M"
 }
 
 // showJobFiles writes show job's Command and WorkDir lines with w, and a batch job's

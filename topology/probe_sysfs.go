@@ -192,6 +192,12 @@ func (s sysfs) cpus() (CPUInfo, []NUMANode) {
 	return info, nodes
 }
 
+// HostMemoryMiB returns this machine's memory in MiB (/proc/meminfo's MemTotal), 0 when
+// it cannot be read.
+func HostMemoryMiB() int64 {
+	return parseMemTotal(sysfs{root: "/"}.read("proc/meminfo"))
+}
+
 // parseMemTotal returns /proc/meminfo text's MemTotal in MiB (the kernel writes it in
 // KiB: "MemTotal:       16318412 kB"), 0 when it is missing or does not parse.
 func parseMemTotal(text string) int64 {
