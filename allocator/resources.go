@@ -3,7 +3,6 @@ package allocator
 import (
 	"errors"
 	"fmt"
-	"strings"
 )
 
 // CPUs and memory as scheduled resources, as Slurm's select/cons_tres counts them
@@ -117,24 +116,21 @@ func resourceRefusal(c *Cluster, r Request) error {
 	return nil
 }
 
-// perNode writes what r asks of each node, with adj before the nouns, for messages:
-// "2 free GPUs (H100)", "1 free GPU, 4 CPUs", "4 free CPUs, 1024M of memory". CPUs and
-// memory show only when asked for, GPUs unless the request is CPU-only.
+// perNode writes what r asks of each node, with adj before the noun, for messages: its
+// GPUs, "2 free GPUs (H100)", as before CPUs were counted; for a CPU-only request its
+// CPUs and memory, "4 free CPUs, 1024M of memory". (Which of them holds a request back
+// the checkers' counts say: "1 CPUs in use".)
 func (r Request) perNode(adj string) string {
-	var parts []string
 	if r.GPUsPerNode > 0 || r.CPUsPerNode == 0 {
-		parts = append(parts, r.devices(r.GPUsPerNode, adj))
-		adj = ""
+		return r.devices(r.GPUsPerNode, adj)
 	}
-	if r.CPUsPerNode > 0 {
-		noun := "CPU"
-		if adj != "" {
-			noun = adj + " " + noun
-		}
-		parts = append(parts, plural(r.CPUsPerNode, noun))
+	noun := "CPU"
+	if adj != "" {
+		noun = adj + " " + noun
 	}
+	s := plural(r.CPUsPerNode, noun)
 	if r.MemPerNodeMiB > 0 {
-		parts = append(parts, fmt.Sprintf("%dM of memory", r.MemPerNodeMiB))
+		s += fmt.Sprintf(", %dM of memory", r.MemPerNodeMiB)
 	}
-	return strings.Join(parts, ", ")
+	return s
 }

@@ -92,7 +92,7 @@ func TestCPUHeavyJobsDoNotShareANode(t *testing.T) {
 		t.Errorf("a holds %d CPUs and devices %v: want 6 CPUs, 1 device", gn.CPUs, gn.Devices)
 	}
 	why := w.ts.sc.status.Pending["b"]
-	if !strings.HasPrefix(why, "Resources: needs 1 node with 1 free GPU, 6 CPUs") || !strings.Contains(why, "1 "+reasonCPUsBusy) {
+	if !strings.HasPrefix(why, "Resources: needs 1 node with 1 free GPU;") || !strings.Contains(why, "1 "+reasonCPUsBusy) {
 		t.Errorf("b waits %q: want Resources, and 1 node's CPUs in use", why)
 	}
 	if err := w.tickets["a"].Release(context.Background()); err != nil {
@@ -112,17 +112,17 @@ func TestCPUHeavyJobsDoNotShareANode(t *testing.T) {
 }
 
 // TestMemoryHeavyJobsDoNotShareANode: as TestCPUHeavyJobsDoNotShareANode, for 600M of
-// a node's 1000M; one of 400M, ahead of the second, fits beside the first.
+// a node's 1000M (the second request CPU-only); one of 400M, ahead of the second, fits beside the first.
 func TestMemoryHeavyJobsDoNotShareANode(t *testing.T) {
 	w := newResourceWorld(t, 0, 1000, "n1")
 	w.submit(Request{ID: "a", Nodes: 1, GPUsPerNode: 1, MemPerNodeMiB: 600})
-	w.submit(Request{ID: "b", Nodes: 1, GPUsPerNode: 1, MemPerNodeMiB: 600})
+	w.submit(Request{ID: "b", Nodes: 1, CPUsPerNode: 1, MemPerNodeMiB: 600})
 	w.submit(Request{ID: "c", Nodes: 1, GPUsPerNode: 1, MemPerNodeMiB: 400, Priority: 1})
 	g := w.grants()
 	if len(g) != 2 || g["a"].ID == "" || g["c"].ID == "" {
 		t.Fatalf("granted %v: want a and c (600M + 400M of 1000M)", g)
 	}
-	if why := w.ts.sc.status.Pending["b"]; !strings.Contains(why, "600M of memory") || !strings.Contains(why, "1 "+reasonMemoryBusy) {
+	if why := w.ts.sc.status.Pending["b"]; !strings.Contains(why, "needs 1 node with 1 free CPU, 600M of memory") || !strings.Contains(why, "1 "+reasonMemoryBusy) {
 		t.Errorf("b waits %q: want its 600M and 1 node's memory in use", why)
 	}
 }
