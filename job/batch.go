@@ -410,6 +410,9 @@ func setBatchOwn(m *env, c BatchEnvConfig) {
 	for _, k := range []string{"CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "ROCR_VISIBLE_DEVICES", "ZE_AFFINITY_MASK"} {
 		set(k, gpus)
 	}
+	if spec.GPUsPerNode == 0 {
+		m.unsetGPUs()
+	}
 	if spec.Array != nil {
 		for _, kv := range spec.Array.Environ() {
 			if strings.HasPrefix(kv, "SLURM_") {
@@ -454,6 +457,20 @@ func (m *env) set(k, v string) {
 		m.keys = append(m.keys, k)
 	}
 	m.vals[k] = v
+}
+
+// noGPUVars are the variables a job without GPUs has none of: Slurm's gres/gpu plugin
+// sets none of them, and unsets the user's CUDA_VISIBLE_DEVICES and the like, in the
+// batch step and in every srun task (compared with Slurm 22.05 by
+// TestCPUOnlyJobAgainstSlurm).
+var noGPUVars = []string{"CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "ROCR_VISIBLE_DEVICES", "ZE_AFFINITY_MASK",
+	"SLURM_JOB_GPUS", "SLURM_GPUS_ON_NODE", "SLURM_STEP_GPUS"}
+
+// unsetGPUs removes noGPUVars: the environment of a job without GPUs.
+func (m *env) unsetGPUs() {
+	for _, k := range noGPUVars {
+		m.unset(k)
+	}
 }
 
 func (m *env) unset(k string) {

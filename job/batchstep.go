@@ -931,6 +931,9 @@ func (bs *batchStep) taskEnv(r StepRequest, i, rank, k int, nodeGPUs, taskGPUs [
 	for _, key := range []string{"CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "ROCR_VISIBLE_DEVICES", "ZE_AFFINITY_MASK"} {
 		set(key, gpus)
 	}
+	if bs.st.job.Spec.GPUsPerNode == 0 {
+		m.unsetGPUs()
+	}
 	return m.list()
 }
 

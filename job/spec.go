@@ -224,6 +224,8 @@ func (s Spec) Validate() error {
 		return errors.New("--mem, --mem-per-cpu and --mem-per-gpu are mutually exclusive")
 	case s.NodeMem() > cgroup.MaxMem:
 		return fmt.Errorf("memory per node %d bytes: want at most 1P", s.NodeMem())
+	case s.NodeMem() != 0 && s.NodeMem() < cgroup.MinMem:
+		return fmt.Errorf("memory per node %s (--mem-per-cpu or --mem-per-gpu times the node's CPUs or GPUs): want at least 16M: a step needs more to start", cgroup.FormatMem(s.NodeMem()))
 	case s.TimeLimit < 0 || s.TimeLimit > MaxTime:
 		return fmt.Errorf("--time %s: want at most %s (a year)", FormatSlurmTime(s.TimeLimit), FormatSlurmTime(MaxTime))
 	case s.Signal != 0 && s.TimeLimit == 0:

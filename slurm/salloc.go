@@ -55,7 +55,7 @@ func Salloc(ctx context.Context, e *Env, args []string) int {
 	defer s.Close()
 	id, err := submit(ctx, e, s, spec, nil)
 	if err != nil {
-		return errorf(e, "salloc", 1, "Job submit/allocate failed: %v", err)
+		return submitFailed(e, "salloc", "Job submit/allocate failed", spec, err)
 	}
 	m, err := e.Cluster.Munge(ctx, s)
 	if err != nil {

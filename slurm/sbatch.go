@@ -610,23 +610,29 @@ func (o *batchOpts) origin(e *Env, spec *job.Spec, name string) error {
 // takes one at a time: two of them are sbatch's fatal error.
 func (o *batchOpts) memory(spec *job.Spec) error {
 	v := o.v
+	opts := []struct {
+		name  string
+		to    *int64
+		parse func(string) (int64, error)
+	}{{"mem", &spec.Mem, cgroup.ParseMem}, {"mem-per-cpu", &spec.MemPerCPU, cgroup.ParseMemSize}, {"mem-per-gpu", &spec.MemPerGPU, cgroup.ParseMemSize}}
 	given := 0
-	for _, f := range []struct {
-		name string
-		to   *int64
-	}{{"mem", &spec.Mem}, {"mem-per-cpu", &spec.MemPerCPU}, {"mem-per-gpu", &spec.MemPerGPU}} {
+	for _, f := range opts {
+		if v.has(f.name) {
+			given++
+		}
+	}
+	if given > 1 {
+		return &UsageError{Msg: memExclusive, Code: 1}
+	}
+	for _, f := range opts {
 		if !v.has(f.name) {
 			continue
 		}
-		given++
-		m, err := cgroup.ParseMem(v[f.name])
+		m, err := f.parse(v[f.name])
 		if err != nil {
 			return bad(f.name)
 		}
 		*f.to = m
-	}
-	if given > 1 {
-		return &UsageError{Msg: memExclusive, Code: 1}
 	}
 	return nil
 }
@@ -899,7 +905,7 @@ func submitBatch(ctx context.Context, e *Env, cmd string, req *BatchRequest) (st
 	defer s.Close()
 	id, err := submit(ctx, e, s, req.Spec, req.Array)
 	if err != nil {
-		return "", errorf(e, cmd, 1, "Batch job submission failed: %v", err)
+		return "", submitFailed(e, cmd, "Batch job submission failed", req.Spec, err)
 	}
 	return id, 0
 }

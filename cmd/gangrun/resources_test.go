@@ -1,0 +1,86 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/gangrun/gangrun/internal/slurmtest"
+	"github.com/gangrun/gangrun/topology"
+)
+
+// TestCPUOnlyJobAgainstSlurm: CPUs and memory as scheduled resources, on a real Slurm
+// 22.05 configured as gangrun schedules (memory consumable, CR_Core_Memory; requests
+// no node can meet refused at submit, EnforcePartLimits=ALL; each node's RealMemory
+// this machine's, which gangrun's agents count for their recorded inventory) and on
+// gangrun:
+//
+//   - refusals at submit agree in message and exit code: more memory (--mem,
+//     --mem-per-cpu) or more CPUs (-c, -n) than a node has, two memory options;
+//   - a CPU-only batch job (no GPU asked) runs: its environment and its srun step's
+//     agree (no CUDA_VISIBLE_DEVICES though the submitter had one, no SLURM_JOB_GPUS,
+//     its CPUs and memory), and scontrol show job's CPUs and memory agree.
+func TestCPUOnlyJobAgainstSlurm(t *testing.T) {
+	mem := topology.HostMemoryMiB()
+	if mem <= 0 {
+		t.Fatal("this machine's memory: /proc/meminfo has no MemTotal")
+	}
+	p := startSlurmPairWith(t, slurmtest.Options{MemoryMiB: mem,
+		Extra: []string{"EnforcePartLimits=ALL", "SelectTypeParameters=CR_Core_Memory"}}, "gpu-a")
+	dir := sharedDir(t)
+	if err := os.WriteFile(filepath.Join(dir, "job.sh"), []byte("#!/bin/sh\ntrue\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	refusals := [][]string{
+		{"--mem=100T"},
+		{fmt.Sprintf("--mem=%d", mem+1)},
+		{fmt.Sprintf("--mem-per-cpu=%d", mem/2+1), "-c", "2"},
+		{"-c", "300"},
+		{"-N", "1", "-n", "300"},
+		{"--mem=10", "--mem-per-cpu=10"},
+		{"--mem-per-gpu=10", "--mem-per-cpu=10", "--gres=gpu:1"},
+	}
+	for _, args := range refusals {
+		args = append(args, "job.sh")
+		rout, rerr, rcode := p.run(realSlurm, dir, "", nil, "sbatch", args...)
+		gout, gerr, gcode := p.run(gangrunSide, dir, "", nil, "sbatch", args...)
+		if rcode == 0 {
+			t.Errorf("sbatch %q: Slurm accepted it: %s", args, rout)
+			continue
+		}
+		if rcode != gcode || rerr != gerr || gout != "" {
+			t.Errorf("sbatch %q:\nslurm   exit %d: %q\ngangrun exit %d: %q %q", args, rcode, rerr, gcode, gerr, gout)
+		}
+	}
+
+	script := `#!/bin/sh
+env | grep -E '^(CUDA_VISIBLE_DEVICES|GPU_DEVICE_ORDINAL|SLURM_JOB_GPUS|SLURM_GPUS_ON_NODE|SLURM_STEP_GPUS|SLURM_MEM_PER_NODE|SLURM_MEM_PER_CPU|SLURM_CPUS_ON_NODE|SLURM_CPUS_PER_TASK|SLURM_JOB_CPUS_PER_NODE|SLURM_NTASKS)=' | sort
+srun sh -c 'echo step cvd=${CUDA_VISIBLE_DEVICES-unset} gpus=${SLURM_JOB_GPUS-unset} cpus=$SLURM_CPUS_ON_NODE'
+`
+	fields := []string{"JobState", "NumNodes", "NumCPUs", "NumTasks", "CPUs/Task", "TRES", "MinCPUsNode", "MinMemoryNode", "MinMemoryCPU"}
+	for _, args := range [][]string{{"-c", "2", "--mem=200"}, {"-n", "2", "--mem-per-cpu=100"}} {
+		var outs, shows [2]string
+		for i, s := range []side{realSlurm, gangrunSide} {
+			d, id, state := p.submit(s, script, []string{"CUDA_VISIBLE_DEVICES=7"}, args...)
+			if state != "COMPLETED" {
+				t.Errorf("%s: sbatch %q: the CPU-only job ended %s", s, args, state)
+			}
+			outs[i] = readFile(d, "slurm-"+id+".out")
+			show, _, _ := p.run(s, d, "", nil, "scontrol", "show", "job", id)
+			for _, f := range fields {
+				shows[i] += f + "=" + slurmtest.Field(show, f) + " "
+			}
+		}
+		if outs[0] == "" || outs[0] != outs[1] {
+			t.Errorf("sbatch %q: the job's output:\nslurm   %q\ngangrun %q", args, outs[0], outs[1])
+		}
+		if shows[0] != shows[1] {
+			t.Errorf("sbatch %q: scontrol show job:\nslurm   %s\ngangrun %s", args, shows[0], shows[1])
+		}
+		if !strings.Contains(outs[1], "step cvd=unset gpus=unset") {
+			t.Errorf("sbatch %q: the step saw GPUs: %q", args, outs[1])
+		}
+	}
+}
