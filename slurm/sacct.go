@@ -147,7 +147,7 @@ func (r acctRow) value(key string) string {
 	case "alloctres", "reqtres":
 		tres := fmt.Sprintf("cpu=%d,", r.cpus)
 		if r.memMiB > 0 {
-			tres += fmt.Sprintf("mem=%dM,", r.memMiB) // Slurm's TRES order: cpu, mem, node, gres
+			tres += "mem=" + slurmMem(r.memMiB) + "," // Slurm's TRES order: cpu, mem, node, gres
 		}
 		tres += fmt.Sprintf("node=%d", r.nnodes)
 		if r.gpus > 0 {

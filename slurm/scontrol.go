@@ -360,7 +360,12 @@ func showJob(j job.Job, pending string) string {
 	w("   OverSubscribe=OK Contiguous=0 Licenses=(null) Network=(null)\n")
 	showJobFiles(w, spec, nodes)
 	w("   Power=\n")
-	w("   TresPerNode=%s\n", tresPerNode(spec))
+	if spec.MemPerGPU > 0 {
+		w("   MemPerTres=gres:gpu:%d\n", spec.MemPerGPU>>20)
+	}
+	if spec.GPUsPerNode > 0 { // a CPU-only job has none, as Slurm shows it
+		w("   TresPerNode=%s\n", tresPerNode(spec))
+	}
 	w("   \n")
 	return b.String()
 }
@@ -437,7 +442,7 @@ func showJobSize(w func(format string, a ...any), spec job.Spec, nn int) {
 	w("   NumNodes=%s NumCPUs=%d NumTasks=%d CPUs/Task=%d ReqB:S:C:T=0:0:*:*\n", numNodes, tasks*cpt, tasks, cpt)
 	tres := fmt.Sprintf("cpu=%d,node=%d,billing=%d", tasks*cpt, nn, tasks*cpt)
 	if mem := spec.NodeMem(); mem > 0 {
-		tres = fmt.Sprintf("cpu=%d,mem=%dM,node=%d,billing=%d", tasks*cpt, mem>>20*int64(nn), nn, tasks*cpt)
+		tres = fmt.Sprintf("cpu=%d,mem=%s,node=%d,billing=%d", tasks*cpt, slurmMem(mem>>20*int64(nn)), nn, tasks*cpt)
 	}
 	if g := spec.GPUsPerNode * nn; g > 0 {
 		tres += fmt.Sprintf(",gres/gpu=%d", g) // Slurm's TRES order: gres last
@@ -445,19 +450,10 @@ func showJobSize(w func(format string, a ...any), spec job.Spec, nn int) {
 	w("   TRES=%s\n", tres)
 	w("   Socks/Node=* NtasksPerN:B:S:C=%d:0:*:* CoreSpec=*\n", perNode)
 	if spec.MemPerCPU > 0 {
-		w("   MinCPUsNode=%d MinMemoryCPU=%dM MinTmpDiskNode=0\n", max(perNode, 1)*cpt, spec.MemPerCPU>>20)
+		w("   MinCPUsNode=%d MinMemoryCPU=%s MinTmpDiskNode=0\n", max(perNode, 1)*cpt, minMemory(spec))
 	} else {
-		w("   MinCPUsNode=%d MinMemoryNode=%s MinTmpDiskNode=0\n", max(perNode, 1)*cpt, memNode(spec.NodeMem()))
+		w("   MinCPUsNode=%d MinMemoryNode=%s MinTmpDiskNode=0\n", max(perNode, 1)*cpt, minMemory(spec))
 	}
-}
-
-// memNode writes a node's memory as scontrol's MinMemoryNode: megabytes with "M",
-// "0" when none was asked.
-func memNode(b int64) string {
-	if b == 0 {
-		return "0"
-	}
-	return strconv.FormatInt(b>>20, 10) + "M"
 }
 
 // showJobFiles writes show job's Command and WorkDir lines with w, and a batch job's

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gangrun/gangrun/internal/slurmtest"
 	"github.com/gangrun/gangrun/topology"
@@ -82,5 +83,38 @@ srun sh -c 'echo step cvd=${CUDA_VISIBLE_DEVICES-unset} gpus=${SLURM_JOB_GPUS-un
 		if !strings.Contains(outs[1], "step cvd=unset gpus=unset") {
 			t.Errorf("sbatch %q: the step saw GPUs: %q", args, outs[1])
 		}
+	}
+
+	// A running CPU-only job, as squeue and scontrol show it.
+	var queued, shown [2]string
+	for i, s := range []side{realSlurm, gangrunSide} {
+		out, errOut, code := p.run(s, dir, "", nil, "sbatch", "--parsable", "-c", "3", "--mem-per-cpu=1536", "--wrap", "sleep 300")
+		if code != 0 {
+			t.Fatalf("%s: sbatch: exit %d %s", s, code, errOut)
+		}
+		id := strings.TrimSpace(out)
+		for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(200 * time.Millisecond) {
+			st, _, _ := p.run(s, dir, "", nil, "squeue", "-h", "-j", id, "-o", "%T")
+			if strings.TrimSpace(st) == "RUNNING" {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: job %s not running after 2 minutes: %q", s, id, st)
+			}
+		}
+		queued[i], _, _ = p.run(s, dir, "", nil, "squeue", "-j", id, "-o", "%C %m %D %b %T")
+		o, _, _ := p.run(s, dir, "", nil, "squeue", "-j", id, "-O", "minmemory,numcpus")
+		queued[i] += o
+		show, _, _ := p.run(s, dir, "", nil, "scontrol", "show", "job", id)
+		for _, f := range fields {
+			shown[i] += f + "=" + slurmtest.Field(show, f) + " "
+		}
+		p.run(s, dir, "", nil, "scancel", id)
+	}
+	if queued[0] != queued[1] || !strings.Contains(queued[1], "3 1.50G 1 N/A RUNNING") {
+		t.Errorf("squeue of a running CPU-only job:\nslurm   %q\ngangrun %q", queued[0], queued[1])
+	}
+	if shown[0] != shown[1] {
+		t.Errorf("scontrol show job of a running CPU-only job:\nslurm   %s\ngangrun %s", shown[0], shown[1])
 	}
 }
