@@ -93,6 +93,23 @@ func (c *Cluster) countUsage() {
 	}
 }
 
+// cpuOnlyGrants maps each node to the grants (not refused) that hold none of its
+// devices there, only CPUs or memory.
+func (c *Cluster) cpuOnlyGrants() map[string][]string {
+	out := map[string][]string{}
+	for id, g := range c.Grants {
+		if g.State == GrantRefused {
+			continue
+		}
+		for _, gn := range g.Nodes {
+			if len(gn.Devices) == 0 && (gn.CPUs > 0 || gn.MemoryMiB > 0) {
+				out[gn.Name] = append(out[gn.Name], id)
+			}
+		}
+	}
+	return out
+}
+
 // resourceRefusal returns CheckFeasible's refusal of r when no node could ever hold its
 // CPUs or memory (each node's, used or not; nodes that do not know theirs hold
 // anything), nil when one could. The error wraps ErrTooManyCPUs or ErrTooMuchMemory.

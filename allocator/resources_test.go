@@ -204,3 +204,23 @@ func TestInvariantsSeeOvercommittedCPUs(t *testing.T) {
 		t.Errorf("one grant of 6 of 8 CPUs: violations %v", vs)
 	}
 }
+
+// TestNodeListCountsCPUOnlyGrants: `gangrun nodes` (NodeList) shows a node's CPUs and
+// memory and what grants hold of them, a CPU-only grant among the node's grants.
+func TestNodeListCountsCPUOnlyGrants(t *testing.T) {
+	w := newResourceWorld(t, 8, 1000, "n1")
+	w.submit(Request{ID: "cpu", Nodes: 1, CPUsPerNode: 3, MemPerNodeMiB: 100})
+	w.submit(Request{ID: "gpu", Nodes: 1, GPUsPerNode: 1, CPUsPerNode: 1})
+	if g := w.grants(); len(g) != 2 {
+		t.Fatalf("granted %v: want both", g)
+	}
+	c, err := Snapshot(context.Background(), w.s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := c.NodeList()[0]
+	if st.CPUsTotal != 8 || st.CPUsUsed != 4 || st.MemoryMiB != 1000 || st.MemoryUsedMiB != 100 || st.GPUsUsed != 1 ||
+		strings.Join(st.Grants, ",") != "cpu,gpu" {
+		t.Errorf("node status %+v: want 4 of 8 CPUs, 100M of 1000M, 1 GPU used, grants cpu and gpu", st)
+	}
+}

@@ -496,20 +496,25 @@ func showStep(j job.Job, s job.SrunStep) string {
 }
 
 // nodeState is a node's state as sinfo and scontrol write it (long form): IDLE,
-// MIXED, ALLOCATED, DRAINED, DRAINING, DOWN.
+// MIXED, ALLOCATED, DRAINED, DRAINING, DOWN; by its GPUs, and where jobs hold none of
+// them, by the CPUs CPU-only jobs hold.
 func nodeState(n allocator.NodeStatus) string {
 	switch n.State {
 	case allocator.NodeDown:
 		return "DOWN"
 	case allocator.NodeDrained:
-		if n.GPUsUsed > 0 {
+		if n.GPUsUsed > 0 || n.CPUsUsed > 0 {
 			return "DRAINING"
 		}
 		return "DRAINED"
 	}
 	switch {
-	case n.GPUsUsed == 0:
+	case n.GPUsUsed == 0 && n.CPUsUsed == 0:
 		return "IDLE"
+	case n.GPUsUsed == 0 && n.CPUsTotal > 0 && n.CPUsUsed >= n.CPUsTotal:
+		return "ALLOCATED" // CPU-only jobs hold all its CPUs
+	case n.GPUsUsed == 0:
+		return "MIXED" // CPU-only jobs hold some of its CPUs
 	case n.GPUsUsed < n.GPUsTotal:
 		return "MIXED"
 	}

@@ -22,7 +22,8 @@ import (
 //     --mem-per-cpu) or more CPUs (-c, -n) than a node has, two memory options;
 //   - a CPU-only batch job (no GPU asked) runs: its environment and its srun step's
 //     agree (no CUDA_VISIBLE_DEVICES though the submitter had one, no SLURM_JOB_GPUS,
-//     its CPUs and memory), and scontrol show job's CPUs and memory agree.
+//     its CPUs and memory), and scontrol show job's CPUs and memory agree, and while
+//     one runs squeue's and sinfo's lines.
 func TestCPUOnlyJobAgainstSlurm(t *testing.T) {
 	mem := topology.HostMemoryMiB()
 	if mem <= 0 {
@@ -85,7 +86,8 @@ srun sh -c 'echo step cvd=${CUDA_VISIBLE_DEVICES-unset} gpus=${SLURM_JOB_GPUS-un
 		}
 	}
 
-	// A running CPU-only job, as squeue and scontrol show it.
+	// A running CPU-only job, as squeue and scontrol show it, and its node as sinfo does
+	// (mixed: some of its CPUs held).
 	var queued, shown [2]string
 	for i, s := range []side{realSlurm, gangrunSide} {
 		out, errOut, code := p.run(s, dir, "", nil, "sbatch", "--parsable", "-c", "3", "--mem-per-cpu=1536", "--wrap", "sleep 300")
@@ -105,13 +107,15 @@ srun sh -c 'echo step cvd=${CUDA_VISIBLE_DEVICES-unset} gpus=${SLURM_JOB_GPUS-un
 		queued[i], _, _ = p.run(s, dir, "", nil, "squeue", "-j", id, "-o", "%C %m %D %b %T")
 		o, _, _ := p.run(s, dir, "", nil, "squeue", "-j", id, "-O", "minmemory,numcpus")
 		queued[i] += o
+		o, _, _ = p.run(s, dir, "", nil, "sinfo", "-h", "-o", "%P %t %A")
+		queued[i] += o
 		show, _, _ := p.run(s, dir, "", nil, "scontrol", "show", "job", id)
 		for _, f := range fields {
 			shown[i] += f + "=" + slurmtest.Field(show, f) + " "
 		}
 		p.run(s, dir, "", nil, "scancel", id)
 	}
-	if queued[0] != queued[1] || !strings.Contains(queued[1], "3 1.50G 1 N/A RUNNING") {
+	if queued[0] != queued[1] || !strings.Contains(queued[1], "3 1.50G 1 N/A RUNNING") || !strings.Contains(queued[1], "gpu* mix 1/0") {
 		t.Errorf("squeue of a running CPU-only job:\nslurm   %q\ngangrun %q", queued[0], queued[1])
 	}
 	if shown[0] != shown[1] {
