@@ -213,6 +213,14 @@ func runAllocated(ctx context.Context, e *Env, s Store, j *job.Job, command []st
 	if b.CPUsPerTask > 0 {
 		add("SLURM_CPUS_PER_TASK", fmt.Sprint(b.CPUsPerTask))
 	}
+	switch sp := j.Spec; {
+	case sp.MemPerCPU > 0:
+		add("SLURM_MEM_PER_CPU", fmt.Sprint(sp.MemPerCPU>>20))
+	case sp.MemPerGPU > 0:
+		add("SLURM_MEM_PER_GPU", fmt.Sprint(sp.MemPerGPU>>20))
+	case sp.Mem > 0:
+		add("SLURM_MEM_PER_NODE", fmt.Sprint(sp.Mem>>20))
+	}
 	if addr := localAddrToward(s); addr != "" {
 		add("GANGRUN_NODE_ADDR", addr)
 	}

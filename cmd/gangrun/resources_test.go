@@ -23,7 +23,8 @@ import (
 //   - a CPU-only batch job (no GPU asked) runs: its environment and its srun step's
 //     agree (no CUDA_VISIBLE_DEVICES though the submitter had one, no SLURM_JOB_GPUS,
 //     its CPUs and memory), and scontrol show job's CPUs and memory agree, and while
-//     one runs squeue's and sinfo's lines.
+//     one runs squeue's and sinfo's lines;
+//   - a CPU-only salloc's srun step sees no GPUs, its CPUs and memory.
 func TestCPUOnlyJobAgainstSlurm(t *testing.T) {
 	mem := topology.HostMemoryMiB()
 	if mem <= 0 {
@@ -84,6 +85,20 @@ srun sh -c 'echo step cvd=${CUDA_VISIBLE_DEVICES-unset} gpus=${SLURM_JOB_GPUS-un
 		if !strings.Contains(outs[1], "step cvd=unset gpus=unset") {
 			t.Errorf("sbatch %q: the step saw GPUs: %q", args, outs[1])
 		}
+	}
+
+	// A CPU-only allocation: salloc's command and its srun step see no GPUs.
+	var alloc [2]string
+	for i, s := range []side{realSlurm, gangrunSide} {
+		out, errOut, code := p.run(s, dir, "", []string{"CUDA_VISIBLE_DEVICES=7"}, "salloc", "-c", "2", "--mem=100",
+			"srun", "sh", "-c", "echo cvd=${CUDA_VISIBLE_DEVICES-unset} gpus=${SLURM_JOB_GPUS-unset} cpus=$SLURM_CPUS_ON_NODE mem=$SLURM_MEM_PER_NODE")
+		if code != 0 {
+			t.Errorf("%s: salloc: exit %d %s", s, code, errOut)
+		}
+		alloc[i] = out
+	}
+	if alloc[0] != alloc[1] || alloc[0] == "" {
+		t.Errorf("salloc -c 2 --mem=100 srun:\nslurm   %q\ngangrun %q", alloc[0], alloc[1])
 	}
 
 	// A running CPU-only job, as squeue and scontrol show it, and its node as sinfo does
