@@ -15,6 +15,7 @@ package job
 import (
 	"errors"
 	"fmt"
+	"math"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -165,13 +166,17 @@ func (s Spec) NodeCPUs() int {
 // limit there: --mem, or --mem-per-cpu times NodeCPUs, or --mem-per-gpu times the GPUs
 // per node (Slurm's pn_min_memory); 0 when none was asked (not held, no limit).
 func (s Spec) NodeMem() int64 {
+	per, n := s.Mem, int64(1)
 	switch {
 	case s.MemPerCPU > 0:
-		return s.MemPerCPU * int64(s.NodeCPUs())
+		per, n = s.MemPerCPU, int64(s.NodeCPUs())
 	case s.MemPerGPU > 0:
-		return s.MemPerGPU * int64(s.GPUsPerNode)
+		per, n = s.MemPerGPU, int64(s.GPUsPerNode)
 	}
-	return s.Mem
+	if per > 0 && n > math.MaxInt64/per {
+		return math.MaxInt64 // more than any node has: Validate refuses it
+	}
+	return per * n
 }
 
 // StepSupervision is the supervision each node's step runs the job with: the spec's,
