@@ -19,7 +19,8 @@ import (
 // gangrun:
 //
 //   - refusals at submit agree in message and exit code: more memory (--mem,
-//     --mem-per-cpu) or more CPUs (-c, -n) than a node has, two memory options;
+//     --mem-per-cpu) or more CPUs (-c, -n) than a node has, two memory options, bad
+//     values;
 //   - a CPU-only batch job (no GPU asked) runs: its environment and its srun step's
 //     agree (no CUDA_VISIBLE_DEVICES though the submitter had one, no SLURM_JOB_GPUS,
 //     its CPUs and memory), and scontrol show job's CPUs and memory agree, and while
@@ -44,6 +45,9 @@ func TestCPUOnlyJobAgainstSlurm(t *testing.T) {
 		{"-N", "1", "-n", "300"},
 		{"--mem=10", "--mem-per-cpu=10"},
 		{"--mem-per-gpu=10", "--mem-per-cpu=10", "--gres=gpu:1"},
+		{"--mem-per-cpu=abc"},
+		{"--mem-per-gpu=1X", "--gres=gpu:1"},
+		{"-c", "0"},
 	}
 	for _, args := range refusals {
 		args = append(args, "job.sh")
