@@ -215,7 +215,7 @@ func (s Spec) Validate() error {
 		return fmt.Errorf("--nodes %d: must be at least 1", s.MinNodes)
 	case s.MaxNodes < s.MinNodes:
 		return fmt.Errorf("--nodes %d:%d: want MIN <= MAX", s.MinNodes, s.MaxNodes)
-	case s.GPUsPerNode < 0 || (s.GPUsPerNode == 0 && s.Batch == nil):
+	case s.GPUsPerNode < 0:
 		return fmt.Errorf("--gpus-per-node %d: must be at least 1", s.GPUsPerNode)
 	case s.SpareNodes < 0:
 		return fmt.Errorf("--spare-nodes %d: must not be negative", s.SpareNodes)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/gangrun/gangrun/internal/slurmtest"
+	"github.com/gangrun/gangrun/job"
 	"github.com/gangrun/gangrun/topology"
 )
 
@@ -139,5 +140,48 @@ srun sh -c 'echo step cvd=${CUDA_VISIBLE_DEVICES-unset} gpus=${SLURM_JOB_GPUS-un
 	}
 	if shown[0] != shown[1] {
 		t.Errorf("scontrol show job of a running CPU-only job:\nslurm   %s\ngangrun %s", shown[0], shown[1])
+	}
+}
+
+// TestSubmitCPUOnlyJob: `gangrun submit --gpus-per-node 0` runs a CPU-only job of gangrun's
+// own: one worker per node, seeing no GPU (an empty CUDA_VISIBLE_DEVICES, or none), on
+// the nodes of a GPU job that holds every GPU; its CPUs show in `gangrun nodes --json`
+// while it runs. A --mem no node has is refused at submit.
+func TestSubmitCPUOnlyJob(t *testing.T) {
+	c := startJobCluster(t, "gpu-a", "gpu-b")
+	dir := t.TempDir()
+	t.Chdir(dir)
+	gpuJob := c.submit("--nodes", "2", "--gpus-per-node", "8", "--", "sleep", "300")
+	c.waitState(gpuJob, job.Running, 90*time.Second)
+	id := c.submit("--nodes", "2", "--gpus-per-node", "0", "--mem", "64M", "--",
+		"/bin/sh", "-c", `echo "rank $RANK of $WORLD_SIZE devices=${CUDA_VISIBLE_DEVICES-unset}"; sleep 2`)
+	c.waitState(id, job.Running, 90*time.Second)
+	code, nodes, _ := c.gangrun("nodes", "--json")
+	if code != 0 || !strings.Contains(nodes, `"cpus_used": 9`) || !strings.Contains(nodes, `"memory_used_mib": 64`) {
+		t.Errorf("nodes --json while the CPU-only job runs beside the 8-GPU one: want 9 CPUs and 64M held on each node:\n%s", nodes)
+	}
+	m := c.waitState(id, job.Completed, 90*time.Second)
+	if m["exit_code"] != float64(0) {
+		t.Errorf("exit code %v, want 0", m["exit_code"])
+	}
+	out, err := os.ReadFile(filepath.Join(dir, "gangrun-"+id+".out"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"[rank0]: rank 0 of 2 devices=", "[rank1]: rank 1 of 2 devices="} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(string(out), "devices=0") || strings.Contains(string(out), "devices=1") {
+		t.Errorf("the CPU-only job saw GPUs:\n%s", out)
+	}
+	if code, _, errOut := c.gangrun("cancel", gpuJob); code != 0 {
+		t.Errorf("cancel %s: exit %d %s", gpuJob, code, errOut)
+	}
+	c.waitState(gpuJob, job.Cancelled, 90*time.Second)
+	code, _, errOut := c.gangrun("submit", "--gpus-per-node", "0", "--mem", "100T", "--", "true")
+	if code == 0 || !strings.Contains(errOut, "more memory than any node has") {
+		t.Errorf("submit --mem 100T: exit %d %q, want a refusal", code, errOut)
 	}
 }
