@@ -144,7 +144,7 @@ srun sh -c 'echo step cvd=${CUDA_VISIBLE_DEVICES-unset} gpus=${SLURM_JOB_GPUS-un
 }
 
 // TestSubmitCPUOnlyJob: `gangrun submit --gpus-per-node 0` runs a CPU-only job of gangrun's
-// own: one worker per node, seeing no GPU (an empty CUDA_VISIBLE_DEVICES, or none), on
+// own: one worker per node, seeing no GPU (an empty CUDA_VISIBLE_DEVICES), on
 // the nodes of a GPU job that holds every GPU; its CPUs show in `gangrun nodes --json`
 // while it runs. A --mem no node has is refused at submit.
 func TestSubmitCPUOnlyJob(t *testing.T) {
@@ -168,7 +168,7 @@ func TestSubmitCPUOnlyJob(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"[rank0]: rank 0 of 2 devices=", "[rank1]: rank 1 of 2 devices="} {
+	for _, want := range []string{"[rank0]: rank 0 of 2 devices=\n", "[rank1]: rank 1 of 2 devices=\n"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}
