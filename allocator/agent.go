@@ -249,7 +249,7 @@ func (a *Agent) record() (NodeRecord, []byte, error) {
 	}
 	sum := sha256.Sum256(data)
 	r := NodeRecord{Name: a.cfg.Node, Addr: a.cfg.Addr, Labels: a.cfg.Labels, Auth: a.cfg.Auth, Release: a.cfg.Release, GPUs: len(inv.GPUs),
-		InventoryHash: hex.EncodeToString(sum[:8]), Registered: time.Now().UTC(), Devices: inv.Allocatable()}
+		CPUs: inv.CPU.LogicalCPUs, MemoryMiB: inv.MemoryMiB, InventoryHash: hex.EncodeToString(sum[:8]), Registered: time.Now().UTC(), Devices: inv.Allocatable()}
 	return r, data, nil
 }
 

@@ -104,6 +104,12 @@ type NodeRecord struct {
 	Devices []topology.Device `json:"devices"`
 	// GPUs is the number of GPUs, allocatable or not.
 	GPUs int `json:"gpus"`
+	// CPUs and MemoryMiB are the node's logical CPUs and memory in MiB, scheduled as
+	// Slurm's CPUs and RealMemory are (resources.go; topology.CPUInfo.LogicalCPUs and
+	// topology.Inventory.MemoryMiB); 0 when unknown (an older agent, an inventory
+	// recorded without them): that resource is then not checked on the node.
+	CPUs      int   `json:"cpus,omitempty"`
+	MemoryMiB int64 `json:"memory_mib,omitempty"`
 	// InventoryHash identifies the inventory stored under gangrun/inventory/<node>, so
 	// readers fetch it again only when it changed.
 	InventoryHash string `json:"inventory_hash"`
@@ -131,7 +137,8 @@ type Drain struct {
 	Since time.Time `json:"since"`
 }
 
-// Request is a gang request: Nodes nodes with GPUsPerNode devices each.
+// Request is a gang request: Nodes nodes with GPUsPerNode devices, CPUsPerNode CPUs and
+// MemPerNodeMiB MiB of memory each.
 type Request struct {
 	ID string `json:"id"`
 	// Nodes is how many nodes the request needs; MaxNodes, when larger, how many it
@@ -139,6 +146,12 @@ type Request struct {
 	Nodes       int `json:"nodes"`
 	MaxNodes    int `json:"max_nodes,omitempty"`
 	GPUsPerNode int `json:"gpus_per_node"`
+	// CPUsPerNode and MemPerNodeMiB are the CPUs and the memory (MiB) the request holds
+	// on each of its nodes (resources.go): a job's tasks on the node times
+	// --cpus-per-task, and its --mem (or --mem-per-cpu, --mem-per-gpu times the node's
+	// CPUs or GPUs). 0 holds none; a request of no GPUs must ask for a CPU at least.
+	CPUsPerNode   int   `json:"cpus_per_node,omitempty"`
+	MemPerNodeMiB int64 `json:"mem_per_node_mib,omitempty"`
 	// GPUModel, when set, must appear in the devices' model name, letter case aside
 	// and '_' read as ' ' (gpuTypeMatches); without MIGProfile it asks for whole GPUs
 	// only.
@@ -214,8 +227,12 @@ func (r Request) Validate() error {
 	switch {
 	case r.Nodes < 1:
 		return fmt.Errorf("--nodes %d: must be at least 1", r.Nodes)
-	case r.GPUsPerNode < 1:
+	case r.GPUsPerNode < 0 || (r.GPUsPerNode == 0 && r.CPUsPerNode < 1):
 		return fmt.Errorf("--gpus-per-node %d: must be at least 1", r.GPUsPerNode)
+	case r.CPUsPerNode < 0 || r.CPUsPerNode > MaxCPUsPerNode:
+		return fmt.Errorf("%d CPUs per node: want 0 to %d", r.CPUsPerNode, MaxCPUsPerNode)
+	case r.MemPerNodeMiB < 0 || r.MemPerNodeMiB > MaxMemPerNodeMiB:
+		return fmt.Errorf("%dM of memory per node: want 0 to %dM", r.MemPerNodeMiB, MaxMemPerNodeMiB)
 	case r.Wait < 0:
 		return fmt.Errorf("--wait %s: must not be negative", r.Wait)
 	case r.Nodes > MaxNodes:
@@ -296,6 +313,13 @@ const maxNameBytes = 128
 // MaxGPUsPerNode bounds a request's devices per node: more than any node holds (a DGX
 // of 8 GPUs cut into 7 MIG devices each has 56), with room for larger machines.
 const MaxGPUsPerNode = 1024
+
+// MaxCPUsPerNode bounds a request's CPUs per node, far above any node's.
+const MaxCPUsPerNode = 1 << 20
+
+// MaxMemPerNodeMiB bounds a request's memory per node: 1 EiB in MiB, far above any
+// node's (cgroup.MaxMem bounds a step's limit at 1 PiB).
+const MaxMemPerNodeMiB = 1 << 40
 
 // maxGPUTypeBytes bounds a GPU model or MIG profile as asked, in bytes.
 const maxGPUTypeBytes = 64
@@ -439,6 +463,10 @@ type GrantNode struct {
 	GPUs []int `json:"gpus"`
 	// Devices are the device IDs (CUDA_VISIBLE_DEVICES entries).
 	Devices []string `json:"devices"`
+	// CPUs and MemoryMiB are the CPUs and memory (MiB) the grant holds on the node
+	// (Request.CPUsPerNode, MemPerNodeMiB); 0 in a grant an older gangrun wrote.
+	CPUs      int   `json:"cpus,omitempty"`
+	MemoryMiB int64 `json:"memory_mib,omitempty"`
 	// Session, in a job's grant, is the session that holds this node's GPU keys: the
 	// node's agent's when granted, its step's once the step took them over. "" in a
 	// grant of a requester's session (Grant.Session holds every key).

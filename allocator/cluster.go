@@ -40,6 +40,10 @@ type NodeState struct {
 	Drain *Drain
 	// Held maps each held device ID to the grant holding it.
 	Held map[string]string
+	// UsedCPUs and UsedMemMiB are the CPUs and memory (MiB) the node's grants hold
+	// (resources.go), granted or being committed.
+	UsedCPUs   int
+	UsedMemMiB int64
 	// Newer is why the node's record could not be read: written by a newer gangrun
 	// (a *schema.NewerError); nil otherwise. Record then holds the node's name only.
 	Newer error
@@ -279,6 +283,7 @@ func parseClusterWith(entries []store.Entry, index uint64, decode func(e store.E
 			c.Unknown[key] = h.grant
 		}
 	}
+	c.countUsage()
 	return c
 }
 
@@ -309,11 +314,18 @@ type NodeStatus struct {
 	// GPUsUsed counts the devices a grant holds (a job's or an allocation's), whatever
 	// the node's state; Grants are the holding grants' ids (a job's grant id is the
 	// job id), sorted.
-	GPUsUsed int               `json:"gpus_used"`
-	Grants   []string          `json:"grants"`
-	Labels   map[string]string `json:"labels"`
-	Addr     string            `json:"addr,omitempty"`
-	Model    string            `json:"gpu_model,omitempty"`
+	GPUsUsed int      `json:"gpus_used"`
+	Grants   []string `json:"grants"`
+	// CPUsTotal and MemoryMiB are the node's CPUs and memory (MiB), 0 when its record
+	// does not know them; CPUsUsed and MemoryUsedMiB what its grants hold
+	// (resources.go). A CPU-only grant holds no GPU but is among Grants.
+	CPUsTotal     int               `json:"cpus_total,omitempty"`
+	CPUsUsed      int               `json:"cpus_used,omitempty"`
+	MemoryMiB     int64             `json:"memory_mib,omitempty"`
+	MemoryUsedMiB int64             `json:"memory_used_mib,omitempty"`
+	Labels        map[string]string `json:"labels"`
+	Addr          string            `json:"addr,omitempty"`
+	Model         string            `json:"gpu_model,omitempty"`
 	// Reason is the drain reason, or for a node in state inval why its record could
 	// not be read ("node record written by a newer gangrun (schema 2; this one reads up
 	// to 1)").
@@ -330,16 +342,18 @@ type NodeStatus struct {
 // GPUsUsed those a grant holds.
 func (c *Cluster) NodeList() []NodeStatus {
 	out := make([]NodeStatus, 0, len(c.Nodes))
+	cpuOnly := c.cpuOnlyGrants()
 	for _, n := range c.Nodes {
 		st := NodeStatus{Name: n.Record.Name, State: n.State(), GPUsTotal: len(n.Record.Devices),
-			Labels: n.Record.Labels, Addr: n.Record.Addr, Auth: n.Record.Auth, Version: n.Record.Release}
+			Labels: n.Record.Labels, Addr: n.Record.Addr, Auth: n.Record.Auth, Version: n.Record.Release,
+			CPUsTotal: n.Record.CPUs, CPUsUsed: n.UsedCPUs, MemoryMiB: n.Record.MemoryMiB, MemoryUsedMiB: n.UsedMemMiB}
 		if st.Labels == nil {
 			st.Labels = map[string]string{}
 		}
 		if st.State == NodeUp {
 			st.GPUsFree = len(n.Free())
 		}
-		st.Grants = []string{}
+		st.Grants = append([]string{}, cpuOnly[n.Record.Name]...)
 		for _, d := range n.Record.Devices {
 			if id, held := n.Held[d.ID]; held {
 				st.GPUsUsed++

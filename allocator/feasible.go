@@ -211,12 +211,15 @@ func CheckFeasible(c *Cluster, r Request) error {
 		}
 		return refusal(fmt.Errorf("--gpus-per-node %d: no node has more than %d allocatable GPUs", r.GPUsPerNode, most))
 	}
+	if err := resourceRefusal(c, r); err != nil {
+		return refusal(err)
+	}
 	if r.Nodes > eligible {
 		need := ""
 		if r.Spares > 0 {
 			need = fmt.Sprintf(" (the job and its spares need %d)", r.Nodes)
 		}
-		return refusal(fmt.Errorf("%s: only %s could ever take %s each with these constraints%s", r.nodesFlags(), plural(eligible, "registered node"), plural(r.GPUsPerNode, "GPU"), need))
+		return refusal(fmt.Errorf("%s: only %s could ever take %s each with these constraints%s", r.nodesFlags(), plural(eligible, "registered node"), r.perNode(""), need))
 	}
 	return nil
 }

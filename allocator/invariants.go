@@ -3,6 +3,7 @@ package allocator
 import (
 	"fmt"
 	"sort"
+	"strings"
 
 	"github.com/gangrun/gangrun/internal/store"
 )
@@ -14,16 +15,23 @@ const (
 	// NotWhole: a granted grant lists a device whose key is missing, unlocked, locked by
 	// another session than the grant's, or names another grant.
 	NotWhole = "not whole"
+	// Overcommitted: the granted grants on one node hold more CPUs or memory than the
+	// node's record says it has (resources.go).
+	Overcommitted = "overcommitted"
 )
 
 // Violation is one broken allocation invariant in a snapshot of the store.
 type Violation struct {
-	// Kind is DoubleBooked or NotWhole.
+	// Kind is DoubleBooked, NotWhole or Overcommitted.
 	Kind string
-	// Key is the device's key, gangrun/cluster/gpus/<node>/<dev>.
+	// Key is the device's key, gangrun/cluster/gpus/<node>/<dev>; for Overcommitted
+	// the node's, gangrun/cluster/nodes/<node>.
 	Key string
-	// Grants are the grants involved: both for DoubleBooked, the one for NotWhole.
+	// Grants are the grants involved: both for DoubleBooked, the one for NotWhole,
+	// every granted grant on the node for Overcommitted, sorted.
 	Grants []string
+	// What, for Overcommitted, says what is held of what the node has ("12 of 8 CPUs").
+	What string
 	// Holder is what the device's key holds for NotWhole: the grant id it names and the
 	// session locking it ("" when the key is absent or unlocked).
 	Holder, Session string
@@ -31,6 +39,9 @@ type Violation struct {
 
 // String describes the violation in one line, naming the device and the grants.
 func (v Violation) String() string {
+	if v.Kind == Overcommitted {
+		return fmt.Sprintf("node %s overcommitted: grants %s hold %s", strings.TrimPrefix(v.Key, nodesPrefix), strings.Join(v.Grants, ", "), v.What)
+	}
 	if v.Kind == DoubleBooked {
 		return fmt.Sprintf("device %s granted to both %s and %s", v.Key, v.Grants[0], v.Grants[1])
 	}
@@ -89,6 +100,51 @@ func CheckInvariants(entries []store.Entry, index uint64) (*Cluster, []Violation
 			}
 		}
 	}
+	out = append(out, overcommitted(c, ids)...)
 	sort.SliceStable(out, func(i, j int) bool { return out[i].Key < out[j].Key })
 	return c, out
+}
+
+// overcommitted returns a violation for each node of c whose granted grants (ids, in
+// order) hold more CPUs or memory than its record says it has (a node that does not
+// know its CPUs or memory is not checked for them).
+func overcommitted(c *Cluster, ids []string) []Violation {
+	type use struct {
+		cpus   int
+		mem    int64
+		grants []string
+	}
+	used := map[string]*use{}
+	for _, id := range ids {
+		g := c.Grants[id]
+		if g.State != GrantGranted {
+			continue
+		}
+		for _, gn := range g.Nodes {
+			u := used[gn.Name]
+			if u == nil {
+				u = &use{}
+				used[gn.Name] = u
+			}
+			u.cpus, u.mem, u.grants = u.cpus+gn.CPUs, u.mem+gn.MemoryMiB, append(u.grants, id)
+		}
+	}
+	var out []Violation
+	for name, u := range used {
+		n, ok := c.Nodes[name]
+		if !ok {
+			continue
+		}
+		var what []string
+		if cpus := n.Record.CPUs; cpus > 0 && u.cpus > cpus {
+			what = append(what, fmt.Sprintf("%d of %d CPUs", u.cpus, cpus))
+		}
+		if mem := n.Record.MemoryMiB; mem > 0 && u.mem > mem {
+			what = append(what, fmt.Sprintf("%dM of %dM of memory", u.mem, mem))
+		}
+		if len(what) > 0 {
+			out = append(out, Violation{Kind: Overcommitted, Key: nodesPrefix + name, Grants: u.grants, What: strings.Join(what, " and ")})
+		}
+	}
+	return out
 }

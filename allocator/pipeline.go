@@ -48,7 +48,12 @@ type pipeline struct {
 	state []Checker
 	// fit checks the node's record against the request (partition, labels, GPU model
 	// and count): a node they rule out can never take the request as it is registered.
-	fit     []Checker
+	fit []Checker
+	// free checks that the node's CPUs and memory the request asks for are free now
+	// (resources.go): like the free devices the node ranker weighs, what they rule out
+	// comes back when a grant ends, so neither the pre-check nor the reservations
+	// (reserve) run them; a request they hold back waits, reason Resources.
+	free    []Checker
 	nodes   NodeRanker
 	devices DeviceRanker
 	// backfill, when set, lets a request use nodes kept for another's reservation
@@ -67,7 +72,8 @@ type pipeline struct {
 func defaultPipeline() pipeline {
 	return pipeline{
 		state:   []Checker{checkUp, checkNotDrained, checkNotExcluded},
-		fit:     []Checker{checkPartition, checkLabels, checkDevices, checkFeatures, checkNodeList, checkExcNodes},
+		fit:     []Checker{checkPartition, checkLabels, checkDevices, checkFeatures, checkNodeList, checkExcNodes, checkCPUs, checkMemory},
+		free:    []Checker{checkCPUsFree, checkMemoryFree},
 		nodes:   ChooseNodes,
 		devices: ChooseDevices,
 	}
@@ -102,6 +108,9 @@ func (p pipeline) place(r Request, nodes map[string]*NodeState, free map[string]
 		if why == "" {
 			why = shared(r, n)
 		}
+		if why == "" {
+			why = firstReason(p.free, r, n)
+		}
 		if why != "" {
 			counts[why]++
 			if why == reasonExcluded {
@@ -129,13 +138,13 @@ func (p pipeline) place(r Request, nodes map[string]*NodeState, free map[string]
 		n := nodes[cn.Name]
 		inv, err := inventory(n)
 		var devs []topology.Device
-		if err == nil {
+		if err == nil && r.GPUsPerNode > 0 {
 			devs, err = p.devices(inv, matching(free[cn.Name], r), r.GPUsPerNode)
 		}
 		if err != nil {
 			return nil, fmt.Sprintf("node %s: %v", cn.Name, err)
 		}
-		gn := GrantNode{Name: cn.Name, Addr: n.Record.Addr}
+		gn := GrantNode{Name: cn.Name, Addr: n.Record.Addr, CPUs: r.CPUsPerNode, MemoryMiB: r.MemPerNodeMiB}
 		for _, d := range devs {
 			gn.Devices = append(gn.Devices, d.ID)
 			gn.GPUs = append(gn.GPUs, d.GPU)
@@ -157,7 +166,7 @@ func waitReason(r Request, cands []NodeCandidate, excluded map[string]int, exclu
 			ready++
 		}
 	}
-	s := fmt.Sprintf("Resources: needs %s with %s", plural(r.Nodes, "node"), r.devices(r.GPUsPerNode, "free"))
+	s := fmt.Sprintf("Resources: needs %s with %s", plural(r.Nodes, "node"), r.perNode("free"))
 	verb := "have"
 	if len(cands) == 1 {
 		verb = "has"

@@ -44,15 +44,19 @@ type NodeCandidate struct {
 // The result is a new slice ordered by (Spine, Switch, Name), so consecutive node
 // ranks share a switch. It takes O(n log n) for n candidates (see BenchmarkChooseNodes).
 //
-// Errors: nodes or gpusPerNode below 1; a candidate with an empty or repeated name, or
+// A gang of no GPUs (gpusPerNode 0: CPU-only, resources.go) fits any candidate, and
+// best fit then prefers the nodes with the fewest free GPUs, keeping free GPUs for the
+// gangs that need them.
+//
+// Errors: nodes below 1, gpusPerNode below 0; a candidate with an empty or repeated name, or
 // free GPUs below 0 or above its total; fewer than `nodes` candidates with gpusPerNode
 // free GPUs (the error says how many have them, and whether any node is big enough).
 func ChooseNodes(cands []NodeCandidate, nodes, gpusPerNode int) ([]NodeCandidate, error) {
 	if nodes < 1 {
 		return nil, fmt.Errorf("choose nodes: node count %d must be at least 1", nodes)
 	}
-	if gpusPerNode < 1 {
-		return nil, fmt.Errorf("choose nodes: gpus per node %d must be at least 1", gpusPerNode)
+	if gpusPerNode < 0 {
+		return nil, fmt.Errorf("choose nodes: gpus per node %d must not be negative", gpusPerNode)
 	}
 	if err := checkCandidates(cands); err != nil {
 		return nil, err

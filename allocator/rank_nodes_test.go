@@ -163,7 +163,7 @@ func TestChooseNodesErrors(t *testing.T) {
 		want        string
 	}{
 		{"zero nodes", four, 0, 1, "choose nodes: node count 0 must be at least 1"},
-		{"negative gpus", four, 1, -2, "choose nodes: gpus per node -2 must be at least 1"},
+		{"negative gpus", four, 1, -2, "choose nodes: gpus per node -2 must not be negative"},
 		{"no candidates", nil, 1, 1, "choose nodes: 1 nodes × 1 gpus wanted but no node is a candidate"},
 		{"too few", four, 5, 8, "choose nodes: 5 nodes with 8 free gpus wanted but only 4 of 4 candidate nodes have them"},
 		{"too few free", slices.Concat(rack("a", "", "", 2, 8), rack("b", "", "", 3, 2)), 3, 4,

@@ -81,6 +81,10 @@ func shapeKey(r Request) string {
 	b.WriteString(strconv.Itoa(r.MaxNodes))
 	b.WriteByte('x')
 	b.WriteString(strconv.Itoa(r.GPUsPerNode))
+	b.WriteByte('c')
+	b.WriteString(strconv.Itoa(r.CPUsPerNode))
+	b.WriteByte('m')
+	b.WriteString(strconv.FormatInt(r.MemPerNodeMiB, 10))
 	b.WriteByte('t') // the time limit decides whether it may backfill a reservation
 	b.WriteString(strconv.FormatInt(int64(r.TimeLimit), 10))
 	for _, s := range []string{r.GPUModel, r.MIGProfile, r.Partition} {

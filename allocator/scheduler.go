@@ -311,6 +311,7 @@ func (sc *Scheduler) prepare(ctx context.Context, c *Cluster, now time.Time) (*p
 			delete(sc.delayed, k)
 		}
 	}
+	c.countUsage() // afresh: take adds this pass's grants
 	for name, n := range c.Nodes {
 		if n.State() != NodeUp {
 			continue
@@ -423,6 +424,9 @@ func (p *pass) take(ctx context.Context, r PendingRequest, nodes []GrantNode) er
 		}
 	}
 	for _, gn := range nodes {
+		if n, ok := p.c.Nodes[gn.Name]; ok {
+			n.hold(gn) // its CPUs and memory, for the rest of the pass
+		}
 		left := without(p.free[gn.Name], gn.Devices)
 		p.nfree -= len(p.free[gn.Name]) - len(left)
 		p.free[gn.Name] = left

@@ -368,7 +368,12 @@ func setBatchSlurm(m *env, c BatchEnvConfig, tasks, cpus []int, nodeID int) {
 	if b.GPUsPerTask > 0 {
 		set("SLURM_GPUS_PER_TASK", strconv.Itoa(b.GPUsPerTask))
 	}
-	if spec.Mem > 0 {
+	switch {
+	case spec.MemPerCPU > 0:
+		set("SLURM_MEM_PER_CPU", strconv.FormatInt(spec.MemPerCPU>>20, 10))
+	case spec.MemPerGPU > 0:
+		set("SLURM_MEM_PER_GPU", strconv.FormatInt(spec.MemPerGPU>>20, 10))
+	case spec.Mem > 0:
 		set("SLURM_MEM_PER_NODE", strconv.FormatInt(spec.Mem>>20, 10))
 	}
 	set("SLURM_PRIO_PROCESS", "0")
@@ -404,6 +409,9 @@ func setBatchOwn(m *env, c BatchEnvConfig) {
 	}
 	for _, k := range []string{"CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "ROCR_VISIBLE_DEVICES", "ZE_AFFINITY_MASK"} {
 		set(k, gpus)
+	}
+	if spec.GPUsPerNode == 0 {
+		m.unsetGPUs()
 	}
 	if spec.Array != nil {
 		for _, kv := range spec.Array.Environ() {
@@ -449,6 +457,20 @@ func (m *env) set(k, v string) {
 		m.keys = append(m.keys, k)
 	}
 	m.vals[k] = v
+}
+
+// noGPUVars are the variables a job without GPUs has none of: Slurm's gres/gpu plugin
+// sets none of them, and unsets the user's CUDA_VISIBLE_DEVICES and the like, in the
+// batch step and in every srun task (compared with Slurm 22.05 by
+// TestCPUOnlyJobAgainstSlurm).
+var noGPUVars = []string{"CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "ROCR_VISIBLE_DEVICES", "ZE_AFFINITY_MASK",
+	"SLURM_JOB_GPUS", "SLURM_GPUS_ON_NODE", "SLURM_STEP_GPUS"}
+
+// unsetGPUs removes noGPUVars: the environment of a job without GPUs.
+func (m *env) unsetGPUs() {
+	for _, k := range noGPUVars {
+		m.unset(k)
+	}
 }
 
 func (m *env) unset(k string) {

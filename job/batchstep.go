@@ -144,7 +144,7 @@ func (bs *batchStep) confine() {
 	spec := bs.st.job.Spec
 	inv := bs.st.cfg.Inventory
 	var lim cgroup.Limits
-	lim.MemoryBytes, lim.PidsLimit = spec.Mem, cgroup.DefaultPidsLimit
+	lim.MemoryBytes, lim.PidsLimit = spec.NodeMem(), cgroup.DefaultPidsLimit
 	if inv != nil {
 		var devs []topology.Device
 		for _, d := range inv.Allocatable() {
@@ -957,6 +957,9 @@ func (bs *batchStep) taskEnv(r StepRequest, i, rank, k int, nodeGPUs, taskGPUs [
 	gpus := strings.Join(taskGPUs, ",")
 	for _, key := range []string{"CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "ROCR_VISIBLE_DEVICES", "ZE_AFFINITY_MASK"} {
 		set(key, gpus)
+	}
+	if bs.st.job.Spec.GPUsPerNode == 0 {
+		m.unsetGPUs()
 	}
 	return m.list()
 }

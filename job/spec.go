@@ -15,7 +15,9 @@ package job
 import (
 	"errors"
 	"fmt"
+	"math"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -120,6 +122,11 @@ type Spec struct {
 	// Mem is --mem: each node's step is held to this much memory, in bytes, by its
 	// cgroup (Slurm's --mem, per node); 0 is no limit.
 	Mem int64 `json:"mem,omitempty"`
+	// MemPerCPU and MemPerGPU are sbatch's --mem-per-cpu and --mem-per-gpu, in bytes:
+	// the node's memory is that times the job's CPUs or GPUs on it (NodeMem). At most
+	// one of Mem, MemPerCPU and MemPerGPU is set (Slurm's rule).
+	MemPerCPU int64 `json:"mem_per_cpu,omitempty"`
+	MemPerGPU int64 `json:"mem_per_gpu,omitempty"`
 	// Command is what every node runs, as `gangrun run` would; for a script, the
 	// script's arguments: each node runs the interpreter of its #! line (else /bin/sh)
 	// on its copy of Script, then these.
@@ -146,6 +153,34 @@ type Spec struct {
 	// NodeChoice is --exclusive, --constraint, --nodelist and --exclude, which the
 	// job's request carries to the placement pipeline (allocator.NodeChoice).
 	allocator.NodeChoice
+}
+
+// NodeCPUs is the CPUs the job holds on each node (allocator.Request.CPUsPerNode), by
+// Slurm's rule: a batch job's tasks on the node (the most any node gets, Batch.TasksPerNode
+// over MinNodes) times --cpus-per-task (default 1); gangrun's own job one per GPU, the
+// workers `gangrun run` starts there, and at least one.
+func (s Spec) NodeCPUs() int {
+	if s.Batch == nil {
+		return max(s.GPUsPerNode, 1)
+	}
+	return slices.Max(s.Batch.TasksPerNode(max(s.MinNodes, 1))) * max(s.Batch.CPUsPerTask, 1)
+}
+
+// NodeMem is the memory the job holds on each node, in bytes, and its step's cgroup
+// limit there: --mem, or --mem-per-cpu times NodeCPUs, or --mem-per-gpu times the GPUs
+// per node (Slurm's pn_min_memory); 0 when none was asked (not held, no limit).
+func (s Spec) NodeMem() int64 {
+	per, n := s.Mem, int64(1)
+	switch {
+	case s.MemPerCPU > 0:
+		per, n = s.MemPerCPU, int64(s.NodeCPUs())
+	case s.MemPerGPU > 0:
+		per, n = s.MemPerGPU, int64(s.GPUsPerNode)
+	}
+	if per > 0 && n > math.MaxInt64/per {
+		return math.MaxInt64 // more than any node has: Validate refuses it
+	}
+	return per * n
 }
 
 // StepSupervision is the supervision each node's step runs the job with: the spec's,
@@ -184,7 +219,7 @@ func (s Spec) Validate() error {
 		return fmt.Errorf("--nodes %d: must be at least 1", s.MinNodes)
 	case s.MaxNodes < s.MinNodes:
 		return fmt.Errorf("--nodes %d:%d: want MIN <= MAX", s.MinNodes, s.MaxNodes)
-	case s.GPUsPerNode < 1:
+	case s.GPUsPerNode < 0:
 		return fmt.Errorf("--gpus-per-node %d: must be at least 1", s.GPUsPerNode)
 	case s.SpareNodes < 0:
 		return fmt.Errorf("--spare-nodes %d: must not be negative", s.SpareNodes)
@@ -192,6 +227,14 @@ func (s Spec) Validate() error {
 		return fmt.Errorf("--max-restarts %d: want 0 to %d", s.MaxRestarts, MaxRestartsLimit)
 	case s.Mem < 0 || s.Mem > cgroup.MaxMem:
 		return fmt.Errorf("--mem %d bytes: want 0 (no limit) to 1P", s.Mem)
+	case s.MemPerCPU < 0 || s.MemPerCPU > cgroup.MaxMem || s.MemPerGPU < 0 || s.MemPerGPU > cgroup.MaxMem:
+		return fmt.Errorf("--mem-per-cpu %d, --mem-per-gpu %d bytes: want 0 to 1P", s.MemPerCPU, s.MemPerGPU)
+	case (s.Mem > 0 && (s.MemPerCPU > 0 || s.MemPerGPU > 0)) || (s.MemPerCPU > 0 && s.MemPerGPU > 0):
+		return errors.New("--mem, --mem-per-cpu and --mem-per-gpu are mutually exclusive")
+	case s.NodeMem() > cgroup.MaxMem:
+		return fmt.Errorf("memory per node %d bytes: want at most 1P", s.NodeMem())
+	case s.NodeMem() != 0 && s.NodeMem() < cgroup.MinMem:
+		return fmt.Errorf("memory per node %s (--mem-per-cpu or --mem-per-gpu times the node's CPUs or GPUs): want at least 16M: a step needs more to start", cgroup.FormatMem(s.NodeMem()))
 	case s.TimeLimit < 0 || s.TimeLimit > MaxTime:
 		return fmt.Errorf("--time %s: want at most %s (a year)", FormatSlurmTime(s.TimeLimit), FormatSlurmTime(MaxTime))
 	case s.Signal != 0 && s.TimeLimit == 0:

@@ -472,11 +472,12 @@ func (st *step) prepare(ctx context.Context, gn allocator.GrantNode, out io.Writ
 	sup := spec.StepSupervision()
 	sup.MaxRestarts = max(sup.MaxRestarts-state.Restarts, 0)
 	return launcher.Prepare(ctx, launcher.Spec{
-		Command: command, NProcPerNode: strconv.Itoa(len(gn.Devices)), NProcGiven: true,
+		Command: command, NProcPerNode: strconv.Itoa(max(len(gn.Devices), 1)), NProcGiven: true,
 		NNodes: fmt.Sprintf("%d:%d", min(spec.MinNodes, len(state.Nodes)), len(state.Nodes)), NNodesGiven: true,
 		Coordinator: "consul://" + st.cfg.ConsulAddr, FollowRun: true, JobID: spec.ID, NodeName: st.cfg.Node, AdvertiseAddr: addr,
-		Inventory: st.cfg.Inventory, Devices: gn.Devices, Env: spec.Env, Environ: environ,
-		Cgroup: string(cgroup.Auto), Mem: spec.Mem, PidsLimit: cgroup.DefaultPidsLimit,
+		// A CPU-only job's node gives it no device: an empty list, not nil (all).
+		Inventory: st.cfg.Inventory, Devices: append([]string{}, gn.Devices...), Env: spec.Env, Environ: environ,
+		Cgroup: string(cgroup.Auto), Mem: spec.NodeMem(), PidsLimit: cgroup.DefaultPidsLimit,
 		Supervision: sup, TermTimeout: spec.TermTimeout,
 		CheckpointDir: ckpt, Stdout: out, Stderr: out, Report: out, Log: st.log,
 		GuardianArgv: st.cfg.GuardianArgv, Signals: st.stop, Subreaper: st.cfg.Subreaper, User: st.user,

@@ -41,6 +41,7 @@ func request(spec Spec, again bool, exclude []string) allocator.Request {
 	r.Spares = spares
 	r.MIGProfile = spec.MIGProfile
 	r.NodeChoice = spec.NodeChoice
+	r.CPUsPerNode, r.MemPerNodeMiB = spec.NodeCPUs(), (spec.NodeMem()+1<<20-1)>>20
 	// Who and what the policy counts (limits, fair-share); the age factor counts from
 	// the submission, a placement again included.
 	r.User, r.Account, r.TimeLimit = spec.User, spec.Account, spec.TimeLimit

@@ -85,6 +85,7 @@ var sacctOptions = []option{
 type acctRow struct {
 	id, name, part, account, user, state, exit, nodes, workdir string
 	cpus, nnodes, tasks, gpus                                  int
+	memMiB                                                     int64 // the job's memory on all its nodes
 	submit, start, end                                         time.Time
 	limit                                                      time.Duration
 	reason                                                     string
@@ -144,10 +145,15 @@ func (r acctRow) value(key string) string {
 		}
 		return r.nodes
 	case "alloctres", "reqtres":
-		if r.gpus > 0 {
-			return fmt.Sprintf("cpu=%d,node=%d,gres/gpu=%d", r.cpus, r.nnodes, r.gpus)
+		tres := fmt.Sprintf("cpu=%d,", r.cpus)
+		if r.memMiB > 0 {
+			tres += "mem=" + slurmMem(r.memMiB) + "," // Slurm's TRES order: cpu, mem, node, gres
 		}
-		return fmt.Sprintf("cpu=%d,node=%d", r.cpus, r.nnodes)
+		tres += fmt.Sprintf("node=%d", r.nnodes)
+		if r.gpus > 0 {
+			tres += fmt.Sprintf(",gres/gpu=%d", r.gpus)
+		}
+		return tres
 	case "timelimit":
 		if r.limit == 0 {
 			return "UNLIMITED"
@@ -411,7 +417,7 @@ func jobRows(ctx context.Context, s Store, j job.Job, allocations bool) []acctRo
 	}
 	base := acctRow{id: spec.ID, name: spec.Name, part: job.PartitionName(spec.Partition), account: spec.Account, user: spec.User,
 		state: acctState(st.Status), exit: exitCode(st.ExitCode, st.Reason), nodes: hostlist.Compress(nodes), workdir: spec.WorkDir,
-		cpus: cpusOf(spec, nn), nnodes: nn, gpus: nn * spec.GPUsPerNode, submit: spec.Submitted, start: st.PlacedSince(), end: st.Ended,
+		cpus: cpusOf(spec, nn), nnodes: nn, gpus: nn * spec.GPUsPerNode, memMiB: spec.NodeMem() >> 20 * int64(nn), submit: spec.Submitted, start: st.PlacedSince(), end: st.Ended,
 		limit: spec.TimeLimit, reason: st.Reason, restarts: st.Restarts}
 	if st.Status == job.Pending {
 		base.start, base.nodes = time.Time{}, ""

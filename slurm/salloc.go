@@ -55,7 +55,7 @@ func Salloc(ctx context.Context, e *Env, args []string) int {
 	defer s.Close()
 	id, err := submit(ctx, e, s, spec, nil)
 	if err != nil {
-		return errorf(e, "salloc", 1, "Job submit/allocate failed: %v", err)
+		return submitFailed(e, "salloc", "Job submit/allocate failed", spec, err)
 	}
 	m, err := e.Cluster.Munge(ctx, s)
 	if err != nil {
@@ -212,6 +212,14 @@ func allocationVars(j *job.Job) []string {
 	}
 	if b.CPUsPerTask > 0 {
 		add("SLURM_CPUS_PER_TASK", fmt.Sprint(b.CPUsPerTask))
+	}
+	switch sp := j.Spec; {
+	case sp.MemPerCPU > 0:
+		add("SLURM_MEM_PER_CPU", fmt.Sprint(sp.MemPerCPU>>20))
+	case sp.MemPerGPU > 0:
+		add("SLURM_MEM_PER_GPU", fmt.Sprint(sp.MemPerGPU>>20))
+	case sp.Mem > 0:
+		add("SLURM_MEM_PER_NODE", fmt.Sprint(sp.Mem>>20))
 	}
 	return env
 }

@@ -113,8 +113,8 @@ var sbatchOptions = []option{
 	{long: "mail-user", arg: reqArg, unsupported: notBuilt},
 	{long: "mcs-label", arg: reqArg, unsupported: notBuilt},
 	{long: "mem-bind", arg: reqArg, unsupported: notBuilt},
-	{long: "mem-per-cpu", arg: reqArg, unsupported: notBuilt},
-	{long: "mem-per-gpu", arg: reqArg, unsupported: notBuilt},
+	{long: "mem-per-cpu", arg: reqArg},
+	{long: "mem-per-gpu", arg: reqArg},
 	{long: "mincpus", arg: reqArg, unsupported: notBuilt},
 	{long: "network", arg: reqArg, unsupported: notBuilt},
 	{long: "nice", arg: optArg, unsupported: notBuilt},
@@ -487,10 +487,8 @@ func (o *batchOpts) limits(spec *job.Spec, r *BatchRequest) error {
 		}
 		r.Array = &a
 	}
-	if v.has("mem") {
-		if spec.Mem, err = cgroup.ParseMem(v["mem"]); err != nil {
-			return bad("mem")
-		}
+	if err := o.memory(spec); err != nil {
+		return err
 	}
 	if v.has("priority") {
 		if spec.Priority, err = strconv.Atoi(v["priority"]); err != nil {
@@ -617,9 +615,46 @@ func (o *batchOpts) origin(e *Env, spec *job.Spec, name string) error {
 	return nil
 }
 
+// memory sets spec's memory per node from --mem, --mem-per-cpu or --mem-per-gpu
+// (Slurm's syntax: a number of megabytes, or with a K, M, G, T suffix), which Slurm
+// takes one at a time: two of them are sbatch's fatal error.
+func (o *batchOpts) memory(spec *job.Spec) error {
+	v := o.v
+	opts := []struct {
+		name  string
+		to    *int64
+		parse func(string) (int64, error)
+	}{{"mem", &spec.Mem, cgroup.ParseMem}, {"mem-per-cpu", &spec.MemPerCPU, cgroup.ParseMemSize}, {"mem-per-gpu", &spec.MemPerGPU, cgroup.ParseMemSize}}
+	given := 0
+	for _, f := range opts {
+		if v.has(f.name) {
+			given++
+		}
+	}
+	if given > 1 {
+		return &UsageError{Msg: memExclusive, Code: 1}
+	}
+	for _, f := range opts {
+		if !v.has(f.name) {
+			continue
+		}
+		m, err := f.parse(v[f.name])
+		if err != nil {
+			return bad(f.name)
+		}
+		*f.to = m
+	}
+	return nil
+}
+
+// memExclusive is sbatch's refusal of two of --mem, --mem-per-cpu and --mem-per-gpu
+// (Slurm 22.05's slurm_opt.c, _validate_memory_options), exit 1.
+const memExclusive = "fatal: --mem, --mem-per-cpu, and --mem-per-gpu are mutually exclusive."
+
 // gpus sets spec's GPUs per node from --gres=gpu[:type]:N, --gpus-per-node,
 // --gpus (the job's total, split over its nodes) or --gpus-per-task (times the tasks
-// per node). Exactly one of them must be given: gangrun places GPU jobs only.
+// per node). At most one of them may be given; none makes a CPU-only job (no GPUs: its
+// CPUs and memory are placed, resources.go in the allocator).
 func (o *batchOpts) gpus(spec *job.Spec) error {
 	v := o.v
 	b := spec.Batch
@@ -678,7 +713,7 @@ func (o *batchOpts) gpus(spec *job.Spec) error {
 	case n > 1:
 		return badf("give the GPUs one way: --gres=gpu:N, --gpus-per-node, --gpus or --gpus-per-task")
 	case n == 0:
-		return &UsageError{Msg: "error: Batch job submission failed: gangrun places GPU jobs: ask for GPUs with --gres=gpu:N, --gpus-per-node=N, --gpus=N or --gpus-per-task=N; CPU-only jobs are " + notBuilt, Code: 1}
+		spec.GPUsPerNode = 0 // a CPU-only job
 	}
 	return nil
 }
@@ -880,7 +915,7 @@ func submitBatch(ctx context.Context, e *Env, cmd string, req *BatchRequest) (st
 	defer s.Close()
 	id, err := submit(ctx, e, s, req.Spec, req.Array)
 	if err != nil {
-		return "", errorf(e, cmd, 1, "Batch job submission failed: %v", err)
+		return "", submitFailed(e, cmd, "Batch job submission failed", req.Spec, err)
 	}
 	return id, 0
 }

@@ -360,7 +360,12 @@ func showJob(j job.Job, pending string) string {
 	w("   OverSubscribe=%s Contiguous=0 Licenses=(null) Network=(null)\n", spec.OverSubscribe())
 	showJobFiles(w, spec, nodes)
 	w("   Power=\n")
-	w("   TresPerNode=%s\n", tresPerNode(spec))
+	if spec.MemPerGPU > 0 {
+		w("   MemPerTres=gres:gpu:%d\n", spec.MemPerGPU>>20)
+	}
+	if spec.GPUsPerNode > 0 { // a CPU-only job has none, as Slurm shows it
+		w("   TresPerNode=%s\n", tresPerNode(spec))
+	}
 	w("   \n")
 	return b.String()
 }
@@ -436,15 +441,19 @@ func showJobSize(w func(format string, a ...any), spec job.Spec, nn int) {
 	}
 	w("   NumNodes=%s NumCPUs=%d NumTasks=%d CPUs/Task=%d ReqB:S:C:T=0:0:*:*\n", numNodes, tasks*cpt, tasks, cpt)
 	tres := fmt.Sprintf("cpu=%d,node=%d,billing=%d", tasks*cpt, nn, tasks*cpt)
-	if spec.Mem > 0 {
-		tres = fmt.Sprintf("cpu=%d,mem=%dM,node=%d,billing=%d", tasks*cpt, spec.Mem>>20*int64(nn), nn, tasks*cpt)
+	if mem := spec.NodeMem(); mem > 0 {
+		tres = fmt.Sprintf("cpu=%d,mem=%s,node=%d,billing=%d", tasks*cpt, slurmMem(mem>>20*int64(nn)), nn, tasks*cpt)
 	}
 	if g := spec.GPUsPerNode * nn; g > 0 {
 		tres += fmt.Sprintf(",gres/gpu=%d", g) // Slurm's TRES order: gres last
 	}
 	w("   TRES=%s\n", tres)
 	w("   Socks/Node=* NtasksPerN:B:S:C=%d:0:*:* CoreSpec=*\n", perNode)
-	w("   MinCPUsNode=%d MinMemoryNode=%d MinTmpDiskNode=0\n", max(perNode, 1)*cpt, spec.Mem>>20)
+	if spec.MemPerCPU > 0 {
+		w("   MinCPUsNode=%d MinMemoryCPU=%s MinTmpDiskNode=0\n", max(perNode, 1)*cpt, minMemory(spec))
+	} else {
+		w("   MinCPUsNode=%d MinMemoryNode=%s MinTmpDiskNode=0\n", max(perNode, 1)*cpt, minMemory(spec))
+	}
 }
 
 // showJobFiles writes show job's Command and WorkDir lines with w, and a batch job's
@@ -487,20 +496,25 @@ func showStep(j job.Job, s job.SrunStep) string {
 }
 
 // nodeState is a node's state as sinfo and scontrol write it (long form): IDLE,
-// MIXED, ALLOCATED, DRAINED, DRAINING, DOWN.
+// MIXED, ALLOCATED, DRAINED, DRAINING, DOWN; by its GPUs, and where jobs hold none of
+// them, by the CPUs CPU-only jobs hold.
 func nodeState(n allocator.NodeStatus) string {
 	switch n.State {
 	case allocator.NodeDown:
 		return "DOWN"
 	case allocator.NodeDrained:
-		if n.GPUsUsed > 0 {
+		if n.GPUsUsed > 0 || n.CPUsUsed > 0 {
 			return "DRAINING"
 		}
 		return "DRAINED"
 	}
 	switch {
-	case n.GPUsUsed == 0:
+	case n.GPUsUsed == 0 && n.CPUsUsed == 0:
 		return "IDLE"
+	case n.GPUsUsed == 0 && n.CPUsTotal > 0 && n.CPUsUsed >= n.CPUsTotal:
+		return "ALLOCATED" // CPU-only jobs hold all its CPUs
+	case n.GPUsUsed == 0:
+		return "MIXED" // CPU-only jobs hold some of its CPUs
 	case n.GPUsUsed < n.GPUsTotal:
 		return "MIXED"
 	}

@@ -156,7 +156,7 @@ func (r sinfoRow) value(key string) string {
 	case "F", "A":
 		alloc, idle := 0, 0
 		for _, n := range r.nodes {
-			if n.GPUsUsed > 0 {
+			if n.GPUsUsed > 0 || n.CPUsUsed > 0 {
 				alloc++
 			} else if n.State == allocator.NodeUp {
 				idle++

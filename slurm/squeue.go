@@ -30,7 +30,7 @@ var squeueLetters = map[string]string{
 	"r": "REASON", "a": "ACCOUNT", "C": "CPUS", "b": "TRES_PER_NODE", "Q": "PRIORITY", "V": "SUBMIT_TIME",
 	"S": "START_TIME", "e": "END_TIME", "Z": "WORK_DIR", "o": "COMMAND", "A": "JOBID", "F": "ARRAY_JOB_ID",
 	"K": "ARRAY_TASK_ID", "U": "UID", "g": "GROUP", "B": "EXEC_HOST", "y": "NICE", "x": "EXC_NODES",
-	"n": "REQ_NODES", "f": "FEATURES", "h": "OVER_SUBSCRIBE",
+	"n": "REQ_NODES", "f": "FEATURES", "h": "OVER_SUBSCRIBE", "m": "MIN_MEMORY",
 }
 
 // squeueFields are the -O/--Format fields squeue takes (lower case), with their
@@ -43,7 +43,7 @@ var squeueFields = map[string]string{
 	"submittime": "SUBMIT_TIME", "starttime": "START_TIME", "endtime": "END_TIME", "workdir": "WORK_DIR",
 	"command": "COMMAND", "arrayjobid": "ARRAY_JOB_ID", "arraytaskid": "ARRAY_TASK_ID", "userid": "UID",
 	"batchhost": "EXEC_HOST", "stepid": "STEPID", "stepname": "STEPNAME",
-	"reqnodes": "REQ_NODES", "excnodes": "EXC_NODES", "feature": "FEATURES", "oversubscribe": "OVER_SUBSCRIBE",
+	"reqnodes": "REQ_NODES", "excnodes": "EXC_NODES", "feature": "FEATURES", "oversubscribe": "OVER_SUBSCRIBE", "minmemory": "MIN_MEMORY",
 }
 
 // fieldLetter maps -O names onto the % letters they mean.
@@ -53,7 +53,7 @@ var fieldLetter = map[string]string{
 	"reason": "r", "account": "a", "numcpus": "C", "tres-per-node": "b", "priority": "Q", "submittime": "V",
 	"starttime": "S", "endtime": "e", "workdir": "Z", "command": "o", "arrayjobid": "F", "arraytaskid": "K",
 	"userid": "U", "batchhost": "B", "stepid": "i", "stepname": "j",
-	"reqnodes": "n", "excnodes": "x", "feature": "f", "oversubscribe": "h",
+	"reqnodes": "n", "excnodes": "x", "feature": "f", "oversubscribe": "h", "minmemory": "m",
 }
 
 // squeueOptions are squeue 22.05's options, those gangrun builds and, refused, the
@@ -176,6 +176,7 @@ var squeueValues = map[string]func(r jobRow) string{
 	"a": func(r jobRow) string { return r.j.Spec.Account },
 	"C": func(r jobRow) string { return strconv.Itoa(cpusOf(r.j.Spec, len(r.nodes()))) },
 	"b": func(r jobRow) string { return tresPerNode(r.j.Spec) },
+	"m": func(r jobRow) string { return minMemory(r.j.Spec) },
 	"Q": func(r jobRow) string { return strconv.Itoa(r.j.Spec.Priority) },
 	"V": func(r jobRow) string { return slurmTime(r.j.Spec.Submitted) },
 	"S": func(r jobRow) string {
@@ -367,8 +368,12 @@ func cpusOf(s job.Spec, nodes int) int {
 	return n * max(s.Batch.CPUsPerTask, 1)
 }
 
-// tresPerNode is TRES_PER_NODE: the GPUs asked per node, as Slurm writes a gres.
+// tresPerNode is TRES_PER_NODE: the GPUs asked per node, as Slurm writes a gres; N/A
+// for a job of no GPUs.
 func tresPerNode(s job.Spec) string {
+	if s.GPUsPerNode == 0 {
+		return "N/A" // a CPU-only job asks for no gres
+	}
 	if s.Batch != nil && s.Batch.TresPerNode != "" {
 		return s.Batch.TresPerNode
 	}

@@ -35,6 +35,11 @@ type Inventory struct {
 	CUDADriver string `json:"cuda_driver_version,omitempty"`
 	// CPU describes the node's processors (NCCL's topology file needs arch and vendor).
 	CPU CPUInfo `json:"cpu"`
+	// MemoryMiB is the node's memory in MiB (/proc/meminfo's MemTotal, as slurmd -C
+	// reports RealMemory), which the allocator schedules as Slurm does --mem; 0 when
+	// unknown (an inventory recorded before the field, or from nvidia-smi): the
+	// allocator then checks no memory on the node.
+	MemoryMiB int64 `json:"memory_mib,omitempty"`
 	// NUMANodes lists the NUMA nodes with their CPUs, by id.
 	NUMANodes []NUMANode `json:"numa_nodes"`
 	// GPUs lists the NVIDIA GPUs by NVML index (the order nvidia-smi shows: PCI bus id).

@@ -96,6 +96,7 @@ func (p *prober) Inventory(ctx context.Context) (*Inventory, error) {
 	var notes []string
 
 	inv.CPU, inv.NUMANodes = sys.cpus()
+	inv.MemoryMiB = parseMemTotal(sys.read("proc/meminfo"))
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}

@@ -192,6 +192,33 @@ func (s sysfs) cpus() (CPUInfo, []NUMANode) {
 	return info, nodes
 }
 
+// HostMemoryMiB returns this machine's memory in MiB (/proc/meminfo's MemTotal), 0 when
+// it cannot be read.
+func HostMemoryMiB() int64 {
+	return parseMemTotal(sysfs{root: "/"}.read("proc/meminfo"))
+}
+
+// parseMemTotal returns /proc/meminfo text's MemTotal in MiB (the kernel writes it in
+// KiB: "MemTotal:       16318412 kB"), 0 when it is missing or does not parse.
+func parseMemTotal(text string) int64 {
+	for _, line := range strings.Split(text, "\n") {
+		rest, ok := strings.CutPrefix(line, "MemTotal:")
+		if !ok {
+			continue
+		}
+		f := strings.Fields(rest)
+		if len(f) == 0 {
+			return 0
+		}
+		kib, err := strconv.ParseInt(f[0], 10, 64)
+		if err != nil || kib < 0 {
+			return 0
+		}
+		return kib / 1024
+	}
+	return 0
+}
+
 // parseCPUInfo reads the first processor's description from /proc/cpuinfo text and
 // counts processors and physical ids. Missing text gives the running architecture.
 func parseCPUInfo(text string) CPUInfo {

@@ -299,6 +299,9 @@ func TestProbeThisMachine(t *testing.T) {
 	if inv.Node == "" || inv.CPU.Arch == "" || inv.CPU.LogicalCPUs == 0 {
 		t.Errorf("node %q, arch %q, %d CPUs: want all set", inv.Node, inv.CPU.Arch, inv.CPU.LogicalCPUs)
 	}
+	if inv.MemoryMiB <= 0 {
+		t.Errorf("memory %d MiB: want /proc/meminfo's MemTotal", inv.MemoryMiB)
+	}
 	if _, err := inv.JSON(); err != nil {
 		t.Fatal(err)
 	}

@@ -211,6 +211,11 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 		return usageErr(e, "agent", "%v", err)
 	}
 	inv.Node = name
+	if inv.MemoryMiB == 0 {
+		// A recording without the node's memory (made before the field, or by
+		// nvidia-smi): the jobs run on this machine, so its memory is what they share.
+		inv.MemoryMiB = topology.HostMemoryMiB()
+	}
 	s, code := openStore(e, "agent", *f.consul)
 	if code != exitOK {
 		return code

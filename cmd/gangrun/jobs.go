@@ -54,7 +54,7 @@ type submitFlags struct {
 func (f *submitFlags) register(fs *pflag.FlagSet) {
 	f.consul = consulFlag(fs)
 	fs.StringVar(&f.nodes, "nodes", "1", "nodes, N or MIN:MAX (the job takes as many as are free, and shrinks within them)")
-	fs.StringVar(&f.gpus, "gpus-per-node", "1", "[TYPE:]COUNT devices on each node: 8, h100:8 (a GPU model), 3g.40gb:2 (MIG devices of that profile)")
+	fs.StringVar(&f.gpus, "gpus-per-node", "1", "[TYPE:]COUNT devices on each node: 8, h100:8 (a GPU model), 3g.40gb:2 (MIG devices of that profile); 0 for a CPU-only job (one worker per node, one CPU)")
 	fs.StringVar(&f.name, "name", "", "the job's name (%x in --output; default: the command's or script's base name)")
 	fs.StringVar(&f.partition, "partition", "", "run on nodes of this partition (their partition label)")
 	fs.StringVar(&f.account, "account", "", "the account (project) the job is charged to (default: the user's default account in the policy, else the user's name)")
@@ -263,9 +263,12 @@ func (f *submitFlags) spec(command []string, script, name string) (job.Spec, err
 	if err != nil {
 		return job.Spec{}, fmt.Errorf("the submit directory: %w", err)
 	}
-	gpus, profile, model, err := allocator.ParseGPUs(f.gpus)
-	if err != nil {
-		return job.Spec{}, err
+	var gpus int
+	var profile, model string
+	if f.gpus != "0" { // 0: a CPU-only job, one worker per node
+		if gpus, profile, model, err = allocator.ParseGPUs(f.gpus); err != nil {
+			return job.Spec{}, err
+		}
 	}
 	sup, err := f.supervision.supervision()
 	if err != nil {

@@ -34,10 +34,18 @@ type slurmPair struct {
 // startSlurmPair starts both clusters with nodes.
 func startSlurmPair(t *testing.T, nodes ...string) *slurmPair {
 	t.Helper()
+	return startSlurmPairWith(t, slurmtest.Options{}, nodes...)
+}
+
+// startSlurmPairWith is startSlurmPair with the real Slurm's options o (its nodes, GPUs,
+// partition and first job id set here).
+func startSlurmPairWith(t *testing.T, o slurmtest.Options, nodes ...string) *slurmPair {
+	t.Helper()
 	// Job ids far apart from each other and from the counts beside them in the
 	// commands' output (Slurm's from 1001, gangrun's from 5001), so that a test can
 	// put a word in place of an id.
-	real := slurmtest.Start(t, slurmtest.Options{Nodes: nodes, GPUsPerNode: 8, Partition: "gpu", Extra: []string{"FirstJobId=1001"}})
+	o.Nodes, o.GPUsPerNode, o.Partition, o.Extra = nodes, 8, "gpu", append(o.Extra, "FirstJobId=1001")
+	real := slurmtest.Start(t, o)
 	gr := startJobClusterWith(t, func(string) []string { return []string{"--labels", "partition=gpu"} }, nodes...)
 	s, err := store.NewConsul(gr.consul)
 	if err != nil {

@@ -98,6 +98,17 @@ const MinMem = int64(16) << 20
 // none is given; "0" means no limit (Slurm: all the node's memory). It returns bytes
 // per node. Errors name the value.
 func ParseMem(s string) (int64, error) {
+	n, err := ParseMemSize(s)
+	if err == nil && n != 0 && n < MinMem {
+		return 0, fmt.Errorf("--mem %q: want at least 16M (or 0 for no limit): a step needs more to start", s)
+	}
+	return n, err
+}
+
+// ParseMemSize parses a memory size as ParseMem does, without its least limit: a
+// part of a node's memory (sbatch's --mem-per-cpu, --mem-per-gpu), which the node's
+// total (the limit) is made of.
+func ParseMemSize(s string) (int64, error) {
 	bad := fmt.Errorf("--mem %q: want a size such as 4G, 500M or 1024 (megabytes), or 0 for no limit", s)
 	v := strings.TrimSpace(s)
 	if v == "" {
@@ -120,9 +131,6 @@ func ParseMem(s string) (int64, error) {
 	n, err := strconv.ParseInt(v, 10, 64)
 	if err != nil || n > MaxMem/unit {
 		return 0, fmt.Errorf("--mem %q: want at most 1P per node", s)
-	}
-	if n != 0 && n*unit < MinMem {
-		return 0, fmt.Errorf("--mem %q: want at least 16M (or 0 for no limit): a step needs more to start", s)
 	}
 	return n * unit, nil
 }

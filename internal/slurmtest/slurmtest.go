@@ -55,6 +55,9 @@ type Options struct {
 	// (default 16: more than this machine has, allowed by
 	// SlurmdParameters=config_overrides, so that tasks are not limited by the VM).
 	GPUsPerNode, CPUsPerNode int
+	// MemoryMiB, when set, is each node's RealMemory in MiB (default: Slurm's own, 1),
+	// which a job's --mem, --mem-per-cpu or --mem-per-gpu is checked against at submit.
+	MemoryMiB int64
 	// Partition is the one partition's name, the default (default "gpu").
 	Partition string
 	// ClusterName is slurm.conf's ClusterName (default "gangruntest").
@@ -214,8 +217,12 @@ InactiveLimit=0
 MinJobAge=300
 `, o.ClusterName, hostname(), ports[0], c.Munge.Socket, dir, dir, dir, dir, dir, dir)
 	for i, n := range o.Nodes {
-		fmt.Fprintf(&conf, "NodeName=%s NodeHostname=%s NodeAddr=127.0.0.1 Port=%d CPUs=%d Gres=gpu:%d State=UNKNOWN\n",
-			n, hostname(), ports[1+i], o.CPUsPerNode, o.GPUsPerNode)
+		mem := ""
+		if o.MemoryMiB > 0 {
+			mem = fmt.Sprintf(" RealMemory=%d", o.MemoryMiB)
+		}
+		fmt.Fprintf(&conf, "NodeName=%s NodeHostname=%s NodeAddr=127.0.0.1 Port=%d CPUs=%d%s Gres=gpu:%d State=UNKNOWN\n",
+			n, hostname(), ports[1+i], o.CPUsPerNode, mem, o.GPUsPerNode)
 	}
 	fmt.Fprintf(&conf, "PartitionName=%s Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n", o.Partition)
 	for _, l := range o.Extra {
