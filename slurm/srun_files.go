@@ -11,11 +11,24 @@ import (
 	"github.com/gangrun/gangrun/job"
 )
 
+// srunOwn says whether srun's --output or --error value p names no file, as Slurm's
+// srun reads it (src/srun/libsrun/fname.c): a value beginning "all" (any case) or "-"
+// is srun's own stdout or stderr; "none" (any case) discards the output.
+func srunOwn(p string) (own, none bool) {
+	switch {
+	case len(p) >= 3 && strings.EqualFold(p[:3], "all"), strings.HasPrefix(p, "-"):
+		return true, false
+	case strings.EqualFold(p, "none"):
+		return false, true
+	}
+	return false, false
+}
+
 // stepFiles are an srun step's -o/--output and -e/--error files: each task's stdout
 // and stderr file, by path, each path opened once (tasks whose pattern gives the same
 // path share it, as Slurm's tasks without %t in their pattern share one file).
 type stepFiles struct {
-	out, err map[int]*os.File // by task rank; absent: srun's own stdout or stderr
+	out, err map[int]io.Writer // by task rank; absent: srun's own stdout or stderr
 	opened   map[string]*os.File
 }
 
@@ -31,6 +44,9 @@ func checkStepPatterns(v values) error {
 		}
 		if _, err := strconv.Atoi(p); err == nil {
 			return &UsageError{Msg: fmt.Sprintf("error: --%s=%s: one task's output alone on srun's is %s", name, p, notBuilt), Code: 255}
+		}
+		if own, none := srunOwn(p); own || none {
+			continue
 		}
 		if p == "" {
 			return &UsageError{Msg: fmt.Sprintf("error: --%s: an empty file name", name), Code: 255}
@@ -59,8 +75,14 @@ func openStepFiles(j *job.Job, req job.StepRequest, v values, openMode string) (
 	if m := strings.ToLower(openMode); m != "" && strings.HasPrefix("append", m) {
 		flags = os.O_WRONLY | os.O_CREATE | os.O_APPEND
 	}
-	f := &stepFiles{out: map[int]*os.File{}, err: map[int]*os.File{}, opened: map[string]*os.File{}}
-	open := func(flag, pattern string, n job.SlurmNames) (*os.File, error) {
+	f := &stepFiles{out: map[int]io.Writer{}, err: map[int]io.Writer{}, opened: map[string]*os.File{}}
+	open := func(flag, pattern string, n job.SlurmNames) (io.Writer, error) {
+		switch own, none := srunOwn(pattern); {
+		case own:
+			return nil, nil
+		case none:
+			return io.Discard, nil
+		}
 		p, err := job.ExpandSlurm(flag, pattern, n)
 		if err != nil {
 			return nil, err
@@ -81,22 +103,27 @@ func openStepFiles(j *job.Job, req job.StepRequest, v values, openMode string) (
 	for i, node := range req.Nodes {
 		for t := req.FirstTask(i); t < req.FirstTask(i)+req.Tasks[i]; t++ {
 			n := stepNames(j, node, i, t, req.Step)
+			var out, errOut io.Writer
 			var err error
 			if hasOut {
-				if f.out[t], err = open("--output", outPat, n); err != nil {
-					f.close()
-					return nil, err
-				}
+				out, err = open("--output", outPat, n)
 			}
 			switch {
+			case err != nil:
 			case hasErr:
-				f.err[t], err = open("--error", errPat, n)
-			case hasOut:
-				f.err[t] = f.out[t] // stderr goes where stdout goes, as Slurm's
+				errOut, err = open("--error", errPat, n)
+			default:
+				errOut = out // stderr goes where stdout goes, as Slurm's
 			}
 			if err != nil {
 				f.close()
 				return nil, err
+			}
+			if out != nil {
+				f.out[t] = out
+			}
+			if errOut != nil {
+				f.err[t] = errOut
 			}
 		}
 	}
