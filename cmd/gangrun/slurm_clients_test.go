@@ -31,6 +31,7 @@ type clientCluster struct {
 	gr         *jobCluster
 	links      string
 	py         string
+	bin        string // the directory of py (a virtual environment's), its `python`
 	pythonPath string
 }
 
@@ -46,14 +47,11 @@ func startClientCluster(t *testing.T, pythonPath []string, nodes ...string) *cli
 			t.Fatal(err)
 		}
 	}
-	if err := os.Symlink(py.Path, filepath.Join(links, "python")); err != nil {
-		t.Fatal(err)
-	}
-	return &clientCluster{t: t, gr: gr, links: links, py: py.Path, pythonPath: strings.Join(pythonPath, ":")}
+	return &clientCluster{t: t, gr: gr, links: links, py: py.Path, bin: py.Bin, pythonPath: strings.Join(pythonPath, ":")}
 }
 
-// env is a user's shell on the cluster: the links (and `python`, torch 2.x's) first on
-// PATH, the cluster's Consul, the clients' packages on PYTHONPATH, no SLURM_* of the
+// env is a user's shell on the cluster: the links first on PATH, then torch 2.x's
+// virtual environment (its `python`), the cluster's Consul, the clients' packages on PYTHONPATH, no SLURM_* of the
 // test's own.
 func (c *clientCluster) env() []string {
 	var env []string
@@ -63,7 +61,7 @@ func (c *clientCluster) env() []string {
 			env = append(env, kv)
 		}
 	}
-	return append(env, "CONSUL_HTTP_ADDR="+c.gr.consul, "PATH="+c.links+":"+os.Getenv("PATH"), c.gr.mark,
+	return append(env, "CONSUL_HTTP_ADDR="+c.gr.consul, "PATH="+c.links+":"+c.bin+":"+os.Getenv("PATH"), c.gr.mark,
 		"PYTHONPATH="+c.pythonPath, "PYTHONUNBUFFERED=1")
 }
 
@@ -183,11 +181,11 @@ func TestSubmititCheckpointRequeueOnGangrun(t *testing.T) {
 	id := regexp.MustCompile(`(?m)^job_id (\d+)$`).FindStringSubmatch(out)[1]
 	log := readFile(filepath.Join(dir, "log_ckpt"), id+"_0_log.out")
 	// Both runs' output, one file: --open-mode=append reaches srun's --output.
+	// submitit logs INFO on stdout, warnings on stderr.
 	wants(t, "the task's stdout", log, `(?m)^run 1 from count 0 SLURM_RESTART_COUNT 0$`,
-		`(?m)^run 2 from count [1-9]\d* SLURM_RESTART_COUNT 1$`)
+		`Requeued job `+id+` \(2 remaining timeouts\)`, `(?m)^run 2 from count [1-9]\d* SLURM_RESTART_COUNT 1$`)
 	errLog := readFile(filepath.Join(dir, "log_ckpt"), id+"_0_log.err")
-	wants(t, "the task's stderr", errLog, `Caught signal SIGUSR2 on .*: this job is timed-out`,
-		`Requeued job `+id+` \(2 remaining timeouts\)`)
+	wants(t, "the task's stderr", errLog, `Caught signal SIGUSR2 on .*: this job is timed-out`)
 	if st := c.gr.show(id)["state"]; st != "COMPLETED" {
 		t.Errorf("gangrun's state of the job: %v, want COMPLETED", st)
 	}
