@@ -43,6 +43,7 @@ var srunOptions = []option{
 	{long: "nodes", short: 'N', arg: reqArg},
 	{long: "ntasks", short: 'n', arg: reqArg},
 	{long: "ntasks-per-node", arg: reqArg},
+	{long: "open-mode", arg: reqArg},
 	{long: "overlap", arg: noArg},
 	{long: "quiet", short: 'Q', arg: noArg},
 	{long: "unbuffered", short: 'u', arg: noArg},
@@ -382,7 +383,7 @@ func runStep(ctx context.Context, e *Env, id string, v values, command []string)
 	}
 	r := &srunRun{e: e, req: req, m: m, label: v.has("label"), kill: v.has("kill-on-bad-exit") && v["kill-on-bad-exit"] != "0",
 		width: len(strconv.Itoa(req.NTasks() - 1)), exits: map[int]job.TaskExit{}}
-	if r.files, err = openStepFiles(j, req, v, e.Getenv("SLURM_OPEN_MODE")); err != nil {
+	if r.files, err = openStepFiles(j, req, v, e.Getenv); err != nil {
 		_ = job.EndSrunStep(context.WithoutCancel(ctx), s, id, req.Step, job.SrunState{State: job.Failed, ExitCode: 1, Ended: time.Now().UTC(), Reason: err.Error()})
 		return errorf(e, "srun", 1, "%v", err)
 	}

@@ -32,11 +32,15 @@ type stepFiles struct {
 	opened   map[string]*os.File
 }
 
-// checkStepPatterns checks srun's --output and --error patterns (job.ExpandSlurm's
+// checkStepPatterns checks srun's --open-mode (append or truncate, or a prefix of
+// either, as sbatch's) and its --output and --error patterns (job.ExpandSlurm's
 // syntax) before the step is made: a bad %-letter is refused as sbatch refuses it
 // (255). A value that is all digits is Slurm's "only this task's output on srun's"
 // form, refused as not built.
 func checkStepPatterns(v values) error {
+	if m := strings.ToLower(v["open-mode"]); v.has("open-mode") && (m == "" || !strings.HasPrefix("append", m) && !strings.HasPrefix("truncate", m)) {
+		return &UsageError{Msg: "error: Invalid --open-mode specification", Code: 255}
+	}
 	for _, name := range []string{"output", "error"} {
 		p, ok := v[name]
 		if !ok {
@@ -60,16 +64,21 @@ func checkStepPatterns(v values) error {
 
 // openStepFiles opens the files of srun's --output and --error (v) for step req of
 // job j, relative to the step's working directory, as Slurm's slurmstepd opens them
-// when the tasks start: --error defaults to --output's file; append when the job's
-// SLURM_OPEN_MODE (sbatch's --open-mode, "a" or "append") says so, else truncate.
+// when the tasks start: --error defaults to --output's file; append when srun's
+// --open-mode, else the job's SLURM_OPEN_MODE (sbatch's --open-mode: "a"), says so,
+// else truncate.
 // Unlike Slurm's, the files are written by srun, on the host it runs on (the batch
 // host): the same files where the nodes share the file system, as Slurm's users
 // expect. It returns nil when neither option was given.
-func openStepFiles(j *job.Job, req job.StepRequest, v values, openMode string) (*stepFiles, error) {
+func openStepFiles(j *job.Job, req job.StepRequest, v values, getenv func(string) string) (*stepFiles, error) {
 	outPat, hasOut := v["output"]
 	errPat, hasErr := v["error"]
 	if !hasOut && !hasErr {
 		return nil, nil
+	}
+	openMode := getenv("SLURM_OPEN_MODE")
+	if v.has("open-mode") {
+		openMode = v["open-mode"]
 	}
 	flags := os.O_WRONLY | os.O_CREATE | os.O_TRUNC
 	if m := strings.ToLower(openMode); m != "" && strings.HasPrefix("append", m) {

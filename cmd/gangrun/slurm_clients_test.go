@@ -246,7 +246,7 @@ func TestDaskJobqueueExampleOnGangrun(t *testing.T) {
 // and compares the files each makes (the job id replaced by ID) and their lines: the
 // patterns %j %t %N %s %n, per-task files, one file for every task (no %t), stderr to
 // the --output file without -e, -l's labels, "none", a value beginning "all" (srun's
-// own output, as Slurm's srun reads it), SLURM_OPEN_MODE in the batch step and the
+// own output, as Slurm's srun reads it), srun's --open-mode, SLURM_OPEN_MODE in the batch step and the
 // append it gives srun's files.
 func TestSrunOutputFilesAgainstSlurm(t *testing.T) {
 	p := startSlurmPair(t, "node1", "node2")
@@ -260,6 +260,8 @@ srun --output all_%j.txt sh -c 'echo out $SLURM_PROCID; echo err $SLURM_PROCID >
 srun -l -n 1 --error=lab_%J.err -o lab_%J.out sh -c 'echo hi; echo ho >&2'
 srun -n 1 -o none sh -c 'echo discarded; echo discarded too >&2'
 srun -n 1 -o NONE -e e_%s.txt sh -c 'echo discarded; echo err >&2'
+echo kept > t.txt
+srun -n 1 --open-mode=t -o t.txt echo truncated
 echo done
 `
 	host, _ := os.Hostname()
