@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -144,6 +145,14 @@ func TestSubmititExampleOnGangrun(t *testing.T) {
 	script := readFile(filepath.Join(dir, "log_test"), id[1]+"_submission.sh")
 	wants(t, "submitit's sbatch script", script, `#SBATCH --wckey=submitit`, `#SBATCH --signal=USR2@90`,
 		`srun --unbuffered --output .*%j_%t_log.out --error .*%j_%t_log.err`)
+	sid := regexp.MustCompile(`(?m)^slurm job_id (\d+)$`).FindStringSubmatch(out)
+	if sid == nil {
+		t.Fatalf("no job id in:\n%s", out)
+	}
+	wants(t, "SlurmExecutor's sbatch script", readFile(filepath.Join(dir, "log_test_slurm"), sid[1]+"_submission.sh"), `#SBATCH --mem=1GB`)
+	if m := c.gr.show(sid[1])["spec"]; fmt.Sprint(m) == "" || !strings.Contains(fmt.Sprint(m), "mem:1.073741824e+09") {
+		t.Errorf("SlurmExecutor's job: --mem=1GB is not 1 GiB in its spec: %v", m)
+	}
 	acct := c.run(dir, time.Minute, "sacct", "-j", id[1], "-X", "-P", "-n", "-o", "JobID,State,WCKey")
 	if got, want := strings.TrimSpace(acct), id[1]+"|COMPLETED|submitit"; got != want {
 		t.Errorf("sacct: %q, want %q", got, want)
@@ -271,7 +280,7 @@ echo done
 		gangrunSide: strings.NewReplacer("_node1_", "_NODE_", "_node2_", "_NODE_")}
 	files := map[side]map[string]string{}
 	for _, s := range []side{realSlurm, gangrunSide} {
-		dir, id, state := p.submit(s, script, nil)
+		dir, id, state := p.submit(s, script, nil, "--wckey=submitit") // accepted by both
 		if state != "COMPLETED" {
 			t.Fatalf("%s: job %s ended %s:\n%s", s, id, state, readFile(dir, "slurm-"+id+".out"))
 		}

@@ -2,7 +2,8 @@
 # (https://github.com/facebookincubator/submitit/blob/main/README.md, "An example is
 # worth a thousand words"), run once with AutoExecutor and once with SlurmExecutor.
 # Changed for gangrun's test cluster only where the README says to set them for your
-# cluster: the partition ("gpu"), and one GPU a node (gangrun places GPU jobs).
+# cluster: the partition ("gpu"), and one GPU a node (gangrun places GPU jobs); the
+# SlurmExecutor run also sets its memory.
 import sys
 
 import submitit
@@ -20,7 +21,8 @@ for kind in ("auto", "slurm"):
         executor.update_parameters(timeout_min=1, slurm_partition="gpu", gpus_per_node=1)
     else:
         executor = submitit.SlurmExecutor(folder="log_test_slurm")
-        executor.update_parameters(time=1, partition="gpu", gpus_per_node=1)
+        # and submitit's memory parameter, which it writes as --mem=1GB
+        executor.update_parameters(time=1, partition="gpu", gpus_per_node=1, mem="1GB")
     job = executor.submit(add, 5, 7)  # will compute add(5, 7)
     print(kind, "job_id", job.job_id)  # ID of your job
 
