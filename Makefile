@@ -22,6 +22,11 @@ export GANGRUN_PYTHON2 := $(PYTHON2)
 # the clone that runs on PYTHON2 through PYTHONPATH (scripts/install-trainers.sh).
 TRAINERS  ?= $(shell scripts/install-trainers.sh --path)
 export GANGRUN_TRAINERS := $(TRAINERS)
+# The Slurm clients whose own code drives the Slurm commands in the client tests
+# (requirements/clients.txt: submitit, dask-jobqueue; Lightning's SLURMEnvironment is
+# among the trainers), a directory cached the same way (scripts/install-clients.sh).
+CLIENTS   ?= $(shell scripts/install-clients.sh --path)
+export GANGRUN_CLIENTS := $(CLIENTS)
 
 # The release version is the VERSION file's (the root package embeds it); the commit is
 # given to the binary here, since Go records none where GOFLAGS has -buildvcs=false.
@@ -54,7 +59,7 @@ DEB_VERSION ?=
 # Prometheus server (and promtool), headless Chromium, useradd, munged, a real Slurm (the Slurm front end's
 # comparisons) and Environment Modules; the benchmarks Consul and PyTorch.
 DEMO_DEPS  := torch
-TEST_DEPS  := torch torch2 trainers consul iproute2 prometheus chromium passwd munge slurm modules
+TEST_DEPS  := torch torch2 trainers clients consul iproute2 prometheus chromium passwd munge slurm modules
 BENCH_DEPS := torch consul
 
 .PHONY: all build tag install uninstall deb deps demo test test-short bench fuzz lint clean

@@ -49,6 +49,9 @@ type Batch struct {
 	// SignalBatch is --signal's B: the signal goes to the batch shell only; without it,
 	// to every job step's tasks and not the batch shell (Slurm's rule).
 	SignalBatch bool `json:"signal_batch,omitempty"`
+	// WCKey is --wckey, the workload characterization key sacct's WCKey shows; gangrun
+	// keeps it for accounting only, as a Slurm without TrackWCKey does.
+	WCKey string `json:"wckey,omitempty"`
 	// NoRequeue is --no-requeue: a node lost ends the job NODE_FAIL instead of
 	// requeuing it.
 	NoRequeue bool `json:"no_requeue,omitempty"`
@@ -397,6 +400,11 @@ func setBatchOwn(m *env, c BatchEnvConfig) {
 	set := m.set
 	if b.Export != "" && b.Export != "ALL" {
 		set("SLURM_EXPORT_ENV", b.Export)
+	}
+	if b.OpenMode != "" {
+		// sbatch's --open-mode reaches the job's srun steps as SLURM_OPEN_MODE, "a" or
+		// "t" (Slurm's sbatch sets it in the environment it submits).
+		set("SLURM_OPEN_MODE", b.OpenMode[:1])
 	}
 	if c.Restarts > 0 || c.Job.State.Placement > 1 {
 		set("SLURM_RESTART_COUNT", strconv.Itoa(c.Restarts+max(c.Job.State.Placement-1, 0)))

@@ -100,7 +100,8 @@ type Spec struct {
 	// to stop, and ends TIMEOUT.
 	TimeLimit time.Duration `json:"time_limit,omitempty"`
 	// Signal, when set, is sent to the workers SignalBefore ahead of TimeLimit (--signal
-	// SIG@DUR, Slurm's --signal), so the trainer can checkpoint.
+	// SIG@DUR, Slurm's --signal), so the trainer can checkpoint; at the start when the
+	// lead is as long as TimeLimit or longer (Slurm accepts that too).
 	Signal       syscall.Signal `json:"signal,omitempty"`
 	SignalBefore time.Duration  `json:"signal_before,omitempty"`
 	// SpareNodes are granted with the job and run nothing until a node of the job fails
@@ -239,8 +240,6 @@ func (s Spec) Validate() error {
 		return fmt.Errorf("--time %s: want at most %s (a year)", FormatSlurmTime(s.TimeLimit), FormatSlurmTime(MaxTime))
 	case s.Signal != 0 && s.TimeLimit == 0:
 		return fmt.Errorf("--signal %s@%s needs --time (it is sent that long before the time limit)", signalName(s.Signal), s.SignalBefore)
-	case s.Signal != 0 && s.SignalBefore >= s.TimeLimit:
-		return fmt.Errorf("--signal %s@%s: the lead must be shorter than --time %s", signalName(s.Signal), s.SignalBefore, s.TimeLimit)
 	case s.WorkDir == "" || !filepath.IsAbs(s.WorkDir):
 		return fmt.Errorf("work directory %q: want an absolute path", s.WorkDir)
 	case s.MaxNodes > MaxNodes:

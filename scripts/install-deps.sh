@@ -14,6 +14,10 @@
 #             about 280 MB and 40 s once), with g++ and python3-dev for the op DeepSpeed
 #             compiles on CPU: the checkpoint tests cut these trainers' own saves short
 #             and check `gangrun ckpt latest` against their loaders
+#   clients   submitit and dask-jobqueue from PyPI (requirements/clients.txt, every
+#             package pinned) in a directory cached under ~/.cache/gangrun that runs on
+#             torch2's python (scripts/install-clients.sh; about 6 MB and 10 s once): the
+#             Slurm front end's client tests run them against gangrun's Slurm commands
 #   consul    a Consul v1.14.11 server built from the Go module proxy into .tools/bin
 #             (scripts/install-consul.sh; about 4 minutes once, then cached): the tests
 #             and benchmarks start Consul dev agents; the demo does not need it
@@ -33,12 +37,12 @@
 #   modules   Debian's environment-modules (the `module` command a job script's
 #             `module load` runs, on the nodes as under Slurm)
 #
-# Usage: scripts/install-deps.sh [torch] [torch2] [trainers] [consul] [iproute2] [prometheus] [chromium] [passwd] [munge] [slurm] [modules]
+# Usage: scripts/install-deps.sh [torch] [torch2] [trainers] [clients] [consul] [iproute2] [prometheus] [chromium] [passwd] [munge] [slurm] [modules]
 # (no arguments: all of them). The Makefile asks for what each target needs: `make demo`
 # torch only, `make test` all of them, `make bench` torch and consul.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-want=("$@"); [ ${#want[@]} -eq 0 ] && want=(torch torch2 trainers consul iproute2 prometheus chromium passwd munge slurm modules)
+want=("$@"); [ ${#want[@]} -eq 0 ] && want=(torch torch2 trainers clients consul iproute2 prometheus chromium passwd munge slurm modules)
 
 apt_install() {
   local sudo=""
@@ -69,6 +73,9 @@ for w in "${want[@]}"; do
         apt_install g++ python3-dev
       fi
       "$root/scripts/install-trainers.sh" >/dev/null
+      ;;
+    clients)
+      "$root/scripts/install-clients.sh" >/dev/null
       ;;
     consul)
       "$root/scripts/install-consul.sh" >/dev/null
@@ -121,6 +128,6 @@ for w in "${want[@]}"; do
         apt_install environment-modules
       fi
       ;;
-    *) echo "install-deps.sh: unknown component $w (want torch, torch2, trainers, consul, iproute2, prometheus, chromium, passwd, munge, slurm or modules)" >&2; exit 2 ;;
+    *) echo "install-deps.sh: unknown component $w (want torch, torch2, trainers, clients, consul, iproute2, prometheus, chromium, passwd, munge, slurm or modules)" >&2; exit 2 ;;
   esac
 done

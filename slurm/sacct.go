@@ -30,6 +30,7 @@ var sacctFields = map[string]sacctField{
 	"timelimit": {"Timelimit", 10}, "workdir": {"WorkDir", 10}, "ntasks": {"NTasks", 8},
 	"reqnodes": {"ReqNodes", 8}, "derivedexitcode": {"DerivedExitCode", 15}, "reason": {"Reason", 20},
 	"restarts": {"Restarts", 8}, "reqcpus": {"ReqCPUS", 8}, "allocnodes": {"AllocNodes", 10},
+	"wckey": {"WCKey", 10},
 }
 
 // sacctDefault is sacct's default field list; sacctBrief -b's.
@@ -84,6 +85,7 @@ var sacctOptions = []option{
 // acctRow is one line of sacct: a job, its batch step, or an srun step.
 type acctRow struct {
 	id, name, part, account, user, state, exit, nodes, workdir string
+	wckey                                                      string
 	cpus, nnodes, tasks, gpus                                  int
 	memMiB                                                     int64 // the job's memory on all its nodes
 	submit, start, end                                         time.Time
@@ -170,6 +172,8 @@ func (r acctRow) value(key string) string {
 		return r.reason
 	case "restarts":
 		return strconv.Itoa(r.restarts)
+	case "wckey":
+		return r.wckey
 	}
 	return ""
 }
@@ -419,6 +423,9 @@ func jobRows(ctx context.Context, s Store, j job.Job, allocations bool) []acctRo
 		state: acctState(st.Status), exit: exitCode(st.ExitCode, st.Reason), nodes: hostlist.Compress(nodes), workdir: spec.WorkDir,
 		cpus: cpusOf(spec, nn), nnodes: nn, gpus: nn * spec.GPUsPerNode, memMiB: spec.NodeMem() >> 20 * int64(nn), submit: spec.Submitted, start: st.PlacedSince(), end: st.Ended,
 		limit: spec.TimeLimit, reason: st.Reason, restarts: st.Restarts}
+	if spec.Batch != nil {
+		base.wckey = spec.Batch.WCKey
+	}
 	if st.Status == job.Pending {
 		base.start, base.nodes = time.Time{}, ""
 	}
@@ -440,7 +447,7 @@ func jobRows(ctx context.Context, s Store, j job.Job, allocations bool) []acctRo
 	for _, x := range ss {
 		r := acctRow{id: x.ID(), name: x.Request.Name, account: spec.Account, nodes: hostlist.Compress(x.Request.Nodes),
 			nnodes: len(x.Request.Nodes), tasks: x.Request.NTasks(), cpus: x.Request.NTasks() * max(spec.Batch.CPUsPerTask, 1),
-			start: x.Request.Created, state: "RUNNING", exit: "0:0", workdir: x.Request.WorkDir}
+			start: x.Request.Created, state: "RUNNING", exit: "0:0", workdir: x.Request.WorkDir, wckey: base.wckey}
 		if x.End != nil {
 			r.end, r.state, r.reason = x.End.Ended, string(x.End.State), x.End.Reason
 			if x.End.Signal != 0 && x.End.State != job.Completed {

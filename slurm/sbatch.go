@@ -140,7 +140,7 @@ var sbatchOptions = []option{
 	{long: "time-min", arg: reqArg, unsupported: notBuilt},
 	{long: "tmp", arg: reqArg, unsupported: notBuilt},
 	{long: "use-min-nodes", arg: noArg, unsupported: notBuilt},
-	{long: "wckey", arg: reqArg, unsupported: notBuilt},
+	{long: "wckey", arg: reqArg},
 }
 
 // gangrunAliases are `gangrun submit`'s option names as a script's #GANGRUN lines (and
@@ -406,7 +406,7 @@ func (o *batchOpts) request(e *Env, script, name string, scriptArgs []string) (*
 		return nil, err
 	}
 	b.NoRequeue = o.noRequeue
-	spec.Output, b.Error = v["output"], v["error"]
+	spec.Output, b.Error, b.WCKey = v["output"], v["error"], v["wckey"]
 	if err := o.supervision(&spec); err != nil {
 		return nil, err
 	}

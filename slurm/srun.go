@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -44,6 +43,7 @@ var srunOptions = []option{
 	{long: "nodes", short: 'N', arg: reqArg},
 	{long: "ntasks", short: 'n', arg: reqArg},
 	{long: "ntasks-per-node", arg: reqArg},
+	{long: "open-mode", arg: reqArg},
 	{long: "overlap", arg: noArg},
 	{long: "pty", arg: noArg},
 	{long: "quiet", short: 'Q', arg: noArg},
@@ -64,7 +64,7 @@ var srunOptions = []option{
 	{long: "cpu-freq", arg: reqArg, unsupported: notBuilt},
 	{long: "dependency", short: 'd', arg: reqArg, unsupported: notBuilt},
 	{long: "distribution", short: 'm', arg: reqArg, unsupported: notBuilt},
-	{long: "error", short: 'e', arg: reqArg, unsupported: notBuilt},
+	{long: "error", short: 'e', arg: reqArg},
 	{long: "epilog", arg: reqArg, unsupported: notBuilt},
 	{long: "exact", arg: noArg, unsupported: notBuilt},
 	{long: "exclude", short: 'x', arg: reqArg, unsupported: notBuilt},
@@ -81,7 +81,7 @@ var srunOptions = []option{
 	{long: "multi-prog", arg: noArg, unsupported: notBuilt},
 	{long: "no-allocate", short: 'Z', arg: noArg, unsupported: notBuilt},
 	{long: "no-kill", short: 'k', arg: optArg, unsupported: notBuilt},
-	{long: "output", short: 'o', arg: reqArg, unsupported: notBuilt},
+	{long: "output", short: 'o', arg: reqArg},
 	{long: "partition", short: 'p', arg: reqArg, unsupported: notBuilt},
 	{long: "preserve-env", short: 'E', arg: noArg, unsupported: notBuilt},
 	{long: "prolog", arg: reqArg, unsupported: notBuilt},
@@ -282,6 +282,9 @@ func Srun(ctx context.Context, e *Env, args []string) int {
 	if v.has("mpi") && v["mpi"] != "none" {
 		return errorf(e, "srun", 255, "--mpi=%s: MPI plugins are %s; --mpi=none is", v["mpi"], notBuilt)
 	}
+	if err := checkStepPatterns(v); err != nil {
+		return usage(e, "srun", err.(*UsageError))
+	}
 	if len(rest) == 0 {
 		return errorf(e, "srun", 1, "No command given to execute.")
 	}
@@ -388,6 +391,11 @@ func runStep(ctx context.Context, e *Env, id string, v values, command []string)
 	}
 	r := &srunRun{e: e, req: req, m: m, label: v.has("label"), kill: v.has("kill-on-bad-exit") && v["kill-on-bad-exit"] != "0",
 		width: len(strconv.Itoa(req.NTasks() - 1)), exits: map[int]job.TaskExit{}}
+	if r.files, err = openStepFiles(j, req, v, e.Getenv); err != nil {
+		_ = job.EndSrunStep(context.WithoutCancel(ctx), s, id, req.Step, job.SrunState{State: job.Failed, ExitCode: 1, Ended: time.Now().UTC(), Reason: err.Error()})
+		return errorf(e, "srun", 1, "%v", err)
+	}
+	defer r.files.close()
 	code, st := r.runTerminal(ctx, ln, tty)
 	st.Ended = time.Now().UTC()
 	if err := job.EndSrunStep(context.WithoutCancel(ctx), s, id, req.Step, st); err != nil {
@@ -404,6 +412,7 @@ type srunRun struct {
 	label bool
 	kill  bool
 	width int
+	files *stepFiles // --output and --error; nil: srun's own stdout and stderr
 
 	mu       sync.Mutex
 	conns    []net.Conn
@@ -680,10 +689,7 @@ func signalText(sig syscall.Signal) string {
 func (r *srunRun) output(task, fd int, data []byte) {
 	r.outMu.Lock()
 	defer r.outMu.Unlock()
-	var w io.Writer = r.e.Stdout
-	if fd == 2 {
-		w = r.e.Stderr
-	}
+	w := r.writer(task, fd)
 	if !r.label {
 		_, _ = w.Write(data)
 		return
@@ -710,11 +716,7 @@ func (r *srunRun) flushAll() {
 	defer r.outMu.Unlock()
 	for key, buf := range r.partials {
 		if len(buf) > 0 {
-			w := r.e.Stdout
-			if key[1] == 2 {
-				w = r.e.Stderr
-			}
-			fmt.Fprintf(w, "%*d: %s\n", r.width, key[0], buf)
+			fmt.Fprintf(r.writer(key[0], key[1]), "%*d: %s\n", r.width, key[0], buf)
 		}
 		delete(r.partials, key)
 	}

@@ -258,7 +258,7 @@ func TestCgroupFlagErrors(t *testing.T) {
 		want string
 	}{
 		{[]string{"run", "--cgroup", "on", "--", "true"}, `gangrun run: --cgroup "on": want off, auto or required`},
-		{[]string{"run", "--mem", "4GB", "--", "true"}, `gangrun run: --mem "4GB": want a size such as 4G, 500M or 1024 (megabytes), or 0 for no limit`},
+		{[]string{"run", "--mem", "4Gx", "--", "true"}, `gangrun run: --mem "4Gx": want a size such as 4G, 500M or 1024 (megabytes), or 0 for no limit`},
 		{[]string{"run", "--mem", "-1", "--", "true"}, `gangrun run: --mem "-1": want a size such as 4G, 500M or 1024 (megabytes), or 0 for no limit`},
 		{[]string{"run", "--mem", "2000T", "--", "true"}, `gangrun run: --mem "2000T": want at most 1P per node`},
 		{[]string{"run", "--mem", "1K", "--", "true"}, `gangrun run: --mem "1K": want at least 16M (or 0 for no limit): a step needs more to start`},

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -105,8 +106,16 @@ func (c *slurmCluster) Cancel(ctx context.Context, s slurm.Store, id string) (in
 }
 
 // Hold implements slurm.Cluster: scontrol hold, uhold, release, requeue and
-// requeuehold (route).
+// requeuehold (route). A job that requeues itself (scontrol requeue $SLURM_JOB_ID in
+// its own step, as submitit's and Lightning's signal handlers do) has its processes,
+// this scontrol among them, sent SIGTERM as the requeue stops its steps: scontrol then
+// ignores SIGTERM, so that it still reports the requeue and exits 0, as Slurm's
+// scontrol has its answer from slurmctld before slurmd's SIGTERM reaches the step (the
+// step's SIGKILL after the grace still ends it).
 func (c *slurmCluster) Hold(ctx context.Context, s slurm.Store, id string, op job.HoldOp) (int, error) {
+	if (op == job.OpRequeue || op == job.OpRequeueHold) && id == c.e.getenv("SLURM_JOB_ID") {
+		signal.Ignore(syscall.SIGTERM)
+	}
 	as, actor, err := c.route(ctx, s)
 	if err != nil {
 		return 0, err

@@ -94,9 +94,10 @@ const MaxMem = int64(1) << 50
 const MinMem = int64(16) << 20
 
 // ParseMem parses --mem the way Slurm's --mem is read: a whole number with an
-// optional unit suffix K, M, G or T (either case; powers of 1024), megabytes when
-// none is given; "0" means no limit (Slurm: all the node's memory). It returns bytes
-// per node. Errors name the value.
+// optional unit suffix K, M, G or T (either case; powers of 1024), which may be
+// followed by B ("4GB", as Slurm 22.05 accepts it), megabytes when none is given;
+// "0" means no limit (Slurm: all the node's memory). It returns bytes per node.
+// Errors name the value.
 func ParseMem(s string) (int64, error) {
 	n, err := ParseMemSize(s)
 	if err == nil && n != 0 && n < MinMem {
@@ -115,6 +116,9 @@ func ParseMemSize(s string) (int64, error) {
 		return 0, bad
 	}
 	unit := int64(1) << 20
+	if n := len(v); n >= 2 && (v[n-1] == 'B' || v[n-1] == 'b') && strings.ContainsRune("kKmMgGtT", rune(v[n-2])) {
+		v = v[:n-1] // "4GB" is 4G, as Slurm 22.05's sbatch reads it (submitit writes --mem=NGB)
+	}
 	switch v[len(v)-1] {
 	case 'k', 'K':
 		unit, v = 1<<10, v[:len(v)-1]

@@ -80,7 +80,7 @@ func TestParseMem(t *testing.T) {
 		{"4G", 4 << 30, ""}, {"4g", 4 << 30, ""}, {"500M", 500 << 20, ""}, {"1024", 1024 << 20, ""},
 		{"16384K", 16 << 20, ""}, {"64K", 0, "at least 16M"}, {"1K", 0, "at least 16M"}, {"15", 0, "at least 16M"}, {"2T", 2 << 40, ""}, {"0", 0, ""}, {"1024P", 0, "want a size"},
 		{"", 0, "want a size"}, {"G", 0, "want a size"}, {"-1G", 0, "want a size"}, {"1.5G", 0, "want a size"},
-		{"4GB", 0, "want a size"}, {"2000T", 0, "at most 1P"}, {"99999999999999999999", 0, "at most 1P"},
+		{"4GB", 4 << 30, ""}, {"512mb", 512 << 20, ""}, {"4Gx", 0, "want a size"}, {"1024B", 0, "want a size"}, {"GB", 0, "want a size"}, {"2000T", 0, "at most 1P"}, {"99999999999999999999", 0, "at most 1P"},
 	} {
 		got, err := ParseMem(c.in)
 		switch {

@@ -10,7 +10,8 @@
 //     digits of the requirements file's sha256>.
 //
 // Over torch 2.x, the trainers the checkpoint tests save with (requirements/trainers.txt)
-// through $GANGRUN_TRAINERS (Trainers).
+// through $GANGRUN_TRAINERS (Trainers), and the Slurm clients the Slurm front end's
+// client tests run (requirements/clients.txt) through $GANGRUN_CLIENTS (Clients).
 //
 // `make test` installs all three and exports their variables. A missing installation
 // fails the test that asks for it, naming what to run; it never skips.
@@ -164,15 +165,34 @@ func load(t testing.TB, py, install string) Python {
 // A missing installation fails the test, naming what to run; it never skips.
 func Trainers(t testing.TB) string {
 	t.Helper()
-	dir := os.Getenv("GANGRUN_TRAINERS")
+	return packages(t, "trainers", "GANGRUN_TRAINERS")
+}
+
+// Clients returns the directory of the Slurm clients the Slurm front end's client tests
+// run (requirements/clients.txt: submitit, dask-jobqueue), to put on PYTHONPATH over
+// torch 2.x from PyPI as Trainers': $GANGRUN_CLIENTS, else where
+// scripts/install-clients.sh installs it (clients-<hash>, as Trainers'). A missing
+// installation fails the test, naming what to run; it never skips.
+func Clients(t testing.TB) string {
+	t.Helper()
+	return packages(t, "clients", "GANGRUN_CLIENTS")
+}
+
+// packages is the directory scripts/install-NAME.sh installs requirements/NAME.txt to
+// over torch 2.x: $envVar, else ${XDG_CACHE_HOME:-~/.cache}/gangrun/NAME-<first 12 hex
+// digits of the sha256 of requirements/NAME.txt and requirements/torch2.txt>; it fails
+// the test when that is not installed (no marker).
+func packages(t testing.TB, name, envVar string) string {
+	t.Helper()
+	dir := os.Getenv(envVar)
 	if dir == "" {
 		_, file, _, _ := runtime.Caller(0)
 		reqs := filepath.Join(filepath.Dir(file), "..", "..", "requirements")
 		h := sha256.New()
-		for _, name := range []string{"trainers.txt", "torch2.txt"} {
-			data, err := os.ReadFile(filepath.Join(reqs, name))
+		for _, f := range []string{name + ".txt", "torch2.txt"} {
+			data, err := os.ReadFile(filepath.Join(reqs, f))
 			if err != nil {
-				t.Fatalf("trainers: %v (GANGRUN_TRAINERS names the directory otherwise)", err)
+				t.Fatalf("%s: %v (%s names the directory otherwise)", name, err, envVar)
 			}
 			h.Write(data)
 		}
@@ -181,10 +201,10 @@ func Trainers(t testing.TB) string {
 			home, _ := os.UserHomeDir()
 			cache = filepath.Join(home, ".cache")
 		}
-		dir = filepath.Join(cache, "gangrun", "trainers-"+hex.EncodeToString(h.Sum(nil))[:12])
+		dir = filepath.Join(cache, "gangrun", name+"-"+hex.EncodeToString(h.Sum(nil))[:12])
 	}
 	if _, err := os.Stat(filepath.Join(dir, ".installed")); err != nil {
-		t.Fatalf("the trainers are needed: %s is not installed (%v); `make test` installs it (scripts/install-trainers.sh)", dir, err)
+		t.Fatalf("the %s are needed: %s is not installed (%v); `make test` installs it (scripts/install-%s.sh)", name, dir, err, name)
 	}
 	return dir
 }
