@@ -511,12 +511,16 @@ func (s *Supervisor) join(ctx context.Context) (rendezvous.Round, syscall.Signal
 		err error
 	}
 	ch := make(chan joined, 1)
+	req := rendezvous.JoinRequest{
+		Node: s.cfg.NodeName, Addr: s.cfg.Addr, LocalWorldSize: s.cfg.NProcPerNode,
+		Switch: s.cfg.Switch, MasterPort: s.cfg.MasterPort, ChooseResume: s.chooseResume,
+		OnLease: s.onLease,
+	}
+	if s.cfg.Env.AgentStore {
+		req.StoreRound = s.storeRound // node rank 0's gangrun serves the store, and says its round there
+	}
 	go func() {
-		r, err := s.rdzv.Join(jctx, rendezvous.JoinRequest{
-			Node: s.cfg.NodeName, Addr: s.cfg.Addr, LocalWorldSize: s.cfg.NProcPerNode,
-			Switch: s.cfg.Switch, MasterPort: s.cfg.MasterPort, ChooseResume: s.chooseResume,
-			OnLease: s.onLease,
-		})
+		r, err := s.rdzv.Join(jctx, req)
 		ch <- joined{r, err}
 	}()
 	j, stop, byCtx := awaitOrStop(ctx, s.cfg.Signals, ch)

@@ -2,6 +2,7 @@ package launcher
 
 import (
 	"cmp"
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
@@ -438,8 +439,42 @@ func (s *Supervisor) serveStore(a rendezvous.Assignment) error {
 	if err != nil {
 		return fmt.Errorf("MASTER_PORT %d: gangrun serves the workers' store there (TORCHELASTIC_USE_AGENT_STORE=True) and cannot: %w", a.MasterPort, err)
 	}
+	st.Set(StoreRoundKey, []byte(strconv.Itoa(a.RestartCount)))
 	s.store = st
 	return nil
+}
+
+// StoreRoundKey is the key of the workers' store under which node rank 0's gangrun
+// publishes its attempt's restart count (rendezvous.JoinRequest.StoreRound); torch's
+// keys are all under /worker/attempt_N or its own prefixes, never this one.
+const StoreRoundKey = "gangrun/restart_count"
+
+// storeRoundPoll is how often a node waiting for node rank 0's store asks again.
+const storeRoundPoll = 200 * time.Millisecond
+
+// storeRound is rendezvous.JoinRequest.StoreRound: it asks the store at master for
+// StoreRoundKey until a store answers with a count above after (the store that node
+// rank 0's gangrun opened for a newer attempt than this node's last), and returns it.
+// It gives up when ctx ends (a signal, the run's end).
+func (s *Supervisor) storeRound(ctx context.Context, master string, after int) (int, error) {
+	logged := false
+	for {
+		qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		v, err := tcpstore.Get(qctx, master, StoreRoundKey)
+		cancel()
+		if n, perr := strconv.Atoi(string(v)); err == nil && perr == nil && n > after {
+			return n, nil
+		}
+		if !logged {
+			s.log.Info("waiting for node rank 0's workers' store of a new attempt", zap.String("master", master), zap.Int("after_restart_count", after))
+			logged = true
+		}
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(storeRoundPoll):
+		}
+	}
 }
 
 // closeStore closes the attempt's TCPStore, if this node serves one.

@@ -120,6 +120,17 @@ type JoinRequest struct {
 	// supervisor hands it to its guardian, which kills the workers at that time if the
 	// supervisor itself is frozen.
 	OnLease func(killBy time.Time)
+	// StoreRound, when set, is how a node other than node rank 0 of a rendezvous with no
+	// coordinator to agree its rounds (Static: Slurm's and torchrun's static) meets node
+	// rank 0's workers: it waits until the workers' store at master (MASTER_ADDR:
+	// MASTER_PORT, which node rank 0's gangrun serves anew each attempt) is one newer
+	// than the round after (-1: any), and returns the restart count node rank 0
+	// published in it. The node's workers then get that count
+	// (TORCHELASTIC_RESTART_COUNT), which names their keys in the store (torch's
+	// /worker/attempt_N prefix), so that the nodes' workers meet even when their nodes
+	// have counted different numbers of failures, and a node that restarts first does
+	// not join node rank 0's store of the attempt that failed. Nil: no wait.
+	StoreRound func(ctx context.Context, master string, after int) (int, error)
 }
 
 // chooseResume asks req.ChooseResume for the round's checkpoint ("" when it is nil).

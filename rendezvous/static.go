@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"hash/fnv"
+	"net"
 	"net/url"
 	"strconv"
 	"strings"
@@ -139,20 +140,27 @@ type Static struct {
 	env         SlurmEnv
 	jobID       string
 	maxRestarts int
-	mu          sync.Mutex
-	round       int
-	failures    int
+	// master is MASTER_ADDR: "" is the first node of the nodelist.
+	master   string
+	mu       sync.Mutex
+	round    int
+	failures int
+	// storeRound is node rank 0's restart count read from its store for this node's
+	// last attempt (JoinRequest.StoreRound), -1 before the first.
+	storeRound int
 }
 
 // NewStatic returns the static rendezvous for a Slurm step; jobID is the gangrun job id
 // (TORCHELASTIC_RUN_ID), typically the Slurm job id; maxRestarts is this node's restart
 // budget (each node counts its own failures).
 func NewStatic(env SlurmEnv, jobID string, maxRestarts int) *Static {
-	return &Static{env: env, jobID: jobID, maxRestarts: maxRestarts}
+	return &Static{env: env, jobID: jobID, maxRestarts: maxRestarts, storeRound: -1}
 }
 
 // Join returns this node's fixed part. The master port is req.MasterPort, else derived
-// from the Slurm job id.
+// from the Slurm job id. On a node other than node rank 0, with req.StoreRound, it
+// first waits for node rank 0's store of a newer attempt than this node's last, and
+// the restart count is node rank 0's (JoinRequest.StoreRound).
 func (s *Static) Join(ctx context.Context, req JoinRequest) (Round, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -168,6 +176,21 @@ func (s *Static) Join(ctx context.Context, req JoinRequest) (Round, error) {
 	if port == 0 {
 		port = SlurmMasterPort(s.env.JobID)
 	}
+	master := s.master
+	if master == "" {
+		master = s.env.Nodes[0]
+	}
+	restarts := -1
+	if s.env.NodeID != 0 && req.StoreRound != nil {
+		s.mu.Lock()
+		after := s.storeRound
+		s.mu.Unlock()
+		n, err := req.StoreRound(ctx, net.JoinHostPort(master, strconv.Itoa(port)), after)
+		if err != nil {
+			return nil, err
+		}
+		restarts = n
+	}
 	resume, err := req.chooseResume(ctx)
 	if err != nil {
 		return nil, err
@@ -176,7 +199,10 @@ func (s *Static) Join(ctx context.Context, req JoinRequest) (Round, error) {
 	defer s.mu.Unlock()
 	a := Assign(members, s.env.NodeID)
 	a.JobID, a.Round, a.RestartCount, a.Nodes = s.jobID, s.round, s.failures, members
-	a.MasterAddr, a.MasterPort, a.ResumeFrom = s.env.Nodes[0], port, resume
+	if restarts >= 0 {
+		a.RestartCount, s.storeRound = restarts, restarts
+	}
+	a.MasterAddr, a.MasterPort, a.ResumeFrom = master, port, resume
 	s.round++
 	return newSoloRound(a, s.countFailure), nil
 }
@@ -279,16 +305,17 @@ func (torchrunStatic) open(_ context.Context, coordinator string, cfg Config) (*
 		nodes[0] = master
 	}
 	env := SlurmEnv{JobID: job, Nodes: nodes, NodeID: rank, GPUsOnNode: -1}
-	return &Opened{Rendezvous: &masterAt{s: NewStatic(env, job, cfg.MaxRestarts), addr: master, port: port}, JobID: job, NodeName: node,
+	st := NewStatic(env, job, cfg.MaxRestarts)
+	st.master = master
+	return &Opened{Rendezvous: &masterAt{s: st, port: port}, JobID: job, NodeName: node,
 		MinNodes: cfg.MaxNodes, MaxNodes: cfg.MaxNodes, Addr: cfg.AdvertiseAddr, Shared: true, GPUsOnNode: -1}, nil
 }
 
 // masterAt is a Static whose master is a given address and port (torchrun's
-// --master-addr and --master-port) rather than the first node's name and a port of
-// the job id.
+// --master-addr and --master-port: the Static's master, and port) rather than the
+// first node's name and a port of the job id.
 type masterAt struct {
 	s    *Static
-	addr string
 	port int
 }
 
@@ -297,11 +324,5 @@ func (m *masterAt) Join(ctx context.Context, req JoinRequest) (Round, error) {
 	if req.MasterPort == 0 {
 		req.MasterPort = m.port
 	}
-	r, err := m.s.Join(ctx, req)
-	if err != nil {
-		return nil, err
-	}
-	sr := r.(*soloRound)
-	sr.a.MasterAddr = m.addr
-	return sr, nil
+	return m.s.Join(ctx, req)
 }

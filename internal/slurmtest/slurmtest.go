@@ -6,7 +6,9 @@
 // mknod (major 195, NVIDIA's) in gres.conf, and loopback ports from testport (below
 // the ephemeral range, which a client socket could take before the daemon binds).
 // Several nodes run on this one machine, each a slurmd started with -N NAME on a port
-// of its own (Debian builds Slurm with multiple-slurmd support). It runs as root (slurmd starts the jobs'
+// of its own (Debian builds Slurm with multiple-slurmd support); with Options.Netns each
+// node also has network, UTS and mount namespaces of its own (its own address, host
+// name and /etc/hosts), as separate hosts would. It runs as root (slurmd starts the jobs'
 // processes as their users); a missing binary or a non-root test fails, never skips.
 //
 // Conf writes only a slurm.conf, for the commands that read it without a controller
@@ -64,6 +66,14 @@ type Options struct {
 	ClusterName string
 	// Extra lines appended to slurm.conf.
 	Extra []string
+	// Netns puts the controller and each node in a network namespace of its own, on one
+	// bridge (10.77.0.0/24, inside the namespaces only: the controller at .1, node i at
+	// .10+i), and each slurmd in UTS and mount namespaces of its own in which the host
+	// name is the node's name and /etc/hosts names every node at its address: a node's
+	// jobs then see a host of their own, as on a real cluster, and reach the other
+	// nodes by name. Run (the cluster's commands) enters the controller's namespace.
+	// The namespaces and veths go at the test's end.
+	Netns bool
 }
 
 // Cluster is a running Slurm.
@@ -79,9 +89,13 @@ type Cluster struct {
 	ClusterName string
 	// Munge is the cluster's munged.
 	Munge *mungetest.Daemon
+	// Addrs are the nodes' addresses (NodeAddr), by node name: 127.0.0.1 each, or
+	// the node's own with Options.Netns.
+	Addrs map[string]string
 
 	t    testing.TB
 	pids []string // pid files of the daemons
+	net  *network // the namespaces with Options.Netns, else nil
 }
 
 // Conf writes a minimal slurm.conf (a cluster name and a controller host, no daemon
@@ -109,6 +123,18 @@ func Start(t testing.TB, o Options) *Cluster {
 	}
 	o.setDefaults()
 	c := newCluster(t, o)
+	if o.Netns {
+		c.net = newNetwork(t, o.Nodes)
+		if err := os.WriteFile(filepath.Join(c.Dir, "hosts"), []byte(c.net.hosts(hostname(), o.Nodes)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, n := range o.Nodes {
+		c.Addrs[n] = "127.0.0.1"
+		if c.net != nil {
+			c.Addrs[n] = c.net.addrs[i]
+		}
+	}
 	ports, err := testport.Take(1 + len(o.Nodes))
 	if err != nil {
 		t.Fatal(err)
@@ -121,9 +147,14 @@ func Start(t testing.TB, o Options) *Cluster {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.stop)
-	c.daemon("slurmctld", filepath.Join(c.Dir, "slurmctld.pid"), "-i")
-	for _, n := range o.Nodes {
-		c.daemon("slurmd", filepath.Join(c.Dir, "slurmd-"+n+".pid"), "-N", n)
+	ctld, ctldArgs := c.in("slurmctld", "-i")
+	c.daemon(filepath.Join(c.Dir, "slurmctld.pid"), ctld, ctldArgs...)
+	for i, n := range o.Nodes {
+		name, args := "slurmd", []string{"-N", n}
+		if c.net != nil {
+			name, args = c.net.nodeCommand(i, n, filepath.Join(c.Dir, "hosts"), args...)
+		}
+		c.daemon(filepath.Join(c.Dir, "slurmd-"+n+".pid"), name, args...)
 	}
 	c.waitIdle()
 	return c
@@ -163,7 +194,7 @@ func newCluster(t testing.TB, o Options) *Cluster {
 		t.Fatal(err)
 	}
 	c := &Cluster{Dir: dir, Conf: filepath.Join(dir, "slurm.conf"), Nodes: o.Nodes, Partition: o.Partition,
-		ClusterName: o.ClusterName, t: t, Munge: mungetest.Start(t)}
+		ClusterName: o.ClusterName, t: t, Munge: mungetest.Start(t), Addrs: map[string]string{}}
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	for _, d := range []string{"state", "spool", "log", "dev"} {
 		if err := os.Mkdir(filepath.Join(dir, d), 0o755); err != nil {
@@ -180,12 +211,17 @@ func newCluster(t testing.TB, o Options) *Cluster {
 }
 
 // slurmConf is the cluster's slurm.conf: the controller on ports[0], node i's slurmd
-// on ports[1+i], everything under c.Dir, then o.Extra's lines.
+// on ports[1+i] at c.Addrs (its host name its own with Options.Netns, else this
+// machine's), everything under c.Dir, then o.Extra's lines.
 func (c *Cluster) slurmConf(o Options, ports []int) string {
 	dir := c.Dir
+	ctlAddr := "127.0.0.1"
+	if c.net != nil {
+		ctlAddr = c.net.ctlAddr
+	}
 	var conf strings.Builder
 	fmt.Fprintf(&conf, `ClusterName=%s
-SlurmctldHost=%s(127.0.0.1)
+SlurmctldHost=%s(%s)
 SlurmUser=root
 SlurmdUser=root
 SlurmctldPort=%d
@@ -215,14 +251,18 @@ MessageTimeout=30
 KillWait=5
 InactiveLimit=0
 MinJobAge=300
-`, o.ClusterName, hostname(), ports[0], c.Munge.Socket, dir, dir, dir, dir, dir, dir)
+`, o.ClusterName, hostname(), ctlAddr, ports[0], c.Munge.Socket, dir, dir, dir, dir, dir, dir)
 	for i, n := range o.Nodes {
 		mem := ""
 		if o.MemoryMiB > 0 {
 			mem = fmt.Sprintf(" RealMemory=%d", o.MemoryMiB)
 		}
-		fmt.Fprintf(&conf, "NodeName=%s NodeHostname=%s NodeAddr=127.0.0.1 Port=%d CPUs=%d%s Gres=gpu:%d State=UNKNOWN\n",
-			n, hostname(), ports[1+i], o.CPUsPerNode, mem, o.GPUsPerNode)
+		host := hostname()
+		if c.net != nil {
+			host = n
+		}
+		fmt.Fprintf(&conf, "NodeName=%s NodeHostname=%s NodeAddr=%s Port=%d CPUs=%d%s Gres=gpu:%d State=UNKNOWN\n",
+			n, host, c.Addrs[n], ports[1+i], o.CPUsPerNode, mem, o.GPUsPerNode)
 	}
 	fmt.Fprintf(&conf, "PartitionName=%s Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n", o.Partition)
 	for _, l := range o.Extra {
@@ -254,8 +294,9 @@ func (c *Cluster) waitIdle() {
 	}
 }
 
-// daemon starts a Slurm daemon (it forks into the background) and notes its pid file.
-func (c *Cluster) daemon(name, pidFile string, args ...string) {
+// daemon starts a Slurm daemon, command name with args (it forks into the background),
+// and notes its pid file.
+func (c *Cluster) daemon(pidFile, name string, args ...string) {
 	c.t.Helper()
 	cmd := exec.Command(name, args...)
 	cmd.Env = c.Env(nil)
@@ -283,6 +324,7 @@ func (c *Cluster) Env(extra []string) []string {
 func (c *Cluster) Run(ctx context.Context, dir string, extra []string, name string, args ...string) (stdout, stderr string, code int) {
 	ctx, cancel := context.WithTimeout(ctx, commandTimeout)
 	defer cancel()
+	name, args = c.in(name, args...)
 	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.Dir, cmd.Env = dir, c.Env(extra)
 	var o, e bytes.Buffer
@@ -296,6 +338,15 @@ func (c *Cluster) Run(ctx context.Context, dir string, extra []string, name stri
 		return o.String(), e.String(), ee.ExitCode()
 	}
 	return o.String(), e.String() + err.Error(), -1
+}
+
+// in returns command name with args as run in the controller's network namespace with
+// Options.Netns, else unchanged.
+func (c *Cluster) in(name string, args ...string) (string, []string) {
+	if c.net == nil {
+		return name, args
+	}
+	return in(c.net.ctl, name, args...)
 }
 
 // WaitJob waits until job id has left squeue (ended, and MinJobAge keeps it in

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -40,5 +41,38 @@ func TestTwoNodes(t *testing.T) {
 		if !strings.HasSuffix(l, "gpus 0,1,2,3") {
 			t.Errorf("task line %q: want the node's four GPUs", l)
 		}
+	}
+}
+
+// TestNetns: with Options.Netns each node's task sees a host of its own: its host name
+// is the node's name, which resolves to the node's own address, and the other node's
+// name to the other's.
+func TestNetns(t *testing.T) {
+	c := Start(t, Options{Nodes: []string{"n1", "n2"}, Netns: true})
+	dir := t.TempDir()
+	script := "#!/bin/sh\n#SBATCH --nodes=2 --ntasks-per-node=1\nsrun sh -c 'echo $SLURM_NODEID $(hostname) $(getent hosts $(hostname)) $(getent hosts n1 n2 | tr \"\\n\" \" \")'\n"
+	if err := os.WriteFile(filepath.Join(dir, "job.sh"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, code := c.Run(context.Background(), dir, nil, "sbatch", "--parsable", "job.sh")
+	if code != 0 {
+		t.Fatalf("sbatch: exit %d: %s", code, errOut)
+	}
+	id := strings.TrimSpace(out)
+	if rec := c.WaitJob(id, 60*time.Second); Field(rec, "JobState") != "COMPLETED" {
+		t.Fatalf("job %s:\n%s", id, rec)
+	}
+	data, err := os.ReadFile(filepath.Join(dir, "slurm-"+id+".out"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := strings.Split(strings.TrimSpace(string(data)), "\n")
+	sort.Strings(got)
+	want := []string{"0 n1 10.77.0.10 n1 10.77.0.10 n1 10.77.0.11 n2", "1 n2 10.77.0.11 n2 10.77.0.10 n1 10.77.0.11 n2"}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("tasks said:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if c.Addrs["n1"] != "10.77.0.10" || c.Addrs["n2"] != "10.77.0.11" {
+		t.Errorf("Addrs = %v", c.Addrs)
 	}
 }

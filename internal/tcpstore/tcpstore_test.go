@@ -306,3 +306,25 @@ func runPyEnv(t *testing.T, py, script string, v any, env []string, args ...stri
 		t.Errorf("%s output %q: %v\n%s", py, out, err, stderr.String())
 	}
 }
+
+// TestGetAndSet: a key Set by the server's owner is what Get reads over the wire; a
+// missing key reads empty; a closed store is an error naming its address.
+func TestGetAndSet(t *testing.T) {
+	s, err := Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if v, err := Get(ctx, s.Addr().String(), "gangrun/k"); err != nil || len(v) != 0 {
+		t.Fatalf("missing key: %q, %v", v, err)
+	}
+	s.Set("gangrun/k", []byte("3"))
+	if v, err := Get(ctx, s.Addr().String(), "gangrun/k"); err != nil || string(v) != "3" {
+		t.Fatalf("Get: %q, %v; want 3", v, err)
+	}
+	addr := s.Addr().String()
+	s.Close()
+	if _, err := Get(ctx, addr, "gangrun/k"); err == nil || !strings.Contains(err.Error(), addr) {
+		t.Fatalf("closed store: %v, want an error naming %s", err, addr)
+	}
+}
