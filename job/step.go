@@ -84,6 +84,7 @@ type step struct {
 	log   *zap.Logger
 	job   *Job
 	lease *store.Lease
+	sess  string         // the step's Consul session (openSession), once open
 	stop  chan os.Signal // the supervisor's signals: the step's own stop and warnings
 
 	cleanup []func()   // run when the step ends
@@ -125,6 +126,7 @@ func (st *step) run(ctx context.Context) int {
 		return 1
 	}
 	defer st.closeSession(ctx, sess)
+	st.sess = sess
 	gn, code, ok := st.takeOver(ctx, sess)
 	if !ok {
 		return code
