@@ -122,25 +122,32 @@ func Sprio(ctx context.Context, e *Env, args []string) int {
 	if err != nil {
 		return usage(e, "sprio", err.(*UsageError))
 	}
-	if !v.has("noheader") {
-		fmt.Fprintln(e.Stdout, render(fields, func(k string) string { return sprioLetters[k] }))
+	header := func() {
+		if !v.has("noheader") {
+			fmt.Fprintln(e.Stdout, render(fields, func(k string) string { return sprioLetters[k] }))
+		}
 	}
 	if v.has("weights") {
+		header()
 		fmt.Fprintln(e.Stdout, render(fields, func(k string) string { return sprioWeight(k, w) }))
 		return 0
 	}
 	jobs, users, parts := splitList(v["jobs"]), splitList(v["user"]), splitList(v["partition"])
-	n := 0
+	var shown []job.PriorityEntry
 	for _, pe := range entries {
 		if (len(jobs) > 0 && !slices.Contains(jobs, pe.ID)) || (len(users) > 0 && !slices.Contains(users, pe.User)) ||
 			(len(parts) > 0 && !slices.Contains(parts, job.PartitionName(pe.Partition))) {
 			continue
 		}
-		n++
-		fmt.Fprintln(e.Stdout, render(fields, func(k string) string { return sprioValue(k, pe) }))
+		shown = append(shown, pe)
 	}
-	if n == 0 && (len(jobs) > 0 || len(users) > 0) {
+	if len(shown) == 0 && len(jobs) > 0 {
 		fmt.Fprintln(e.Stdout, "Unable to find jobs matching user/id(s) specified")
+		return 0
+	}
+	header()
+	for _, pe := range shown {
+		fmt.Fprintln(e.Stdout, render(fields, func(k string) string { return sprioValue(k, pe) }))
 	}
 	return 0
 }

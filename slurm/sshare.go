@@ -20,11 +20,11 @@ var sshareFieldList = []sacctField{
 	{"RawUsage", 11}, {"User", 10}, {"GrpTRESMins", 30}, {"TRESRunMins", 30},
 }
 
-// sshare's default field lists (classic fair-share, src/sshare/process.c): the
-// default and -l's.
+// sshare's default field lists (src/sshare/process.c, with Slurm 22.05's default
+// PriorityFlags, Fair Tree): the default and -l's.
 const (
 	sshareDefault = "Account,User,RawShares,NormShares,RawUsage,EffectvUsage,FairShare"
-	sshareLong    = "Account,User,RawShares,NormShares,RawUsage,NormUsage,EffectvUsage,FairShare,GrpTRESMins,TRESRunMins"
+	sshareLong    = "Account,User,RawShares,NormShares,RawUsage,NormUsage,EffectvUsage,FairShare,LevelFS,GrpTRESMins,TRESRunMins"
 )
 
 // sshareOptions are sshare 22.05's options, those gangrun builds and, refused, the
@@ -171,7 +171,7 @@ func sshareColumns(list string) ([]sacctCol, error) {
 			return name != "" && strings.HasPrefix(strings.ToLower(f.name), strings.ToLower(name))
 		})
 		if i < 0 {
-			return nil, &UsageError{Msg: fmt.Sprintf("error: Invalid field requested: \"%s\"", name), Code: 1}
+			return nil, &UsageError{Msg: fmt.Sprintf("error: Invalid field requested: \"%s\"", strings.ToLower(name)), Code: 1}
 		}
 		f := sshareFieldList[i]
 		c := sacctCol{key: strings.ToLower(f.name), f: f, width: f.width}
@@ -208,6 +208,9 @@ func shareRows(p *policy.Policy, u *policy.Usage, f shareFilter) []shareRow {
 		users = []string{f.me}
 	}
 	var rows []shareRow
+	if len(fs.Accounts()) == 0 {
+		return nil // no association at all: sshare prints its header alone
+	}
 	if !f.usersOnly && len(f.accounts) == 0 {
 		total := 0.0
 		for _, v := range u.Accounts {

@@ -122,13 +122,15 @@ func Sstat(ctx context.Context, e *Env, args []string) int {
 	return 0
 }
 
-// sstatHelpFormat is sstat -e: the fields, five to a line, each padded as sstat pads.
+// sstatHelpFormat is sstat -e: the fields, four to a line, each padded to 19.
 func sstatHelpFormat(e *Env) int {
 	var b strings.Builder
 	for i, f := range sstatFieldList {
-		fmt.Fprintf(&b, "%-20s", f.name)
-		if i%5 == 4 || i == len(sstatFieldList)-1 {
+		fmt.Fprintf(&b, "%-19s", f.name)
+		if i%4 == 3 || i == len(sstatFieldList)-1 {
 			b.WriteString("\n")
+		} else {
+			b.WriteString(" ")
 		}
 	}
 	fmt.Fprint(e.Stdout, b.String())
@@ -214,7 +216,7 @@ func sstatRows(ctx context.Context, s Store, x stepSel, all bool) ([]statRow, st
 		return nil, fmt.Sprintf("couldn't get steps for job %s: %v", x.job, err)
 	}
 	if j.State.Status != job.Running {
-		return nil, fmt.Sprintf("couldn't get steps for job %s", x.job)
+		return nil, fmt.Sprintf("No steps running for job %s", x.job)
 	}
 	steps := runningSteps(ctx, s, j)
 	var pick []statStep
@@ -226,7 +228,7 @@ func sstatRows(ctx context.Context, s Store, x stepSel, all bool) ([]statRow, st
 			}
 		}
 		if len(pick) == 0 {
-			return nil, fmt.Sprintf("problem getting step_layout for %s.%s: Invalid job id specified", x.job, x.step)
+			return nil, fmt.Sprintf("StepId=%s.%s not found running.", x.job, x.step)
 		}
 	case all:
 		pick = steps
@@ -238,7 +240,7 @@ func sstatRows(ctx context.Context, s Store, x stepSel, all bool) ([]statRow, st
 			}
 		}
 		if len(pick) == 0 {
-			return nil, fmt.Sprintf("no steps running for job %s", x.job)
+			return nil, fmt.Sprintf("No steps running for job %s", x.job)
 		}
 	}
 	usage, _ := job.NodeUsages(ctx, s, x.job)

@@ -170,6 +170,9 @@ func TestSshareRows(t *testing.T) {
 	if len(rows) != 4 || rows[3].user != "light" {
 		t.Errorf("sshare as light: %+v, want root, hpc, lab and light's line", rows)
 	}
+	if rows := shareRows(&policy.Policy{}, policy.NewUsage(), shareFilter{all: true}); len(rows) != 0 {
+		t.Errorf("sshare with no association: %+v, want no line (Slurm prints its header alone)", rows)
+	}
 	rows = shareRows(p, u, shareFilter{all: true, accounts: []string{"lab"}, usersOnly: true})
 	if len(rows) != 1 || rows[0].user != "light" {
 		t.Errorf("sshare -a -A lab -U: %+v", rows)
@@ -177,7 +180,7 @@ func TestSshareRows(t *testing.T) {
 	if c, err := sshareColumns("A,Eff,norms%8"); err != nil || len(c) != 3 || c[1].f.name != "EffectvUsage" || c[2].width != 8 {
 		t.Errorf("prefixes: %+v, %v", c, err)
 	}
-	if _, err := sshareColumns("Bogus"); err == nil || err.Error() != `error: Invalid field requested: "Bogus"` {
+	if _, err := sshareColumns("Bogus"); err == nil || err.Error() != `error: Invalid field requested: "bogus"` {
 		t.Errorf("unknown field: %v", err)
 	}
 }

@@ -34,10 +34,16 @@ type slurmPair struct {
 // startSlurmPair starts both clusters with nodes.
 func startSlurmPair(t *testing.T, nodes ...string) *slurmPair {
 	t.Helper()
+	return startSlurmPairWith(t, nil, nodes...)
+}
+
+// startSlurmPairWith is startSlurmPair with extra lines for Slurm's slurm.conf.
+func startSlurmPairWith(t *testing.T, extra []string, nodes ...string) *slurmPair {
+	t.Helper()
 	// Job ids far apart from each other and from the counts beside them in the
 	// commands' output (Slurm's from 1001, gangrun's from 5001), so that a test can
 	// put a word in place of an id.
-	real := slurmtest.Start(t, slurmtest.Options{Nodes: nodes, GPUsPerNode: 8, Partition: "gpu", Extra: []string{"FirstJobId=1001"}})
+	real := slurmtest.Start(t, slurmtest.Options{Nodes: nodes, GPUsPerNode: 8, Partition: "gpu", Extra: append([]string{"FirstJobId=1001"}, extra...)})
 	gr := startJobClusterWith(t, func(string) []string { return []string{"--labels", "partition=gpu"} }, nodes...)
 	s, err := store.NewConsul(gr.consul)
 	if err != nil {
