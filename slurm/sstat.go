@@ -287,11 +287,13 @@ type statRow struct {
 	maxPagesNode       string
 	minCPU, cpuTotal   time.Duration
 	minCPUNode         string
+	maxCPU             time.Duration
+	maxCPUNode         string
 }
 
 // newStatRow sums step st's nodes' usage: the most memory and page faults of a node
-// (and which), their averages per task, the least CPU time per task of a node (and
-// which) and the average per task.
+// (and which), their averages per task, the least and the most CPU time per task of a
+// node (and which) and the average per task.
 func newStatRow(st statStep, usage map[string]job.NodeUsage) statRow {
 	r := statRow{id: st.id, nodes: hostlist.Compress(st.nodes), minCPU: -1}
 	for _, n := range st.nodes {
@@ -316,6 +318,9 @@ func newStatRow(st statStep, usage map[string]job.NodeUsage) statRow {
 		if r.minCPU < 0 || per < r.minCPU {
 			r.minCPU, r.minCPUNode = per, n
 		}
+		if per > r.maxCPU || r.maxCPUNode == "" {
+			r.maxCPU, r.maxCPUNode = per, n
+		}
 	}
 	return r
 }
@@ -337,17 +342,17 @@ func (r statRow) value(key string) string {
 	per := int64(max(r.ntasks, 1))
 	switch key {
 	case "maxrss":
-		return slurmUnits(float64(r.maxRSS))
+		return slurmSize(float64(r.maxRSS))
 	case "maxrssnode":
 		return r.maxRSSNode
 	case "averss":
-		return slurmUnits(float64(r.rssTotal) / float64(per))
+		return slurmSize(float64(r.rssTotal) / float64(per))
 	case "maxpages":
-		return slurmUnits(float64(r.maxPages))
+		return strconv.FormatInt(r.maxPages, 10)
 	case "maxpagesnode":
 		return r.maxPagesNode
 	case "avepages":
-		return slurmUnits(float64(r.pagesTot) / float64(per))
+		return strconv.FormatInt(r.pagesTot/per, 10)
 	case "mincpu":
 		return cpuTime(r.minCPU)
 	case "mincpunode":
@@ -355,47 +360,41 @@ func (r statRow) value(key string) string {
 	case "avecpu":
 		return cpuTime(r.cpuTotal / time.Duration(per))
 	case "tresusageinmax":
-		return fmt.Sprintf("cpu=%s,mem=%s,pages=%d", cpuTime(r.minCPU), slurmUnits(float64(r.maxRSS)), r.maxPages)
+		return fmt.Sprintf("cpu=%s,mem=%s,pages=%d", cpuTime(r.maxCPU), slurmSize(float64(r.maxRSS)), r.maxPages)
 	case "tresusageinmaxnode":
-		return fmt.Sprintf("cpu=%s,mem=%s,pages=%s", r.minCPUNode, r.maxRSSNode, r.maxPagesNode)
+		return fmt.Sprintf("cpu=%s,mem=%s,pages=%s", r.maxCPUNode, r.maxRSSNode, r.maxPagesNode)
 	case "tresusageinave":
 		return fmt.Sprintf("cpu=%s,mem=%s,pages=%d", cpuTime(r.cpuTotal/time.Duration(per)),
-			slurmUnits(float64(r.rssTotal)/float64(per)), r.pagesTot/per)
+			slurmSize(float64(r.rssTotal)/float64(per)), r.pagesTot/per)
 	case "tresusageintot":
-		return fmt.Sprintf("cpu=%s,mem=%s,pages=%d", cpuTime(r.cpuTotal), slurmUnits(float64(r.rssTotal)), r.pagesTot)
+		return fmt.Sprintf("cpu=%s,mem=%s,pages=%d", cpuTime(r.cpuTotal), slurmSize(float64(r.rssTotal)), r.pagesTot)
 	}
 	return ""
 }
 
-// slurmUnits writes n (bytes, or a count) as Slurm's convert_num_unit does: divided by
-// 1024 while above 1024, with the unit's letter (K, M, G, T, P); whole numbers without
-// decimals, others with two.
-func slurmUnits(n float64) string {
-	units := []string{"", "K", "M", "G", "T", "P", "E"}
+// slurmSize writes a size in bytes as sstat 22.05 does (convert_num_unit with its
+// exact flag): in kilobytes, rounded, then in the next unit up only while that
+// divides it exactly: 115824K, 100M, 0.
+func slurmSize(bytes float64) string {
+	units := []string{"K", "M", "G", "T", "P", "E"}
+	n := int64(math.Round(bytes / 1024))
 	i := 0
-	for n > 1024 && i < len(units)-1 {
+	for n >= 1024 && n%1024 == 0 && i < len(units)-1 {
 		n /= 1024
 		i++
 	}
-	if n == math.Trunc(n) {
-		return strconv.FormatInt(int64(n), 10) + units[i]
+	if n == 0 {
+		return "0"
 	}
-	return strconv.FormatFloat(n, 'f', 2, 64) + units[i]
+	return strconv.FormatInt(n, 10) + units[i]
 }
 
-// cpuTime writes a CPU time as sstat does: [D-]HH:MM:SS, or MM:SS.mmm under an hour.
+// cpuTime writes a CPU time as sstat 22.05 does: HH:MM:SS, D-HH:MM:SS from a day.
 func cpuTime(d time.Duration) string {
-	if d < 0 {
-		d = 0
-	}
-	ms := int64(d / time.Millisecond)
-	s := ms / 1000
+	s := max(int64(d/time.Second), 0)
 	days, h, m, sec := s/86400, s/3600%24, s/60%60, s%60
-	switch {
-	case days > 0:
+	if days > 0 {
 		return fmt.Sprintf("%d-%02d:%02d:%02d", days, h, m, sec)
-	case h > 0:
-		return fmt.Sprintf("%02d:%02d:%02d", h, m, sec)
 	}
-	return fmt.Sprintf("%02d:%02d.%03d", m, sec, ms%1000)
+	return fmt.Sprintf("%02d:%02d:%02d", h, m, sec)
 }

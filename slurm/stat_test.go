@@ -10,30 +10,30 @@ import (
 	"github.com/gangrun/gangrun/policy"
 )
 
-// TestSlurmUnits: sizes and counts as Slurm's convert_num_unit writes them: divided by
-// 1024 while above it, whole numbers bare, others to two decimals.
-func TestSlurmUnits(t *testing.T) {
+// TestSlurmSize: sizes as sstat 22.05 writes them: kilobytes, in a larger unit only
+// while it divides them exactly (115824K, 100M), 0 bare.
+func TestSlurmSize(t *testing.T) {
 	for _, tc := range []struct {
 		in   float64
 		want string
 	}{
-		{0, "0"}, {1023, "1023"}, {1024, "1024"}, {1536, "1.50K"}, {200 << 20, "200M"},
-		{1.5 * (1 << 30), "1.50G"}, {3 << 40, "3T"},
+		{0, "0"}, {4096, "4K"}, {118603776, "115824K"}, {100 << 20, "100M"}, {1536, "2K"},
+		{3 << 40, "3T"}, {(1 << 30) + 4096, "1048580K"},
 	} {
-		if got := slurmUnits(tc.in); got != tc.want {
-			t.Errorf("slurmUnits(%v) = %q, want %q", tc.in, got, tc.want)
+		if got := slurmSize(tc.in); got != tc.want {
+			t.Errorf("slurmSize(%v) = %q, want %q", tc.in, got, tc.want)
 		}
 	}
 }
 
-// TestCPUTime: sstat's AveCPU and MinCPU: MM:SS.mmm under an hour, HH:MM:SS, D-HH:MM:SS.
+// TestCPUTime: sstat's AveCPU and MinCPU: HH:MM:SS, D-HH:MM:SS from a day.
 func TestCPUTime(t *testing.T) {
 	for _, tc := range []struct {
 		in   time.Duration
 		want string
 	}{
-		{0, "00:00.000"}, {1500 * time.Millisecond, "00:01.500"}, {3661 * time.Second, "01:01:01"},
-		{25 * time.Hour, "1-01:00:00"}, {-time.Second, "00:00.000"},
+		{0, "00:00:00"}, {1500 * time.Millisecond, "00:00:01"}, {3661 * time.Second, "01:01:01"},
+		{25 * time.Hour, "1-01:00:00"}, {-time.Second, "00:00:00"},
 	} {
 		if got := cpuTime(tc.in); got != tc.want {
 			t.Errorf("cpuTime(%v) = %q, want %q", tc.in, got, tc.want)
@@ -54,7 +54,8 @@ func TestSstatRow(t *testing.T) {
 	r := newStatRow(st, usage)
 	for key, want := range map[string]string{
 		"jobid": "7.0", "nodelist": "a,b,c", "ntasks": "5", "maxrss": "300M", "maxrssnode": "b", "averss": "40M",
-		"maxpages": "3", "maxpagesnode": "a", "mincpu": "00:02.000", "mincpunode": "a", "avecpu": "00:02.800",
+		"maxpages": "3", "maxpagesnode": "a", "mincpu": "00:00:02", "mincpunode": "a", "avecpu": "00:00:02",
+		"tresusageinmax": "cpu=00:00:05,mem=300M,pages=3", "tresusageinmaxnode": "cpu=b,mem=b,pages=a",
 		"maxvmsize": "", "maxrsstask": "", "consumedenergy": "",
 	} {
 		if got := r.value(key); got != want {

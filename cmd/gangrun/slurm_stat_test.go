@@ -182,6 +182,17 @@ func TestStatCommandsAgainstSlurm(t *testing.T) {
 			return len(f) == 3 && maxRSS(f[0]) >= 100<<20 && (f[1] == "gpu-a" || f[1] == "gpu-b"), out + errOut
 		})
 	}
+	// The values' forms (115824K, 00:00:00, 0), the step's own fields and the nodes'.
+	var shapes [2]string
+	for i, s := range sides {
+		out, errOut, _ := p.run(s, dirs[i], "", nil, "sstat", "-n", "-P", "-j", runs[i]+".0", "-o",
+			"JobID,MaxRSS,AveRSS,AveCPU,MinCPU,MaxPages,AvePages,NTasks,MaxRSSNode,MinCPUNode")
+		shape := regexp.MustCompile(`gpu-[ab]`).ReplaceAllString(strings.ReplaceAll(out, runs[i], "RUN"), "NODE")
+		shapes[i] = regexp.MustCompile(`[0-9]+`).ReplaceAllString(shape, "N") + errOut
+	}
+	if shapes[0] != shapes[1] {
+		t.Errorf("sstat's values take other forms:\nslurm:   %q\ngangrun: %q", shapes[0], shapes[1])
+	}
 	ids := func(i int, a string) string {
 		return strings.NewReplacer("RUN", runs[i], "PEND", pends[i]).Replace(a)
 	}
@@ -248,8 +259,8 @@ func TestStatCommandsAgainstSlurm(t *testing.T) {
 // pad15 right-justifies a job id in sprio's JOBID column (%.15i).
 func pad15(id string) string { return strings.Repeat(" ", max(15-len(id), 0)) + id }
 
-// maxRSS reads a MaxRSS value as sstat writes it (convert_num_unit: 123, 1.50K,
-// 200M) into bytes; -1 when it is no such value.
+// maxRSS reads a MaxRSS value as sstat writes it (115824K, 100M; convert_num_unit's
+// 1.50K form too) into bytes; -1 when it is no such value.
 func maxRSS(s string) float64 {
 	m := regexp.MustCompile(`^([0-9]+(?:\.[0-9][0-9])?)([KMGT]?)$`).FindStringSubmatch(strings.TrimSpace(s))
 	if m == nil {
