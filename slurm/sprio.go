@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sort"
 	"strconv"
+	"strings"
 
 	"github.com/gangrun/gangrun/job"
 	"github.com/gangrun/gangrun/policy"
@@ -82,8 +84,8 @@ func sprioDefault(w policy.Weights, users, norm bool) string {
 }
 
 // Sprio is sprio: the priority factors of the pending jobs as gangrun's scheduler
-// computes them (job.Priorities: policy.Factors' multifactor formula), in gangrun's
-// order (the order it starts them in), with Slurm's columns and widths: -o, -l, -n,
+// computes them (job.Priorities: policy.Factors' multifactor formula), by job id as
+// sprio sorts them, with Slurm's columns and widths: -o, -l, -n,
 // -w, -h, and the filters -j, -u and -p. ASSOC, NICE and TRES have no counterpart in
 // gangrun's formula: 0 (none for TRES).
 func Sprio(ctx context.Context, e *Env, args []string) int {
@@ -141,6 +143,7 @@ func Sprio(ctx context.Context, e *Env, args []string) int {
 		}
 		shown = append(shown, pe)
 	}
+	sortByJobID(shown)
 	if len(shown) == 0 && len(jobs) > 0 {
 		fmt.Fprintln(e.Stdout, "Unable to find jobs matching user/id(s) specified")
 		return 0
@@ -150,6 +153,28 @@ func Sprio(ctx context.Context, e *Env, args []string) int {
 		fmt.Fprintln(e.Stdout, render(fields, func(k string) string { return sprioValue(k, pe) }))
 	}
 	return 0
+}
+
+// sortByJobID puts the entries in sprio's default order, by job id: numerically by
+// the job number, then by the array task's.
+func sortByJobID(es []job.PriorityEntry) {
+	key := func(id string) (int64, int64, string) {
+		j, task, _ := strings.Cut(id, "_")
+		a, _ := strconv.ParseInt(j, 10, 64)
+		b, _ := strconv.ParseInt(task, 10, 64)
+		return a, b, id
+	}
+	sort.SliceStable(es, func(x, y int) bool {
+		a1, b1, s1 := key(es[x].ID)
+		a2, b2, s2 := key(es[y].ID)
+		if a1 != a2 {
+			return a1 < a2
+		}
+		if b1 != b2 {
+			return b1 < b2
+		}
+		return s1 < s2
+	})
 }
 
 // sprioWeight is the -w line's text for letter k: the weights, "Weights" for the job.

@@ -56,10 +56,10 @@ func (c *jobCluster) slurmCmd(links, name string, args ...string) (string, strin
 }
 
 // TestSprioAndSshareShowTheScheduler: with the fair-share weight set and a recorded
-// usage that makes heavy's account over-served, sprio lists light's pending job
-// (submitted after heavy's) first, with the factors the scheduler uses (fair-share
-// 10000 for light, 625 for heavy: 2^-4 of 10000), and light's is the job that starts
-// when the GPUs come free; sshare shows the tree with the same factors, and, once the
+// usage that makes heavy's account over-served, sprio gives light's pending job
+// (submitted after heavy's) the higher priority, with the factors the scheduler uses
+// (fair-share 10000 for light, 625 for heavy: 2^-4 of 10000), and light's is the job
+// that starts when the GPUs come free; sshare shows the tree with the same factors, and, once the
 // blocking job's GPU-seconds are recorded, its account's usage.
 func TestSprioAndSshareShowTheScheduler(t *testing.T) {
 	c := startJobCluster(t, "gpu-a", "gpu-b")
@@ -100,9 +100,10 @@ func TestSprioAndSshareShowTheScheduler(t *testing.T) {
 	t.Cleanup(func() { c.gangrun("cancel", heavy); c.gangrun("cancel", light) })
 
 	out, errOut, code := c.slurmCmd(links, "sprio")
+	// By job id, as sprio sorts them: heavy's first, with the lower priority.
 	want := "          JOBID PARTITION   PRIORITY       SITE  FAIRSHARE\n" +
-		pad15(light) + " " + "gangrun  " + "      10000          0      10000\n" +
-		pad15(heavy) + " " + "gangrun  " + "        625          0        625\n"
+		pad15(heavy) + " " + "gangrun  " + "        625          0        625\n" +
+		pad15(light) + " " + "gangrun  " + "      10000          0      10000\n"
 	if code != 0 || errOut != "" || out != want {
 		t.Errorf("sprio: exit %d %s\n%s\nwant:\n%s", code, errOut, out, want)
 	}
@@ -150,7 +151,7 @@ func TestStatCommandsAgainstSlurm(t *testing.T) {
 	script := "#!/bin/bash\n#SBATCH --nodes=2 --gres=gpu:8 --ntasks-per-node=1\n" +
 		"srun python3 -c 'import time; b = b\"x\" * (100 << 20); time.sleep(300)'\n"
 	sides := []side{realSlurm, gangrunSide}
-	var dirs, runs, pends [2]string
+	var dirs, runs, pends, pends2 [2]string
 	for i, s := range sides {
 		dirs[i] = sharedDir(t)
 		if err := os.WriteFile(filepath.Join(dirs[i], "run.sh"), []byte(script), 0o755); err != nil {
@@ -170,8 +171,13 @@ func TestStatCommandsAgainstSlurm(t *testing.T) {
 			t.Fatalf("%s sbatch: %d %s", s, code, errOut)
 		}
 		pends[i] = strings.TrimSpace(out)
+		out, errOut, code = p.run(s, dirs[i], "", nil, "sbatch", "--parsable", "--nodes=2", "--gres=gpu:8", "--wrap", "true")
+		if code != 0 {
+			t.Fatalf("%s sbatch: %d %s", s, code, errOut)
+		}
+		pends2[i] = strings.TrimSpace(out)
 		t.Cleanup(func() {
-			p.run(s, dirs[i], "", nil, "scancel", runs[i], pends[i])
+			p.run(s, dirs[i], "", nil, "scancel", runs[i], pends[i], pends2[i])
 		})
 	}
 	// MaxRSS: at least the task's 100 MiB, on both sides, once sampled.
@@ -182,22 +188,24 @@ func TestStatCommandsAgainstSlurm(t *testing.T) {
 			return len(f) == 3 && maxRSS(f[0]) >= 100<<20 && (f[1] == "gpu-a" || f[1] == "gpu-b"), out + errOut
 		})
 	}
-	// The values' forms (115824K, 00:00:00, 0), the step's own fields and the nodes'.
+	// The values' forms (115824K or 100M, 00:00:00, 0), the step's own fields and the
+	// nodes'.
 	var shapes [2]string
 	for i, s := range sides {
 		out, errOut, _ := p.run(s, dirs[i], "", nil, "sstat", "-n", "-P", "-j", runs[i]+".0", "-o",
 			"JobID,MaxRSS,AveRSS,AveCPU,MinCPU,MaxPages,AvePages,NTasks,MaxRSSNode,MinCPUNode")
 		shape := regexp.MustCompile(`gpu-[ab]`).ReplaceAllString(strings.ReplaceAll(out, runs[i], "RUN"), "NODE")
-		shapes[i] = regexp.MustCompile(`[0-9]+`).ReplaceAllString(shape, "N") + errOut
+		shapes[i] = regexp.MustCompile(`[0-9]+[KMGT]?`).ReplaceAllString(shape, "N") + errOut
 	}
 	if shapes[0] != shapes[1] {
 		t.Errorf("sstat's values take other forms:\nslurm:   %q\ngangrun: %q", shapes[0], shapes[1])
 	}
 	ids := func(i int, a string) string {
-		return strings.NewReplacer("RUN", runs[i], "PEND", pends[i]).Replace(a)
+		return strings.NewReplacer("RUN", runs[i], "PEND2", pends2[i], "PEND", pends[i]).Replace(a)
 	}
 	norm := func(i int, out string) string {
 		out = strings.ReplaceAll(out, runs[i], "RUN")
+		out = strings.ReplaceAll(out, pends2[i], "PEND2")
 		return strings.ReplaceAll(out, pends[i], "PEND")
 	}
 	// compare runs a command on both sides; keep picks the lines compared (nil: all).
@@ -245,6 +253,8 @@ func TestStatCommandsAgainstSlurm(t *testing.T) {
 	compare(header(1), "sprio", "-n")
 	compare(header(1), "sprio", "-u", "root")
 	compare(nil, "sprio", "-h", "-o", "%i %r %u %S %N")
+	// By job id, as sprio sorts (the job size factors differ: gangrun's counts GPUs).
+	compare(nil, "sprio", "-h", "-o", "%i")
 	compare(nil, "sprio", "-j", "99999")
 	compare(nil, "sprio", "--foo")
 	// No association on Slurm's side (no accounting database): its header alone.
