@@ -3,6 +3,7 @@ package slurm
 import (
 	"context"
 	"fmt"
+	"regexp"
 	"slices"
 	"sort"
 	"strconv"
@@ -94,7 +95,8 @@ func Sprio(ctx context.Context, e *Env, args []string) int {
 		return code
 	}
 	if len(rest) > 0 {
-		return errorf(e, "sprio", 1, "Unknown arguments: %s", rest[0])
+		fmt.Fprint(e.Stdout, sprioUsage)
+		return errorf(e, "sprio", 1, "Unrecognized option: %s", rest[0])
 	}
 	s, err := e.Cluster.Open(ctx)
 	if err != nil {
@@ -120,10 +122,7 @@ func Sprio(ctx context.Context, e *Env, args []string) int {
 	case v.has("long"):
 		format = sprioLong
 	}
-	fields, err := parseFormat(format, sprioLetters)
-	if err != nil {
-		return usage(e, "sprio", err.(*UsageError))
-	}
+	fields := sprioFields(e, format)
 	header := func() {
 		if !v.has("noheader") {
 			fmt.Fprintln(e.Stdout, render(fields, func(k string) string { return sprioLetters[k] }))
@@ -175,6 +174,34 @@ func sortByJobID(es []job.PriorityEntry) {
 		}
 		return s1 < s2
 	})
+}
+
+// sprioUsage is sprio's usage line, printed above its error for a word that is no
+// option.
+const sprioUsage = "Usage: sprio [-j jid[s]] [-u user_name[s]] [-o format] [-p partitions]\n" +
+	"   [--federation] [--local] [--sibling] [--usage] [-hlnvVw]\n"
+
+// sprioFields reads format as sprio does: a letter it does not know is named on
+// stderr ("Invalid job format specification: Z") and left out, and the rest printed.
+func sprioFields(e *Env, format string) []field {
+	for {
+		fields, err := parseFormat(format, sprioLetters)
+		if err == nil {
+			return fields
+		}
+		fmt.Fprintf(e.Stderr, "sprio: %s\n", err.(*UsageError).Msg)
+		bad := regexp.MustCompile(`%\.?-?[0-9]*[^%.0-9-]|%\.?-?[0-9]*$`).FindAllStringIndex(format, -1)
+		cut := false
+		for _, m := range bad {
+			if _, ok := sprioLetters[format[m[1]-1:m[1]]]; !ok || m[1]-m[0] < 2 {
+				format, cut = format[:m[0]]+format[m[1]:], true
+				break
+			}
+		}
+		if !cut {
+			return nil
+		}
+	}
 }
 
 // sprioWeight is the -w line's text for letter k: the weights, "Weights" for the job.

@@ -179,17 +179,18 @@ type stepSel struct {
 	job, step string
 }
 
-// parseStepList reads sstat -j's list: JOB[.STEP],... Errors are *UsageError.
+// parseStepList reads sstat -j's list: JOB[.STEP],... Errors are *UsageError, in
+// sstat's words ("fatal: Bad job/step specified").
 func parseStepList(list string) ([]stepSel, error) {
 	var out []stepSel
 	for _, item := range splitList(list) {
 		j, st, hasStep := strings.Cut(item, ".")
 		if _, err := strconv.ParseUint(j, 10, 32); err != nil {
-			return nil, &UsageError{Msg: fmt.Sprintf("error: Invalid job id: %s", item), Code: 1}
+			return nil, &UsageError{Msg: fmt.Sprintf("fatal: Bad job/step specified: %s", item), Code: 1}
 		}
 		if hasStep && st != "batch" {
 			if _, err := strconv.ParseUint(st, 10, 32); err != nil {
-				return nil, &UsageError{Msg: fmt.Sprintf("error: Invalid job step id: %s", item), Code: 1}
+				return nil, &UsageError{Msg: fmt.Sprintf("fatal: Bad step specified: %s", j), Code: 1}
 			}
 		}
 		out = append(out, stepSel{job: j, step: st})

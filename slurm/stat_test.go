@@ -132,6 +132,24 @@ func TestSprioFormats(t *testing.T) {
 	}
 }
 
+// TestSprioFieldsDropsUnknownLetters: a letter sprio does not know is named on stderr
+// and left out, the rest of the format kept, as sprio does (exit 0).
+func TestSprioFieldsDropsUnknownLetters(t *testing.T) {
+	var errOut strings.Builder
+	e := &Env{Stderr: &errOut}
+	fields := sprioFields(e, "%.15i %Z %10u%%")
+	got := render(fields, func(k string) string { return sprioLetters[k] })
+	if want := "          JOBID  USER      %"; got != want {
+		t.Errorf("fields %q, want %q", got, want)
+	}
+	if errOut.String() != "sprio: error: Invalid job format specification: Z\n" {
+		t.Errorf("stderr %q", errOut.String())
+	}
+	if f := sprioFields(&Env{Stderr: &errOut}, "%Z%"); len(f) != 0 {
+		t.Errorf("%%Z%%: %+v, want nothing left", f)
+	}
+}
+
 // TestSshareRows: the tree of a policy with two accounts, one user listed in each, and
 // usage charged to one of them and to a user the policy does not list: the root, each
 // account and its users, with sshare's columns; -u, -A and -U filter.
