@@ -105,12 +105,10 @@ func (r shareRow) value(key string) string {
 // (policy.FairShare.Share): Slurm's fields and widths, -o, -l, -p/-P, -n, and the
 // filters -a, -A, -u, -U.
 func Sshare(ctx context.Context, e *Env, args []string) int {
-	v, rest, done, code := parseOpts(e, "sshare", sshareOptions, args, 1, "Usage: sshare [OPTIONS]\n")
+	// Words that are no option are ignored, as sshare 22.05 ignores them.
+	v, _, done, code := parseOpts(e, "sshare", sshareOptions, args, 1, "Usage: sshare [OPTIONS]\n")
 	if done {
 		return code
-	}
-	if len(rest) > 0 {
-		return errorf(e, "sshare", 1, "Unknown arguments: %s", strings.Join(rest, " "))
 	}
 	if v.has("helpformat") {
 		var names []string

@@ -206,8 +206,9 @@ type statStep struct {
 }
 
 // sstatRows are the lines of selection x: its step, the job's first running srun step
-// (none given), or every running step, the batch step too (all). msg is sstat's error
-// when there is none to show.
+// (none given: no line when the batch step alone runs, as sstat 22.05 prints none), or
+// every running step, the batch step too (all). msg is sstat's error when there is
+// none to show.
 func sstatRows(ctx context.Context, s Store, x stepSel, all bool) ([]statRow, string) {
 	j, err := job.Read(ctx, s, x.job)
 	if err != nil {
@@ -240,9 +241,10 @@ func sstatRows(ctx context.Context, s Store, x stepSel, all bool) ([]statRow, st
 				break
 			}
 		}
-		if len(pick) == 0 {
+		if len(pick) == 0 && len(steps) == 0 {
 			return nil, fmt.Sprintf("No steps running for job %s", x.job)
 		}
+		// The batch step alone: Slurm 22.05's sstat picks it and prints nothing.
 	}
 	usage, _ := job.NodeUsages(ctx, s, x.job)
 	var rows []statRow

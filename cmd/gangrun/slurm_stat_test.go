@@ -166,7 +166,7 @@ func TestStatCommandsAgainstSlurm(t *testing.T) {
 			out, errOut, _ := p.run(s, dirs[i], "", nil, "squeue", "-h", "-s", "-o", "%i")
 			return strings.Contains(out, runs[i]+".0"), out + errOut
 		})
-		out, errOut, code = p.run(s, dirs[i], "", nil, "sbatch", "--parsable", "--nodes=1", "--gres=gpu:8", "--wrap", "true")
+		out, errOut, code = p.run(s, dirs[i], "", nil, "sbatch", "--parsable", "--nodes=1", "--gres=gpu:8", "--wrap", "sleep 300")
 		if code != 0 {
 			t.Fatalf("%s sbatch: %d %s", s, code, errOut)
 		}
@@ -269,6 +269,18 @@ func TestStatCommandsAgainstSlurm(t *testing.T) {
 	compare(header(1), "sshare", "-P", "-a")
 	compare(nil, "sshare", "-o", "Bogus")
 	compare(nil, "sshare", "--foo")
+	compare(nil, "sshare", "extra")
+	// A batch job with no srun step: the batch step alone runs.
+	for i, s := range sides {
+		p.run(s, dirs[i], "", nil, "scancel", runs[i])
+		waitFor(t, time.Minute, string(s)+" the batch-only job running", func() (bool, string) {
+			out, errOut, _ := p.run(s, dirs[i], "", nil, "squeue", "-h", "-j", pends[i], "-o", "%T")
+			return strings.TrimSpace(out) == "RUNNING", out + errOut
+		})
+	}
+	compare(nil, "sstat", "-n", "-P", "-j", "PEND", "-o", "JobID,NTasks")
+	compare(nil, "sstat", "-a", "-n", "-P", "-j", "PEND", "-o", "JobID,NTasks")
+	compare(nil, "sstat", "-n", "-P", "-j", "PEND.batch", "-o", "JobID,NTasks")
 }
 
 // pad15 right-justifies a job id in sprio's JOBID column (%.15i).
