@@ -14,7 +14,7 @@ import (
 
 // NodeUsage is what a batch job's processes have used on one node so far, read from
 // the job's cgroup there (cgroup.Usage): what sstat shows. The job's step on the node
-// writes it at gangrun/batch/jobs/<id>/usage/<node>, held by the step's session, at
+// writes it at gangrun/batch/usage/<id>/<node>, held by the step's session, at
 // UsageInterval, and while the step runs only (a key no session holds is a step that
 // ended). Every process of the job on the node (the batch script, every srun step's
 // tasks) is in that one cgroup: the figures are the job's on the node, not one step's.
@@ -40,7 +40,10 @@ const (
 	usageEarly  = 10 * time.Second
 )
 
-func usagePrefix(id string) string    { return jobsPrefix + id + "/usage/" }
+// usagePrefix is where job id's usage records are: outside jobsPrefix, so that their
+// writes every UsageInterval do not wake the controller, which follows jobsPrefix.
+// They go with the step's session (store.DeleteKeys), and closeSession deletes them.
+func usagePrefix(id string) string    { return batchPrefix + "usage/" + id + "/" }
 func usageKey(id, node string) string { return usagePrefix(id) + node }
 
 // gatherUsage writes this node's usage of the job's cgroup (NodeUsage) until ctx ends:

@@ -40,7 +40,7 @@ const (
 	JobAuth        Kind = "job auth"          // gangrun/batch/jobs/<id>/auth
 	JobStep        Kind = "job step"          // gangrun/batch/jobs/<id>/steps/<node>
 	IdleMark       Kind = "idle mark"         // gangrun/batch/jobs/<id>/idle/<node>
-	StepUsage      Kind = "step usage"        // gangrun/batch/jobs/<id>/usage/<node>
+	StepUsage      Kind = "step usage"        // gangrun/batch/usage/<id>/<node>
 	CredentialSeen Kind = "credential seen"   // gangrun/batch/seen/<digest>
 	RequestBox     Kind = "request box"       // gangrun/batch/users/<user>/<request>, with its answer
 	AcctRecord     Kind = "accounting record" // gangrun/acct/jobs/<day>/<id>
