@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -278,6 +279,16 @@ func TestStatCommandsAgainstSlurm(t *testing.T) {
 			return strings.TrimSpace(out) == "RUNNING", out + errOut
 		})
 	}
+	// The cancelled job's usage records went with its steps.
+	st, err := store.NewConsul(p.gr.consul)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	waitFor(t, time.Minute, "the ended job's usage records gone", func() (bool, string) {
+		es, _, err := st.List(context.Background(), "gangrun/batch/usage/"+runs[1]+"/")
+		return err == nil && len(es) == 0, fmt.Sprint(len(es), err)
+	})
 	compare(nil, "sstat", "-n", "-P", "-j", "PEND", "-o", "JobID,NTasks")
 	compare(nil, "sstat", "-a", "-n", "-P", "-j", "PEND", "-o", "JobID,NTasks")
 	compare(nil, "sstat", "-n", "-P", "-j", "PEND.batch", "-o", "JobID,NTasks")
