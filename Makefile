@@ -47,7 +47,7 @@ DOCDIR     ?= $(PREFIX)/share/doc/gangrun
 # The Slurm command names installed in BINDIR as links to gangrun, which answers to
 # them by argv[0] (docs/slurm.md; `gangrun slurm-links DIR` makes the same links).
 # Empty it (make install SLURM_LINKS=) on a host whose real Slurm must keep them.
-SLURM_LINKS := sbatch srun salloc squeue scancel scontrol sacct sinfo sattach
+SLURM_LINKS := sbatch srun salloc squeue scancel scontrol sacct sinfo sstat sprio sshare sattach
 # The Debian package's version (scripts/package-deb.sh): unset, the script takes the
 # release version (VERSION) on the commit tagged vVERSION with a clean tree, else
 # VERSION+git.COMMIT (a build after that release, sorting after it).

@@ -101,6 +101,7 @@ func (st *step) runBatch(ctx context.Context, gn allocator.GrantNode) int {
 	defer stopWatch()
 	st.stopSupervisor = func() {} // a fenced batch step stops its processes through st.stop
 	go st.watch(wctx)
+	go bs.gatherUsage(wctx)
 	sctx, stopServing := context.WithCancel(ctx)
 	served := make(chan struct{})
 	go func() {

@@ -84,6 +84,7 @@ type step struct {
 	log   *zap.Logger
 	job   *Job
 	lease *store.Lease
+	sess  string         // the step's Consul session (openSession), once open
 	stop  chan os.Signal // the supervisor's signals: the step's own stop and warnings
 
 	cleanup []func()   // run when the step ends
@@ -125,6 +126,7 @@ func (st *step) run(ctx context.Context) int {
 		return 1
 	}
 	defer st.closeSession(ctx, sess)
+	st.sess = sess
 	gn, code, ok := st.takeOver(ctx, sess)
 	if !ok {
 		return code
@@ -171,7 +173,8 @@ func (st *step) openSession(ctx context.Context, patience time.Time) (string, er
 	return sess, nil
 }
 
-// closeSession ends the lease, deletes the step key and destroys session sess.
+// closeSession ends the lease, deletes the step key (and its usage record) and
+// destroys session sess.
 func (st *step) closeSession(ctx context.Context, sess string) {
 	s, id, node := st.cfg.Store, st.cfg.Job, st.cfg.Node
 	st.lease.Close()
@@ -180,7 +183,7 @@ func (st *step) closeSession(ctx context.Context, sess string) {
 	// The step key goes before the session, so that Consul puts no lock-delay on it: a
 	// step of the job's next placement may start on this node at once.
 	_, _ = s.Txn(dctx, []store.Op{{Verb: store.CheckSession, Key: stepKey(id, node), Session: sess},
-		{Verb: store.Delete, Key: stepKey(id, node)}})
+		{Verb: store.Delete, Key: stepKey(id, node)}, {Verb: store.Delete, Key: usageKey(id, node)}})
 	_ = s.DestroySession(dctx, sess)
 }
 

@@ -1,7 +1,9 @@
 package policy
 
 import (
+	"maps"
 	"math"
+	"slices"
 	"time"
 )
 
@@ -166,6 +168,32 @@ func (f *FairShare) Factor(account, user string) float64 {
 }
 
 func (f *FairShare) factor(account, user string) float64 {
+	return f.Share(account, user).Factor
+}
+
+// Share is one association of the fair-share tree as sshare shows it: an account
+// under the root, or a user in an account (sshare(1)'s columns).
+type Share struct {
+	// RawShares is the association's shares; Parent marks a user the account does not
+	// list, who takes the account's shares and usage (Slurm's "parent").
+	RawShares int
+	Parent    bool
+	// NormShares is its share of the whole tree, S: the account's shares over all the
+	// accounts', times a listed user's over the account's users'.
+	NormShares float64
+	// RawUsage is its decayed usage in GPU-seconds; NormUsage that over every
+	// account's, U.
+	RawUsage, NormUsage float64
+	// EffectvUsage is UE: the account's U, a listed user's U_user + (U_account −
+	// U_user) × S_user / S_siblings.
+	EffectvUsage float64
+	// Factor is the fair-share factor, 2^(−UE / S / dampening); 0 with no shares.
+	Factor float64
+}
+
+// Share returns the association of user in account ("" user: the account's own);
+// see FairShare for the formula.
+func (f *FairShare) Share(account, user string) Share {
 	sa, ok := f.shares[account]
 	if !ok {
 		sa = DefaultShares
@@ -174,32 +202,50 @@ func (f *FairShare) factor(account, user string) float64 {
 	if !ok {
 		all += sa
 	}
-	sAcct := sa / all
+	sh := Share{RawShares: int(sa), NormShares: sa / all}
 	var uAcct, uUser float64
 	if f.total > 0 && f.u != nil {
 		uAcct = f.u.Accounts[account] / f.total
 		uUser = f.u.Users[account+"/"+user] / f.total
 	}
-	ue, s := uAcct, sAcct
-	if acc, ok := f.p.Accounts[account]; ok {
+	if f.u != nil {
+		sh.RawUsage = f.u.Accounts[account]
+	}
+	sh.NormUsage, sh.EffectvUsage = uAcct, uAcct
+	if user != "" {
+		sh.Parent = true
+		if f.u != nil {
+			sh.RawUsage = f.u.Users[account+"/"+user]
+		}
+		sh.NormUsage = uUser
+	}
+	if acc, ok := f.p.Accounts[account]; ok && user != "" {
 		if me, listed := acc.Users[user]; listed {
 			siblings := 0.0
 			for _, other := range acc.Users {
 				siblings += float64(sharesOf(other.Shares))
 			}
 			part := float64(sharesOf(me.Shares)) / siblings
-			ue = uUser + (uAcct-uUser)*part
-			s = sAcct * part
+			sh.Parent, sh.RawShares = false, sharesOf(me.Shares)
+			sh.EffectvUsage = uUser + (uAcct-uUser)*part
+			sh.NormShares *= part
 		}
 	}
-	if s <= 0 {
-		return 0
+	if sh.NormShares <= 0 {
+		return sh
 	}
 	d := f.p.Priority.Dampening
 	if d <= 0 {
 		d = DefaultDampening
 	}
-	return math.Exp2(-ue / s / d)
+	sh.Factor = math.Exp2(-sh.EffectvUsage / sh.NormShares / d)
+	return sh
+}
+
+// Accounts returns the accounts of the tree: the policy's, those usage records and
+// those NewFairShare was given, in name order.
+func (f *FairShare) Accounts() []string {
+	return slices.Sorted(maps.Keys(f.shares))
 }
 
 func sharesOf(n int) int {

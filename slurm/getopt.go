@@ -62,7 +62,7 @@ func (e *UsageError) Error() string { return e.Msg }
 // "option requires an argument -- 'p'") and code, the command's exit code for them.
 func getopt(cmd string, table []option, args []string, stopAtFirst bool, code int) ([]parsed, []string, error) {
 	try := fmt.Sprintf("\nTry \"%s --help\" for more information", cmd)
-	if cmd == "sacct" {
+	if cmd == "sacct" || cmd == "sstat" {
 		try = ""
 	}
 	bad := func(format string, a ...any) error {

@@ -1,9 +1,10 @@
 // Package slurm is gangrun's Slurm front end: the gangrun binary acts as sbatch, srun,
-// salloc, squeue, scancel, scontrol, sacct and sinfo when run under those names
-// (argv[0]; `make install` and `gangrun slurm-links DIR` make the links), with Slurm's
-// options, output formats, state codes, messages and exit codes, over gangrun's
-// cluster: a job sbatch queues is a gangrun job (package job) with a Batch, its script
-// run once as Slurm's batch step on its first node, srun's steps across its nodes.
+// salloc, squeue, scancel, scontrol, sacct, sinfo, sstat, sprio and sshare when run
+// under those names (argv[0]; `make install` and `gangrun slurm-links DIR` make the
+// links), with Slurm's options, output formats, state codes, messages and exit codes,
+// over gangrun's cluster: a job sbatch queues is a gangrun job (package job) with a
+// Batch, its script run once as Slurm's batch step on its first node, srun's steps
+// across its nodes.
 //
 // What each command and option does, and what gangrun deliberately does differently,
 // is docs/slurm.md. An option of Slurm's that gangrun does not build is refused in
@@ -33,7 +34,8 @@ type command struct {
 // commands are the commands the front end answers to, as argv[0]'s base name.
 func commands() []command {
 	return []command{{"sbatch", Sbatch}, {"srun", Srun}, {"salloc", Salloc}, {"squeue", Squeue},
-		{"scancel", Scancel}, {"scontrol", Scontrol}, {"sacct", Sacct}, {"sinfo", Sinfo}, {"sattach", Sattach}}
+		{"scancel", Scancel}, {"scontrol", Scontrol}, {"sacct", Sacct}, {"sinfo", Sinfo},
+		{"sstat", Sstat}, {"sprio", Sprio}, {"sshare", Sshare}, {"sattach", Sattach}}
 }
 
 // Names are the commands the front end answers to, as argv[0]'s base name.

@@ -40,6 +40,7 @@ const (
 	JobAuth        Kind = "job auth"          // gangrun/batch/jobs/<id>/auth
 	JobStep        Kind = "job step"          // gangrun/batch/jobs/<id>/steps/<node>
 	IdleMark       Kind = "idle mark"         // gangrun/batch/jobs/<id>/idle/<node>
+	StepUsage      Kind = "step usage"        // gangrun/batch/usage/<id>/<node>
 	CredentialSeen Kind = "credential seen"   // gangrun/batch/seen/<digest>
 	RequestBox     Kind = "request box"       // gangrun/batch/users/<user>/<request>, with its answer
 	AcctRecord     Kind = "accounting record" // gangrun/acct/jobs/<day>/<id>
@@ -63,7 +64,7 @@ const (
 
 // Kinds returns every kind, in the order `gangrun version` lists them.
 func Kinds() []Kind {
-	return []Kind{JobSpec, JobState, JobAuth, JobStep, IdleMark, CredentialSeen, RequestBox,
+	return []Kind{JobSpec, JobState, JobAuth, JobStep, IdleMark, StepUsage, CredentialSeen, RequestBox,
 		AcctRecord, AcctRollup, Node, Drain, Request, Grant, Status, Inventory, Policy, Usage,
 		AuditEntry, RdzvState, RdzvMember, RdzvRound, BenchSweep, BenchNode, BenchPair}
 }
@@ -76,7 +77,7 @@ func (k Kind) Version() int {
 		// topology.SchemaVersion: the inventory's own "schema_version" (topo --json's
 		// stable output); kept equal by TestInventoryVersion.
 		return 1
-	case JobSpec, JobState, JobAuth, JobStep, IdleMark, CredentialSeen, RequestBox,
+	case JobSpec, JobState, JobAuth, JobStep, IdleMark, StepUsage, CredentialSeen, RequestBox,
 		AcctRecord, AcctRollup, Node, Drain, Request, Grant, Status, Policy, Usage,
 		AuditEntry, RdzvState, RdzvMember, RdzvRound, BenchSweep, BenchNode, BenchPair:
 		return 1
