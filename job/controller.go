@@ -1,6 +1,7 @@
 package job
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"maps"
@@ -515,8 +516,11 @@ func (c *Controller) deferred(ctx context.Context, x *depIndex, j Job) error {
 	if err != nil {
 		return err
 	}
+	viewed := jobContent(j.Spec)
 	after, changed, err := c.update(ctx, j.Spec.ID, func(j *Job) bool {
-		return j.State.apply(Transition{Event: EvRelease}) == nil
+		// A spec changed since the view (scontrol update) waits for the next pass,
+		// which writes the request from it.
+		return bytes.Equal(jobContent(j.Spec), viewed) && j.State.apply(Transition{Event: EvRelease}) == nil
 	}, reqOps...)
 	if err != nil {
 		return err

@@ -149,6 +149,10 @@ const (
 	// stop, and it is placed again as after a lost node, with no node excluded
 	// (hold.go).
 	EvRequeueAsked Event = "requeue-asked"
+	// EvUpdate: scontrol update of a pending job that is not held: its request is
+	// withdrawn in the transaction that changes its spec, and it waits as a deferred
+	// job until the controller writes the request again, from the new spec (update.go).
+	EvUpdate Event = "update"
 )
 
 // rule is a row of the table: the phases event may leave and the one it enters (a
@@ -199,6 +203,7 @@ var transitions = []rule{
 	{EvRequeueAsked, []Phase{running}, requeue, reason.Requeued},
 	{EvMarkHold, []Phase{running, completing, {Status: Preempted}}, Phase{}, ""},
 	{EvUnmarkHold, []Phase{running, completing, {Status: Preempted}}, Phase{}, ""},
+	{EvUpdate, []Phase{pending, deferred}, deferred, reason.Priority},
 }
 
 // Transition is one change of a job's state, as State.apply takes it.

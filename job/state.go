@@ -252,6 +252,15 @@ type State struct {
 	PreemptFailures int `json:"preempt_failures,omitempty"`
 }
 
+// SlurmRestarts is the job's restart count as Slurm shows it (scontrol show job's
+// Restarts, sacct's Restarts) and as SLURM_RESTART_COUNT gives it: the job's own
+// restarts (Restarts) and its requeues, the placements after its first (scontrol
+// requeue, a lost node, a pre-emption) — or, where more, the nodes it lost (a spare
+// replacing one restarts the gang without a requeue).
+func (s State) SlurmRestarts() int {
+	return s.Restarts + max(s.Placement-1, s.NodeFailures, 0)
+}
+
 // Preemption is one pre-emption of a job.
 type Preemption struct {
 	// By is the job that pre-empted it, of partition Partition.
@@ -281,8 +290,9 @@ var ErrNotFound = errors.New("no such job")
 type Job struct {
 	Spec  Spec
 	State State
-	// Index is the state key's index (for a check-and-set).
-	Index uint64
+	// Index is the state key's index (for a check-and-set); SpecIndex the spec key's.
+	Index     uint64
+	SpecIndex uint64
 	// Idle are the nodes' marks that the job's GPUs there stay idle (IdleMark), by node.
 	Idle []IdleMark
 	// Auth is who submitted it, proven (auth.go); nil when its record has none.
@@ -345,7 +355,7 @@ func decodeAll(id string, entries []store.Entry) (*Job, error) {
 			} else {
 				j.Spec = sp
 			}
-			haveSpec = true
+			haveSpec, j.SpecIndex = true, e.ModifyIndex
 		case stateKey(id):
 			if err := schema.Unmarshal(schema.JobState, e.Value, &j.State); err != nil {
 				if err := refuse(err); err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/user"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -33,9 +34,9 @@ var scontrolOptions = []option{
 }
 
 // Scontrol is scontrol's show job, step, node, partition, hostnames, hostlist and
-// hostlistsorted (-o: one line per record), in Slurm's KEY=VALUE layout, and its hold,
-// uhold and release of jobs (holdJobs). Its other verbs (update, requeue, ...) are
-// refused.
+// hostlistsorted (-o: one line per record), in Slurm's KEY=VALUE layout, its hold,
+// uhold, release, requeue and requeuehold of jobs (holdJobs) and update of a job
+// (updateJobs). Its other verbs are refused.
 func Scontrol(ctx context.Context, e *Env, args []string) int {
 	c, code, done := scontrolParse(e, args)
 	if done {
@@ -54,6 +55,9 @@ func Scontrol(ctx context.Context, e *Env, args []string) int {
 	defer s.Close()
 	if c.hold != "" {
 		return holdJobs(ctx, e, s, c.hold, c.jobs)
+	}
+	if c.update != nil {
+		return updateJobs(ctx, e, s, c.update)
 	}
 	records, code := c.records(ctx, e, s)
 	if len(records) == 0 {
@@ -79,6 +83,8 @@ type scontrolCmd struct {
 	// comma-separated list); "" for show.
 	hold job.HoldOp
 	jobs []string
+	// update is scontrol update's arguments (nil for another verb).
+	update []string
 }
 
 // scontrolParse reads scontrol's command line: its options, then "show ENTITY [ARG]".
@@ -104,6 +110,13 @@ func scontrolParse(e *Env, args []string) (c scontrolCmd, code int, done bool) {
 			c.oneLine = true
 		}
 	}
+	if consumed := args[:len(args)-len(rest)]; !slices.Contains(consumed, "--") {
+		// scontrol's getopt_long permutes: the first "--" anywhere ends the options
+		// and goes ("scontrol hold -- 5" holds job 5).
+		if i := slices.Index(rest, "--"); i >= 0 {
+			rest = slices.Delete(slices.Clone(rest), i, i+1)
+		}
+	}
 	if len(rest) == 0 {
 		return c, errorf(e, "scontrol", 1, "gangrun's scontrol runs one command given on its command line (its interactive mode is %s)", notBuilt), true
 	}
@@ -112,7 +125,10 @@ func scontrolParse(e *Env, args []string) (c scontrolCmd, code int, done bool) {
 	case "hold", "uhold", "release", "requeue", "requeuehold":
 		c.hold, c.jobs = job.HoldOp(strings.ToLower(rest[0])), rest[1:]
 		return c, 0, false
-	case "update", "suspend", "resume", "reconfigure", "shutdown",
+	case "update":
+		c.update = rest[1:]
+		return c, 0, false
+	case "suspend", "resume", "reconfigure", "shutdown",
 		"create", "delete", "notify", "top", "reboot", "takeover", "setdebug", "listpids", "wait_job":
 		return c, errorf(e, "scontrol", 1, "scontrol %s is %s", rest[0], notBuilt), true
 	default:
@@ -343,7 +359,7 @@ func showJob(j job.Job, pending string) string {
 			batchFlag = 1
 		}
 	}
-	w("   Requeue=%d Restarts=%d BatchFlag=%d Reboot=0 ExitCode=%s\n", requeue, st.Restarts+st.NodeFailures, batchFlag, exitCode(st.ExitCode, st.Reason))
+	w("   Requeue=%d Restarts=%d BatchFlag=%d Reboot=0 ExitCode=%s\n", requeue, st.SlurmRestarts(), batchFlag, exitCode(st.ExitCode, st.Reason))
 	showJobTimes(w, spec, st)
 	host := "n/a"
 	if spec.Batch != nil && spec.Batch.SubmitHost != "" {
@@ -612,7 +628,7 @@ func holdJobs(ctx context.Context, e *Env, s Store, op job.HoldOp, ids []string)
 			last = "Invalid job id specified"
 		case errors.Is(err, job.ErrFinished):
 			last = job.ErrFinished.Error()
-		case errors.Is(err, job.ErrNotPending), errors.Is(err, job.ErrPending), errors.Is(err, job.ErrNotRunning):
+		case errors.Is(err, job.ErrNotPending), errors.Is(err, job.ErrPending), errors.Is(err, job.ErrNotRunning), errors.Is(err, job.ErrRequeueDisabled):
 			last = errors.Unwrap(err).Error()
 		case errors.Is(err, job.ErrHeldByOperator), errors.Is(err, job.ErrNotYours):
 			last = "Access/permission denied"

@@ -1,0 +1,225 @@
+package slurm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gangrun/gangrun/job"
+)
+
+// scontrol update of a job, as Slurm 22.05's scontrol reads it (src/scontrol/update_job.c,
+// scontrol_update_job): TAG=VALUE arguments (or TAG VALUE), each tag any case and
+// abbreviated down to Slurm's least length for it; the first bad one ends the command
+// with exit 1 and nothing changed. gangrun changes TimeLimit (also +N and -N), JobName
+// (Name), Partition, Dependency, NumNodes and Priority; the other tags Slurm knows are
+// refused in one line, and a tag Slurm does not know gets Slurm's words for it.
+
+// updateTag is a tag scontrol update takes: its name and the least prefix length Slurm
+// accepts (MAX(taglen, N) in update_job.c).
+type updateTag struct {
+	name string
+	min  int
+}
+
+// updateBuilt are the tags gangrun changes (and JobId).
+var updateBuilt = []updateTag{{"JobId", 3}, {"TimeLimit", 5}, {"Priority", 2}, {"NumNodes", 8}, {"ReqNodes", 8},
+	{"Partition", 2}, {"Name", 2}, {"JobName", 4}, {"Dependency", 1}}
+
+// updateRefused are the tags Slurm's scontrol update of a job takes that gangrun does
+// not change: refused as not built.
+var updateRefused = []updateTag{{"AdminComment", 3}, {"ArrayTaskThrottle", 10}, {"Comment", 3}, {"DelayBoot", 5},
+	{"TimeMin", 5}, {"Nice", 2}, {"CPUsPerTask", 6}, {"NumCPUs", 6}, {"NumTasks", 8}, {"ReqProcs", 8}, {"Requeue", 4},
+	{"ReqSockets", 4}, {"ReqCores", 4}, {"TasksPerNode", 2}, {"ReqThreads", 4}, {"MinCPUsNode", 4},
+	{"MinMemoryNode", 10}, {"MinMemoryCPU", 10}, {"MinTmpDiskNode", 5}, {"QOS", 2}, {"ReservationName", 3},
+	{"WCKey", 1}, {"StdOut", 6}, {"Switches", 5}, {"wait-for-switch", 5}, {"OverSubscribe", 2}, {"Shared", 2},
+	{"Contiguous", 3}, {"CoreSpec", 4}, {"ThreadSpec", 4}, {"ExcNodeList", 3}, {"NodeList", 8}, {"ReqNodeList", 8},
+	{"Features", 1}, {"Gres", 2}, {"Account", 1}, {"BurstBuffer", 1}, {"Geometry", 2}, {"Rotate", 2},
+	{"Conn-Type", 2}, {"Licenses", 1}, {"EligibleTime", 2}, {"StartTime", 2}, {"EndTime", 2}, {"Reboot", 3},
+	{"UserID", 3}, {"Deadline", 3}, {"MailType", 5}, {"MailUser", 5}}
+
+// match returns the tag of tags that tag names (tag's own spelling, any case, at least
+// its least length), "" for none.
+func match(tags []updateTag, tag string) string {
+	for _, t := range tags {
+		if len(tag) >= t.min && len(tag) <= len(t.name) && strings.EqualFold(tag, t.name[:len(tag)]) {
+			return t.name
+		}
+	}
+	return ""
+}
+
+// jobUpdate is scontrol update's command line, read: the jobs and the change.
+type jobUpdate struct {
+	ids, name string
+	u         job.Update
+	// timeStep is +1 or -1 for a TimeLimit increment or decrement of *u.TimeLimit.
+	timeStep int
+}
+
+// parseUpdate reads scontrol update's arguments; done, with the exit code, where it has
+// said why it ends here.
+func parseUpdate(e *Env, args []string) (ju jobUpdate, code int, done bool) {
+	changes := 0
+	abort := func(format string, a ...any) (jobUpdate, int, bool) {
+		fmt.Fprintf(e.Stderr, format+"\n", a...)
+		return ju, 1, true
+	}
+	for i := 0; i < len(args); i++ {
+		tag, val, ok := strings.Cut(args[i], "=")
+		switch {
+		case ok:
+		case i+1 < len(args):
+			i++
+			val = args[i]
+		default:
+			return abort("Invalid input: %s\nRequest aborted", args[i])
+		}
+		name := match(updateBuilt, tag)
+		if name == "" {
+			if r := match(updateRefused, tag); r != "" {
+				return abort("scontrol: error: scontrol update %s is %s", r, notBuilt)
+			}
+			return abort("Update of this parameter is not supported: %s\nRequest aborted", args[i])
+		}
+		if name != "JobId" {
+			changes++
+		}
+		if msg := ju.set(name, val); msg != "" {
+			return abort("scontrol: error: %s", msg)
+		}
+	}
+	if changes == 0 {
+		return abort("No changes specified")
+	}
+	if ju.ids == "" && ju.name == "" {
+		return abort("scontrol: error: No job ID specified")
+	}
+	return ju, 0, false
+}
+
+// set sets tag name to val, and returns scontrol's words for a bad value ("" for none).
+func (ju *jobUpdate) set(name, val string) string {
+	switch name {
+	case "JobId":
+		ju.ids = val
+	case "TimeLimit":
+		step := 0
+		if strings.HasPrefix(val, "+") || strings.HasPrefix(val, "-") && val != "-1" {
+			step = map[byte]int{'+': 1, '-': -1}[val[0]]
+			val = val[1:]
+		}
+		d, err := job.ParseTime(val)
+		if err != nil {
+			return "Invalid TimeLimit value"
+		}
+		if step != 0 && ju.ids == "" {
+			return "JobId must precede TimeLimit increment or decrement"
+		}
+		ju.u.TimeLimit, ju.timeStep = &d, step
+	case "Priority":
+		p, err := strconv.ParseUint(val, 10, 32)
+		if err != nil {
+			return "Invalid Priority value: " + val
+		}
+		n := int(p)
+		ju.u.Priority = &n
+	case "NumNodes", "ReqNodes":
+		lo, hi, err := job.ParseNodes(val)
+		if err != nil || lo < 1 {
+			return fmt.Sprintf("Invalid node count specification: %s", val)
+		}
+		ju.u.MinNodes, ju.u.MaxNodes = &lo, &hi
+	case "Partition":
+		ju.u.Partition = &val
+	case "Name", "JobName":
+		ju.u.Name, ju.name = &val, val
+	case "Dependency":
+		ju.u.Dependency = &val
+	}
+	return ""
+}
+
+// updateJobs is scontrol update of jobs: each job JobId names (a comma-separated list;
+// array ids name every task), else each job named JobName, changed through the
+// cluster as this process's user (Cluster.Update). An error is said per job in Slurm's
+// words, and makes the exit code 1.
+func updateJobs(ctx context.Context, e *Env, s Store, args []string) int {
+	ju, code, done := parseUpdate(e, args)
+	if done {
+		return code
+	}
+	var ids []string
+	for _, id := range strings.Split(ju.ids, ",") {
+		if id != "" {
+			ids = append(ids, expandTasks(id)...)
+		}
+	}
+	if len(ids) == 0 {
+		// No JobId: the jobs named JobName, as scontrol translates the name.
+		jobs, err := job.List(ctx, s)
+		if err != nil {
+			return errorf(e, "scontrol", 1, "Could not load state information: %v", err)
+		}
+		for _, j := range jobs {
+			if j.Spec.Name == ju.name && !j.State.Status.Final() {
+				ids = append(ids, j.Spec.ID)
+			}
+		}
+		if len(ids) == 0 {
+			return errorf(e, "scontrol", 1, "No jobs with name '%s'", ju.name)
+		}
+		ju.u.Name = nil
+		if ju.u == (job.Update{}) {
+			fmt.Fprintln(e.Stderr, "No changes specified")
+			return 1
+		}
+	}
+	failed := false
+	for _, id := range ids {
+		u := ju.u
+		if ju.timeStep != 0 {
+			j, err := job.Read(ctx, s, id)
+			if err != nil {
+				return errorf(e, "scontrol", 1, "Job ID %s not found", id)
+			}
+			d := j.Spec.TimeLimit + time.Duration(ju.timeStep)*(*u.TimeLimit)
+			if d < 0 {
+				return errorf(e, "scontrol", 1, "TimeLimit decrement larger than current time limit (%d > %d)",
+					int(*u.TimeLimit/time.Minute), int(j.Spec.TimeLimit/time.Minute))
+			}
+			u.TimeLimit = &d
+		}
+		if _, err := e.Cluster.Update(ctx, s, id, u); err != nil {
+			failed = true
+			fmt.Fprintf(e.Stderr, "%s for job %s\n", updateWords(err), id)
+		}
+	}
+	if failed {
+		return 1
+	}
+	return 0
+}
+
+// updateWords says an update's error as scontrol does: slurmctld's words, or, for what
+// gangrun does not build, gangrun's own.
+func updateWords(err error) string {
+	switch {
+	case errors.Is(err, job.ErrNotFound):
+		return "Invalid job id specified"
+	case errors.Is(err, job.ErrNotYours):
+		return job.ErrAccessDenied.Error()
+	case errors.Is(err, job.ErrUpdateNotBuilt):
+		return err.Error()
+	}
+	for _, w := range []error{job.ErrAccessDenied, job.ErrInvalidPartition, job.ErrDependency, job.ErrNodeConfig,
+		job.ErrTimeLimit, job.ErrFinished, job.ErrNotPending} {
+		if errors.Is(err, w) {
+			return w.Error()
+		}
+	}
+	return err.Error()
+}
