@@ -108,7 +108,7 @@ func (ju *jobUpdate) set(name, val string) string {
 		ju.ids = val
 	case "TimeLimit":
 		step := 0
-		if strings.HasPrefix(val, "+") || strings.HasPrefix(val, "-") && val != "-1" {
+		if strings.HasPrefix(val, "+") || strings.HasPrefix(val, "-") { // "-1" too: a minute less, as scontrol reads it
 			step = map[byte]int{'+': 1, '-': -1}[val[0]]
 			val = val[1:]
 		}
@@ -195,7 +195,7 @@ func updateJobs(ctx context.Context, e *Env, s Store, args []string) int {
 		}
 		if _, err := e.Cluster.Update(ctx, s, id, u); err != nil {
 			failed = true
-			fmt.Fprintf(e.Stderr, "%s for job %s\n", updateWords(err), id)
+			fmt.Fprintf(e.Stderr, "%s for job %s\n", updateWords(err, id), id)
 		}
 	}
 	if failed {
@@ -204,16 +204,16 @@ func updateJobs(ctx context.Context, e *Env, s Store, args []string) int {
 	return 0
 }
 
-// updateWords says an update's error as scontrol does: slurmctld's words, or, for what
+// updateWords says an update's error of job id as scontrol does: slurmctld's words, or, for what
 // gangrun does not build, gangrun's own.
-func updateWords(err error) string {
+func updateWords(err error, id string) string {
 	switch {
 	case errors.Is(err, job.ErrNotFound):
 		return "Invalid job id specified"
 	case errors.Is(err, job.ErrNotYours):
 		return job.ErrAccessDenied.Error()
 	case errors.Is(err, job.ErrUpdateNotBuilt):
-		return err.Error()
+		return strings.TrimPrefix(err.Error(), "job "+id+": ")
 	}
 	for _, w := range []error{job.ErrAccessDenied, job.ErrInvalidPartition, job.ErrDependency, job.ErrNodeConfig,
 		job.ErrTimeLimit, job.ErrFinished, job.ErrNotPending} {
