@@ -20,7 +20,8 @@ import (
 // release (EvUpdate): the controller writes its request again, from the new spec, once
 // its dependencies allow. A held job stays held, its spec changed. A running job's name
 // changes; its time limit and node count do not (gangrun's steps keep the limit they
-// started with): refused (ErrUpdateNotBuilt). Who may: a job's user for their own jobs,
+// started with): refused (ErrUpdateNotBuilt, and its node count ErrNotSupported, as
+// slurmctld where jobs are not resized). Who may: a job's user for their own jobs,
 // an operator for any; as Slurm, only an operator raises a time limit or a priority.
 
 // The errors of an update, in Slurm's words where slurmctld has them (scontrol prints
@@ -41,6 +42,9 @@ var (
 	// ErrTimeLimit: a time limit past gangrun's (ESLURM_INVALID_TIME_LIMIT); one past its
 	// partition's max_time is set, and the job waits (PartitionTimeLimit), as at submit.
 	ErrTimeLimit = errors.New("Requested time limit is invalid (missing or exceeds some limit)")
+	// ErrNotSupported: a running job's node count (ESLURM_NOT_SUPPORTED, slurmctld's
+	// answer where jobs are not resized).
+	ErrNotSupported = errors.New("Requested operation not supported on this system")
 	// ErrUpdateNotBuilt: a change Slurm makes that gangrun does not (a running job's
 	// time limit or node count; a job not yet accepted by a cluster that checks MUNGE
 	// credentials). The error's text says which.
@@ -102,7 +106,7 @@ type Reseal func(ctx context.Context, spec Spec, a Auth) (string, error)
 // DoUpdate makes update u of job id, or of every task of job array id, for an operator
 // (admin) or the job's user, its attestation made again by reseal (nil: none checked).
 // also's operations (an audit entry) go with the first change. Errors: ErrNotFound,
-// ErrFinished, ErrNotPending, ErrAccessDenied, ErrInvalidPartition, ErrDependency,
+// ErrFinished, ErrNotPending, ErrNotSupported, ErrAccessDenied, ErrInvalidPartition, ErrDependency,
 // ErrNodeConfig, ErrTimeLimit, ErrUpdateNotBuilt, store errors.
 func DoUpdate(ctx context.Context, s store.Store, id string, u Update, admin bool, reseal Reseal, also ...store.Op) (int, error) {
 	if err := checkID(id); err != nil {
@@ -163,6 +167,8 @@ func updatedSpec(ctx context.Context, s store.Store, j *Job, u Update, admin boo
 	switch h := st.Hold(); {
 	case st.Status.Final():
 		return spec, ErrFinished
+	case st.Status != Pending && u.MinNodes != nil:
+		return spec, ErrNotSupported
 	case st.Status != Pending && u.pendingOnly():
 		return spec, ErrNotPending
 	case st.Status == Pending && (h == HoldRequeue || h == HoldPreempted):
@@ -287,7 +293,7 @@ func updateOps(ctx context.Context, j *Job, spec Spec, reseal Reseal) ([]store.O
 }
 
 // updateErrors are the update's errors an answer names by their words (Answer.Slurm).
-var updateErrors = []error{ErrAccessDenied, ErrInvalidPartition, ErrDependency, ErrNodeConfig, ErrTimeLimit,
+var updateErrors = []error{ErrAccessDenied, ErrNotSupported, ErrInvalidPartition, ErrDependency, ErrNodeConfig, ErrTimeLimit,
 	ErrUpdateNotBuilt, ErrFinished, ErrNotPending, ErrNotFound}
 
 // Update makes update u of job id (or of array id's tasks) through as's box: the job

@@ -60,6 +60,29 @@ type jobUpdate struct {
 	timeStep int
 }
 
+// updateEntities are the tags that make scontrol update another entity's (scontrol.c's
+// _update_it): refused, as gangrun updates jobs only.
+var updateEntities = []updateTag{{"NodeName", 5}, {"PartitionName", 3}, {"ReservationName", 3}, {"Reservation", 3},
+	{"SlurmctldDebug", 2}, {"FrontendName", 2}, {"StepId", 4}, {"SuspendExcNodes", 8}, {"SuspendExcParts", 8}}
+
+// updateEntity says which entity scontrol update's args change ("" for a job's), and
+// whether any does (scontrol's "No valid entity" otherwise). A JobId or JobName tag
+// makes it a job's whatever else is there, as scontrol checks it first (a job's update
+// may name a partition).
+func updateEntity(args []string) (string, bool) {
+	other := ""
+	for _, a := range args {
+		tag, _, _ := strings.Cut(a, "=")
+		if match([]updateTag{{"JobId", 3}, {"JobName", 3}}, tag) != "" {
+			return "", true
+		}
+		if m := match(updateEntities, tag); m != "" && other == "" {
+			other = m
+		}
+	}
+	return other, other != ""
+}
+
 // parseUpdate reads scontrol update's arguments; done, with the exit code, where it has
 // said why it ends here.
 func parseUpdate(e *Env, args []string) (ju jobUpdate, code int, done bool) {
@@ -67,6 +90,13 @@ func parseUpdate(e *Env, args []string) (ju jobUpdate, code int, done bool) {
 	abort := func(format string, a ...any) (jobUpdate, int, bool) {
 		fmt.Fprintf(e.Stderr, format+"\n", a...)
 		return ju, 1, true
+	}
+	switch entity, ok := updateEntity(args); {
+	case entity != "":
+		return abort("scontrol: error: scontrol update %s is %s", entity, notBuilt)
+	case !ok:
+		return abort("No valid entity in update command\n" +
+			`Input line must include "NodeName", "PartitionName", "Reservation", "JobId", or "SlurmctldDebug"`)
 	}
 	for i := 0; i < len(args); i++ {
 		tag, val, ok := strings.Cut(args[i], "=")
@@ -215,7 +245,7 @@ func updateWords(err error, id string) string {
 	case errors.Is(err, job.ErrUpdateNotBuilt):
 		return strings.TrimPrefix(err.Error(), "job "+id+": ")
 	}
-	for _, w := range []error{job.ErrAccessDenied, job.ErrInvalidPartition, job.ErrDependency, job.ErrNodeConfig,
+	for _, w := range []error{job.ErrAccessDenied, job.ErrNotSupported, job.ErrInvalidPartition, job.ErrDependency, job.ErrNodeConfig,
 		job.ErrTimeLimit, job.ErrFinished, job.ErrNotPending} {
 		if errors.Is(err, w) {
 			return w.Error()

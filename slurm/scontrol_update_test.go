@@ -35,7 +35,8 @@ func TestParseUpdate(t *testing.T) {
 		{[]string{"JobId=5", "Nice=5"}, "scontrol: error: scontrol update Nice is " + notBuilt + "\n", nil},
 		{[]string{"JobId=5", "TimeLimit"}, "Invalid input: TimeLimit\nRequest aborted\n", nil},
 		{[]string{"JobId=5"}, "No changes specified\n", nil},
-		{[]string{"TimeLimit=5"}, "scontrol: error: No job ID specified\n", nil},
+		{[]string{"TimeLimit=5"}, "No valid entity in update command\nInput line must include \"NodeName\", \"PartitionName\", \"Reservation\", \"JobId\", or \"SlurmctldDebug\"\n", nil},
+		{[]string{"NodeName=a", "State=DRAIN"}, "scontrol: error: scontrol update NodeName is " + notBuilt + "\n", nil},
 	} {
 		var errOut bytes.Buffer
 		ju, code, done := parseUpdate(&Env{Stderr: &errOut}, tc.args)
