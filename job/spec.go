@@ -47,6 +47,10 @@ const (
 	// MaxPriority bounds --priority either way: Slurm keeps a job's priority as a
 	// 32-bit unsigned number (gangrun takes negative ones too).
 	MaxPriority = 1<<32 - 1
+	// MaxNice bounds --nice either way: Slurm's NICE_OFFSET - 3 (slurm_opt.c).
+	MaxNice = 1<<31 - 3
+	// DefaultNice is --nice given no value (Slurm's 100).
+	DefaultNice = 100
 	// MaxNameBytes bounds --name, --account and --partition, in bytes.
 	MaxNameBytes = 128
 	// maxPathBytes and maxPathComponentBytes bound --output and --checkpoint-dir, in
@@ -93,6 +97,9 @@ type Spec struct {
 	MIGProfile  string `json:"mig_profile,omitempty"`
 	// Priority orders the queue: higher first, then submission.
 	Priority int `json:"priority"`
+	// Nice is --nice: the job's priority is lowered by it (raised, when negative: an
+	// operator's only, as Slurm's), within ±MaxNice.
+	Nice int `json:"nice,omitempty"`
 	// TimeLimit is --time; 0: none. At the limit the job gets SIGTERM, --term-timeout
 	// to stop, and ends TIMEOUT.
 	TimeLimit time.Duration `json:"time_limit,omitempty"`
@@ -202,6 +209,8 @@ func (s Spec) Validate() error {
 		return fmt.Errorf("--spare-nodes %d: want at most %d", s.SpareNodes, MaxNodes)
 	case s.Priority > MaxPriority || s.Priority < -MaxPriority:
 		return fmt.Errorf("--priority %d: want %d to %d (Slurm's job priority is 32-bit)", s.Priority, -MaxPriority, MaxPriority)
+	case s.Nice > MaxNice || s.Nice < -MaxNice:
+		return fmt.Errorf("--nice %d: Nice value out of range (+/- %d)", s.Nice, MaxNice)
 	}
 	if err := s.Supervision.Check(); err != nil {
 		return err

@@ -37,7 +37,7 @@ func request(spec Spec, again bool, exclude []string) allocator.Request {
 		least, spares = spec.MinNodes, 0
 	}
 	r := allocator.JobRequest(spec.ID, least, spec.MaxNodes+spec.SpareNodes, spec.GPUsPerNode,
-		spec.Partition, spec.GPUModel, nil, spec.Priority, exclude)
+		spec.Partition, spec.GPUModel, nil, sitePriority(spec), exclude)
 	r.Spares = spares
 	r.MIGProfile = spec.MIGProfile
 	// Who and what the policy counts (limits, fair-share); the age factor counts from
@@ -47,6 +47,13 @@ func request(spec Spec, again bool, exclude []string) allocator.Request {
 		r.Submitted = spec.Submitted
 	}
 	return r
+}
+
+// sitePriority is the priority job spec brings to the policy's sum (Site): its
+// --priority less its --nice, as Slurm subtracts a job's nice from its priority,
+// held within ±MaxPriority.
+func sitePriority(spec Spec) int {
+	return max(min(spec.Priority-spec.Nice, MaxPriority), -MaxPriority)
 }
 
 // applyPolicy fills what spec leaves to the operator's policy p (nil: none) and

@@ -15,7 +15,7 @@ import (
 )
 
 // scontrol update of a job (Slurm 22.05's update_job, src/slurmctld/job_mgr.c): its
-// time limit, name, partition, dependencies, node count and priority. A pending job's
+// time limit, name, partition, dependencies, node count, priority and nice. A pending job's
 // spec is changed, its request withdrawn and the job left PENDING held back as after a
 // release (EvUpdate): the controller writes its request again, from the new spec, once
 // its dependencies allow. A held job stays held, its spec changed. A running job's name
@@ -66,6 +66,8 @@ type Update struct {
 	MaxNodes *int `json:"max_nodes,omitempty"`
 	// Priority is Priority=.
 	Priority *int `json:"priority,omitempty"`
+	// Nice is Nice=N (Nice alone: DefaultNice); negative an operator's only.
+	Nice *int `json:"nice,omitempty"`
 }
 
 // String is the update as scontrol's words, for the audit log: "TimeLimit=10:00 JobName=x".
@@ -88,6 +90,9 @@ func (u Update) String() string {
 	}
 	if u.Priority != nil {
 		w = append(w, fmt.Sprintf("Priority=%d", *u.Priority))
+	}
+	if u.Nice != nil {
+		w = append(w, fmt.Sprintf("Nice=%d", *u.Nice))
 	}
 	return strings.Join(w, " ")
 }
@@ -190,6 +195,12 @@ func updatedSpec(ctx context.Context, s store.Store, j *Job, u Update, admin boo
 			return spec, ErrAccessDenied
 		}
 		spec.Priority = *u.Priority
+	}
+	if u.Nice != nil {
+		if *u.Nice < 0 && !admin {
+			return spec, ErrAccessDenied // slurmctld: "Attempt to modify nice"
+		}
+		spec.Nice = *u.Nice
 	}
 	if u.Name != nil {
 		spec.Name = *u.Name

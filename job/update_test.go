@@ -55,10 +55,19 @@ func TestUpdates(t *testing.T) {
 	if _, err := alice.Update(ctx, s, "1", Update{Priority: &prio}); !errors.Is(err, ErrAccessDenied) {
 		t.Errorf("alice raises her priority: %v, want ErrAccessDenied", err)
 	}
+	if _, err := alice.Update(ctx, s, "1", Update{Nice: ptr(-5)}); !errors.Is(err, ErrAccessDenied) {
+		t.Errorf("alice gives her job a negative nice: %v, want ErrAccessDenied", err)
+	}
+	if _, err := alice.Update(ctx, s, "1", Update{Nice: ptr(5)}); err != nil {
+		t.Errorf("alice's nice 5: %v", err)
+	}
+	if j, _ = Read(ctx, s, "1"); j.Spec.Nice != 5 || request(j.Spec, false, nil).Priority != -5 {
+		t.Errorf("nice 5: spec %d, request priority %d; want 5, -5", j.Spec.Nice, request(j.Spec, false, nil).Priority)
+	}
 	if n, err := root.Update(ctx, s, "1", Update{TimeLimit: &two, Priority: &prio}); n != 1 || err != nil {
 		t.Fatalf("root raises the time limit and priority: %d, %v", n, err)
 	}
-	if j, _ = Read(ctx, s, "1"); j.Spec.TimeLimit != two || j.Spec.Priority != prio {
+	if j, _ = Read(ctx, s, "1"); j.Spec.TimeLimit != two || j.Spec.Priority != prio || request(j.Spec, false, nil).Priority != prio-5 {
 		t.Errorf("after root's update: --time %s, priority %d", j.Spec.TimeLimit, j.Spec.Priority)
 	}
 	bad := map[string]struct {
@@ -125,8 +134,8 @@ func TestUpdates(t *testing.T) {
 			done++
 		}
 	}
-	if done != 4 || refused != 9 {
-		t.Errorf("audit: %d updates and %d refusals, want 4 and 9 (none for no job): %+v", done, refused, entries)
+	if done != 5 || refused != 10 {
+		t.Errorf("audit: %d updates and %d refusals, want 5 and 10 (none for no job): %+v", done, refused, entries)
 	}
 }
 

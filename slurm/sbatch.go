@@ -115,7 +115,7 @@ var sbatchOptions = []option{
 	{long: "mem-per-gpu", arg: reqArg, unsupported: notBuilt},
 	{long: "mincpus", arg: reqArg, unsupported: notBuilt},
 	{long: "network", arg: reqArg, unsupported: notBuilt},
-	{long: "nice", arg: optArg, unsupported: notBuilt},
+	{long: "nice", arg: optArg},
 	{long: "no-kill", short: 'k', arg: optArg, unsupported: notBuilt},
 	{long: "nodefile", short: 'F', arg: reqArg, unsupported: notBuilt},
 	{long: "nodelist", short: 'w', arg: reqArg, unsupported: notBuilt},
@@ -485,6 +485,11 @@ func (o *batchOpts) limits(spec *job.Spec, r *BatchRequest) error {
 	if v.has("priority") {
 		if spec.Priority, err = strconv.Atoi(v["priority"]); err != nil {
 			return bad("priority")
+		}
+	}
+	if v.has("nice") {
+		if spec.Nice, err = parseNice(v["nice"]); err != nil {
+			return err
 		}
 	}
 	if v.has("open-mode") {

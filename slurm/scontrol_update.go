@@ -15,7 +15,7 @@ import (
 // scontrol_update_job): TAG=VALUE arguments (or TAG VALUE), each tag any case and
 // abbreviated down to Slurm's least length for it; the first bad one ends the command
 // with exit 1 and nothing changed. gangrun changes TimeLimit (also +N and -N), JobName
-// (Name), Partition, Dependency, NumNodes and Priority; the other tags Slurm knows are
+// (Name), Partition, Dependency, NumNodes, Priority and Nice; the other tags Slurm knows are
 // refused in one line, and a tag Slurm does not know gets Slurm's words for it.
 
 // updateTag is a tag scontrol update takes: its name and the least prefix length Slurm
@@ -26,13 +26,13 @@ type updateTag struct {
 }
 
 // updateBuilt are the tags gangrun changes (and JobId).
-var updateBuilt = []updateTag{{"JobId", 3}, {"TimeLimit", 5}, {"Priority", 2}, {"NumNodes", 8}, {"ReqNodes", 8},
+var updateBuilt = []updateTag{{"JobId", 3}, {"TimeLimit", 5}, {"Priority", 2}, {"Nice", 2}, {"NumNodes", 8}, {"ReqNodes", 8},
 	{"Partition", 2}, {"Name", 2}, {"JobName", 4}, {"Dependency", 1}}
 
 // updateRefused are the tags Slurm's scontrol update of a job takes that gangrun does
 // not change: refused as not built.
 var updateRefused = []updateTag{{"AdminComment", 3}, {"ArrayTaskThrottle", 10}, {"Comment", 3}, {"DelayBoot", 5},
-	{"TimeMin", 5}, {"Nice", 2}, {"CPUsPerTask", 6}, {"NumCPUs", 6}, {"NumTasks", 8}, {"ReqProcs", 8}, {"Requeue", 4},
+	{"TimeMin", 5}, {"CPUsPerTask", 6}, {"NumCPUs", 6}, {"NumTasks", 8}, {"ReqProcs", 8}, {"Requeue", 4},
 	{"ReqSockets", 4}, {"ReqCores", 4}, {"TasksPerNode", 2}, {"ReqThreads", 4}, {"MinCPUsNode", 4},
 	{"MinMemoryNode", 10}, {"MinMemoryCPU", 10}, {"MinTmpDiskNode", 5}, {"QOS", 2}, {"ReservationName", 3},
 	{"WCKey", 1}, {"StdOut", 6}, {"Switches", 5}, {"wait-for-switch", 5}, {"OverSubscribe", 2}, {"Shared", 2},
@@ -83,6 +83,27 @@ func updateEntity(args []string) (string, bool) {
 	return other, other != ""
 }
 
+// parseNice reads a nice value as Slurm does (strtoll: what does not parse is 0;
+// "" is DefaultNice) and refuses one out of range, in sbatch's words (exit 255);
+// scontrol says it its own way (niceRange).
+func parseNice(v string) (int, error) {
+	if v == "" {
+		return job.DefaultNice, nil
+	}
+	end := 0
+	for end < len(v) && (v[end] >= '0' && v[end] <= '9' || end == 0 && (v[0] == '-' || v[0] == '+')) {
+		end++
+	}
+	n, err := strconv.ParseInt(v[:end], 10, 64)
+	if err != nil && !errors.Is(err, strconv.ErrRange) {
+		n = 0
+	}
+	if err != nil && errors.Is(err, strconv.ErrRange) || n > job.MaxNice || n < -job.MaxNice {
+		return 0, &UsageError{Msg: fmt.Sprintf("error: Invalid --nice value, out of range (+/- %d)", job.MaxNice), Code: 255}
+	}
+	return int(n), nil
+}
+
 // parseUpdate reads scontrol update's arguments; done, with the exit code, where it has
 // said why it ends here.
 func parseUpdate(e *Env, args []string) (ju jobUpdate, code int, done bool) {
@@ -102,6 +123,8 @@ func parseUpdate(e *Env, args []string) (ju jobUpdate, code int, done bool) {
 		tag, val, ok := strings.Cut(args[i], "=")
 		switch {
 		case ok:
+		case match([]updateTag{{"Nice", 2}}, tag) != "":
+			// "Nice" alone is the only tag without a value (DefaultNice).
 		case i+1 < len(args):
 			i++
 			val = args[i]
@@ -163,6 +186,12 @@ func (ju *jobUpdate) set(name, val string) string {
 			return fmt.Sprintf("Invalid node count specification: %s", val)
 		}
 		ju.u.MinNodes, ju.u.MaxNodes = &lo, &hi
+	case "Nice":
+		n, err := parseNice(val)
+		if err != nil {
+			return fmt.Sprintf("Nice value out of range (+/- %d). Value ignored", job.MaxNice) // update_job.c's words
+		}
+		ju.u.Nice = &n
 	case "Partition":
 		ju.u.Partition = &val
 	case "Name", "JobName":

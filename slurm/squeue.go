@@ -201,7 +201,7 @@ var squeueValues = map[string]func(r jobRow) string{
 		}
 		return "N/A"
 	},
-	"y": func(jobRow) string { return "0" },
+	"y": func(r jobRow) string { return strconv.Itoa(r.j.Spec.Nice) },
 	"x": func(jobRow) string { return "" },
 }
 

@@ -15,7 +15,7 @@ import (
 func TestScontrolUpdateAgainstSlurm(t *testing.T) {
 	p := startSlurmPair(t, "gpu-a", "gpu-b")
 	sides := []side{realSlurm, gangrunSide}
-	var dirs, held, run, ended, noRequeue [2]string
+	var dirs, held, run, ended, noRequeue, niced [2]string
 	for i, s := range sides {
 		dirs[i] = sharedDir(t)
 		sub := func(args ...string) string {
@@ -28,6 +28,7 @@ func TestScontrolUpdateAgainstSlurm(t *testing.T) {
 		ended[i] = sub("--gres=gpu:1", "--wrap", "true")
 		p.waitEnd(s, ended[i], time.Minute)
 		held[i] = sub("-H", "--time=30", "--job-name=upd", "--gres=gpu:1", "--wrap", "true")
+		niced[i] = sub("-H", "--nice=10", "--gres=gpu:1", "--wrap", "true")
 		run[i] = sub("--gres=gpu:1", "--time=30", "--wrap", "sleep 300")
 		noRequeue[i] = sub("--gres=gpu:1", "--no-requeue", "--wrap", "sleep 300")
 		for _, id := range []string{run[i], noRequeue[i]} {
@@ -38,13 +39,13 @@ func TestScontrolUpdateAgainstSlurm(t *testing.T) {
 		}
 	}
 	words := func(i int, out string) string {
-		for id, w := range map[string]string{held[i]: "HELD", run[i]: "RUN", ended[i]: "ENDED", noRequeue[i]: "NOREQ"} {
+		for id, w := range map[string]string{held[i]: "HELD", run[i]: "RUN", ended[i]: "ENDED", noRequeue[i]: "NOREQ", niced[i]: "NICED"} {
 			out = regexp.MustCompile(`\b`+id+`\b`).ReplaceAllString(out, w)
 		}
 		return out
 	}
 	ids := func(i int, a string) string {
-		return strings.NewReplacer("HELD", held[i], "RUN", run[i], "ENDED", ended[i], "NOREQ", noRequeue[i]).Replace(a)
+		return strings.NewReplacer("HELD", held[i], "RUN", run[i], "ENDED", ended[i], "NOREQ", noRequeue[i], "NICED", niced[i]).Replace(a)
 	}
 	agree, total := 0, 0
 	compare := func(name string, args ...string) {
@@ -75,6 +76,13 @@ func TestScontrolUpdateAgainstSlurm(t *testing.T) {
 	compare(show[0], show[1:]...)
 	compare("scontrol", "update", "JobId", "HELD", "Name", "again")
 	compare(show[0], show[1:]...)
+	compare("squeue", "-h", "-j", "NICED", "-o", "%y")
+	compare("sbatch", "--nice=3000000000", "--gres=gpu:1", "--wrap", "true")
+	compare("scontrol", "update", "JobId=HELD", "Nice=50")
+	compare("squeue", "-h", "-j", "HELD", "-o", "%y")
+	compare("scontrol", "update", "JobId=HELD", "Nice")
+	compare("squeue", "-h", "-j", "HELD", "-o", "%y")
+	compare("scontrol", "update", "JobId=HELD", "Nice=3000000000")
 	compare("scontrol", "update", "JobId=HELD", "Foo=1")
 	compare("scontrol", "update", "JobId=HELD", "TimeLimit=abc")
 	compare("scontrol", "update", "JobId=HELD", "Priority=abc")
@@ -107,13 +115,14 @@ func TestScontrolUpdateAgainstSlurm(t *testing.T) {
 			return scontrolFields(out)["Restarts"] == "1", out + errOut
 		})
 	}
-	compare("scontrol", "hold", "--", "HELD")
-	compare("squeue", "-h", "-j", "HELD", "-o", "%T %r")
+	// (Not HELD: Slurm 22.05 releases a held job whose nice is updated.)
+	compare("scontrol", "hold", "--", "NICED")
+	compare("squeue", "-h", "-j", "NICED", "-o", "%T %r")
 	for i, s := range sides {
-		for _, id := range []string{held[i], run[i], noRequeue[i]} {
+		for _, id := range []string{held[i], run[i], noRequeue[i], niced[i]} {
 			p.run(s, dirs[i], "", nil, "scancel", id)
 		}
-		for _, id := range []string{held[i], run[i], noRequeue[i]} {
+		for _, id := range []string{held[i], run[i], noRequeue[i], niced[i]} {
 			p.waitEnd(s, id, time.Minute)
 		}
 	}
