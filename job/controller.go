@@ -2,6 +2,7 @@ package job
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"maps"
@@ -564,7 +565,7 @@ func (c *Controller) completing(ctx context.Context, v view, j Job) error {
 	if err := allocator.ReleaseJobIn(ctx, c.s, cl, id); err != nil {
 		return err
 	}
-	_, _, err := c.update(ctx, id, func(j *Job) bool {
+	after, changed, err := c.update(ctx, id, func(j *Job) bool {
 		if j.State.apply(Transition{Event: EvFinish}) != nil {
 			return false
 		}
@@ -573,7 +574,26 @@ func (c *Controller) completing(ctx context.Context, v view, j Job) error {
 		c.countRestarts(ctx, j)
 		return true
 	})
+	if changed {
+		c.logMail(*after, "END")
+	}
 	return err
+}
+
+// logMail logs the mail Slurm would send for job j's event (BEGIN, END) when its
+// --mail-type asks for it: gangrun has no mailer, and sends none.
+func (c *Controller) logMail(j Job, event string) {
+	b := j.Spec.Batch
+	if b == nil || b.MailType == "" {
+		return
+	}
+	for _, t := range strings.Split(b.MailType, ",") {
+		if t == event || t == "ALL" || event == "END" && t == "FAIL" && j.State.Status != Completed {
+			c.log.Info("no mail sent (gangrun has no mailer)", zap.String("job", j.Spec.ID), zap.String("mail_type", event),
+				zap.String("mail_user", cmp.Or(b.MailUser, j.Spec.User)), zap.String("state", string(j.State.Status)))
+			return
+		}
+	}
 }
 
 // start makes a pending job whose request was granted run: its first nodes run it (in
@@ -614,6 +634,9 @@ func (c *Controller) start(ctx context.Context, j Job, g allocator.Grant) error 
 	})
 	if changed {
 		c.log.Info("job running", zap.String("job", j.Spec.ID), zap.Strings("nodes", names[:len(names)-spares]), zap.Int("spares", spares))
+		if first {
+			c.logMail(j, "BEGIN")
+		}
 		if first {
 			now := c.now()
 			c.events.Emit(event.Event{Time: now, Kind: event.JobStarted, Job: j.Spec.ID, Attempt: -1, Nodes: names[:len(names)-spares],

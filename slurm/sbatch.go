@@ -107,8 +107,8 @@ var sbatchOptions = []option{
 	{long: "input", short: 'i', arg: reqArg, unsupported: notBuilt},
 	{long: "kill-on-invalid-dep", arg: reqArg, unsupported: notBuilt},
 	{long: "licenses", short: 'L', arg: reqArg, unsupported: notBuilt},
-	{long: "mail-type", arg: reqArg, unsupported: notBuilt},
-	{long: "mail-user", arg: reqArg, unsupported: notBuilt},
+	{long: "mail-type", arg: reqArg},
+	{long: "mail-user", arg: reqArg},
 	{long: "mcs-label", arg: reqArg, unsupported: notBuilt},
 	{long: "mem-bind", arg: reqArg, unsupported: notBuilt},
 	{long: "mem-per-cpu", arg: reqArg, unsupported: notBuilt},
@@ -486,6 +486,9 @@ func (o *batchOpts) limits(spec *job.Spec, r *BatchRequest) error {
 		if spec.Priority, err = strconv.Atoi(v["priority"]); err != nil {
 			return bad("priority")
 		}
+	}
+	if err := setMail(spec, v); err != nil {
+		return err
 	}
 	if v.has("nice") {
 		if spec.Nice, err = parseNice(v["nice"]); err != nil {

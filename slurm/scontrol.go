@@ -326,6 +326,14 @@ func userID(name string) (string, string) {
 	return fmt.Sprintf("%s(%s)", name, u.Uid), fmt.Sprintf("%s(%s)", group, u.Gid)
 }
 
+// orNone is v, or "NONE" for "".
+func orNone(v string) string {
+	if v == "" {
+		return "NONE"
+	}
+	return v
+}
+
 // orNull is v, or "(null)" for "".
 func orNull(v string) string {
 	if v == "" {
@@ -376,6 +384,13 @@ func showJob(j job.Job, pending string) string {
 	w("   OverSubscribe=OK Contiguous=0 Licenses=(null) Network=(null)\n")
 	showJobFiles(w, spec, nodes)
 	w("   Power=\n")
+	if b := spec.Batch; b != nil && (b.MailType != "" || b.MailUser != "") {
+		user := b.MailUser
+		if user == "" {
+			user = spec.User // slurmctld's default: the job's user
+		}
+		w("   MailUser=%s MailType=%s\n", user, orNone(b.MailType))
+	}
 	w("   TresPerNode=%s\n", tresPerNode(spec))
 	w("   \n")
 	return b.String()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -102,6 +103,31 @@ func parseNice(v string) (int, error) {
 		return 0, &UsageError{Msg: fmt.Sprintf("error: Invalid --nice value, out of range (+/- %d)", job.MaxNice), Code: 255}
 	}
 	return int(n), nil
+}
+
+// mailTypes are --mail-type's values (Slurm 22.05's parse_mail_type, any case).
+var mailTypes = []string{"NONE", "BEGIN", "END", "FAIL", "REQUEUE", "ALL", "INVALID_DEPEND", "STAGE_OUT",
+	"TIME_LIMIT", "TIME_LIMIT_90", "TIME_LIMIT_80", "TIME_LIMIT_50", "ARRAY_TASKS"}
+
+// setMail sets spec's --mail-type and --mail-user from v: kept with the job, shown by
+// scontrol show job and logged by the controller; no mail is sent. A type Slurm does
+// not know is refused in its words, exit 255.
+func setMail(spec *job.Spec, v values) error {
+	if spec.Batch == nil || !v.has("mail-type") && !v.has("mail-user") {
+		return nil
+	}
+	var types []string
+	for _, t := range strings.Split(v["mail-type"], ",") {
+		u := strings.ToUpper(t)
+		if !slices.Contains(mailTypes, u) {
+			return &UsageError{Msg: "error: Invalid --mail-type specification", Code: 255}
+		}
+		if u != "NONE" {
+			types = append(types, u)
+		}
+	}
+	spec.Batch.MailType, spec.Batch.MailUser = strings.Join(types, ","), v["mail-user"]
+	return nil
 }
 
 // parseUpdate reads scontrol update's arguments; done, with the exit code, where it has

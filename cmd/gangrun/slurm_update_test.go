@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"regexp"
 	"strings"
 	"testing"
@@ -28,7 +29,7 @@ func TestScontrolUpdateAgainstSlurm(t *testing.T) {
 		ended[i] = sub("--gres=gpu:1", "--wrap", "true")
 		p.waitEnd(s, ended[i], time.Minute)
 		held[i] = sub("-H", "--time=30", "--job-name=upd", "--gres=gpu:1", "--wrap", "true")
-		niced[i] = sub("-H", "--nice=10", "--gres=gpu:1", "--wrap", "true")
+		niced[i] = sub("-H", "--nice=10", "--mail-type=end,FAIL", "--gres=gpu:1", "--wrap", "true")
 		run[i] = sub("--gres=gpu:1", "--time=30", "--wrap", "sleep 300")
 		noRequeue[i] = sub("--gres=gpu:1", "--no-requeue", "--wrap", "sleep 300")
 		for _, id := range []string{run[i], noRequeue[i]} {
@@ -77,6 +78,20 @@ func TestScontrolUpdateAgainstSlurm(t *testing.T) {
 	compare("scontrol", "update", "JobId", "HELD", "Name", "again")
 	compare(show[0], show[1:]...)
 	compare("squeue", "-h", "-j", "NICED", "-o", "%y")
+	// --mail-type and --mail-user: kept and shown; no mail is sent.
+	var mails [2]map[string]string
+	for i, s := range sides {
+		out, _, _ := p.run(s, dirs[i], "", nil, "scontrol", "show", "job", niced[i])
+		f := scontrolFields(out)
+		mails[i] = map[string]string{"MailUser": f["MailUser"], "MailType": f["MailType"]}
+	}
+	total++
+	if mails[0]["MailType"] == "" || fmt.Sprint(mails[0]) != fmt.Sprint(mails[1]) {
+		t.Errorf("scontrol show job's mail fields: slurm %v, gangrun %v", mails[0], mails[1])
+	} else {
+		agree++
+	}
+	compare("sbatch", "--mail-type=bogus", "--gres=gpu:1", "--wrap", "true")
 	compare("sbatch", "--nice=3000000000", "--gres=gpu:1", "--wrap", "true")
 	compare("scontrol", "update", "JobId=HELD", "Nice=50")
 	compare("squeue", "-h", "-j", "HELD", "-o", "%y")
