@@ -483,9 +483,9 @@ func (c *Controller) job(ctx context.Context, v view, j Job) error {
 	return nil
 }
 
-// deferred writes the request of job j, held back by its dependencies or its array's
-// cap, once they allow, in the transaction that clears State.Deferred; else it keeps the
-// job's pending reason up to date (Dependency, DependencyNeverSatisfied,
+// deferred writes the request of job j, held back by its dependencies, its --begin or
+// its array's cap, once they allow, in the transaction that clears State.Deferred; else it keeps the
+// job's pending reason up to date (Dependency, DependencyNeverSatisfied, BeginTime,
 // JobArrayTaskLimit). x's counts of each array's tasks let through grow with the tasks
 // this pass lets through; a view older than the jobs' states only lets fewer through (a
 // task it shows deferred that is not is counted once the update finds it so).
@@ -498,6 +498,8 @@ func (c *Controller) deferred(ctx context.Context, x *depIndex, j Job) error {
 		code = reason.DependencyNeverSatisfied
 	case !met:
 		code = reason.Dependency
+	case j.Spec.Begin.After(c.now()):
+		code = reason.BeginTime // after its dependencies, as slurmctld's job_independent
 	case a != nil && a.Limit > 0 && x.active[a.JobID] >= a.Limit:
 		code = reason.JobArrayTaskLimit
 	}

@@ -90,8 +90,8 @@ const (
 	// EvSubmitHeld: submit writes the job without a request: a --dependency or an array
 	// task (submit.go).
 	EvSubmitHeld Event = "submit-held"
-	// EvStillHeld: its dependencies or its array's cap hold it back still, for another
-	// reason than before (controller.go, deferred).
+	// EvStillHeld: its dependencies, its --begin or its array's cap hold it back still,
+	// for another reason than before (controller.go, deferred).
 	EvStillHeld Event = "still-held"
 	// EvRelease: its dependencies and array cap allow it: its request is written in the
 	// same transaction (controller.go, deferred).
@@ -213,7 +213,7 @@ type Transition struct {
 	// NODE_FAIL); EvCancel's is CANCELLED.
 	End Status
 	// Code is the reason's code where the event has none of its own (EvStillHeld's:
-	// Dependency, DependencyNeverSatisfied or JobArrayTaskLimit), or to give another
+	// Dependency, DependencyNeverSatisfied, BeginTime or JobArrayTaskLimit), or to give another
 	// than the event's; Words the reason in words for people ("" for the code itself).
 	Code  reason.Code
 	Words string
@@ -409,7 +409,7 @@ func TransitionTable() []string {
 		case r.event == EvEnd:
 			why = ", reason by its end (NonZeroExitCode, TimeLimit, NodeDown, None)"
 		case r.event == EvStillHeld:
-			why = ", reason Dependency, DependencyNeverSatisfied or JobArrayTaskLimit"
+			why = ", reason Dependency, DependencyNeverSatisfied, BeginTime or JobArrayTaskLimit"
 		}
 		out = append(out, fmt.Sprintf("`%s`: %s → %s%s", r.event, f, to, why))
 	}

@@ -97,6 +97,9 @@ type Spec struct {
 	MIGProfile  string `json:"mig_profile,omitempty"`
 	// Priority orders the queue: higher first, then submission.
 	Priority int `json:"priority"`
+	// Begin is --begin: the job waits PENDING (reason BeginTime), without a request,
+	// until then (zero: no wait; begin.go).
+	Begin time.Time `json:"begin,omitzero"`
 	// Nice is --nice: the job's priority is lowered by it (raised, when negative: an
 	// operator's only, as Slurm's), within ±MaxNice.
 	Nice int `json:"nice,omitempty"`

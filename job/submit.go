@@ -133,6 +133,8 @@ func submit(ctx context.Context, s store.Store, spec Spec, also alsoOps, auth au
 			st = newState(EvSubmitHold, "")
 		} else if len(spec.Dependency) > 0 {
 			st = newState(EvSubmitHeld, reason.Dependency)
+		} else if spec.Begin.After(time.Now()) {
+			st = newState(EvSubmitHeld, reason.BeginTime)
 		} else if reqOps, err = allocator.JobRequestOps(request(spec, false, nil)); err != nil {
 			return "", err
 		}
@@ -328,6 +330,8 @@ func submitArray(ctx context.Context, s store.Store, spec Spec, a Array, also al
 		st = newState(EvSubmitHold, "")
 	} else if len(spec.Dependency) > 0 {
 		st = newState(EvSubmitHeld, reason.Dependency)
+	} else if spec.Begin.After(time.Now()) {
+		st = newState(EvSubmitHeld, reason.BeginTime)
 	}
 	cc.seqMu.Lock()
 	defer cc.seqMu.Unlock()

@@ -15,7 +15,7 @@ import (
 )
 
 // scontrol update of a job (Slurm 22.05's update_job, src/slurmctld/job_mgr.c): its
-// time limit, name, partition, dependencies, node count, priority and nice. A pending job's
+// time limit, name, partition, dependencies, node count, priority, nice and begin time. A pending job's
 // spec is changed, its request withdrawn and the job left PENDING held back as after a
 // release (EvUpdate): the controller writes its request again, from the new spec, once
 // its dependencies allow. A held job stays held, its spec changed. A running job's name
@@ -68,6 +68,8 @@ type Update struct {
 	Priority *int `json:"priority,omitempty"`
 	// Nice is Nice=N (Nice alone: DefaultNice); negative an operator's only.
 	Nice *int `json:"nice,omitempty"`
+	// Begin is StartTime= (--begin; ParseBegin).
+	Begin *time.Time `json:"begin,omitempty"`
 }
 
 // String is the update as scontrol's words, for the audit log: "TimeLimit=10:00 JobName=x".
@@ -94,13 +96,16 @@ func (u Update) String() string {
 	if u.Nice != nil {
 		w = append(w, fmt.Sprintf("Nice=%d", *u.Nice))
 	}
+	if u.Begin != nil {
+		w = append(w, "StartTime="+u.Begin.UTC().Format(time.RFC3339))
+	}
 	return strings.Join(w, " ")
 }
 
 // pendingOnly says whether u changes what only a pending job may change (Slurm's
 // ESLURM_JOB_NOT_PENDING for the others).
 func (u Update) pendingOnly() bool {
-	return u.Partition != nil || u.Dependency != nil || u.MinNodes != nil
+	return u.Partition != nil || u.Dependency != nil || u.MinNodes != nil || u.Begin != nil
 }
 
 // Reseal makes a job's attestation again for its changed spec (Auth's UID, GID and
@@ -220,6 +225,9 @@ func updatedSpec(ctx context.Context, s store.Store, j *Job, u Update, admin boo
 	}
 	if u.Partition != nil {
 		spec.Partition = *u.Partition
+	}
+	if u.Begin != nil {
+		spec.Begin = *u.Begin
 	}
 	return spec, checkUpdated(ctx, s, spec, u)
 }

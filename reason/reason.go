@@ -32,8 +32,9 @@ const (
 	// JobArrayTaskLimit: an array task waits for its array's --array %N cap
 	// (WAIT_ARRAY_TASK_LIMIT).
 	JobArrayTaskLimit Code = "JobArrayTaskLimit"
-	// BeginTime: a pre-empted job waits for the job that pre-empted it to start
-	// (WAIT_TIME: Slurm holds a requeued job back with a begin time too).
+	// BeginTime: a job waits for its --begin time (WAIT_TIME), or a pre-empted job for
+	// the job that pre-empted it to start (Slurm holds a requeued job back with a begin
+	// time too).
 	BeginTime Code = "BeginTime"
 	// JobHeldUser: held by its user (sbatch --hold, scontrol hold or uhold; WAIT_HELD_USER).
 	JobHeldUser Code = "JobHeldUser"

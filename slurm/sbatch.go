@@ -76,7 +76,7 @@ var sbatchOptions = []option{
 	{long: "batch", arg: reqArg, unsupported: notBuilt},
 	{long: "bb", arg: reqArg, unsupported: notBuilt},
 	{long: "bbf", arg: reqArg, unsupported: notBuilt},
-	{long: "begin", short: 'b', arg: reqArg, unsupported: notBuilt},
+	{long: "begin", short: 'b', arg: reqArg},
 	{long: "cluster-constraint", arg: reqArg, unsupported: notBuilt},
 	{long: "clusters", short: 'M', arg: reqArg, unsupported: notBuilt},
 	{long: "comment", arg: reqArg, unsupported: notBuilt},
@@ -485,6 +485,12 @@ func (o *batchOpts) limits(spec *job.Spec, r *BatchRequest) error {
 	if v.has("priority") {
 		if spec.Priority, err = strconv.Atoi(v["priority"]); err != nil {
 			return bad("priority")
+		}
+	}
+	if v.has("begin") {
+		if spec.Begin, err = job.ParseBegin(v["begin"], time.Now()); err != nil {
+			// parse_time's line, then sbatch's (gangrun says pos=0 whatever the value).
+			return &UsageError{Before: "Invalid time specification (pos=0): " + v["begin"], Msg: "error: Invalid --begin specification", Code: 255}
 		}
 	}
 	if err := setMail(spec, v); err != nil {

@@ -432,7 +432,11 @@ func showJobTimes(w func(format string, a ...any), spec job.Spec, st job.State) 
 		limit = job.FormatSlurmTime(spec.TimeLimit)
 	}
 	w("   RunTime=%s TimeLimit=%s TimeMin=N/A\n", job.FormatSlurmTime(runTime), limit)
-	w("   SubmitTime=%s EligibleTime=%s\n", slurmTime(spec.Submitted), slurmTime(spec.Submitted))
+	eligible := spec.Submitted
+	if spec.Begin.After(eligible) {
+		eligible = spec.Begin // --begin
+	}
+	w("   SubmitTime=%s EligibleTime=%s\n", slurmTime(spec.Submitted), slurmTime(eligible))
 	w("   AccrueTime=%s\n", slurmTime(spec.Submitted))
 	start, end := "Unknown", "Unknown"
 	if !st.Started.IsZero() {

@@ -28,6 +28,7 @@ type updateTag struct {
 
 // updateBuilt are the tags gangrun changes (and JobId).
 var updateBuilt = []updateTag{{"JobId", 3}, {"TimeLimit", 5}, {"Priority", 2}, {"Nice", 2}, {"NumNodes", 8}, {"ReqNodes", 8},
+	{"StartTime", 2}, {"EligibleTime", 2},
 	{"Partition", 2}, {"Name", 2}, {"JobName", 4}, {"Dependency", 1}}
 
 // updateRefused are the tags Slurm's scontrol update of a job takes that gangrun does
@@ -39,7 +40,7 @@ var updateRefused = []updateTag{{"AdminComment", 3}, {"ArrayTaskThrottle", 10}, 
 	{"WCKey", 1}, {"StdOut", 6}, {"Switches", 5}, {"wait-for-switch", 5}, {"OverSubscribe", 2}, {"Shared", 2},
 	{"Contiguous", 3}, {"CoreSpec", 4}, {"ThreadSpec", 4}, {"ExcNodeList", 3}, {"NodeList", 8}, {"ReqNodeList", 8},
 	{"Features", 1}, {"Gres", 2}, {"Account", 1}, {"BurstBuffer", 1}, {"Geometry", 2}, {"Rotate", 2},
-	{"Conn-Type", 2}, {"Licenses", 1}, {"EligibleTime", 2}, {"StartTime", 2}, {"EndTime", 2}, {"Reboot", 3},
+	{"Conn-Type", 2}, {"Licenses", 1}, {"EndTime", 2}, {"Reboot", 3},
 	{"UserID", 3}, {"Deadline", 3}, {"MailType", 5}, {"MailUser", 5}}
 
 // match returns the tag of tags that tag names (tag's own spelling, any case, at least
@@ -164,6 +165,13 @@ func parseUpdate(e *Env, args []string) (ju jobUpdate, code int, done bool) {
 			}
 			return abort("Update of this parameter is not supported: %s\nRequest aborted", args[i])
 		}
+		if name == "StartTime" || name == "EligibleTime" {
+			if _, err := job.ParseBegin(val, time.Now()); err != nil {
+				// parse_time's line; scontrol then goes on without the tag.
+				fmt.Fprintf(e.Stderr, "Invalid time specification (pos=0): %s\n", val)
+				continue
+			}
+		}
 		if name != "JobId" {
 			changes++
 		}
@@ -218,6 +226,12 @@ func (ju *jobUpdate) set(name, val string) string {
 			return fmt.Sprintf("Nice value out of range (+/- %d). Value ignored", job.MaxNice) // update_job.c's words
 		}
 		ju.u.Nice = &n
+	case "StartTime", "EligibleTime":
+		t, err := job.ParseBegin(val, time.Now())
+		if err != nil {
+			return fmt.Sprintf("Invalid time specification (pos=0): %s", val)
+		}
+		ju.u.Begin = &t
 	case "Partition":
 		ju.u.Partition = &val
 	case "Name", "JobName":

@@ -32,6 +32,8 @@ func TestParseUpdate(t *testing.T) {
 		{[]string{"JobId=5", "Priority=-3"}, "scontrol: error: Invalid Priority value: -3\n", nil},
 		{[]string{"JobId=5", "Foo=1"}, "Update of this parameter is not supported: Foo=1\nRequest aborted\n", nil},
 		{[]string{"JobId=5", "Ti=1"}, "Update of this parameter is not supported: Ti=1\nRequest aborted\n", nil},
+		{[]string{"JobId=5", "StartTime=bogus"}, "Invalid time specification (pos=0): bogus\nNo changes specified\n", nil},
+		{[]string{"JobId=5", "StartTime=now+1hour"}, "", func(ju jobUpdate) bool { return time.Until(*ju.u.Begin) > 59*time.Minute }},
 		{[]string{"JobId=5", "Nice"}, "", func(ju jobUpdate) bool { return *ju.u.Nice == 100 }},
 		{[]string{"JobId=5", "nice=-7"}, "", func(ju jobUpdate) bool { return *ju.u.Nice == -7 }},
 		{[]string{"JobId=5", "Nice=abc"}, "", func(ju jobUpdate) bool { return *ju.u.Nice == 0 }},

@@ -118,6 +118,9 @@ func errorf(e *Env, cmd string, code int, format string, a ...any) int {
 
 // usage prints a UsageError's message with the command's name and returns its code.
 func usage(e *Env, cmd string, err *UsageError) int {
+	if err.Before != "" {
+		fmt.Fprintln(e.Stderr, err.Before)
+	}
 	fmt.Fprintf(e.Stderr, "%s: %s\n", cmd, err.Msg)
 	return err.Code
 }

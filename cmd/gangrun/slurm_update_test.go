@@ -16,7 +16,7 @@ import (
 func TestScontrolUpdateAgainstSlurm(t *testing.T) {
 	p := startSlurmPair(t, "gpu-a", "gpu-b")
 	sides := []side{realSlurm, gangrunSide}
-	var dirs, held, run, ended, noRequeue, niced [2]string
+	var dirs, held, run, ended, noRequeue, niced, later [2]string
 	for i, s := range sides {
 		dirs[i] = sharedDir(t)
 		sub := func(args ...string) string {
@@ -29,6 +29,7 @@ func TestScontrolUpdateAgainstSlurm(t *testing.T) {
 		ended[i] = sub("--gres=gpu:1", "--wrap", "true")
 		p.waitEnd(s, ended[i], time.Minute)
 		held[i] = sub("-H", "--time=30", "--job-name=upd", "--gres=gpu:1", "--wrap", "true")
+		later[i] = sub("--begin=now+600", "--gres=gpu:1", "--wrap", "true")
 		niced[i] = sub("-H", "--nice=10", "--mail-type=end,FAIL", "--gres=gpu:1", "--wrap", "true")
 		run[i] = sub("--gres=gpu:1", "--time=30", "--wrap", "sleep 300")
 		noRequeue[i] = sub("--gres=gpu:1", "--no-requeue", "--wrap", "sleep 300")
@@ -40,13 +41,13 @@ func TestScontrolUpdateAgainstSlurm(t *testing.T) {
 		}
 	}
 	words := func(i int, out string) string {
-		for id, w := range map[string]string{held[i]: "HELD", run[i]: "RUN", ended[i]: "ENDED", noRequeue[i]: "NOREQ", niced[i]: "NICED"} {
+		for id, w := range map[string]string{held[i]: "HELD", run[i]: "RUN", ended[i]: "ENDED", noRequeue[i]: "NOREQ", niced[i]: "NICED", later[i]: "LATER"} {
 			out = regexp.MustCompile(`\b`+id+`\b`).ReplaceAllString(out, w)
 		}
 		return out
 	}
 	ids := func(i int, a string) string {
-		return strings.NewReplacer("HELD", held[i], "RUN", run[i], "ENDED", ended[i], "NOREQ", noRequeue[i], "NICED", niced[i]).Replace(a)
+		return strings.NewReplacer("HELD", held[i], "RUN", run[i], "ENDED", ended[i], "NOREQ", noRequeue[i], "NICED", niced[i], "LATER", later[i]).Replace(a)
 	}
 	agree, total := 0, 0
 	compare := func(name string, args ...string) {
@@ -121,6 +122,22 @@ func TestScontrolUpdateAgainstSlurm(t *testing.T) {
 	compare("squeue", "-h", "-j", "RUN", "-o", "%j %T")
 	compare("scontrol", "update", "JobId=ENDED", "JobName=x")
 	compare("scontrol", "update", "JobId=ENDED", "TimeLimit=5")
+	// --begin: PENDING, reason BeginTime, until then; StartTime=now lets it run.
+	for i, s := range sides {
+		waitFor(t, time.Minute, string(s)+" job pending for its begin time", func() (bool, string) {
+			out, errOut, _ := p.run(s, dirs[i], "", nil, "squeue", "-h", "-j", later[i], "-o", "%T %r")
+			return strings.TrimSpace(out) == "PENDING BeginTime", out + errOut
+		})
+	}
+	compare("sbatch", "--begin=bogus", "--gres=gpu:1", "--wrap", "true")
+	compare("scontrol", "update", "JobId=LATER", "StartTime=bogus")
+	compare("scontrol", "update", "JobId=RUN", "StartTime=now+60")
+	compare("scontrol", "update", "JobId=LATER", "StartTime=now")
+	for i, s := range sides {
+		if st := p.waitEnd(s, later[i], time.Minute); st != "COMPLETED" {
+			t.Errorf("%s: the job let start by StartTime=now ended %s, want COMPLETED", s, st)
+		}
+	}
 	// Requeues: refused for a --no-requeue job; counted in Restarts.
 	compare("scontrol", "requeue", "NOREQ")
 	compare("scontrol", "requeue", "RUN")
