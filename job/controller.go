@@ -486,11 +486,23 @@ func (c *Controller) job(ctx context.Context, v view, j Job) error {
 // deferred writes the request of job j, held back by its dependencies, its --begin or
 // its array's cap, once they allow, in the transaction that clears State.Deferred; else it keeps the
 // job's pending reason up to date (Dependency, DependencyNeverSatisfied, BeginTime,
-// JobArrayTaskLimit). x's counts of each array's tasks let through grow with the tasks
+// JobArrayTaskLimit); a job whose dependencies can never hold is cancelled with
+// --kill-on-invalid-dep. x's counts of each array's tasks let through grow with the tasks
 // this pass lets through; a view older than the jobs' states only lets fewer through (a
 // task it shows deferred that is not is counted once the update finds it so).
 func (c *Controller) deferred(ctx context.Context, x *depIndex, j Job) error {
-	met, never := x.check(&j)
+	met, never := x.check(&j, c.now())
+	if never && j.Spec.KillInvalidDep {
+		_, _, err := c.update(ctx, j.Spec.ID, func(j *Job) bool {
+			if j.State.apply(Transition{Event: EvCancelPending, Code: reason.DependencyNeverSatisfied,
+				Words: "cancelled: its dependencies can never be satisfied (--kill-on-invalid-dep)"}) != nil {
+				return false
+			}
+			j.State.Ended = c.now().UTC()
+			return true
+		})
+		return err
+	}
 	a := j.Spec.Array
 	var code reason.Code
 	switch {

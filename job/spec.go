@@ -144,6 +144,10 @@ type Spec struct {
 	// Dependency is --dependency: every term must hold before the job's request is
 	// written (it waits PENDING, reason Dependency, until then).
 	Dependency []Dependency `json:"dependency,omitempty"`
+	// KillInvalidDep is --kill-on-invalid-dep=yes: once its dependencies can never be
+	// satisfied the job is cancelled (reason DependencyNeverSatisfied), instead of
+	// waiting PENDING with that reason.
+	KillInvalidDep bool `json:"kill_invalid_dep,omitempty"`
 	// Hold submits the job held by its user (sbatch --hold, -H; `gangrun submit
 	// --hold`): it waits PENDING (JobHeldUser) until `scontrol release` (hold.go).
 	Hold bool `json:"hold,omitempty"`

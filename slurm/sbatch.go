@@ -105,7 +105,7 @@ var sbatchOptions = []option{
 	{long: "hold", short: 'H', arg: noArg},
 	{long: "ignore-pbs", arg: noArg, unsupported: notBuilt},
 	{long: "input", short: 'i', arg: reqArg, unsupported: notBuilt},
-	{long: "kill-on-invalid-dep", arg: reqArg, unsupported: notBuilt},
+	{long: "kill-on-invalid-dep", arg: reqArg},
 	{long: "licenses", short: 'L', arg: reqArg, unsupported: notBuilt},
 	{long: "mail-type", arg: reqArg},
 	{long: "mail-user", arg: reqArg},
@@ -485,6 +485,15 @@ func (o *batchOpts) limits(spec *job.Spec, r *BatchRequest) error {
 	if v.has("priority") {
 		if spec.Priority, err = strconv.Atoi(v["priority"]); err != nil {
 			return bad("priority")
+		}
+	}
+	if v.has("kill-on-invalid-dep") {
+		switch strings.ToLower(v["kill-on-invalid-dep"]) {
+		case "yes":
+			spec.KillInvalidDep = true
+		case "no":
+		default:
+			return &UsageError{Msg: "error: Invalid --kill-on-invalid-dep specification", Code: 255}
 		}
 	}
 	if v.has("begin") {

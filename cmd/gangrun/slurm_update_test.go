@@ -138,6 +138,37 @@ func TestScontrolUpdateAgainstSlurm(t *testing.T) {
 			t.Errorf("%s: the job let start by StartTime=now ended %s, want COMPLETED", s, st)
 		}
 	}
+	// Dependencies: '?' (any of), after's +time, --kill-on-invalid-dep.
+	var anyOf, timed, never, killed [2]string
+	for i, s := range sides {
+		sub := func(args ...string) string {
+			out, errOut, code := p.run(s, dirs[i], "", nil, "sbatch", append([]string{"--parsable", "--gres=gpu:1"}, args...)...)
+			if code != 0 {
+				t.Fatalf("%s sbatch %v: %d %s", s, args, code, errOut)
+			}
+			return strings.TrimSpace(out)
+		}
+		anyOf[i] = sub("--dependency=afternotok:"+ended[i]+"?afterok:"+ended[i], "--wrap", "true")
+		timed[i] = sub("--dependency=after:"+run[i]+"+10", "--wrap", "true")
+		never[i] = sub("--dependency=afternotok:"+ended[i], "--wrap", "true")
+		killed[i] = sub("--dependency=afternotok:"+ended[i], "--kill-on-invalid-dep=yes", "--wrap", "true")
+	}
+	for i, s := range sides {
+		if st := p.waitEnd(s, anyOf[i], time.Minute); st != "COMPLETED" {
+			t.Errorf("%s: the job of afternotok?afterok on a completed job ended %s, want COMPLETED", s, st)
+		}
+		if st := p.waitEnd(s, killed[i], time.Minute); st != "CANCELLED" {
+			t.Errorf("%s: the --kill-on-invalid-dep job ended %s, want CANCELLED", s, st)
+		}
+		for id, want := range map[string]string{timed[i]: "PENDING Dependency", never[i]: "PENDING DependencyNeverSatisfied"} {
+			waitFor(t, time.Minute, string(s)+" dependent job "+want, func() (bool, string) {
+				out, errOut, _ := p.run(s, dirs[i], "", nil, "squeue", "-h", "-j", id, "-o", "%T %r")
+				return strings.TrimSpace(out) == want, out + errOut
+			})
+		}
+		p.run(s, dirs[i], "", nil, "scancel", timed[i], never[i])
+	}
+	compare("sbatch", "--kill-on-invalid-dep=maybe", "--gres=gpu:1", "--wrap", "true")
 	// Requeues: refused for a --no-requeue job; counted in Restarts.
 	compare("scontrol", "requeue", "NOREQ")
 	compare("scontrol", "requeue", "RUN")
