@@ -388,7 +388,7 @@ func TestSbatchRefusalsAgainstSlurm(t *testing.T) {
 		agree++
 	}
 	t.Logf("%d of %d refusals agree in message and exit code", agree, len(cases))
-	for _, opt := range []string{"--exclusive", "--qos=high", "--begin=now", "-w", "gpu-a"} {
+	for _, opt := range []string{"--exclusive", "--qos=high", "--reservation=r", "-w", "gpu-a"} {
 		args := []string{opt, "job.sh"}
 		if opt == "-w" {
 			args = []string{"-w", "gpu-a", "job.sh"}
