@@ -100,6 +100,9 @@ type Spec struct {
 	// Begin is --begin: the job waits PENDING (reason BeginTime), without a request,
 	// until then (zero: no wait; begin.go).
 	Begin time.Time `json:"begin,omitzero"`
+	// QOS is --qos: a QOS of the policy, whose priority and limits the job gets ("":
+	// its account's QOS).
+	QOS string `json:"qos,omitempty"`
 	// Nice is --nice: the job's priority is lowered by it (raised, when negative: an
 	// operator's only, as Slurm's), within ±MaxNice.
 	Nice int `json:"nice,omitempty"`

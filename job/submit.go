@@ -42,7 +42,7 @@ func request(spec Spec, again bool, exclude []string) allocator.Request {
 	r.MIGProfile = spec.MIGProfile
 	// Who and what the policy counts (limits, fair-share); the age factor counts from
 	// the submission, a placement again included.
-	r.User, r.Account, r.TimeLimit = spec.User, spec.Account, spec.TimeLimit
+	r.User, r.Account, r.TimeLimit, r.QOS = spec.User, spec.Account, spec.TimeLimit, spec.QOS
 	if !spec.Submitted.IsZero() {
 		r.Submitted = spec.Submitted
 	}
@@ -60,13 +60,16 @@ func sitePriority(spec Spec) int {
 // refuses what the policy never allows: the account defaults to the user's default
 // account (else the user's name, as when there is no policy), the partition to the
 // default partition, --time to the partition's default_time (else its max_time); an
-// account the user may not charge, or a partition that does not allow it, is
-// ErrInvalid. Limits that running jobs reach are not checked here: the job waits for
+// account the user may not charge, a partition that does not allow it, or a --qos the
+// policy has not (policy.ErrInvalidQOS) is ErrInvalid. Limits that running jobs reach are not checked here: the job waits for
 // them PENDING, with the limit's reason (policy.Policy.Check).
 func applyPolicy(p *policy.Policy, spec *Spec) error {
 	if p == nil {
 		if spec.Account == "" {
 			spec.Account = spec.User
+		}
+		if spec.QOS != "" {
+			return &invalid{fmt.Errorf("--qos %q: %w (the cluster has no policy, and no QOS)", spec.QOS, policy.ErrInvalidQOS)}
 		}
 		return nil
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/gangrun/gangrun/allocator"
 	"github.com/gangrun/gangrun/audit"
 	"github.com/gangrun/gangrun/internal/store"
+	"github.com/gangrun/gangrun/policy"
 	"github.com/gangrun/gangrun/reason"
 )
 
@@ -158,3 +159,39 @@ func TestUpdateTransition(t *testing.T) {
 
 // ptr is a pointer to v.
 func ptr[T any](v T) *T { return &v }
+
+// TestSubmitQOS: a --qos the cluster's policy has not (or with no policy at all) is
+// refused at submit in Slurm's words; one it has goes with the job's request, for the
+// policy's QOS priority and limits.
+func TestSubmitQOS(t *testing.T) {
+	ctx := context.Background()
+	s := store.NewMemory()
+	registerNode(t, s, "n1", nil)
+	spec := Spec{User: "alice", Command: []string{"true"}, WorkDir: "/tmp", MinNodes: 1, MaxNodes: 1, GPUsPerNode: 1, QOS: "high"}
+	if _, err := Submit(ctx, s, spec); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "Invalid qos specification") {
+		t.Errorf("--qos high without a policy: %v, want it refused", err)
+	}
+	p, err := policy.Parse([]byte(`{"qos": {"high": {"priority": 10}}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ops, _, err := policy.SaveOps(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Txn(ctx, ops); err != nil {
+		t.Fatal(err)
+	}
+	id, err := Submit(ctx, s, spec)
+	if err != nil {
+		t.Fatalf("--qos high: %v", err)
+	}
+	e, _ := s.Get(ctx, allocator.RequestKey(id))
+	if e == nil || !strings.Contains(string(e.Value), `"qos":"high"`) {
+		t.Errorf("the job's request: %v, want its QOS in it", e)
+	}
+	spec.QOS = "low"
+	if _, err := Submit(ctx, s, spec); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "Invalid qos specification") {
+		t.Errorf("--qos low, not in the policy: %v, want it refused", err)
+	}
+}

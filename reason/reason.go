@@ -64,8 +64,16 @@ const (
 	AssocGrpJobsLimit Code = "AssocGrpJobsLimit"
 	// AssocGrpGRESMinutes: the account's grp_gpu_hours reached.
 	AssocGrpGRESMinutes Code = "AssocGrpGRESMinutes"
-	// QOSMaxGRESPerUser: the user's GPUs in the account at max_gpus_per_user.
+	// QOSMaxGRESPerUser: the user's GPUs in the account (or in the job's QOS) at
+	// max_gpus_per_user.
 	QOSMaxGRESPerUser Code = "QOSMaxGRESPerUser"
+	// QOSMaxWallDurationPerJobLimit: the job's --time over its QOS's max_wall.
+	QOSMaxWallDurationPerJobLimit Code = "QOSMaxWallDurationPerJobLimit"
+	// QOSGrpGRES: the GPUs its QOS's jobs hold at the QOS's grp_gpus.
+	QOSGrpGRES Code = "QOSGrpGRES"
+	// QOSMaxJobsPerUserLimit: the user's running jobs of the QOS at its
+	// max_jobs_per_user.
+	QOSMaxJobsPerUserLimit Code = "QOSMaxJobsPerUserLimit"
 	// AssocMaxJobsLimit: the user's running jobs at max_jobs_per_user.
 	AssocMaxJobsLimit Code = "AssocMaxJobsLimit"
 )
@@ -94,7 +102,7 @@ const (
 var All = []Code{
 	None, Priority, Resources, Dependency, DependencyNeverSatisfied, JobArrayTaskLimit, BeginTime, JobHeldUser, JobHeldAdmin, Requeued,
 	InvalidAccount, PartitionConfig, PartitionTimeLimit, QOSMaxGRESPerJob, AssocGrpGRES, AssocGrpJobsLimit,
-	AssocGrpGRESMinutes, QOSMaxGRESPerUser, AssocMaxJobsLimit,
+	AssocGrpGRESMinutes, QOSMaxGRESPerUser, AssocMaxJobsLimit, QOSMaxWallDurationPerJobLimit, QOSGrpGRES, QOSMaxJobsPerUserLimit,
 	NonZeroExitCode, TimeLimit, NodeDown, Cancelled, Preempted, InvalidCredential,
 }
 

@@ -127,7 +127,7 @@ var sbatchOptions = []option{
 	{long: "power", arg: reqArg, unsupported: notBuilt},
 	{long: "profile", arg: reqArg, unsupported: notBuilt},
 	{long: "propagate", arg: optArg, unsupported: notBuilt},
-	{long: "qos", short: 'q', arg: reqArg, unsupported: notBuilt},
+	{long: "qos", short: 'q', arg: reqArg},
 	{long: "reboot", arg: noArg, unsupported: notBuilt},
 	{long: "reservation", arg: reqArg, unsupported: notBuilt},
 	{long: "sockets-per-node", arg: reqArg, unsupported: notBuilt},
@@ -502,6 +502,7 @@ func (o *batchOpts) limits(spec *job.Spec, r *BatchRequest) error {
 			return &UsageError{Before: "Invalid time specification (pos=0): " + v["begin"], Msg: "error: Invalid --begin specification", Code: 255}
 		}
 	}
+	spec.QOS = v["qos"]
 	if err := setMail(spec, v); err != nil {
 		return err
 	}
@@ -892,6 +893,10 @@ func submitBatch(ctx context.Context, e *Env, cmd string, req *BatchRequest) (st
 	}
 	defer s.Close()
 	id, err := submit(ctx, e, s, req.Spec, req.Array)
+	if err != nil && strings.Contains(err.Error(), policy.ErrInvalidQOS.Error()) {
+		// slurmctld's words alone (the detail crosses a request box as text).
+		return "", errorf(e, cmd, 1, "Batch job submission failed: %v", policy.ErrInvalidQOS)
+	}
 	if err != nil {
 		return "", errorf(e, cmd, 1, "Batch job submission failed: %v", err)
 	}

@@ -356,7 +356,7 @@ func showJob(j job.Job, pending string) string {
 		w("   ArrayJobId=%s ArrayTaskId=%d\n", spec.Array.JobID, spec.Array.TaskID)
 	}
 	w("   UserId=%s GroupId=%s MCS_label=N/A\n", uid, gid)
-	w("   Priority=%d Nice=%d Account=%s QOS=(null)\n", spec.Priority, spec.Nice, orNull(spec.Account))
+	w("   Priority=%d Nice=%d Account=%s QOS=%s\n", spec.Priority, spec.Nice, orNull(spec.Account), orNull(spec.QOS))
 	w("   JobState=%s Reason=%s Dependency=%s\n", st.Status, jobReason(row), orNull(job.FormatDependencies(spec.Dependency)))
 	requeue, batchFlag := 1, 0
 	if spec.Batch != nil {

@@ -169,6 +169,13 @@ func TestScontrolUpdateAgainstSlurm(t *testing.T) {
 		p.run(s, dirs[i], "", nil, "scancel", timed[i], never[i])
 	}
 	compare("sbatch", "--kill-on-invalid-dep=maybe", "--gres=gpu:1", "--wrap", "true")
+	// An unknown --qos: the test's Slurm keeps no accounting (no slurmdbd), and takes
+	// any; one that enforces QOS (AccountingStorageEnforce=qos) says ESLURM_INVALID_QOS's
+	// words, as gangrun does with no policy, or one without that QOS.
+	if out, errOut, code := p.run(gangrunSide, dirs[1], "", nil, "sbatch", "--qos=bogus", "--gres=gpu:1", "--wrap", "true"); code != 1 || out != "" ||
+		errOut != "sbatch: error: Batch job submission failed: Invalid qos specification\n" {
+		t.Errorf("gangrun sbatch --qos=bogus: exit %d, %q %q", code, out, errOut)
+	}
 	// Requeues: refused for a --no-requeue job; counted in Restarts.
 	compare("scontrol", "requeue", "NOREQ")
 	compare("scontrol", "requeue", "RUN")
