@@ -246,6 +246,9 @@ type State struct {
 	// started (or ended, or waited PreemptorWait), so that its own new request cannot
 	// take back the GPUs it was stopped for.
 	PreemptedBy string `json:"preempted_by,omitempty"`
+	// TimeLimit is, while the job runs, the time limit scontrol update gave it since it
+	// started (0: UNLIMITED); nil: its spec's. Its steps move their limit to it.
+	TimeLimit *time.Duration `json:"time_limit,omitempty"`
 	// PreemptFailures counts the failures of the job's run that its pre-emptions caused
 	// (a gang stopped in the middle of a round): like NodeFailures, they do not use up
 	// --max-restarts.

@@ -15,14 +15,16 @@ import (
 )
 
 // scontrol update of a job (Slurm 22.05's update_job, src/slurmctld/job_mgr.c): its
-// time limit, name, partition, dependencies, node count, priority, nice and begin time. A pending job's
-// spec is changed, its request withdrawn and the job left PENDING held back as after a
-// release (EvUpdate): the controller writes its request again, from the new spec, once
-// its dependencies allow. A held job stays held, its spec changed. A running job's name
-// changes; its time limit and node count do not (gangrun's steps keep the limit they
-// started with): refused (ErrUpdateNotBuilt, and its node count ErrNotSupported, as
-// slurmctld where jobs are not resized). Who may: a job's user for their own jobs,
-// an operator for any; as Slurm, only an operator raises a time limit or a priority.
+// time limit, name, partition, dependencies, node count, priority, nice and begin
+// time. A pending job's spec is changed, its request withdrawn and the job left
+// PENDING held back as after a release (EvUpdate): the controller writes its request
+// again, from the new spec, once its dependencies allow. A held job stays held, its
+// spec changed. A running job's name, priority and nice change, and its time limit:
+// written to its state too (State.TimeLimit), which its steps follow; its partition,
+// dependencies and begin time are ErrNotPending, its node count ErrNotSupported (as
+// slurmctld where jobs are not resized). Who may: a job's user for their own jobs, an
+// operator for any; as Slurm, only an operator raises a time limit or a priority, or
+// gives a negative nice.
 
 // The errors of an update, in Slurm's words where slurmctld has them (scontrol prints
 // "WORDS for job ID").
@@ -45,8 +47,8 @@ var (
 	// ErrNotSupported: a running job's node count (ESLURM_NOT_SUPPORTED, slurmctld's
 	// answer where jobs are not resized).
 	ErrNotSupported = errors.New("Requested operation not supported on this system")
-	// ErrUpdateNotBuilt: a change Slurm makes that gangrun does not (a running job's
-	// time limit or node count; a job not yet accepted by a cluster that checks MUNGE
+	// ErrUpdateNotBuilt: a change Slurm makes that gangrun does not (the time limit of
+	// a job that is stopping; a job not yet accepted by a cluster that checks MUNGE
 	// credentials). The error's text says which.
 	ErrUpdateNotBuilt = errors.New("not built in gangrun")
 )
@@ -190,8 +192,8 @@ func updatedSpec(ctx context.Context, s store.Store, j *Job, u Update, admin boo
 		switch {
 		case raise && !admin:
 			return spec, ErrAccessDenied
-		case st.Status != Pending && *u.TimeLimit != spec.TimeLimit:
-			return spec, fmt.Errorf("the time limit of a job that has started: it keeps the one it started with (%w)", ErrUpdateNotBuilt)
+		case st.Status != Pending && st.Status != Running && *u.TimeLimit != spec.TimeLimit:
+			return spec, fmt.Errorf("the time limit of a job that is stopping (%w)", ErrUpdateNotBuilt)
 		}
 		spec.TimeLimit = *u.TimeLimit
 	}
@@ -307,6 +309,12 @@ func updateOps(ctx context.Context, j *Job, spec Spec, reseal Reseal) ([]store.O
 		}
 		return append(ops, stateOp(id, st, j.Index), store.Op{Verb: store.CheckNotExists, Key: allocator.GrantKey(id)},
 			store.Op{Verb: store.Delete, Key: allocator.RequestKey(id)}), nil
+	}
+	if st.Status == Running && spec.TimeLimit != j.Spec.TimeLimit {
+		// Its steps move their limit to it (they follow the state, not the spec).
+		tl := spec.TimeLimit
+		st.TimeLimit = &tl
+		return append(ops, stateOp(id, st, j.Index)), nil
 	}
 	return append(ops, store.Op{Verb: store.CheckIndex, Key: stateKey(id), Index: j.Index}), nil
 }

@@ -16,8 +16,9 @@ import (
 
 // TestUpdates: scontrol update of a pending job withdraws its request and changes its
 // spec (the controller writes the request again, from the new spec); as Slurm, a user
-// lowers a time limit and a priority but raises neither, and a running job's partition
-// and node count are not changed (ErrNotPending); bad values are refused with Slurm's
+// lowers a time limit and a priority but raises neither, a running job's time limit
+// goes to its state for its steps, and its partition and node count are not changed
+// (ErrNotPending, ErrNotSupported); bad values are refused with Slurm's
 // words, nothing changed; an ended job is ErrFinished; every update is audited, refused
 // ones too, whoever's the job is.
 func TestUpdates(t *testing.T) {
@@ -105,8 +106,14 @@ func TestUpdates(t *testing.T) {
 	if _, err := alice.Update(ctx, s, "2", Update{Partition: ptr("")}); !errors.Is(err, ErrNotPending) {
 		t.Errorf("partition of a running job: %v, want ErrNotPending", err)
 	}
-	if _, err := alice.Update(ctx, s, "2", Update{TimeLimit: &half}); !errors.Is(err, ErrUpdateNotBuilt) {
-		t.Errorf("time limit of a running job: %v, want ErrUpdateNotBuilt", err)
+	if _, err := alice.Update(ctx, s, "2", Update{TimeLimit: &half}); err != nil {
+		t.Errorf("alice lowers her running job's time limit: %v", err)
+	}
+	if j, _ = Read(ctx, s, "2"); j.State.Status != Running || j.State.TimeLimit == nil || *j.State.TimeLimit != half || j.Spec.TimeLimit != half {
+		t.Errorf("running job's time limit lowered: %s, state's %v, spec's %s; want RUNNING, 30m for its steps", j.State.Status, j.State.TimeLimit, j.Spec.TimeLimit)
+	}
+	if _, err := alice.Update(ctx, s, "2", Update{TimeLimit: &two}); !errors.Is(err, ErrAccessDenied) {
+		t.Errorf("alice raises her running job's time limit: %v, want ErrAccessDenied", err)
 	}
 	if _, err := alice.Update(ctx, s, "2", Update{Name: &name}); err != nil {
 		t.Errorf("name of a running job: %v", err)
@@ -135,8 +142,8 @@ func TestUpdates(t *testing.T) {
 			done++
 		}
 	}
-	if done != 5 || refused != 10 {
-		t.Errorf("audit: %d updates and %d refusals, want 5 and 10 (none for no job): %+v", done, refused, entries)
+	if done != 6 || refused != 10 {
+		t.Errorf("audit: %d updates and %d refusals, want 6 and 10 (none for no job): %+v", done, refused, entries)
 	}
 }
 

@@ -185,6 +185,15 @@ func TestScontrolUpdateAgainstSlurm(t *testing.T) {
 			return scontrolFields(out)["Restarts"] == "1", out + errOut
 		})
 	}
+	// A running job's time limit: lowered, as Slurm; gangrun's own seconds show it end
+	// TIMEOUT soon.
+	compare("scontrol", "update", "JobId=NOREQ", "TimeLimit=5")
+	compare("squeue", "-h", "-j", "NOREQ", "-o", "%l %T")
+	if _, errOut, code := p.run(gangrunSide, dirs[1], "", nil, "scontrol", "update", "JobId="+noRequeue[1], "TimeLimit=3s"); code != 0 {
+		t.Errorf("gangrun scontrol update TimeLimit=3s of a running job: exit %d %s", code, errOut)
+	} else if st := p.waitEnd(gangrunSide, noRequeue[1], time.Minute); st != "TIMEOUT" {
+		t.Errorf("gangrun: the running job whose time limit was lowered to 3s ended %s, want TIMEOUT", st)
+	}
 	// (Not HELD: Slurm 22.05 releases a held job whose nice is updated.)
 	compare("scontrol", "hold", "--", "NICED")
 	compare("squeue", "-h", "-j", "NICED", "-o", "%T %r")
