@@ -34,7 +34,8 @@ import (
 // through the boxes (root's too), so that the agent checks who asks.
 //
 //	gangrun/batch/users/<user>/<kind>-<nanos>-<rand>   boxed request; kind submit,
-//	                                                   cancel, drain, resume or policy
+//	                                                   cancel, hold, update, drain,
+//	                                                   resume or policy
 //
 // A submit's job is queued in the transaction that writes its answer (a check-and-set
 // of the request), so a request is carried out once or not at all; the asker deletes
