@@ -166,6 +166,9 @@ type Request struct {
 	Labels map[string]string `json:"labels,omitempty"`
 	// Priority orders the queue: higher first, then arrival.
 	Priority int `json:"priority"`
+	// QOS is the job's --qos ("": its account's), whose priority and limits the
+	// policy applies.
+	QOS string `json:"qos,omitempty"`
 	// Wait is how long the request may wait for its grant; 0 waits forever.
 	Wait time.Duration `json:"wait"`
 	// Holder describes who asked ("user@host pid 123").

@@ -42,7 +42,7 @@ func PolicyJob(r Request) policy.Job {
 		account = r.User
 	}
 	return policy.Job{ID: r.ID, User: r.User, Account: account, Partition: r.Partition, GPUs: r.Nodes * r.GPUsPerNode,
-		TimeLimit: r.TimeLimit, Submitted: r.Submitted, Site: r.Priority}
+		TimeLimit: r.TimeLimit, Submitted: r.Submitted, Site: r.Priority, QOS: r.QOS}
 }
 
 // TotalGPUs counts the allocatable devices of every registered node: the job-size

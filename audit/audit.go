@@ -56,6 +56,9 @@ const (
 	// ActionHold is a hold, uhold, release, requeue or requeuehold of another user's
 	// job (scontrol; the entry's Detail says which).
 	ActionHold = "hold"
+	// ActionUpdate is an scontrol update of a job, anyone's (the entry's Detail says
+	// what it changed, and why it was refused when it was).
+	ActionUpdate = "update"
 	// ActionRefuse is the elected agent refusing a job or a request whose MUNGE
 	// credential does not prove its user (reason.InvalidCredential), and a step
 	// refusing to run a job whose record does not match its attestation.

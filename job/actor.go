@@ -68,5 +68,13 @@ func (a Actor) Cancel(ctx context.Context, s store.Store, id string) (int, bool,
 // id, for a (DoHold); errors as DoHold's.
 func (a Actor) Hold(ctx context.Context, s store.Store, id string, op HoldOp) (int, error) {
 	owner, _ := ownerOf(ctx, s, id)
-	return DoHold(ctx, s, id, op, a.Admin, a.auditOp(audit.ActionHold, "job "+id, owner, string(op))...)
+	n, err := DoHold(ctx, s, id, op, a.Admin, a.auditOp(audit.ActionHold, "job "+id, owner, string(op))...)
+	if errors.Is(err, ErrHeldByOperator) && a.Entry != nil {
+		// Refused: written all the same, as the request box's refusals are.
+		e := a.Entry(audit.ActionHold, "job "+id, owner, string(op)+": refused: "+ErrHeldByOperator.Error())
+		if werr := audit.Write(ctx, s, e); werr != nil {
+			return n, fmt.Errorf("%w (and its audit entry: %v)", err, werr)
+		}
+	}
+	return n, err
 }

@@ -55,6 +55,11 @@ type Batch struct {
 	// NoRequeue is --no-requeue: a node lost ends the job NODE_FAIL instead of
 	// requeuing it.
 	NoRequeue bool `json:"no_requeue,omitempty"`
+	// MailType and MailUser are --mail-type (Slurm's names, comma-separated) and
+	// --mail-user: kept and shown (scontrol show job), and logged by the controller
+	// at the job's start and end. gangrun has no mailer: no mail is sent.
+	MailType string `json:"mail_type,omitempty"`
+	MailUser string `json:"mail_user,omitempty"`
 	// ScriptPath is the script's path as sbatch was given it, made absolute (scontrol's
 	// Command); "" for --wrap and a script read from stdin.
 	ScriptPath string `json:"script_path,omitempty"`

@@ -1,6 +1,8 @@
 package job
 
 import (
+	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"maps"
@@ -481,14 +483,26 @@ func (c *Controller) job(ctx context.Context, v view, j Job) error {
 	return nil
 }
 
-// deferred writes the request of job j, held back by its dependencies or its array's
-// cap, once they allow, in the transaction that clears State.Deferred; else it keeps the
-// job's pending reason up to date (Dependency, DependencyNeverSatisfied,
-// JobArrayTaskLimit). x's counts of each array's tasks let through grow with the tasks
+// deferred writes the request of job j, held back by its dependencies, its --begin or
+// its array's cap, once they allow, in the transaction that clears State.Deferred; else it keeps the
+// job's pending reason up to date (Dependency, DependencyNeverSatisfied, BeginTime,
+// JobArrayTaskLimit); a job whose dependencies can never hold is cancelled with
+// --kill-on-invalid-dep. x's counts of each array's tasks let through grow with the tasks
 // this pass lets through; a view older than the jobs' states only lets fewer through (a
 // task it shows deferred that is not is counted once the update finds it so).
 func (c *Controller) deferred(ctx context.Context, x *depIndex, j Job) error {
-	met, never := x.check(&j)
+	met, never := x.check(&j, c.now())
+	if never && j.Spec.KillInvalidDep {
+		_, _, err := c.update(ctx, j.Spec.ID, func(j *Job) bool {
+			if j.State.apply(Transition{Event: EvCancelPending, Code: reason.DependencyNeverSatisfied,
+				Words: "cancelled: its dependencies can never be satisfied (--kill-on-invalid-dep)"}) != nil {
+				return false
+			}
+			j.State.Ended = c.now().UTC()
+			return true
+		})
+		return err
+	}
 	a := j.Spec.Array
 	var code reason.Code
 	switch {
@@ -496,6 +510,8 @@ func (c *Controller) deferred(ctx context.Context, x *depIndex, j Job) error {
 		code = reason.DependencyNeverSatisfied
 	case !met:
 		code = reason.Dependency
+	case j.Spec.Begin.After(c.now()):
+		code = reason.BeginTime // after its dependencies, as slurmctld's job_independent
 	case a != nil && a.Limit > 0 && x.active[a.JobID] >= a.Limit:
 		code = reason.JobArrayTaskLimit
 	}
@@ -515,8 +531,11 @@ func (c *Controller) deferred(ctx context.Context, x *depIndex, j Job) error {
 	if err != nil {
 		return err
 	}
+	viewed := jobContent(j.Spec)
 	after, changed, err := c.update(ctx, j.Spec.ID, func(j *Job) bool {
-		return j.State.apply(Transition{Event: EvRelease}) == nil
+		// A spec changed since the view (scontrol update) waits for the next pass,
+		// which writes the request from it.
+		return bytes.Equal(jobContent(j.Spec), viewed) && j.State.apply(Transition{Event: EvRelease}) == nil
 	}, reqOps...)
 	if err != nil {
 		return err
@@ -560,7 +579,7 @@ func (c *Controller) completing(ctx context.Context, v view, j Job) error {
 	if err := allocator.ReleaseJobIn(ctx, c.s, cl, id); err != nil {
 		return err
 	}
-	_, _, err := c.update(ctx, id, func(j *Job) bool {
+	after, changed, err := c.update(ctx, id, func(j *Job) bool {
 		if j.State.apply(Transition{Event: EvFinish}) != nil {
 			return false
 		}
@@ -569,7 +588,26 @@ func (c *Controller) completing(ctx context.Context, v view, j Job) error {
 		c.countRestarts(ctx, j)
 		return true
 	})
+	if changed {
+		c.logMail(*after, "END")
+	}
 	return err
+}
+
+// logMail logs the mail Slurm would send for job j's event (BEGIN, END) when its
+// --mail-type asks for it: gangrun has no mailer, and sends none.
+func (c *Controller) logMail(j Job, event string) {
+	b := j.Spec.Batch
+	if b == nil || b.MailType == "" {
+		return
+	}
+	for _, t := range strings.Split(b.MailType, ",") {
+		if t == event || t == "ALL" || event == "END" && t == "FAIL" && j.State.Status != Completed {
+			c.log.Info("no mail sent (gangrun has no mailer)", zap.String("job", j.Spec.ID), zap.String("mail_type", event),
+				zap.String("mail_user", cmp.Or(b.MailUser, j.Spec.User)), zap.String("state", string(j.State.Status)))
+			return
+		}
+	}
 }
 
 // start makes a pending job whose request was granted run: its first nodes run it (in
@@ -610,6 +648,9 @@ func (c *Controller) start(ctx context.Context, j Job, g allocator.Grant) error 
 	})
 	if changed {
 		c.log.Info("job running", zap.String("job", j.Spec.ID), zap.Strings("nodes", names[:len(names)-spares]), zap.Int("spares", spares))
+		if first {
+			c.logMail(j, "BEGIN")
+		}
 		if first {
 			now := c.now()
 			c.events.Emit(event.Event{Time: now, Kind: event.JobStarted, Job: j.Spec.ID, Attempt: -1, Nodes: names[:len(names)-spares],

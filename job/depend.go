@@ -2,7 +2,9 @@ package job
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
+	"time"
 )
 
 // DependencyType is a kind of --dependency, as sbatch names them.
@@ -27,6 +29,11 @@ const (
 	// Singleton holds while no other job of the same name and user, submitted before
 	// this one or already let through, is yet to end: one such job runs at a time.
 	Singleton DependencyType = "singleton"
+	// AfterCorr, for an array task, holds once the task of the same index of each named
+	// array has ended COMPLETED; it can never hold once that task ended otherwise. An
+	// array with no such task is nothing to wait for; a job that is no array task waits
+	// for every task, as afterok.
+	AfterCorr DependencyType = "aftercorr"
 )
 
 // Dependency is one term of --dependency: a type and, except for Singleton, the jobs
@@ -36,58 +43,102 @@ type Dependency struct {
 	// Type is the term's kind; IDs the jobs it names (none for Singleton).
 	Type DependencyType `json:"type"`
 	IDs  []string       `json:"ids,omitempty"`
+	// Delays are, for After, the minutes after each named job's start it holds
+	// ("after:ID+MIN"), one per ID; nil for none.
+	Delays []int `json:"delays,omitempty"`
+	// Any says the terms are joined with '?' (any of them holds the job's
+	// dependencies; sbatch's "?"), not ',': set on every term of such a list.
+	Any bool `json:"any,omitempty"`
 }
 
-// String is the term as sbatch takes it: "afterok:3:4", "singleton".
+// String is the term as sbatch takes it: "afterok:3:4", "after:3+10", "singleton".
 func (d Dependency) String() string {
-	return strings.Join(append([]string{string(d.Type)}, d.IDs...), ":")
+	parts := []string{string(d.Type)}
+	for i, id := range d.IDs {
+		if i < len(d.Delays) && d.Delays[i] > 0 {
+			id += "+" + strconv.Itoa(d.Delays[i])
+		}
+		parts = append(parts, id)
+	}
+	return strings.Join(parts, ":")
 }
 
-// FormatDependencies is deps as --dependency takes them: "afterok:3,singleton".
+// FormatDependencies is deps as --dependency takes them: "afterok:3,singleton", or
+// "afterok:3?afternotok:4" for any of them.
 func FormatDependencies(deps []Dependency) string {
 	parts := make([]string, len(deps))
+	sep := ","
 	for i, d := range deps {
 		parts[i] = d.String()
+		if d.Any {
+			sep = "?"
+		}
 	}
-	return strings.Join(parts, ",")
+	return strings.Join(parts, sep)
 }
 
-// ParseDependency parses --dependency: comma-separated terms, all of which must hold,
-// each "TYPE:ID[:ID...]" (TYPE after, afterany, afterok or afternotok; ID a job id, an
-// array's id or an array task's A_i) or "singleton". "" is none. Errors name the value
-// and the term at fault; sbatch's "?" (any of) and after's "+time" are not supported.
+// ParseDependency parses --dependency: terms joined by ',' (all must hold) or by '?'
+// (any one holds; not both, as sbatch), each "TYPE:ID[:ID...]" (TYPE after, afterany,
+// afterok, afternotok or aftercorr; ID a job id, an array's id or an array task's A_i;
+// after's ID may be "ID+MIN", minutes after its start) or "singleton". "" is none.
+// Errors name the value and the term at fault.
 func ParseDependency(v string) ([]Dependency, error) {
 	if v == "" {
 		return nil, nil
 	}
-	if strings.Contains(v, "?") {
-		return nil, fmt.Errorf("--dependency %q: '?' (any of) is not supported; join terms with ',' (all of)", v)
+	sep, anyOf := ",", strings.Contains(v, "?")
+	if anyOf {
+		if strings.Contains(v, ",") {
+			return nil, fmt.Errorf("--dependency %q: join terms with ',' (all of) or '?' (any of), not both", v)
+		}
+		sep = "?"
 	}
 	var out []Dependency
-	for _, term := range strings.Split(v, ",") {
-		parts := strings.Split(term, ":")
-		d := Dependency{Type: DependencyType(strings.ToLower(parts[0]))}
-		switch d.Type {
-		case Singleton:
-			if len(parts) > 1 {
-				return nil, fmt.Errorf("--dependency %q: singleton takes no job ids", v)
-			}
-		case After, AfterAny, AfterOK, AfterNotOK:
-			if len(parts) < 2 {
-				return nil, fmt.Errorf("--dependency %q: %s needs a job id (%s:ID[:ID...])", v, d.Type, d.Type)
-			}
-			for _, id := range parts[1:] {
-				if !validJobRef(id) {
-					return nil, fmt.Errorf("--dependency %q: %q is no job id (want N, or N_I for an array task)", v, id)
-				}
-				d.IDs = append(d.IDs, id)
-			}
-		default:
-			return nil, fmt.Errorf("--dependency %q: unknown type %q (want after, afterany, afterok, afternotok or singleton)", v, parts[0])
+	for _, term := range strings.Split(v, sep) {
+		d, err := parseTerm(v, term)
+		if err != nil {
+			return nil, err
 		}
+		d.Any = anyOf
 		out = append(out, d)
 	}
 	return out, nil
+}
+
+// parseTerm parses one term of --dependency v.
+func parseTerm(v, term string) (Dependency, error) {
+	parts := strings.Split(term, ":")
+	d := Dependency{Type: DependencyType(strings.ToLower(parts[0]))}
+	switch d.Type {
+	case Singleton:
+		if len(parts) > 1 {
+			return d, fmt.Errorf("--dependency %q: singleton takes no job ids", v)
+		}
+	case After, AfterAny, AfterOK, AfterNotOK, AfterCorr:
+		if len(parts) < 2 {
+			return d, fmt.Errorf("--dependency %q: %s needs a job id (%s:ID[:ID...])", v, d.Type, d.Type)
+		}
+		for _, id := range parts[1:] {
+			id, delay, timed := strings.Cut(id, "+")
+			minutes, err := strconv.Atoi(delay)
+			switch {
+			case timed && d.Type != After:
+				return d, fmt.Errorf("--dependency %q: +time is after's only (after:ID+MINUTES)", v)
+			case timed && (err != nil || minutes < 0 || minutes > int(MaxTime/time.Minute)):
+				return d, fmt.Errorf("--dependency %q: %q is no count of minutes (after:ID+MINUTES)", v, delay)
+			case !validJobRef(id):
+				return d, fmt.Errorf("--dependency %q: %q is no job id (want N, or N_I for an array task)", v, id)
+			}
+			d.IDs = append(d.IDs, id)
+			if timed {
+				d.Delays = append(d.Delays, make([]int, len(d.IDs)-1-len(d.Delays))...)
+				d.Delays = append(d.Delays, minutes)
+			}
+		}
+	default:
+		return d, fmt.Errorf("--dependency %q: unknown type %q (want after, afterany, afterok, afternotok, aftercorr or singleton)", v, parts[0])
+	}
+	return d, nil
 }
 
 // validJobRef reports whether id is a job id as submit gives them: a decimal number,
@@ -145,29 +196,58 @@ func (x *depIndex) targets(id string) []*Job {
 	return x.byArray[id]
 }
 
-// check reports whether j's dependencies all hold (met), or whether one never can.
-func (x *depIndex) check(j *Job) (met, never bool) {
+// check reports whether j's dependencies hold (met), or whether they never can: all
+// of them (',') or any one of them ('?', Dependency.Any), at now.
+func (x *depIndex) check(j *Job, now time.Time) (met, never bool) {
+	deps := j.Spec.Dependency
+	if len(deps) == 0 {
+		return true, false
+	}
+	if deps[0].Any {
+		never = true
+		for _, d := range deps {
+			ok, no := x.term(j, d, now)
+			if ok {
+				return true, false
+			}
+			never = never && no
+		}
+		return false, never
+	}
 	met = true
-	for _, d := range j.Spec.Dependency {
-		if d.Type == Singleton {
-			if !x.singletonFree(j) {
-				met = false
-			}
-			continue
-		}
-		for _, id := range d.IDs {
-			ts := x.targets(id)
-			if len(ts) == 0 {
-				met = false // not seen yet (submit refuses an unknown id)
-			}
-			for _, t := range ts {
-				ok, no := holds(d.Type, t.State)
-				met = met && ok
-				never = never || no
-			}
-		}
+	for _, d := range deps {
+		ok, no := x.term(j, d, now)
+		met, never = met && ok, never || no
 	}
 	return met && !never, never
+}
+
+// term reports whether dependency d of job j holds at now, or never can.
+func (x *depIndex) term(j *Job, d Dependency, now time.Time) (met, never bool) {
+	if d.Type == Singleton {
+		return x.singletonFree(j), false
+	}
+	met = true
+	for i, id := range d.IDs {
+		ts := x.targets(id)
+		if d.Type == AfterCorr && j.Spec.Array != nil && !strings.Contains(id, "_") {
+			ts = x.targets(TaskID(id, j.Spec.Array.TaskID)) // the corresponding task; none: nothing to wait for
+			if len(ts) == 0 && len(x.byArray[id]) > 0 {
+				continue
+			}
+		}
+		if len(ts) == 0 {
+			met = false // not seen yet (submit refuses an unknown id)
+		}
+		for _, t := range ts {
+			ok, no := holds(d.Type, t.State)
+			if ok && i < len(d.Delays) && d.Delays[i] > 0 && !t.State.Started.IsZero() {
+				ok = !now.Before(t.State.Started.Add(time.Duration(d.Delays[i]) * time.Minute))
+			}
+			met, never = met && ok, never || no
+		}
+	}
+	return met, never
 }
 
 // holds reports whether dependency type typ on a job in state st holds, or never can.
@@ -178,7 +258,7 @@ func holds(typ DependencyType, st State) (ok, never bool) {
 		return final || !st.Started.IsZero(), false
 	case AfterAny:
 		return final, false
-	case AfterOK:
+	case AfterOK, AfterCorr:
 		return st.Status == Completed, final && st.Status != Completed
 	case AfterNotOK:
 		return final && st.Status != Completed, st.Status == Completed

@@ -14,18 +14,22 @@ func TestParseDependency(t *testing.T) {
 		err  string
 	}{
 		{"", nil, ""},
-		{"afterok:3", []Dependency{{AfterOK, []string{"3"}}}, ""},
-		{"afterok:3:4,singleton", []Dependency{{AfterOK, []string{"3", "4"}}, {Singleton, nil}}, ""},
-		{"afterany:7_2,afternotok:8,after:9", []Dependency{{AfterAny, []string{"7_2"}}, {AfterNotOK, []string{"8"}}, {After, []string{"9"}}}, ""},
-		{"AfterOK:3", []Dependency{{AfterOK, []string{"3"}}}, ""},
+		{"afterok:3", []Dependency{{Type: AfterOK, IDs: []string{"3"}}}, ""},
+		{"afterok:3:4,singleton", []Dependency{{Type: AfterOK, IDs: []string{"3", "4"}}, {Type: Singleton}}, ""},
+		{"afterany:7_2,afternotok:8,after:9", []Dependency{{Type: AfterAny, IDs: []string{"7_2"}}, {Type: AfterNotOK, IDs: []string{"8"}}, {Type: After, IDs: []string{"9"}}}, ""},
+		{"AfterOK:3", []Dependency{{Type: AfterOK, IDs: []string{"3"}}}, ""},
 		{"afterok", nil, "afterok needs a job id"},
 		{"afterok:", nil, `"" is no job id`},
 		{"afterok:x", nil, `"x" is no job id`},
 		{"afterok:3_", nil, `"3_" is no job id`},
-		{"after:3+10", nil, `"3+10" is no job id`},
-		{"afterok:3?afterany:4", nil, "'?' (any of) is not supported"},
+		{"after:3+10:4", []Dependency{{Type: After, IDs: []string{"3", "4"}, Delays: []int{10}}}, ""},
+		{"after:3:4+5", []Dependency{{Type: After, IDs: []string{"3", "4"}, Delays: []int{0, 5}}}, ""},
+		{"afterok:3+10", nil, "+time is after's only"},
+		{"after:3+x", nil, `"x" is no count of minutes`},
+		{"afterok:3?afterany:4", []Dependency{{Type: AfterOK, IDs: []string{"3"}, Any: true}, {Type: AfterAny, IDs: []string{"4"}, Any: true}}, ""},
+		{"afterok:3?afterany:4,singleton", nil, "not both"},
+		{"aftercorr:3", []Dependency{{Type: AfterCorr, IDs: []string{"3"}}}, ""},
 		{"singleton:3", nil, "singleton takes no job ids"},
-		{"aftercorr:3", nil, `unknown type "aftercorr"`},
 		{"afterok:3,", nil, `unknown type ""`},
 	} {
 		got, err := ParseDependency(tc.in)
@@ -36,8 +40,10 @@ func TestParseDependency(t *testing.T) {
 			t.Errorf("ParseDependency(%q) = %v, %v; want %v", tc.in, got, err, tc.want)
 		}
 	}
-	if s := FormatDependencies([]Dependency{{AfterOK, []string{"3", "4"}}, {Singleton, nil}}); s != "afterok:3:4,singleton" {
-		t.Errorf("FormatDependencies = %q", s)
+	for _, v := range []string{"afterok:3:4,singleton", "after:3+10:4", "afterok:3?afternotok:4", "aftercorr:7"} {
+		if d, err := ParseDependency(v); err != nil || FormatDependencies(d) != v {
+			t.Errorf("FormatDependencies(ParseDependency(%q)) = %q, %v", v, FormatDependencies(d), err)
+		}
 	}
 }
 
@@ -106,28 +112,36 @@ func TestDependencyCheck(t *testing.T) {
 		j          Job
 		met, never bool
 	}{
-		{job("9", "x", Pending, true, Dependency{AfterOK, []string{"1"}}), true, false},
-		{job("9", "x", Pending, true, Dependency{AfterOK, []string{"1", "2"}}), false, true},
-		{job("9", "x", Pending, true, Dependency{AfterNotOK, []string{"1"}}), false, true},
-		{job("9", "x", Pending, true, Dependency{AfterNotOK, []string{"2"}}), true, false},
-		{job("9", "x", Pending, true, Dependency{AfterOK, []string{"3"}}), false, false},
-		{job("9", "x", Pending, true, Dependency{AfterOK, []string{"3_0"}}), true, false},
-		{job("9", "x", Pending, true, Dependency{After, []string{"3"}}), true, false},
-		{job("9", "x", Pending, true, Dependency{AfterOK, []string{"1"}}, Dependency{AfterAny, []string{"4"}}), false, false},
-		{job("9", "x", Pending, true, Dependency{AfterOK, []string{"99"}}), false, false},
+		{job("9", "x", Pending, true, Dependency{Type: AfterOK, IDs: []string{"1"}}), true, false},
+		{job("9", "x", Pending, true, Dependency{Type: AfterOK, IDs: []string{"1", "2"}}), false, true},
+		{job("9", "x", Pending, true, Dependency{Type: AfterNotOK, IDs: []string{"1"}}), false, true},
+		{job("9", "x", Pending, true, Dependency{Type: AfterNotOK, IDs: []string{"2"}}), true, false},
+		{job("9", "x", Pending, true, Dependency{Type: AfterOK, IDs: []string{"3"}}), false, false},
+		{job("9", "x", Pending, true, Dependency{Type: AfterOK, IDs: []string{"3_0"}}), true, false},
+		{job("9", "x", Pending, true, Dependency{Type: After, IDs: []string{"3"}}), true, false},
+		{job("9", "x", Pending, true, Dependency{Type: AfterOK, IDs: []string{"1"}}, Dependency{Type: AfterAny, IDs: []string{"4"}}), false, false},
+		{job("9", "x", Pending, true, Dependency{Type: AfterOK, IDs: []string{"99"}}), false, false},
+		{job("9", "x", Pending, true, Dependency{Type: AfterOK, IDs: []string{"2"}, Any: true}, Dependency{Type: AfterOK, IDs: []string{"1"}, Any: true}), true, false},
+		{job("9", "x", Pending, true, Dependency{Type: AfterOK, IDs: []string{"2"}, Any: true}, Dependency{Type: AfterNotOK, IDs: []string{"1"}, Any: true}), false, true},
+		{job("9", "x", Pending, true, Dependency{Type: AfterOK, IDs: []string{"2"}, Any: true}, Dependency{Type: AfterAny, IDs: []string{"4"}, Any: true}), false, false},
+		{job("9", "x", Pending, true, Dependency{Type: After, IDs: []string{"4"}, Delays: []int{1}}), false, false},
+		{job("9_0", "x", Pending, true, Dependency{Type: AfterCorr, IDs: []string{"3"}}), true, false},
+		{job("9_1", "x", Pending, true, Dependency{Type: AfterCorr, IDs: []string{"3"}}), false, false},
+		{job("9_5", "x", Pending, true, Dependency{Type: AfterCorr, IDs: []string{"3"}}), true, false},
+		{job("9", "x", Pending, true, Dependency{Type: AfterCorr, IDs: []string{"3"}}), false, false},
 		{jobs[5], false, false}, // 4 of the same name runs
 		{jobs[7], true, false},  // alone with its name
 	} {
-		if met, never := x.check(&tc.j); met != tc.met || never != tc.never {
+		if met, never := x.check(&tc.j, time.Now()); met != tc.met || never != tc.never {
 			t.Errorf("job %s %s: met %v, never %v; want %v, %v", tc.j.Spec.ID, FormatDependencies(tc.j.Spec.Dependency), met, never, tc.met, tc.never)
 		}
 	}
 	jobs[4].State.Status = Completed
 	x = newDepIndex(jobs)
-	if met, _ := x.check(&jobs[5]); !met {
+	if met, _ := x.check(&jobs[5], time.Now()); !met {
 		t.Error("singleton 5: want it let through once 4 ended")
 	}
-	if met, _ := x.check(&jobs[6]); met {
+	if met, _ := x.check(&jobs[6], time.Now()); met {
 		t.Error("singleton 6: want it held while 5, submitted before it, is yet to end")
 	}
 }

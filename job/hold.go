@@ -205,7 +205,8 @@ func stateOp(id string, st State, index uint64) store.Op {
 // lost node (no node excluded); with hold, it then waits held (JobHeldUser, or
 // JobHeldAdmin for an operator) until scontrol release. It returns how many jobs it
 // requeued. A job not running is refused: pending (ErrPending), ended (ErrFinished:
-// Slurm requeues an ended batch job, gangrun does not), or stopping. also's operations
+// Slurm requeues an ended batch job, gangrun does not), or stopping; so is a batch job
+// submitted with --no-requeue (ErrRequeueDisabled, as slurmctld). also's operations
 // (an audit entry) go with the first change.
 func Requeue(ctx context.Context, s store.Store, id string, hold, admin bool, also ...store.Op) (int, error) {
 	if err := checkID(id); err != nil {
@@ -235,6 +236,9 @@ func Requeue(ctx context.Context, s store.Store, id string, hold, admin bool, al
 				return false
 			case st.Status != Running:
 				refused = ErrNotRunning
+				return false
+			case j.Spec.Batch != nil && j.Spec.Batch.NoRequeue:
+				refused = ErrRequeueDisabled
 				return false
 			}
 			words := "requeued (scontrol requeue)"
@@ -274,6 +278,10 @@ func Requeue(ctx context.Context, s store.Store, id string, hold, admin bool, al
 // ErrPending means scontrol requeue of a job that has not run yet. Slurm's words: "Job is
 // pending execution".
 var ErrPending = errors.New("Job is pending execution")
+
+// ErrRequeueDisabled means scontrol requeue of a job submitted with --no-requeue:
+// slurmctld refuses it (ESLURM_DISABLED), in words scontrol prints with "for job ID".
+var ErrRequeueDisabled = errors.New("Requested operation is presently disabled")
 
 // ErrNotRunning means scontrol requeue of a job that is stopping (COMPLETING, or
 // PREEMPTED): nothing to requeue until it has.

@@ -91,3 +91,52 @@ func TestHolds(t *testing.T) {
 		t.Errorf("hold of no job: %v, want ErrNotFound", err)
 	}
 }
+
+// TestRequeueRefusedAndCounted: scontrol requeue of a batch job submitted with
+// --no-requeue is refused as slurmctld refuses it (ErrRequeueDisabled), nothing
+// changed; a requeue counts in Slurm's Restarts once the job is placed again, as
+// SLURM_RESTART_COUNT does; a refused release of another's job is audited.
+func TestRequeueRefusedAndCounted(t *testing.T) {
+	ctx := context.Background()
+	s := store.NewMemory()
+	now := time.Now().UTC()
+	root := Actor{User: "root", Admin: true}
+	noRequeue := Job{Spec: Spec{ID: "1", User: "alice", MinNodes: 1, MaxNodes: 1, GPUsPerNode: 1, Submitted: now, Batch: &Batch{NoRequeue: true}},
+		State: State{Status: Running, Nodes: []string{"a"}, Placement: 1}}
+	putJob(t, s, noRequeue)
+	if _, err := root.Hold(ctx, s, "1", OpRequeue); !errors.Is(err, ErrRequeueDisabled) || err.Error() != "job 1: Requested operation is presently disabled" {
+		t.Errorf("requeue of a --no-requeue job: %v, want ErrRequeueDisabled", err)
+	}
+	if j, _ := Read(ctx, s, "1"); j.State.Status != Running {
+		t.Errorf("--no-requeue job after a refused requeue: %s, want RUNNING", j.State.Status)
+	}
+	cases := []struct {
+		st   State
+		want int
+	}{
+		{State{Placement: 1}, 0},
+		{State{Placement: 2}, 1},                  // scontrol requeue, placed again
+		{State{Placement: 2, NodeFailures: 1}, 1}, // a lost node, requeued
+		{State{Placement: 1, NodeFailures: 1}, 1}, // a lost node, a spare took over
+		{State{Placement: 3, Restarts: 2}, 4},
+	}
+	for _, c := range cases {
+		if got := c.st.SlurmRestarts(); got != c.want {
+			t.Errorf("SlurmRestarts of placement %d, node failures %d, restarts %d: %d, want %d", c.st.Placement, c.st.NodeFailures, c.st.Restarts, got, c.want)
+		}
+	}
+	putJob(t, s, Job{Spec: Spec{ID: "2", User: "alice", MinNodes: 1, MaxNodes: 1, GPUsPerNode: 1, Submitted: now}, State: newState(EvSubmit, "")})
+	if _, err := root.Hold(ctx, s, "2", OpHold); err != nil {
+		t.Fatal(err)
+	}
+	bob := Actor{User: "bob", Entry: func(action, target, owner, detail string) audit.Entry {
+		return audit.Entry{User: "bob", Token: "none", Action: action, Target: target, Owner: owner, Detail: detail}
+	}}
+	if _, err := bob.Hold(ctx, s, "2", OpRelease); !errors.Is(err, ErrHeldByOperator) {
+		t.Fatalf("bob's release of an operator's hold: %v", err)
+	}
+	entries, err := audit.List(ctx, s, now.Add(-time.Minute), "")
+	if err != nil || len(entries) != 1 || entries[0].User != "bob" || entries[0].Detail != "release: refused: Access/permission denied" {
+		t.Errorf("audit: %+v, %v; want bob's refused release", entries, err)
+	}
+}

@@ -90,8 +90,8 @@ const (
 	// EvSubmitHeld: submit writes the job without a request: a --dependency or an array
 	// task (submit.go).
 	EvSubmitHeld Event = "submit-held"
-	// EvStillHeld: its dependencies or its array's cap hold it back still, for another
-	// reason than before (controller.go, deferred).
+	// EvStillHeld: its dependencies, its --begin or its array's cap hold it back still,
+	// for another reason than before (controller.go, deferred).
 	EvStillHeld Event = "still-held"
 	// EvRelease: its dependencies and array cap allow it: its request is written in the
 	// same transaction (controller.go, deferred).
@@ -149,6 +149,10 @@ const (
 	// stop, and it is placed again as after a lost node, with no node excluded
 	// (hold.go).
 	EvRequeueAsked Event = "requeue-asked"
+	// EvUpdate: scontrol update of a pending job that is not held: its request is
+	// withdrawn in the transaction that changes its spec, and it waits as a deferred
+	// job until the controller writes the request again, from the new spec (update.go).
+	EvUpdate Event = "update"
 )
 
 // rule is a row of the table: the phases event may leave and the one it enters (a
@@ -199,6 +203,7 @@ var transitions = []rule{
 	{EvRequeueAsked, []Phase{running}, requeue, reason.Requeued},
 	{EvMarkHold, []Phase{running, completing, {Status: Preempted}}, Phase{}, ""},
 	{EvUnmarkHold, []Phase{running, completing, {Status: Preempted}}, Phase{}, ""},
+	{EvUpdate, []Phase{pending, deferred}, deferred, reason.Priority},
 }
 
 // Transition is one change of a job's state, as State.apply takes it.
@@ -208,7 +213,7 @@ type Transition struct {
 	// NODE_FAIL); EvCancel's is CANCELLED.
 	End Status
 	// Code is the reason's code where the event has none of its own (EvStillHeld's:
-	// Dependency, DependencyNeverSatisfied or JobArrayTaskLimit), or to give another
+	// Dependency, DependencyNeverSatisfied, BeginTime or JobArrayTaskLimit), or to give another
 	// than the event's; Words the reason in words for people ("" for the code itself).
 	Code  reason.Code
 	Words string
@@ -404,7 +409,7 @@ func TransitionTable() []string {
 		case r.event == EvEnd:
 			why = ", reason by its end (NonZeroExitCode, TimeLimit, NodeDown, None)"
 		case r.event == EvStillHeld:
-			why = ", reason Dependency, DependencyNeverSatisfied or JobArrayTaskLimit"
+			why = ", reason Dependency, DependencyNeverSatisfied, BeginTime or JobArrayTaskLimit"
 		}
 		out = append(out, fmt.Sprintf("`%s`: %s → %s%s", r.event, f, to, why))
 	}

@@ -34,7 +34,8 @@ import (
 // through the boxes (root's too), so that the agent checks who asks.
 //
 //	gangrun/batch/users/<user>/<kind>-<nanos>-<rand>   boxed request; kind submit,
-//	                                                   cancel, drain, resume or policy
+//	                                                   cancel, hold, update, drain,
+//	                                                   resume or policy
 //
 // A submit's job is queued in the transaction that writes its answer (a check-and-set
 // of the request), so a request is carried out once or not at all; the asker deletes
@@ -48,7 +49,8 @@ const (
 	requestDrain  = "drain"
 	requestResume = "resume"
 	requestPolicy = "policy"
-	requestHold   = "hold" // scontrol hold, uhold, release (Request.HoldOp)
+	requestHold   = "hold"   // scontrol hold, uhold, release (Request.HoldOp)
+	requestUpdate = "update" // scontrol update (Request.Update)
 )
 
 // requestKeep is how long an answered request nobody took is kept.
@@ -67,6 +69,8 @@ type Request struct {
 	// Job is a cancel's or hold's job id (or an array's); HoldOp the hold's operation.
 	Job    string `json:"job,omitempty"`
 	HoldOp HoldOp `json:"hold_op,omitempty"`
+	// Update is an update's change of the job.
+	Update *Update `json:"update,omitempty"`
 	// Node and Reason are a drain's node and reason (a resume's node).
 	Node   string `json:"node,omitempty"`
 	Reason string `json:"reason,omitempty"`
@@ -120,6 +124,14 @@ type Answer struct {
 	// (ErrNotRunning).
 	Pending bool `json:"pending,omitempty"`
 	Refused bool `json:"refused,omitempty"`
+	// Disabled says a requeue found the job submitted with --no-requeue
+	// (ErrRequeueDisabled).
+	Disabled bool `json:"disabled,omitempty"`
+	// Updated counts the jobs an update changed; Slurm names its refusal in Slurm's
+	// words (an update's error: ErrAccessDenied's, ErrInvalidPartition's, ...), Error
+	// then the detail.
+	Updated int    `json:"updated,omitempty"`
+	Slurm   string `json:"slurm,omitempty"`
 	// Array says the cancel was of a job array's tasks.
 	Array bool `json:"array,omitempty"`
 	// Error is why it was not done; Invalid marks the user's error (a bad spec, an
@@ -376,6 +388,8 @@ func (as Asker) Hold(ctx context.Context, s store.Store, id string, op HoldOp) (
 		return 0, fmt.Errorf("job %s: %w", id, ErrPending)
 	case ans.Refused:
 		return 0, fmt.Errorf("job %s: %w", id, ErrNotRunning)
+	case ans.Disabled:
+		return 0, fmt.Errorf("job %s: %w", id, ErrRequeueDisabled)
 	case ans.Denied:
 		return 0, fmt.Errorf("job %s: %w", id, ErrHeldByOperator)
 	case ans.Invalid:
@@ -710,6 +724,10 @@ func (sv *server) do(ctx context.Context, who asker, r Request, answer func(Answ
 			// As in Slurm, raising a job's priority is an operator's (sbatch --priority).
 			return &Answer{Error: fmt.Sprintf("--priority %d: only an operator may raise a job's priority", spec.Priority), Invalid: true}, nil, nil
 		}
+		if spec.Nice < 0 && !who.root {
+			// Slurm's: "Nice value must be non-negative, value ignored" for a user.
+			return &Answer{Error: fmt.Sprintf("--nice %d: only an operator may give a negative nice", spec.Nice), Invalid: true}, nil, nil
+		}
 		var auth authFor
 		if who.cred != "" {
 			auth = sv.accepted(who)
@@ -754,20 +772,45 @@ func (sv *server) do(ctx context.Context, who asker, r Request, answer func(Answ
 			return nil, nil, err
 		}
 		a.By = who.by
-		return &a, also, nil
+		return &a, append(also, refusedOps(ctx, sv.prover, who, audit.ActionCancel, "job "+r.Job, "", a)...), nil
 	case requestHold:
 		a, err := holdFor(ctx, s, sv.prover, who, r.Job, r.HoldOp)
 		if err != nil {
 			return nil, nil, err
 		}
 		a.By = who.by
-		return &a, nil, nil
+		return &a, refusedOps(ctx, sv.prover, who, audit.ActionHold, "job "+r.Job, string(r.HoldOp), a), nil
+	case requestUpdate:
+		a, also, err := sv.updateFor(ctx, who, r.Job, r.Update)
+		if err != nil {
+			return nil, nil, err
+		}
+		a.By = who.by
+		return &a, also, nil
 	case requestDrain, requestResume, requestPolicy:
 		return sv.operate(ctx, who, r)
 	default:
 		ans = Answer{Error: fmt.Sprintf("unknown request kind %q", r.Kind), Invalid: true}
 	}
 	return &ans, nil, nil
+}
+
+// refusedOps is the audit entry of a request for action on target (detail: what more to
+// say) that answer a refuses: another user's job (Answer.Owner), or one the asker may
+// not change (Answer.Denied); none for an answer that is no refusal.
+func refusedOps(ctx context.Context, p Prover, who asker, action, target, detail string, a Answer) []store.Op {
+	if a.Owner == "" && !a.Denied {
+		return nil
+	}
+	why := a.Error
+	if a.Owner != "" {
+		why = "the job is " + a.Owner + "'s (" + who.by + ")"
+	}
+	if detail != "" {
+		why = detail + ": " + why
+	}
+	return []store.Op{audit.Op(sealEntry(ctx, p, audit.Entry{User: who.user, Token: "munge", Action: action, Target: target,
+		Owner: a.Owner, Detail: "refused: " + why}))}
 }
 
 // accepted is how the agent writes a job it queues from who's request: accepted at
@@ -889,6 +932,8 @@ func holdFor(ctx context.Context, s store.Store, p Prover, who asker, id string,
 		return Answer{Pending: true}, nil
 	case errors.Is(err, ErrNotRunning):
 		return Answer{Refused: true}, nil
+	case errors.Is(err, ErrRequeueDisabled):
+		return Answer{Disabled: true}, nil
 	case errors.Is(err, ErrHeldByOperator):
 		return Answer{Denied: true, Error: ErrHeldByOperator.Error()}, nil
 	case errors.Is(err, ErrNotFound):

@@ -92,6 +92,37 @@ func TestUsersRequests(t *testing.T) {
 	if _, _, err := CancelAs(ctx, s, "alice", "404", time.Minute); !errors.Is(err, ErrNotFound) {
 		t.Errorf("cancel of no job: %v, want ErrNotFound", err)
 	}
+	// Updates through the boxes: alice's own is done, bob's of her job refused; both
+	// are audited, as is bob's refused cancel above.
+	putJob(t, s, Job{Spec: Spec{ID: "78", User: "alice", Command: []string{"true"}, WorkDir: "/tmp", MinNodes: 1, MaxNodes: 1, GPUsPerNode: 1, TimeLimit: time.Hour},
+		State: newState(EvSubmit, "")})
+	half := 30 * time.Minute
+	if n, err := (Asker{User: "alice", Wait: time.Minute}).Update(ctx, s, "78", Update{TimeLimit: &half}); n != 1 || err != nil {
+		t.Errorf("alice's update of her job: %d, %v", n, err)
+	}
+	if j, _ := Read(ctx, s, "78"); j.Spec.TimeLimit != half {
+		t.Errorf("alice's job after her update: --time %s, want 30m", j.Spec.TimeLimit)
+	}
+	if _, err := (Asker{User: "alice", Wait: time.Minute}).Update(ctx, s, "78", Update{TimeLimit: ptr(2 * time.Hour)}); !errors.Is(err, ErrAccessDenied) {
+		t.Errorf("alice raises her time limit: %v, want ErrAccessDenied", err)
+	}
+	if _, err := (Asker{User: "bob", Wait: time.Minute}).Update(ctx, s, "78", Update{Name: ptr("x")}); !errors.Is(err, ErrNotYours) {
+		t.Errorf("bob's update of alice's job: %v, want ErrNotYours", err)
+	}
+	entries, err := audit.List(ctx, s, before, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, e := range entries {
+		got = append(got, e.User+" "+e.Action+" "+e.Target+" "+e.Detail)
+	}
+	want := []string{"bob cancel job 77 refused: the job is alice's (your token is bob's)", "alice update job 78 TimeLimit=00:30:00",
+		"alice update job 78 TimeLimit=02:00:00: refused: job 78: Access/permission denied",
+		"bob update job 78 JobName=x: refused: the job is alice's (your token is bob's)"}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("audit:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
 	if left, _, _ := s.List(ctx, acl.UsersPrefix); len(left) != 0 {
 		t.Errorf("requests left in the boxes: %v", left)
 	}

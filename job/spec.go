@@ -50,6 +50,10 @@ const (
 	// MaxPriority bounds --priority either way: Slurm keeps a job's priority as a
 	// 32-bit unsigned number (gangrun takes negative ones too).
 	MaxPriority = 1<<32 - 1
+	// MaxNice bounds --nice either way: Slurm's NICE_OFFSET - 3 (slurm_opt.c).
+	MaxNice = 1<<31 - 3
+	// DefaultNice is --nice given no value (Slurm's 100).
+	DefaultNice = 100
 	// MaxNameBytes bounds --name, --account and --partition, in bytes.
 	MaxNameBytes = 128
 	// maxPathBytes and maxPathComponentBytes bound --output and --checkpoint-dir, in
@@ -96,6 +100,15 @@ type Spec struct {
 	MIGProfile  string `json:"mig_profile,omitempty"`
 	// Priority orders the queue: higher first, then submission.
 	Priority int `json:"priority"`
+	// Begin is --begin: the job waits PENDING (reason BeginTime), without a request,
+	// until then (zero: no wait; begin.go).
+	Begin time.Time `json:"begin,omitzero"`
+	// QOS is --qos: a QOS of the policy, whose priority and limits the job gets ("":
+	// its account's QOS).
+	QOS string `json:"qos,omitempty"`
+	// Nice is --nice: the job's priority is lowered by it (raised, when negative: an
+	// operator's only, as Slurm's), within ±MaxNice.
+	Nice int `json:"nice,omitempty"`
 	// TimeLimit is --time; 0: none. At the limit the job gets SIGTERM, --term-timeout
 	// to stop, and ends TIMEOUT.
 	TimeLimit time.Duration `json:"time_limit,omitempty"`
@@ -143,6 +156,10 @@ type Spec struct {
 	// Dependency is --dependency: every term must hold before the job's request is
 	// written (it waits PENDING, reason Dependency, until then).
 	Dependency []Dependency `json:"dependency,omitempty"`
+	// KillInvalidDep is --kill-on-invalid-dep=yes: once its dependencies can never be
+	// satisfied the job is cancelled (reason DependencyNeverSatisfied), instead of
+	// waiting PENDING with that reason.
+	KillInvalidDep bool `json:"kill_invalid_dep,omitempty"`
 	// Hold submits the job held by its user (sbatch --hold, -H; `gangrun submit
 	// --hold`): it waits PENDING (JobHeldUser) until `scontrol release` (hold.go).
 	Hold bool `json:"hold,omitempty"`
@@ -248,6 +265,8 @@ func (s Spec) Validate() error {
 		return fmt.Errorf("--spare-nodes %d: want at most %d", s.SpareNodes, MaxNodes)
 	case s.Priority > MaxPriority || s.Priority < -MaxPriority:
 		return fmt.Errorf("--priority %d: want %d to %d (Slurm's job priority is 32-bit)", s.Priority, -MaxPriority, MaxPriority)
+	case s.Nice > MaxNice || s.Nice < -MaxNice:
+		return fmt.Errorf("--nice %d: Nice value out of range (+/- %d)", s.Nice, MaxNice)
 	}
 	if err := s.Supervision.Check(); err != nil {
 		return err

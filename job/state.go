@@ -246,10 +246,22 @@ type State struct {
 	// started (or ended, or waited PreemptorWait), so that its own new request cannot
 	// take back the GPUs it was stopped for.
 	PreemptedBy string `json:"preempted_by,omitempty"`
+	// TimeLimit is, while the job runs, the time limit scontrol update gave it since it
+	// started (0: UNLIMITED); nil: its spec's. Its steps move their limit to it.
+	TimeLimit *time.Duration `json:"time_limit,omitempty"`
 	// PreemptFailures counts the failures of the job's run that its pre-emptions caused
 	// (a gang stopped in the middle of a round): like NodeFailures, they do not use up
 	// --max-restarts.
 	PreemptFailures int `json:"preempt_failures,omitempty"`
+}
+
+// SlurmRestarts is the job's restart count as Slurm shows it (scontrol show job's
+// Restarts, sacct's Restarts) and as SLURM_RESTART_COUNT gives it: the job's own
+// restarts (Restarts) and its requeues, the placements after its first (scontrol
+// requeue, a lost node, a pre-emption) — or, where more, the nodes it lost (a spare
+// replacing one restarts the gang without a requeue).
+func (s State) SlurmRestarts() int {
+	return s.Restarts + max(s.Placement-1, s.NodeFailures, 0)
 }
 
 // Preemption is one pre-emption of a job.
@@ -281,8 +293,9 @@ var ErrNotFound = errors.New("no such job")
 type Job struct {
 	Spec  Spec
 	State State
-	// Index is the state key's index (for a check-and-set).
-	Index uint64
+	// Index is the state key's index (for a check-and-set); SpecIndex the spec key's.
+	Index     uint64
+	SpecIndex uint64
 	// Idle are the nodes' marks that the job's GPUs there stay idle (IdleMark), by node.
 	Idle []IdleMark
 	// Auth is who submitted it, proven (auth.go); nil when its record has none.
@@ -345,7 +358,7 @@ func decodeAll(id string, entries []store.Entry) (*Job, error) {
 			} else {
 				j.Spec = sp
 			}
-			haveSpec = true
+			haveSpec, j.SpecIndex = true, e.ModifyIndex
 		case stateKey(id):
 			if err := schema.Unmarshal(schema.JobState, e.Value, &j.State); err != nil {
 				if err := refuse(err); err != nil {

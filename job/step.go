@@ -555,7 +555,10 @@ func (st *step) watch(ctx context.Context) {
 	spec := st.job.Spec
 	var w watchTimers
 	defer w.stop()
-	w.warn, w.limit = st.timeLimit(&w)
+	w.warn, w.limit = st.timeLimit(&w, spec.TimeLimit)
+	if l := st.job.State.TimeLimit; l != nil {
+		w.warn, w.limit = st.timeLimit(&w, *l) // changed before this step started
+	}
 	changes := st.followState(ctx)
 	for {
 		select {
@@ -587,9 +590,9 @@ func (st *step) watch(ctx context.Context) {
 			st.stop <- syscall.SIGTERM
 			st.stop <- syscall.SIGTERM
 		case <-w.limit:
-			st.log.Warn("time limit reached: stopping the job", zap.Duration("time_limit", spec.TimeLimit))
+			st.log.Warn("time limit reached: stopping the job", zap.Duration("time_limit", w.timeLimit))
 			_, _, _ = update(ctx, st.cfg.Store, spec.ID, func(j *Job) bool {
-				return j.State.Status == Running && j.State.apply(Transition{Event: EvEnd, End: Timeout, Words: "time limit " + spec.TimeLimit.String() + " reached"}) == nil
+				return j.State.Status == Running && j.State.apply(Transition{Event: EvEnd, End: Timeout, Words: "time limit " + w.timeLimit.String() + " reached"}) == nil
 			})
 			st.stopWorkers(Timeout)
 		case j := <-changes:
@@ -601,6 +604,7 @@ func (st *step) watch(ctx context.Context) {
 // watchTimers are the timers of a step's watch; a nil channel is a timer not set.
 type watchTimers struct {
 	warn, limit <-chan time.Time // --signal's warning, the time limit
+	timeLimit   time.Duration    // the limit they keep (0: none)
 	graceEnd    <-chan time.Time // a pre-emption's grace
 	failedStop  <-chan time.Time // the job failed on another node: failedStopGrace
 	timers      []*time.Timer
@@ -620,11 +624,12 @@ func (w *watchTimers) stop() {
 	}
 }
 
-// timeLimit starts the job's time limit and its --signal warning on w (nil channels for
-// none).
-func (st *step) timeLimit(w *watchTimers) (warn, limit <-chan time.Time) {
+// timeLimit starts the job's time limit tl and its --signal warning on w (nil channels
+// for none).
+func (st *step) timeLimit(w *watchTimers, tl time.Duration) (warn, limit <-chan time.Time) {
 	spec := st.job.Spec
-	if spec.TimeLimit <= 0 {
+	w.timeLimit = tl
+	if tl <= 0 {
 		return nil, nil
 	}
 	// From this placement's start: a job requeued (pre-empted, or after losing a node)
@@ -633,9 +638,9 @@ func (st *step) timeLimit(w *watchTimers) (warn, limit <-chan time.Time) {
 	if start.IsZero() {
 		start = time.Now()
 	}
-	end := start.Add(spec.TimeLimit)
+	end := start.Add(tl)
 	limit = w.after(time.Until(end))
-	if spec.Signal != 0 {
+	if spec.Signal != 0 && spec.SignalBefore < tl {
 		warn = w.after(time.Until(end.Add(-spec.SignalBefore)))
 	}
 	return warn, limit
@@ -680,8 +685,13 @@ func (st *step) leaseOver() {
 }
 
 // changed acts on the job's new state j: stops the workers when the job ends, is
-// stopped or leaves this node, gives a pre-emption's signal, and sets w's timers.
+// stopped or leaves this node, gives a pre-emption's signal, and sets w's timers (a
+// time limit scontrol update changed among them).
 func (st *step) changed(j *Job, w *watchTimers) {
+	if l := j.State.TimeLimit; l != nil && *l != w.timeLimit && j.State.Status == Running {
+		st.log.Info("the job's time limit changed (scontrol update)", zap.Duration("from", w.timeLimit), zap.Duration("to", *l))
+		w.warn, w.limit = st.timeLimit(w, *l)
+	}
 	switch {
 	case st.job.Spec.Batch != nil && j.State.Status == Completing:
 		// A batch job ends with its batch script (on the batch host) or is stopped:

@@ -37,31 +37,41 @@ func request(spec Spec, again bool, exclude []string) allocator.Request {
 		least, spares = spec.MinNodes, 0
 	}
 	r := allocator.JobRequest(spec.ID, least, spec.MaxNodes+spec.SpareNodes, spec.GPUsPerNode,
-		spec.Partition, spec.GPUModel, nil, spec.Priority, exclude)
+		spec.Partition, spec.GPUModel, nil, sitePriority(spec), exclude)
 	r.Spares = spares
 	r.MIGProfile = spec.MIGProfile
 	r.NodeChoice = spec.NodeChoice
 	r.CPUsPerNode, r.MemPerNodeMiB = spec.NodeCPUs(), (spec.NodeMem()+1<<20-1)>>20
 	// Who and what the policy counts (limits, fair-share); the age factor counts from
 	// the submission, a placement again included.
-	r.User, r.Account, r.TimeLimit = spec.User, spec.Account, spec.TimeLimit
+	r.User, r.Account, r.TimeLimit, r.QOS = spec.User, spec.Account, spec.TimeLimit, spec.QOS
 	if !spec.Submitted.IsZero() {
 		r.Submitted = spec.Submitted
 	}
 	return r
 }
 
+// sitePriority is the priority job spec brings to the policy's sum (Site): its
+// --priority less its --nice, as Slurm subtracts a job's nice from its priority,
+// held within ±MaxPriority.
+func sitePriority(spec Spec) int {
+	return max(min(spec.Priority-spec.Nice, MaxPriority), -MaxPriority)
+}
+
 // applyPolicy fills what spec leaves to the operator's policy p (nil: none) and
 // refuses what the policy never allows: the account defaults to the user's default
 // account (else the user's name, as when there is no policy), the partition to the
 // default partition, --time to the partition's default_time (else its max_time); an
-// account the user may not charge, or a partition that does not allow it, is
-// ErrInvalid. Limits that running jobs reach are not checked here: the job waits for
+// account the user may not charge, a partition that does not allow it, or a --qos the
+// policy has not (policy.ErrInvalidQOS) is ErrInvalid. Limits that running jobs reach are not checked here: the job waits for
 // them PENDING, with the limit's reason (policy.Policy.Check).
 func applyPolicy(p *policy.Policy, spec *Spec) error {
 	if p == nil {
 		if spec.Account == "" {
 			spec.Account = spec.User
+		}
+		if spec.QOS != "" {
+			return &invalid{fmt.Errorf("--qos %q: %w (the cluster has no policy, and no QOS)", spec.QOS, policy.ErrInvalidQOS)}
 		}
 		return nil
 	}
@@ -128,6 +138,8 @@ func submit(ctx context.Context, s store.Store, spec Spec, also alsoOps, auth au
 			st = newState(EvSubmitHold, "")
 		} else if len(spec.Dependency) > 0 {
 			st = newState(EvSubmitHeld, reason.Dependency)
+		} else if spec.Begin.After(time.Now()) {
+			st = newState(EvSubmitHeld, reason.BeginTime)
 		} else if reqOps, err = allocator.JobRequestOps(request(spec, false, nil)); err != nil {
 			return "", err
 		}
@@ -324,6 +336,8 @@ func submitArray(ctx context.Context, s store.Store, spec Spec, a Array, also al
 		st = newState(EvSubmitHold, "")
 	} else if len(spec.Dependency) > 0 {
 		st = newState(EvSubmitHeld, reason.Dependency)
+	} else if spec.Begin.After(time.Now()) {
+		st = newState(EvSubmitHeld, reason.BeginTime)
 	}
 	cc.seqMu.Lock()
 	defer cc.seqMu.Unlock()

@@ -26,6 +26,8 @@ type Job struct {
 	// Site is the job's own --priority, added to the multifactor sum as Slurm's site
 	// factor.
 	Site int
+	// QOS is the job's --qos ("": its account's QOS).
+	QOS string
 }
 
 // assoc is an (account, user) pair.
@@ -38,11 +40,17 @@ type Held struct {
 	accountJobs map[string]int
 	userGPUs    map[assoc]int
 	userJobs    map[assoc]int
+	// qosGPUs, qosUserGPUs and qosUserJobs count per QOS as given by the job (its
+	// --qos, else ""): Check resolves the account's QOS with the policy it has.
+	qosGPUs     map[string]int
+	qosUserGPUs map[assoc]int // {qos, user}
+	qosUserJobs map[assoc]int
 }
 
 // NewHeld returns an empty tally.
 func NewHeld() *Held {
-	return &Held{accountGPUs: map[string]int{}, accountJobs: map[string]int{}, userGPUs: map[assoc]int{}, userJobs: map[assoc]int{}}
+	return &Held{accountGPUs: map[string]int{}, accountJobs: map[string]int{}, userGPUs: map[assoc]int{}, userJobs: map[assoc]int{},
+		qosGPUs: map[string]int{}, qosUserGPUs: map[assoc]int{}, qosUserJobs: map[assoc]int{}}
 }
 
 // Add counts running job j (its GPUs and one job).
@@ -52,12 +60,22 @@ func (h *Held) Add(j Job) {
 	h.accountJobs[j.Account]++
 	h.userGPUs[a] += j.GPUs
 	h.userJobs[a]++
+	q := assoc{j.QOS, j.User}
+	if j.QOS == "" {
+		q.account = "\x00" + j.Account // the account's QOS, resolved by Check
+	}
+	h.qosGPUs[q.account] += j.GPUs
+	h.qosUserGPUs[q] += j.GPUs
+	h.qosUserJobs[q]++
 }
 
 // Admit checks, at submission, what no change of the running jobs can cure: the
 // account exists and lets the user in, and the partition allows the account. The error
 // names the value (Slurm refuses such a job at submission too).
 func (p *Policy) Admit(j Job) error {
+	if _, ok := p.QOS[j.QOS]; j.QOS != "" && !ok {
+		return fmt.Errorf("--qos %q: %w (gangrun policy show lists the QOS)", j.QOS, ErrInvalidQOS)
+	}
 	if why := p.membership(j); why != "" {
 		return fmt.Errorf("--account %q: %s", j.Account, why)
 	}
@@ -65,6 +83,56 @@ func (p *Policy) Admit(j Job) error {
 		return fmt.Errorf("--partition %q: %s", j.Partition, why)
 	}
 	return nil
+}
+
+// ErrInvalidQOS is a --qos the policy has not: Slurm's words ("Invalid qos
+// specification"), with which sbatch refuses the job.
+var ErrInvalidQOS = fmt.Errorf("Invalid qos specification")
+
+// QOSOf is the name of job j's QOS: its --qos, else its account's ("" none).
+func (p *Policy) QOSOf(j Job) string {
+	if j.QOS != "" {
+		return j.QOS
+	}
+	return p.Accounts[j.Account].QOS
+}
+
+// checkQOS returns why pending job j may not start now under its QOS's limits, given
+// what running jobs hold (h), or "".
+func (p *Policy) checkQOS(j Job, h *Held) string {
+	name := p.QOSOf(j)
+	q, ok := p.QOS[name]
+	if !ok {
+		return ""
+	}
+	// What the jobs of the QOS hold: those that named it and those whose accounts give it.
+	gpus, userGPUs, userJobs := h.qosGPUs[name], h.qosUserGPUs[assoc{name, j.User}], h.qosUserJobs[assoc{name, j.User}]
+	for acct, a := range p.Accounts {
+		if a.QOS == name {
+			gpus += h.qosGPUs["\x00"+acct]
+			userGPUs += h.qosUserGPUs[assoc{"\x00" + acct, j.User}]
+			userJobs += h.qosUserJobs[assoc{"\x00" + acct, j.User}]
+		}
+	}
+	switch max := time.Duration(q.MaxWall); {
+	case max > 0 && (j.TimeLimit == 0 || j.TimeLimit > max):
+		return fmt.Sprintf("%s: --time %s over QOS %s's max_wall %s", string(reason.QOSMaxWallDurationPerJobLimit), limitWords(j.TimeLimit), name, max)
+	case q.GrpGPUs > 0 && gpus+j.GPUs > q.GrpGPUs:
+		return fmt.Sprintf("%s: QOS %s holds %d of %d GPUs, the job wants %d (grp_gpus)", string(reason.QOSGrpGRES), name, gpus, q.GrpGPUs, j.GPUs)
+	case q.MaxGPUsPerUser > 0 && userGPUs+j.GPUs > q.MaxGPUsPerUser:
+		return fmt.Sprintf("%s: %s holds %d of %d GPUs in QOS %s, the job wants %d (max_gpus_per_user)", string(reason.QOSMaxGRESPerUser), j.User, userGPUs, q.MaxGPUsPerUser, name, j.GPUs)
+	case q.MaxJobsPerUser > 0 && userJobs >= q.MaxJobsPerUser:
+		return fmt.Sprintf("%s: %s runs %d of %d jobs in QOS %s (max_jobs_per_user)", string(reason.QOSMaxJobsPerUserLimit), j.User, userJobs, q.MaxJobsPerUser, name)
+	}
+	return ""
+}
+
+// limitWords is a --time for a reason: the duration, or UNLIMITED for none.
+func limitWords(d time.Duration) string {
+	if d == 0 {
+		return "UNLIMITED"
+	}
+	return d.String()
 }
 
 // membership says why j's user may not charge j's account, "" when it may.
@@ -115,6 +183,9 @@ func (p *Policy) Check(j Job, h *Held, u *Usage) string {
 		if pt.MaxGPUsPerJob > 0 && j.GPUs > pt.MaxGPUsPerJob {
 			return fmt.Sprintf("%s: %d GPUs over partition %s's max_gpus_per_job %d", string(reason.QOSMaxGRESPerJob), j.GPUs, j.Partition, pt.MaxGPUsPerJob)
 		}
+	}
+	if why := p.checkQOS(j, h); why != "" {
+		return why
 	}
 	a, ok := p.Accounts[j.Account]
 	if !ok {

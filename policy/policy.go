@@ -154,10 +154,23 @@ type Partition struct {
 	PreemptMode string `json:"preempt_mode,omitempty"`
 }
 
-// QOS is one quality of service level: its priority, normalised by the highest, is
-// the QOS factor.
+// QOS is one quality of service level (sacctmgr's QOS): its priority, normalised by
+// the highest, is the QOS factor; its limits hold for the jobs of that QOS (a job's
+// --qos, else its account's QOS), 0 meaning none.
 type QOS struct {
 	Priority int `json:"priority"`
+	// MaxWall caps a job's --time (MaxWall): a longer one (or none) waits with
+	// QOSMaxWallDurationPerJobLimit.
+	MaxWall Duration `json:"max_wall,omitempty"`
+	// MaxGPUsPerUser caps the GPUs each user's jobs of the QOS hold at once
+	// (MaxTRESPerUser=gres/gpu=N): QOSMaxGRESPerUser.
+	MaxGPUsPerUser int `json:"max_gpus_per_user,omitempty"`
+	// GrpGPUs caps the GPUs all the QOS's jobs hold at once (GrpTRES=gres/gpu=N):
+	// QOSGrpGRES.
+	GrpGPUs int `json:"grp_gpus,omitempty"`
+	// MaxJobsPerUser caps each user's running jobs of the QOS (MaxJobsPerUser):
+	// QOSMaxJobsPerUserLimit.
+	MaxJobsPerUser int `json:"max_jobs_per_user,omitempty"`
 }
 
 // Account is one account (project), with its users and limits (sacctmgr's
@@ -246,8 +259,17 @@ func (p *Policy) Validate() error {
 		if err := checkName("qos", name); err != nil {
 			return err
 		}
-		if q := p.QOS[name]; q.Priority < 0 || q.Priority > MaxWeight {
+		q := p.QOS[name]
+		if q.Priority < 0 || q.Priority > MaxWeight {
 			return fmt.Errorf("qos.%s.priority %d: want 0 to %d", name, q.Priority, int64(MaxWeight))
+		}
+		for _, l := range []struct {
+			field string
+			v     int64
+		}{{"max_wall", int64(q.MaxWall)}, {"max_gpus_per_user", int64(q.MaxGPUsPerUser)}, {"grp_gpus", int64(q.GrpGPUs)}, {"max_jobs_per_user", int64(q.MaxJobsPerUser)}} {
+			if l.v < 0 || l.field != "max_wall" && l.v > MaxWeight {
+				return fmt.Errorf("qos.%s.%s %d: want 0 (no limit) to %d", name, l.field, l.v, int64(MaxWeight))
+			}
 		}
 	}
 	if err := p.validateAccounts(); err != nil {

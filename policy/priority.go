@@ -55,8 +55,8 @@ func (p *Policy) Factors(j Job, now time.Time, fs *FairShare, totalGPUs int) Fac
 		f.Partition = float64(p.Partitions[j.Partition].Tier) / float64(top)
 	}
 	if top := p.maxQOS(); top > 0 {
-		if a, ok := p.Accounts[j.Account]; ok && a.QOS != "" {
-			f.QOS = float64(p.QOS[a.QOS].Priority) / float64(top)
+		if q := p.QOSOf(j); q != "" {
+			f.QOS = float64(p.QOS[q].Priority) / float64(top)
 		}
 	}
 	if fs != nil {

@@ -32,8 +32,9 @@ const (
 	// JobArrayTaskLimit: an array task waits for its array's --array %N cap
 	// (WAIT_ARRAY_TASK_LIMIT).
 	JobArrayTaskLimit Code = "JobArrayTaskLimit"
-	// BeginTime: a pre-empted job waits for the job that pre-empted it to start
-	// (WAIT_TIME: Slurm holds a requeued job back with a begin time too).
+	// BeginTime: a job waits for its --begin time (WAIT_TIME), or a pre-empted job for
+	// the job that pre-empted it to start (Slurm holds a requeued job back with a begin
+	// time too).
 	BeginTime Code = "BeginTime"
 	// JobHeldUser: held by its user (sbatch --hold, scontrol hold or uhold; WAIT_HELD_USER).
 	JobHeldUser Code = "JobHeldUser"
@@ -63,8 +64,16 @@ const (
 	AssocGrpJobsLimit Code = "AssocGrpJobsLimit"
 	// AssocGrpGRESMinutes: the account's grp_gpu_hours reached.
 	AssocGrpGRESMinutes Code = "AssocGrpGRESMinutes"
-	// QOSMaxGRESPerUser: the user's GPUs in the account at max_gpus_per_user.
+	// QOSMaxGRESPerUser: the user's GPUs in the account (or in the job's QOS) at
+	// max_gpus_per_user.
 	QOSMaxGRESPerUser Code = "QOSMaxGRESPerUser"
+	// QOSMaxWallDurationPerJobLimit: the job's --time over its QOS's max_wall.
+	QOSMaxWallDurationPerJobLimit Code = "QOSMaxWallDurationPerJobLimit"
+	// QOSGrpGRES: the GPUs its QOS's jobs hold at the QOS's grp_gpus.
+	QOSGrpGRES Code = "QOSGrpGRES"
+	// QOSMaxJobsPerUserLimit: the user's running jobs of the QOS at its
+	// max_jobs_per_user.
+	QOSMaxJobsPerUserLimit Code = "QOSMaxJobsPerUserLimit"
 	// AssocMaxJobsLimit: the user's running jobs at max_jobs_per_user.
 	AssocMaxJobsLimit Code = "AssocMaxJobsLimit"
 )
@@ -93,7 +102,7 @@ const (
 var All = []Code{
 	None, Priority, Resources, Dependency, DependencyNeverSatisfied, JobArrayTaskLimit, BeginTime, JobHeldUser, JobHeldAdmin, Requeued,
 	InvalidAccount, PartitionConfig, PartitionTimeLimit, QOSMaxGRESPerJob, AssocGrpGRES, AssocGrpJobsLimit,
-	AssocGrpGRESMinutes, QOSMaxGRESPerUser, AssocMaxJobsLimit,
+	AssocGrpGRESMinutes, QOSMaxGRESPerUser, AssocMaxJobsLimit, QOSMaxWallDurationPerJobLimit, QOSGrpGRES, QOSMaxJobsPerUserLimit,
 	NonZeroExitCode, TimeLimit, NodeDown, Cancelled, Preempted, InvalidCredential,
 }
 

@@ -49,6 +49,9 @@ func (v values) has(name string) bool {
 type UsageError struct {
 	Msg  string
 	Code int
+	// Before is a line the command prints before it, as Slurm's library prints it
+	// (without the command's name); "" for none.
+	Before string
 }
 
 func (e *UsageError) Error() string { return e.Msg }

@@ -422,7 +422,7 @@ func jobRows(ctx context.Context, s Store, j job.Job, allocations bool) []acctRo
 	base := acctRow{id: spec.ID, name: spec.Name, part: job.PartitionName(spec.Partition), account: spec.Account, user: spec.User,
 		state: acctState(st.Status), exit: exitCode(st.ExitCode, st.Reason), nodes: hostlist.Compress(nodes), workdir: spec.WorkDir,
 		cpus: cpusOf(spec, nn), nnodes: nn, gpus: nn * spec.GPUsPerNode, memMiB: spec.NodeMem() >> 20 * int64(nn), submit: spec.Submitted, start: st.PlacedSince(), end: st.Ended,
-		limit: spec.TimeLimit, reason: st.Reason, restarts: st.Restarts}
+		limit: spec.TimeLimit, reason: st.Reason, restarts: st.SlurmRestarts()}
 	if spec.Batch != nil {
 		base.wckey = spec.Batch.WCKey
 	}

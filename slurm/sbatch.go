@@ -81,7 +81,7 @@ var sbatchOptions = []option{
 	{long: "batch", arg: reqArg, unsupported: notBuilt},
 	{long: "bb", arg: reqArg, unsupported: notBuilt},
 	{long: "bbf", arg: reqArg, unsupported: notBuilt},
-	{long: "begin", short: 'b', arg: reqArg, unsupported: notBuilt},
+	{long: "begin", short: 'b', arg: reqArg},
 	{long: "cluster-constraint", arg: reqArg, unsupported: notBuilt},
 	{long: "clusters", short: 'M', arg: reqArg, unsupported: notBuilt},
 	{long: "comment", arg: reqArg, unsupported: notBuilt},
@@ -107,17 +107,17 @@ var sbatchOptions = []option{
 	{long: "hold", short: 'H', arg: noArg},
 	{long: "ignore-pbs", arg: noArg, unsupported: notBuilt},
 	{long: "input", short: 'i', arg: reqArg, unsupported: notBuilt},
-	{long: "kill-on-invalid-dep", arg: reqArg, unsupported: notBuilt},
+	{long: "kill-on-invalid-dep", arg: reqArg},
 	{long: "licenses", short: 'L', arg: reqArg, unsupported: notBuilt},
-	{long: "mail-type", arg: reqArg, unsupported: notBuilt},
-	{long: "mail-user", arg: reqArg, unsupported: notBuilt},
+	{long: "mail-type", arg: reqArg},
+	{long: "mail-user", arg: reqArg},
 	{long: "mcs-label", arg: reqArg, unsupported: notBuilt},
 	{long: "mem-bind", arg: reqArg, unsupported: notBuilt},
 	{long: "mem-per-cpu", arg: reqArg},
 	{long: "mem-per-gpu", arg: reqArg},
 	{long: "mincpus", arg: reqArg, unsupported: notBuilt},
 	{long: "network", arg: reqArg, unsupported: notBuilt},
-	{long: "nice", arg: optArg, unsupported: notBuilt},
+	{long: "nice", arg: optArg},
 	{long: "no-kill", short: 'k', arg: optArg, unsupported: notBuilt},
 	{long: "nodefile", short: 'F', arg: reqArg, unsupported: notBuilt},
 	{long: "ntasks-per-core", arg: reqArg, unsupported: notBuilt},
@@ -128,7 +128,7 @@ var sbatchOptions = []option{
 	{long: "power", arg: reqArg, unsupported: notBuilt},
 	{long: "profile", arg: reqArg, unsupported: notBuilt},
 	{long: "propagate", arg: optArg, unsupported: notBuilt},
-	{long: "qos", short: 'q', arg: reqArg, unsupported: notBuilt},
+	{long: "qos", short: 'q', arg: reqArg},
 	{long: "reboot", arg: noArg, unsupported: notBuilt},
 	{long: "reservation", arg: reqArg, unsupported: notBuilt},
 	{long: "sockets-per-node", arg: reqArg, unsupported: notBuilt},
@@ -493,6 +493,30 @@ func (o *batchOpts) limits(spec *job.Spec, r *BatchRequest) error {
 	if v.has("priority") {
 		if spec.Priority, err = strconv.Atoi(v["priority"]); err != nil {
 			return bad("priority")
+		}
+	}
+	if v.has("kill-on-invalid-dep") {
+		switch strings.ToLower(v["kill-on-invalid-dep"]) {
+		case "yes":
+			spec.KillInvalidDep = true
+		case "no":
+		default:
+			return &UsageError{Msg: "error: Invalid --kill-on-invalid-dep specification", Code: 255}
+		}
+	}
+	if v.has("begin") {
+		if spec.Begin, err = job.ParseBegin(v["begin"], time.Now()); err != nil {
+			// parse_time's line, then sbatch's (gangrun says pos=0 whatever the value).
+			return &UsageError{Before: "Invalid time specification (pos=0): " + v["begin"], Msg: "error: Invalid --begin specification", Code: 255}
+		}
+	}
+	spec.QOS = v["qos"]
+	if err := setMail(spec, v); err != nil {
+		return err
+	}
+	if v.has("nice") {
+		if spec.Nice, err = parseNice(v["nice"]); err != nil {
+			return err
 		}
 	}
 	if v.has("open-mode") {
@@ -914,6 +938,10 @@ func submitBatch(ctx context.Context, e *Env, cmd string, req *BatchRequest) (st
 	}
 	defer s.Close()
 	id, err := submit(ctx, e, s, req.Spec, req.Array)
+	if err != nil && strings.Contains(err.Error(), policy.ErrInvalidQOS.Error()) {
+		// slurmctld's words alone (the detail crosses a request box as text).
+		return "", errorf(e, cmd, 1, "Batch job submission failed: %v", policy.ErrInvalidQOS)
+	}
 	if err != nil {
 		return "", submitFailed(e, cmd, "Batch job submission failed", req.Spec, err)
 	}

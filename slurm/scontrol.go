@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/user"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -33,9 +34,9 @@ var scontrolOptions = []option{
 }
 
 // Scontrol is scontrol's show job, step, node, partition, hostnames, hostlist and
-// hostlistsorted (-o: one line per record), in Slurm's KEY=VALUE layout, and its hold,
-// uhold and release of jobs (holdJobs). Its other verbs (update, requeue, ...) are
-// refused.
+// hostlistsorted (-o: one line per record), in Slurm's KEY=VALUE layout, its hold,
+// uhold, release, requeue and requeuehold of jobs (holdJobs) and update of a job
+// (updateJobs). Its other verbs are refused.
 func Scontrol(ctx context.Context, e *Env, args []string) int {
 	c, code, done := scontrolParse(e, args)
 	if done {
@@ -54,6 +55,9 @@ func Scontrol(ctx context.Context, e *Env, args []string) int {
 	defer s.Close()
 	if c.hold != "" {
 		return holdJobs(ctx, e, s, c.hold, c.jobs)
+	}
+	if c.update != nil {
+		return updateJobs(ctx, e, s, c.update)
 	}
 	records, code := c.records(ctx, e, s)
 	if len(records) == 0 {
@@ -79,6 +83,8 @@ type scontrolCmd struct {
 	// comma-separated list); "" for show.
 	hold job.HoldOp
 	jobs []string
+	// update is scontrol update's arguments (nil for another verb).
+	update []string
 }
 
 // scontrolParse reads scontrol's command line: its options, then "show ENTITY [ARG]".
@@ -104,6 +110,13 @@ func scontrolParse(e *Env, args []string) (c scontrolCmd, code int, done bool) {
 			c.oneLine = true
 		}
 	}
+	if consumed := args[:len(args)-len(rest)]; !slices.Contains(consumed, "--") {
+		// scontrol's getopt_long permutes: the first "--" anywhere ends the options
+		// and goes ("scontrol hold -- 5" holds job 5).
+		if i := slices.Index(rest, "--"); i >= 0 {
+			rest = slices.Delete(slices.Clone(rest), i, i+1)
+		}
+	}
 	if len(rest) == 0 {
 		return c, errorf(e, "scontrol", 1, "gangrun's scontrol runs one command given on its command line (its interactive mode is %s)", notBuilt), true
 	}
@@ -112,7 +125,10 @@ func scontrolParse(e *Env, args []string) (c scontrolCmd, code int, done bool) {
 	case "hold", "uhold", "release", "requeue", "requeuehold":
 		c.hold, c.jobs = job.HoldOp(strings.ToLower(rest[0])), rest[1:]
 		return c, 0, false
-	case "update", "suspend", "resume", "reconfigure", "shutdown",
+	case "update":
+		c.update = rest[1:]
+		return c, 0, false
+	case "suspend", "resume", "reconfigure", "shutdown",
 		"create", "delete", "notify", "top", "reboot", "takeover", "setdebug", "listpids", "wait_job":
 		return c, errorf(e, "scontrol", 1, "scontrol %s is %s", rest[0], notBuilt), true
 	default:
@@ -310,6 +326,14 @@ func userID(name string) (string, string) {
 	return fmt.Sprintf("%s(%s)", name, u.Uid), fmt.Sprintf("%s(%s)", group, u.Gid)
 }
 
+// orNone is v, or "NONE" for "".
+func orNone(v string) string {
+	if v == "" {
+		return "NONE"
+	}
+	return v
+}
+
 // orNull is v, or "(null)" for "".
 func orNull(v string) string {
 	if v == "" {
@@ -332,7 +356,7 @@ func showJob(j job.Job, pending string) string {
 		w("   ArrayJobId=%s ArrayTaskId=%d\n", spec.Array.JobID, spec.Array.TaskID)
 	}
 	w("   UserId=%s GroupId=%s MCS_label=N/A\n", uid, gid)
-	w("   Priority=%d Nice=0 Account=%s QOS=(null)\n", spec.Priority, orNull(spec.Account))
+	w("   Priority=%d Nice=%d Account=%s QOS=%s\n", spec.Priority, spec.Nice, orNull(spec.Account), orNull(spec.QOS))
 	w("   JobState=%s Reason=%s Dependency=%s\n", st.Status, jobReason(row), orNull(job.FormatDependencies(spec.Dependency)))
 	requeue, batchFlag := 1, 0
 	if spec.Batch != nil {
@@ -343,7 +367,7 @@ func showJob(j job.Job, pending string) string {
 			batchFlag = 1
 		}
 	}
-	w("   Requeue=%d Restarts=%d BatchFlag=%d Reboot=0 ExitCode=%s\n", requeue, st.Restarts+st.NodeFailures, batchFlag, exitCode(st.ExitCode, st.Reason))
+	w("   Requeue=%d Restarts=%d BatchFlag=%d Reboot=0 ExitCode=%s\n", requeue, st.SlurmRestarts(), batchFlag, exitCode(st.ExitCode, st.Reason))
 	showJobTimes(w, spec, st)
 	host := "n/a"
 	if spec.Batch != nil && spec.Batch.SubmitHost != "" {
@@ -360,6 +384,13 @@ func showJob(j job.Job, pending string) string {
 	w("   OverSubscribe=%s Contiguous=0 Licenses=(null) Network=(null)\n", spec.OverSubscribe())
 	showJobFiles(w, spec, nodes)
 	w("   Power=\n")
+	if b := spec.Batch; b != nil && (b.MailType != "" || b.MailUser != "") {
+		user := b.MailUser
+		if user == "" {
+			user = spec.User // slurmctld's default: the job's user
+		}
+		w("   MailUser=%s MailType=%s\n", user, orNone(b.MailType))
+	}
 	if spec.MemPerGPU > 0 {
 		w("   MemPerTres=gres:gpu:%d\n", spec.MemPerGPU>>20)
 	}
@@ -406,7 +437,11 @@ func showJobTimes(w func(format string, a ...any), spec job.Spec, st job.State) 
 		limit = job.FormatSlurmTime(spec.TimeLimit)
 	}
 	w("   RunTime=%s TimeLimit=%s TimeMin=N/A\n", job.FormatSlurmTime(runTime), limit)
-	w("   SubmitTime=%s EligibleTime=%s\n", slurmTime(spec.Submitted), slurmTime(spec.Submitted))
+	eligible := spec.Submitted
+	if spec.Begin.After(eligible) {
+		eligible = spec.Begin // --begin
+	}
+	w("   SubmitTime=%s EligibleTime=%s\n", slurmTime(spec.Submitted), slurmTime(eligible))
 	w("   AccrueTime=%s\n", slurmTime(spec.Submitted))
 	start, end := "Unknown", "Unknown"
 	if !st.Started.IsZero() {
@@ -629,7 +664,7 @@ func holdJobs(ctx context.Context, e *Env, s Store, op job.HoldOp, ids []string)
 			last = "Invalid job id specified"
 		case errors.Is(err, job.ErrFinished):
 			last = job.ErrFinished.Error()
-		case errors.Is(err, job.ErrNotPending), errors.Is(err, job.ErrPending), errors.Is(err, job.ErrNotRunning):
+		case errors.Is(err, job.ErrNotPending), errors.Is(err, job.ErrPending), errors.Is(err, job.ErrNotRunning), errors.Is(err, job.ErrRequeueDisabled):
 			last = errors.Unwrap(err).Error()
 		case errors.Is(err, job.ErrHeldByOperator), errors.Is(err, job.ErrNotYours):
 			last = "Access/permission denied"

@@ -71,6 +71,10 @@ type Cluster interface {
 	// user, and returns how many jobs changed. Errors wrap job.ErrNotFound,
 	// job.ErrFinished, job.ErrNotPending, job.ErrHeldByOperator, job.ErrNotYours.
 	Hold(ctx context.Context, s Store, id string, op job.HoldOp) (int, error)
+	// Update makes scontrol update's change u of job or array id as this process's
+	// user, and returns how many jobs changed. Errors wrap job.DoUpdate's and
+	// job.ErrNotYours.
+	Update(ctx context.Context, s Store, id string, u job.Update) (int, error)
 }
 
 // Store is the cluster's Consul as the front end uses it: gangrun's store, closed when
@@ -116,6 +120,9 @@ func errorf(e *Env, cmd string, code int, format string, a ...any) int {
 
 // usage prints a UsageError's message with the command's name and returns its code.
 func usage(e *Env, cmd string, err *UsageError) int {
+	if err.Before != "" {
+		fmt.Fprintln(e.Stderr, err.Before)
+	}
 	fmt.Fprintf(e.Stderr, "%s: %s\n", cmd, err.Msg)
 	return err.Code
 }

@@ -205,7 +205,7 @@ var squeueValues = map[string]func(r jobRow) string{
 		}
 		return "N/A"
 	},
-	"y": func(jobRow) string { return "0" },
+	"y": func(r jobRow) string { return strconv.Itoa(r.j.Spec.Nice) },
 	"x": func(r jobRow) string { return hostlist.Compress(r.j.Spec.ExcNodes) },
 	"n": func(r jobRow) string { return hostlist.Compress(r.j.Spec.NodeList) },
 	"f": func(r jobRow) string { return orNull(r.j.Spec.Constraint) },

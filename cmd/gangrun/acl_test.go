@@ -80,7 +80,8 @@ func refused(t *testing.T, what string, r gangrunResult, want string) {
 // job, draining a node, setting the policy, submitting as alice and writing alice's
 // keys, each with one clear line and exit 2 (the scheduler and the agent carry on); the
 // operator drains, resumes, sets the policy and cancels alice's job, and `gangrun audit`
-// lists each of those, with who, from where and whose job; alice's cancel of her own job
+// lists each of those, with who, from where and whose job, and bob's refused cancel;
+// alice's cancel of her own job
 // is no administrative action. No secret appears in any output, the agent's log or its
 // metrics.
 func TestACLCluster(t *testing.T) {
@@ -283,6 +284,12 @@ func TestACLCluster(t *testing.T) {
 	}
 	entries = entries[1:]
 	host, _ := os.Hostname()
+	// Then bob's refused cancel of alice's job (refusals are recorded too).
+	if len(entries) == 0 || entries[0].Action != audit.ActionCancel || entries[0].User != "bob" || entries[0].Owner != "alice" ||
+		entries[0].Target != "job "+long || entries[0].Detail != "refused: the job is alice's (your token is bob's)" {
+		t.Fatalf("audit: the second entry is not bob's refused cancel:\n%s", r.stdout)
+	}
+	entries = entries[1:]
 	want := []struct{ action, target, owner, detail string }{
 		{audit.ActionDrain, "node acl-a", "", "fan swap"},
 		{audit.ActionResume, "node acl-a", "", ""},
@@ -299,7 +306,7 @@ func TestACLCluster(t *testing.T) {
 			t.Errorf("audit entry %d: %+v, want %+v by the operator's token from %s", i, e, w, host)
 		}
 	}
-	if r := c.as(bob, "audit"); r.code != 0 || strings.Count(r.stdout, "\n") != 2+len(want) || !strings.Contains(r.stdout, "fan swap") {
+	if r := c.as(bob, "audit"); r.code != 0 || strings.Count(r.stdout, "\n") != 3+len(want) || !strings.Contains(r.stdout, "fan swap") {
 		t.Errorf("audit (table): exit %d:\n%s", r.code, r.stdout)
 	}
 

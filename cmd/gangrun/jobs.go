@@ -39,6 +39,8 @@ const stepCommand = "__step"
 type submitFlags struct {
 	nodes, name, partition, account, timeLimit, signal, checkpointDir, output, uid string
 	dependency, array                                                              string
+	begin, qos                                                                     string
+	nice                                                                           int
 	priority, spares                                                               int
 	gpus                                                                           string
 	termTimeout                                                                    time.Duration
@@ -72,7 +74,10 @@ func (f *submitFlags) register(fs *pflag.FlagSet) {
 	fs.StringArrayVar(&f.env, "env", nil, "extra worker environment KEY=VAL (repeatable)")
 	memVar(fs, &f.mem, "memory limit per node (the step's cgroup), Slurm's --mem syntax: 4G, 500M, 1024 (megabytes); 0 is none")
 	fs.BoolVar(&f.hold, "hold", false, "queue the job held (JobHeldUser) until scontrol release, as sbatch --hold")
-	fs.StringVar(&f.dependency, "dependency", "", "wait for other jobs: afterok:ID[:ID...], afterany:, afternotok:, after: (started), singleton; comma-separated, all must hold")
+	fs.StringVar(&f.begin, "begin", "", "start no sooner than this (Slurm's forms: now+1hour, 16:00, midnight, 2026-04-01T08:30, ...); it waits PENDING (BeginTime)")
+	fs.IntVar(&f.nice, "nice", 0, "lower the job's priority by this much (negative: an operator's only), as sbatch --nice")
+	fs.StringVar(&f.qos, "qos", "", "the job's QOS, one of the policy's (its priority and limits; default the account's)")
+	fs.StringVar(&f.dependency, "dependency", "", "wait for other jobs: afterok:ID[:ID...], afterany:, afternotok:, aftercorr:, after:ID[+MIN] (started), singleton; ',' all must hold, '?' any one")
 	fs.StringVar(&f.array, "array", "", fmt.Sprintf("a job array: indices 0-15, 1,3,5-7 or 0-15:2 (0 to %d), %%N caps the tasks running at once", job.MaxArraySize-1))
 	fs.BoolVar(&f.asJSON, "json", false, `print {"id"} ({"id", "tasks"} for an array)`)
 }
@@ -259,6 +264,12 @@ func (f *submitFlags) spec(command []string, script, name string) (job.Spec, err
 	if err != nil {
 		return job.Spec{}, err
 	}
+	var begin time.Time
+	if f.begin != "" {
+		if begin, err = job.ParseBegin(f.begin, time.Now()); err != nil {
+			return job.Spec{}, err
+		}
+	}
 	wd, err := os.Getwd()
 	if err != nil {
 		return job.Spec{}, fmt.Errorf("the submit directory: %w", err)
@@ -299,7 +310,8 @@ func (f *submitFlags) spec(command []string, script, name string) (job.Spec, err
 		MinNodes: lo, MaxNodes: hi, GPUsPerNode: gpus, GPUModel: model, MIGProfile: profile, Priority: f.priority, TimeLimit: limit,
 		Signal: sig, SignalBefore: before, SpareNodes: f.spares, CheckpointDir: f.checkpointDir,
 		Supervision: sup, TermTimeout: f.termTimeout, Output: f.output, Env: env, Mem: f.mem,
-		Command: command, Script: script, WorkDir: wd, Dependency: deps, Hold: f.hold, NodeChoice: choice}
+		Command: command, Script: script, WorkDir: wd, Dependency: deps, Hold: f.hold, Begin: begin, Nice: f.nice, QOS: f.qos,
+		NodeChoice: choice}
 	if spec.Name == "" {
 		spec.Name = name
 	}

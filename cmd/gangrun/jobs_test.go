@@ -488,6 +488,9 @@ func TestSubmitRefusesBadSpecs(t *testing.T) {
 		{[]string{"--signal", "USR1@60", "--", "/bin/true"}, "--signal USR1@1m0s needs --time"},
 		{[]string{"--nodes", "3:2", "--", "/bin/true"}, `--nodes "3:2"`},
 		{[]string{"--output", "x-%q", "--", "/bin/true"}, "unknown pattern %q"},
+		{[]string{"--begin", "bogus", "--", "/bin/true"}, `--begin "bogus": Invalid time specification`},
+		{[]string{"--qos", "high", "--", "/bin/true"}, "Invalid qos specification"},
+		{[]string{"--dependency", "afterok:1?afterany:2,singleton", "--", "/bin/true"}, "not both"},
 		{[]string{noCmd}, "nothing to run"},
 		{[]string{badLine}, "unterminated single quote"},
 		{[]string{filepath.Join(dir, "missing.sh")}, "missing.sh"},
@@ -771,4 +774,16 @@ func TestJobFailsWhenOneNodesStepCannotStart(t *testing.T) {
 		free, total := freeGPUs(nodesJSON(t, c.consul))
 		return free == total
 	}, "every GPU free again")
+}
+
+// TestSubmitBegin: a job submitted with --begin waits PENDING with reason BeginTime,
+// without a request, then runs to COMPLETED once its time has come.
+func TestSubmitBegin(t *testing.T) {
+	c := startJobCluster(t, "gpu-a")
+	t.Chdir(t.TempDir())
+	id := c.submit("--begin", "now+3", "--nice", "5", "--", "/bin/true")
+	if m := c.show(id); m["state"] != string(job.Pending) || m["reason"] != "BeginTime" {
+		t.Errorf("a job with --begin now+3: %v %v, want PENDING BeginTime", m["state"], m["reason"])
+	}
+	c.waitState(id, job.Completed, time.Minute)
 }

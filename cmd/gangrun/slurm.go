@@ -126,6 +126,18 @@ func (c *slurmCluster) Hold(ctx context.Context, s slurm.Store, id string, op jo
 	return actor.Hold(ctx, s, id, op)
 }
 
+// Update implements slurm.Cluster: scontrol update of a job (route).
+func (c *slurmCluster) Update(ctx context.Context, s slurm.Store, id string, u job.Update) (int, error) {
+	as, actor, err := c.route(ctx, s)
+	if err != nil {
+		return 0, err
+	}
+	if as != nil {
+		return as.Update(ctx, s, id, u)
+	}
+	return actor.Update(ctx, s, id, u)
+}
+
 // runSlurm runs the Slurm command name (gangrun called under that name).
 func runSlurm(ctx context.Context, e *env, name string, args []string) int {
 	se := &slurm.Env{Stdin: e.stdin, Stdout: rawWriter(e.stdout), Stderr: e.stderr, Getenv: e.getenv, Environ: os.Environ,

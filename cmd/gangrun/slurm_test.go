@@ -408,7 +408,7 @@ func TestSbatchRefusalsAgainstSlurm(t *testing.T) {
 			t.Errorf("sbatch %q:\nslurm   exit %d: %q\ngangrun exit %d: %q, want Slurm's line and the value", args, rcode, rerr, gcode, gerr)
 		}
 	}
-	for _, opt := range []string{"--qos=high", "--begin=now", "--reservation=x"} {
+	for _, opt := range []string{"--reservation=x", "--comment=x"} {
 		args := []string{opt, "job.sh"}
 		_, gerr, gcode := p.run(gangrunSide, dir, "", nil, "sbatch", args...)
 		name := strings.TrimLeft(strings.SplitN(opt, "=", 2)[0], "-")
