@@ -331,38 +331,9 @@ func runStep(ctx context.Context, e *Env, id string, v values, command []string)
 	case errors.As(err, &ue):
 		return usage(e, "srun", ue)
 	}
-	req := job.StepRequest{Job: id, Name: filepath.Base(command[0]), UID: uint32(os.Getuid()), Nodes: lay.nodes,
-		Tasks: lay.tasks, Command: command, Label: v.has("label")}
-	if v.has("job-name") {
-		req.Name = v["job-name"]
-	}
-	if s := v["gpus-per-task"]; s != "" || e.Getenv("SLURM_GPUS_PER_TASK") != "" {
-		if s == "" {
-			s = e.Getenv("SLURM_GPUS_PER_TASK")
-		}
-		_, n, ok := gpuCount(s)
-		if !ok {
-			return errorf(e, "srun", 255, "Invalid --gpus-per-task specification")
-		}
-		req.GPUsPerTask = n
-	}
-	req.WorkDir, _ = os.Getwd()
-	if v.has("chdir") {
-		d := v["chdir"]
-		if !filepath.IsAbs(d) {
-			d = filepath.Join(req.WorkDir, d)
-		}
-		req.WorkDir = d
-	}
-	environ := e.Environ()
-	if e.Getenv("SLURM_JOB_ID") != id {
-		environ = append(environ, allocationVars(j)...) // srun --jobid from outside the job
-	}
-	if v.has("cpus-per-task") {
-		environ = append(environ, "SLURM_CPUS_PER_TASK="+v["cpus-per-task"])
-	}
-	if req.Env, err = job.ExportEnv(exportMode(v["export"]), environ, loginEnv(currentUser())); err != nil {
-		return errorf(e, "srun", 255, "%v", err)
+	req, code, ok := stepRequest(e, j, id, v, lay, command)
+	if !ok {
+		return code
 	}
 	tty, code, done := ptyRequest(e, v, &req) // srun --pty's terminal
 	if done {
@@ -402,6 +373,47 @@ func runStep(ctx context.Context, e *Env, id string, v values, command []string)
 		errorf(e, "srun", 0, "record the step's end: %v", err)
 	}
 	return code
+}
+
+// stepRequest is the step srun asks of job j's (id's) nodes: its tasks laid out as lay, its
+// command, name, GPUs per task, working directory and environment; false with the exit
+// code after a message when an option's value is bad.
+func stepRequest(e *Env, j *job.Job, id string, v values, lay stepLayout, command []string) (job.StepRequest, int, bool) {
+	req := job.StepRequest{Job: id, Name: filepath.Base(command[0]), UID: uint32(os.Getuid()), Nodes: lay.nodes,
+		Tasks: lay.tasks, Command: command, Label: v.has("label")}
+	if v.has("job-name") {
+		req.Name = v["job-name"]
+	}
+	if s := v["gpus-per-task"]; s != "" || e.Getenv("SLURM_GPUS_PER_TASK") != "" {
+		if s == "" {
+			s = e.Getenv("SLURM_GPUS_PER_TASK")
+		}
+		_, n, ok := gpuCount(s)
+		if !ok {
+			return req, errorf(e, "srun", 255, "Invalid --gpus-per-task specification"), false
+		}
+		req.GPUsPerTask = n
+	}
+	req.WorkDir, _ = os.Getwd()
+	if v.has("chdir") {
+		d := v["chdir"]
+		if !filepath.IsAbs(d) {
+			d = filepath.Join(req.WorkDir, d)
+		}
+		req.WorkDir = d
+	}
+	environ := e.Environ()
+	if e.Getenv("SLURM_JOB_ID") != id {
+		environ = append(environ, allocationVars(j)...) // srun --jobid from outside the job
+	}
+	if v.has("cpus-per-task") {
+		environ = append(environ, "SLURM_CPUS_PER_TASK="+v["cpus-per-task"])
+	}
+	var err error
+	if req.Env, err = job.ExportEnv(exportMode(v["export"]), environ, loginEnv(currentUser())); err != nil {
+		return req, errorf(e, "srun", 255, "%v", err), false
+	}
+	return req, 0, true
 }
 
 // srunRun is one srun step's side of its nodes' connections.
