@@ -59,6 +59,9 @@ const (
 	// ActionUpdate is an scontrol update of a job, anyone's (the entry's Detail says
 	// what it changed, and why it was refused when it was).
 	ActionUpdate = "update"
+	// ActionSignal is a signal sent to another user's running job without cancelling
+	// it (scancel --signal; the entry's Detail names the signal and where it went).
+	ActionSignal = "signal"
 	// ActionRefuse is the elected agent refusing a job or a request whose MUNGE
 	// credential does not prove its user (reason.InvalidCredential), and a step
 	// refusing to run a job whose record does not match its attestation.

@@ -435,6 +435,10 @@ func (bs *batchStep) wait(ctx context.Context, p *proc.Process) proc.ExitStatus 
 		case <-p.Exited():
 			return bs.release(p)
 		case sig := <-bs.st.stop:
+			if t, ok := sig.(targeted); ok {
+				bs.signalTargeted(t, p)
+				continue
+			}
 			s, _ := sig.(syscall.Signal)
 			switch {
 			case s == syscall.SIGTERM:
@@ -488,6 +492,10 @@ func (bs *batchStep) waitStop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case sig := <-bs.st.stop:
+			if t, ok := sig.(targeted); ok {
+				bs.signalTargeted(t, nil)
+				continue
+			}
 			s, _ := sig.(syscall.Signal)
 			if s == syscall.SIGTERM {
 				return
@@ -571,6 +579,27 @@ func terminate(ps []*proc.Process, grace time.Duration, signal func(*proc.Proces
 			}
 			<-p.Exited()
 		}
+	}
+}
+
+// signalTargeted gives a user's signal request t (scancel --signal) to this node's
+// processes, as Slurm 22.05's scancel sends it: SignalSteps to the srun steps' tasks,
+// SignalBatch to the batch shell alone (not its children), SignalFull to the batch
+// shell's process group and the tasks. batch is the batch script (nil where it does not
+// run: another node, an allocation). A SIGTERM to the tasks goes through signal, once.
+func (bs *batchStep) signalTargeted(t targeted, batch *proc.Process) {
+	switch t.target {
+	case SignalBatch:
+		if batch != nil {
+			_ = batch.SignalLeader(t.sig)
+		}
+	case SignalFull:
+		if batch != nil {
+			_ = batch.Signal(t.sig)
+		}
+		bs.signalTasks(t.sig)
+	default:
+		bs.signalTasks(t.sig)
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -34,8 +35,8 @@ import (
 // through the boxes (root's too), so that the agent checks who asks.
 //
 //	gangrun/batch/users/<user>/<kind>-<nanos>-<rand>   boxed request; kind submit,
-//	                                                   cancel, hold, update, drain,
-//	                                                   resume or policy
+//	                                                   cancel, hold, update, signal,
+//	                                                   drain, resume or policy
 //
 // A submit's job is queued in the transaction that writes its answer (a check-and-set
 // of the request), so a request is carried out once or not at all; the asker deletes
@@ -51,6 +52,7 @@ const (
 	requestPolicy = "policy"
 	requestHold   = "hold"   // scontrol hold, uhold, release (Request.HoldOp)
 	requestUpdate = "update" // scontrol update (Request.Update)
+	requestSignal = "signal" // scancel --signal (Request.Signal, Request.Target)
 )
 
 // requestKeep is how long an answered request nobody took is kept.
@@ -69,6 +71,10 @@ type Request struct {
 	// Job is a cancel's or hold's job id (or an array's); HoldOp the hold's operation.
 	Job    string `json:"job,omitempty"`
 	HoldOp HoldOp `json:"hold_op,omitempty"`
+	// Signal and Target are a signal request's signal (its number) and where it goes
+	// (SignalSteps, SignalBatch, SignalFull).
+	Signal int    `json:"signal,omitempty"`
+	Target string `json:"target,omitempty"`
 	// Update is an update's change of the job.
 	Update *Update `json:"update,omitempty"`
 	// Node and Reason are a drain's node and reason (a resume's node).
@@ -116,6 +122,8 @@ type Answer struct {
 	// Held the jobs a hold or release changed.
 	Cancelled int `json:"cancelled,omitempty"`
 	Held      int `json:"held,omitempty"`
+	// Signalled counts the jobs a signal request reached.
+	Signalled int `json:"signalled,omitempty"`
 	// NotPending says a hold or release found the job no longer pending (ErrNotPending),
 	// Finished that it had ended (ErrFinished).
 	NotPending bool `json:"not_pending,omitempty"`
@@ -787,6 +795,13 @@ func (sv *server) do(ctx context.Context, who asker, r Request, answer func(Answ
 		}
 		a.By = who.by
 		return &a, also, nil
+	case requestSignal:
+		a, err := signalFor(ctx, s, sv.prover, who, r.Job, syscall.Signal(r.Signal), r.Target)
+		if err != nil {
+			return nil, nil, err
+		}
+		a.By = who.by
+		return &a, refusedOps(ctx, sv.prover, who, audit.ActionSignal, "job "+r.Job, signalDetail(syscall.Signal(r.Signal), r.Target), a), nil
 	case requestDrain, requestResume, requestPolicy:
 		return sv.operate(ctx, who, r)
 	default:

@@ -239,6 +239,9 @@ type State struct {
 	// PlacedAt is when the job's current (or last) placement started running: a
 	// pre-emption's exempt time and the time limit count from it.
 	PlacedAt time.Time `json:"placed_at,omitzero"`
+	// Signals are the signals users sent the job while it ran (scancel --signal),
+	// oldest first, the newest maxSignalsKept (signal.go).
+	Signals []SignalRequest `json:"signals,omitempty"`
 	// Preemptions are the job's pre-emptions, oldest first (preempt.go).
 	Preemptions []Preemption `json:"preemptions,omitempty"`
 	// PreemptedBy names, while the job waits PENDING after a pre-emption (reason

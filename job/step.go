@@ -97,6 +97,9 @@ type step struct {
 	fenced bool
 	// stopSupervisor ends the supervisor's run (a fenced step: no rejoin).
 	stopSupervisor func()
+	// signalledTo is when the newest signal request given to the processes was asked
+	// (signalled; watch's alone).
+	signalledTo time.Time
 }
 
 // run is the step's life: read the job, open the step's session, take the node's GPUs
@@ -688,6 +691,7 @@ func (st *step) leaseOver() {
 // stopped or leaves this node, gives a pre-emption's signal, and sets w's timers (a
 // time limit scontrol update changed among them).
 func (st *step) changed(j *Job, w *watchTimers) {
+	st.signalled(j)
 	if l := j.State.TimeLimit; l != nil && *l != w.timeLimit && j.State.Status == Running {
 		st.log.Info("the job's time limit changed (scontrol update)", zap.Duration("from", w.timeLimit), zap.Duration("to", *l))
 		w.warn, w.limit = st.timeLimit(w, *l)

@@ -7,7 +7,7 @@ import (
 	"os"
 	"regexp"
 	"strconv"
-	"strings"
+	"syscall"
 	"time"
 
 	"github.com/gangrun/gangrun/job"
@@ -45,19 +45,24 @@ var scancelOptions = []option{
 var scancelID = regexp.MustCompile(`^(\d+)(_\d+)?(\.(\d+|batch))?$`)
 
 // Scancel is scancel: it cancels the jobs, array tasks and srun steps named (and those
-// -u, -n, -p, -t, -A, --me select) as their user. Signals other than the cancel's are
-// refused: gangrun stops a job as scancel's default does (SIGCONT and SIGTERM, then
-// SIGKILL after the grace).
+// -u, -n, -p, -t, -A, --me select) as their user: SIGCONT and SIGTERM, then SIGKILL
+// after the grace, as scancel's default (and --signal=KILL). Another --signal is sent
+// to the running jobs without cancelling them (scancelSignal).
 func Scancel(ctx context.Context, e *Env, args []string) int {
 	v, ids, done, code := parseOpts(e, "scancel", scancelOptions, args, 1, "Usage: scancel [OPTIONS] [job_id[_array_id][.step_id]]\n")
 	if done {
 		return code
 	}
+	var sig syscall.Signal
 	if v.has("signal") {
-		sig := strings.TrimPrefix(strings.ToUpper(v["signal"]), "SIG")
-		if sig != "KILL" && sig != "TERM" && sig != "9" && sig != "15" {
-			return errorf(e, "scancel", 1, "--signal=%s: signalling a job without cancelling it is %s", v["signal"], notBuilt)
+		var err error
+		if sig, err = job.SignalNumber(v["signal"]); err != nil {
+			fmt.Fprintln(e.Stderr, err) // scancel 22.05's words, with no prefix
+			return 1
 		}
+	}
+	if sig != 0 && sig != syscall.SIGKILL {
+		return scancelSignal(ctx, e, v, ids, sig)
 	}
 	if v.has("batch") || v.has("full") {
 		if !v.has("signal") {
@@ -177,4 +182,95 @@ func cancelStep(ctx context.Context, s Store, id, n string) string {
 		return ""
 	}
 	return "Invalid job id specified"
+}
+
+// scancelSignal is `scancel --signal=SIG [--batch|--full]`: sig goes to the running
+// jobs named (and those the filters select) without cancelling them, as scancel 22.05
+// sends it: to the srun steps' tasks, with --batch to the batch shell alone, with
+// --full to the batch shell, its children and the tasks. A pending job is an error
+// ("Job is pending execution"); one that ended is passed over (with -v: "Job ID is
+// already complete"), as a cancel's.
+func scancelSignal(ctx context.Context, e *Env, v values, ids []string, sig syscall.Signal) int {
+	target := job.SignalSteps
+	switch {
+	case v.has("full"):
+		target = job.SignalFull
+	case v.has("batch"):
+		target = job.SignalBatch
+	}
+	if v.has("jobname") {
+		v["name"] = v["jobname"]
+	}
+	if v.has("state") {
+		v["states"] = v["state"]
+	}
+	for _, id := range ids {
+		m := scancelID.FindStringSubmatch(id)
+		if m == nil {
+			return errorf(e, "scancel", 1, "Invalid job id %s", id)
+		}
+		if m[3] != "" {
+			return errorf(e, "scancel", 1, "--signal=%s %s: signalling one step of a job is %s (signal the job)", v["signal"], id, notBuilt)
+		}
+	}
+	filtered := v.has("user") || v.has("name") || v.has("partition") || v.has("states") || v.has("account") || v.has("me")
+	if len(ids) == 0 && !filtered {
+		return errorf(e, "scancel", 1, "No job identification provided")
+	}
+	f, err := newJobFilter(v)
+	if err != nil {
+		return usage(e, "scancel", err.(*UsageError))
+	}
+	s, err := e.Cluster.Open(ctx)
+	if err != nil {
+		return errorf(e, "scancel", 1, "Unable to contact slurm controller (connect failure): %v", err)
+	}
+	defer s.Close()
+	if filtered {
+		jobs, err := job.List(ctx, s)
+		if err != nil {
+			return errorf(e, "scancel", 1, "%v", err)
+		}
+		named := ids
+		ids = nil
+		for _, j := range jobs {
+			if j.State.Status == job.Running && (len(named) == 0 || containsID(named, j)) && f.match(j, false) {
+				ids = append(ids, j.Spec.ID)
+			}
+		}
+	}
+	failed := false
+	for _, id := range ids {
+		if !signalOne(ctx, e, s, id, sig, target, v.has("verbose")) {
+			failed = true
+		}
+	}
+	if failed {
+		return 1
+	}
+	return 0
+}
+
+// signalOne sends sig to job id where target says and reports an error in scancel's
+// words; false when it failed.
+func signalOne(ctx context.Context, e *Env, s Store, id string, sig syscall.Signal, target string, verbose bool) bool {
+	_, err := e.Cluster.Signal(ctx, s, id, sig, target)
+	switch {
+	case errors.Is(err, job.ErrNotFound):
+		// scancel 22.05 says nothing of an id it does not know.
+	case errors.Is(err, job.ErrFinished), errors.Is(err, job.ErrNotRunning):
+		if verbose {
+			fmt.Fprintf(e.Stderr, "scancel: Job %s is already complete\n", id)
+		}
+	case errors.Is(err, job.ErrNotYours):
+		errorf(e, "scancel", 0, "Kill job error on job id %s: Access/permission denied", id)
+		return false
+	case errors.Is(err, job.ErrPending):
+		errorf(e, "scancel", 0, "Kill job error on job id %s: %v", id, job.ErrPending)
+		return false
+	case err != nil:
+		errorf(e, "scancel", 0, "Kill job error on job id %s: %v", id, err)
+		return false
+	}
+	return true
 }

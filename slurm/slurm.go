@@ -19,6 +19,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"syscall"
 
 	"github.com/gangrun/gangrun/identity"
 	"github.com/gangrun/gangrun/internal/store"
@@ -75,6 +76,11 @@ type Cluster interface {
 	// user, and returns how many jobs changed. Errors wrap job.DoUpdate's and
 	// job.ErrNotYours.
 	Update(ctx context.Context, s Store, id string, u job.Update) (int, error)
+	// Signal sends sig to running job or array id where target says (job.SignalSteps,
+	// job.SignalBatch, job.SignalFull) as this process's user, without cancelling it,
+	// and returns how many jobs it reached. Errors wrap job.ErrNotFound,
+	// job.ErrPending, job.ErrFinished, job.ErrNotRunning, job.ErrNotYours.
+	Signal(ctx context.Context, s Store, id string, sig syscall.Signal, target string) (int, error)
 }
 
 // Store is the cluster's Consul as the front end uses it: gangrun's store, closed when

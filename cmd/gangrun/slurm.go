@@ -138,6 +138,18 @@ func (c *slurmCluster) Update(ctx context.Context, s slurm.Store, id string, u j
 	return actor.Update(ctx, s, id, u)
 }
 
+// Signal implements slurm.Cluster: scancel --signal of a running job (route).
+func (c *slurmCluster) Signal(ctx context.Context, s slurm.Store, id string, sig syscall.Signal, target string) (int, error) {
+	as, actor, err := c.route(ctx, s)
+	if err != nil {
+		return 0, err
+	}
+	if as != nil {
+		return as.Signal(ctx, s, id, sig, target)
+	}
+	return actor.Signal(ctx, s, id, sig, target)
+}
+
 // runSlurm runs the Slurm command name (gangrun called under that name).
 func runSlurm(ctx context.Context, e *env, name string, args []string) int {
 	se := &slurm.Env{Stdin: e.stdin, Stdout: rawWriter(e.stdout), Stderr: e.stderr, Getenv: e.getenv, Environ: os.Environ,

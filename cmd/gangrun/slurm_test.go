@@ -1221,3 +1221,64 @@ func TestScancelNoteAgainstSlurm(t *testing.T) {
 		t.Errorf("the srun task's gangrun run, on scancel: want one SIGTERM, no second signal:\n%s", data)
 	}
 }
+
+// TestScancelSignalAgainstSlurm: `scancel --signal=SIG` signals a running batch job
+// without cancelling it, on a real Slurm 22.05 and on gangrun alike: by default the
+// srun step's task gets it and the batch shell does not, with --batch the batch shell
+// does; the job stays RUNNING. An unknown signal is refused in scancel's words.
+func TestScancelSignalAgainstSlurm(t *testing.T) {
+	p := startSlurmPair(t, "gpu-a")
+	script := `#!/bin/bash
+#SBATCH --gres=gpu:1
+trap 'echo batch USR2 >> got' USR2
+trap 'echo batch TERM >> got' TERM
+srun bash -c 'trap "echo task USR2 >> got" USR2; trap "echo task TERM >> got" TERM; echo ready > ready; while :; do sleep 1; done' &
+while :; do sleep 1; done
+`
+	var bad [2]string
+	for i, s := range []side{realSlurm, gangrunSide} {
+		dir := sharedDir(t)
+		if err := os.WriteFile(filepath.Join(dir, "job.sh"), []byte(script), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		out, errOut, code := p.run(s, dir, "", nil, "sbatch", "--parsable", "job.sh")
+		if code != 0 {
+			t.Fatalf("%s sbatch: exit %d %s", s, code, errOut)
+		}
+		id := strings.TrimSpace(out)
+		waitFor(t, time.Minute, string(s)+" task started", func() (bool, string) {
+			return readFile(dir, "ready") != "", readFile(dir, "slurm-"+id+".out")
+		})
+		if _, errOut, code := p.run(s, dir, "", nil, "scancel", "--signal", "USR2", id); code != 0 {
+			t.Fatalf("%s scancel --signal USR2: exit %d %s", s, code, errOut)
+		}
+		waitFor(t, time.Minute, string(s)+" task got USR2", func() (bool, string) {
+			got := readFile(dir, "got")
+			return strings.Contains(got, "task USR2"), got
+		})
+		if _, errOut, code := p.run(s, dir, "", nil, "scancel", "-b", "-s", "SIGTERM", id); code != 0 {
+			t.Fatalf("%s scancel -b -s SIGTERM: exit %d %s", s, code, errOut)
+		}
+		waitFor(t, time.Minute, string(s)+" batch shell got TERM", func() (bool, string) {
+			got := readFile(dir, "got")
+			return strings.Contains(got, "batch TERM"), got
+		})
+		if got := readFile(dir, "got"); got != "task USR2\nbatch TERM\n" {
+			t.Errorf("%s: what the job's processes got:\n%s\nwant the task USR2, the batch shell TERM, nothing else", s, got)
+		}
+		if out, _, _ := p.run(s, dir, "", nil, "squeue", "-h", "-o", "%T", "-j", id); strings.TrimSpace(out) != "RUNNING" {
+			t.Errorf("%s: job %s after the signals: %q, want RUNNING", s, id, out)
+		}
+		_, errOut, code = p.run(s, dir, "", nil, "scancel", "--signal=FOO", id)
+		bad[i] = fmt.Sprintf("exit %d: %s", code, errOut)
+		if _, errOut, code := p.run(s, dir, "", nil, "scancel", id); code != 0 {
+			t.Fatalf("%s scancel: exit %d %s", s, code, errOut)
+		}
+		if st := p.waitEnd(s, id, time.Minute); st != "CANCELLED" {
+			t.Errorf("%s: job %s ended %s, want CANCELLED", s, id, st)
+		}
+	}
+	if bad[0] != bad[1] || bad[0] != "exit 1: Unknown job signal: FOO\n" {
+		t.Errorf("scancel --signal=FOO: slurm %q, gangrun %q", bad[0], bad[1])
+	}
+}
