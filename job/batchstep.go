@@ -586,20 +586,27 @@ func terminate(ps []*proc.Process, grace time.Duration, signal func(*proc.Proces
 // processes, as Slurm 22.05's scancel sends it: SignalSteps to the srun steps' tasks,
 // SignalBatch to the batch shell alone (not its children), SignalFull to the batch
 // shell's process group and the tasks. batch is the batch script (nil where it does not
-// run: another node, an allocation). A SIGTERM to the tasks goes through signal, once.
+// run: another node, an allocation). The tasks get it as sent, a SIGTERM too, which
+// does not count as the stop's (termed): a task a user sent SIGTERM still gets its
+// stop's SIGTERM, as on Slurm.
 func (bs *batchStep) signalTargeted(t targeted, batch *proc.Process) {
-	switch t.target {
-	case SignalBatch:
-		if batch != nil {
-			_ = batch.SignalLeader(t.sig)
-		}
-	case SignalFull:
-		if batch != nil {
-			_ = batch.Signal(t.sig)
-		}
-		bs.signalTasks(t.sig)
-	default:
-		bs.signalTasks(t.sig)
+	switch {
+	case batch != nil && t.target == SignalBatch:
+		_ = batch.SignalLeader(t.sig)
+	case batch != nil && t.target == SignalFull:
+		_ = batch.Signal(t.sig)
+	}
+	if t.target == SignalBatch {
+		return
+	}
+	bs.mu.Lock()
+	var ps []*proc.Process
+	for p := range bs.tasks {
+		ps = append(ps, p)
+	}
+	bs.mu.Unlock()
+	for _, p := range ps {
+		_ = p.Signal(t.sig)
 	}
 }
 

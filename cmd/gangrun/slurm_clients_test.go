@@ -175,6 +175,23 @@ func TestSubmititCancelOnGangrun(t *testing.T) {
 	}
 }
 
+// TestSubmititInterruptOnGangrun pre-empts a checkpointable submitit job with
+// job._interrupt() (`scancel ID --signal SIGTERM`, then `--signal USR2`): the signals
+// reach the task and not the batch shell, submitit's handler checkpoints and requeues
+// the job, which resumes from the checkpoint and returns.
+func TestSubmititInterruptOnGangrun(t *testing.T) {
+	c := startClientCluster(t, []string{torchtest.Clients(t)}, "node1")
+	dir, out := c.python("submitit_interrupt.py", 8*time.Minute)
+	wants(t, "submitit interrupt", out, `(?m)^state before interrupt RUNNING$`,
+		`(?m)^result \{'count': 600, 'runs': 2, 'restarts': '1'\}$`)
+	id := regexp.MustCompile(`(?m)^job_id (\d+)$`).FindStringSubmatch(out)[1]
+	errLog := readFile(filepath.Join(dir, "log_interrupt"), id+"_0_log.err")
+	wants(t, "the task's stderr", errLog, `Bypassing signal SIGTERM`, `Caught signal SIGUSR2`)
+	if st := c.gr.show(id)["state"]; st != "COMPLETED" {
+		t.Errorf("gangrun's state of the job: %v, want COMPLETED", st)
+	}
+}
+
 // TestSubmititCheckpointRequeueOnGangrun runs a checkpointable submitit job whose first
 // run outlasts its --signal=USR2@150 (a 3-minute limit): submitit's USR2 handler in the
 // task pickles the callable's state and runs `scontrol requeue ID` from inside the job;
