@@ -29,6 +29,8 @@ func submitFailed(e *Env, cmd, failed string, spec job.Spec, err error) int {
 			fmt.Fprintf(e.Stderr, "%s: error: Memory specification can not be satisfied\n", cmd)
 		}
 		text = "Requested node configuration is not available"
+	case errors.Is(err, job.ErrAccessDenied) || strings.Contains(text, job.ErrAccessDenied.Error()):
+		text = job.ErrAccessDenied.Error() // slurmctld's words alone (sbatch --priority by a user)
 	}
 	return errorf(e, cmd, 1, "%s: %s", failed, text)
 }
