@@ -314,7 +314,7 @@ func updateWords(err error, id string) string {
 	case errors.Is(err, job.ErrUpdateNotBuilt):
 		return strings.TrimPrefix(err.Error(), "job "+id+": ")
 	}
-	for _, w := range []error{job.ErrAccessDenied, job.ErrNotSupported, job.ErrInvalidPartition, job.ErrDependency, job.ErrNodeConfig,
+	for _, w := range []error{job.ErrAccessDenied, job.ErrNotSupported, job.ErrInvalidPartition, job.ErrDependency, job.ErrCircular, job.ErrNodeConfig,
 		job.ErrTimeLimit, job.ErrFinished, job.ErrNotPending} {
 		if errors.Is(err, w) {
 			return w.Error()
