@@ -277,6 +277,11 @@ func updateJobs(ctx context.Context, e *Env, s Store, args []string) int {
 			return 1
 		}
 	}
+	if ju.u.Partition != nil {
+		// The same partition as sbatch -p gives (gangrun, on nodes that carry no label).
+		p := resolvePartition(ctx, s, *ju.u.Partition)
+		ju.u.Partition = &p
+	}
 	failed := false
 	for _, id := range ids {
 		u := ju.u
