@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gangrun/gangrun/internal/quote"
 	"github.com/gangrun/gangrun/job"
 )
 
@@ -269,7 +270,7 @@ func updateJobs(ctx context.Context, e *Env, s Store, args []string) int {
 			}
 		}
 		if len(ids) == 0 {
-			return errorf(e, "scontrol", 1, "No jobs with name '%s'", ju.name)
+			return errorf(e, "scontrol", 1, "No jobs with name '%s'", quote.Plain(ju.name))
 		}
 		ju.u.Name = nil
 		if ju.u == (job.Update{}) {
@@ -288,7 +289,7 @@ func updateJobs(ctx context.Context, e *Env, s Store, args []string) int {
 		if ju.timeStep != 0 {
 			j, err := job.Read(ctx, s, id)
 			if err != nil {
-				return errorf(e, "scontrol", 1, "Job ID %s not found", id)
+				return errorf(e, "scontrol", 1, "Job ID %s not found", quote.Plain(id))
 			}
 			d := j.Spec.TimeLimit + time.Duration(ju.timeStep)*(*u.TimeLimit)
 			if d < 0 {
@@ -299,7 +300,7 @@ func updateJobs(ctx context.Context, e *Env, s Store, args []string) int {
 		}
 		if _, err := e.Cluster.Update(ctx, s, id, u); err != nil {
 			failed = true
-			fmt.Fprintf(e.Stderr, "%s for job %s\n", updateWords(err, id), id)
+			fmt.Fprintf(e.Stderr, "%s for job %s\n", updateWords(err, id), quote.Plain(id)) // no raw control byte
 		}
 	}
 	if failed {
