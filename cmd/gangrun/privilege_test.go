@@ -104,3 +104,40 @@ func TestPriorityIsAnOperators(t *testing.T) {
 		t.Errorf("root's job %s: %s %q priority %d nice %d, want COMPLETED with priority 1000, nice -5", id, j.State.Status, j.State.Reason, j.Spec.Priority, j.Spec.Nice)
 	}
 }
+
+// TestSrunOnPendingJob: srun --jobid of a pending (held) batch job, by its user (root)
+// and by another (mallory, under MUNGE), says srun 22.05's words for a pending job,
+// exit 1, and starts nothing.
+func TestSrunOnPendingJob(t *testing.T) {
+	unixUsers(t, "mallory")
+	consul := consultest.Start(t).Addr
+	startAgentWith(t, consul, "srunp-a", nil)
+	waitUntilFor(t, 60*time.Second, func() bool {
+		nodes := nodesJSON(t, consul)
+		return len(nodes) == 1 && nodes[0].State == "up" && nodes[0].Auth == "munge"
+	}, "the agent up, checking MUNGE credentials")
+	dir := sharedDir(t)
+	links := filepath.Dir(binForUsers(t)) // where every user may run them
+	for _, n := range []string{"sbatch", "srun"} {
+		if err := os.Symlink(binForUsers(t), filepath.Join(links, n)); err != nil && !os.IsExist(err) {
+			t.Fatal(err)
+		}
+	}
+	env := []string{"CONSUL_HTTP_ADDR=" + consul}
+	r := runBinAsUser(t, filepath.Join(links, "sbatch"), "root", testMunge.Socket, dir, env, "--parsable", "-H", "--wrap", "true")
+	if r.code != 0 {
+		t.Fatalf("root's sbatch -H: exit %d %s", r.code, r.stderr)
+	}
+	id := strings.TrimSpace(r.stdout)
+	want := "srun: error: Unable to confirm allocation for job " + id + ": Job is pending execution\n" +
+		"srun: Check SLURM_JOB_ID environment variable. Expired or invalid job " + id + "\n"
+	for _, who := range []string{"root", "mallory"} {
+		r := runBinAsUser(t, filepath.Join(links, "srun"), who, testMunge.Socket, dir, env, "--jobid="+id, "true")
+		if r.code != 1 || r.stdout != "" || r.stderr != want {
+			t.Errorf("%s's srun --jobid=%s of a pending job: exit %d %q %q, want 1 and %q", who, id, r.code, r.stdout, r.stderr, want)
+		}
+	}
+	if code, _, errOut := inProcess("cancel", "--consul", consul, id); code != 0 {
+		t.Errorf("cancel %s: %d %s", id, code, errOut)
+	}
+}
