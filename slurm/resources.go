@@ -30,7 +30,9 @@ func submitFailed(e *Env, cmd, failed string, spec job.Spec, err error) int {
 		}
 		text = "Requested node configuration is not available"
 	case errors.Is(err, job.ErrAccessDenied) || strings.Contains(text, job.ErrAccessDenied.Error()):
-		text = job.ErrAccessDenied.Error() // slurmctld's words alone (sbatch --priority by a user)
+		text = job.ErrAccessDenied.Error() // the words alone (sbatch --priority by a user)
+	case errors.Is(err, job.ErrInvalidNice) || strings.Contains(text, job.ErrInvalidNice.Error()):
+		text = job.ErrInvalidNice.Error() // slurmctld's words alone (sbatch --nice=-N by a user)
 	}
 	return errorf(e, cmd, 1, "%s: %s", failed, text)
 }

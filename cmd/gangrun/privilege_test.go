@@ -27,8 +27,9 @@ func (u userSealer) Seal(_ context.Context, content []byte) (string, error) {
 
 // TestPriorityIsAnOperators: on a default cluster (no ACLs, MUNGE), a user (mallory)
 // cannot queue a job with a priority or a negative nice, whichever way: gangrun submit
-// and sbatch refuse it in Slurm's words ("Access/permission denied"; sbatch exit 1,
-// gangrun 2), and a record she queues past them, with her own credential, is refused
+// and sbatch refuse it (a negative nice in slurmctld 22.05's words, "Invalid --nice
+// value"; a priority, which Slurm ignores from a user, "Access/permission denied";
+// sbatch exit 1, gangrun 2), and a record she queues past them, with her own credential, is refused
 // by the elected agent (FAILED, never started). Root (the operator) may.
 func TestPriorityIsAnOperators(t *testing.T) {
 	unixUsers(t, "mallory")
@@ -47,17 +48,18 @@ func TestPriorityIsAnOperators(t *testing.T) {
 	dir := sharedDir(t)
 	t.Chdir(dir)
 
+	words := map[string]string{"--priority=1000": "Access/permission denied", "--nice=-5": "Invalid --nice value"}
 	for _, opt := range []string{"--priority=1000", "--nice=-5"} {
 		r := runAsUser(t, "mallory", testMunge.Socket, dir, "submit", "--consul", consul, opt, "--", "true")
-		if r.code != 2 || !strings.Contains(r.stderr, "Access/permission denied") || !strings.Contains(r.stderr, strings.TrimPrefix(opt, "--")) {
-			t.Errorf("mallory's gangrun submit %s: exit %d %q, want 2 and Access/permission denied naming it", opt, r.code, r.stderr)
+		if r.code != 2 || !strings.Contains(r.stderr, words[opt]) || !strings.Contains(r.stderr, opt) {
+			t.Errorf("mallory's gangrun submit %s: exit %d %q, want 2 and %s naming it", opt, r.code, r.stderr, words[opt])
 		}
 		sbatch := filepath.Join(filepath.Dir(binForUsers(t)), "sbatch") // where every user may run it
 		if err := os.Symlink(binForUsers(t), sbatch); err != nil && !os.IsExist(err) {
 			t.Fatal(err)
 		}
 		r = runBinAsUser(t, sbatch, "mallory", testMunge.Socket, dir, []string{"CONSUL_HTTP_ADDR=" + consul}, opt, "--wrap", "true")
-		if want := "sbatch: error: Batch job submission failed: Access/permission denied\n"; r.code != 1 || r.stderr != want {
+		if want := "sbatch: error: Batch job submission failed: " + words[opt] + "\n"; r.code != 1 || r.stderr != want {
 			t.Errorf("mallory's sbatch %s: exit %d %q, want 1 and %q", opt, r.code, r.stderr, want)
 		}
 	}
@@ -71,6 +73,7 @@ func TestPriorityIsAnOperators(t *testing.T) {
 
 	// Past the commands: a record with her own credential.
 	for _, spec := range []job.Spec{{Priority: 1000}, {Nice: -5}} {
+		want := map[bool]string{true: "Access/permission denied", false: "Invalid --nice value"}[spec.Priority > 0]
 		spec.Name, spec.User, spec.Command, spec.WorkDir = "raised", "mallory", []string{"true"}, dir
 		spec.MinNodes, spec.MaxNodes = 1, 1
 		id, err := job.SubmitSealed(ctx, s, spec, userSealer{t, "mallory", testMunge.Socket})
@@ -83,7 +86,7 @@ func TestPriorityIsAnOperators(t *testing.T) {
 			return err == nil && j.State.Status.Final()
 		}, "mallory's raised job "+id+" ended")
 		why := j.State.Reason
-		if j.State.Status != job.Failed || !strings.HasPrefix(why, string(reason.InvalidCredential)) || !strings.Contains(why, "Access/permission denied") || !j.State.Started.IsZero() {
+		if j.State.Status != job.Failed || !strings.HasPrefix(why, string(reason.InvalidCredential)) || !strings.Contains(why, want) || !j.State.Started.IsZero() {
 			t.Errorf("mallory's job %s (priority %d, nice %d) past the commands: %s %q started %v, want FAILED, refused, never started",
 				id, spec.Priority, spec.Nice, j.State.Status, why, j.State.Started)
 		}
