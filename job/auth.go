@@ -157,6 +157,14 @@ func (c *Controller) acceptJob(ctx context.Context, j Job) error {
 			why = r.why
 		}
 		uid, gid, expires = u, g, caller.Expires()
+		if err == nil && caller.UID != 0 && caller.UID != agentUID() {
+			// A priority or a negative nice is an operator's (root's), whichever way the
+			// job was queued: gangrun submit and sbatch check it too, but the record may
+			// have been written past them.
+			if err := CheckOperatorOnly(j.Spec); err != nil {
+				why = err.Error()
+			}
+		}
 	}
 	now := c.now().UTC()
 	if why != "" {

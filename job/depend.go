@@ -1,10 +1,14 @@
 package job
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/gangrun/gangrun/internal/store"
 )
 
 // DependencyType is a kind of --dependency, as sbatch names them.
@@ -278,4 +282,59 @@ func (x *depIndex) singletonFree(j *Job) bool {
 		}
 	}
 	return true
+}
+
+// ErrCircular: a dependency that waits, through other jobs' dependencies, on the job
+// it is given to (ESLURM_CIRCULAR_DEPENDENCY, slurmctld's "Circular job dependency").
+var ErrCircular = errors.New("Circular job dependency")
+
+// refersTo reports whether dependency reference ref (a job, an array task, or an
+// array's tasks) names job id.
+func refersTo(ref, id string) bool { return ref == id || strings.HasPrefix(id, ref+"_") }
+
+// checkCycle refuses deps as job id's new dependencies when one names id itself
+// (ErrDependency, as slurmctld refuses a job depending on itself) or a job that waits,
+// through its own dependencies (pending jobs', followed to any depth), on id
+// (ErrCircular): either would wait forever. A new job cannot: its id is not known yet.
+func checkCycle(ctx context.Context, s store.Store, id string, deps []Dependency) error {
+	var refs []string
+	for _, d := range deps {
+		for _, ref := range d.IDs {
+			if refersTo(ref, id) {
+				return fmt.Errorf("%w: %s: job %s would depend on itself", ErrDependency, d, id)
+			}
+			refs = append(refs, ref)
+		}
+	}
+	if len(refs) == 0 {
+		return nil
+	}
+	jobs, err := List(ctx, s)
+	if err != nil {
+		return err
+	}
+	seen := map[string]bool{}
+	for len(refs) > 0 {
+		ref := refs[0]
+		refs = refs[1:]
+		if seen[ref] {
+			continue
+		}
+		seen[ref] = true
+		for i := range jobs {
+			j := &jobs[i]
+			if !refersTo(ref, j.Spec.ID) || j.State.Status.Final() {
+				continue
+			}
+			for _, d := range j.Spec.Dependency {
+				for _, next := range d.IDs {
+					if refersTo(next, id) {
+						return fmt.Errorf("%w: job %s waits on job %s (%s)", ErrCircular, j.Spec.ID, id, d)
+					}
+					refs = append(refs, next)
+				}
+			}
+		}
+	}
+	return nil
 }

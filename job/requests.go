@@ -728,13 +728,8 @@ func (sv *server) do(ctx context.Context, who asker, r Request, answer func(Answ
 				return &Answer{Error: err.Error(), Invalid: true}, nil, nil
 			}
 		}
-		if spec.Priority > 0 && !who.root {
-			// As in Slurm, raising a job's priority is an operator's (sbatch --priority).
-			return &Answer{Error: fmt.Sprintf("--priority %d: only an operator may raise a job's priority", spec.Priority), Invalid: true}, nil, nil
-		}
-		if spec.Nice < 0 && !who.root {
-			// Slurm's: "Nice value must be non-negative, value ignored" for a user.
-			return &Answer{Error: fmt.Sprintf("--nice %d: only an operator may give a negative nice", spec.Nice), Invalid: true}, nil, nil
+		if err := CheckOperatorOnly(spec); err != nil && !who.root {
+			return &Answer{Error: err.Error(), Invalid: true}, nil, nil
 		}
 		var auth authFor
 		if who.cred != "" {

@@ -67,7 +67,7 @@ func TestUsersRequests(t *testing.T) {
 		t.Errorf("bob's job keeps his forged fields: submitted %s, array %+v", j.Spec.Submitted, j.Spec.Array)
 	}
 	spec.Priority = 100
-	if _, _, err := SubmitAs(ctx, s, "bob", spec, nil, time.Minute); !errors.Is(err, ErrInvalid) || err.Error() != "--priority 100: only an operator may raise a job's priority" {
+	if _, _, err := SubmitAs(ctx, s, "bob", spec, nil, time.Minute); !errors.Is(err, ErrInvalid) || err.Error() != "--priority=100: Access/permission denied (only an operator may set a job's priority)" {
 		t.Errorf("a user's submit with --priority 100: %v, want it refused", err)
 	}
 	if _, _, err := SubmitAs(ctx, s, "bob", Spec{User: "bob", MinNodes: 1, MaxNodes: 1, GPUsPerNode: 1}, nil, time.Minute); !errors.Is(err, ErrInvalid) {

@@ -223,6 +223,9 @@ func updatedSpec(ctx context.Context, s store.Store, j *Job, u Update, admin boo
 		if err := checkDependencies(ctx, s, deps); err != nil {
 			return spec, fmt.Errorf("%w: %v", ErrDependency, err)
 		}
+		if err := checkCycle(ctx, s, spec.ID, deps); err != nil {
+			return spec, err
+		}
 		spec.Dependency = deps
 	}
 	if u.Partition != nil {
@@ -320,7 +323,7 @@ func updateOps(ctx context.Context, j *Job, spec Spec, reseal Reseal) ([]store.O
 }
 
 // updateErrors are the update's errors an answer names by their words (Answer.Slurm).
-var updateErrors = []error{ErrAccessDenied, ErrNotSupported, ErrInvalidPartition, ErrDependency, ErrNodeConfig, ErrTimeLimit,
+var updateErrors = []error{ErrAccessDenied, ErrNotSupported, ErrInvalidPartition, ErrDependency, ErrCircular, ErrNodeConfig, ErrTimeLimit,
 	ErrUpdateNotBuilt, ErrFinished, ErrNotPending, ErrNotFound}
 
 // Update makes update u of job id (or of array id's tasks) through as's box: the job

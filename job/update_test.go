@@ -93,7 +93,8 @@ func TestUpdates(t *testing.T) {
 	if _, err := alice.Hold(ctx, s, "1", OpHold); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := alice.Update(ctx, s, "1", Update{Dependency: ptr("afterany:1")}); err != nil {
+	putJob(t, s, Job{Spec: Spec{ID: "5", User: "alice", MinNodes: 1, MaxNodes: 1, GPUsPerNode: 1}, State: State{Status: Completed}})
+	if _, err := alice.Update(ctx, s, "1", Update{Dependency: ptr("afterany:5")}); err != nil {
 		t.Fatalf("update of a held job: %v", err)
 	}
 	if j, _ = Read(ctx, s, "1"); j.State.Phase() != heldUser || len(j.Spec.Dependency) != 1 {
@@ -200,5 +201,47 @@ func TestSubmitQOS(t *testing.T) {
 	spec.QOS = "low"
 	if _, err := Submit(ctx, s, spec); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "Invalid qos specification") {
 		t.Errorf("--qos low, not in the policy: %v, want it refused", err)
+	}
+}
+
+// TestUpdateDependencyCycle: scontrol update refuses a dependency of a job on itself
+// (ErrDependency, as slurmctld; an array task on its array too) and one that closes a
+// loop through other pending jobs' dependencies (ErrCircular), which would wait
+// forever; a chain without a loop, and one through an ended job, are taken.
+func TestUpdateDependencyCycle(t *testing.T) {
+	ctx := context.Background()
+	s := store.NewMemory()
+	registerNode(t, s, "n1", nil)
+	now := time.Now().UTC()
+	for _, id := range []string{"10", "11", "12", "13_1"} {
+		putJob(t, s, Job{Spec: Spec{ID: id, User: "alice", Command: []string{"true"}, WorkDir: "/tmp", MinNodes: 1, MaxNodes: 1, GPUsPerNode: 1, TimeLimit: time.Hour, Submitted: now},
+			State: newState(EvSubmit, "")})
+	}
+	putJob(t, s, Job{Spec: Spec{ID: "14", User: "alice", MinNodes: 1, MaxNodes: 1, GPUsPerNode: 1, Dependency: []Dependency{{Type: AfterOK, IDs: []string{"10"}}}}, State: State{Status: Completed}})
+	alice := Actor{User: "alice", Entry: func(action, target, owner, detail string) audit.Entry {
+		return audit.Entry{User: "alice", Token: "none", Action: action, Target: target, Owner: owner, Detail: detail}
+	}}
+	steps := []struct {
+		id, dep string
+		want    error
+	}{
+		{"10", "afterok:10", ErrDependency},
+		{"13_1", "afterok:13", ErrDependency},
+		{"10", "afterok:11", nil},
+		{"11", "afterok:10", ErrCircular},
+		{"11", "afterany:12", nil},
+		{"12", "afterok:13_1?afternotok:10", ErrCircular}, // 12 -> 10 -> 11 -> 12
+		{"12", "afterok:13_1", nil},
+		{"13_1", "afterok:14", nil}, // 14 waited on 10, but has ended
+		{"13_1", "singleton", nil},
+	}
+	for _, st := range steps {
+		_, err := alice.Update(ctx, s, st.id, Update{Dependency: ptr(st.dep)})
+		if st.want == nil && err != nil || st.want != nil && !errors.Is(err, st.want) {
+			t.Errorf("job %s Dependency=%s: %v, want %v", st.id, st.dep, err, st.want)
+		}
+	}
+	if j, _ := Read(ctx, s, "11"); FormatDependencies(j.Spec.Dependency) != "afterany:12" {
+		t.Errorf("job 11's dependency after the refusals: %s, want afterany:12", FormatDependencies(j.Spec.Dependency))
 	}
 }

@@ -29,6 +29,10 @@ func submitFailed(e *Env, cmd, failed string, spec job.Spec, err error) int {
 			fmt.Fprintf(e.Stderr, "%s: error: Memory specification can not be satisfied\n", cmd)
 		}
 		text = "Requested node configuration is not available"
+	case errors.Is(err, job.ErrAccessDenied) || strings.Contains(text, job.ErrAccessDenied.Error()):
+		text = job.ErrAccessDenied.Error() // the words alone (sbatch --priority by a user)
+	case errors.Is(err, job.ErrInvalidNice) || strings.Contains(text, job.ErrInvalidNice.Error()):
+		text = job.ErrInvalidNice.Error() // slurmctld's words alone (sbatch --nice=-N by a user)
 	}
 	return errorf(e, cmd, 1, "%s: %s", failed, text)
 }

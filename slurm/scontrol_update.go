@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gangrun/gangrun/internal/quote"
 	"github.com/gangrun/gangrun/job"
 )
 
@@ -269,7 +270,7 @@ func updateJobs(ctx context.Context, e *Env, s Store, args []string) int {
 			}
 		}
 		if len(ids) == 0 {
-			return errorf(e, "scontrol", 1, "No jobs with name '%s'", ju.name)
+			return errorf(e, "scontrol", 1, "No jobs with name '%s'", quote.Plain(ju.name))
 		}
 		ju.u.Name = nil
 		if ju.u == (job.Update{}) {
@@ -277,13 +278,18 @@ func updateJobs(ctx context.Context, e *Env, s Store, args []string) int {
 			return 1
 		}
 	}
+	if ju.u.Partition != nil {
+		// The same partition as sbatch -p gives (gangrun, on nodes that carry no label).
+		p := resolvePartition(ctx, s, *ju.u.Partition)
+		ju.u.Partition = &p
+	}
 	failed := false
 	for _, id := range ids {
 		u := ju.u
 		if ju.timeStep != 0 {
 			j, err := job.Read(ctx, s, id)
 			if err != nil {
-				return errorf(e, "scontrol", 1, "Job ID %s not found", id)
+				return errorf(e, "scontrol", 1, "Job ID %s not found", quote.Plain(id))
 			}
 			d := j.Spec.TimeLimit + time.Duration(ju.timeStep)*(*u.TimeLimit)
 			if d < 0 {
@@ -294,7 +300,7 @@ func updateJobs(ctx context.Context, e *Env, s Store, args []string) int {
 		}
 		if _, err := e.Cluster.Update(ctx, s, id, u); err != nil {
 			failed = true
-			fmt.Fprintf(e.Stderr, "%s for job %s\n", updateWords(err, id), id)
+			fmt.Fprintf(e.Stderr, "%s for job %s\n", updateWords(err, id), quote.Plain(id)) // no raw control byte
 		}
 	}
 	if failed {
@@ -314,7 +320,7 @@ func updateWords(err error, id string) string {
 	case errors.Is(err, job.ErrUpdateNotBuilt):
 		return strings.TrimPrefix(err.Error(), "job "+id+": ")
 	}
-	for _, w := range []error{job.ErrAccessDenied, job.ErrNotSupported, job.ErrInvalidPartition, job.ErrDependency, job.ErrNodeConfig,
+	for _, w := range []error{job.ErrAccessDenied, job.ErrNotSupported, job.ErrInvalidPartition, job.ErrDependency, job.ErrCircular, job.ErrNodeConfig,
 		job.ErrTimeLimit, job.ErrFinished, job.ErrNotPending} {
 		if errors.Is(err, w) {
 			return w.Error()

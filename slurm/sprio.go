@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/gangrun/gangrun/internal/quote"
 	"github.com/gangrun/gangrun/job"
 	"github.com/gangrun/gangrun/policy"
 )
@@ -97,6 +98,13 @@ func Sprio(ctx context.Context, e *Env, args []string) int {
 	if len(rest) > 0 {
 		fmt.Fprint(e.Stdout, sprioUsage)
 		return errorf(e, "sprio", 1, "Unrecognized option: %s", rest[0])
+	}
+	for _, id := range splitList(v["jobs"]) {
+		// sprio's words and exit code for an id no job can have (a Slurm job id is a
+		// positive 32-bit number).
+		if n, err := strconv.ParseUint(id, 10, 32); err != nil || n == 0 {
+			return errorf(e, "sprio", 1, "Invalid job id: %s", quote.Plain(id))
+		}
 	}
 	s, err := e.Cluster.Open(ctx)
 	if err != nil {

@@ -30,7 +30,7 @@ var squeueLetters = map[string]string{
 	"r": "REASON", "a": "ACCOUNT", "C": "CPUS", "b": "TRES_PER_NODE", "Q": "PRIORITY", "V": "SUBMIT_TIME",
 	"S": "START_TIME", "e": "END_TIME", "Z": "WORK_DIR", "o": "COMMAND", "A": "JOBID", "F": "ARRAY_JOB_ID",
 	"K": "ARRAY_TASK_ID", "U": "UID", "g": "GROUP", "B": "EXEC_HOST", "y": "NICE", "x": "EXC_NODES",
-	"n": "REQ_NODES", "f": "FEATURES", "h": "OVER_SUBSCRIBE", "m": "MIN_MEMORY",
+	"n": "REQ_NODES", "f": "FEATURES", "h": "OVER_SUBSCRIBE", "m": "MIN_MEMORY", "E": "DEPENDENCY",
 }
 
 // squeueFields are the -O/--Format fields squeue takes (lower case), with their
@@ -44,6 +44,7 @@ var squeueFields = map[string]string{
 	"command": "COMMAND", "arrayjobid": "ARRAY_JOB_ID", "arraytaskid": "ARRAY_TASK_ID", "userid": "UID",
 	"batchhost": "EXEC_HOST", "stepid": "STEPID", "stepname": "STEPNAME",
 	"reqnodes": "REQ_NODES", "excnodes": "EXC_NODES", "feature": "FEATURES", "oversubscribe": "OVER_SUBSCRIBE", "minmemory": "MIN_MEMORY",
+	"dependency": "DEPENDENCY",
 }
 
 // fieldLetter maps -O names onto the % letters they mean.
@@ -53,7 +54,7 @@ var fieldLetter = map[string]string{
 	"reason": "r", "account": "a", "numcpus": "C", "tres-per-node": "b", "priority": "Q", "submittime": "V",
 	"starttime": "S", "endtime": "e", "workdir": "Z", "command": "o", "arrayjobid": "F", "arraytaskid": "K",
 	"userid": "U", "batchhost": "B", "stepid": "i", "stepname": "j",
-	"reqnodes": "n", "excnodes": "x", "feature": "f", "oversubscribe": "h", "minmemory": "m",
+	"reqnodes": "n", "excnodes": "x", "feature": "f", "oversubscribe": "h", "minmemory": "m", "dependency": "E",
 }
 
 // squeueOptions are squeue 22.05's options, those gangrun builds and, refused, the
@@ -210,6 +211,8 @@ var squeueValues = map[string]func(r jobRow) string{
 	"n": func(r jobRow) string { return hostlist.Compress(r.j.Spec.NodeList) },
 	"f": func(r jobRow) string { return orNull(r.j.Spec.Constraint) },
 	"h": func(r jobRow) string { return r.j.Spec.OverSubscribe() },
+	// %E: the job's dependencies as scontrol show job's Dependency=, (null) for none.
+	"E": func(r jobRow) string { return orNull(job.FormatDependencies(r.j.Spec.Dependency)) },
 }
 
 // nodes are the job's nodes as Slurm names them.

@@ -316,6 +316,12 @@ func runStep(ctx context.Context, e *Env, id string, v values, command []string)
 		return errorf(e, "srun", 1, "Unable to create step for job %s: %v", id, err)
 	case j.Spec.Batch == nil:
 		return errorf(e, "srun", 1, "Unable to create step for job %s: it is a gangrun job, not a Slurm batch job: srun starts steps in sbatch and salloc jobs", id)
+	case j.State.Status == job.Pending:
+		// srun 22.05's words for a pending job, its user's or another's (the allocation
+		// lookup answers before the owner is checked).
+		errorf(e, "srun", 1, "Unable to confirm allocation for job %s: Job is pending execution", id)
+		fmt.Fprintf(e.Stderr, "srun: Check SLURM_JOB_ID environment variable. Expired or invalid job %s\n", id)
+		return 1
 	case j.State.Status != job.Running:
 		return errorf(e, "srun", 1, "Unable to create step for job %s: Job/step already completing or completed", id)
 	case !stepAllowed(j):

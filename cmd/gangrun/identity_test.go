@@ -70,6 +70,12 @@ func runAsUser(t *testing.T, name, socket, dir string, args ...string) gangrunRe
 // runAsUserEnv is runAsUser with extra environment entries (a Consul token).
 func runAsUserEnv(t *testing.T, name, socket, dir string, env []string, args ...string) gangrunResult {
 	t.Helper()
+	return runBinAsUser(t, binForUsers(t), name, socket, dir, env, args...)
+}
+
+// runBinAsUser is runAsUserEnv for gangrun at bin (a link named sbatch: Slurm's command).
+func runBinAsUser(t *testing.T, bin, name, socket, dir string, env []string, args ...string) gangrunResult {
+	t.Helper()
 	u, err := user.Lookup(name)
 	if err != nil {
 		t.Fatal(err)
@@ -78,7 +84,7 @@ func runAsUserEnv(t *testing.T, name, socket, dir string, env []string, args ...
 	gid, _ := strconv.Atoi(u.Gid)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, binForUsers(t), args...)
+	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Dir = dir
 	cmd.Env = append([]string{"PATH=/usr/bin:/bin", "HOME=/nonexistent", "USER=" + name, "LOGNAME=" + name, "MUNGE_SOCKET=" + socket}, env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}}

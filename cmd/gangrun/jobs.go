@@ -217,6 +217,13 @@ func queueJob(ctx context.Context, s store.Store, who acl.Identity, munge *ident
 	var prover job.Prover
 	if munge != nil { // a nil *identity.Munge is no nil interface
 		sealer, prover = munge, munge
+		if os.Geteuid() != 0 {
+			// Under MUNGE the operator is root: the elected agent would refuse the job
+			// (job.CheckOperatorOnly); say so now, as slurmctld answers sbatch.
+			if err := job.CheckOperatorOnly(spec); err != nil {
+				return "", nil, fmt.Errorf("%w: %w", job.ErrInvalid, err)
+			}
+		}
 	}
 	switch {
 	case who.Role == acl.RoleUser:

@@ -1112,7 +1112,8 @@ func TestModuleLoadAgainstSlurm(t *testing.T) {
 // TestSlurmPartitionOfUnlabelledNodes: on a cluster whose nodes carry no partition
 // label, Slurm's commands show one partition, "gangrun", the default: a job that names
 // none is in it (scontrol, squeue, its SLURM_JOB_PARTITION), -p gangrun is taken, and
-// sinfo and scontrol agree that it is the default.
+// sinfo and scontrol agree that it is the default; scontrol update Partition=gangrun
+// of a pending job is taken too.
 func TestSlurmPartitionOfUnlabelledNodes(t *testing.T) {
 	links := t.TempDir()
 	for _, n := range slurm.Names() {
@@ -1153,6 +1154,20 @@ func TestSlurmPartitionOfUnlabelledNodes(t *testing.T) {
 	if f := scontrolFields(out); f["Default"] != "YES" {
 		t.Errorf("scontrol show partition gangrun: Default=%q\n%s", f["Default"], out)
 	}
+	// scontrol update Partition=gangrun of a pending job: taken, as sbatch -p gangrun is.
+	out, errOut, code := p.run(gangrunSide, dir, "", nil, "sbatch", "-H", "--parsable", "--gres=gpu:1", "--wrap", "true")
+	if code != 0 {
+		t.Fatalf("sbatch -H: exit %d %s", code, errOut)
+	}
+	held := strings.TrimSpace(out)
+	if out, errOut, code := p.run(gangrunSide, dir, "", nil, "scontrol", "update", "JobId="+held, "Partition=gangrun"); code != 0 || out+errOut != "" {
+		t.Errorf("scontrol update JobId=%s Partition=gangrun: exit %d %q, want 0 and nothing", held, code, out+errOut)
+	}
+	out, _, _ = p.run(gangrunSide, dir, "", nil, "scontrol", "show", "job", held)
+	if f := scontrolFields(out); f["Partition"] != "gangrun" {
+		t.Errorf("scontrol show job %s after the update: Partition=%q", held, f["Partition"])
+	}
+	p.run(gangrunSide, dir, "", nil, "scancel", held)
 }
 
 // TestScancelNoteAgainstSlurm: a running batch job cancelled with scancel ends

@@ -2,10 +2,14 @@ package main
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gangrun/gangrun/slurm"
 )
 
 // TestScontrolUpdateAgainstSlurm: scontrol update of a pending (held) job, a running
@@ -206,4 +210,22 @@ func TestScontrolUpdateAgainstSlurm(t *testing.T) {
 		}
 	}
 	t.Logf("scontrol update: %d of %d outputs agree", agree, total)
+}
+
+// TestScontrolUpdateQuotesBadID: scontrol update of a job id with control bytes and an
+// escape sequence says Slurm's words with the id quoted, so nothing reaches the
+// terminal raw; exit 1.
+func TestScontrolUpdateQuotesBadID(t *testing.T) {
+	links := t.TempDir()
+	for _, n := range slurm.Names() {
+		if err := os.Symlink(gangrunBin, filepath.Join(links, n)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := &slurmPair{t: t, gr: startJobCluster(t, "gpu-a"), links: links}
+	dir := sharedDir(t)
+	out, errOut, code := p.run(gangrunSide, dir, "", nil, "scontrol", "update", "JobId=9\x01\x1b[31m", "Nice=5")
+	if want := "Invalid job id specified for job \"9\\x01\\x1b[31m\"\n"; code != 1 || out != "" || errOut != want {
+		t.Errorf("scontrol update JobId=9\\x01\\x1b[31m: exit %d %q %q, want 1 and %q", code, out, errOut, want)
+	}
 }

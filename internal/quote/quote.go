@@ -47,3 +47,14 @@ func Head(s string) string {
 	}
 	return s[:n]
 }
+
+// Plain returns s as it is when it is short (at most Max bytes) and every character
+// is printable (strconv.Quote would add only the quotes), so that a message keeps a
+// tool's own words for an ordinary value ("Invalid job id: abc", as Slurm prints it);
+// else Q(s), so that no control byte or escape sequence reaches a terminal raw.
+func Plain(s string) string {
+	if len(s) <= Max && strconv.Quote(s) == `"`+s+`"` {
+		return s
+	}
+	return Q(s)
+}

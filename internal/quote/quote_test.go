@@ -38,3 +38,21 @@ func FuzzQ(f *testing.F) {
 		}
 	})
 }
+
+// TestPlain: an ordinary value is shown as it is; one with a control byte, an escape
+// sequence, a quote or too long is quoted (Q).
+func TestPlain(t *testing.T) {
+	for in, want := range map[string]string{
+		"abc":                  "abc",
+		"99999999999999999999": "99999999999999999999",
+		"9\x01\x1b[31m":        `"9\x01\x1b[31m"`,
+		`a"b`:                  `"a\"b"`,
+	} {
+		if got := Plain(in); got != want {
+			t.Errorf("Plain(%q) = %s, want %s", in, got, want)
+		}
+	}
+	if long := strings.Repeat("a", Max+1); Plain(long) != Q(long) {
+		t.Errorf("Plain of %d bytes: %s, want Q's", len(long), Plain(long))
+	}
+}
