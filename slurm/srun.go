@@ -368,11 +368,31 @@ func runStep(ctx context.Context, e *Env, id string, v values, command []string)
 	}
 	defer r.files.close()
 	code, st := r.runTerminal(ctx, ln, tty)
+	st = endedWithJob(ctx, s, id, st)
 	st.Ended = time.Now().UTC()
 	if err := job.EndSrunStep(context.WithoutCancel(ctx), s, id, req.Step, st); err != nil {
 		errorf(e, "srun", 0, "record the step's end: %v", err)
 	}
 	return code
+}
+
+// endedWithJob is step end st as Slurm records it when the step's tasks were killed
+// because their job ended (scancel of the job, its time limit): CANCELLED, not FAILED,
+// as slurmctld marks the steps of a job it cancels. Any other end is st.
+func endedWithJob(ctx context.Context, s Store, id string, st job.SrunState) job.SrunState {
+	if st.State != job.Failed || st.Signal == 0 {
+		return st
+	}
+	j, err := job.Read(context.WithoutCancel(ctx), s, id)
+	if err != nil {
+		return st
+	}
+	switch {
+	case j.State.Status == job.Cancelled || j.State.Status == job.Timeout,
+		j.State.Status == job.Completing && (j.State.End == job.Cancelled || j.State.End == job.Timeout):
+		st.State = job.Cancelled
+	}
+	return st
 }
 
 // stepRequest is the step srun asks of job j's (id's) nodes: its tasks laid out as lay, its
