@@ -270,6 +270,7 @@ func (bs *batchStep) runScript(ctx context.Context) (int, Status, string) {
 		}
 		started := time.Now().UTC()
 		bs.noteAttempt(ctx, attempt, started, resume)
+		oomBase := bs.oomKills()
 		p, err := bs.start(argv, env, dir, out, stderr)
 		if err != nil {
 			fmt.Fprintf(stderr, "slurmstepd: error: execve(): %s: %v\n", Interpreter(spec.Script)[0], err)
@@ -293,6 +294,10 @@ func (bs *batchStep) runScript(ctx context.Context) (int, Status, string) {
 		if line := cancelledLine(spec.ID, st.cfg.Node, stoppedAs, time.Now()); line != "" {
 			fmt.Fprintln(stderr, line)
 		}
+		oom := bs.oomKills() - oomBase
+		if oom > 0 {
+			fmt.Fprintln(stderr, oomLine(spec.ID, oom))
+		}
 		closeFiles(out, errOut)
 		code := status.ShellCode()
 		cause := "batch script: " + status.String()
@@ -303,6 +308,8 @@ func (bs *batchStep) runScript(ctx context.Context) (int, Status, string) {
 		switch {
 		case ending != "":
 			return code, ending, cause
+		case oom > 0:
+			return code, OutOfMemory, "OutOfMemory: " + strings.TrimPrefix(oomLine(spec.ID, oom), "slurmstepd: error: ")
 		case status.Success():
 			return 0, Completed, ""
 		case spec.Batch.Supervised && restarts < spec.MaxRestarts:
@@ -317,6 +324,22 @@ func (bs *batchStep) runScript(ctx context.Context) (int, Status, string) {
 		}
 		return code, Failed, cause
 	}
+}
+
+// oomKills is how many processes the OOM killer has killed in the job's cgroup on
+// this node (0 where it has none).
+func (bs *batchStep) oomKills() uint64 {
+	if bs.cg == nil {
+		return 0
+	}
+	return bs.cg.OOMKills()
+}
+
+// oomLine is the line slurmstepd writes into a batch job's error output when the
+// cgroup's OOM killer killed n of its processes (Slurm 22.05's task/cgroup plugin).
+func oomLine(id string, n uint64) string {
+	return fmt.Sprintf("slurmstepd: error: Detected %d oom-kill event(s) in StepId=%s.batch. "+
+		"Some of your processes may have been killed by the cgroup out-of-memory handler.", n, id)
 }
 
 // cancelledLine is the line slurmstepd writes into a batch job's error output when the

@@ -232,6 +232,8 @@ func endCode(end Status) reason.Code {
 		return reason.NodeDown
 	case Cancelled:
 		return reason.Cancelled
+	case OutOfMemory:
+		return reason.OutOfMemory
 	}
 	return reason.None
 }
@@ -407,7 +409,7 @@ func TransitionTable() []string {
 		case r.code != "":
 			why = ", reason " + string(r.code)
 		case r.event == EvEnd:
-			why = ", reason by its end (NonZeroExitCode, TimeLimit, NodeDown, None)"
+			why = ", reason by its end (NonZeroExitCode, TimeLimit, NodeDown, OutOfMemory, None)"
 		case r.event == EvStillHeld:
 			why = ", reason Dependency, DependencyNeverSatisfied, BeginTime or JobArrayTaskLimit"
 		}

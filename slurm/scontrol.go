@@ -415,6 +415,8 @@ func jobReason(row jobRow) string {
 		return "NonZeroExitCode"
 	case job.Timeout:
 		return "TimeLimit"
+	case job.OutOfMemory:
+		return "OutOfMemory"
 	case job.NodeFail:
 		return "NodeDown"
 	}
