@@ -65,7 +65,9 @@ type batchStep struct {
 	// both from this step and from the batch script's srun, which forwards the SIGTERM
 	// it got too; a second SIGTERM would end a `gangrun run` task at once (its second
 	// signal kills), before its --term-timeout.
-	termed  map[*proc.Process]bool
+	termed map[*proc.Process]bool
+	// oomAt is each srun task's count of its cgroup's OOM kills when it started.
+	oomAt   map[*proc.Process]uint64
 	byStep  map[int][]*proc.Process // the same, by srun step
 	stopped bool                    // stop began: nothing new starts
 	steps   sync.WaitGroup          // srun steps being served
@@ -889,6 +891,10 @@ func (bs *batchStep) track(r StepRequest, p *proc.Process) {
 	bs.mu.Lock()
 	bs.tasks[p] = true
 	bs.byStep[r.Step] = append(bs.byStep[r.Step], p)
+	if bs.oomAt == nil {
+		bs.oomAt = map[*proc.Process]uint64{}
+	}
+	bs.oomAt[p] = bs.oomKills()
 	bs.mu.Unlock()
 }
 
@@ -912,11 +918,16 @@ func (bs *batchStep) forget(r StepRequest, p *proc.Process) *TaskExit {
 	bs.mu.Lock()
 	delete(bs.tasks, p)
 	delete(bs.termed, p)
+	oomAt := bs.oomAt[p]
+	delete(bs.oomAt, p)
 	bs.byStep[r.Step] = slices.DeleteFunc(bs.byStep[r.Step], func(q *proc.Process) bool { return q == p })
 	bs.mu.Unlock()
 	exit := &TaskExit{Code: status.Code}
 	if status.Signal != 0 {
 		exit.Code, exit.Signal = 128+int(status.Signal), int(status.Signal)
+	}
+	if n := bs.oomKills(); status.Signal == syscall.SIGKILL && n > oomAt {
+		exit.OOM = n - oomAt
 	}
 	return exit
 }

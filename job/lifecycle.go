@@ -370,7 +370,7 @@ func (s State) ReasonCode() reason.Code {
 // srun writes its request, and it runs (RUNNING) until its end is written, once, in one
 // of stepEnds (EndSrunStep refuses another; the first end written wins). A batch job's
 // batch step is the job's own step: its states are the job's.
-var stepEnds = []Status{Completed, Failed, Cancelled}
+var stepEnds = []Status{Completed, Failed, Cancelled, OutOfMemory}
 
 // checkStepEnd returns an error wrapping ErrTransition unless end is one of stepEnds.
 func checkStepEnd(end Status) error {

@@ -542,7 +542,13 @@ func (r *srunRun) run(ctx context.Context, ln net.Listener) (int, job.SrunState)
 		code = 1
 	}
 	st := job.SrunState{State: job.Completed, ExitCode: code, Signal: sig}
+	oom := false
+	for _, x := range r.exits {
+		oom = oom || x.OOM > 0
+	}
 	switch {
+	case oom:
+		st.State = job.OutOfMemory // Slurm's, with no "Force Terminated"
 	case r.killed:
 		st.State = job.Cancelled
 		fmt.Fprintf(r.e.Stderr, "srun: Force Terminated StepId=%s.%d\n", req.Job, req.Step)
@@ -642,11 +648,18 @@ func (r *srunRun) report(node string, ended []int) {
 	r.flushAll()
 	groups := map[string][]int{}
 	var keys []string
+	oomTold := false
 	r.mu.Lock()
 	for _, t := range ended {
 		x := r.exits[t]
 		var what string
 		switch {
+		case x.OOM > 0 && oomTold:
+			what = "Out Of Memory"
+		case x.OOM > 0:
+			what, oomTold = "Out Of Memory", true // slurmstepd's line, once for the node
+			fmt.Fprintf(r.e.Stderr, "slurmstepd: error: Detected %d oom-kill event(s) in StepId=%s.%d. "+
+				"Some of your processes may have been killed by the cgroup out-of-memory handler.\n", x.OOM, r.req.Job, r.req.Step)
 		case x.Signal != 0:
 			what = signalText(syscall.Signal(x.Signal))
 		case x.Code != 0:
