@@ -152,6 +152,9 @@ type Request struct {
 	// CPUs or GPUs). 0 holds none; a request of no GPUs must ask for a CPU at least.
 	CPUsPerNode   int   `json:"cpus_per_node,omitempty"`
 	MemPerNodeMiB int64 `json:"mem_per_node_mib,omitempty"`
+	// Nice is the job's --nice, already taken off Priority: kept so that sprio can
+	// show it in its NICE column and the --priority alone under SITE.
+	Nice int `json:"nice,omitempty"`
 	// GPUModel, when set, must appear in the devices' model name, letter case aside
 	// and '_' read as ' ' (gpuTypeMatches); without MIGProfile it asks for whole GPUs
 	// only.

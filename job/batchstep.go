@@ -65,7 +65,9 @@ type batchStep struct {
 	// both from this step and from the batch script's srun, which forwards the SIGTERM
 	// it got too; a second SIGTERM would end a `gangrun run` task at once (its second
 	// signal kills), before its --term-timeout.
-	termed  map[*proc.Process]bool
+	termed map[*proc.Process]bool
+	// oomAt is each srun task's count of its cgroup's OOM kills when it started.
+	oomAt   map[*proc.Process]uint64
 	byStep  map[int][]*proc.Process // the same, by srun step
 	stopped bool                    // stop began: nothing new starts
 	steps   sync.WaitGroup          // srun steps being served
@@ -270,6 +272,7 @@ func (bs *batchStep) runScript(ctx context.Context) (int, Status, string) {
 		}
 		started := time.Now().UTC()
 		bs.noteAttempt(ctx, attempt, started, resume)
+		oomBase := bs.oomKills()
 		p, err := bs.start(argv, env, dir, out, stderr)
 		if err != nil {
 			fmt.Fprintf(stderr, "slurmstepd: error: execve(): %s: %v\n", Interpreter(spec.Script)[0], err)
@@ -293,6 +296,10 @@ func (bs *batchStep) runScript(ctx context.Context) (int, Status, string) {
 		if line := cancelledLine(spec.ID, st.cfg.Node, stoppedAs, time.Now()); line != "" {
 			fmt.Fprintln(stderr, line)
 		}
+		oom := bs.oomKills() - oomBase
+		if oom > 0 {
+			fmt.Fprintln(stderr, oomLine(spec.ID, oom))
+		}
 		closeFiles(out, errOut)
 		code := status.ShellCode()
 		cause := "batch script: " + status.String()
@@ -303,6 +310,8 @@ func (bs *batchStep) runScript(ctx context.Context) (int, Status, string) {
 		switch {
 		case ending != "":
 			return code, ending, cause
+		case oom > 0:
+			return code, OutOfMemory, "OutOfMemory: " + strings.TrimPrefix(oomLine(spec.ID, oom), "slurmstepd: error: ")
 		case status.Success():
 			return 0, Completed, ""
 		case spec.Batch.Supervised && restarts < spec.MaxRestarts:
@@ -317,6 +326,22 @@ func (bs *batchStep) runScript(ctx context.Context) (int, Status, string) {
 		}
 		return code, Failed, cause
 	}
+}
+
+// oomKills is how many processes the OOM killer has killed in the job's cgroup on
+// this node (0 where it has none).
+func (bs *batchStep) oomKills() uint64 {
+	if bs.cg == nil {
+		return 0
+	}
+	return bs.cg.OOMKills()
+}
+
+// oomLine is the line slurmstepd writes into a batch job's error output when the
+// cgroup's OOM killer killed n of its processes (Slurm 22.05's task/cgroup plugin).
+func oomLine(id string, n uint64) string {
+	return fmt.Sprintf("slurmstepd: error: Detected %d oom-kill event(s) in StepId=%s.batch. "+
+		"Some of your processes may have been killed by the cgroup out-of-memory handler.", n, id)
 }
 
 // cancelledLine is the line slurmstepd writes into a batch job's error output when the
@@ -902,6 +927,10 @@ func (bs *batchStep) track(r StepRequest, p *proc.Process) {
 	bs.mu.Lock()
 	bs.tasks[p] = true
 	bs.byStep[r.Step] = append(bs.byStep[r.Step], p)
+	if bs.oomAt == nil {
+		bs.oomAt = map[*proc.Process]uint64{}
+	}
+	bs.oomAt[p] = bs.oomKills()
 	bs.mu.Unlock()
 }
 
@@ -925,11 +954,16 @@ func (bs *batchStep) forget(r StepRequest, p *proc.Process) *TaskExit {
 	bs.mu.Lock()
 	delete(bs.tasks, p)
 	delete(bs.termed, p)
+	oomAt := bs.oomAt[p]
+	delete(bs.oomAt, p)
 	bs.byStep[r.Step] = slices.DeleteFunc(bs.byStep[r.Step], func(q *proc.Process) bool { return q == p })
 	bs.mu.Unlock()
 	exit := &TaskExit{Code: status.Code}
 	if status.Signal != 0 {
 		exit.Code, exit.Signal = 128+int(status.Signal), int(status.Signal)
+	}
+	if n := bs.oomKills(); status.Signal == syscall.SIGKILL && n > oomAt {
+		exit.OOM = n - oomAt
 	}
 	return exit
 }

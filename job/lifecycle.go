@@ -232,6 +232,8 @@ func endCode(end Status) reason.Code {
 		return reason.NodeDown
 	case Cancelled:
 		return reason.Cancelled
+	case OutOfMemory:
+		return reason.OutOfMemory
 	}
 	return reason.None
 }
@@ -368,7 +370,7 @@ func (s State) ReasonCode() reason.Code {
 // srun writes its request, and it runs (RUNNING) until its end is written, once, in one
 // of stepEnds (EndSrunStep refuses another; the first end written wins). A batch job's
 // batch step is the job's own step: its states are the job's.
-var stepEnds = []Status{Completed, Failed, Cancelled}
+var stepEnds = []Status{Completed, Failed, Cancelled, OutOfMemory}
 
 // checkStepEnd returns an error wrapping ErrTransition unless end is one of stepEnds.
 func checkStepEnd(end Status) error {
@@ -407,7 +409,7 @@ func TransitionTable() []string {
 		case r.code != "":
 			why = ", reason " + string(r.code)
 		case r.event == EvEnd:
-			why = ", reason by its end (NonZeroExitCode, TimeLimit, NodeDown, None)"
+			why = ", reason by its end (NonZeroExitCode, TimeLimit, NodeDown, OutOfMemory, None)"
 		case r.event == EvStillHeld:
 			why = ", reason Dependency, DependencyNeverSatisfied, BeginTime or JobArrayTaskLimit"
 		}

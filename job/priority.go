@@ -20,6 +20,9 @@ type PriorityEntry struct {
 	Factors   policy.Factors `json:"factors"`
 	Weights   policy.Weights `json:"weights"`
 	Reason    string         `json:"reason"`
+	// Nice is the job's --nice, which Factors.Priority (and Factors.Site) already
+	// have taken off: sprio's NICE column.
+	Nice int `json:"nice,omitempty"`
 }
 
 // Priorities computes the pending requests' priorities as the scheduler does (the
@@ -58,7 +61,7 @@ func Priorities(ctx context.Context, s store.Store) ([]PriorityEntry, error) {
 			user = r.Holder
 		}
 		out = append(out, PriorityEntry{ID: id, User: user, Account: j.Account, Partition: r.Partition, Factors: f,
-			Weights: p.Priority.Weights, Reason: st.Pending[id]})
+			Weights: p.Priority.Weights, Reason: st.Pending[id], Nice: r.Nice})
 	}
 	sort.Slice(out, func(i, j int) bool {
 		if a, b := out[i].Factors.Priority, out[j].Factors.Priority; a != b {

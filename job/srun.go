@@ -288,4 +288,7 @@ type Hello struct {
 type TaskExit struct {
 	Code   int `json:"code"`
 	Signal int `json:"signal,omitempty"`
+	// OOM counts the kills of the node's job cgroup's OOM killer while the task ran
+	// (a SIGKILLed task's only): srun's "Out Of Memory", the step's OUT_OF_MEMORY.
+	OOM uint64 `json:"oom,omitempty"`
 }

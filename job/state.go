@@ -88,8 +88,11 @@ const (
 	Failed     Status = "FAILED"
 	Cancelled  Status = "CANCELLED"
 	Timeout    Status = "TIMEOUT"
-	NodeFail   Status = "NODE_FAIL"
-	Preempted  Status = "PREEMPTED"
+	// OutOfMemory is a batch job whose cgroup's OOM killer killed a process of it
+	// (Slurm's OUT_OF_MEMORY, exit 0:125).
+	OutOfMemory Status = "OUT_OF_MEMORY"
+	NodeFail    Status = "NODE_FAIL"
+	Preempted   Status = "PREEMPTED"
 	// Requeued is no job's stored status (a requeued job is PENDING, HoldRequeue): it is
 	// what a step gives as the reason it stops its workers when its job was requeued.
 	Requeued Status = "REQUEUED"
@@ -102,7 +105,7 @@ const (
 // Final reports whether s is an end state: the job will not run again.
 func (s Status) Final() bool {
 	switch s {
-	case Completed, Failed, Cancelled, Timeout, NodeFail:
+	case Completed, Failed, Cancelled, Timeout, NodeFail, OutOfMemory:
 		return true
 	}
 	return false

@@ -38,7 +38,7 @@ func request(spec Spec, again bool, exclude []string) allocator.Request {
 	}
 	r := allocator.JobRequest(spec.ID, least, spec.MaxNodes+spec.SpareNodes, spec.GPUsPerNode,
 		spec.Partition, spec.GPUModel, nil, sitePriority(spec), exclude)
-	r.Spares = spares
+	r.Spares, r.Nice = spares, spec.Nice
 	r.MIGProfile = spec.MIGProfile
 	r.NodeChoice = spec.NodeChoice
 	r.CPUsPerNode, r.MemPerNodeMiB = spec.NodeCPUs(), (spec.NodeMem()+1<<20-1)>>20

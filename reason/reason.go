@@ -95,6 +95,9 @@ const (
 	// InvalidCredential: the job was refused for its submit credential and ended FAILED
 	// without running. gangrun's own; the words say why.
 	InvalidCredential Code = "InvalidCredential"
+	// OutOfMemory: the OOM killer of the job's cgroup killed a process of it
+	// (FAIL_OOM).
+	OutOfMemory Code = "OutOfMemory"
 )
 
 // All is every code, in the order above: what a reader of a record checks a code
@@ -103,7 +106,7 @@ var All = []Code{
 	None, Priority, Resources, Dependency, DependencyNeverSatisfied, JobArrayTaskLimit, BeginTime, JobHeldUser, JobHeldAdmin, Requeued,
 	InvalidAccount, PartitionConfig, PartitionTimeLimit, QOSMaxGRESPerJob, AssocGrpGRES, AssocGrpJobsLimit,
 	AssocGrpGRESMinutes, QOSMaxGRESPerUser, AssocMaxJobsLimit, QOSMaxWallDurationPerJobLimit, QOSGrpGRES, QOSMaxJobsPerUserLimit,
-	NonZeroExitCode, TimeLimit, NodeDown, Cancelled, Preempted, InvalidCredential,
+	NonZeroExitCode, TimeLimit, NodeDown, Cancelled, Preempted, InvalidCredential, OutOfMemory,
 }
 
 // Known reports whether c is one of All.

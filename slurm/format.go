@@ -150,6 +150,7 @@ func pad(s string, width int, right bool) string {
 var stateCodes = map[job.Status]string{
 	job.Pending: "PD", job.Running: "R", job.Completing: "CG", job.Completed: "CD", job.Failed: "F",
 	job.Cancelled: "CA", job.Timeout: "TO", job.NodeFail: "NF", job.Preempted: "PR", job.Requeued: "RQ",
+	job.OutOfMemory: "OOM",
 }
 
 // stateCode is st's compact code.
@@ -201,6 +202,9 @@ func slurmTime(t time.Time) string {
 // "0:9" for a job killed by SIGKILL (the record keeps 128+N and says "signal" in its
 // reason).
 func exitCode(code int, reason string) string {
+	if strings.HasPrefix(reason, "OutOfMemory") {
+		return "0:125" // Slurm's for an OOM kill: the signal field holds 125
+	}
 	if code > 128 && code <= 128+64 && strings.Contains(reason, "signal") {
 		return fmt.Sprintf("0:%d", code-128)
 	}

@@ -8,8 +8,12 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
+	"golang.org/x/term"
 
 	"github.com/gangrun/gangrun/hostlist"
 	"github.com/gangrun/gangrun/identity"
@@ -67,7 +71,11 @@ func Salloc(ctx context.Context, e *Env, args []string) int {
 		return code
 	}
 	fmt.Fprintf(e.Stderr, "salloc: Granted job allocation %s\n", id)
-	code = runAllocated(ctx, e, s, j, command)
+	code, revoked := runAllocated(ctx, e, s, j, command)
+	if revoked {
+		// Slurm's salloc relinquishes nothing that was revoked.
+		return code
+	}
 	fmt.Fprintf(e.Stderr, "salloc: Relinquishing job allocation %s\n", id)
 	releaseAllocation(ctx, e, s, m, id, code)
 	return code
@@ -225,8 +233,11 @@ func allocationVars(j *job.Job) []string {
 }
 
 // runAllocated runs command here with allocation j's variables (salloc's), passing it
-// the signals salloc gets, and returns its exit code.
-func runAllocated(ctx context.Context, e *Env, s Store, j *job.Job, command []string) int {
+// the signals salloc gets, and returns its exit code. Should the allocation end first
+// (scancel, its time limit), watchAllocation hangs the command up as Slurm's salloc
+// does, and revoked is true; the exit code is then Slurm's (salloc.c): the command's
+// own where it exited, 0 where SIGHUP, SIGINT, SIGQUIT or SIGKILL ended it, else 1.
+func runAllocated(ctx context.Context, e *Env, s Store, j *job.Job, command []string) (code int, revoked bool) {
 	env := append(e.Environ(), allocationVars(j)...)
 	add := func(k, v string) { env = append(env, k+"="+v) }
 	if addr := localAddrToward(s); addr != "" {
@@ -237,9 +248,9 @@ func runAllocated(ctx context.Context, e *Env, s Store, j *job.Job, command []st
 	if err := cmd.Start(); err != nil {
 		errorf(e, "salloc", 0, "%s: %v", command[0], err)
 		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
-			return 127
+			return 127, false
 		}
-		return 126
+		return 126, false
 	}
 	done := make(chan struct{})
 	go func() {
@@ -252,16 +263,66 @@ func runAllocated(ctx context.Context, e *Env, s Store, j *job.Job, command []st
 			}
 		}
 	}()
+	var gone atomic.Bool
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		gone.Store(watchAllocation(ctx, e, s, j.Spec.ID, cmd.Process, done))
+	}()
 	err := cmd.Wait()
 	close(done)
+	<-watched
+	revoked = gone.Load()
 	var ee *exec.ExitError
 	if errors.As(err, &ee) {
 		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			return 128 + int(ws.Signal())
+			if !revoked {
+				return 128 + int(ws.Signal()), false
+			}
+			switch ws.Signal() {
+			case syscall.SIGHUP, syscall.SIGINT, syscall.SIGQUIT, syscall.SIGKILL:
+				return 0, true
+			}
+			return 1, true
 		}
-		return ee.ExitCode()
+		return ee.ExitCode(), revoked
 	}
-	return 0
+	return 0, revoked
+}
+
+// watchAllocation polls allocation id until done is closed (its command ended) or the
+// allocation ends; then, as Slurm's salloc does on the controller's "job complete"
+// (salloc.c, built with SALLOC_KILL_CMD as Debian's is), it prints "Job allocation ID
+// has been revoked." (its time limit reached: "Job ID has exceeded its time limit and
+// its allocation has been revoked."), hangs up the terminal's foreground group where
+// that is not the command's nor salloc's own, and sends the command SIGHUP where
+// salloc's input is a terminal, else SIGTERM. It reports whether the allocation ended.
+func watchAllocation(ctx context.Context, e *Env, s Store, id string, p *os.Process, done <-chan struct{}) bool {
+	for {
+		select {
+		case <-done:
+			return false
+		case <-time.After(sallocPoll):
+		}
+		j, err := job.Read(ctx, s, id)
+		if err != nil || !j.State.Status.Final() {
+			continue
+		}
+		if j.State.Status == job.Timeout {
+			fmt.Fprintf(e.Stderr, "salloc: Job %s has exceeded its time limit and its allocation has been revoked.\n", id)
+		} else {
+			fmt.Fprintf(e.Stderr, "salloc: Job allocation %s has been revoked.\n", id)
+		}
+		sig := syscall.SIGTERM
+		if f, ok := e.Stdin.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+			sig = syscall.SIGHUP
+			if fg, err := unix.IoctlGetInt(int(f.Fd()), unix.TIOCGPGRP); err == nil && fg > 0 && fg != p.Pid && fg != syscall.Getpgrp() {
+				_ = syscall.Kill(-fg, syscall.SIGHUP)
+			}
+		}
+		_ = p.Signal(sig)
+		return true
+	}
 }
 
 // localAddrToward is this host's address on its route to the cluster's Consul, where

@@ -415,6 +415,8 @@ func jobReason(row jobRow) string {
 		return "NonZeroExitCode"
 	case job.Timeout:
 		return "TimeLimit"
+	case job.OutOfMemory:
+		return "OutOfMemory"
 	case job.NodeFail:
 		return "NodeDown"
 	}
@@ -556,7 +558,9 @@ func nodeState(n allocator.NodeStatus) string {
 	return "ALLOCATED"
 }
 
-// showNode writes node n as `scontrol show node` does.
+// showNode writes node n as `scontrol show node` does: its CPUs (CPUTot, CPUAlloc:
+// those its jobs hold) and memory in MiB (RealMemory, AllocMem; FreeMem: what no job
+// holds, where Slurm's is the OS's free memory).
 func showNode(n allocator.NodeStatus) string {
 	st := nodeState(n)
 	reason := ""
@@ -566,14 +570,17 @@ func showNode(n allocator.NodeStatus) string {
 	h, _ := os.Hostname()
 	feat := orNull(allocator.Features(n.Labels))
 	return fmt.Sprintf(`NodeName=%s Arch=x86_64 CoresPerSocket=1 
+   CPUAlloc=%d CPUEfctv=%d CPUTot=%d
    AvailableFeatures=%s
    ActiveFeatures=%s
    Gres=gpu:%d
    NodeAddr=%s NodeHostName=%s Version=22.05.8
+   RealMemory=%d AllocMem=%d FreeMem=%s
    State=%s Partitions=%s 
    AllocTRES=gres/gpu=%d
    CfgTRES=gres/gpu=%d
-%s`, n.Name, feat, feat, n.GPUsTotal, orNull(n.Addr), orHost(n.Name, h), st, partitionOf(n), n.GPUsUsed, n.GPUsTotal, reason)
+%s`, n.Name, n.CPUsUsed, n.CPUsTotal, n.CPUsTotal, feat, feat, n.GPUsTotal, orNull(n.Addr), orHost(n.Name, h),
+		n.MemoryMiB, n.MemoryUsedMiB, freeMem([]allocator.NodeStatus{n}), st, partitionOf(n), n.GPUsUsed, n.GPUsTotal, reason)
 }
 
 // orHost is name, or h for "".

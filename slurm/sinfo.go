@@ -26,7 +26,7 @@ var sinfoLetters = map[string]string{
 	"P": "PARTITION", "R": "PARTITION", "a": "AVAIL", "l": "TIMELIMIT", "D": "NODES", "t": "STATE", "T": "STATE",
 	"N": "NODELIST", "n": "HOSTNAMES", "G": "GRES", "c": "CPUS", "m": "MEMORY", "f": "AVAIL_FEATURES",
 	"E": "REASON", "s": "JOB_SIZE", "r": "ROOT", "h": "OVERSUBSCRIBE", "g": "GROUPS", "o": "NODE_ADDR",
-	"F": "NODES(A/I/O/T)", "A": "NODES(A/I)",
+	"F": "NODES(A/I/O/T)", "A": "NODES(A/I)", "C": "CPUS(A/I/O/T)", "e": "FREE_MEM",
 }
 
 // sinfoFields are the -O fields sinfo takes (lower case).
@@ -34,6 +34,7 @@ var sinfoFields = map[string]string{
 	"partition": "P", "partitionname": "R", "available": "a", "timelimit": "l", "nodes": "D",
 	"statecompact": "t", "statelong": "T", "nodelist": "N", "nodehost": "n", "gres": "G", "cpus": "c",
 	"memory": "m", "features": "f", "reason": "E", "nodeaddr": "o", "nodeaiot": "F", "nodeai": "A",
+	"cpusstate": "C", "freemem": "e",
 }
 
 var sinfoOptions = []option{
@@ -134,10 +135,16 @@ func (r sinfoRow) value(key string) string {
 			g = append(g, "gpu:"+strconv.Itoa(c))
 		}
 		return strings.Join(g, ",")
-	case "c", "m":
-		return "0"
+	case "c":
+		return minPlus(r.nodes, func(n allocator.NodeStatus) int64 { return int64(n.CPUsTotal) })
+	case "m":
+		return minPlus(r.nodes, func(n allocator.NodeStatus) int64 { return n.MemoryMiB })
+	case "e":
+		return freeMem(r.nodes)
+	case "C":
+		return cpuStates(r.nodes)
 	case "f":
-		return "(null)"
+		return nodeFeatures(r.nodes)
 	case "E":
 		for _, n := range r.nodes {
 			if n.Reason != "" {
@@ -267,4 +274,74 @@ func Sinfo(ctx context.Context, e *Env, args []string) int {
 		fmt.Fprintln(e.Stdout, render(fields, r.value))
 	}
 	return 0
+}
+
+// minPlus is sinfo's text for a count of a row's nodes (%c CPUs, %m memory in MiB):
+// the count where the nodes agree, else the least followed by "+" (sinfo's
+// _build_min_max_32_string without a range).
+func minPlus(nodes []allocator.NodeStatus, count func(allocator.NodeStatus) int64) string {
+	if len(nodes) == 0 {
+		return "0"
+	}
+	lo, hi := count(nodes[0]), count(nodes[0])
+	for _, n := range nodes[1:] {
+		lo, hi = min(lo, count(n)), max(hi, count(n))
+	}
+	if lo == hi {
+		return strconv.FormatInt(lo, 10)
+	}
+	return strconv.FormatInt(lo, 10) + "+"
+}
+
+// freeMem is sinfo's %e for a row's nodes: the memory (MiB) no job holds, "MIN-MAX"
+// where the nodes differ, as sinfo writes its range. Slurm's is the memory the node's
+// OS has free; gangrun's nodes report none, so this is the memory not allocated.
+func freeMem(nodes []allocator.NodeStatus) string {
+	if len(nodes) == 0 {
+		return "N/A"
+	}
+	free := func(n allocator.NodeStatus) int64 { return max(n.MemoryMiB-n.MemoryUsedMiB, 0) }
+	lo, hi := free(nodes[0]), free(nodes[0])
+	for _, n := range nodes[1:] {
+		lo, hi = min(lo, free(n)), max(hi, free(n))
+	}
+	if lo == hi {
+		return strconv.FormatInt(lo, 10)
+	}
+	return fmt.Sprintf("%d-%d", lo, hi)
+}
+
+// cpuStates is sinfo's %C for a row's nodes: CPUs allocated, idle, other (those of
+// drained and down nodes) and in all, "A/I/O/T".
+func cpuStates(nodes []allocator.NodeStatus) string {
+	var a, i, o, t int
+	for _, n := range nodes {
+		t += n.CPUsTotal
+		switch st := nodeState(n); {
+		case strings.HasPrefix(st, "DOWN"), st == "DRAINED", st == "DRAINING":
+			o += n.CPUsTotal - n.CPUsUsed
+			a += n.CPUsUsed
+		default:
+			a += n.CPUsUsed
+			i += n.CPUsTotal - n.CPUsUsed
+		}
+	}
+	return fmt.Sprintf("%d/%d/%d/%d", a, i, o, t)
+}
+
+// nodeFeatures is sinfo's %f for a row's nodes: their features (node labels,
+// allocator.Features), those of every node of the row as sinfo groups by them;
+// "(null)" for none.
+func nodeFeatures(nodes []allocator.NodeStatus) string {
+	seen := map[string]bool{}
+	var out []string
+	for _, n := range nodes {
+		for _, f := range strings.Split(allocator.Features(n.Labels), ",") {
+			if f != "" && !seen[f] {
+				seen[f] = true
+				out = append(out, f)
+			}
+		}
+	}
+	return orNull(strings.Join(out, ","))
 }

@@ -88,8 +88,9 @@ func sprioDefault(w policy.Weights, users, norm bool) string {
 // Sprio is sprio: the priority factors of the pending jobs as gangrun's scheduler
 // computes them (job.Priorities: policy.Factors' multifactor formula), by job id as
 // sprio sorts them, with Slurm's columns and widths: -o, -l, -n,
-// -w, -h, and the filters -j, -u and -p. ASSOC, NICE and TRES have no counterpart in
-// gangrun's formula: 0 (none for TRES).
+// -w, -h, and the filters -j, -u and -p. NICE is the job's --nice, which PRIORITY has
+// taken off (never below 1, as Slurm's priority_multifactor keeps a job's); ASSOC and
+// TRES have no counterpart in gangrun's formula: 0 (none for TRES).
 func Sprio(ctx context.Context, e *Env, args []string) int {
 	v, rest, done, code := parseOpts(e, "sprio", sprioOptions, args, 1, "Usage: sprio [OPTIONS]\n")
 	if done {
@@ -254,11 +255,14 @@ func sprioValue(k string, pe job.PriorityEntry) string {
 		}
 		return pe.User
 	case "Y":
-		return strconv.FormatInt(f.Priority, 10)
+		return strconv.FormatInt(max(f.Priority, 1), 10)
 	case "y":
-		return fmt.Sprintf("%16.14f", float64(f.Priority)/float64(uint32(0xffffffff)))
+		return fmt.Sprintf("%16.14f", float64(max(f.Priority, 1))/float64(uint32(0xffffffff)))
 	case "S":
-		return strconv.Itoa(f.Site)
+		// The job's --priority: its nice is NICE's column, as sprio shows them.
+		return strconv.Itoa(f.Site + pe.Nice)
+	case "N":
+		return strconv.Itoa(pe.Nice)
 	case "A":
 		return weighted(w.Age, f.Age)
 	case "a":
@@ -279,7 +283,7 @@ func sprioValue(k string, pe job.PriorityEntry) string {
 		return weighted(w.QOS, f.QOS)
 	case "q":
 		return norm(f.QOS)
-	case "B", "N":
+	case "B":
 		return "0"
 	case "b":
 		return norm(0)

@@ -582,7 +582,7 @@ func newJobFilter(v values) (jobFilter, error) {
 		if strings.EqualFold(st, "all") {
 			f.states = nil
 			f.states = append(f.states, job.Pending, job.Running, job.Completing, job.Completed, job.Failed,
-				job.Cancelled, job.Timeout, job.NodeFail, job.Preempted)
+				job.Cancelled, job.Timeout, job.NodeFail, job.Preempted, job.OutOfMemory)
 			continue
 		}
 		s, ok := parseState(st)

@@ -374,11 +374,31 @@ func runStep(ctx context.Context, e *Env, id string, v values, command []string)
 	}
 	defer r.files.close()
 	code, st := r.runTerminal(ctx, ln, tty)
+	st = endedWithJob(ctx, s, id, st)
 	st.Ended = time.Now().UTC()
 	if err := job.EndSrunStep(context.WithoutCancel(ctx), s, id, req.Step, st); err != nil {
 		errorf(e, "srun", 0, "record the step's end: %v", err)
 	}
 	return code
+}
+
+// endedWithJob is step end st as Slurm records it when the step's tasks were killed
+// because their job ended (scancel of the job, its time limit): CANCELLED, not FAILED,
+// as slurmctld marks the steps of a job it cancels. Any other end is st.
+func endedWithJob(ctx context.Context, s Store, id string, st job.SrunState) job.SrunState {
+	if st.State != job.Failed || st.Signal == 0 {
+		return st
+	}
+	j, err := job.Read(context.WithoutCancel(ctx), s, id)
+	if err != nil {
+		return st
+	}
+	switch {
+	case j.State.Status == job.Cancelled || j.State.Status == job.Timeout,
+		j.State.Status == job.Completing && (j.State.End == job.Cancelled || j.State.End == job.Timeout):
+		st.State = job.Cancelled
+	}
+	return st
 }
 
 // stepRequest is the step srun asks of job j's (id's) nodes: its tasks laid out as lay, its
@@ -528,7 +548,13 @@ func (r *srunRun) run(ctx context.Context, ln net.Listener) (int, job.SrunState)
 		code = 1
 	}
 	st := job.SrunState{State: job.Completed, ExitCode: code, Signal: sig}
+	oom := false
+	for _, x := range r.exits {
+		oom = oom || x.OOM > 0
+	}
 	switch {
+	case oom:
+		st.State = job.OutOfMemory // Slurm's, with no "Force Terminated"
 	case r.killed:
 		st.State = job.Cancelled
 		fmt.Fprintf(r.e.Stderr, "srun: Force Terminated StepId=%s.%d\n", req.Job, req.Step)
@@ -628,11 +654,18 @@ func (r *srunRun) report(node string, ended []int) {
 	r.flushAll()
 	groups := map[string][]int{}
 	var keys []string
+	oomTold := false
 	r.mu.Lock()
 	for _, t := range ended {
 		x := r.exits[t]
 		var what string
 		switch {
+		case x.OOM > 0 && oomTold:
+			what = "Out Of Memory"
+		case x.OOM > 0:
+			what, oomTold = "Out Of Memory", true // slurmstepd's line, once for the node
+			fmt.Fprintf(r.e.Stderr, "slurmstepd: error: Detected %d oom-kill event(s) in StepId=%s.%d. "+
+				"Some of your processes may have been killed by the cgroup out-of-memory handler.\n", x.OOM, r.req.Job, r.req.Step)
 		case x.Signal != 0:
 			what = signalText(syscall.Signal(x.Signal))
 		case x.Code != 0:

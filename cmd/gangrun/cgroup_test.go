@@ -522,3 +522,65 @@ func TestJobStepInCgroupV2(t *testing.T) {
 	}
 	assertV2Gone(t, "/"+string(name[1]))
 }
+
+// TestSbatchOutOfMemory: a batch job allocating past its --mem is killed by the OOM
+// killer of its cgroup and ends as Slurm's does: OUT_OF_MEMORY, reason OutOfMemory,
+// exit code 0:125 (scontrol, sacct, squeue's OOM), with slurmstepd's line in its output.
+// (The reference Slurm of the tests enforces no memory: Slurm 22.05's documented
+// behaviour and task/cgroup's message.)
+func TestSbatchOutOfMemory(t *testing.T) {
+	c := startJobCluster(t, "gpu-a")
+	dir := sharedDir(t)
+	t.Chdir(dir)
+	links := slurmLinks(t)
+	py := python(t)
+	out, errOut, code := c.slurmCmd(links, "sbatch", "--parsable", "-N1", "--gres=gpu:1", "--mem", "100M", "-o", filepath.Join(dir, "oom.out"),
+		"--wrap", py+` -c "b = [b'x' * (16 << 20) for _ in range(25)]"`)
+	if code != 0 {
+		t.Fatalf("sbatch: exit %d %s", code, errOut)
+	}
+	id := strings.TrimSpace(out)
+	c.waitState(id, job.OutOfMemory, 2*time.Minute)
+	show, _, _ := c.slurmCmd(links, "scontrol", "show", "job", id)
+	for _, want := range []string{"JobState=OUT_OF_MEMORY Reason=OutOfMemory", "ExitCode=0:125"} {
+		if !strings.Contains(show, want) {
+			t.Errorf("scontrol show job %s: no %q in\n%s", id, want, show)
+		}
+	}
+	if got, _, _ := c.slurmCmd(links, "sacct", "-n", "-X", "-P", "-j", id, "-o", "State,ExitCode"); got != "OUT_OF_MEMORY|0:125\n" {
+		t.Errorf("sacct -j %s: %q, want OUT_OF_MEMORY|0:125", id, got)
+	}
+	if got, _, _ := c.slurmCmd(links, "squeue", "-h", "-t", "all", "-j", id, "-o", "%t %T"); got != "OOM OUT_OF_MEMORY\n" {
+		t.Errorf("squeue -t all -j %s: %q, want OOM OUT_OF_MEMORY", id, got)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "oom.out"))
+	want := "slurmstepd: error: Detected 1 oom-kill event(s) in StepId=" + id + ".batch. Some of your processes may have been killed by the cgroup out-of-memory handler.\n"
+	if err != nil || !strings.HasSuffix(string(b), want) {
+		t.Errorf("the job's output %q (%v) does not end with %q", b, err, want)
+	}
+
+	// An srun step killed so: slurmstepd's line for the step, srun's "Out Of Memory",
+	// and the step OUT_OF_MEMORY; the job with it.
+	out, errOut, code = c.slurmCmd(links, "sbatch", "--parsable", "-N1", "--gres=gpu:1", "--mem", "100M", "-o", filepath.Join(dir, "step.out"),
+		"--wrap", filepath.Join(links, "srun")+" "+py+` -c "b = [b'x' * (16 << 20) for _ in range(25)]"`)
+	if code != 0 {
+		t.Fatalf("sbatch: exit %d %s", code, errOut)
+	}
+	id = strings.TrimSpace(out)
+	waitUntilFor(t, 2*time.Minute, func() bool { s, _ := c.show(id)["state"].(string); return job.Status(s).Final() }, "the job's end")
+	b, _ = os.ReadFile(filepath.Join(dir, "step.out"))
+	if st := c.show(id)["state"]; st != string(job.OutOfMemory) {
+		t.Errorf("job %s ended %v, want OUT_OF_MEMORY; its output:\n%s", id, st, b)
+	}
+	for _, want := range []string{
+		"slurmstepd: error: Detected 1 oom-kill event(s) in StepId=" + id + ".0. Some of your processes may have been killed by the cgroup out-of-memory handler.\n",
+		"srun: error: gpu-a: task 0: Out Of Memory\n",
+	} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("the job's output does not show %q:\n%s", want, b)
+		}
+	}
+	if got, _, _ := c.slurmCmd(links, "sacct", "-n", "-P", "-j", id, "-o", "JobID,State"); !strings.Contains(got, id+".0|OUT_OF_MEMORY\n") {
+		t.Errorf("sacct -j %s: %q, want step %s.0 OUT_OF_MEMORY", id, got, id)
+	}
+}

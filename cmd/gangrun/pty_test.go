@@ -314,3 +314,49 @@ func TestSrunPtyWithoutTerminalAgainstSlurm(t *testing.T) {
 		}
 	}
 }
+
+// TestSallocCancelledHangsUp: `scancel` of salloc's job while `srun --pty bash` runs
+// in salloc's shell (the reported case) revokes the allocation as Slurm's salloc does:
+// it prints "Job allocation N has been revoked.", hangs up its shell and the step's
+// srun (SIGHUP: the terminal's foreground group and the command), and exits without
+// relinquishing; srun says "Force Terminated" once, and the step is recorded
+// CANCELLED.
+func TestSallocCancelledHangsUp(t *testing.T) {
+	c := startPtyCluster(t, "gpu-a")
+	s := c.drive("", 24, 80, []ptyStep{
+		{"expect": `Granted job allocation \d+`},
+		{"send": "srun --pty bash\r"},
+		{"poll": "echo IN-STEP-$((2*3)) step=$SLURM_STEP_ID\r", "expect": `IN-STEP-6 step=0\r\n`},
+		{"send": "scancel $SLURM_JOB_ID\r"},
+		{"expect": `has been revoked\.`},
+	}, "salloc", "-N1", "--gres=gpu:1", "bash", "--norc", "-i")
+	t.Logf("the terminal showed:\n%s", s.Output)
+	m := regexp.MustCompile(`Granted job allocation (\d+)`).FindStringSubmatch(s.Output)
+	if m == nil {
+		t.Fatalf("no allocation:\n%s", s.Output)
+	}
+	if want := "salloc: Job allocation " + m[1] + " has been revoked.\r\n"; !strings.Contains(s.Output, want) {
+		t.Errorf("the terminal does not show %q:\n%s", want, s.Output)
+	}
+	if s.Exit != 0 {
+		// Slurm's salloc exits 0 when SIGHUP ended its command (salloc.c).
+		t.Errorf("salloc: exit %d, want 0 (its shell hung up)", s.Exit)
+	}
+	if strings.Contains(s.Output, "Relinquishing") {
+		t.Errorf("salloc relinquished a revoked allocation:\n%s", s.Output)
+	}
+	if n := strings.Count(s.Output, "Force Terminated"); n > 1 {
+		t.Errorf("srun printed Force Terminated %d times:\n%s", n, s.Output)
+	}
+	if st := c.show(m[1])["state"]; st != string(job.Cancelled) {
+		t.Errorf("job %s is %v, want CANCELLED", m[1], st)
+	}
+	var steps []job.SrunStep
+	waitUntilFor(t, 60*time.Second, func() bool {
+		steps = c.steps(m[1])
+		return len(steps) == 1 && steps[0].End != nil
+	}, "the step's end")
+	if steps[0].End.State != job.Cancelled {
+		t.Errorf("step %s.0 ended %+v, want CANCELLED", m[1], *steps[0].End)
+	}
+}

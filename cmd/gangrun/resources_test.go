@@ -32,7 +32,9 @@ func TestCPUOnlyJobAgainstSlurm(t *testing.T) {
 	if mem <= 0 {
 		t.Fatal("this machine's memory: /proc/meminfo has no MemTotal")
 	}
-	p := startSlurmPairWith(t, slurmtest.Options{MemoryMiB: mem,
+	// Slurm's node has the CPUs of gangrun's (its agents' dgx-h100 inventory: 224), so
+	// that sinfo's and scontrol show node's CPU counts compare.
+	p := startSlurmPairWith(t, slurmtest.Options{MemoryMiB: mem, CPUsPerNode: 224,
 		Extra: []string{"EnforcePartLimits=ALL", "SelectTypeParameters=CR_Core_Memory"}}, "gpu-a")
 	dir := sharedDir(t)
 	if err := os.WriteFile(filepath.Join(dir, "job.sh"), []byte("#!/bin/sh\ntrue\n"), 0o755); err != nil {
@@ -127,15 +129,22 @@ srun sh -c 'echo step cvd=${CUDA_VISIBLE_DEVICES-unset} gpus=${SLURM_JOB_GPUS-un
 		queued[i], _, _ = p.run(s, dir, "", nil, "squeue", "-j", id, "-o", "%C %m %D %b %T")
 		o, _, _ := p.run(s, dir, "", nil, "squeue", "-j", id, "-O", "minmemory,numcpus")
 		queued[i] += o
-		o, _, _ = p.run(s, dir, "", nil, "sinfo", "-h", "-o", "%P %t %A")
+		o, _, _ = p.run(s, dir, "", nil, "sinfo", "-h", "-o", "%P %t %A %c %m %C %f")
+		queued[i] += o
+		o, _, _ = p.run(s, dir, "", nil, "sinfo", "-h", "-O", "cpus,memory,cpusstate")
 		queued[i] += o
 		show, _, _ := p.run(s, dir, "", nil, "scontrol", "show", "job", id)
 		for _, f := range fields {
 			shown[i] += f + "=" + slurmtest.Field(show, f) + " "
 		}
+		// The node's CPUs and memory, and what the job holds of them.
+		node, _, _ := p.run(s, dir, "", nil, "scontrol", "show", "node", "gpu-a")
+		for _, f := range []string{"CPUAlloc", "CPUTot", "RealMemory", "AllocMem", "AvailableFeatures"} {
+			shown[i] += f + "=" + slurmtest.Field(node, f) + " "
+		}
 		p.run(s, dir, "", nil, "scancel", id)
 	}
-	if queued[0] != queued[1] || !strings.Contains(queued[1], "3 1.50G 1 N/A RUNNING") || !strings.Contains(queued[1], "gpu* mix 1/0") {
+	if queued[0] != queued[1] || !strings.Contains(queued[1], "3 1.50G 1 N/A RUNNING") || !strings.Contains(queued[1], "gpu* mix 1/0 ") {
 		t.Errorf("squeue of a running CPU-only job:\nslurm   %q\ngangrun %q", queued[0], queued[1])
 	}
 	if shown[0] != shown[1] {

@@ -118,6 +118,26 @@ func TestSprioAndSshareShowTheScheduler(t *testing.T) {
 	if want := heavy + " heavy 0.0625000\n"; out != want {
 		t.Errorf("sprio -u heavy: %q, want %q", out, want)
 	}
+	// A nice is NICE's, taken off PRIORITY (never below 1), not SITE's.
+	for _, tc := range []struct{ nice, want string }{{"10", "615 0 10\n"}, {"1000", "1 0 1000\n"}} {
+		// Until the cluster has accepted the job, an update is "try again".
+		deadline := time.Now().Add(30 * time.Second)
+		_, errOut, code := c.slurmCmd(links, "scontrol", "update", "JobId="+heavy, "Nice="+tc.nice)
+		for ; code != 0 && strings.Contains(errOut, "try again") && time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+			_, errOut, code = c.slurmCmd(links, "scontrol", "update", "JobId="+heavy, "Nice="+tc.nice)
+		}
+		if code != 0 {
+			t.Fatalf("scontrol update Nice=%s: exit %d %s", tc.nice, code, errOut)
+		}
+		// The job's request is placed again with its new nice (a moment unlisted).
+		for out, _, _ = c.slurmCmd(links, "sprio", "-h", "-j", heavy, "-o", "%Y %S %N"); out != tc.want && time.Now().Before(deadline); {
+			time.Sleep(200 * time.Millisecond)
+			out, _, _ = c.slurmCmd(links, "sprio", "-h", "-j", heavy, "-o", "%Y %S %N")
+		}
+		if out != tc.want {
+			t.Errorf("sprio with nice %s: %q, want %q", tc.nice, out, tc.want)
+		}
+	}
 	out, _, code = c.slurmCmd(links, "sprio", "-j", "99999")
 	if code != 0 || !strings.HasSuffix(out, "Unable to find jobs matching user/id(s) specified\n") {
 		t.Errorf("sprio -j 99999: exit %d %q", code, out)
