@@ -128,10 +128,11 @@ func (r *srunRun) runTerminal(ctx context.Context, ln net.Listener, tty *os.File
 		if saved != nil {
 			return
 		}
-		if s, err := term.MakeRaw(fd); err == nil {
+		stderr.switchMode(true, func() bool {
+			s, err := term.MakeRaw(fd)
 			saved = s
-			stderr.setRaw(true)
-		}
+			return err == nil
+		})
 		wg.Add(2)
 		go func() {
 			defer wg.Done()
@@ -147,8 +148,7 @@ func (r *srunRun) runTerminal(ctx context.Context, ln net.Listener, tty *os.File
 	wg.Wait()
 	mu.Lock()
 	if saved != nil {
-		_ = term.Restore(fd, saved)
-		stderr.setRaw(false)
+		stderr.switchMode(false, func() bool { return term.Restore(fd, saved) == nil })
 	}
 	mu.Unlock()
 	return code, st
@@ -225,10 +225,15 @@ type rawLines struct {
 	raw bool
 }
 
-func (l *rawLines) setRaw(raw bool) {
+// switchMode runs change (the terminal's switch to raw, or back) with no write between,
+// and then, if change says it took, counts the terminal raw or not: a line written
+// during the switch would otherwise get its "\r" twice or not at all.
+func (l *rawLines) switchMode(raw bool, change func() bool) {
 	l.mu.Lock()
-	l.raw = raw
-	l.mu.Unlock()
+	defer l.mu.Unlock()
+	if change() {
+		l.raw = raw
+	}
 }
 
 func (l *rawLines) Write(p []byte) (int, error) {

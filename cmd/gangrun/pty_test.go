@@ -180,8 +180,10 @@ func TestSrunPtyInSalloc(t *testing.T) {
 	if m == nil || !strings.Contains(s.Output, "job="+m[1]+" ") {
 		t.Errorf("the shell's SLURM_JOB_ID is not the allocation's:\n%s", s.Output)
 	}
-	for _, want := range []string{"srun: error: gpu-a: task 0: Exited with exit code 3\r\n", "salloc: Relinquishing job allocation"} {
-		if !strings.Contains(s.Output, want) {
+	// srun's line starts a line of its own and ends at the line's start: "\r\n" (1 run in
+	// about 50 it is "\r\r\n", the same on the screen: a race left open, in the note).
+	for _, want := range []string{`srun: error: gpu-a: task 0: Exited with exit code 3\r+\n`, `salloc: Relinquishing job allocation`} {
+		if !regexp.MustCompile(want).MatchString(s.Output) {
 			t.Errorf("the terminal does not show %q:\n%s", want, s.Output)
 		}
 	}
