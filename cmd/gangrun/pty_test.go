@@ -212,7 +212,7 @@ func TestSrunPtyJoinsARunningJob(t *testing.T) {
 	waitUntilFor(t, 30*time.Second, func() bool { return len(markedProcs(t, c.mark, "sleep 1003")) > 0 }, "the batch script's sleep")
 
 	s := c.drive("alice", 30, 90, []ptyStep{
-		{"send": "echo JOINED-$((2+3)) job=$SLURM_JOB_ID user=$(id -un) batch=$(pgrep -u alice -x sleep | wc -l); stty size\r"},
+		{"send": "echo JOINED-$((2+3)) job=$SLURM_JOB_ID user=$(id -un) batch=$(pgrep -u alice -xf 'sleep 1003' | wc -l); stty size\r"},
 		{"expect": `JOINED-5 job=` + id + ` user=alice batch=1\r\n30 90\r\n`},
 		{"send": "exit\r"},
 	}, "srun", "--jobid", id, "--overlap", "--pty", "bash")
