@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/gangrun/gangrun/internal/torchtest"
+	"github.com/gangrun/gangrun/job"
 	"github.com/gangrun/gangrun/slurm"
 )
 
@@ -187,9 +188,7 @@ func TestSubmititInterruptOnGangrun(t *testing.T) {
 	id := regexp.MustCompile(`(?m)^job_id (\d+)$`).FindStringSubmatch(out)[1]
 	errLog := readFile(filepath.Join(dir, "log_interrupt"), id+"_0_log.err")
 	wants(t, "the task's stderr", errLog, `Bypassing signal SIGTERM`, `Caught signal SIGUSR2`)
-	if st := c.gr.show(id)["state"]; st != "COMPLETED" {
-		t.Errorf("gangrun's state of the job: %v, want COMPLETED", st)
-	}
+	c.gr.waitState(id, job.Completed, time.Minute) // COMPLETING while its end is written
 }
 
 // TestSubmititCheckpointRequeueOnGangrun runs a checkpointable submitit job whose first
@@ -212,9 +211,7 @@ func TestSubmititCheckpointRequeueOnGangrun(t *testing.T) {
 		`Requeued job `+id+` \(2 remaining timeouts\)`, `(?m)^run 2 from count [1-9]\d* SLURM_RESTART_COUNT 1$`)
 	errLog := readFile(filepath.Join(dir, "log_ckpt"), id+"_0_log.err")
 	wants(t, "the task's stderr", errLog, `Caught signal SIGUSR2 on .*: this job is timed-out`)
-	if st := c.gr.show(id)["state"]; st != "COMPLETED" {
-		t.Errorf("gangrun's state of the job: %v, want COMPLETED", st)
-	}
+	c.gr.waitState(id, job.Completed, time.Minute) // COMPLETING while its end is written
 }
 
 // TestLightningSLURMAutoRequeueOnGangrun runs a Lightning Trainer job with sbatch, as

@@ -5,6 +5,7 @@
 # cluster: the partition ("gpu"), and one GPU a node (gangrun places GPU jobs); the
 # SlurmExecutor run also sets its memory.
 import sys
+import time
 
 import submitit
 
@@ -28,6 +29,12 @@ for kind in ("auto", "slurm"):
 
     output = job.result()  # waits for completion and returns output
     assert output == 12  # 5 + 7 = 12...  your addition was computed in the cluster
-    print(kind, "result", output, "state", job.watcher.get_state(job.job_id, mode="force"))
+    # The test's own line: the job's state as sacct says it, once its end is recorded
+    # (COMPLETING while the batch step's end is still being written, as on Slurm).
+    state, deadline = job.watcher.get_state(job.job_id, mode="force"), time.time() + 60
+    while state == "COMPLETING" and time.time() < deadline:
+        time.sleep(0.5)
+        state = job.watcher.get_state(job.job_id, mode="force")
+    print(kind, "result", output, "state", state)
     print(kind, "stdout", repr(job.stdout()))
     sys.stdout.flush()
