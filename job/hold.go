@@ -119,7 +119,7 @@ func holdOne(ctx context.Context, s store.Store, id string, op HoldOp, admin boo
 		if st.Status.Final() {
 			return false, fmt.Errorf("job %s: %w", id, ErrFinished)
 		}
-		running := st.Status == Running || st.Status == Completing || st.Status == Preempted
+		running := st.holdWaits()
 		switch h := st.Hold(); {
 		case h == want || (running && st.Held == want):
 			return false, nil
@@ -172,8 +172,8 @@ func releaseJob(ctx context.Context, s store.Store, id string, admin bool, also 
 		case j.State.Status.Final():
 			refused = ErrFinished
 			return false
-		case j.State.Status != Pending:
-			// A hold waiting for the running job's requeue (EvMarkHold) goes.
+		case j.State.holdWaits():
+			// A hold waiting for the job's requeue (EvMarkHold) goes.
 			if j.State.Held == HoldAdmin && !admin {
 				refused = ErrHeldByOperator
 				return false

@@ -63,6 +63,14 @@ func (s State) Hold() Hold {
 	return HoldNone
 }
 
+// holdWaits reports whether a hold of the job (scontrol hold, or release of one) is
+// kept for its next return to the queue (EvMarkHold, EvUnmarkHold) rather than done at
+// once: it runs, is stopping, was pre-empted, or is being requeued and its old grant
+// has not gone yet (Slurm keeps a running job's hold for its requeue).
+func (s State) holdWaits() bool {
+	return s.Status == Running || s.Status == Completing || s.Status == Preempted || s.Hold() == HoldRequeue
+}
+
 // Phase is a status with its hold: a node of the state machine.
 type Phase struct {
 	Status Status
@@ -201,8 +209,8 @@ var transitions = []rule{
 	{EvHoldAdmin, []Phase{pending, deferred, heldUser}, heldAdmin, reason.JobHeldAdmin},
 	{EvReleaseHold, []Phase{heldUser, heldAdmin}, deferred, reason.Priority},
 	{EvRequeueAsked, []Phase{running}, requeue, reason.Requeued},
-	{EvMarkHold, []Phase{running, completing, {Status: Preempted}}, Phase{}, ""},
-	{EvUnmarkHold, []Phase{running, completing, {Status: Preempted}}, Phase{}, ""},
+	{EvMarkHold, []Phase{running, completing, {Status: Preempted}, requeue}, Phase{}, ""},
+	{EvUnmarkHold, []Phase{running, completing, {Status: Preempted}, requeue}, Phase{}, ""},
 	{EvUpdate, []Phase{pending, deferred}, deferred, reason.Priority},
 }
 

@@ -244,6 +244,22 @@ func TestHoldOfARunningJobWaitsForItsRequeue(t *testing.T) {
 	if st.Phase() != pending || st.Held != "" {
 		t.Errorf("released while it ran, requeued: %s, held %q; want %s", st.Phase(), st.Held, pending)
 	}
+	// Released (or held) while its requeue is under way (scontrol requeuehold, then
+	// release before the old grant went): the release is not lost.
+	st = phaseState(running)
+	steps(&st, Transition{Event: EvMarkHold, Code: reason.JobHeldUser}, Transition{Event: EvRequeueAsked})
+	if !st.holdWaits() {
+		t.Fatalf("requeue under way (%s): a hold should wait for it", st.Phase())
+	}
+	steps(&st, Transition{Event: EvUnmarkHold}, Transition{Event: EvRequestAgain})
+	if st.Phase() != pending || st.Held != "" {
+		t.Errorf("released while requeued, then placed again: %s, held %q; want %s", st.Phase(), st.Held, pending)
+	}
+	st = phaseState(running)
+	steps(&st, Transition{Event: EvRequeueAsked}, Transition{Event: EvMarkHold, Code: reason.JobHeldUser}, Transition{Event: EvRequestAgain})
+	if st.Phase() != heldUser {
+		t.Errorf("held while requeued: %s, want %s", st.Phase(), heldUser)
+	}
 	if err := st.apply(Transition{Event: EvMarkHold, Code: reason.Priority}); !errors.Is(err, ErrTransition) {
 		t.Errorf("mark-hold with reason Priority: %v, want refused", err)
 	}
