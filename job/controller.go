@@ -590,6 +590,10 @@ func (c *Controller) completing(ctx context.Context, v view, j Job) error {
 	})
 	if changed {
 		c.logMail(*after, "END")
+		if after.Spec.Batch != nil {
+			// Its srun steps end with it: one srun killed with the job said nothing.
+			err = EndOpenSrunSteps(ctx, c.s, id, after.State.Ended)
+		}
 	}
 	return err
 }

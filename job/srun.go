@@ -205,6 +205,27 @@ func EndSrunStep(ctx context.Context, s store.Store, id string, n int, st SrunSt
 	return err
 }
 
+// EndOpenSrunSteps records, for each srun step of job id that has no end, the end its
+// job's end gave it: CANCELLED at time at, killed with the job (signal 9) before srun
+// could say, as slurmctld ends a job's steps with the job. A step whose srun said keeps
+// its end (EndSrunStep: the first to say wins).
+func EndOpenSrunSteps(ctx context.Context, s store.Store, id string, at time.Time) error {
+	steps, err := SrunSteps(ctx, s, id)
+	if err != nil {
+		return err
+	}
+	for _, st := range steps {
+		if st.End != nil {
+			continue
+		}
+		end := SrunState{State: Cancelled, ExitCode: 128 + 9, Signal: 9, Ended: at, Reason: "ended with its job"}
+		if err := EndSrunStep(ctx, s, id, st.Request.Step, end); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // SrunSteps returns job id's srun steps, by number.
 func SrunSteps(ctx context.Context, s store.Store, id string) ([]SrunStep, error) {
 	entries, _, err := s.List(ctx, srunPrefix(id))

@@ -1232,6 +1232,11 @@ func TestScancelNoteAgainstSlurm(t *testing.T) {
 		t.Fatalf("scancel: exit %d %s", code, errOut)
 	}
 	p.waitEnd(gangrunSide, id, time.Minute)
+	// The job's srun step ends with it (CANCELLED), never RUNNING in sacct after it.
+	waitFor(t, 30*time.Second, "the cancelled job's srun step ended", func() (bool, string) {
+		out, errOut, _ := p.run(gangrunSide, dir, "", nil, "sacct", "-j", id, "-n", "-P", "-o", "JobID,State")
+		return strings.Contains(out, id+".0|CANCELLED"), out + errOut
+	})
 	if data := readFile(dir, "slurm-"+id+".out"); strings.Contains(data, "second signal") || !strings.Contains(data, "SIGTERM") {
 		t.Errorf("the srun task's gangrun run, on scancel: want one SIGTERM, no second signal:\n%s", data)
 	}
