@@ -362,15 +362,8 @@ func (as Asker) Cancel(ctx context.Context, s store.Store, id string) (int, bool
 	if err != nil {
 		return 0, false, err
 	}
-	switch {
-	case ans.Owner != "":
-		return 0, ans.Array, &NotYoursError{ID: id, Owner: ans.Owner, User: as.User, By: ans.By}
-	case ans.Denied:
-		return 0, false, &deniedError{ans.Error}
-	case ans.Invalid:
-		return 0, false, fmt.Errorf("job %s: %w", id, ErrNotFound)
-	case ans.Error != "":
-		return 0, ans.Array, errors.New(ans.Error)
+	if err := ans.jobErr(id, as.User); err != nil {
+		return 0, ans.Array, err
 	}
 	return ans.Cancelled, ans.Array, nil
 }
@@ -378,34 +371,73 @@ func (as Asker) Cancel(ctx context.Context, s store.Store, id string) (int, bool
 // Hold does op (scontrol hold, uhold, release) on job id, or every task of job array id,
 // through as's box: the job must be as's user's, unless as is root (an operator, whose
 // hold is JobHeldAdmin). It returns how many jobs changed. Errors: *NotYoursError
-// (ErrNotYours), ErrNotFound, ErrFinished, ErrNotPending, ErrHeldByOperator,
+// (ErrNotYours), ErrNotFound, ErrFinished, ErrNotPending, ErrHeldByOperator, ErrDenied,
 // ErrNoAnswer.
 func (as Asker) Hold(ctx context.Context, s store.Store, id string, op HoldOp) (int, error) {
 	ans, err := ask(ctx, s, as, Request{Kind: requestHold, Job: id, HoldOp: op})
 	if err != nil {
 		return 0, err
 	}
-	switch {
-	case ans.Owner != "":
-		return 0, &NotYoursError{ID: id, Owner: ans.Owner, User: as.User, By: ans.By}
-	case ans.NotPending:
-		return 0, fmt.Errorf("job %s: %w", id, ErrNotPending)
-	case ans.Finished:
-		return 0, fmt.Errorf("job %s: %w", id, ErrFinished)
-	case ans.Pending:
-		return 0, fmt.Errorf("job %s: %w", id, ErrPending)
-	case ans.Refused:
-		return 0, fmt.Errorf("job %s: %w", id, ErrNotRunning)
-	case ans.Disabled:
-		return 0, fmt.Errorf("job %s: %w", id, ErrRequeueDisabled)
-	case ans.Denied:
-		return 0, fmt.Errorf("job %s: %w", id, ErrHeldByOperator)
-	case ans.Invalid:
-		return 0, fmt.Errorf("job %s: %w", id, ErrNotFound)
-	case ans.Error != "":
-		return 0, errors.New(ans.Error)
+	if err := ans.jobErr(id, as.User); err != nil {
+		return 0, err
 	}
 	return ans.Held, nil
+}
+
+// jobErr is the error answer ans gives user's request on job id, nil for none: the
+// job's owner (*NotYoursError), the refusal its flags name (ErrNotPending,
+// ErrFinished, ErrPending, ErrNotRunning, ErrRequeueDisabled, ErrHeldByOperator, else
+// ErrDenied with the agent's words, ErrNotFound) or the agent's error. jobAnswer
+// writes those flags.
+func (ans Answer) jobErr(id, user string) error {
+	var refused error
+	switch {
+	case ans.Owner != "":
+		return &NotYoursError{ID: id, Owner: ans.Owner, User: user, By: ans.By}
+	case ans.NotPending:
+		refused = ErrNotPending
+	case ans.Finished:
+		refused = ErrFinished
+	case ans.Pending:
+		refused = ErrPending
+	case ans.Refused:
+		refused = ErrNotRunning
+	case ans.Disabled:
+		refused = ErrRequeueDisabled
+	case ans.Denied && ans.Error == ErrHeldByOperator.Error():
+		refused = ErrHeldByOperator
+	case ans.Denied:
+		return &deniedError{ans.Error}
+	case ans.Invalid:
+		refused = ErrNotFound
+	case ans.Error != "":
+		return errors.New(ans.Error)
+	default:
+		return nil
+	}
+	return fmt.Errorf("job %s: %w", id, refused)
+}
+
+// jobAnswer is the answer to a request on job id that err (not nil) refused: the flag
+// of each refusal Answer.jobErr turns back into its error, or err itself.
+func jobAnswer(id string, err error) (Answer, error) {
+	switch {
+	case errors.Is(err, ErrNotPending):
+		return Answer{NotPending: true}, nil
+	case errors.Is(err, ErrFinished):
+		return Answer{Finished: true}, nil
+	case errors.Is(err, ErrPending):
+		return Answer{Pending: true}, nil
+	case errors.Is(err, ErrNotRunning):
+		return Answer{Refused: true}, nil
+	case errors.Is(err, ErrRequeueDisabled):
+		return Answer{Disabled: true}, nil
+	case errors.Is(err, ErrHeldByOperator):
+		return Answer{Denied: true, Error: ErrHeldByOperator.Error()}, nil
+	case errors.Is(err, ErrNotFound):
+		return Answer{Error: fmt.Sprintf("no job %q", id), Invalid: true}, nil
+	}
+	return Answer{}, err
 }
 
 // Drain drains node for reason, or with reason "" resumes it, through as's box: an
@@ -933,23 +965,8 @@ func holdFor(ctx context.Context, s store.Store, p Prover, who asker, id string,
 			Target: "job " + id, Owner: owner, Detail: string(op)})))
 	}
 	n, err := DoHold(ctx, s, id, op, who.root, also...)
-	switch {
-	case errors.Is(err, ErrNotPending):
-		return Answer{NotPending: true}, nil
-	case errors.Is(err, ErrFinished):
-		return Answer{Finished: true}, nil
-	case errors.Is(err, ErrPending):
-		return Answer{Pending: true}, nil
-	case errors.Is(err, ErrNotRunning):
-		return Answer{Refused: true}, nil
-	case errors.Is(err, ErrRequeueDisabled):
-		return Answer{Disabled: true}, nil
-	case errors.Is(err, ErrHeldByOperator):
-		return Answer{Denied: true, Error: ErrHeldByOperator.Error()}, nil
-	case errors.Is(err, ErrNotFound):
-		return Answer{Error: fmt.Sprintf("no job %q", id), Invalid: true}, nil
-	case err != nil:
-		return Answer{}, err
+	if err != nil {
+		return jobAnswer(id, err)
 	}
 	return Answer{Held: n}, nil
 }
