@@ -837,22 +837,22 @@ func (sv *server) do(ctx context.Context, who asker, r Request, answer func(Answ
 	return &ans, nil, nil
 }
 
-// refusedOps is the audit entry of a request for action on target (detail: what more to
-// say) that answer a refuses: another user's job (Answer.Owner), or one the asker may
+// refusedOps is the audit entry, detail "DETAIL: refused: WHY" (or "refused: WHY"), of
+// a request for action on target (detail: what more to say) that answer a refuses: another user's job (Answer.Owner), or one the asker may
 // not change (Answer.Denied); none for an answer that is no refusal.
 func refusedOps(ctx context.Context, p Prover, who asker, action, target, detail string, a Answer) []store.Op {
 	if a.Owner == "" && !a.Denied {
 		return nil
 	}
-	why := a.Error
+	why := "refused: " + a.Error
 	if a.Owner != "" {
-		why = "the job is " + a.Owner + "'s (" + who.by + ")"
+		why = "refused: the job is " + a.Owner + "'s (" + who.by + ")"
 	}
 	if detail != "" {
-		why = detail + ": " + why
+		why = detail + ": " + why // as an update's and an Actor's refusals: "release: refused: WHY"
 	}
 	return []store.Op{audit.Op(sealEntry(ctx, p, audit.Entry{User: who.user, Token: "munge", Action: action, Target: target,
-		Owner: a.Owner, Detail: "refused: " + why}))}
+		Owner: a.Owner, Detail: why}))}
 }
 
 // accepted is how the agent writes a job it queues from who's request: accepted at

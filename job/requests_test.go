@@ -120,7 +120,7 @@ func TestUsersRequests(t *testing.T) {
 	want := []string{"bob cancel job 77 refused: the job is alice's (your token is bob's)", "alice update job 78 TimeLimit=00:30:00",
 		"alice update job 78 TimeLimit=02:00:00: refused: job 78: Access/permission denied",
 		"bob update job 78 JobName=x: refused: the job is alice's (your token is bob's)",
-		"alice hold job 79 refused: release: Access/permission denied"}
+		"alice hold job 79 release: refused: Access/permission denied"}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Errorf("audit:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}

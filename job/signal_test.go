@@ -70,7 +70,7 @@ func TestSignalRequests(t *testing.T) {
 	for _, e := range entries {
 		got = append(got, e.User+" "+e.Action+" "+e.Target+" "+e.Detail)
 	}
-	want := "bob signal job 80 refused: USR2 to steps: the job is alice's (your token is bob's)"
+	want := "bob signal job 80 USR2 to steps: refused: the job is alice's (your token is bob's)"
 	if strings.Join(got, "\n") != want {
 		t.Errorf("audit:\n%s\nwant:\n%s", strings.Join(got, "\n"), want)
 	}
