@@ -921,8 +921,6 @@ func (sv *server) operate(ctx context.Context, who asker, r Request) (*Answer, [
 	}
 }
 
-// cancelFor cancels job id (or array id's tasks) for who when it is who's, or who is
-// root: the answer, and an audit entry to write with it when root cancels another's.
 // holdFor does hold operation op on job id (or array id's tasks) for who: the job
 // must be who's, unless who is root, whose hold is an operator's. Another user's
 // job is audited (with the change).
@@ -933,31 +931,9 @@ func holdFor(ctx context.Context, s store.Store, p Prover, who asker, id string,
 	if !slices.Contains([]HoldOp{OpHold, OpUHold, OpRelease, OpRequeue, OpRequeueHold}, op) {
 		return Answer{Error: fmt.Sprintf("unknown hold operation %q", op), Invalid: true}, nil
 	}
-	owner := ""
-	tasks, err := Tasks(ctx, s, id)
-	if err != nil {
-		return Answer{}, err
-	}
-	if len(tasks) > 0 {
-		owner = tasks[0].Spec.User
-		for _, t := range tasks {
-			if t.Spec.User != who.user && !who.root {
-				return Answer{Owner: t.Spec.User}, nil
-			}
-		}
-	} else {
-		j, err := Read(ctx, s, id)
-		switch {
-		case errors.Is(err, ErrNotFound):
-			return Answer{Error: fmt.Sprintf("no job %q", id), Invalid: true}, nil
-		case errors.Is(err, schema.ErrNewer):
-			return Answer{Error: err.Error() + ": hold or release it with that gangrun"}, nil
-		case err != nil:
-			return Answer{}, err
-		case j.Spec.User != who.user && !who.root:
-			return Answer{Owner: j.Spec.User}, nil
-		}
-		owner = j.Spec.User
+	owner, refused, err := ownerFor(ctx, s, who, id, "hold or release")
+	if refused != nil || err != nil {
+		return *refused, err
 	}
 	var also []store.Op
 	if owner != who.user {
@@ -971,6 +947,39 @@ func holdFor(ctx context.Context, s store.Store, p Prover, who asker, id string,
 	return Answer{Held: n}, nil
 }
 
+// ownerFor is the user of job id (or of array id's tasks) for who's request to verb
+// it, when who may: the job is who's, or who is root. Otherwise it is the answer that
+// refuses it: another user's job (Answer.Owner), no job (Invalid), a record a newer
+// gangrun wrote (to verb it with that gangrun). Errors: the store's.
+func ownerFor(ctx context.Context, s store.Store, who asker, id, verb string) (string, *Answer, error) {
+	tasks, err := Tasks(ctx, s, id)
+	if err != nil {
+		return "", &Answer{}, err
+	}
+	for _, t := range tasks {
+		if t.Spec.User != who.user && !who.root {
+			return "", &Answer{Owner: t.Spec.User}, nil
+		}
+	}
+	if len(tasks) > 0 {
+		return tasks[0].Spec.User, nil, nil
+	}
+	j, err := Read(ctx, s, id)
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return "", &Answer{Error: fmt.Sprintf("no job %q", id), Invalid: true}, nil
+	case errors.Is(err, schema.ErrNewer):
+		return "", &Answer{Error: err.Error() + ": " + verb + " it with that gangrun"}, nil
+	case err != nil:
+		return "", &Answer{}, err
+	case j.Spec.User != who.user && !who.root:
+		return "", &Answer{Owner: j.Spec.User}, nil
+	}
+	return j.Spec.User, nil, nil
+}
+
+// cancelFor cancels job id (or array id's tasks) for who when it is who's, or who is
+// root: the answer, and an audit entry to write with it when root cancels another's.
 func cancelFor(ctx context.Context, s store.Store, p Prover, who asker, id string) (Answer, []store.Op, error) {
 	if checkID(id) != nil {
 		return Answer{Error: fmt.Sprintf("no job %q", id), Invalid: true}, nil, nil

@@ -191,12 +191,9 @@ func signalFor(ctx context.Context, s store.Store, p Prover, who asker, id strin
 	if sig < 1 || sig > 64 || checkTarget(target) != nil {
 		return Answer{Error: fmt.Sprintf("signal %d to %q: no such signal or target", sig, target), Invalid: true}, nil
 	}
-	owner, _ := ownerOf(ctx, s, id)
-	if owner == "" {
-		return Answer{Error: fmt.Sprintf("no job %q", id), Invalid: true}, nil
-	}
-	if owner != who.user && !who.root {
-		return Answer{Owner: owner}, nil
+	owner, refused, err := ownerFor(ctx, s, who, id, "signal")
+	if refused != nil || err != nil {
+		return *refused, err
 	}
 	var also []store.Op
 	if owner != who.user {
