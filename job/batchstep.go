@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
@@ -565,13 +566,14 @@ func (bs *batchStep) signal(p *proc.Process, sig syscall.Signal) {
 
 // stopTasks stops the srun steps' tasks (the batch script restarts without them).
 func (bs *batchStep) stopTasks() {
+	terminate(bs.liveTasks(), bs.grace, bs.signal)
+}
+
+// liveTasks is the srun steps' tasks running on this node now.
+func (bs *batchStep) liveTasks() []*proc.Process {
 	bs.mu.Lock()
-	var ps []*proc.Process
-	for p := range bs.tasks {
-		ps = append(ps, p)
-	}
-	bs.mu.Unlock()
-	terminate(ps, bs.grace, bs.signal)
+	defer bs.mu.Unlock()
+	return slices.Collect(maps.Keys(bs.tasks))
 }
 
 // terminate sends SIGCONT and SIGTERM to each process group of ps through signal, and
@@ -624,26 +626,14 @@ func (bs *batchStep) signalTargeted(t targeted, batch *proc.Process) {
 	if t.target == SignalBatch {
 		return
 	}
-	bs.mu.Lock()
-	var ps []*proc.Process
-	for p := range bs.tasks {
-		ps = append(ps, p)
-	}
-	bs.mu.Unlock()
-	for _, p := range ps {
+	for _, p := range bs.liveTasks() {
 		_ = p.Signal(t.sig)
 	}
 }
 
 // signalTasks sends sig to every srun task on this node.
 func (bs *batchStep) signalTasks(sig syscall.Signal) {
-	bs.mu.Lock()
-	var ps []*proc.Process
-	for p := range bs.tasks {
-		ps = append(ps, p)
-	}
-	bs.mu.Unlock()
-	for _, p := range ps {
+	for _, p := range bs.liveTasks() {
 		bs.signal(p, sig)
 	}
 }

@@ -18,7 +18,8 @@ import (
 func TestBatchStepSendsSIGTERMOnce(t *testing.T) {
 	dir := t.TempDir()
 	got := filepath.Join(dir, "terms")
-	cmd := exec.Command("sh", "-c", `trap 'echo TERM >> "$0"' TERM; while :; do sleep 0.05; done`, got)
+	ready := filepath.Join(dir, "ready")
+	cmd := exec.Command("sh", "-c", `trap 'echo TERM >> "$0"' TERM; : > "$1"; while :; do sleep 0.05; done`, got, ready)
 	p, err := proc.Start(cmd)
 	if err != nil {
 		t.Fatal(err)
@@ -26,9 +27,16 @@ func TestBatchStepSendsSIGTERMOnce(t *testing.T) {
 	defer func() { _ = p.Signal(syscall.SIGKILL) }()
 	bs := &batchStep{termed: map[*proc.Process]bool{}}
 	count := func() int { b, _ := os.ReadFile(got); return strings.Count(string(b), "TERM") }
-	time.Sleep(200 * time.Millisecond) // the trap set
-	bs.signal(p, syscall.SIGTERM)      // srun's forward
-	for deadline := time.Now().Add(5 * time.Second); count() < 1 && time.Now().Before(deadline); {
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
+		if _, err := os.Stat(ready); err == nil {
+			break // the trap is set
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the task never set its trap")
+		}
+	}
+	bs.signal(p, syscall.SIGTERM) // srun's forward
+	for deadline := time.Now().Add(time.Minute); count() < 1 && time.Now().Before(deadline); {
 		time.Sleep(20 * time.Millisecond)
 	}
 	if n := count(); n != 1 {

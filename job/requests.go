@@ -362,15 +362,8 @@ func (as Asker) Cancel(ctx context.Context, s store.Store, id string) (int, bool
 	if err != nil {
 		return 0, false, err
 	}
-	switch {
-	case ans.Owner != "":
-		return 0, ans.Array, &NotYoursError{ID: id, Owner: ans.Owner, User: as.User, By: ans.By}
-	case ans.Denied:
-		return 0, false, &deniedError{ans.Error}
-	case ans.Invalid:
-		return 0, false, fmt.Errorf("job %s: %w", id, ErrNotFound)
-	case ans.Error != "":
-		return 0, ans.Array, errors.New(ans.Error)
+	if err := ans.jobErr(id, as.User); err != nil {
+		return 0, ans.Array, err
 	}
 	return ans.Cancelled, ans.Array, nil
 }
@@ -378,34 +371,73 @@ func (as Asker) Cancel(ctx context.Context, s store.Store, id string) (int, bool
 // Hold does op (scontrol hold, uhold, release) on job id, or every task of job array id,
 // through as's box: the job must be as's user's, unless as is root (an operator, whose
 // hold is JobHeldAdmin). It returns how many jobs changed. Errors: *NotYoursError
-// (ErrNotYours), ErrNotFound, ErrFinished, ErrNotPending, ErrHeldByOperator,
+// (ErrNotYours), ErrNotFound, ErrFinished, ErrNotPending, ErrHeldByOperator, ErrDenied,
 // ErrNoAnswer.
 func (as Asker) Hold(ctx context.Context, s store.Store, id string, op HoldOp) (int, error) {
 	ans, err := ask(ctx, s, as, Request{Kind: requestHold, Job: id, HoldOp: op})
 	if err != nil {
 		return 0, err
 	}
-	switch {
-	case ans.Owner != "":
-		return 0, &NotYoursError{ID: id, Owner: ans.Owner, User: as.User, By: ans.By}
-	case ans.NotPending:
-		return 0, fmt.Errorf("job %s: %w", id, ErrNotPending)
-	case ans.Finished:
-		return 0, fmt.Errorf("job %s: %w", id, ErrFinished)
-	case ans.Pending:
-		return 0, fmt.Errorf("job %s: %w", id, ErrPending)
-	case ans.Refused:
-		return 0, fmt.Errorf("job %s: %w", id, ErrNotRunning)
-	case ans.Disabled:
-		return 0, fmt.Errorf("job %s: %w", id, ErrRequeueDisabled)
-	case ans.Denied:
-		return 0, fmt.Errorf("job %s: %w", id, ErrHeldByOperator)
-	case ans.Invalid:
-		return 0, fmt.Errorf("job %s: %w", id, ErrNotFound)
-	case ans.Error != "":
-		return 0, errors.New(ans.Error)
+	if err := ans.jobErr(id, as.User); err != nil {
+		return 0, err
 	}
 	return ans.Held, nil
+}
+
+// jobErr is the error answer ans gives user's request on job id, nil for none: the
+// job's owner (*NotYoursError), the refusal its flags name (ErrNotPending,
+// ErrFinished, ErrPending, ErrNotRunning, ErrRequeueDisabled, ErrHeldByOperator, else
+// ErrDenied with the agent's words, ErrNotFound) or the agent's error. jobAnswer
+// writes those flags.
+func (ans Answer) jobErr(id, user string) error {
+	var refused error
+	switch {
+	case ans.Owner != "":
+		return &NotYoursError{ID: id, Owner: ans.Owner, User: user, By: ans.By}
+	case ans.NotPending:
+		refused = ErrNotPending
+	case ans.Finished:
+		refused = ErrFinished
+	case ans.Pending:
+		refused = ErrPending
+	case ans.Refused:
+		refused = ErrNotRunning
+	case ans.Disabled:
+		refused = ErrRequeueDisabled
+	case ans.Denied && ans.Error == ErrHeldByOperator.Error():
+		refused = ErrHeldByOperator
+	case ans.Denied:
+		return &deniedError{ans.Error}
+	case ans.Invalid:
+		refused = ErrNotFound
+	case ans.Error != "":
+		return errors.New(ans.Error)
+	default:
+		return nil
+	}
+	return fmt.Errorf("job %s: %w", id, refused)
+}
+
+// jobAnswer is the answer to a request on job id that err (not nil) refused: the flag
+// of each refusal Answer.jobErr turns back into its error, or err itself.
+func jobAnswer(id string, err error) (Answer, error) {
+	switch {
+	case errors.Is(err, ErrNotPending):
+		return Answer{NotPending: true}, nil
+	case errors.Is(err, ErrFinished):
+		return Answer{Finished: true}, nil
+	case errors.Is(err, ErrPending):
+		return Answer{Pending: true}, nil
+	case errors.Is(err, ErrNotRunning):
+		return Answer{Refused: true}, nil
+	case errors.Is(err, ErrRequeueDisabled):
+		return Answer{Disabled: true}, nil
+	case errors.Is(err, ErrHeldByOperator):
+		return Answer{Denied: true, Error: ErrHeldByOperator.Error()}, nil
+	case errors.Is(err, ErrNotFound):
+		return Answer{Error: fmt.Sprintf("no job %q", id), Invalid: true}, nil
+	}
+	return Answer{}, err
 }
 
 // Drain drains node for reason, or with reason "" resumes it, through as's box: an
@@ -805,22 +837,22 @@ func (sv *server) do(ctx context.Context, who asker, r Request, answer func(Answ
 	return &ans, nil, nil
 }
 
-// refusedOps is the audit entry of a request for action on target (detail: what more to
-// say) that answer a refuses: another user's job (Answer.Owner), or one the asker may
+// refusedOps is the audit entry, detail "DETAIL: refused: WHY" (or "refused: WHY"), of
+// a request for action on target (detail: what more to say) that answer a refuses: another user's job (Answer.Owner), or one the asker may
 // not change (Answer.Denied); none for an answer that is no refusal.
 func refusedOps(ctx context.Context, p Prover, who asker, action, target, detail string, a Answer) []store.Op {
 	if a.Owner == "" && !a.Denied {
 		return nil
 	}
-	why := a.Error
+	why := "refused: " + a.Error
 	if a.Owner != "" {
-		why = "the job is " + a.Owner + "'s (" + who.by + ")"
+		why = "refused: the job is " + a.Owner + "'s (" + who.by + ")"
 	}
 	if detail != "" {
-		why = detail + ": " + why
+		why = detail + ": " + why // as an update's and an Actor's refusals: "release: refused: WHY"
 	}
 	return []store.Op{audit.Op(sealEntry(ctx, p, audit.Entry{User: who.user, Token: "munge", Action: action, Target: target,
-		Owner: a.Owner, Detail: "refused: " + why}))}
+		Owner: a.Owner, Detail: why}))}
 }
 
 // accepted is how the agent writes a job it queues from who's request: accepted at
@@ -889,8 +921,6 @@ func (sv *server) operate(ctx context.Context, who asker, r Request) (*Answer, [
 	}
 }
 
-// cancelFor cancels job id (or array id's tasks) for who when it is who's, or who is
-// root: the answer, and an audit entry to write with it when root cancels another's.
 // holdFor does hold operation op on job id (or array id's tasks) for who: the job
 // must be who's, unless who is root, whose hold is an operator's. Another user's
 // job is audited (with the change).
@@ -901,31 +931,9 @@ func holdFor(ctx context.Context, s store.Store, p Prover, who asker, id string,
 	if !slices.Contains([]HoldOp{OpHold, OpUHold, OpRelease, OpRequeue, OpRequeueHold}, op) {
 		return Answer{Error: fmt.Sprintf("unknown hold operation %q", op), Invalid: true}, nil
 	}
-	owner := ""
-	tasks, err := Tasks(ctx, s, id)
-	if err != nil {
-		return Answer{}, err
-	}
-	if len(tasks) > 0 {
-		owner = tasks[0].Spec.User
-		for _, t := range tasks {
-			if t.Spec.User != who.user && !who.root {
-				return Answer{Owner: t.Spec.User}, nil
-			}
-		}
-	} else {
-		j, err := Read(ctx, s, id)
-		switch {
-		case errors.Is(err, ErrNotFound):
-			return Answer{Error: fmt.Sprintf("no job %q", id), Invalid: true}, nil
-		case errors.Is(err, schema.ErrNewer):
-			return Answer{Error: err.Error() + ": hold or release it with that gangrun"}, nil
-		case err != nil:
-			return Answer{}, err
-		case j.Spec.User != who.user && !who.root:
-			return Answer{Owner: j.Spec.User}, nil
-		}
-		owner = j.Spec.User
+	owner, refused, err := ownerFor(ctx, s, who, id, "hold or release")
+	if refused != nil || err != nil {
+		return *refused, err
 	}
 	var also []store.Op
 	if owner != who.user {
@@ -933,27 +941,45 @@ func holdFor(ctx context.Context, s store.Store, p Prover, who asker, id string,
 			Target: "job " + id, Owner: owner, Detail: string(op)})))
 	}
 	n, err := DoHold(ctx, s, id, op, who.root, also...)
-	switch {
-	case errors.Is(err, ErrNotPending):
-		return Answer{NotPending: true}, nil
-	case errors.Is(err, ErrFinished):
-		return Answer{Finished: true}, nil
-	case errors.Is(err, ErrPending):
-		return Answer{Pending: true}, nil
-	case errors.Is(err, ErrNotRunning):
-		return Answer{Refused: true}, nil
-	case errors.Is(err, ErrRequeueDisabled):
-		return Answer{Disabled: true}, nil
-	case errors.Is(err, ErrHeldByOperator):
-		return Answer{Denied: true, Error: ErrHeldByOperator.Error()}, nil
-	case errors.Is(err, ErrNotFound):
-		return Answer{Error: fmt.Sprintf("no job %q", id), Invalid: true}, nil
-	case err != nil:
-		return Answer{}, err
+	if err != nil {
+		return jobAnswer(id, err)
 	}
 	return Answer{Held: n}, nil
 }
 
+// ownerFor is the user of job id (or of array id's tasks) for who's request to verb
+// it, when who may: the job is who's, or who is root. Otherwise it is the answer that
+// refuses it: another user's job (Answer.Owner), no job (Invalid), a record a newer
+// gangrun wrote (to verb it with that gangrun). Errors: the store's.
+func ownerFor(ctx context.Context, s store.Store, who asker, id, verb string) (string, *Answer, error) {
+	tasks, err := Tasks(ctx, s, id)
+	if err != nil {
+		return "", &Answer{}, err
+	}
+	for _, t := range tasks {
+		if t.Spec.User != who.user && !who.root {
+			return "", &Answer{Owner: t.Spec.User}, nil
+		}
+	}
+	if len(tasks) > 0 {
+		return tasks[0].Spec.User, nil, nil
+	}
+	j, err := Read(ctx, s, id)
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return "", &Answer{Error: fmt.Sprintf("no job %q", id), Invalid: true}, nil
+	case errors.Is(err, schema.ErrNewer):
+		return "", &Answer{Error: err.Error() + ": " + verb + " it with that gangrun"}, nil
+	case err != nil:
+		return "", &Answer{}, err
+	case j.Spec.User != who.user && !who.root:
+		return "", &Answer{Owner: j.Spec.User}, nil
+	}
+	return j.Spec.User, nil, nil
+}
+
+// cancelFor cancels job id (or array id's tasks) for who when it is who's, or who is
+// root: the answer, and an audit entry to write with it when root cancels another's.
 func cancelFor(ctx context.Context, s store.Store, p Prover, who asker, id string) (Answer, []store.Op, error) {
 	if checkID(id) != nil {
 		return Answer{Error: fmt.Sprintf("no job %q", id), Invalid: true}, nil, nil

@@ -18,6 +18,7 @@ import (
 	"github.com/gangrun/gangrun/internal/mungetest"
 	"github.com/gangrun/gangrun/internal/schema"
 	"github.com/gangrun/gangrun/internal/store"
+	"github.com/gangrun/gangrun/reason"
 	"github.com/gangrun/gangrun/topology"
 )
 
@@ -31,20 +32,7 @@ func TestUsersRequests(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	s := store.NewMemory()
-	inv, err := topology.LoadFile(filepath.Join("..", "topology", "testdata", "inventories", "dgx-h100.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	inv.Node = "n1"
-	a, err := allocator.NewAgent(s, allocator.AgentConfig{Node: "n1", Addr: "127.0.0.1", Inventory: inv,
-		Leader: []func(context.Context, store.Store, string) error{ServeRequests(nil, nil)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	actx, stop := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { defer close(done); _ = a.Run(actx) }()
-	defer func() { stop(); <-done }()
+	serveRequests(ctx, t, s)
 
 	// What the cluster decides is bob's spec's to say neither: a forged id, array task
 	// and submission time (which the age factor counts from) are replaced.
@@ -109,6 +97,18 @@ func TestUsersRequests(t *testing.T) {
 	if _, err := (Asker{User: "bob", Wait: time.Minute}).Update(ctx, s, "78", Update{Name: ptr("x")}); !errors.Is(err, ErrNotYours) {
 		t.Errorf("bob's update of alice's job: %v, want ErrNotYours", err)
 	}
+	// An operator's hold is the operator's to release: alice's release through her box
+	// is refused in slurmctld's words, and the job stays held.
+	putJob(t, s, Job{Spec: Spec{ID: "79", User: "alice", GPUsPerNode: 1, Submitted: time.Now()}, State: newState(EvSubmit, "")})
+	if n, err := DoHold(ctx, s, "79", OpHold, true); n != 1 || err != nil {
+		t.Fatalf("the operator's hold: %d, %v", n, err)
+	}
+	if _, err := (Asker{User: "alice", Wait: time.Minute}).Hold(ctx, s, "79", OpRelease); !errors.Is(err, ErrHeldByOperator) || err.Error() != "job 79: Access/permission denied" {
+		t.Errorf("alice's release of an operator's hold: %v, want job 79: ErrHeldByOperator", err)
+	}
+	if j, err := Read(ctx, s, "79"); err != nil || j.State.Reason != string(reason.JobHeldAdmin) {
+		t.Errorf("job 79 after alice's refused release: %+v, %v; want held (JobHeldAdmin)", j.State, err)
+	}
 	entries, err := audit.List(ctx, s, before, "")
 	if err != nil {
 		t.Fatal(err)
@@ -119,7 +119,8 @@ func TestUsersRequests(t *testing.T) {
 	}
 	want := []string{"bob cancel job 77 refused: the job is alice's (your token is bob's)", "alice update job 78 TimeLimit=00:30:00",
 		"alice update job 78 TimeLimit=02:00:00: refused: job 78: Access/permission denied",
-		"bob update job 78 JobName=x: refused: the job is alice's (your token is bob's)"}
+		"bob update job 78 JobName=x: refused: the job is alice's (your token is bob's)",
+		"alice hold job 79 release: refused: Access/permission denied"}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Errorf("audit:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
@@ -141,6 +142,26 @@ func TestRequestWithdrawnWhenNoAgentAnswers(t *testing.T) {
 	if left, _, _ := s.List(ctx, acl.UsersPrefix); len(left) != 0 {
 		t.Errorf("the request was not withdrawn: %v", left)
 	}
+}
+
+// serveRequests runs a real agent on s, node n1 (a DGX H100), elected and serving
+// users' request boxes (ServeRequests, no MUNGE), until the test ends.
+func serveRequests(ctx context.Context, t *testing.T, s store.Store) {
+	t.Helper()
+	inv, err := topology.LoadFile(filepath.Join("..", "topology", "testdata", "inventories", "dgx-h100.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	inv.Node = "n1"
+	a, err := allocator.NewAgent(s, allocator.AgentConfig{Node: "n1", Addr: "127.0.0.1", Inventory: inv,
+		Leader: []func(context.Context, store.Store, string) error{ServeRequests(nil, nil)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	actx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = a.Run(actx) }()
+	t.Cleanup(func() { stop(); <-done })
 }
 
 // TestStaleRequestQueuesNothing: a request changed after the elected agent read it (the

@@ -2,7 +2,6 @@ package job
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -192,12 +191,9 @@ func signalFor(ctx context.Context, s store.Store, p Prover, who asker, id strin
 	if sig < 1 || sig > 64 || checkTarget(target) != nil {
 		return Answer{Error: fmt.Sprintf("signal %d to %q: no such signal or target", sig, target), Invalid: true}, nil
 	}
-	owner, _ := ownerOf(ctx, s, id)
-	if owner == "" {
-		return Answer{Error: fmt.Sprintf("no job %q", id), Invalid: true}, nil
-	}
-	if owner != who.user && !who.root {
-		return Answer{Owner: owner}, nil
+	owner, refused, err := ownerFor(ctx, s, who, id, "signal")
+	if refused != nil || err != nil {
+		return *refused, err
 	}
 	var also []store.Op
 	if owner != who.user {
@@ -205,22 +201,8 @@ func signalFor(ctx context.Context, s store.Store, p Prover, who asker, id strin
 			Target: "job " + id, Owner: owner, Detail: signalDetail(sig, target)})))
 	}
 	n, err := SignalJob(ctx, s, id, sig, target, who.user, also...)
-	return signalAnswer(n, id, err)
-}
-
-// signalAnswer is SignalJob's outcome (n jobs signalled, err) as an answer.
-func signalAnswer(n int, id string, err error) (Answer, error) {
-	switch {
-	case errors.Is(err, ErrPending):
-		return Answer{Pending: true}, nil
-	case errors.Is(err, ErrFinished):
-		return Answer{Finished: true}, nil
-	case errors.Is(err, ErrNotRunning):
-		return Answer{Refused: true}, nil
-	case errors.Is(err, ErrNotFound):
-		return Answer{Error: fmt.Sprintf("no job %q", id), Invalid: true}, nil
-	case err != nil:
-		return Answer{}, err
+	if err != nil {
+		return jobAnswer(id, err)
 	}
 	return Answer{Signalled: n}, nil
 }
@@ -234,21 +216,8 @@ func (as Asker) Signal(ctx context.Context, s store.Store, id string, sig syscal
 	if err != nil {
 		return 0, err
 	}
-	switch {
-	case ans.Owner != "":
-		return 0, &NotYoursError{ID: id, Owner: ans.Owner, User: as.User, By: ans.By}
-	case ans.Pending:
-		return 0, fmt.Errorf("job %s: %w", id, ErrPending)
-	case ans.Finished:
-		return 0, fmt.Errorf("job %s: %w", id, ErrFinished)
-	case ans.Refused:
-		return 0, fmt.Errorf("job %s: %w", id, ErrNotRunning)
-	case ans.Denied:
-		return 0, &deniedError{ans.Error}
-	case ans.Invalid:
-		return 0, fmt.Errorf("job %s: %w", id, ErrNotFound)
-	case ans.Error != "":
-		return 0, errors.New(ans.Error)
+	if err := ans.jobErr(id, as.User); err != nil {
+		return 0, err
 	}
 	return ans.Signalled, nil
 }

@@ -3,16 +3,13 @@ package job
 import (
 	"context"
 	"errors"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/gangrun/gangrun/allocator"
 	"github.com/gangrun/gangrun/audit"
 	"github.com/gangrun/gangrun/internal/store"
-	"github.com/gangrun/gangrun/topology"
 )
 
 // TestSignalRequests: on the in-memory store with a real elected agent serving the
@@ -24,20 +21,7 @@ func TestSignalRequests(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	s := store.NewMemory()
-	inv, err := topology.LoadFile(filepath.Join("..", "topology", "testdata", "inventories", "dgx-h100.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	inv.Node = "n1"
-	a, err := allocator.NewAgent(s, allocator.AgentConfig{Node: "n1", Addr: "127.0.0.1", Inventory: inv,
-		Leader: []func(context.Context, store.Store, string) error{ServeRequests(nil, nil)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	actx, stop := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { defer close(done); _ = a.Run(actx) }()
-	defer func() { stop(); <-done }()
+	serveRequests(ctx, t, s)
 
 	before := time.Now().Add(-time.Minute)
 	putJob(t, s, Job{Spec: Spec{ID: "80", User: "alice", GPUsPerNode: 1}, State: State{Status: Running, Nodes: []string{"n1"}}})
@@ -86,7 +70,7 @@ func TestSignalRequests(t *testing.T) {
 	for _, e := range entries {
 		got = append(got, e.User+" "+e.Action+" "+e.Target+" "+e.Detail)
 	}
-	want := "bob signal job 80 refused: USR2 to steps: the job is alice's (your token is bob's)"
+	want := "bob signal job 80 USR2 to steps: refused: the job is alice's (your token is bob's)"
 	if strings.Join(got, "\n") != want {
 		t.Errorf("audit:\n%s\nwant:\n%s", strings.Join(got, "\n"), want)
 	}

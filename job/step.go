@@ -558,10 +558,11 @@ func (st *step) watch(ctx context.Context) {
 	spec := st.job.Spec
 	var w watchTimers
 	defer w.stop()
-	w.warn, w.limit = st.timeLimit(&w, spec.TimeLimit)
+	tl := spec.TimeLimit
 	if l := st.job.State.TimeLimit; l != nil {
-		w.warn, w.limit = st.timeLimit(&w, *l) // changed before this step started
+		tl = *l // changed before this step started
 	}
+	w.warn, w.limit = st.timeLimit(&w, tl)
 	changes := st.followState(ctx)
 	for {
 		select {

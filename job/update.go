@@ -258,7 +258,7 @@ func checkUpdated(ctx context.Context, s store.Store, spec Spec, u Update) error
 			return fmt.Errorf("%w: %v", ErrInvalidPartition, err)
 		}
 	}
-	c, err := allocator.Snapshot(ctx, s)
+	c, err := cacheFor(s).nodes.Registered(ctx, s) // as a submit's check: the node records alone
 	if err != nil {
 		return err
 	}

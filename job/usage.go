@@ -57,7 +57,7 @@ func (bs *batchStep) gatherUsage(ctx context.Context) {
 	t := time.NewTicker(usageSample)
 	defer t.Stop()
 	var last NodeUsage
-	var max int64
+	var peak int64
 	var written time.Time
 	start := time.Now()
 	for {
@@ -67,12 +67,12 @@ func (bs *batchStep) gatherUsage(ctx context.Context) {
 		case <-t.C:
 		}
 		u := bs.cg.Usage()
-		max = maxOf(max, u.PeakBytes, u.CurrentBytes)
+		peak = max(peak, u.PeakBytes, u.CurrentBytes)
 		now := time.Now()
 		if !written.IsZero() && now.Sub(written) < UsageInterval && now.Sub(start) > usageEarly {
 			continue
 		}
-		nu := NodeUsage{Node: bs.st.cfg.Node, Usage: u, MaxBytes: max, Sampled: now.UTC()}
+		nu := NodeUsage{Node: bs.st.cfg.Node, Usage: u, MaxBytes: peak, Sampled: now.UTC()}
 		if !written.IsZero() && nu.Usage == last.Usage && nu.MaxBytes == last.MaxBytes {
 			continue // nothing new: no write, no watcher woken
 		}
@@ -82,13 +82,6 @@ func (bs *batchStep) gatherUsage(ctx context.Context) {
 		}
 		last, written = nu, now
 	}
-}
-
-func maxOf(a int64, bs ...int64) int64 {
-	for _, b := range bs {
-		a = max(a, b)
-	}
-	return a
 }
 
 // writeUsage writes node usage u of job id, held by session.
