@@ -169,16 +169,17 @@ func eachProcess(fn func(pid int, fields []string)) {
 		if err != nil {
 			continue // it exited meanwhile
 		}
-		if fields := statFields(string(b)); fields != nil {
+		if fields := StatFields(string(b)); fields != nil {
 			fn(pid, fields)
 		}
 	}
 }
 
-// statFields returns the fields of a /proc/PID/stat line after comm, nil when it has
-// none: the line is "pid (comm) state ppid ...", and comm may hold spaces and
-// parentheses, so the fields start after its last ')'.
-func statFields(s string) []string {
+// StatFields returns the fields of a /proc/PID/stat line (proc(5)) after comm, nil
+// when it has none: the line is "pid (comm) state ppid ...", and comm may hold spaces
+// and parentheses, so the fields start after its last ')'. Field N of proc(5) (from 1)
+// is StatFields(s)[N-3], state the first.
+func StatFields(s string) []string {
 	i := strings.LastIndexByte(s, ')')
 	if i < 0 {
 		return nil

@@ -131,7 +131,7 @@ func Adopt(pid int) (*Process, error) {
 		}
 		return nil, err
 	}
-	f := statFields(string(data)) // state ppid ...
+	f := StatFields(string(data)) // state ppid ...
 	if len(f) < 2 || f[1] != strconv.Itoa(os.Getpid()) {
 		return nil, fmt.Errorf("pid %d: %w", pid, ErrNotOurChild)
 	}
