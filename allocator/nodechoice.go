@@ -146,7 +146,21 @@ func ParseConstraint(s string) ([]featureTerm, error) {
 		return nil, fmt.Errorf("--constraint %s: %q is not supported by gangrun (features joined by & and | are)", quote.Q(s), s[i:i+1])
 	}
 	var terms []featureTerm
-	op, orig := byte('&'), s
+	if !eachFeature(s, func(op byte, f string) { terms = append(terms, featureTerm{op: op, feature: f}) }) {
+		// Slurm's words for "a&&b", "a b" (ESLURM_INVALID_FEATURE), then the value.
+		return nil, fmt.Errorf("Invalid feature specification: --constraint %s", quote.Q(s))
+	}
+	return terms, nil
+}
+
+// eachFeature calls fn, in order, with each feature of constraint s (blanks around it
+// trimmed) and the operator that joins it to what comes before it ('&' for the first).
+// It returns false, having called fn for the features before it, at a feature that is
+// empty, holds a blank or one of the characters ParseConstraint refuses ("a&&b", "a b",
+// "[a|b]"), true otherwise. It allocates nothing: the scheduler evaluates constraints
+// with it on each node for each request (meets).
+func eachFeature(s string, fn func(op byte, feature string)) bool {
+	op := byte('&')
 	for {
 		i := strings.IndexAny(s, "&|")
 		f := s
@@ -154,13 +168,12 @@ func ParseConstraint(s string) ([]featureTerm, error) {
 			f = s[:i]
 		}
 		f = strings.TrimSpace(f)
-		if f == "" || strings.ContainsAny(f, " \t") {
-			// Slurm's words for "a&&b", "a b" (ESLURM_INVALID_FEATURE), then the value.
-			return nil, fmt.Errorf("Invalid feature specification: --constraint %s", quote.Q(orig))
+		if f == "" || strings.ContainsAny(f, " \t[]()*,!") {
+			return false
 		}
-		terms = append(terms, featureTerm{op: op, feature: f})
+		fn(op, f)
 		if i < 0 {
-			return terms, nil
+			return true
 		}
 		op, s = s[i], s[i+1:]
 	}
@@ -178,32 +191,33 @@ func hasFeature(n *NodeState, f string) bool {
 	return has
 }
 
-// meets evaluates a parsed constraint on node n, left to right without precedence
-// as Slurm does ("a|b&c" is (a|b)&c); no terms are met by every node.
-func meets(terms []featureTerm, n *NodeState) bool {
-	ok := true
-	for i, t := range terms {
-		has := hasFeature(n, t.feature)
+// meets evaluates constraint on node n, left to right without precedence as Slurm
+// does ("a|b&c" is (a|b)&c); "" is met by every node, a constraint that does not parse
+// (eachFeature) by none. It parses as it goes, allocating nothing.
+func meets(constraint string, n *NodeState) bool {
+	if constraint == "" {
+		return true
+	}
+	ok, first := true, true
+	valid := eachFeature(constraint, func(op byte, f string) {
+		has := hasFeature(n, f)
 		switch {
-		case i == 0:
+		case first:
 			ok = has
-		case t.op == '&':
+		case op == '&':
 			ok = ok && has
 		default:
 			ok = ok || has
 		}
-	}
-	return ok
+		first = false
+	})
+	return valid && ok
 }
 
 // checkFeatures rules out a node that does not meet r's --constraint. A constraint
 // that does not parse meets no node (Validate refuses it before it gets here).
 func checkFeatures(r Request, n *NodeState) string {
-	if r.Constraint == "" {
-		return ""
-	}
-	terms, err := ParseConstraint(r.Constraint)
-	if err != nil || !meets(terms, n) {
+	if !meets(r.Constraint, n) {
 		return reasonFeatures
 	}
 	return ""
@@ -310,12 +324,11 @@ func feasibleChoice(c *Cluster, r Request) error {
 	if r.Constraint == "" {
 		return nil
 	}
-	terms, err := ParseConstraint(r.Constraint)
-	if err != nil {
+	if _, err := ParseConstraint(r.Constraint); err != nil {
 		return err
 	}
 	for _, n := range c.Nodes {
-		if meets(terms, n) {
+		if meets(r.Constraint, n) {
 			return nil
 		}
 	}

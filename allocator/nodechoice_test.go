@@ -27,6 +27,11 @@ func TestNodeChoiceCheckers(t *testing.T) {
 		// Left to right, as Slurm: (ib|rack)&nvlink.
 		{plain, NodeChoice{Constraint: "ib|rack&nvlink"}, reasonFeatures},
 		{ib, NodeChoice{Constraint: "ib|rack&nvlink"}, ""},
+		{ib, NodeChoice{Constraint: " ib | rack "}, ""},
+		// A constraint that does not parse meets no node, though a feature of it would.
+		{ib, NodeChoice{Constraint: "ib|[rack]"}, reasonFeatures},
+		{ib, NodeChoice{Constraint: "ib||nvlink"}, reasonFeatures},
+		{ib, NodeChoice{Constraint: "ib|nv link"}, reasonFeatures},
 		{ib, NodeChoice{NodeList: []string{"a", "c"}}, ""},
 		{plain, NodeChoice{NodeList: []string{"a", "c"}}, reasonNodeList},
 		{plain, NodeChoice{ExcNodes: []string{"b"}}, reasonExcNodes},

@@ -104,9 +104,9 @@ func (c *Cluster) orderedBy(prio map[string]policy.Factors) []PendingRequest {
 	return out
 }
 
-// heldBy tallies what c's grants hold, per account and user, for the policy's limits.
-func heldBy(c *Cluster) *policy.Held {
-	h := policy.NewHeld()
+// heldBy tallies what c's grants hold, per account, user and QOS, for pol's limits.
+func heldBy(c *Cluster, pol *policy.Policy) *policy.Held {
+	h := pol.NewHeld()
 	for id, g := range c.Grants {
 		if g.State == GrantRefused {
 			continue

@@ -142,8 +142,8 @@ func TestCPUOnlyBesideGPUJob(t *testing.T) {
 	if gn := g["cpu"].Nodes[0]; gn.Name != "n1" || len(gn.Devices) != 0 || gn.CPUs != 4 || gn.MemoryMiB != 100 {
 		t.Errorf("cpu's grant %+v: want n1, no devices, 4 CPUs, 100M", gn)
 	}
-	if why := w.ts.sc.status.Pending["cpu2"]; !strings.HasPrefix(why, "Resources: needs 1 node with 4 free CPUs") {
-		t.Errorf("cpu2 waits %q", why)
+	if why := w.ts.sc.status.Pending["cpu2"]; !strings.HasPrefix(why, "Resources: needs 1 node with 4 free CPUs") || !strings.Contains(why, "1 "+reasonCPUsBusy) {
+		t.Errorf("cpu2 waits %q: want Resources, and 1 node's CPUs in use", why)
 	}
 }
 

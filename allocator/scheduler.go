@@ -329,7 +329,7 @@ func (sc *Scheduler) prepare(ctx context.Context, c *Cluster, now time.Time) (*p
 			return nil, err
 		}
 		p.requests = c.orderedBy(Priorities(sc.pol, sc.usage, c, p.now))
-		p.held = heldBy(c)
+		p.held = heldBy(c, sc.pol)
 		p.soon(PolicyRecalc)
 	}
 	sc.pipe.occupied = occupants(c)

@@ -33,24 +33,26 @@ type Job struct {
 // assoc is an (account, user) pair.
 type assoc struct{ account, user string }
 
-// Held tallies what running jobs hold, per account and per user in an account: the
+// Held tallies what running jobs hold, per account, per user in an account and per QOS: the
 // scheduler builds one per pass from the grants and adds each grant it makes.
 type Held struct {
 	accountGPUs map[string]int
 	accountJobs map[string]int
 	userGPUs    map[assoc]int
 	userJobs    map[assoc]int
-	// qosGPUs, qosUserGPUs and qosUserJobs count per QOS as given by the job (its
-	// --qos, else ""): Check resolves the account's QOS with the policy it has.
+	// qosGPUs, qosUserGPUs and qosUserJobs count per QOS, the job's (QOSOf: its --qos,
+	// else its account's under pol).
 	qosGPUs     map[string]int
 	qosUserGPUs map[assoc]int // {qos, user}
 	qosUserJobs map[assoc]int
+	pol         *Policy
 }
 
-// NewHeld returns an empty tally.
-func NewHeld() *Held {
+// NewHeld returns an empty tally for p's limits (Check with p): the jobs it counts
+// are counted in their QOS as p gives it (QOSOf).
+func (p *Policy) NewHeld() *Held {
 	return &Held{accountGPUs: map[string]int{}, accountJobs: map[string]int{}, userGPUs: map[assoc]int{}, userJobs: map[assoc]int{},
-		qosGPUs: map[string]int{}, qosUserGPUs: map[assoc]int{}, qosUserJobs: map[assoc]int{}}
+		qosGPUs: map[string]int{}, qosUserGPUs: map[assoc]int{}, qosUserJobs: map[assoc]int{}, pol: p}
 }
 
 // Add counts running job j (its GPUs and one job).
@@ -60,10 +62,7 @@ func (h *Held) Add(j Job) {
 	h.accountJobs[j.Account]++
 	h.userGPUs[a] += j.GPUs
 	h.userJobs[a]++
-	q := assoc{j.QOS, j.User}
-	if j.QOS == "" {
-		q.account = "\x00" + j.Account // the account's QOS, resolved by Check
-	}
+	q := assoc{h.pol.QOSOf(j), j.User}
 	h.qosGPUs[q.account] += j.GPUs
 	h.qosUserGPUs[q] += j.GPUs
 	h.qosUserJobs[q]++
@@ -98,7 +97,7 @@ func (p *Policy) QOSOf(j Job) string {
 }
 
 // checkQOS returns why pending job j may not start now under its QOS's limits, given
-// what running jobs hold (h), or "".
+// what running jobs hold (h, p.NewHeld's), or "".
 func (p *Policy) checkQOS(j Job, h *Held) string {
 	name := p.QOSOf(j)
 	q, ok := p.QOS[name]
@@ -107,13 +106,6 @@ func (p *Policy) checkQOS(j Job, h *Held) string {
 	}
 	// What the jobs of the QOS hold: those that named it and those whose accounts give it.
 	gpus, userGPUs, userJobs := h.qosGPUs[name], h.qosUserGPUs[assoc{name, j.User}], h.qosUserJobs[assoc{name, j.User}]
-	for acct, a := range p.Accounts {
-		if a.QOS == name {
-			gpus += h.qosGPUs["\x00"+acct]
-			userGPUs += h.qosUserGPUs[assoc{"\x00" + acct, j.User}]
-			userJobs += h.qosUserJobs[assoc{"\x00" + acct, j.User}]
-		}
-	}
 	switch max := time.Duration(q.MaxWall); {
 	case max > 0 && (j.TimeLimit == 0 || j.TimeLimit > max):
 		return fmt.Sprintf("%s: --time %s over QOS %s's max_wall %s", string(reason.QOSMaxWallDurationPerJobLimit), limitWords(j.TimeLimit), name, max)

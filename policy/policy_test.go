@@ -191,7 +191,7 @@ func TestLimits(t *testing.T) {
 		{"open account elsewhere", nil, 0, Job{User: "carl", Account: "cv", Partition: "other", GPUs: 64}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h := NewHeld()
+			h := p.NewHeld()
 			for _, r := range tc.running {
 				h.Add(r)
 			}

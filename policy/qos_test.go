@@ -30,7 +30,7 @@ func TestQOSLimits(t *testing.T) {
 	if f := p.Factors(job("bob", "web", "", 1, time.Minute), time.Now(), nil, 8); f.QOS != 0.1 {
 		t.Errorf("web's job: QOS factor %v, want 0.1 (its account's QOS)", f.QOS)
 	}
-	h := NewHeld()
+	h := p.NewHeld()
 	if why := p.Check(job("alice", "ml", "", 1, 2*time.Hour), h, nil); !strings.HasPrefix(why, "QOSMaxWallDurationPerJobLimit: ") {
 		t.Errorf("--time 2h in QOS high: %q", why)
 	}

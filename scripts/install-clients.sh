@@ -9,34 +9,11 @@
 #
 # About 6 MB to download, wheels only. Concurrent runs wait for each other (flock); an
 # install cut short is redone, never used: the directory counts as installed only once
-# its marker is written.
+# its marker is written (install-target.sh, shared with install-trainers.sh).
 #
 # Usage: scripts/install-clients.sh        install (or reuse) and print the directory
 #        scripts/install-clients.sh --path print the directory it installs to, install nothing
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
-req="$root/requirements/clients.txt"
-key=$(cat "$req" "$root/requirements/torch2.txt" | sha256sum | cut -c1-12)
-dir="${XDG_CACHE_HOME:-$HOME/.cache}/gangrun/clients-$key"
-marker="$dir/.installed"
-
-if [ "${1:-}" = "--path" ]; then echo "$dir"; exit 0; fi
-[ $# -eq 0 ] || { echo "install-clients.sh: unknown argument $1 (want none or --path)" >&2; exit 2; }
-if [ -f "$marker" ]; then echo "$dir"; exit 0; fi
-
-py=$("$root/scripts/install-torch2.sh")
-mkdir -p "$(dirname "$dir")"
-exec 9>"$dir.lock"
-flock 9
-# Another run may have finished it while this one waited for the lock.
-if [ -f "$marker" ]; then echo "$dir"; exit 0; fi
-
-echo "installing submitit and dask-jobqueue into $dir ..." >&2
-start=$(date +%s)
-rm -rf "$dir"
-"$py" -m pip install -q --disable-pip-version-check --no-input --no-deps --only-binary=:all: \
-  --target "$dir" -r "$req" >&2
-PYTHONPATH=$dir "$py" -c 'import submitit, dask_jobqueue, distributed' >/dev/null
-echo "$(date -u +%FT%TZ) installed from $req in $(( $(date +%s) - start )) s" >"$marker"
-echo "clients installed in $(( $(date +%s) - start )) s" >&2
-echo "$dir"
+# shellcheck source=install-target.sh
+. "$(dirname "$0")/install-target.sh"
+install_target clients "submitit and dask-jobqueue" "submitit, dask_jobqueue, distributed" --only-binary=:all: -- "$@"

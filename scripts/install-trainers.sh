@@ -13,34 +13,12 @@
 # ops; on CPU it JIT-builds its shm_comm op into ~/.cache/torch_extensions at first use
 # (about 55 s once; g++ and python3-dev, which scripts/install-deps.sh trainers installs).
 # Concurrent runs wait for each other (flock); an install cut short is redone, never
-# used: the directory counts as installed only once its marker is written.
+# used: the directory counts as installed only once its marker is written
+# (install-target.sh, shared with install-clients.sh).
 #
 # Usage: scripts/install-trainers.sh        install (or reuse) and print the directory
 #        scripts/install-trainers.sh --path print the directory it installs to, install nothing
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
-req="$root/requirements/trainers.txt"
-key=$(cat "$req" "$root/requirements/torch2.txt" | sha256sum | cut -c1-12)
-dir="${XDG_CACHE_HOME:-$HOME/.cache}/gangrun/trainers-$key"
-marker="$dir/.installed"
-
-if [ "${1:-}" = "--path" ]; then echo "$dir"; exit 0; fi
-[ $# -eq 0 ] || { echo "install-trainers.sh: unknown argument $1 (want none or --path)" >&2; exit 2; }
-if [ -f "$marker" ]; then echo "$dir"; exit 0; fi
-
-py=$("$root/scripts/install-torch2.sh")
-mkdir -p "$(dirname "$dir")"
-exec 9>"$dir.lock"
-flock 9
-# Another run may have finished it while this one waited for the lock.
-if [ -f "$marker" ]; then echo "$dir"; exit 0; fi
-
-echo "installing transformers, accelerate, DeepSpeed and Lightning into $dir ..." >&2
-start=$(date +%s)
-rm -rf "$dir"
-"$py" -m pip install -q --disable-pip-version-check --no-input --no-deps --no-build-isolation --use-pep517 \
-  --target "$dir" -r "$req" >&2
-PYTHONPATH=$dir "$py" -c 'import transformers, accelerate, deepspeed, lightning, safetensors' >/dev/null
-echo "$(date -u +%FT%TZ) installed from $req in $(( $(date +%s) - start )) s" >"$marker"
-echo "trainers installed in $(( $(date +%s) - start )) s" >&2
-echo "$dir"
+# shellcheck source=install-target.sh
+. "$(dirname "$0")/install-target.sh"
+install_target trainers "transformers, accelerate, DeepSpeed and Lightning" "transformers, accelerate, deepspeed, lightning, safetensors" --no-build-isolation --use-pep517 -- "$@"

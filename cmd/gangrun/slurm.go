@@ -73,35 +73,40 @@ func (c *slurmCluster) Submit(ctx context.Context, s slurm.Store, spec job.Spec,
 	return queueJob(ctx, s, who, munge, spec, a)
 }
 
+// jobActions is what the Slurm commands do to a job: as job.Asker does it, through the
+// user's request box, or as job.Actor does, directly (route).
+type jobActions interface {
+	Cancel(ctx context.Context, s store.Store, id string) (int, bool, error)
+	Hold(ctx context.Context, s store.Store, id string, op job.HoldOp) (int, error)
+	Update(ctx context.Context, s store.Store, id string, u job.Update) (int, error)
+	Signal(ctx context.Context, s store.Store, id string, sig syscall.Signal, target string) (int, error)
+}
+
 // route says how this process's user acts on jobs: through the user's request box
-// (as non-nil) where the cluster checks who asks (a user's token, MUNGE), else directly
-// (actor).
-func (c *slurmCluster) route(ctx context.Context, s slurm.Store) (as *job.Asker, actor job.Actor, err error) {
+// (job.Asker) where the cluster checks who asks (a user's token, MUNGE), else
+// directly (job.Actor).
+func (c *slurmCluster) route(ctx context.Context, s slurm.Store) (jobActions, error) {
 	who, munge, err := c.caller(ctx, s)
 	if err != nil {
-		return nil, job.Actor{}, err
+		return nil, err
 	}
 	if who.Role == acl.RoleUser || munge != nil {
 		a := asker(munge)
 		if who.Role == acl.RoleUser {
 			a.User = who.User
 		}
-		return &a, job.Actor{}, nil
+		return a, nil
 	}
-	return nil, actorOf(who), nil
+	return actorOf(who), nil
 }
 
 // Cancel implements slurm.Cluster: as `gangrun cancel` cancels a job.
 func (c *slurmCluster) Cancel(ctx context.Context, s slurm.Store, id string) (int, error) {
-	as, actor, err := c.route(ctx, s)
+	do, err := c.route(ctx, s)
 	if err != nil {
 		return 0, err
 	}
-	if as != nil {
-		n, _, err := as.Cancel(ctx, s, id)
-		return n, err
-	}
-	n, _, err := actor.Cancel(ctx, s, id)
+	n, _, err := do.Cancel(ctx, s, id)
 	return n, err
 }
 
@@ -116,38 +121,29 @@ func (c *slurmCluster) Hold(ctx context.Context, s slurm.Store, id string, op jo
 	if (op == job.OpRequeue || op == job.OpRequeueHold) && id == c.e.getenv("SLURM_JOB_ID") {
 		signal.Ignore(syscall.SIGTERM)
 	}
-	as, actor, err := c.route(ctx, s)
+	do, err := c.route(ctx, s)
 	if err != nil {
 		return 0, err
 	}
-	if as != nil {
-		return as.Hold(ctx, s, id, op)
-	}
-	return actor.Hold(ctx, s, id, op)
+	return do.Hold(ctx, s, id, op)
 }
 
 // Update implements slurm.Cluster: scontrol update of a job (route).
 func (c *slurmCluster) Update(ctx context.Context, s slurm.Store, id string, u job.Update) (int, error) {
-	as, actor, err := c.route(ctx, s)
+	do, err := c.route(ctx, s)
 	if err != nil {
 		return 0, err
 	}
-	if as != nil {
-		return as.Update(ctx, s, id, u)
-	}
-	return actor.Update(ctx, s, id, u)
+	return do.Update(ctx, s, id, u)
 }
 
 // Signal implements slurm.Cluster: scancel --signal of a running job (route).
 func (c *slurmCluster) Signal(ctx context.Context, s slurm.Store, id string, sig syscall.Signal, target string) (int, error) {
-	as, actor, err := c.route(ctx, s)
+	do, err := c.route(ctx, s)
 	if err != nil {
 		return 0, err
 	}
-	if as != nil {
-		return as.Signal(ctx, s, id, sig, target)
-	}
-	return actor.Signal(ctx, s, id, sig, target)
+	return do.Signal(ctx, s, id, sig, target)
 }
 
 // runSlurm runs the Slurm command name (gangrun called under that name).

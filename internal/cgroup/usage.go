@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/gangrun/gangrun/internal/proc"
 )
 
 // Usage is what a step's cgroup has used so far, as sstat reports it (MaxRSS, AveRSS,
@@ -107,13 +109,7 @@ func procCPU(pid int) time.Duration {
 	if err != nil {
 		return 0
 	}
-	// The command name (field 2) is in parentheses and may hold spaces: the fields
-	// after it start past the last ')'.
-	i := strings.LastIndexByte(string(data), ')')
-	if i < 0 {
-		return 0
-	}
-	f := strings.Fields(string(data)[i+1:])
+	f := proc.StatFields(string(data))
 	// f[0] is field 3 (state): utime is field 14, f[11].
 	if len(f) < 15 {
 		return 0

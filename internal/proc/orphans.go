@@ -140,34 +140,49 @@ func reap(pid int, deadline time.Time) {
 // children lists the processes whose parent is ppid, from /proc/PID/stat, leaving out
 // the pids in keep.
 func children(ppid int, keep map[int]bool) []child {
-	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
 	var out []child
+	eachProcess(func(pid int, fields []string) {
+		if keep[pid] || len(fields) < 3 {
+			return
+		}
+		// After comm: state ppid pgrp ...
+		if p, err := strconv.Atoi(fields[1]); err != nil || p != ppid {
+			return
+		}
+		pgid, _ := strconv.Atoi(fields[2])
+		out = append(out, child{pid: pid, pgid: pgid, state: fields[0][0]})
+	})
+	return out
+}
+
+// eachProcess calls fn for each process in /proc with the fields of its
+// /proc/PID/stat after comm ("state ppid pgrp session ..."); a process that exits
+// meanwhile is left out.
+func eachProcess(fn func(pid int, fields []string)) {
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
 	for _, f := range stats {
 		pid, err := strconv.Atoi(filepath.Base(filepath.Dir(f)))
-		if err != nil || keep[pid] {
+		if err != nil {
 			continue
 		}
 		b, err := os.ReadFile(f)
 		if err != nil {
 			continue // it exited meanwhile
 		}
-		// "pid (comm) state ppid ...": comm may hold spaces and parentheses.
-		s := string(b)
-		i := strings.LastIndexByte(s, ')')
-		if i < 0 {
-			continue
+		if fields := StatFields(string(b)); fields != nil {
+			fn(pid, fields)
 		}
-		// After comm: state ppid pgrp ...
-		fields := strings.Fields(s[i+1:])
-		if len(fields) < 3 {
-			continue
-		}
-		p, err := strconv.Atoi(fields[1])
-		if err != nil || p != ppid {
-			continue
-		}
-		pgid, _ := strconv.Atoi(fields[2])
-		out = append(out, child{pid: pid, pgid: pgid, state: fields[0][0]})
 	}
-	return out
+}
+
+// StatFields returns the fields of a /proc/PID/stat line (proc(5)) after comm, nil
+// when it has none: the line is "pid (comm) state ppid ...", and comm may hold spaces
+// and parentheses, so the fields start after its last ')'. Field N of proc(5) (from 1)
+// is StatFields(s)[N-3], state the first.
+func StatFields(s string) []string {
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return nil
+	}
+	return strings.Fields(s[i+1:])
 }

@@ -20,7 +20,6 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 
@@ -132,9 +131,7 @@ func Adopt(pid int) (*Process, error) {
 		}
 		return nil, err
 	}
-	// pid (comm) state ppid ...: comm may hold spaces and parentheses, so from the last ')'.
-	s := string(data)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	f := StatFields(string(data)) // state ppid ...
 	if len(f) < 2 || f[1] != strconv.Itoa(os.Getpid()) {
 		return nil, fmt.Errorf("pid %d: %w", pid, ErrNotOurChild)
 	}

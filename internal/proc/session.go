@@ -1,10 +1,7 @@
 package proc
 
 import (
-	"os"
-	"path/filepath"
 	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
@@ -45,30 +42,15 @@ func KillSession(sid int) int {
 // sessionMembers are the pids of the processes of session sid that have not exited
 // (zombies left out), from /proc/PID/stat.
 func sessionMembers(sid int) []int {
-	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
 	var out []int
-	for _, f := range stats {
-		pid, err := strconv.Atoi(filepath.Base(filepath.Dir(f)))
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile(f)
-		if err != nil {
-			continue // it exited meanwhile
-		}
-		// "pid (comm) state ppid pgrp session ...": comm may hold spaces and parentheses.
-		s := string(b)
-		i := strings.LastIndexByte(s, ')')
-		if i < 0 {
-			continue
-		}
-		fields := strings.Fields(s[i+1:])
+	eachProcess(func(pid int, fields []string) {
+		// state ppid pgrp session ...
 		if len(fields) < 4 || fields[0] == "Z" || fields[0] == "X" {
-			continue
+			return
 		}
 		if got, err := strconv.Atoi(fields[3]); err == nil && got == sid {
 			out = append(out, pid)
 		}
-	}
+	})
 	return out
 }
