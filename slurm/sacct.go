@@ -221,18 +221,9 @@ func Sacct(ctx context.Context, e *Env, args []string) int {
 	if err != nil {
 		return errorf(e, "sacct", 1, "Problem talking to the database: %v", err)
 	}
-	t := acctTable{cols: cols, parsable: v.has("parsable") || v.has("parsable2"), trailing: v.has("parsable")}
+	t := newAcctTable(cols, v)
 	if !v.has("noheader") {
-		fmt.Fprintln(e.Stdout, t.line(func(c sacctCol) string { return c.f.name }))
-		if !t.parsable {
-			fmt.Fprintln(e.Stdout, t.line(func(c sacctCol) string {
-				w := c.width
-				if w < 0 {
-					w = -w
-				}
-				return strings.Repeat("-", w)
-			}))
-		}
+		writeAcctHeader(e, t)
 	}
 	for _, r := range rows {
 		fmt.Fprintln(e.Stdout, t.line(func(c sacctCol) string { return r.value(c.key) }))
@@ -373,6 +364,12 @@ func recordRow(r job.Record) acctRow {
 type acctTable struct {
 	cols               []sacctCol
 	parsable, trailing bool
+}
+
+// newAcctTable is the table of cols as the -p/--parsable (a '|' after every field) and
+// -P/--parsable2 (between fields) options of sacct, sstat and sshare ask.
+func newAcctTable(cols []sacctCol, v values) acctTable {
+	return acctTable{cols: cols, parsable: v.has("parsable") || v.has("parsable2"), trailing: v.has("parsable")}
 }
 
 // line is one line of t, each column's text from val.

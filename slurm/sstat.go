@@ -106,7 +106,7 @@ func Sstat(ctx context.Context, e *Env, args []string) int {
 		return errorf(e, "sstat", 1, "%v", err)
 	}
 	defer s.Close()
-	t := acctTable{cols: cols, parsable: v.has("parsable") || v.has("parsable2"), trailing: v.has("parsable")}
+	t := newAcctTable(cols, v)
 	if !v.has("noheader") {
 		writeAcctHeader(e, t)
 	}
