@@ -130,6 +130,16 @@ func TestSprioFormats(t *testing.T) {
 	if got := sprioValue("f", pe); got != "0.1250000" {
 		t.Errorf("-n fairshare %q", got)
 	}
+	// Every factor's letter pair: the weighted value, and -n's factor.
+	pq := pe
+	pq.Weights.Partition, pq.Weights.QOS = 2000, 400
+	pq.Factors.Partition, pq.Factors.QOS = 0.75, 0.5
+	for k, want := range map[string]string{"A": "500", "a": "0.5000000", "F": "1250", "J": "125", "j": "0.2500000",
+		"P": "1500", "p": "0.7500000", "Q": "200", "q": "0.5000000", "B": "0", "b": "0.0000000", "Z": ""} {
+		if got := sprioValue(k, pq); got != want {
+			t.Errorf("sprioValue(%q) = %q, want %q", k, got, want)
+		}
+	}
 }
 
 // TestSprioFieldsDropsUnknownLetters: a letter sprio does not know is named on stderr
