@@ -252,17 +252,26 @@ func sacctColumns(v values) ([]sacctCol, error) {
 	if v.has("format") {
 		list = v["format"]
 	}
+	return acctColumns(list, sacctFields, true)
+}
+
+// acctColumns are the columns of a sacct or sstat format list (NAME[%WIDTH],...) over
+// fields: a WIDTH replaces the field's, the field's justification kept (a negative
+// width in fields is left-justified); a negative WIDTH, where negative allows it (sacct),
+// flips it. A width over maxFieldWidth either way is refused: every line is built in
+// memory. Errors are *UsageError: "Invalid field requested".
+func acctColumns(list string, fields map[string]sacctField, negative bool) ([]sacctCol, error) {
 	var cols []sacctCol
 	for _, item := range splitList(list) {
 		name, w, hasW := strings.Cut(item, "%")
-		f, ok := sacctFields[strings.ToLower(name)]
+		f, ok := fields[strings.ToLower(name)]
 		if !ok {
 			return nil, &UsageError{Msg: fmt.Sprintf("error: Invalid field requested: \"%s\"", name), Code: 1}
 		}
 		c := sacctCol{key: strings.ToLower(name), f: f, width: f.width}
 		if hasW {
 			n, err := strconv.Atoi(w)
-			if err != nil {
+			if err != nil || n > maxFieldWidth || n < -maxFieldWidth || n < 0 && !negative {
 				return nil, &UsageError{Msg: fmt.Sprintf("error: Invalid field requested: \"%s\"", item), Code: 1}
 			}
 			c.width = n
