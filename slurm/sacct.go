@@ -221,18 +221,9 @@ func Sacct(ctx context.Context, e *Env, args []string) int {
 	if err != nil {
 		return errorf(e, "sacct", 1, "Problem talking to the database: %v", err)
 	}
-	t := acctTable{cols: cols, parsable: v.has("parsable") || v.has("parsable2"), trailing: v.has("parsable")}
+	t := newAcctTable(cols, v)
 	if !v.has("noheader") {
-		fmt.Fprintln(e.Stdout, t.line(func(c sacctCol) string { return c.f.name }))
-		if !t.parsable {
-			fmt.Fprintln(e.Stdout, t.line(func(c sacctCol) string {
-				w := c.width
-				if w < 0 {
-					w = -w
-				}
-				return strings.Repeat("-", w)
-			}))
-		}
+		writeAcctHeader(e, t)
 	}
 	for _, r := range rows {
 		fmt.Fprintln(e.Stdout, t.line(func(c sacctCol) string { return r.value(c.key) }))
@@ -261,17 +252,26 @@ func sacctColumns(v values) ([]sacctCol, error) {
 	if v.has("format") {
 		list = v["format"]
 	}
+	return acctColumns(list, sacctFields, true)
+}
+
+// acctColumns are the columns of a sacct or sstat format list (NAME[%WIDTH],...) over
+// fields: a WIDTH replaces the field's, the field's justification kept (a negative
+// width in fields is left-justified); a negative WIDTH, where negative allows it (sacct),
+// flips it. A width over maxFieldWidth either way is refused: every line is built in
+// memory. Errors are *UsageError: "Invalid field requested".
+func acctColumns(list string, fields map[string]sacctField, negative bool) ([]sacctCol, error) {
 	var cols []sacctCol
 	for _, item := range splitList(list) {
 		name, w, hasW := strings.Cut(item, "%")
-		f, ok := sacctFields[strings.ToLower(name)]
+		f, ok := fields[strings.ToLower(name)]
 		if !ok {
 			return nil, &UsageError{Msg: fmt.Sprintf("error: Invalid field requested: \"%s\"", name), Code: 1}
 		}
 		c := sacctCol{key: strings.ToLower(name), f: f, width: f.width}
 		if hasW {
 			n, err := strconv.Atoi(w)
-			if err != nil {
+			if err != nil || n > maxFieldWidth || n < -maxFieldWidth || n < 0 && !negative {
 				return nil, &UsageError{Msg: fmt.Sprintf("error: Invalid field requested: \"%s\"", item), Code: 1}
 			}
 			c.width = n
@@ -373,6 +373,12 @@ func recordRow(r job.Record) acctRow {
 type acctTable struct {
 	cols               []sacctCol
 	parsable, trailing bool
+}
+
+// newAcctTable is the table of cols as the -p/--parsable (a '|' after every field) and
+// -P/--parsable2 (between fields) options of sacct, sstat and sshare ask.
+func newAcctTable(cols []sacctCol, v values) acctTable {
+	return acctTable{cols: cols, parsable: v.has("parsable") || v.has("parsable2"), trailing: v.has("parsable")}
 }
 
 // line is one line of t, each column's text from val.

@@ -69,28 +69,9 @@ func Scancel(ctx context.Context, e *Env, args []string) int {
 			return errorf(e, "scancel", 1, "--%s without --signal: cancelling the batch shell alone is %s", map[bool]string{true: "batch", false: "full"}[v.has("batch")], notBuilt)
 		}
 	}
-	if v.has("jobname") {
-		v["name"] = v["jobname"]
-	}
-	if v.has("state") {
-		v["states"] = v["state"]
-	}
-	for _, id := range ids {
-		if !scancelID.MatchString(id) {
-			return errorf(e, "scancel", 1, "Invalid job id %s", id)
-		}
-	}
-	filtered := v.has("user") || v.has("name") || v.has("partition") || v.has("states") || v.has("account") || v.has("me")
-	if len(ids) == 0 && !filtered {
-		return errorf(e, "scancel", 1, "No job identification provided")
-	}
-	f, err := newJobFilter(v)
-	if err != nil {
-		return usage(e, "scancel", err.(*UsageError))
-	}
-	s, err := e.Cluster.Open(ctx)
-	if err != nil {
-		return errorf(e, "scancel", 1, "Unable to contact slurm controller (connect failure): %v", err)
+	s, ids, filtered, code := scancelSelect(ctx, e, v, ids, false)
+	if s == nil {
+		return code
 	}
 	defer s.Close()
 	failed := false
@@ -110,14 +91,8 @@ func Scancel(ctx context.Context, e *Env, args []string) int {
 		}
 	}
 	if filtered {
-		jobs, err := job.List(ctx, s)
-		if err != nil {
-			return errorf(e, "scancel", 1, "%v", err)
-		}
-		for _, j := range jobs {
-			if (len(ids) == 0 || containsID(ids, j)) && f.match(j, false) {
-				cancel(j.Spec.ID)
-			}
+		for _, id := range ids {
+			cancel(id)
 		}
 	} else {
 		for _, id := range ids {
@@ -141,6 +116,55 @@ func Scancel(ctx context.Context, e *Env, args []string) int {
 		return 1
 	}
 	return 0
+}
+
+// scancelSelect checks the ids named and the filters (-u, -n/--jobname, -p, -t/--state,
+// -A, --me) and opens the store: with filters, ids become the jobs they select among
+// those named (all when none is), for signal the running ones alone, and a step id is
+// refused with signal. A nil store means scancel ends with code, its error written.
+func scancelSelect(ctx context.Context, e *Env, v values, ids []string, signal bool) (s Store, _ []string, filtered bool, code int) {
+	if v.has("jobname") {
+		v["name"] = v["jobname"]
+	}
+	if v.has("state") {
+		v["states"] = v["state"]
+	}
+	for _, id := range ids {
+		m := scancelID.FindStringSubmatch(id)
+		if m == nil {
+			return nil, nil, false, errorf(e, "scancel", 1, "Invalid job id %s", id)
+		}
+		if signal && m[3] != "" {
+			return nil, nil, false, errorf(e, "scancel", 1, "--signal=%s %s: signalling one step of a job is %s (signal the job)", v["signal"], id, notBuilt)
+		}
+	}
+	filtered = v.has("user") || v.has("name") || v.has("partition") || v.has("states") || v.has("account") || v.has("me")
+	if len(ids) == 0 && !filtered {
+		return nil, nil, false, errorf(e, "scancel", 1, "No job identification provided")
+	}
+	f, err := newJobFilter(v)
+	if err != nil {
+		return nil, nil, false, usage(e, "scancel", err.(*UsageError))
+	}
+	s, err = e.Cluster.Open(ctx)
+	if err != nil {
+		return nil, nil, false, errorf(e, "scancel", 1, "Unable to contact slurm controller (connect failure): %v", err)
+	}
+	if !filtered {
+		return s, ids, false, 0
+	}
+	jobs, err := job.List(ctx, s)
+	if err != nil {
+		s.Close()
+		return nil, nil, false, errorf(e, "scancel", 1, "%v", err)
+	}
+	var selected []string
+	for _, j := range jobs {
+		if (!signal || j.State.Status == job.Running) && (len(ids) == 0 || containsID(ids, j)) && f.match(j, false) {
+			selected = append(selected, j.Spec.ID)
+		}
+	}
+	return s, selected, true, 0
 }
 
 // containsID reports whether ids names j (or its array).
@@ -198,47 +222,11 @@ func scancelSignal(ctx context.Context, e *Env, v values, ids []string, sig sysc
 	case v.has("batch"):
 		target = job.SignalBatch
 	}
-	if v.has("jobname") {
-		v["name"] = v["jobname"]
-	}
-	if v.has("state") {
-		v["states"] = v["state"]
-	}
-	for _, id := range ids {
-		m := scancelID.FindStringSubmatch(id)
-		if m == nil {
-			return errorf(e, "scancel", 1, "Invalid job id %s", id)
-		}
-		if m[3] != "" {
-			return errorf(e, "scancel", 1, "--signal=%s %s: signalling one step of a job is %s (signal the job)", v["signal"], id, notBuilt)
-		}
-	}
-	filtered := v.has("user") || v.has("name") || v.has("partition") || v.has("states") || v.has("account") || v.has("me")
-	if len(ids) == 0 && !filtered {
-		return errorf(e, "scancel", 1, "No job identification provided")
-	}
-	f, err := newJobFilter(v)
-	if err != nil {
-		return usage(e, "scancel", err.(*UsageError))
-	}
-	s, err := e.Cluster.Open(ctx)
-	if err != nil {
-		return errorf(e, "scancel", 1, "Unable to contact slurm controller (connect failure): %v", err)
+	s, ids, _, code := scancelSelect(ctx, e, v, ids, true)
+	if s == nil {
+		return code
 	}
 	defer s.Close()
-	if filtered {
-		jobs, err := job.List(ctx, s)
-		if err != nil {
-			return errorf(e, "scancel", 1, "%v", err)
-		}
-		named := ids
-		ids = nil
-		for _, j := range jobs {
-			if j.State.Status == job.Running && (len(named) == 0 || containsID(named, j)) && f.match(j, false) {
-				ids = append(ids, j.Spec.ID)
-			}
-		}
-	}
 	failed := false
 	for _, id := range ids {
 		if !signalOne(ctx, e, s, id, sig, target, v.has("verbose")) {

@@ -283,14 +283,20 @@ func minPlus(nodes []allocator.NodeStatus, count func(allocator.NodeStatus) int6
 	if len(nodes) == 0 {
 		return "0"
 	}
-	lo, hi := count(nodes[0]), count(nodes[0])
-	for _, n := range nodes[1:] {
-		lo, hi = min(lo, count(n)), max(hi, count(n))
-	}
+	lo, hi := nodeSpan(nodes, count)
 	if lo == hi {
 		return strconv.FormatInt(lo, 10)
 	}
 	return strconv.FormatInt(lo, 10) + "+"
+}
+
+// nodeSpan is the least and the most of count over nodes (at least one).
+func nodeSpan(nodes []allocator.NodeStatus, count func(allocator.NodeStatus) int64) (lo, hi int64) {
+	lo, hi = count(nodes[0]), count(nodes[0])
+	for _, n := range nodes[1:] {
+		lo, hi = min(lo, count(n)), max(hi, count(n))
+	}
+	return lo, hi
 }
 
 // freeMem is sinfo's %e for a row's nodes: the memory (MiB) no job holds, "MIN-MAX"
@@ -300,11 +306,7 @@ func freeMem(nodes []allocator.NodeStatus) string {
 	if len(nodes) == 0 {
 		return "N/A"
 	}
-	free := func(n allocator.NodeStatus) int64 { return max(n.MemoryMiB-n.MemoryUsedMiB, 0) }
-	lo, hi := free(nodes[0]), free(nodes[0])
-	for _, n := range nodes[1:] {
-		lo, hi = min(lo, free(n)), max(hi, free(n))
-	}
+	lo, hi := nodeSpan(nodes, func(n allocator.NodeStatus) int64 { return max(n.MemoryMiB-n.MemoryUsedMiB, 0) })
 	if lo == hi {
 		return strconv.FormatInt(lo, 10)
 	}

@@ -263,30 +263,18 @@ func sprioValue(k string, pe job.PriorityEntry) string {
 		return strconv.Itoa(f.Site + pe.Nice)
 	case "N":
 		return strconv.Itoa(pe.Nice)
-	case "A":
-		return weighted(w.Age, f.Age)
-	case "a":
-		return norm(f.Age)
-	case "F":
-		return weighted(w.FairShare, f.FairShare)
-	case "f":
-		return norm(f.FairShare)
-	case "J":
-		return weighted(w.JobSize, f.JobSize)
-	case "j":
-		return norm(f.JobSize)
-	case "P":
-		return weighted(w.Partition, f.Partition)
-	case "p":
-		return norm(f.Partition)
-	case "Q":
-		return weighted(w.QOS, f.QOS)
-	case "q":
-		return norm(f.QOS)
-	case "B":
-		return "0"
-	case "b":
-		return norm(0)
+	}
+	// The factors' letters: upper case the weighted value, lower case the factor.
+	factor := map[string]struct {
+		weight int64
+		value  float64
+	}{"a": {w.Age, f.Age}, "f": {w.FairShare, f.FairShare}, "j": {w.JobSize, f.JobSize},
+		"p": {w.Partition, f.Partition}, "q": {w.QOS, f.QOS}, "b": {0, 0}}
+	if x, ok := factor[k]; ok {
+		return norm(x.value)
+	}
+	if x, ok := factor[strings.ToLower(k)]; ok {
+		return weighted(x.weight, x.value)
 	}
 	return ""
 }

@@ -1,6 +1,7 @@
 package slurm
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -242,14 +243,7 @@ func (l *rawLines) Write(p []byte) (int, error) {
 	if !l.raw {
 		return l.w.Write(p)
 	}
-	out := make([]byte, 0, len(p)+8)
-	for _, b := range p {
-		if b == '\n' {
-			out = append(out, '\r')
-		}
-		out = append(out, b)
-	}
-	if _, err := l.w.Write(out); err != nil {
+	if _, err := l.w.Write(bytes.ReplaceAll(p, []byte("\n"), []byte("\r\n"))); err != nil {
 		return 0, err
 	}
 	return len(p), nil

@@ -148,7 +148,7 @@ func Sshare(ctx context.Context, e *Env, args []string) int {
 	rows := shareRows(p, u, shareFilter{all: v.has("all"), accounts: splitList(v["accounts"]),
 		users: splitList(v["users"]), usersOnly: v.has("Users"), me: currentUser()})
 	cluster := ClusterName(ctx, s)
-	t := acctTable{cols: cols, parsable: v.has("parsable") || v.has("parsable2"), trailing: v.has("parsable")}
+	t := newAcctTable(cols, v)
 	if !v.has("noheader") {
 		writeAcctHeader(e, t)
 	}

@@ -106,7 +106,7 @@ func Sstat(ctx context.Context, e *Env, args []string) int {
 		return errorf(e, "sstat", 1, "%v", err)
 	}
 	defer s.Close()
-	t := acctTable{cols: cols, parsable: v.has("parsable") || v.has("parsable2"), trailing: v.has("parsable")}
+	t := newAcctTable(cols, v)
 	if !v.has("noheader") {
 		writeAcctHeader(e, t)
 	}
@@ -150,27 +150,7 @@ func writeAcctHeader(e *Env, t acctTable) {
 // sstatColumns are the columns of a --format list (NAME[%WIDTH],...). Errors are
 // *UsageError: sstat's "Invalid field requested".
 func sstatColumns(list string) ([]sacctCol, error) {
-	var cols []sacctCol
-	for _, item := range splitList(list) {
-		name, w, hasW := strings.Cut(item, "%")
-		f, ok := sstatFields[strings.ToLower(name)]
-		if !ok {
-			return nil, &UsageError{Msg: fmt.Sprintf("error: Invalid field requested: \"%s\"", name), Code: 1}
-		}
-		c := sacctCol{key: strings.ToLower(name), f: f, width: f.width}
-		if hasW {
-			n, err := strconv.Atoi(w)
-			if err != nil || n < 0 || n > maxFieldWidth {
-				return nil, &UsageError{Msg: fmt.Sprintf("error: Invalid field requested: \"%s\"", item), Code: 1}
-			}
-			c.width = n
-			if f.width < 0 {
-				c.width = -n
-			}
-		}
-		cols = append(cols, c)
-	}
-	return cols, nil
+	return acctColumns(list, sstatFields, false)
 }
 
 // stepSel is one item of sstat -j: a job and, optionally, a step (a number, or

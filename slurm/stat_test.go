@@ -90,6 +90,21 @@ func TestSstatColumns(t *testing.T) {
 	if _, err := sstatColumns(sstatDefault); err != nil {
 		t.Errorf("the default fields: %v", err)
 	}
+	// A width past maxFieldWidth is refused by sstat and sacct alike (every line is built
+	// in memory); sacct takes a negative width (the other justification), sstat does not.
+	for _, f := range []string{"JobID%65536", "JobID%-5"} {
+		if _, err := sstatColumns(f); err == nil || err.Error() != `error: Invalid field requested: "`+f+`"` {
+			t.Errorf("sstat --format=%s: %v", f, err)
+		}
+	}
+	for _, f := range []string{"JobID%2147483647", "JobID%-65536"} {
+		if _, err := sacctColumns(values{"format": f}); err == nil || err.Error() != `error: Invalid field requested: "`+f+`"` {
+			t.Errorf("sacct -o %s: %v", f, err)
+		}
+	}
+	if cols, err := sacctColumns(values{"format": "JobID%-12,JobName%65535"}); err != nil || cols[0].width != 12 || cols[1].width != 65535 {
+		t.Errorf("sacct -o JobID%%-12,JobName%%65535: %+v, %v", cols, err)
+	}
 	if _, err := parseStepList("7.x"); err == nil {
 		t.Error("7.x taken for a step")
 	}
@@ -129,6 +144,16 @@ func TestSprioFormats(t *testing.T) {
 	}
 	if got := sprioValue("f", pe); got != "0.1250000" {
 		t.Errorf("-n fairshare %q", got)
+	}
+	// Every factor's letter pair: the weighted value, and -n's factor.
+	pq := pe
+	pq.Weights.Partition, pq.Weights.QOS = 2000, 400
+	pq.Factors.Partition, pq.Factors.QOS = 0.75, 0.5
+	for k, want := range map[string]string{"A": "500", "a": "0.5000000", "F": "1250", "J": "125", "j": "0.2500000",
+		"P": "1500", "p": "0.7500000", "Q": "200", "q": "0.5000000", "B": "0", "b": "0.0000000", "Z": ""} {
+		if got := sprioValue(k, pq); got != want {
+			t.Errorf("sprioValue(%q) = %q, want %q", k, got, want)
+		}
 	}
 }
 
