@@ -145,9 +145,20 @@ func DoUpdate(ctx context.Context, s store.Store, id string, u Update, admin boo
 	return n, nil
 }
 
+// updateAttestTries and updateAttestWait bound how long an update waits for a job just
+// submitted to be attested by the cluster (its first check, auth.go), as slurmctld takes
+// an update at once: 100 × 100 ms.
+const (
+	updateAttestTries = 100
+	updateAttestWait  = 100 * time.Millisecond
+)
+
+// errNotAttested: the job's record has a credential the cluster has not checked yet.
+var errNotAttested = errors.New("the cluster has not accepted the job yet")
+
 // updateOne makes update u of job id (DoUpdate).
 func updateOne(ctx context.Context, s store.Store, id string, u Update, admin bool, reseal Reseal, also ...store.Op) error {
-	for {
+	for tries := 0; ; tries++ {
 		j, err := Read(ctx, s, id)
 		if err != nil {
 			return err
@@ -157,6 +168,14 @@ func updateOne(ctx context.Context, s store.Store, id string, u Update, admin bo
 			return fmt.Errorf("job %s: %w", id, err)
 		}
 		ops, err := updateOps(ctx, j, spec, reseal)
+		if errors.Is(err, errNotAttested) && tries < updateAttestTries {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(updateAttestWait):
+			}
+			continue
+		}
 		if err != nil {
 			return fmt.Errorf("job %s: %w", id, err)
 		}
@@ -292,7 +311,7 @@ func updateOps(ctx context.Context, j *Job, spec Spec, reseal Reseal) ([]store.O
 	if a := j.Auth; a != nil && a.Credential != "" {
 		switch {
 		case a.Attestation == "":
-			return nil, fmt.Errorf("the cluster has not accepted the job yet: try again in a few seconds (%w)", ErrUpdateNotBuilt)
+			return nil, fmt.Errorf("%w: try again in a few seconds (%w)", errNotAttested, ErrUpdateNotBuilt)
 		case reseal == nil:
 			return nil, fmt.Errorf("a job whose record the cluster attested changes through the elected agent (a MUNGE credential where the agents check them) (%w)", ErrUpdateNotBuilt)
 		}

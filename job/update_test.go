@@ -2,6 +2,7 @@ package job
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
@@ -243,5 +244,40 @@ func TestUpdateDependencyCycle(t *testing.T) {
 	}
 	if j, _ := Read(ctx, s, "11"); FormatDependencies(j.Spec.Dependency) != "afterany:12" {
 		t.Errorf("job 11's dependency after the refusals: %s, want afterany:12", FormatDependencies(j.Spec.Dependency))
+	}
+}
+
+// TestUpdateWaitsForTheAttestation: an update of a job whose credential the cluster has
+// not checked yet (scontrol update straight after sbatch) waits for the attestation and
+// is made, as slurmctld takes it at once, rather than refused.
+func TestUpdateWaitsForTheAttestation(t *testing.T) {
+	ctx := context.Background()
+	s := store.NewMemory()
+	registerNode(t, s, "n1", nil)
+	spec := Spec{ID: "1", User: "alice", Name: "a", Command: []string{"true"}, WorkDir: "/tmp", MinNodes: 1, MaxNodes: 1,
+		GPUsPerNode: 1, TimeLimit: time.Hour, Submitted: time.Now().UTC()}
+	writeJob(t, s, spec, &Auth{Credential: "cred"})
+	go func() {
+		time.Sleep(300 * time.Millisecond) // the controller's check, a moment later
+		e, err := s.Get(ctx, authKey("1"))
+		if err != nil || e == nil {
+			return
+		}
+		var a Auth
+		if json.Unmarshal(e.Value, &a) != nil {
+			return
+		}
+		a.Attestation = "attested"
+		b, _ := json.Marshal(a)
+		_, _ = s.Txn(ctx, []store.Op{{Verb: store.CAS, Key: authKey("1"), Value: b, Index: e.ModifyIndex}})
+	}()
+	resealed := 0
+	reseal := func(context.Context, Spec, Auth) (string, error) { resealed++; return "attested again", nil }
+	half := 30 * time.Minute
+	if n, err := DoUpdate(ctx, s, "1", Update{TimeLimit: &half}, false, reseal); n != 1 || err != nil {
+		t.Fatalf("update of a job not attested yet: %d, %v; want it made once the attestation comes", n, err)
+	}
+	if j, _ := Read(ctx, s, "1"); j.Spec.TimeLimit != half || resealed != 1 {
+		t.Errorf("updated: --time %s, resealed %d times; want 30m, once", j.Spec.TimeLimit, resealed)
 	}
 }
