@@ -15,7 +15,6 @@ import (
 
 	"github.com/gangrun/gangrun/internal/torchtest"
 	"github.com/gangrun/gangrun/job"
-	"github.com/gangrun/gangrun/slurm"
 )
 
 // The Slurm clients' own code against gangrun's Slurm commands (issue 32, part 4):
@@ -43,12 +42,7 @@ func startClientCluster(t *testing.T, pythonPath []string, nodes ...string) *cli
 	t.Helper()
 	py := torchtest.PyPI(t)
 	gr := startJobClusterWith(t, func(string) []string { return []string{"--labels", "partition=gpu"} }, nodes...)
-	links := t.TempDir()
-	for _, n := range slurm.Names() {
-		if err := os.Symlink(gangrunBin, filepath.Join(links, n)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	links := slurmLinks(t)
 	return &clientCluster{t: t, gr: gr, links: links, py: py.Path, bin: py.Bin, pythonPath: strings.Join(pythonPath, ":")}
 }
 

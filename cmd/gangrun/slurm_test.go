@@ -18,7 +18,6 @@ import (
 	"github.com/gangrun/gangrun/internal/slurmtest"
 	"github.com/gangrun/gangrun/internal/store"
 	"github.com/gangrun/gangrun/job"
-	"github.com/gangrun/gangrun/slurm"
 )
 
 // slurmPair is a real Slurm 22.05 and a gangrun cluster side by side, their nodes of
@@ -55,12 +54,7 @@ func startSlurmPairWith(t *testing.T, o slurmtest.Options, nodes ...string) *slu
 	if _, err := s.Txn(context.Background(), []store.Op{{Verb: store.Set, Key: "gangrun/batch/jobseq", Value: []byte("5000")}}); err != nil {
 		t.Fatal(err)
 	}
-	links := t.TempDir()
-	for _, n := range slurm.Names() {
-		if err := os.Symlink(gangrunBin, filepath.Join(links, n)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	links := slurmLinks(t)
 	return &slurmPair{t: t, real: real, gr: gr, links: links}
 }
 
@@ -1115,12 +1109,7 @@ func TestModuleLoadAgainstSlurm(t *testing.T) {
 // sinfo and scontrol agree that it is the default; scontrol update Partition=gangrun
 // of a pending job is taken too.
 func TestSlurmPartitionOfUnlabelledNodes(t *testing.T) {
-	links := t.TempDir()
-	for _, n := range slurm.Names() {
-		if err := os.Symlink(gangrunBin, filepath.Join(links, n)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	links := slurmLinks(t)
 	p := &slurmPair{t: t, gr: startJobCluster(t, "gpu-a"), links: links}
 	dir := sharedDir(t)
 	var ids []string
@@ -1160,8 +1149,17 @@ func TestSlurmPartitionOfUnlabelledNodes(t *testing.T) {
 		t.Fatalf("sbatch -H: exit %d %s", code, errOut)
 	}
 	held := strings.TrimSpace(out)
-	if out, errOut, code := p.run(gangrunSide, dir, "", nil, "scontrol", "update", "JobId="+held, "Partition=gangrun"); code != 0 || out+errOut != "" {
-		t.Errorf("scontrol update JobId=%s Partition=gangrun: exit %d %q, want 0 and nothing", held, code, out+errOut)
+	// Once the elected agent has accepted it (docs/slurm.md: an update before then is
+	// refused, "try again").
+	var updOut string
+	var updCode int
+	waitFor(t, time.Minute, "job "+held+" accepted for scontrol update", func() (bool, string) {
+		out, errOut, code := p.run(gangrunSide, dir, "", nil, "scontrol", "update", "JobId="+held, "Partition=gangrun")
+		updOut, updCode = out+errOut, code
+		return !strings.Contains(errOut, "has not accepted the job yet"), updOut
+	})
+	if updCode != 0 || updOut != "" {
+		t.Errorf("scontrol update JobId=%s Partition=gangrun: exit %d %q, want 0 and nothing", held, updCode, updOut)
 	}
 	out, _, _ = p.run(gangrunSide, dir, "", nil, "scontrol", "show", "job", held)
 	if f := scontrolFields(out); f["Partition"] != "gangrun" {
