@@ -115,6 +115,17 @@ func wants(t *testing.T, what, out string, res ...string) {
 	}
 }
 
+// wantRequeued fails the test unless the cluster's own record of job id (scontrol show
+// job, run in dir) counts one requeue: the restart the job's output reports is
+// gangrun's, not the client's.
+func (c *clientCluster) wantRequeued(dir, id string) {
+	c.t.Helper()
+	out := c.run(dir, time.Minute, "scontrol", "show", "job", id)
+	if f := scontrolFields(out); f["Restarts"] != "1" || f["JobState"] != "COMPLETED" {
+		c.t.Errorf("scontrol show job %s: Restarts=%q JobState=%q, want 1 and COMPLETED:\n%s", id, f["Restarts"], f["JobState"], out)
+	}
+}
+
 // TestSubmititExampleOnGangrun runs submitit's README example with AutoExecutor and
 // SlurmExecutor: submitit writes its sbatch script (--wckey=submitit, --signal=USR2@90,
 // --open-mode=append, --gpus-per-node, --output/--error with %j_%t patterns), runs it
@@ -183,6 +194,7 @@ func TestSubmititInterruptOnGangrun(t *testing.T) {
 	errLog := readFile(filepath.Join(dir, "log_interrupt"), id+"_0_log.err")
 	wants(t, "the task's stderr", errLog, `Bypassing signal SIGTERM`, `Caught signal SIGUSR2`)
 	c.gr.waitState(id, job.Completed, time.Minute) // COMPLETING while its end is written
+	c.wantRequeued(dir, id)
 }
 
 // TestSubmititCheckpointRequeueOnGangrun runs a checkpointable submitit job whose first
@@ -206,6 +218,7 @@ func TestSubmititCheckpointRequeueOnGangrun(t *testing.T) {
 	errLog := readFile(filepath.Join(dir, "log_ckpt"), id+"_0_log.err")
 	wants(t, "the task's stderr", errLog, `Caught signal SIGUSR2 on .*: this job is timed-out`)
 	c.gr.waitState(id, job.Completed, time.Minute) // COMPLETING while its end is written
+	c.wantRequeued(dir, id)
 }
 
 // TestLightningSLURMAutoRequeueOnGangrun runs a Lightning Trainer job with sbatch, as
@@ -238,6 +251,7 @@ func TestLightningSLURMAutoRequeueOnGangrun(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "hpc_ckpt_1.ckpt")); err != nil {
 		t.Errorf("Lightning's HPC checkpoint: %v", err)
 	}
+	c.wantRequeued(dir, id)
 }
 
 // TestDaskJobqueueWithGPUsOnGangrun runs dask-jobqueue's documented SLURMCluster example
