@@ -254,22 +254,34 @@ func TestLightningSLURMAutoRequeueOnGangrun(t *testing.T) {
 	c.wantRequeued(dir, id)
 }
 
+// wantDaskWorkers fails the test unless gangrun's sacct (run in dir) lists the two
+// worker jobs dask-jobqueue submitted: the workers ran as gangrun's jobs.
+func (c *clientCluster) wantDaskWorkers(dir string) {
+	c.t.Helper()
+	out := c.run(dir, time.Minute, "sacct", "-X", "-P", "-n", "-o", "JobName")
+	if strings.TrimSpace(out) != "dask-worker\ndask-worker" {
+		c.t.Errorf("sacct -X -o JobName: %q, want the two dask-worker jobs", out)
+	}
+}
+
 // TestDaskJobqueueWithGPUsOnGangrun runs dask-jobqueue's documented SLURMCluster example
 // with one GPU a job (job_extra_directives=["--gres=gpu:1"]): cluster.scale(jobs=2)
 // sbatches two worker jobs, a Client computes a sum on them, and cluster.close()
 // scancels them.
 func TestDaskJobqueueWithGPUsOnGangrun(t *testing.T) {
 	c := startClientCluster(t, []string{torchtest.Clients(t)}, "node1")
-	_, out := c.python("dask_example.py", 6*time.Minute, "gpu")
+	dir, out := c.python("dask_example.py", 6*time.Minute, "gpu")
 	wants(t, "dask-jobqueue", out, `#SBATCH --gres=gpu:1`, `(?m)^workers 2$`, `(?m)^sum 285$`, `(?m)^closed$`)
+	c.wantDaskWorkers(dir)
 }
 
 // TestDaskJobqueueExampleOnGangrun runs dask-jobqueue's documented SLURMCluster example
 // as the docs write it: its worker jobs ask for no GPU (CPU-only jobs).
 func TestDaskJobqueueExampleOnGangrun(t *testing.T) {
 	c := startClientCluster(t, []string{torchtest.Clients(t)}, "node1")
-	_, out := c.python("dask_example.py", 6*time.Minute)
+	dir, out := c.python("dask_example.py", 6*time.Minute)
 	wants(t, "dask-jobqueue", out, `(?m)^workers 2$`, `(?m)^sum 285$`, `(?m)^closed$`)
+	c.wantDaskWorkers(dir)
 }
 
 // TestSrunOutputFilesAgainstSlurm runs srun's -o/--output and -e/--error, as submitit
