@@ -144,6 +144,20 @@ func TestSrunOnPendingJob(t *testing.T) {
 			t.Errorf("%s's srun --jobid=%s of a pending job: exit %d %q %q, want 1 and %q", who, id, r.code, r.stdout, r.stderr, want)
 		}
 	}
+	// Nothing started: no step recorded, the job still pending.
+	s, err := store.NewConsul(consul)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if steps, err := job.SrunSteps(context.Background(), s, id); err != nil || len(steps) != 0 {
+		t.Errorf("job %s's srun steps after the refused sruns: %+v %v, want none", id, steps, err)
+	}
+	if j, err := job.Read(context.Background(), s, id); err != nil {
+		t.Error(err)
+	} else if j.State.Status != job.Pending {
+		t.Errorf("job %s after the refused sruns: %s, want PENDING", id, j.State.Status)
+	}
 	if code, _, errOut := inProcess("cancel", "--consul", consul, id); code != 0 {
 		t.Errorf("cancel %s: %d %s", id, code, errOut)
 	}
