@@ -135,6 +135,14 @@ func (p *slurmPair) waitEnd(s side, id string, within time.Duration) string {
 // returns the directory and the job's id, once the job has ended.
 func (p *slurmPair) submit(s side, script string, extra []string, args ...string) (dir, id, state string) {
 	p.t.Helper()
+	dir, id = p.sbatch(s, script, extra, args...)
+	return dir, id, p.waitEnd(s, id, 2*time.Minute)
+}
+
+// sbatch writes script into a new directory as job.sh and sbatches it on side with
+// args (a refusal fails the test); it returns the directory and the job's id.
+func (p *slurmPair) sbatch(s side, script string, extra []string, args ...string) (dir, id string) {
+	p.t.Helper()
 	dir = sharedDir(p.t)
 	if err := os.WriteFile(filepath.Join(dir, "job.sh"), []byte(script), 0o755); err != nil {
 		p.t.Fatal(err)
@@ -143,8 +151,7 @@ func (p *slurmPair) submit(s side, script string, extra []string, args ...string
 	if code != 0 {
 		p.t.Fatalf("%s: sbatch: exit %d: %s", s, code, errOut)
 	}
-	id = strings.TrimSpace(out)
-	return dir, id, p.waitEnd(s, id, 2*time.Minute)
+	return dir, strings.TrimSpace(out)
 }
 
 // readEnv reads an `env | sort` file into a map.
@@ -1176,15 +1183,7 @@ func TestScancelNoteAgainstSlurm(t *testing.T) {
 	script := "#!/bin/bash\n#SBATCH --gres=gpu:1\necho started\nsleep 300\n"
 	var notes [2]string
 	for i, s := range []side{realSlurm, gangrunSide} {
-		dir := sharedDir(t)
-		if err := os.WriteFile(filepath.Join(dir, "job.sh"), []byte(script), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		out, errOut, code := p.run(s, dir, "", nil, "sbatch", "--parsable", "job.sh")
-		if code != 0 {
-			t.Fatalf("%s sbatch: exit %d %s", s, code, errOut)
-		}
-		id := strings.TrimSpace(out)
+		dir, id := p.sbatch(s, script, nil)
 		waitFor(t, time.Minute, string(s)+" job started", func() (bool, string) {
 			data := readFile(dir, "slurm-"+id+".out")
 			return strings.Contains(data, "started"), data
@@ -1250,15 +1249,7 @@ while :; do sleep 1; done
 `
 	var bad [2]string
 	for i, s := range []side{realSlurm, gangrunSide} {
-		dir := sharedDir(t)
-		if err := os.WriteFile(filepath.Join(dir, "job.sh"), []byte(script), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		out, errOut, code := p.run(s, dir, "", nil, "sbatch", "--parsable", "job.sh")
-		if code != 0 {
-			t.Fatalf("%s sbatch: exit %d %s", s, code, errOut)
-		}
-		id := strings.TrimSpace(out)
+		dir, id := p.sbatch(s, script, nil)
 		waitFor(t, time.Minute, string(s)+" task started", func() (bool, string) {
 			return readFile(dir, "ready") != "", readFile(dir, "slurm-"+id+".out")
 		})
@@ -1282,7 +1273,7 @@ while :; do sleep 1; done
 		if out, _, _ := p.run(s, dir, "", nil, "squeue", "-h", "-o", "%T", "-j", id); strings.TrimSpace(out) != "RUNNING" {
 			t.Errorf("%s: job %s after the signals: %q, want RUNNING", s, id, out)
 		}
-		_, errOut, code = p.run(s, dir, "", nil, "scancel", "--signal=FOO", id)
+		_, errOut, code := p.run(s, dir, "", nil, "scancel", "--signal=FOO", id)
 		bad[i] = fmt.Sprintf("exit %d: %s", code, errOut)
 		if _, errOut, code := p.run(s, dir, "", nil, "scancel", id); code != 0 {
 			t.Fatalf("%s scancel: exit %d %s", s, code, errOut)
