@@ -230,19 +230,13 @@ func TestLightningSLURMAutoRequeueOnGangrun(t *testing.T) {
 	c := startClientCluster(t, []string{torchtest.Trainers(t)}, "node1")
 	dir := c.dir("lightning_train.py", "lightning_job.sh")
 	id := strings.TrimSpace(c.run(dir, time.Minute, "sbatch", "--parsable", "lightning_job.sh"))
-	deadline := time.Now().Add(8 * time.Minute)
-	for {
-		st, _ := c.gr.show(id)["state"].(string)
-		if st == "COMPLETED" || st == "FAILED" || st == "CANCELLED" || st == "TIMEOUT" || st == "NODE_FAIL" {
-			if st != "COMPLETED" {
-				t.Fatalf("job %s ended %s:\n%s", id, st, readFile(dir, "slurm-"+id+".out"))
-			}
-			break
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("slurm-%s.out:\n%s", id, readFile(dir, "slurm-"+id+".out"))
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("job %s did not end: %s\n%s", id, st, readFile(dir, "slurm-"+id+".out"))
-		}
-		time.Sleep(time.Second)
+	})
+	if st := (&slurmPair{t: t, gr: c.gr}).waitEnd(gangrunSide, id, 8*time.Minute); st != "COMPLETED" {
+		t.Fatalf("job %s ended %s", id, st)
 	}
 	out := readFile(dir, "slurm-"+id+".out")
 	wants(t, "the job's output", out, `(?m)^train start at global_step 0 SLURM_RESTART_COUNT None$`,
