@@ -781,9 +781,15 @@ func TestJobFailsWhenOneNodesStepCannotStart(t *testing.T) {
 func TestSubmitBegin(t *testing.T) {
 	c := startJobCluster(t, "gpu-a")
 	t.Chdir(t.TempDir())
+	before := time.Now()
 	id := c.submit("--begin", "now+3", "--nice", "5", "--", "/bin/true")
 	if m := c.show(id); m["state"] != string(job.Pending) || m["reason"] != "BeginTime" {
 		t.Errorf("a job with --begin now+3: %v %v, want PENDING BeginTime", m["state"], m["reason"])
 	}
-	c.waitState(id, job.Completed, time.Minute)
+	m := c.waitState(id, job.Completed, time.Minute)
+	// Not before its begin time (now+3 s, to the second).
+	at, _ := m["started"].(string)
+	if started, err := time.Parse(time.RFC3339Nano, at); err != nil || started.Before(before.Truncate(time.Second).Add(3*time.Second)) {
+		t.Errorf("the job with --begin now+3 submitted at %s started %v, want 3 s later", before.Format(time.RFC3339Nano), m["started"])
+	}
 }

@@ -25,6 +25,20 @@ func (u userSealer) Seal(_ context.Context, content []byte) (string, error) {
 	return mungeAs(u.t, u.name, u.socket, content), nil
 }
 
+// startMungeAgent starts a Consul and one agent, node, on it, and waits until the
+// agent is up and checking MUNGE credentials (the default cluster); it returns
+// Consul's address.
+func startMungeAgent(t *testing.T, node string) string {
+	t.Helper()
+	consul := consultest.Start(t).Addr
+	startAgentWith(t, consul, node, nil)
+	waitUntilFor(t, 60*time.Second, func() bool {
+		nodes := nodesJSON(t, consul)
+		return len(nodes) == 1 && nodes[0].State == "up" && nodes[0].Auth == "munge"
+	}, "the agent up, checking MUNGE credentials")
+	return consul
+}
+
 // TestPriorityIsAnOperators: on a default cluster (no ACLs, MUNGE), a user (mallory)
 // cannot queue a job with a priority or a negative nice, whichever way: gangrun submit
 // and sbatch refuse it (a negative nice in slurmctld 22.05's words, "Invalid --nice
@@ -33,12 +47,7 @@ func (u userSealer) Seal(_ context.Context, content []byte) (string, error) {
 // by the elected agent (FAILED, never started). Root (the operator) may.
 func TestPriorityIsAnOperators(t *testing.T) {
 	unixUsers(t, "mallory")
-	consul := consultest.Start(t).Addr
-	startAgentWith(t, consul, "prio-a", nil)
-	waitUntilFor(t, 60*time.Second, func() bool {
-		nodes := nodesJSON(t, consul)
-		return len(nodes) == 1 && nodes[0].State == "up" && nodes[0].Auth == "munge"
-	}, "the agent up, checking MUNGE credentials")
+	consul := startMungeAgent(t, "prio-a")
 	s, err := store.NewConsul(consul)
 	if err != nil {
 		t.Fatal(err)
@@ -113,12 +122,7 @@ func TestPriorityIsAnOperators(t *testing.T) {
 // exit 1, and starts nothing.
 func TestSrunOnPendingJob(t *testing.T) {
 	unixUsers(t, "mallory")
-	consul := consultest.Start(t).Addr
-	startAgentWith(t, consul, "srunp-a", nil)
-	waitUntilFor(t, 60*time.Second, func() bool {
-		nodes := nodesJSON(t, consul)
-		return len(nodes) == 1 && nodes[0].State == "up" && nodes[0].Auth == "munge"
-	}, "the agent up, checking MUNGE credentials")
+	consul := startMungeAgent(t, "srunp-a")
 	dir := sharedDir(t)
 	links := filepath.Dir(binForUsers(t)) // where every user may run them
 	for _, n := range []string{"sbatch", "srun"} {
@@ -139,6 +143,20 @@ func TestSrunOnPendingJob(t *testing.T) {
 		if r.code != 1 || r.stdout != "" || r.stderr != want {
 			t.Errorf("%s's srun --jobid=%s of a pending job: exit %d %q %q, want 1 and %q", who, id, r.code, r.stdout, r.stderr, want)
 		}
+	}
+	// Nothing started: no step recorded, the job still pending.
+	s, err := store.NewConsul(consul)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if steps, err := job.SrunSteps(context.Background(), s, id); err != nil || len(steps) != 0 {
+		t.Errorf("job %s's srun steps after the refused sruns: %+v %v, want none", id, steps, err)
+	}
+	if j, err := job.Read(context.Background(), s, id); err != nil {
+		t.Error(err)
+	} else if j.State.Status != job.Pending {
+		t.Errorf("job %s after the refused sruns: %s, want PENDING", id, j.State.Status)
 	}
 	if code, _, errOut := inProcess("cancel", "--consul", consul, id); code != 0 {
 		t.Errorf("cancel %s: %d %s", id, code, errOut)

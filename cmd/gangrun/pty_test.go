@@ -212,8 +212,10 @@ func TestSrunPtyJoinsARunningJob(t *testing.T) {
 	waitUntilFor(t, 30*time.Second, func() bool { return len(markedProcs(t, c.mark, "sleep 1003")) > 0 }, "the batch script's sleep")
 
 	s := c.drive("alice", 30, 90, []ptyStep{
-		{"send": "echo JOINED-$((2+3)) job=$SLURM_JOB_ID user=$(id -un) batch=$(pgrep -u alice -xf 'sleep 1003' | wc -l); stty size\r"},
-		{"expect": `JOINED-5 job=` + id + ` user=alice batch=1\r\n30 90\r\n`},
+		// cgroup=1: the shell is a step the node started (in a gangrun cgroup), not one
+		// srun ran here.
+		{"send": "echo JOINED-$((2+3)) job=$SLURM_JOB_ID user=$(id -un) batch=$(pgrep -u alice -xf 'sleep 1003' | wc -l) cgroup=$(grep -c ':pids:/.*gangrun-' /proc/self/cgroup); stty size\r"},
+		{"expect": `JOINED-5 job=` + id + ` user=alice batch=1 cgroup=1\r\n30 90\r\n`},
 		{"send": "exit\r"},
 	}, "srun", "--jobid", id, "--overlap", "--pty", "bash")
 	if s.Exit != 0 {
@@ -252,8 +254,8 @@ func TestSrunPtyJoinsARunningJob(t *testing.T) {
 		t.Errorf("mallory's srun --jobid %s --pty bash: exit %d, %q; want 1, %q", id, refused.Exit, refused.Output, want)
 	}
 	root := c.drive("", 24, 80, []ptyStep{
-		{"send": "echo ROOT-$((4+4)) user=$(id -un)\r"},
-		{"expect": `ROOT-8 user=alice\r\n`},
+		{"send": "echo ROOT-$((4+4)) user=$(id -un) cgroup=$(grep -c ':pids:/.*gangrun-' /proc/self/cgroup)\r"},
+		{"expect": `ROOT-8 user=alice cgroup=1\r\n`},
 		{"send": "exit 5\r"},
 	}, "srun", "--jobid", id, "--overlap", "--pty", "bash")
 	if root.Exit != 5 {

@@ -92,6 +92,9 @@ srun sh -c 'echo step cvd=${CUDA_VISIBLE_DEVICES-unset} gpus=${SLURM_JOB_GPUS-un
 		if !strings.Contains(outs[1], "step cvd=unset gpus=unset") {
 			t.Errorf("sbatch %q: the step saw GPUs: %q", args, outs[1])
 		}
+		if strings.Contains(outs[1], "CUDA_VISIBLE_DEVICES=") || strings.Contains(outs[1], "SLURM_JOB_GPUS=") {
+			t.Errorf("sbatch %q: the batch script saw GPUs: %q", args, outs[1])
+		}
 	}
 
 	// A CPU-only allocation: salloc's command and its srun step see no GPUs.
@@ -104,7 +107,7 @@ srun sh -c 'echo step cvd=${CUDA_VISIBLE_DEVICES-unset} gpus=${SLURM_JOB_GPUS-un
 		}
 		alloc[i] = out
 	}
-	if alloc[0] != alloc[1] || alloc[0] == "" {
+	if alloc[0] != alloc[1] || alloc[0] == "" || !strings.HasPrefix(alloc[1], "cvd=unset gpus=unset ") {
 		t.Errorf("salloc -c 2 --mem=100 srun:\nslurm   %q\ngangrun %q", alloc[0], alloc[1])
 	}
 
@@ -190,7 +193,7 @@ func TestSubmitCPUOnlyJob(t *testing.T) {
 	}
 	c.waitState(gpuJob, job.Cancelled, 90*time.Second)
 	code, _, errOut := c.gangrun("submit", "--gpus-per-node", "0", "--mem", "100T", "--", "true")
-	if code == 0 || !strings.Contains(errOut, "more memory than any node has") {
+	if code != exitUsage || !strings.Contains(errOut, "more memory than any node has") || strings.Count(errOut, "\n") != 1 {
 		t.Errorf("submit --mem 100T: exit %d %q, want a refusal", code, errOut)
 	}
 }

@@ -2,15 +2,12 @@ package main
 
 import (
 	"encoding/json"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/gangrun/gangrun/audit"
 	"github.com/gangrun/gangrun/job"
-	"github.com/gangrun/gangrun/slurm"
 )
 
 // TestScancelAuditsAnotherUsersJob: scancel of another user's job is recorded in the
@@ -24,12 +21,7 @@ func TestScancelAuditsAnotherUsersJob(t *testing.T) {
 }
 
 func testScancelAudit(t *testing.T, auth string) {
-	links := t.TempDir()
-	for _, n := range slurm.Names() {
-		if err := os.Symlink(gangrunBin, filepath.Join(links, n)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	links := slurmLinks(t)
 	c := startJobClusterWith(t, func(string) []string { return []string{"--auth", auth} }, "gpu-a")
 	p := &slurmPair{t: t, gr: c, links: links}
 	dir := sharedDir(t)

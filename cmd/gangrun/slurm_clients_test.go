@@ -15,7 +15,6 @@ import (
 
 	"github.com/gangrun/gangrun/internal/torchtest"
 	"github.com/gangrun/gangrun/job"
-	"github.com/gangrun/gangrun/slurm"
 )
 
 // The Slurm clients' own code against gangrun's Slurm commands (issue 32, part 4):
@@ -43,12 +42,7 @@ func startClientCluster(t *testing.T, pythonPath []string, nodes ...string) *cli
 	t.Helper()
 	py := torchtest.PyPI(t)
 	gr := startJobClusterWith(t, func(string) []string { return []string{"--labels", "partition=gpu"} }, nodes...)
-	links := t.TempDir()
-	for _, n := range slurm.Names() {
-		if err := os.Symlink(gangrunBin, filepath.Join(links, n)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	links := slurmLinks(t)
 	return &clientCluster{t: t, gr: gr, links: links, py: py.Path, bin: py.Bin, pythonPath: strings.Join(pythonPath, ":")}
 }
 
@@ -121,6 +115,17 @@ func wants(t *testing.T, what, out string, res ...string) {
 	}
 }
 
+// wantRequeued fails the test unless the cluster's own record of job id (scontrol show
+// job, run in dir) counts one requeue: the restart the job's output reports is
+// gangrun's, not the client's.
+func (c *clientCluster) wantRequeued(dir, id string) {
+	c.t.Helper()
+	out := c.run(dir, time.Minute, "scontrol", "show", "job", id)
+	if f := scontrolFields(out); f["Restarts"] != "1" || f["JobState"] != "COMPLETED" {
+		c.t.Errorf("scontrol show job %s: Restarts=%q JobState=%q, want 1 and COMPLETED:\n%s", id, f["Restarts"], f["JobState"], out)
+	}
+}
+
 // TestSubmititExampleOnGangrun runs submitit's README example with AutoExecutor and
 // SlurmExecutor: submitit writes its sbatch script (--wckey=submitit, --signal=USR2@90,
 // --open-mode=append, --gpus-per-node, --output/--error with %j_%t patterns), runs it
@@ -189,6 +194,7 @@ func TestSubmititInterruptOnGangrun(t *testing.T) {
 	errLog := readFile(filepath.Join(dir, "log_interrupt"), id+"_0_log.err")
 	wants(t, "the task's stderr", errLog, `Bypassing signal SIGTERM`, `Caught signal SIGUSR2`)
 	c.gr.waitState(id, job.Completed, time.Minute) // COMPLETING while its end is written
+	c.wantRequeued(dir, id)
 }
 
 // TestSubmititCheckpointRequeueOnGangrun runs a checkpointable submitit job whose first
@@ -212,6 +218,7 @@ func TestSubmititCheckpointRequeueOnGangrun(t *testing.T) {
 	errLog := readFile(filepath.Join(dir, "log_ckpt"), id+"_0_log.err")
 	wants(t, "the task's stderr", errLog, `Caught signal SIGUSR2 on .*: this job is timed-out`)
 	c.gr.waitState(id, job.Completed, time.Minute) // COMPLETING while its end is written
+	c.wantRequeued(dir, id)
 }
 
 // TestLightningSLURMAutoRequeueOnGangrun runs a Lightning Trainer job with sbatch, as
@@ -223,19 +230,13 @@ func TestLightningSLURMAutoRequeueOnGangrun(t *testing.T) {
 	c := startClientCluster(t, []string{torchtest.Trainers(t)}, "node1")
 	dir := c.dir("lightning_train.py", "lightning_job.sh")
 	id := strings.TrimSpace(c.run(dir, time.Minute, "sbatch", "--parsable", "lightning_job.sh"))
-	deadline := time.Now().Add(8 * time.Minute)
-	for {
-		st, _ := c.gr.show(id)["state"].(string)
-		if st == "COMPLETED" || st == "FAILED" || st == "CANCELLED" || st == "TIMEOUT" || st == "NODE_FAIL" {
-			if st != "COMPLETED" {
-				t.Fatalf("job %s ended %s:\n%s", id, st, readFile(dir, "slurm-"+id+".out"))
-			}
-			break
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("slurm-%s.out:\n%s", id, readFile(dir, "slurm-"+id+".out"))
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("job %s did not end: %s\n%s", id, st, readFile(dir, "slurm-"+id+".out"))
-		}
-		time.Sleep(time.Second)
+	})
+	if st := (&slurmPair{t: t, gr: c.gr}).waitEnd(gangrunSide, id, 8*time.Minute); st != "COMPLETED" {
+		t.Fatalf("job %s ended %s", id, st)
 	}
 	out := readFile(dir, "slurm-"+id+".out")
 	wants(t, "the job's output", out, `(?m)^train start at global_step 0 SLURM_RESTART_COUNT None$`,
@@ -243,6 +244,17 @@ func TestLightningSLURMAutoRequeueOnGangrun(t *testing.T) {
 		`(?m)^train start at global_step [1-9]\d* SLURM_RESTART_COUNT 1$`, `(?m)^fit done at global_step 300$`)
 	if _, err := os.Stat(filepath.Join(dir, "hpc_ckpt_1.ckpt")); err != nil {
 		t.Errorf("Lightning's HPC checkpoint: %v", err)
+	}
+	c.wantRequeued(dir, id)
+}
+
+// wantDaskWorkers fails the test unless gangrun's sacct (run in dir) lists the two
+// worker jobs dask-jobqueue submitted: the workers ran as gangrun's jobs.
+func (c *clientCluster) wantDaskWorkers(dir string) {
+	c.t.Helper()
+	out := c.run(dir, time.Minute, "sacct", "-X", "-P", "-n", "-o", "JobName")
+	if strings.TrimSpace(out) != "dask-worker\ndask-worker" {
+		c.t.Errorf("sacct -X -o JobName: %q, want the two dask-worker jobs", out)
 	}
 }
 
@@ -252,16 +264,18 @@ func TestLightningSLURMAutoRequeueOnGangrun(t *testing.T) {
 // scancels them.
 func TestDaskJobqueueWithGPUsOnGangrun(t *testing.T) {
 	c := startClientCluster(t, []string{torchtest.Clients(t)}, "node1")
-	_, out := c.python("dask_example.py", 6*time.Minute, "gpu")
+	dir, out := c.python("dask_example.py", 6*time.Minute, "gpu")
 	wants(t, "dask-jobqueue", out, `#SBATCH --gres=gpu:1`, `(?m)^workers 2$`, `(?m)^sum 285$`, `(?m)^closed$`)
+	c.wantDaskWorkers(dir)
 }
 
 // TestDaskJobqueueExampleOnGangrun runs dask-jobqueue's documented SLURMCluster example
 // as the docs write it: its worker jobs ask for no GPU (CPU-only jobs).
 func TestDaskJobqueueExampleOnGangrun(t *testing.T) {
 	c := startClientCluster(t, []string{torchtest.Clients(t)}, "node1")
-	_, out := c.python("dask_example.py", 6*time.Minute)
+	dir, out := c.python("dask_example.py", 6*time.Minute)
 	wants(t, "dask-jobqueue", out, `(?m)^workers 2$`, `(?m)^sum 285$`, `(?m)^closed$`)
+	c.wantDaskWorkers(dir)
 }
 
 // TestSrunOutputFilesAgainstSlurm runs srun's -o/--output and -e/--error, as submitit

@@ -1,13 +1,10 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -36,26 +33,11 @@ func slurmLinks(t *testing.T) string {
 	return dir
 }
 
-// slurmCmd runs gangrun as Slurm's command name (a link in links) against c, and
-// returns its stdout, stderr and exit code.
+// slurmCmd runs gangrun as Slurm's command name (a link in links) against c, in the
+// test's directory, and returns its stdout, stderr and exit code.
 func (c *jobCluster) slurmCmd(links, name string, args ...string) (string, string, int) {
 	c.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, filepath.Join(links, name), args...)
-	cmd.Env = append(os.Environ(), "CONSUL_HTTP_ADDR="+c.consul, c.mark)
-	var out, errOut bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errOut
-	err := cmd.Run()
-	var ee *exec.ExitError
-	switch {
-	case err == nil:
-		return out.String(), errOut.String(), 0
-	case errors.As(err, &ee) && ctx.Err() == nil:
-		return out.String(), errOut.String(), ee.ExitCode()
-	}
-	c.t.Fatalf("%s %v: %v\n%s", name, args, err, errOut.String())
-	return "", "", -1
+	return (&slurmPair{t: c.t, gr: c, links: links}).run(gangrunSide, "", "", nil, name, args...)
 }
 
 // TestSprioAndSshareShowTheScheduler: with the fair-share weight set and a recorded

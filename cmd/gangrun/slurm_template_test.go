@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/gangrun/gangrun/internal/slurmtest"
-	"github.com/gangrun/gangrun/slurm"
 )
 
 // templateFiles copies the README's Slurm template and the example trainer it runs
@@ -115,12 +114,7 @@ func TestTrainSbatchUnderSlurm(t *testing.T) {
 // every node must resolve.
 func TestTrainSbatchUnderGangrunSbatch(t *testing.T) {
 	start := time.Now()
-	p := &slurmPair{t: t, gr: startJobClusterWith(t, nil, "localhost", "node2"), links: t.TempDir()}
-	for _, n := range slurm.Names() {
-		if err := os.Symlink(gangrunBin, filepath.Join(p.links, n)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	p := &slurmPair{t: t, gr: startJobClusterWith(t, nil, "localhost", "node2"), links: slurmLinks(t)}
 	dir := templateFiles(t)
 	env := []string{"GANGRUN=" + gangrunBin, "PYTHON=" + python(t), "TRAIN_ARGS=--steps 60 --ckpt-every 10 --step-time 0.1"}
 	out, errOut, code := p.run(gangrunSide, dir, "", env, "sbatch", "--parsable", "--gpus-per-node=2", "scripts/slurm/train.sbatch")

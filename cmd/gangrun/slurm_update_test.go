@@ -2,14 +2,10 @@ package main
 
 import (
 	"fmt"
-	"os"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/gangrun/gangrun/slurm"
 )
 
 // TestScontrolUpdateAgainstSlurm: scontrol update of a pending (held) job, a running
@@ -216,12 +212,7 @@ func TestScontrolUpdateAgainstSlurm(t *testing.T) {
 // escape sequence says Slurm's words with the id quoted, so nothing reaches the
 // terminal raw; exit 1.
 func TestScontrolUpdateQuotesBadID(t *testing.T) {
-	links := t.TempDir()
-	for _, n := range slurm.Names() {
-		if err := os.Symlink(gangrunBin, filepath.Join(links, n)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	links := slurmLinks(t)
 	p := &slurmPair{t: t, gr: startJobCluster(t, "gpu-a"), links: links}
 	dir := sharedDir(t)
 	out, errOut, code := p.run(gangrunSide, dir, "", nil, "scontrol", "update", "JobId=9\x01\x1b[31m", "Nice=5")
