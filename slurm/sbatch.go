@@ -494,6 +494,9 @@ func (o *batchOpts) limits(spec *job.Spec, r *BatchRequest) error {
 		if spec.Priority, err = strconv.Atoi(v["priority"]); err != nil {
 			return bad("priority")
 		}
+		if spec.Priority < 0 { // sbatch's own check (opt.c); gangrun submit takes a negative one
+			return &UsageError{Msg: "error: Priority must be >= 0", Code: 255}
+		}
 	}
 	if v.has("kill-on-invalid-dep") {
 		switch strings.ToLower(v["kill-on-invalid-dep"]) {

@@ -200,6 +200,9 @@ func sstatRows(ctx context.Context, s Store, x stepSel, all bool) ([]statRow, st
 	if j.State.Status != job.Running {
 		return nil, fmt.Sprintf("No steps running for job %s", x.job)
 	}
+	if !stepAllowed(j) { // slurmd answers a step's usage to its user and root alone
+		return nil, fmt.Sprintf("couldn't get steps for job %s: Access/permission denied", x.job)
+	}
 	steps := runningSteps(ctx, s, j)
 	var pick []statStep
 	switch {

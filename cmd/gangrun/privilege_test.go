@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -160,5 +161,57 @@ func TestSrunOnPendingJob(t *testing.T) {
 	}
 	if code, _, errOut := inProcess("cancel", "--consul", consul, id); code != 0 {
 		t.Errorf("cancel %s: %d %s", id, code, errOut)
+	}
+}
+
+// TestSstatIsItsUsersAndRoots: sstat of a running job answers its user (here root, who
+// queued it) with the step's figures; another user (mallory) gets the refusal and no
+// figure, as slurmd answers a step's usage to the job's user and root alone.
+func TestSstatIsItsUsersAndRoots(t *testing.T) {
+	unixUsers(t, "mallory")
+	consul := startMungeAgent(t, "sstat-a")
+	dir := sharedDir(t)
+	t.Chdir(dir)
+	links := filepath.Dir(binForUsers(t)) // where every user may run them
+	for _, name := range []string{"sbatch", "srun", "sstat", "scancel"} {
+		if err := os.Symlink(binForUsers(t), filepath.Join(links, name)); err != nil && !os.IsExist(err) {
+			t.Fatal(err)
+		}
+	}
+	env := []string{"CONSUL_HTTP_ADDR=" + consul, "PATH=" + links + ":" + os.Getenv("PATH")} // srun in the job
+	asRoot := func(name string, args ...string) gangrunResult {
+		cmd := exec.Command(filepath.Join(links, name), args...)
+		cmd.Env, cmd.Dir = append(os.Environ(), env...), dir
+		var out, errOut strings.Builder
+		cmd.Stdout, cmd.Stderr = &out, &errOut
+		err := cmd.Run()
+		code := 0
+		if x, ok := err.(*exec.ExitError); ok {
+			code = x.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		return gangrunResult{out.String(), errOut.String(), code}
+	}
+	r := asRoot("sbatch", "--parsable", "--gres=gpu:1", "--wrap", "srun sleep 300")
+	if r.code != 0 {
+		t.Fatalf("sbatch: exit %d %s", r.code, r.stderr)
+	}
+	id := strings.TrimSpace(r.stdout)
+	var last gangrunResult
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("sstat: %+v\nslurm-%s.out: %s", last, id, readFile(dir, "slurm-"+id+".out"))
+		}
+		asRoot("scancel", id)
+	})
+	waitUntilFor(t, 90*time.Second, func() bool {
+		last = asRoot("sstat", "-n", "-P", "-o", "JobID,MaxRSS", "-j", id)
+		return strings.HasPrefix(last.stdout, id+".0|")
+	}, "root's sstat of its running step")
+	_ = last
+	m := runBinAsUser(t, filepath.Join(links, "sstat"), "mallory", testMunge.Socket, dir, env, "-n", "-P", "-o", "JobID,MaxRSS", "-j", id)
+	if want := "sstat: error: couldn't get steps for job " + id + ": Access/permission denied\n"; m.stdout != "" || m.stderr != want {
+		t.Errorf("mallory's sstat of root's job: %q %q, want no figure and %q", m.stdout, m.stderr, want)
 	}
 }

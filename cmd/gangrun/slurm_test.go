@@ -358,6 +358,7 @@ func TestSbatchRefusalsAgainstSlurm(t *testing.T) {
 		{"argument not allowed", []string{"--parsable=3", "job.sh"}, ""},
 		{"bad node count", []string{"--nodes=abc", "job.sh"}, ""},
 		{"bad time", []string{"--time=xx", "job.sh"}, ""},
+		{"negative priority", []string{"--priority=-1", "job.sh"}, ""},
 		{"bad signal", []string{"--signal=B:FOO@10", "job.sh"}, ""},
 		{"bad open mode", []string{"--open-mode=bad", "job.sh"}, ""},
 		{"negative tasks", []string{"--ntasks=-1", "job.sh"}, ""},
